@@ -1,0 +1,30 @@
+// dispatcher: the queue in front of every evaluator. Turns Rollouts into EvalRequests, sends each
+// to the least-loaded evaluator (at most max_in_flight at one), re-queues the work of an evaluator
+// that dies, and after max_attempts failed dispatches records the sample as a runtime_error, so no
+// sample is lost and none is scored twice.
+// Messages in:  Rollout (sampler); (register_atom, actor, std::string id) (evaluator);
+//               (stats_atom) -> Telemetry
+// Messages out: (eval_atom, EvalRequest) -> evaluator; (score_atom, Rollout, EvalResult) -> reward
+#pragma once
+
+#include "messages/messages.hpp"
+
+#include <caf/fwd.hpp>
+
+#include <map>
+#include <string>
+
+namespace kernelrl {
+
+struct DispatcherArgs {
+  std::map<std::string, std::string> task_paths;  // task id -> task file
+  std::string action_space = "forward_body";      // EvalRequest::action_space
+  std::string mode = "fast";                      // EvalRequest::mode
+  uint64_t seed = 42;                             // EvalRequest::seed
+  uint32_t max_in_flight = 1;                     // per evaluator
+  uint32_t max_attempts = 2;                      // dispatches per sample
+};
+
+caf::actor spawn_dispatcher(caf::actor_system& sys, DispatcherArgs args, caf::actor reward);
+
+}  // namespace kernelrl

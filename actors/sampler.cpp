@@ -1,0 +1,151 @@
+#include "actors/sampler.hpp"
+
+#include "core/log.hpp"
+#include "store/store.hpp"
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+namespace fs = std::filesystem;
+
+namespace kernelrl {
+
+namespace {
+
+void load_jsonl(const std::string& file, std::vector<ReplayRecord>& out,
+                std::vector<std::string>& errors) {
+  std::ifstream in(file);
+  if (!in) {
+    errors.push_back(file + ": cannot open replay file");
+    return;
+  }
+  std::string line;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    std::string where = file + ":" + std::to_string(n);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      errors.push_back(where + ": not valid JSON: " + e.what());
+      continue;
+    }
+    if (!j.is_object()) {
+      errors.push_back(where + ": expected a JSON object");
+      continue;
+    }
+    ReplayRecord r;
+    r.origin = where;
+    try {
+      if (!j.contains("task_id") || !j["task_id"].is_string()) {
+        errors.push_back(where + ": task_id: expected a string");
+        continue;
+      }
+      if (!j.contains("completion") || !j["completion"].is_string()) {
+        errors.push_back(where + ": completion: expected a string");
+        continue;
+      }
+      r.task_id = j["task_id"];
+      r.completion = j["completion"];
+      if (j.contains("prompt")) r.prompt = j["prompt"].get<std::string>();
+      if (j.contains("token_ids")) r.token_ids = j["token_ids"].get<std::vector<int32_t>>();
+      if (j.contains("logprobs")) r.logprobs = j["logprobs"].get<std::vector<float>>();
+      if (j.contains("policy_version")) r.policy_version = j["policy_version"].get<uint64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      errors.push_back(where + ": wrong type: " + e.what());
+      continue;
+    }
+    if (!r.token_ids.empty() && r.logprobs.size() != r.token_ids.size()) {
+      errors.push_back(where + ": logprobs has " + std::to_string(r.logprobs.size()) +
+                       " entries, token_ids has " + std::to_string(r.token_ids.size()));
+      continue;
+    }
+    out.push_back(std::move(r));
+  }
+}
+
+}  // namespace
+
+std::vector<ReplayRecord> load_replay(const std::string& path, std::vector<std::string>& errors) {
+  std::vector<ReplayRecord> out;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    fs::path store = fs::path(path) / "store.sqlite";
+    if (fs::exists(store)) {
+      std::string err;
+      auto s = Store::open_readonly(store.string(), err);
+      if (!s) {
+        errors.push_back(err);
+        return out;
+      }
+      for (auto& row : s->samples()) {
+        const Rollout& r = row.record.rollout;
+        out.push_back({r.task_id, r.prompt, r.completion, r.token_ids, r.logprobs,
+                       r.policy_version, store.string() + ":" + r.sample_id});
+      }
+      return out;
+    }
+    std::vector<std::string> files;
+    for (auto& e : fs::directory_iterator(path, ec))
+      if (e.path().extension() == ".jsonl") files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    if (files.empty()) errors.push_back(path + ": no *.jsonl replay files and no store.sqlite");
+    for (auto& f : files) load_jsonl(f, out, errors);
+    return out;
+  }
+  load_jsonl(path, out, errors);
+  return out;
+}
+
+namespace {
+
+struct sampler_state {
+  static inline const char* name = "sampler";
+};
+
+caf::behavior sampler_actor(caf::stateful_actor<sampler_state>* self, SamplerArgs args,
+                            caf::actor dispatcher) {
+  auto lg = log::get("sampler");
+  return {
+      [=](plan_atom, uint32_t step) -> uint64_t {
+        // Groups are tasks in order of first appearance; samples keep their file order.
+        std::map<std::string, uint64_t> group_of;
+        std::map<std::string, uint32_t> count_of;
+        uint64_t sent = 0;
+        for (const auto& rec : args.records) {
+          uint32_t& n = count_of[rec.task_id];
+          if (args.samples_per_task > 0 && n >= args.samples_per_task) continue;
+          auto g = group_of.emplace(rec.task_id, group_of.size()).first->second;
+          Rollout r;
+          r.task_id = rec.task_id;
+          r.group_id = g;
+          r.sample_index = n++;
+          r.step = step;
+          r.sample_id = make_sample_id(r.task_id, r.group_id, r.sample_index);
+          r.prompt = rec.prompt;
+          r.completion = rec.completion;
+          r.token_ids = rec.token_ids;
+          r.logprobs = rec.logprobs;
+          r.policy_version = rec.policy_version;
+          r.sampler_id = args.id;
+          self->send(dispatcher, std::move(r));
+          ++sent;
+        }
+        lg->info("step {}: replayed {} actions over {} tasks", step, sent, group_of.size());
+        return sent;
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, caf::actor dispatcher) {
+  return sys.spawn(sampler_actor, std::move(args), std::move(dispatcher));
+}
+
+}  // namespace kernelrl

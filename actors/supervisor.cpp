@@ -1,0 +1,211 @@
+#include "actors/supervisor.hpp"
+
+#include "core/log.hpp"
+#include "core/paths.hpp"
+#include "store/store.hpp"
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <map>
+
+namespace kernelrl {
+
+namespace {
+
+struct TaskAgg {
+  uint64_t samples = 0, correct = 0, faster = 0;
+  double speedup_sum = 0, reward_sum = 0;
+};
+
+struct supervisor_state {
+  std::unique_ptr<Store> store;
+  caf::response_promise done;
+  bool planned = false, finished = false;
+  uint64_t expected = 0, recorded = 0, duplicates = 0, store_failures = 0;
+  std::map<std::string, uint64_t> status_counts;
+  std::map<std::string, TaskAgg> tasks;
+  size_t evaluators_alive = 0;
+  double t_start = 0;
+  static inline const char* name = "supervisor";
+};
+
+using self_ptr = caf::stateful_actor<supervisor_state>*;
+
+StepStats step_stats(const supervisor_state& st, uint32_t step) {
+  StepStats s;
+  s.step = step;
+  uint64_t faster = 0;
+  double speedup_sum = 0, reward_sum = 0;
+  for (auto& [id, t] : st.tasks) {
+    s.samples += t.samples;
+    s.correct += t.correct;
+    faster += t.faster;
+    speedup_sum += t.speedup_sum;
+    reward_sum += t.reward_sum;
+  }
+  s.fast_1 = s.samples ? double(faster) / double(s.samples) : 0.0;
+  s.mean_speedup = s.correct ? speedup_sum / double(s.correct) : 0.0;
+  s.mean_reward = s.samples ? reward_sum / double(s.samples) : 0.0;
+  s.status_counts = st.status_counts;
+  return s;
+}
+
+void finish(self_ptr self, const SupervisorArgs& args, const std::string& error) {
+  auto& st = self->state;
+  if (st.finished) return;
+  st.finished = true;
+  auto lg = log::get("supervisor");
+  StepStats s = step_stats(st, 0);
+  nlohmann::json j;
+  j["run_id"] = args.run_id;
+  j["mode"] = args.mode;
+  j["ok"] = error.empty();
+  j["error"] = error;
+  j["expected"] = st.expected;
+  j["samples"] = s.samples;
+  j["correct"] = s.correct;
+  j["fast_1"] = s.fast_1;
+  j["mean_speedup"] = s.mean_speedup;
+  j["mean_reward"] = s.mean_reward;
+  j["status_counts"] = s.status_counts;
+  j["duplicates_dropped"] = st.duplicates;
+  j["store_failures"] = st.store_failures;
+  j["wall_s"] = mono_s() - st.t_start;
+  nlohmann::json tasks = nlohmann::json::array();
+  for (auto& id : args.task_ids) {
+    auto it = st.tasks.find(id);
+    TaskAgg t = it == st.tasks.end() ? TaskAgg{} : it->second;
+    tasks.push_back({{"task_id", id},
+                     {"samples", t.samples},
+                     {"correct", t.correct},
+                     {"fast_1", t.samples ? double(t.faster) / double(t.samples) : 0.0},
+                     {"mean_speedup", t.correct ? t.speedup_sum / double(t.correct) : 0.0}});
+  }
+  for (auto& [id, t] : st.tasks) {  // samples of tasks outside the task set (failed lookups)
+    bool known = false;
+    for (auto& k : args.task_ids) known = known || k == id;
+    if (!known)
+      tasks.push_back({{"task_id", id}, {"samples", t.samples}, {"correct", t.correct},
+                       {"fast_1", 0.0}, {"mean_speedup", 0.0}});
+  }
+  j["tasks"] = tasks;
+  if (st.store) {
+    if (s.samples > 0 && !st.store->record_step(args.run_id, s))
+      lg->error("store: cannot record step 0: {}", st.store->last_error());
+    if (!st.store->finish_run(args.run_id, error.empty() ? "completed" : "failed", j.dump()))
+      lg->error("store: cannot finish run: {}", st.store->last_error());
+  }
+  if (error.empty())
+    lg->info("run {} complete: {} samples, {} correct", args.run_id, s.samples, s.correct);
+  else
+    lg->error("run {} failed: {}", args.run_id, error);
+  if (st.done.pending()) st.done.deliver(j.dump());
+}
+
+caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
+  auto lg = log::get("supervisor");
+  std::string err;
+  self->state.store = Store::open(args.store_path, args.synchronous, err);
+  if (!self->state.store) {
+    lg->error("{}", err);
+  } else if (!self->state.store->begin_run(args.run_id, args.mode, args.config_toml)) {
+    lg->error("store: cannot begin run: {}", self->state.store->last_error());
+  }
+  self->set_down_handler([=](caf::down_msg&) {
+    auto& st = self->state;
+    if (st.evaluators_alive > 0) --st.evaluators_alive;
+    if (st.evaluators_alive == 0 && !st.finished && (!st.planned || st.recorded < st.expected))
+      finish(self, args, "no evaluator is running (see the errors above); " +
+                             std::to_string(st.expected - st.recorded) + " samples have no verdict");
+  });
+  self->state.t_start = mono_s();
+  return {
+      [=](plan_atom, caf::actor sampler, std::vector<caf::actor> evaluators) -> caf::response_promise {
+        auto& st = self->state;
+        st.done = self->make_response_promise();
+        st.evaluators_alive = evaluators.size();
+        for (auto& e : evaluators) self->monitor(e);
+        if (!st.store) {
+          finish(self, args, "the run store could not be opened: " + err);
+          return st.done;
+        }
+        if (st.evaluators_alive == 0) {
+          finish(self, args, "no evaluator is running (see the errors above)");
+          return st.done;
+        }
+        self->request(sampler, caf::infinite, plan_atom::value, uint32_t{0})
+            .then(
+                [=](uint64_t n) {
+                  auto& st = self->state;
+                  st.planned = true;
+                  st.expected = n;
+                  lg->info("eval: {} samples to evaluate", n);
+                  if (st.recorded >= st.expected) finish(self, args, "");
+                },
+                [=](caf::error& e) { finish(self, args, "sampler failed: " + self->system().render(e)); });
+        return st.done;
+      },
+      [=](record_atom, ScoredRollout& s) {
+        auto& st = self->state;
+        switch (st.store->record_sample(args.run_id, s)) {
+          case InsertResult::duplicate:
+            ++st.duplicates;
+            lg->warn("sample {} arrived twice; the second copy is dropped", s.rollout.sample_id);
+            return;
+          case InsertResult::failed:
+            ++st.store_failures;
+            lg->error("store: cannot record sample {}: {}", s.rollout.sample_id,
+                      st.store->last_error());
+            break;
+          case InsertResult::inserted: break;
+        }
+        ++st.recorded;
+        ++st.status_counts[to_string(s.result.status)];
+        auto& t = st.tasks[s.rollout.task_id];
+        ++t.samples;
+        t.reward_sum += s.reward;
+        if (s.result.status == EvalStatus::ok) {
+          ++t.correct;
+          t.speedup_sum += s.result.speedup;
+          if (s.result.speedup > 1.0) ++t.faster;
+        }
+        if (st.planned && st.recorded >= st.expected) finish(self, args, "");
+      },
+      [=](record_atom, Telemetry& t) {
+        auto& st = self->state;
+        if (st.store && !st.store->record_telemetry(args.run_id, t))
+          lg->warn("store: cannot record telemetry: {}", st.store->last_error());
+      },
+      [=](stats_atom) {
+        auto& st = self->state;
+        Telemetry t;
+        t.ts = now_s();
+        t.source = "supervisor";
+        StepStats s = step_stats(st, 0);
+        double elapsed = mono_s() - st.t_start;
+        double rate = elapsed > 0 ? double(st.recorded) / elapsed : 0.0;
+        double left = st.expected > st.recorded ? double(st.expected - st.recorded) : 0.0;
+        t.values = {{"samples_done", double(st.recorded)},
+                    {"samples_total", double(st.expected)},
+                    {"correct", double(s.correct)},
+                    {"fast_1", s.fast_1},
+                    {"mean_reward", s.mean_reward},
+                    {"mean_speedup", s.mean_speedup},
+                    {"samples_per_s", rate},
+                    {"eta_s", rate > 0 ? left / rate : -1.0},
+                    {"elapsed_s", elapsed},
+                    {"evaluators_alive", double(st.evaluators_alive)}};
+        for (auto& [k, v] : st.status_counts) t.values["status." + k] = double(v);
+        return t;
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args) {
+  return sys.spawn(supervisor_actor, std::move(args));
+}
+
+}  // namespace kernelrl

@@ -1,0 +1,449 @@
+#include "core/config.hpp"
+
+#include <toml++/toml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace kernelrl {
+
+std::string ConfigError::format() const {
+  std::ostringstream os;
+  os << file;
+  if (line > 0) os << ":" << line << ":" << column;
+  os << ": " << key << ": " << message;
+  return os.str();
+}
+
+namespace {
+
+const char* type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    default: return "nothing";
+  }
+}
+
+// What a path value must point at.
+enum class PathKind { any, file, dir, file_or_dir };
+
+// Reads one TOML table against the schema: every known key is read (with its type, range and
+// choices checked) and written, resolved, into `out`; finish() reports the keys nobody asked for.
+class TableReader {
+ public:
+  TableReader(const toml::table* t, std::string prefix, const std::string& file,
+              const std::string& base_dir, toml::table& out, std::vector<ConfigError>& errs)
+      : t_(t), prefix_(std::move(prefix)), file_(file), base_dir_(base_dir), out_(out),
+        errs_(errs) {}
+
+  void str(const char* key, std::string& v, bool required = false) {
+    if (auto* n = get(key, required)) {
+      if (auto s = n->value<std::string>(); s && n->is_string()) v = *s;
+      else wrong_type(*n, key, "a string");
+    }
+    out_.insert_or_assign(key, v);
+  }
+
+  void one_of(const char* key, std::string& v, std::initializer_list<const char*> choices) {
+    auto* n = get(key, false);
+    if (n) {
+      if (!n->is_string()) {
+        wrong_type(*n, key, "a string");
+      } else {
+        std::string s = *n->value<std::string>();
+        bool ok = false;
+        std::string list;
+        for (auto* c : choices) {
+          ok = ok || s == c;
+          list += (list.empty() ? "" : ", ") + std::string(c);
+        }
+        if (ok) v = s;
+        else error_at(*n, key, "expected one of " + list + ", got \"" + s + "\"");
+      }
+    }
+    out_.insert_or_assign(key, v);
+  }
+
+  template <class T>
+  void integer(const char* key, T& v, int64_t lo, int64_t hi, bool required = false) {
+    if (auto* n = get(key, required)) {
+      if (!n->is_integer()) {
+        wrong_type(*n, key, "an integer");
+      } else {
+        int64_t x = *n->value<int64_t>();
+        if (x < lo || x > hi)
+          error_at(*n, key, "expected an integer in [" + std::to_string(lo) + ", " +
+                                std::to_string(hi) + "], got " + std::to_string(x));
+        else v = static_cast<T>(x);
+      }
+    }
+    out_.insert_or_assign(key, static_cast<int64_t>(v));
+  }
+
+  void number(const char* key, double& v, double lo, double hi) {
+    if (auto* n = get(key, false)) {
+      if (!n->is_number()) {
+        wrong_type(*n, key, "a number");
+      } else {
+        double x = *n->value<double>();
+        if (!(x >= lo && x <= hi)) {
+          std::ostringstream os;
+          os << "expected a number in [" << lo << ", " << hi << "], got " << x;
+          error_at(*n, key, os.str());
+        } else {
+          v = x;
+        }
+      }
+    }
+    out_.insert_or_assign(key, v);
+  }
+
+  void boolean(const char* key, bool& v) {
+    if (auto* n = get(key, false)) {
+      if (n->is_boolean()) v = *n->value<bool>();
+      else wrong_type(*n, key, "a boolean (true or false)");
+    }
+    out_.insert_or_assign(key, v);
+  }
+
+  void str_array(const char* key, std::vector<std::string>& v,
+                 std::initializer_list<const char*> choices = {}) {
+    if (auto* n = get(key, false)) {
+      if (auto* a = n->as_array()) {
+        v.clear();
+        size_t i = 0;
+        for (auto& e : *a) {
+          std::string k = std::string(key) + "[" + std::to_string(i++) + "]";
+          if (!e.is_string()) {
+            wrong_type(e, k.c_str(), "a string");
+            continue;
+          }
+          std::string s = *e.value<std::string>();
+          if (choices.size() > 0) {
+            bool ok = false;
+            std::string list;
+            for (auto* c : choices) {
+              ok = ok || s == c;
+              list += (list.empty() ? "" : ", ") + std::string(c);
+            }
+            if (!ok) {
+              error_at(e, k.c_str(), "expected one of " + list + ", got \"" + s + "\"");
+              continue;
+            }
+          }
+          v.push_back(s);
+        }
+      } else {
+        wrong_type(*n, key, "an array of strings");
+      }
+    }
+    toml::array arr;
+    for (auto& s : v) arr.push_back(s);
+    out_.insert_or_assign(key, std::move(arr));
+  }
+
+  void int_array(const char* key, std::vector<int64_t>& v, int64_t lo, int64_t hi) {
+    if (auto* n = get(key, false)) {
+      if (auto* a = n->as_array()) {
+        v.clear();
+        size_t i = 0;
+        for (auto& e : *a) {
+          std::string k = std::string(key) + "[" + std::to_string(i++) + "]";
+          if (!e.is_integer()) {
+            wrong_type(e, k.c_str(), "an integer");
+          } else if (int64_t x = *e.value<int64_t>(); x < lo || x > hi) {
+            error_at(e, k.c_str(), "expected an integer in [" + std::to_string(lo) + ", " +
+                                       std::to_string(hi) + "], got " + std::to_string(x));
+          } else {
+            v.push_back(x);
+          }
+        }
+      } else {
+        wrong_type(*n, key, "an array of integers");
+      }
+    }
+    toml::array arr;
+    for (auto x : v) arr.push_back(x);
+    out_.insert_or_assign(key, std::move(arr));
+  }
+
+  // A path, resolved against the config file's directory and checked to exist as `kind`.
+  void path(const char* key, std::string& v, PathKind kind, bool required = false) {
+    auto* n = get(key, required);
+    if (n && !n->is_string()) {
+      wrong_type(*n, key, "a path string");
+      n = nullptr;
+    }
+    if (n) v = *n->value<std::string>();
+    if (!v.empty()) {
+      fs::path p(v);
+      if (p.is_relative()) p = fs::path(base_dir_) / p;
+      p = p.lexically_normal();
+      v = p.string();
+      if (n && kind != PathKind::any) {
+        std::error_code ec;
+        auto st = fs::status(p, ec);
+        bool exists = fs::exists(st);
+        if (!exists)
+          error_at(*n, key, "no such file or directory: " + v);
+        else if (kind == PathKind::file && !fs::is_regular_file(st))
+          error_at(*n, key, "expected a file, got a directory: " + v);
+        else if (kind == PathKind::dir && !fs::is_directory(st))
+          error_at(*n, key, "expected a directory, got a file: " + v);
+      }
+    }
+    out_.insert_or_assign(key, v);
+  }
+
+  // Reports keys present in the table that the schema did not read.
+  void finish() {
+    if (!t_) return;
+    for (auto& [k, n] : *t_) {
+      std::string key(k.str());
+      if (!seen_.count(key)) error_at(n, key.c_str(), "unknown key (not part of the schema)");
+    }
+  }
+
+  const toml::node* raw(const char* key) {
+    seen_.insert(key);
+    return t_ ? t_->get(key) : nullptr;
+  }
+
+  std::string full(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
+
+  void error_at(const toml::node& n, const char* key, const std::string& msg) {
+    errs_.push_back({file_, n.source().begin.line, n.source().begin.column, full(key), msg});
+  }
+  void error_here(const char* key, const std::string& msg) {
+    uint32_t line = 1, col = 1;
+    if (t_ && t_->source().begin.line) {
+      line = t_->source().begin.line;
+      col = t_->source().begin.column;
+    }
+    errs_.push_back({file_, line, col, full(key), msg});
+  }
+
+ private:
+  const toml::node* get(const char* key, bool required) {
+    auto* n = raw(key);
+    if (!n && required) error_here(key, "missing required key");
+    return n;
+  }
+  void wrong_type(const toml::node& n, const char* key, const char* expected) {
+    error_at(n, key, std::string("expected ") + expected + ", got " + type_name(n));
+  }
+
+  const toml::table* t_;
+  std::string prefix_;
+  const std::string& file_;
+  const std::string& base_dir_;
+  toml::table& out_;
+  std::vector<ConfigError>& errs_;
+  std::set<std::string> seen_;
+};
+
+const char* const all_roles[] = {"supervisor", "learner", "sampler", "evaluator", "monitor"};
+
+}  // namespace
+
+ConfigResult parse_config(const std::string& text, const std::string& path) {
+  std::vector<ConfigError> errs;
+  Config c;
+  c.source_file = fs::absolute(path).lexically_normal().string();
+  c.base_dir = fs::path(c.source_file).parent_path().string();
+  const std::string& file = path;
+
+  toml::table root;
+  try {
+    root = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    errs.push_back({file, e.source().begin.line, e.source().begin.column, "(syntax)",
+                    std::string(e.description())});
+    return errs;
+  }
+
+  toml::table resolved;
+  std::set<std::string> sections = {"cluster", "node",    "tasks",      "policy",
+                                    "sampler", "evaluator", "reward",   "learner",
+                                    "experiment", "store", "monitor"};
+  for (auto& [k, n] : root) {
+    std::string key(k.str());
+    if (!sections.count(key)) {
+      errs.push_back({file, n.source().begin.line, n.source().begin.column, key,
+                      "unknown section (expected one of cluster, node, tasks, policy, sampler, "
+                      "evaluator, reward, learner, experiment, store, monitor)"});
+    } else if (key == "node" ? !n.is_array_of_tables() : !n.is_table()) {
+      errs.push_back({file, n.source().begin.line, n.source().begin.column, key,
+                      key == "node" ? "expected an array of tables ([[node]])"
+                                    : "expected a table ([" + key + "])"});
+    }
+  }
+
+  // Reads one [section] table through a TableReader; `body` reads its keys.
+  auto section = [&](const char* name, auto&& body) {
+    const toml::table* t = root.get(name) ? root.get(name)->as_table() : nullptr;
+    toml::table out;
+    TableReader r(t, name, file, c.base_dir, out, errs);
+    body(r);
+    r.finish();
+    resolved.insert_or_assign(name, std::move(out));
+  };
+
+  section("cluster", [&](TableReader& r) {
+    r.str("name", c.cluster.name);
+    r.one_of("log_level", c.cluster.log_level, {"trace", "debug", "info", "warn", "error", "off"});
+  });
+
+  // [[node]]
+  toml::array nodes_out;
+  if (auto* arr = root.get("node") ? root.get("node")->as_array() : nullptr;
+      arr && arr->is_array_of_tables()) {
+    std::set<std::string> names;
+    for (size_t i = 0; i < arr->size(); ++i) {
+      const toml::table* t = (*arr)[i].as_table();
+      NodeConfig nc;
+      nc.name.clear();
+      toml::table out;
+      TableReader r(t, "node[" + std::to_string(i) + "]", file, c.base_dir, out, errs);
+      r.str("name", nc.name, true);
+      r.str("host", nc.host);
+      r.integer("port", nc.port, 0, 65535);
+      r.str_array("roles", nc.roles,
+                  {"supervisor", "learner", "sampler", "evaluator", "monitor"});
+      r.integer("cpu_slots", nc.cpu_slots, 0, 1024);
+      r.int_array("gpus", nc.gpus, 0, 1023);
+      r.finish();
+      if (!nc.name.empty() && !names.insert(nc.name).second)
+        r.error_at(*t->get("name"), "name", "duplicate node name \"" + nc.name + "\"");
+      bool evaluator = false;
+      for (auto& role : nc.roles) evaluator = evaluator || role == "evaluator";
+      if (evaluator && nc.cpu_slots == 0 && nc.gpus.empty())
+        r.error_here("cpu_slots", "an evaluator node needs cpu_slots > 0 or a non-empty gpus");
+      c.nodes.push_back(nc);
+      nodes_out.push_back(std::move(out));
+    }
+  } else if (!root.get("node")) {
+    NodeConfig nc;
+    for (auto* role : all_roles) nc.roles.push_back(role);
+    nc.cpu_slots = 1;
+    c.nodes.push_back(nc);
+    toml::table out;
+    out.insert("name", nc.name);
+    out.insert("host", nc.host);
+    out.insert("port", int64_t{nc.port});
+    toml::array roles;
+    for (auto& role : nc.roles) roles.push_back(role);
+    out.insert("roles", std::move(roles));
+    out.insert("cpu_slots", int64_t{nc.cpu_slots});
+    out.insert("gpus", toml::array{});
+    nodes_out.push_back(std::move(out));
+  }
+  resolved.insert_or_assign("node", std::move(nodes_out));
+
+  section("tasks", [&](TableReader& r) {
+    r.path("dir", c.tasks.dir, PathKind::dir, true);
+    r.str_array("ids", c.tasks.ids);
+  });
+  section("policy", [&](TableReader& r) {
+    r.path("model", c.policy.model, PathKind::dir);
+    r.path("adapter", c.policy.adapter, PathKind::dir);
+    r.one_of("dtype", c.policy.dtype, {"f32", "f16", "bf16"});
+  });
+  section("sampler", [&](TableReader& r) {
+    r.one_of("backend", c.sampler.backend, {"replay"});
+    r.path("replay", c.sampler.replay, PathKind::file_or_dir, c.sampler.backend == "replay");
+    r.integer("samples_per_task", c.sampler.samples_per_task, 0, 1 << 20);
+    r.number("temperature", c.sampler.temperature, 0, 10);
+    r.integer("max_tokens", c.sampler.max_tokens, 1, 1 << 20);
+    r.integer("seed", c.sampler.seed, 0, std::numeric_limits<int64_t>::max());
+  });
+  section("evaluator", [&](TableReader& r) {
+    auto& e = c.evaluator;
+    r.one_of("action_space", e.action_space, {"forward_body", "full_program"});
+    r.one_of("mode", e.mode, {"fast", "full"});
+    r.integer("correctness_trials", e.correctness_trials, 1, 1000);
+    r.integer("warmup", e.warmup, 0, 1000);
+    r.integer("fast_trials", e.fast_trials, 1, 10000);
+    r.integer("full_trials", e.full_trials, 1, 10000);
+    r.number("timeout_s", e.timeout_s, 0.1, 86400);
+    r.number("atol_fp32", e.atol_fp32, 0, 1);
+    r.number("rtol_fp32", e.rtol_fp32, 0, 1);
+    r.number("atol_half", e.atol_half, 0, 1);
+    r.number("rtol_half", e.rtol_half, 0, 1);
+    r.integer("max_in_flight", e.max_in_flight, 1, 1024);
+    r.integer("max_attempts", e.max_attempts, 1, 100);
+    r.integer("torch_threads", e.torch_threads, 1, 1024);
+    r.integer("seed", e.seed, 0, std::numeric_limits<int64_t>::max());
+    if (!r.raw("python")) e.python = std::string(KERNELRL_SOURCE_DIR) + "/scripts/python";
+    r.path("python", e.python, PathKind::file);
+  });
+  section("reward", [&](TableReader& r) {
+    r.one_of("shape", c.reward.shape, {"speedup", "log_speedup"});
+    r.number("max_speedup", c.reward.max_speedup, 1, 1e6);
+    r.number("correct_bonus", c.reward.correct_bonus, -1e6, 1e6);
+    r.number("incorrect_reward", c.reward.incorrect_reward, -1e6, 1e6);
+    r.number("failure_reward", c.reward.failure_reward, -1e6, 1e6);
+    r.number("hacked_reward", c.reward.hacked_reward, -1e6, 1e6);
+  });
+  section("learner", [&](TableReader& r) {
+    r.one_of("algorithm", c.learner.algorithm, {"grpo", "dr_grpo", "rloo"});
+    r.integer("lora_rank", c.learner.lora_rank, 1, 4096);
+    r.number("lora_alpha", c.learner.lora_alpha, 0, 1e6);
+    r.number("learning_rate", c.learner.learning_rate, 0, 1);
+    r.integer("batch_size", c.learner.batch_size, 1, 1 << 20);
+    r.integer("group_size", c.learner.group_size, 1, 1 << 20);
+  });
+  section("experiment", [&](TableReader& r) {
+    r.one_of("mode", c.experiment.mode, {"eval"});
+    r.str("name", c.experiment.name);
+    r.path("run_root", c.experiment.run_root, PathKind::any);
+    r.integer("seed", c.experiment.seed, 0, std::numeric_limits<int64_t>::max());
+  });
+  section("store", [&](TableReader& r) {
+    r.str("file", c.store.file);
+    r.one_of("synchronous", c.store.synchronous, {"normal", "full"});
+  });
+  section("monitor", [&](TableReader& r) {
+    r.boolean("progress", c.monitor.progress);
+    r.number("interval_s", c.monitor.interval_s, 0.05, 3600);
+    r.str("metrics_file", c.monitor.metrics_file);
+  });
+
+  // Whole-config checks.
+  std::set<std::string> roles;
+  for (auto& n : c.nodes)
+    for (auto& r : n.roles) roles.insert(r);
+  for (auto* need : {"supervisor", "sampler", "evaluator"}) {
+    if (!roles.count(need))
+      errs.push_back({file, 1, 1, "node", std::string("no node has the role \"") + need + "\""});
+  }
+
+  if (!errs.empty()) return errs;
+  std::ostringstream os;
+  os << resolved;
+  c.resolved_toml = os.str();
+  return c;
+}
+
+ConfigResult load_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::vector<ConfigError>{{path, 0, 0, "(file)", "cannot open config file"}};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path);
+}
+
+}  // namespace kernelrl

@@ -1,0 +1,136 @@
+// The one TOML schema of the whole system. load_config() validates everything and reports each
+// problem as "FILE:LINE:COLUMN: key.path: what was expected"; nothing half-valid is returned.
+// Relative paths in a config file are resolved against the directory of that file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace kernelrl {
+
+struct ClusterConfig {
+  std::string name = "local";       // cluster name, shown in logs and the store
+  std::string log_level = "info";   // trace, debug, info, warn, error, off
+};
+
+struct NodeConfig {
+  std::string name = "local";       // unique node name
+  std::string host = "127.0.0.1";   // interface to bind / address to reach it
+  uint16_t port = 0;                // middleman port (0: not published; single node)
+  std::vector<std::string> roles;   // supervisor, learner, sampler, evaluator, monitor
+  uint32_t cpu_slots = 0;           // CPU evaluators on this node (one worker process each)
+  std::vector<int64_t> gpus;        // CUDA device ids, one evaluator each
+};
+
+struct TasksConfig {
+  std::string dir;                   // folder of KernelBench-format task files (bundled: tasks/)
+  std::vector<std::string> ids;      // task ids (file stems) to use; empty: every task in dir
+};
+
+struct PolicyConfig {
+  std::string model;   // Hugging Face model directory (unused by the replay sampler)
+  std::string adapter; // PEFT adapter directory to start from (optional)
+  std::string dtype = "bf16";  // f32, f16, bf16
+};
+
+struct SamplerConfig {
+  std::string backend = "replay";  // replay (libtorch and openai arrive with the policy runtime)
+  std::string replay;              // JSONL file, a folder of *.jsonl, or an earlier run directory
+  uint32_t samples_per_task = 0;   // replay: at most this many actions per task (0: all)
+  double temperature = 1.0;        // sampling temperature (model backends)
+  uint32_t max_tokens = 1024;      // completion length limit (model backends)
+  uint64_t seed = 0;               // sampling seed
+};
+
+struct EvaluatorConfig {
+  std::string action_space = "forward_body";  // forward_body or full_program
+  std::string mode = "fast";        // timing protocol: fast or full
+  uint32_t correctness_trials = 5;  // trials with fresh inputs before timing
+  uint32_t warmup = 2;              // untimed runs before timing
+  uint32_t fast_trials = 5;         // timed runs in fast mode
+  uint32_t full_trials = 50;        // timed runs in full mode
+  double timeout_s = 60;            // wall-clock limit for one evaluation (worker is killed)
+  double atol_fp32 = 1e-4;          // tolerances for float32 outputs
+  double rtol_fp32 = 1e-4;
+  double atol_half = 1e-2;          // tolerances for float16 / bfloat16 outputs
+  double rtol_half = 1e-2;
+  uint32_t max_in_flight = 1;       // requests queued at one evaluator
+  uint32_t max_attempts = 2;        // dispatches of one sample before it is recorded as failed
+  uint32_t torch_threads = 1;       // intra-op threads of a CPU worker
+  uint64_t seed = 42;               // base seed for weights and inputs
+  std::string python;               // interpreter for workers (default: scripts/python)
+};
+
+struct RewardConfig {
+  std::string shape = "speedup";   // speedup or log_speedup
+  double max_speedup = 10;         // speedups are clipped to this before shaping
+  double correct_bonus = 0;        // added to the reward of every correct sample
+  double incorrect_reward = 0;     // reward of a sample that ran but was wrong
+  double failure_reward = 0;       // reward of format/compile/runtime errors and timeouts
+  double hacked_reward = -1;       // reward of a sample caught gaming the harness
+};
+
+struct LearnerConfig {
+  std::string algorithm = "grpo";  // grpo, dr_grpo, rloo (behaviour arrives with the learner)
+  uint32_t lora_rank = 16;         // LoRA rank
+  double lora_alpha = 32;          // LoRA alpha
+  double learning_rate = 1e-5;     // AdamW learning rate
+  uint32_t batch_size = 8;         // tasks per step
+  uint32_t group_size = 8;         // samples per task per step
+};
+
+struct ExperimentConfig {
+  std::string mode = "eval";        // eval (train, best_of_n, ttt, sdpo arrive later)
+  std::string name = "run";         // prefix of the run directory name
+  std::string run_root = "runs";    // where run directories are created
+  uint64_t seed = 0;                // experiment seed
+};
+
+struct StoreConfig {
+  std::string file = "store.sqlite";  // file name inside the run directory
+  std::string synchronous = "normal"; // SQLite synchronous level under WAL: normal or full
+};
+
+struct MonitorConfig {
+  bool progress = true;                     // live progress line on the terminal
+  double interval_s = 1.0;                  // refresh interval of progress and metrics
+  std::string metrics_file = "metrics.jsonl";  // inside the run directory
+};
+
+struct Config {
+  std::string source_file;  // absolute path of the file this came from
+  std::string base_dir;     // its directory; relative paths were resolved against it
+  ClusterConfig cluster;
+  std::vector<NodeConfig> nodes;
+  TasksConfig tasks;
+  PolicyConfig policy;
+  SamplerConfig sampler;
+  EvaluatorConfig evaluator;
+  RewardConfig reward;
+  LearnerConfig learner;
+  ExperimentConfig experiment;
+  StoreConfig store;
+  MonitorConfig monitor;
+  std::string resolved_toml;  // the whole config with defaults filled in and paths resolved
+};
+
+// One problem found in a config, already formatted as FILE:LINE:COLUMN: key.path: message.
+struct ConfigError {
+  std::string file;
+  uint32_t line = 0, column = 0;
+  std::string key;
+  std::string message;
+  std::string format() const;
+};
+
+// Either a valid config or every problem found in it (never both, never neither).
+using ConfigResult = std::variant<Config, std::vector<ConfigError>>;
+
+// Reads and validates a config file.
+ConfigResult load_config(const std::string& path);
+// Validates config text as if it came from `path` (used by tests and the embedded default).
+ConfigResult parse_config(const std::string& text, const std::string& path);
+
+}  // namespace kernelrl

@@ -1,0 +1,277 @@
+#include "gpu/worker_client.hpp"
+
+#include "core/log.hpp"
+#include "core/paths.hpp"
+
+#include <zmq.hpp>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace kernelrl {
+
+namespace {
+
+std::atomic<uint64_t> next_endpoint{0};
+
+zmq::context_t& zmq_context() {
+  static zmq::context_t ctx(1);
+  return ctx;
+}
+
+// Looks up `key` in a msgpack map; nullptr when absent.
+const msgpack::object* field(const msgpack::object& map, const char* key) {
+  if (map.type != msgpack::type::MAP) return nullptr;
+  for (uint32_t i = 0; i < map.via.map.size; ++i) {
+    const auto& kv = map.via.map.ptr[i];
+    if (kv.key.type == msgpack::type::STR &&
+        std::string_view(kv.key.via.str.ptr, kv.key.via.str.size) == key)
+      return &kv.val;
+  }
+  return nullptr;
+}
+
+template <class T>
+void read(const msgpack::object& map, const char* key, T& out) {
+  if (auto* v = field(map, key); v && v->type != msgpack::type::NIL) v->convert(out);
+}
+
+std::string describe_exit(int status) {
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return "killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  return "ended (status " + std::to_string(status) + ")";
+}
+
+}  // namespace
+
+struct WorkerClient::Impl {
+  std::unique_ptr<zmq::socket_t> sock;
+};
+
+WorkerClient::WorkerClient(WorkerOptions opts) : opts_(std::move(opts)), impl_(new Impl) {
+  endpoint_ = "ipc://" + (std::filesystem::temp_directory_path() /
+                          ("kernelrl-" + std::to_string(getpid()) + "-" +
+                           std::to_string(next_endpoint++) + ".sock")).string();
+}
+
+WorkerClient::~WorkerClient() { stop(); }
+
+void WorkerClient::kill_worker() {
+  if (pid_ > 0) {
+    ::kill(-pid_, SIGKILL);  // the whole process group: compilers and helpers too
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  pid_ = -1;
+  impl_->sock.reset();
+}
+
+void WorkerClient::stop() {
+  if (pid_ > 0 && impl_->sock) {
+    msgpack::sbuffer buf;
+    msgpack::packer<msgpack::sbuffer> pk(buf);
+    pk.pack_map(1);
+    pk.pack("op");
+    pk.pack("exit");
+    std::string reply;
+    round_trip(std::string(buf.data(), buf.size()), mono_s() + 2.0, reply);
+  }
+  kill_worker();
+  std::error_code ec;
+  std::filesystem::remove(endpoint_.substr(6), ec);
+}
+
+bool WorkerClient::ensure_started(std::string& err) {
+  if (pid_ > 0) return true;
+  auto lg = log::get("evaluator");
+  impl_->sock = std::make_unique<zmq::socket_t>(zmq_context(), zmq::socket_type::req);
+  impl_->sock->set(zmq::sockopt::linger, 0);
+  try {
+    impl_->sock->bind(endpoint_);
+  } catch (const zmq::error_t& e) {
+    err = "cannot bind worker endpoint " + endpoint_ + ": " + e.what();
+    impl_->sock.reset();
+    return false;
+  }
+
+  std::vector<std::string> args = {opts_.python, opts_.script, "--endpoint", endpoint_,
+                                   "--device", opts_.device, "--threads",
+                                   std::to_string(opts_.threads), "--parent",
+                                   std::to_string(getpid())};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  std::string log_path = opts_.log_path.empty() ? "/dev/null" : opts_.log_path;
+  posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, opts_.python.c_str(), &fa, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    err = "cannot start worker " + opts_.python + " " + opts_.script + ": " + strerror(rc);
+    impl_->sock.reset();
+    return false;
+  }
+  pid_ = pid;
+  ++starts_;
+
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(1);
+  pk.pack("op");
+  pk.pack("ping");
+  std::string reply;
+  std::string why = round_trip(std::string(buf.data(), buf.size()),
+                               mono_s() + opts_.startup_timeout_s, reply);
+  if (!why.empty()) {
+    err = "worker " + opts_.script + " on " + opts_.device + " did not start: " + why +
+          (opts_.log_path.empty() ? "" : " (see " + opts_.log_path + ")");
+    kill_worker();
+    return false;
+  }
+  try {
+    auto h = msgpack::unpack(reply.data(), reply.size());
+    read(h.get(), "torch_version", torch_version_);
+    read(h.get(), "device", device_name_);
+  } catch (const std::exception& e) {
+    err = std::string("worker sent an unreadable hello: ") + e.what();
+    kill_worker();
+    return false;
+  }
+  lg->debug("worker pid {} on {} ready (torch {}, {})", pid_, opts_.device, torch_version_,
+            device_name_);
+  return true;
+}
+
+std::string WorkerClient::round_trip(const std::string& payload, double deadline,
+                                     std::string& reply) {
+  auto& sock = *impl_->sock;
+  try {
+    sock.send(zmq::buffer(payload), zmq::send_flags::none);
+  } catch (const zmq::error_t& e) {
+    return std::string("io: ") + e.what();
+  }
+  zmq::pollitem_t items[] = {{static_cast<void*>(sock), 0, ZMQ_POLLIN, 0}};
+  while (true) {
+    double left = deadline - mono_s();
+    if (left <= 0) return "timeout";
+    long slice_ms = std::min<long>(100, static_cast<long>(left * 1000) + 1);
+    zmq::poll(items, 1, std::chrono::milliseconds(slice_ms));
+    if (items[0].revents & ZMQ_POLLIN) {
+      zmq::message_t msg;
+      (void)sock.recv(msg, zmq::recv_flags::none);
+      reply.assign(static_cast<const char*>(msg.data()), msg.size());
+      return "";
+    }
+    int status = 0;
+    if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return "died: worker process " + describe_exit(status);
+    }
+  }
+}
+
+EvalResult WorkerClient::evaluate(const EvalRequest& req, const EvaluatorConfig& s,
+                                  double timeout_s) {
+  EvalResult res;
+  res.sample_id = req.sample_id;
+  res.task_id = req.task_id;
+  res.device = opts_.device;
+  double t0 = mono_s();
+  std::string err;
+  if (!ensure_started(err)) {
+    res.status = EvalStatus::runtime_error;
+    res.error = err;
+    res.wall_s = mono_s() - t0;
+    return res;
+  }
+
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(3);
+  pk.pack("op");
+  pk.pack("eval");
+  pk.pack("request");
+  pk.pack(req);
+  pk.pack("settings");
+  pk.pack_map(8);
+  pk.pack("correctness_trials"); pk.pack(s.correctness_trials);
+  pk.pack("warmup"); pk.pack(s.warmup);
+  pk.pack("fast_trials"); pk.pack(s.fast_trials);
+  pk.pack("full_trials"); pk.pack(s.full_trials);
+  pk.pack("atol_fp32"); pk.pack(s.atol_fp32);
+  pk.pack("rtol_fp32"); pk.pack(s.rtol_fp32);
+  pk.pack("atol_half"); pk.pack(s.atol_half);
+  pk.pack("rtol_half"); pk.pack(s.rtol_half);
+
+  std::string reply;
+  std::string why = round_trip(std::string(buf.data(), buf.size()), t0 + timeout_s, reply);
+  res.wall_s = mono_s() - t0;
+  if (why == "timeout") {
+    kill_worker();
+    res.status = EvalStatus::timeout;
+    char msg[96];
+    std::snprintf(msg, sizeof msg, "evaluation exceeded the %.1f s limit; worker killed", timeout_s);
+    res.error = msg;
+    return res;
+  }
+  if (!why.empty()) {
+    kill_worker();
+    res.status = EvalStatus::runtime_error;
+    res.error = why.rfind("died: ", 0) == 0 ? why.substr(6) + " while running the candidate"
+                                            : "worker connection failed: " + why;
+    return res;
+  }
+  try {
+    auto h = msgpack::unpack(reply.data(), reply.size());
+    const auto& m = h.get();
+    std::string status = "runtime_error";
+    read(m, "status", status);
+    if (!from_string(status, res.status)) {
+      res.status = EvalStatus::runtime_error;
+      res.error = "worker reported an unknown status \"" + status + "\"";
+      return res;
+    }
+    read(m, "error", res.error);
+    read(m, "assembled_code", res.assembled_code);
+    read(m, "compile_log", res.compile_log);
+    read(m, "correctness", res.correctness);
+    read(m, "runtime", res.runtime);
+    read(m, "ref_runtime", res.ref_runtime);
+    read(m, "speedup", res.speedup);
+    read(m, "device", res.device);
+  } catch (const std::exception& e) {
+    res = EvalResult{};
+    res.sample_id = req.sample_id;
+    res.task_id = req.task_id;
+    res.status = EvalStatus::runtime_error;
+    res.error = std::string("worker sent an unreadable reply: ") + e.what();
+    kill_worker();
+  }
+  res.wall_s = mono_s() - t0;
+  return res;
+}
+
+}  // namespace kernelrl

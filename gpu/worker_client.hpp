@@ -1,0 +1,59 @@
+// The evaluator's handle on one worker process (gpu/worker.py): starts it, talks to it over a
+// ZeroMQ REQ socket with msgpack, enforces the time limit, notices a crash, kills the process
+// group on a timeout and starts a fresh worker for the next request. evaluate() never throws:
+// every failure is an EvalResult with a status and a one-line error.
+#pragma once
+
+#include "core/config.hpp"
+#include "messages/messages.hpp"
+
+#include <memory>
+#include <string>
+#include <sys/types.h>
+
+namespace kernelrl {
+
+struct WorkerOptions {
+  std::string python;            // interpreter (scripts/python)
+  std::string script;            // gpu/worker.py
+  std::string device = "cpu";    // torch device: cpu or cuda:N
+  uint32_t threads = 1;          // intra-op threads on CPU
+  std::string log_path;          // the worker's stdout/stderr go here ("" : /dev/null)
+  double startup_timeout_s = 120;  // time allowed for start-up (torch import, CUDA init)
+};
+
+class WorkerClient {
+ public:
+  explicit WorkerClient(WorkerOptions opts);
+  ~WorkerClient();
+  WorkerClient(const WorkerClient&) = delete;
+  WorkerClient& operator=(const WorkerClient&) = delete;
+
+  // Starts the worker if it is not running; false (and `err`) when it cannot start.
+  bool ensure_started(std::string& err);
+  // Evaluates one request under `settings`, within `timeout_s` seconds of wall time.
+  EvalResult evaluate(const EvalRequest& req, const EvaluatorConfig& settings, double timeout_s);
+  // Stops the worker (politely, then by force).
+  void stop();
+
+  pid_t pid() const { return pid_; }
+  uint32_t restarts() const { return starts_ > 0 ? starts_ - 1 : 0; }
+  const std::string& torch_version() const { return torch_version_; }
+  const std::string& device_name() const { return device_name_; }
+
+ private:
+  struct Impl;
+  // Sends `payload` and waits for the reply until `deadline` (mono seconds). Returns "" and the
+  // reply, or an error kind ("timeout", "died: ...", "io: ...").
+  std::string round_trip(const std::string& payload, double deadline, std::string& reply);
+  void kill_worker();
+
+  WorkerOptions opts_;
+  std::unique_ptr<Impl> impl_;
+  pid_t pid_ = -1;
+  uint32_t starts_ = 0;
+  std::string endpoint_;
+  std::string torch_version_, device_name_;
+};
+
+}  // namespace kernelrl

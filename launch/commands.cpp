@@ -1,0 +1,280 @@
+#include "launch/commands.hpp"
+
+#include "actors/dispatcher.hpp"
+#include "actors/evaluator.hpp"
+#include "actors/monitor.hpp"
+#include "actors/reward.hpp"
+#include "actors/sampler.hpp"
+#include "actors/supervisor.hpp"
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "core/paths.hpp"
+#include "learner/runtime_info.hpp"
+#include "messages/messages.hpp"
+#include "store/store.hpp"
+#include "tasks/task_set.hpp"
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+
+namespace fs = std::filesystem;
+
+namespace kernelrl {
+
+namespace {
+
+// Loads a config or prints every error (FILE:LINE:COLUMN: key: message) and returns nullopt.
+std::optional<Config> load_or_report(const std::string& path) {
+  auto res = load_config(path);
+  if (auto* errs = std::get_if<std::vector<ConfigError>>(&res)) {
+    for (auto& e : *errs) std::fprintf(stderr, "%s\n", e.format().c_str());
+    std::fprintf(stderr, "launch: %zu error%s in %s\n", errs->size(), errs->size() == 1 ? "" : "s",
+                 path.c_str());
+    return std::nullopt;
+  }
+  return std::get<Config>(std::move(res));
+}
+
+std::string sanitize(std::string s) {
+  for (auto& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+  return s;
+}
+
+void print_summary(const nlohmann::json& j, const std::string& run_dir) {
+  std::printf("\n%-32s %8s %9s %7s %13s\n", "task", "samples", "correct", "fast_1", "mean speedup");
+  for (auto& t : j["tasks"]) {
+    std::string correct = fmt::format("{}/{}", t["correct"].get<uint64_t>(), t["samples"].get<uint64_t>());
+    std::string sp = t["correct"].get<uint64_t>() ? fmt::format("{:.2f}x", t["mean_speedup"].get<double>()) : "-";
+    std::printf("%-32s %8llu %9s %7.2f %13s\n", t["task_id"].get<std::string>().c_str(),
+                static_cast<unsigned long long>(t["samples"].get<uint64_t>()), correct.c_str(),
+                t["fast_1"].get<double>(), sp.c_str());
+  }
+  std::string correct = fmt::format("{}/{}", j["correct"].get<uint64_t>(), j["samples"].get<uint64_t>());
+  std::string sp = j["correct"].get<uint64_t>() ? fmt::format("{:.2f}x", j["mean_speedup"].get<double>()) : "-";
+  std::printf("%-32s %8llu %9s %7.2f %13s\n", "overall",
+              static_cast<unsigned long long>(j["samples"].get<uint64_t>()), correct.c_str(),
+              j["fast_1"].get<double>(), sp.c_str());
+  std::string statuses;
+  for (auto& [k, v] : j["status_counts"].items())
+    statuses += (statuses.empty() ? "" : ", ") + k + " " + std::to_string(v.get<uint64_t>());
+  std::printf("statuses: %s\n", statuses.empty() ? "(none)" : statuses.c_str());
+  std::printf("wall time: %.1f s\n", j["wall_s"].get<double>());
+  std::printf("run directory: %s\n", run_dir.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int cmd_check(const std::string& config_path) {
+  auto cfg = load_or_report(config_path);
+  if (!cfg) return 2;
+  std::printf("# %s: valid\n%s\n", cfg->source_file.c_str(), cfg->resolved_toml.c_str());
+  return 0;
+}
+
+int cmd_version() {
+  auto info = torch_runtime_info();
+  std::printf("kernelrl %s (protocol %u)\n", KERNELRL_VERSION, protocol_version);
+  std::printf("LibTorch %s, CUDA %s (%d device%s)\n", info.version.c_str(),
+              info.cuda_available ? "available" : "not available", info.cuda_devices,
+              info.cuda_devices == 1 ? "" : "s");
+  return 0;
+}
+
+int cmd_export(const std::string& run_dir) {
+  fs::path p = run_dir;
+  if (fs::is_directory(p)) p /= "store.sqlite";
+  if (!fs::exists(p)) {
+    std::fprintf(stderr, "launch export: %s: no run store here\n", p.string().c_str());
+    return 2;
+  }
+  std::string err;
+  auto store = Store::open_readonly(p.string(), err);
+  if (!store) {
+    std::fprintf(stderr, "launch export: %s\n", err.c_str());
+    return 1;
+  }
+  for (auto& r : store->samples()) {
+    const auto& e = r.record.result;
+    nlohmann::json j = {
+        {"run_id", r.run_id},
+        {"sample_id", r.sample_id},
+        {"task_id", r.task_id},
+        {"step", r.step},
+        {"group_id", r.group_id},
+        {"sample_index", r.sample_index},
+        {"status", r.status},
+        {"error", r.error},
+        {"speedup", r.speedup},
+        {"reward", r.reward},
+        {"policy_version", r.policy_version},
+        {"num_tokens", r.num_tokens},
+        {"logprob_mean", r.logprob_mean},
+        {"runtime_ms", e.runtime.median_ms},
+        {"ref_runtime_ms", e.ref_runtime.median_ms},
+        {"correctness",
+         {{"trials", e.correctness.trials},
+          {"passed", e.correctness.passed},
+          {"max_abs_diff", e.correctness.max_abs_diff},
+          {"max_rel_diff", e.correctness.max_rel_diff},
+          {"detail", e.correctness.detail}}},
+        {"evaluator_id", e.evaluator_id},
+        {"device", e.device},
+        {"completion", r.record.rollout.completion},
+        {"assembled_code", e.assembled_code},
+        {"compile_log", e.compile_log},
+    };
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
+  return 0;
+}
+
+int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
+            const std::string& log_level) {
+  auto loaded = load_or_report(config_path);
+  if (!loaded) return 2;
+  Config cfg = std::move(*loaded);
+  std::string level = log_level.empty() ? cfg.cluster.log_level : log_level;
+  if (!log::set_level(level)) {
+    std::fprintf(stderr, "launch: --log-level: expected trace, debug, info, warn, error or off, got \"%s\"\n",
+                 level.c_str());
+    return 2;
+  }
+  auto lg = log::get("launch");
+
+  TaskSet tasks;
+  std::string err;
+  if (!tasks.load(cfg.tasks.dir, cfg.tasks.ids, err)) {
+    lg->error("{}", err);
+    return 2;
+  }
+  std::vector<std::string> replay_errors;
+  auto records = load_replay(cfg.sampler.replay, replay_errors);
+  for (auto& e : replay_errors) lg->error("{}", e);
+  if (!cfg.tasks.ids.empty()) {  // an explicit task list also selects what is replayed
+    std::set<std::string> keep(cfg.tasks.ids.begin(), cfg.tasks.ids.end());
+    size_t before = records.size();
+    std::erase_if(records, [&](const ReplayRecord& r) { return !keep.count(r.task_id); });
+    if (before != records.size())
+      lg->info("tasks.ids: {} replayed actions for other tasks are left out", before - records.size());
+  }
+  if (records.empty()) {
+    lg->error("{}: no replay actions to evaluate", cfg.sampler.replay);
+    return 2;
+  }
+
+  std::string run_dir;
+  if (run_dir_arg.empty()) {
+    run_dir = make_run_dir(cfg.experiment.run_root, cfg.experiment.name);
+  } else {
+    std::error_code ec;
+    fs::create_directories(run_dir_arg, ec);
+    if (ec || !fs::is_directory(run_dir_arg)) {
+      lg->error("--run-dir {}: cannot create directory: {}", run_dir_arg, ec.message());
+      return 2;
+    }
+    run_dir = fs::absolute(run_dir_arg).lexically_normal().string();
+  }
+  fs::create_directories(fs::path(run_dir) / "workers");
+  std::ofstream(fs::path(run_dir) / "config.resolved.toml") << cfg.resolved_toml;
+  log::add_run_file((fs::path(run_dir) / "launch.log").string());
+  std::string run_id = fs::path(run_dir).filename().string();
+  lg->info("run {} ({} mode, {} tasks, {} actions) in {}", run_id, cfg.experiment.mode,
+           tasks.size(), records.size(), run_dir);
+  if (cfg.nodes.size() > 1)
+    lg->warn("this build runs single-node: the roles of all {} [[node]] entries run in this process",
+             cfg.nodes.size());
+
+  caf::actor_system_config sys_cfg;
+  add_message_types(sys_cfg);
+  sys_cfg.set("logger.verbosity", caf::atom("quiet"));
+  caf::actor_system sys{sys_cfg};
+  int rc = 1;
+  {
+    SupervisorArgs sa;
+    sa.run_id = run_id;
+    sa.store_path = (fs::path(run_dir) / cfg.store.file).string();
+    sa.synchronous = cfg.store.synchronous;
+    sa.mode = cfg.experiment.mode;
+    sa.config_toml = cfg.resolved_toml;
+    for (auto& t : tasks.tasks()) sa.task_ids.push_back(t.id);
+
+    DispatcherArgs da;
+    for (auto& t : tasks.tasks()) da.task_paths[t.id] = t.path;
+    da.action_space = cfg.evaluator.action_space;
+    da.mode = cfg.evaluator.mode;
+    da.seed = cfg.evaluator.seed;
+    da.max_in_flight = cfg.evaluator.max_in_flight;
+    da.max_attempts = cfg.evaluator.max_attempts;
+
+    // Evaluators first (their workers take a few seconds to import torch), then the rest.
+    auto supervisor_args = sa;
+    std::vector<EvaluatorArgs> eval_args;
+    for (auto& node : cfg.nodes) {
+      bool has = false;
+      for (auto& r : node.roles) has = has || r == "evaluator";
+      if (!has) continue;
+      std::vector<std::string> devices;
+      for (uint32_t i = 0; i < node.cpu_slots; ++i) devices.push_back("cpu-" + std::to_string(i));
+      for (auto g : node.gpus) devices.push_back("cuda:" + std::to_string(g));
+      for (auto& d : devices) {
+        EvaluatorArgs ea;
+        ea.id = node.name + "/" + d;
+        ea.settings = cfg.evaluator;
+        ea.worker.python = cfg.evaluator.python;
+        ea.worker.script = std::string(KERNELRL_SOURCE_DIR) + "/gpu/worker.py";
+        ea.worker.device = d.rfind("cpu", 0) == 0 ? "cpu" : d;
+        ea.worker.threads = cfg.evaluator.torch_threads;
+        ea.worker.log_path = (fs::path(run_dir) / "workers" / (sanitize(ea.id) + ".log")).string();
+        eval_args.push_back(ea);
+      }
+    }
+
+    auto supervisor = spawn_supervisor(sys, supervisor_args);
+    auto reward = spawn_reward(sys, cfg.reward, supervisor, caf::actor{});
+    auto dispatcher = spawn_dispatcher(sys, da, reward);
+    std::vector<caf::actor> evaluators;
+    for (auto& ea : eval_args) evaluators.push_back(spawn_evaluator(sys, ea, dispatcher));
+    SamplerArgs sma;
+    sma.records = std::move(records);
+    sma.samples_per_task = cfg.sampler.samples_per_task;
+    auto sampler = spawn_sampler(sys, std::move(sma), dispatcher);
+    MonitorArgs ma;
+    ma.progress = cfg.monitor.progress;
+    ma.interval_s = cfg.monitor.interval_s;
+    ma.metrics_path = (fs::path(run_dir) / cfg.monitor.metrics_file).string();
+    ma.label = cfg.experiment.mode;
+    auto monitor = spawn_monitor(sys, ma, {supervisor, dispatcher}, supervisor);
+
+    caf::scoped_actor self{sys};
+    std::string summary;
+    self->request(supervisor, caf::infinite, plan_atom::value, sampler, evaluators)
+        .receive([&](std::string& s) { summary = std::move(s); },
+                 [&](caf::error& e) { summary = nlohmann::json{{"ok", false}, {"error", sys.render(e)}}.dump(); });
+    self->request(monitor, std::chrono::seconds(10), finish_atom::value)
+        .receive([](bool) {}, [](caf::error&) {});
+
+    auto j = nlohmann::json::parse(summary);
+    if (j.contains("tasks")) print_summary(j, run_dir);
+    if (j.value("ok", false)) {
+      rc = 0;
+    } else {
+      lg->error("run failed: {}", j.value("error", std::string("unknown error")));
+      std::printf("run directory: %s\n", run_dir.c_str());
+    }
+    for (auto& a : std::vector<caf::actor>{monitor, sampler, dispatcher, reward, supervisor})
+      self->send_exit(a, caf::exit_reason::user_shutdown);
+    for (auto& e : evaluators) self->send_exit(e, caf::exit_reason::user_shutdown);
+  }
+  return rc;
+}
+
+}  // namespace kernelrl

@@ -1,0 +1,46 @@
+#include "messages/messages.hpp"
+
+#include <array>
+
+namespace kernelrl {
+
+namespace {
+constexpr std::array<const char*, 7> status_names = {
+    "ok", "format_error", "compile_error", "runtime_error", "timeout", "incorrect", "hacked"};
+}
+
+std::string to_string(EvalStatus s) {
+  auto i = static_cast<size_t>(s);
+  return i < status_names.size() ? status_names[i] : "unknown(" + std::to_string(i) + ")";
+}
+
+bool from_string(const std::string& name, EvalStatus& out) {
+  for (size_t i = 0; i < status_names.size(); ++i) {
+    if (name == status_names[i]) {
+      out = static_cast<EvalStatus>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+void add_message_types(caf::actor_system_config& cfg) {
+  cfg.add_message_type<Rollout>("kernelrl.Rollout");
+  cfg.add_message_type<EvalRequest>("kernelrl.EvalRequest");
+  cfg.add_message_type<RuntimeStats>("kernelrl.RuntimeStats");
+  cfg.add_message_type<Correctness>("kernelrl.Correctness");
+  cfg.add_message_type<EvalResult>("kernelrl.EvalResult");
+  cfg.add_message_type<ScoredRollout>("kernelrl.ScoredRollout");
+  cfg.add_message_type<StepStats>("kernelrl.StepStats");
+  cfg.add_message_type<Checkpoint>("kernelrl.Checkpoint");
+  cfg.add_message_type<TensorBlob>("kernelrl.TensorBlob");
+  cfg.add_message_type<WeightsUpdate>("kernelrl.WeightsUpdate");
+  cfg.add_message_type<Telemetry>("kernelrl.Telemetry");
+  cfg.add_message_type<std::vector<Rollout>>("kernelrl.RolloutBatch");
+}
+
+std::string make_sample_id(const std::string& task_id, uint64_t group_id, uint32_t sample_index) {
+  return task_id + "#" + std::to_string(group_id) + "." + std::to_string(sample_index);
+}
+
+}  // namespace kernelrl

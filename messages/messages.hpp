@@ -1,0 +1,242 @@
+// Every message of the actor graph: plain structs, their CAF type names and inspect(), their
+// msgpack form (MSGPACK_DEFINE_MAP: a map keyed by field name, so readers tolerate added fields),
+// and the atoms that tag requests. Nothing else lives here.
+//
+// One sample's life: Rollout (sampler) -> EvalRequest (dispatcher) -> EvalResult (evaluator)
+// -> ScoredRollout (reward) -> store / learner. StepStats, Checkpoint, WeightsUpdate and Telemetry
+// carry the experiment's progress. Register all of them once with add_message_types().
+#pragma once
+
+#include <caf/actor_system_config.hpp>
+#include <caf/atom.hpp>
+#include <caf/meta/type_name.hpp>
+#include <msgpack.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kernelrl {
+
+// Bumped whenever a message's fields change; peers with another version are refused.
+inline constexpr uint32_t protocol_version = 1;
+
+// ---------------------------------------------------------------------------------------------
+// The verdict of one evaluation. Order is part of the wire format: append only.
+enum class EvalStatus : uint8_t {
+  ok = 0,            // compiled, correct on every trial, timed
+  format_error = 1,  // empty action, prose, code that does not parse
+  compile_error = 2, // the assembled program failed to build or import
+  runtime_error = 3, // raised (or crashed the worker) while running
+  timeout = 4,       // exceeded the evaluator's time limit
+  incorrect = 5,     // ran but disagreed with the reference (shape, dtype, values, NaN/Inf)
+  hacked = 6,        // caught gaming the harness
+};
+std::string to_string(EvalStatus s);
+// Parses the names above; false when `name` is none of them.
+bool from_string(const std::string& name, EvalStatus& out);
+
+// ---------------------------------------------------------------------------------------------
+// A sample made by a sampler: the policy's action for one task.
+struct Rollout {
+  std::string sample_id;            // unique within a run: "<task_id>#<group_id>.<sample_index>"
+  std::string task_id;              // the task this action answers
+  uint64_t group_id = 0;            // samples of one task drawn together (a GRPO group)
+  uint32_t sample_index = 0;        // index within the group
+  uint32_t step = 0;                // experiment step that asked for it
+  std::string prompt;               // the prompt text the policy saw
+  std::string completion;           // the policy's raw action text
+  std::vector<int32_t> token_ids;   // completion token ids (empty for replay without tokens)
+  std::vector<float> logprobs;      // per-token logprobs of token_ids under the sampling policy
+  uint64_t policy_version = 0;      // version of the weights that produced it
+  std::string sampler_id;           // which sampler made it
+  MSGPACK_DEFINE_MAP(sample_id, task_id, group_id, sample_index, step, prompt, completion, token_ids,
+                     logprobs, policy_version, sampler_id);
+};
+
+// What the dispatcher asks an evaluator to do with one rollout.
+struct EvalRequest {
+  std::string sample_id;     // Rollout::sample_id
+  std::string task_id;       // task to evaluate against
+  std::string task_path;     // absolute path of the task's KernelBench .py file
+  std::string action;        // the raw action text
+  std::string action_space;  // "forward_body" or "full_program"
+  std::string mode;          // "fast" or "full" timing protocol
+  uint64_t seed = 0;         // base seed for inputs and weights
+  uint32_t attempt = 0;      // re-dispatch count (0 on the first try)
+  MSGPACK_DEFINE_MAP(sample_id, task_id, task_path, action, action_space, mode, seed, attempt);
+};
+
+// Timing statistics over `trials` measurements, in milliseconds.
+struct RuntimeStats {
+  double median_ms = 0, mean_ms = 0, std_ms = 0, min_ms = 0, max_ms = 0;
+  uint32_t trials = 0;  // 0: not timed
+  MSGPACK_DEFINE_MAP(median_ms, mean_ms, std_ms, min_ms, max_ms, trials);
+};
+
+// How the candidate's outputs compared with the reference's.
+struct Correctness {
+  uint32_t trials = 0;        // trials run (including the re-check after timing)
+  uint32_t passed = 0;        // trials within tolerance
+  double max_abs_diff = 0;    // worst |candidate - reference| over all trials
+  double max_rel_diff = 0;    // worst |candidate - reference| / (|reference| + eps)
+  double atol = 0, rtol = 0;  // tolerances applied
+  std::string detail;         // first mismatch, e.g. "trial 2: shape [4, 8] != [8, 4]"
+  MSGPACK_DEFINE_MAP(trials, passed, max_abs_diff, max_rel_diff, atol, rtol, detail);
+};
+
+// The evaluator's verdict on one EvalRequest.
+struct EvalResult {
+  std::string sample_id;       // EvalRequest::sample_id
+  std::string task_id;         // EvalRequest::task_id
+  EvalStatus status = EvalStatus::format_error;
+  std::string error;           // one-line reason when status != ok
+  std::string assembled_code;  // the full program built from the action (empty on format_error)
+  std::string compile_log;     // build/import output of the candidate
+  Correctness correctness;     // comparison with the reference
+  RuntimeStats runtime;        // candidate timing
+  RuntimeStats ref_runtime;    // reference timing under the same protocol
+  double speedup = 0;          // ref_runtime.median / runtime.median; 0 unless ok
+  std::string evaluator_id;    // which evaluator produced it ("node/device")
+  std::string device;          // device name the timing is for
+  double wall_s = 0;           // wall-clock seconds the evaluation took
+  MSGPACK_DEFINE_MAP(sample_id, task_id, status, error, assembled_code, compile_log, correctness,
+                     runtime, ref_runtime, speedup, evaluator_id, device, wall_s);
+};
+
+// A rollout with its verdict and reward: what the store and the learner receive.
+struct ScoredRollout {
+  Rollout rollout;
+  EvalResult result;
+  double reward = 0;
+  MSGPACK_DEFINE_MAP(rollout, result, reward);
+};
+
+// Summary of one experiment step.
+struct StepStats {
+  uint32_t step = 0;
+  uint64_t samples = 0;          // samples with a verdict this step
+  uint64_t correct = 0;          // samples with status ok
+  double fast_1 = 0;             // fraction of tasks with a correct sample faster than reference
+  double mean_speedup = 0;       // over correct samples
+  double mean_reward = 0;        // over all samples
+  uint64_t policy_version = 0;   // version that sampled this step
+  std::map<std::string, uint64_t> status_counts;  // status name -> count
+  MSGPACK_DEFINE_MAP(step, samples, correct, fast_1, mean_speedup, mean_reward, policy_version,
+                     status_counts);
+};
+
+// A saved adapter and its score.
+struct Checkpoint {
+  uint32_t step = 0;
+  uint64_t policy_version = 0;
+  std::string path;     // directory of the PEFT-format adapter
+  double score = 0;     // fast_1 of its step
+  MSGPACK_DEFINE_MAP(step, policy_version, path, score);
+};
+
+// One named tensor of an adapter, raw bytes in row-major order.
+struct TensorBlob {
+  std::string name;            // PEFT key name
+  std::string dtype;           // "f32", "f16", "bf16"
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> data;
+  MSGPACK_DEFINE_MAP(name, dtype, shape, data);
+};
+
+// New policy weights published by the learner; samplers acknowledge `version`.
+struct WeightsUpdate {
+  uint64_t version = 0;
+  std::vector<TensorBlob> tensors;
+  MSGPACK_DEFINE_MAP(version, tensors);
+};
+
+// A snapshot of some actor's counters for the monitor.
+struct Telemetry {
+  double ts = 0;                          // seconds since the epoch
+  std::string source;                     // "supervisor", "dispatcher", "node/evaluator-0", ...
+  uint32_t step = 0;
+  std::map<std::string, double> values;   // named gauges and counters
+  MSGPACK_DEFINE_MAP(ts, source, step, values);
+};
+
+// ---------------------------------------------------------------------------------------------
+// CAF inspection (0.17): the field order is the binary wire format.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Rollout& x) {
+  return f(caf::meta::type_name("kernelrl.Rollout"), x.sample_id, x.task_id, x.group_id,
+           x.sample_index, x.step, x.prompt, x.completion, x.token_ids, x.logprobs, x.policy_version,
+           x.sampler_id);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, EvalRequest& x) {
+  return f(caf::meta::type_name("kernelrl.EvalRequest"), x.sample_id, x.task_id, x.task_path,
+           x.action, x.action_space, x.mode, x.seed, x.attempt);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RuntimeStats& x) {
+  return f(caf::meta::type_name("kernelrl.RuntimeStats"), x.median_ms, x.mean_ms, x.std_ms,
+           x.min_ms, x.max_ms, x.trials);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Correctness& x) {
+  return f(caf::meta::type_name("kernelrl.Correctness"), x.trials, x.passed, x.max_abs_diff,
+           x.max_rel_diff, x.atol, x.rtol, x.detail);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, EvalResult& x) {
+  return f(caf::meta::type_name("kernelrl.EvalResult"), x.sample_id, x.task_id, x.status, x.error,
+           x.assembled_code, x.compile_log, x.correctness, x.runtime, x.ref_runtime, x.speedup,
+           x.evaluator_id, x.device, x.wall_s);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ScoredRollout& x) {
+  return f(caf::meta::type_name("kernelrl.ScoredRollout"), x.rollout, x.result, x.reward);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepStats& x) {
+  return f(caf::meta::type_name("kernelrl.StepStats"), x.step, x.samples, x.correct, x.fast_1,
+           x.mean_speedup, x.mean_reward, x.policy_version, x.status_counts);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Checkpoint& x) {
+  return f(caf::meta::type_name("kernelrl.Checkpoint"), x.step, x.policy_version, x.path, x.score);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TensorBlob& x) {
+  return f(caf::meta::type_name("kernelrl.TensorBlob"), x.name, x.dtype, x.shape, x.data);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WeightsUpdate& x) {
+  return f(caf::meta::type_name("kernelrl.WeightsUpdate"), x.version, x.tensors);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Telemetry& x) {
+  return f(caf::meta::type_name("kernelrl.Telemetry"), x.ts, x.source, x.step, x.values);
+}
+
+// Registers every message type above with its CAF type name. Call once per actor system.
+void add_message_types(caf::actor_system_config& cfg);
+
+// ---------------------------------------------------------------------------------------------
+// Atoms (at most 10 characters each in CAF 0.17).
+using plan_atom = caf::atom_constant<caf::atom("plan")>;          // supervisor -> sampler
+using done_atom = caf::atom_constant<caf::atom("done")>;          // sampler -> supervisor
+using register_atom = caf::atom_constant<caf::atom("register")>;  // evaluator -> dispatcher
+using eval_atom = caf::atom_constant<caf::atom("eval")>;          // dispatcher -> evaluator
+using score_atom = caf::atom_constant<caf::atom("score")>;        // dispatcher -> reward
+using record_atom = caf::atom_constant<caf::atom("record")>;      // reward -> supervisor
+using train_atom = caf::atom_constant<caf::atom("train")>;        // reward -> learner
+using publish_atom = caf::atom_constant<caf::atom("publish")>;    // -> monitor
+using stats_atom = caf::atom_constant<caf::atom("stats")>;        // query counters
+using tick_atom = caf::atom_constant<caf::atom("tick")>;          // self timers
+using best_atom = caf::atom_constant<caf::atom("best")>;          // -> checkpoint_selector
+using finish_atom = caf::atom_constant<caf::atom("finish")>;      // orderly end of a run
+
+// Helpers to build ids the same way everywhere.
+std::string make_sample_id(const std::string& task_id, uint64_t group_id, uint32_t sample_index);
+
+}  // namespace kernelrl
+
+MSGPACK_ADD_ENUM(kernelrl::EvalStatus);

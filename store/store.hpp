@@ -1,0 +1,69 @@
+// The run store: one SQLite database (WAL) per run directory that keeps every artifact of every
+// sample (raw action, assembled code, compile log, runtime statistics, status, reward, logprob
+// summary, policy version), plus steps, checkpoints and telemetry. Each write is its own
+// transaction, so a process killed mid-run loses at most the sample being written.
+// Not thread-safe: one owner (the supervisor) writes; other processes may read.
+#pragma once
+
+#include "messages/messages.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+struct sqlite3;
+
+namespace kernelrl {
+
+// One sample as the store keeps it (what `launch export` prints).
+struct SampleRow {
+  std::string run_id, sample_id, task_id, status, error;
+  uint32_t step = 0;
+  uint64_t group_id = 0;
+  uint32_t sample_index = 0;
+  double speedup = 0, reward = 0;
+  uint64_t policy_version = 0;
+  uint32_t num_tokens = 0;
+  double logprob_mean = 0;
+  ScoredRollout record;  // the full message, as recorded
+};
+
+enum class InsertResult { inserted, duplicate, failed };
+
+class Store {
+ public:
+  // Opens (creating if needed) the database at `path`; synchronous is "normal" or "full".
+  // Returns nullptr and sets `err` when it cannot.
+  static std::unique_ptr<Store> open(const std::string& path, const std::string& synchronous,
+                                     std::string& err);
+  // Opens an existing database read-only (for export and replay).
+  static std::unique_ptr<Store> open_readonly(const std::string& path, std::string& err);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  bool begin_run(const std::string& run_id, const std::string& mode, const std::string& config_toml);
+  bool finish_run(const std::string& run_id, const std::string& status, const std::string& summary_json);
+  // Idempotent by (run_id, sample_id): a second record of the same sample is a duplicate.
+  InsertResult record_sample(const std::string& run_id, const ScoredRollout& s);
+  bool record_step(const std::string& run_id, const StepStats& s);
+  bool record_checkpoint(const std::string& run_id, const Checkpoint& c);
+  bool record_telemetry(const std::string& run_id, const Telemetry& t);
+
+  // Every sample, in insertion order; all runs when run_id is empty.
+  std::vector<SampleRow> samples(const std::string& run_id = "");
+  // Ids of the runs in this store, oldest first.
+  std::vector<std::string> runs();
+  // Result of PRAGMA integrity_check ("ok" when healthy).
+  std::string integrity_check();
+
+  const std::string& last_error() const { return err_; }
+
+ private:
+  explicit Store(sqlite3* db) : db_(db) {}
+  bool exec(const char* sql);
+  sqlite3* db_;
+  std::string err_;
+};
+
+}  // namespace kernelrl
