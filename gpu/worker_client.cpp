@@ -168,28 +168,34 @@ bool WorkerClient::ensure_started(std::string& err) {
 std::string WorkerClient::round_trip(const std::string& payload, double deadline,
                                      std::string& reply) {
   auto& sock = *impl_->sock;
+  // Waits until `events` is ready on the socket, the worker dies, or the deadline passes.
+  // (A REQ socket cannot send before its peer connects: a worker that dies during start-up
+  // must not leave us blocked in send.)
+  auto wait_for = [&](short events) -> std::string {
+    zmq::pollitem_t items[] = {{static_cast<void*>(sock), 0, events, 0}};
+    while (true) {
+      double left = deadline - mono_s();
+      if (left <= 0) return "timeout";
+      long slice_ms = std::min<long>(100, static_cast<long>(left * 1000) + 1);
+      zmq::poll(items, 1, std::chrono::milliseconds(slice_ms));
+      if (items[0].revents & events) return "";
+      int status = 0;
+      if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return "died: worker process " + describe_exit(status);
+      }
+    }
+  };
   try {
-    sock.send(zmq::buffer(payload), zmq::send_flags::none);
+    if (auto why = wait_for(ZMQ_POLLOUT); !why.empty()) return why;
+    sock.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+    if (auto why = wait_for(ZMQ_POLLIN); !why.empty()) return why;
+    zmq::message_t msg;
+    (void)sock.recv(msg, zmq::recv_flags::dontwait);
+    reply.assign(static_cast<const char*>(msg.data()), msg.size());
+    return "";
   } catch (const zmq::error_t& e) {
     return std::string("io: ") + e.what();
-  }
-  zmq::pollitem_t items[] = {{static_cast<void*>(sock), 0, ZMQ_POLLIN, 0}};
-  while (true) {
-    double left = deadline - mono_s();
-    if (left <= 0) return "timeout";
-    long slice_ms = std::min<long>(100, static_cast<long>(left * 1000) + 1);
-    zmq::poll(items, 1, std::chrono::milliseconds(slice_ms));
-    if (items[0].revents & ZMQ_POLLIN) {
-      zmq::message_t msg;
-      (void)sock.recv(msg, zmq::recv_flags::none);
-      reply.assign(static_cast<const char*>(msg.data()), msg.size());
-      return "";
-    }
-    int status = 0;
-    if (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return "died: worker process " + describe_exit(status);
-    }
   }
 }
 

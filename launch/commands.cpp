@@ -263,13 +263,14 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
         .receive([](bool) {}, [](caf::error&) {});
 
     auto j = nlohmann::json::parse(summary);
-    if (j.contains("tasks")) print_summary(j, run_dir);
-    if (j.value("ok", false)) {
-      rc = 0;
-    } else {
-      lg->error("run failed: {}", j.value("error", std::string("unknown error")));
+    if (j.contains("tasks") && j.value("samples", 0) > 0)
+      print_summary(j, run_dir);
+    else
       std::printf("run directory: %s\n", run_dir.c_str());
-    }
+    if (j.value("ok", false))
+      rc = 0;
+    else
+      lg->error("run failed: {}", j.value("error", std::string("unknown error")));
     for (auto& a : std::vector<caf::actor>{monitor, sampler, dispatcher, reward, supervisor})
       self->send_exit(a, caf::exit_reason::user_shutdown);
     for (auto& e : evaluators) self->send_exit(e, caf::exit_reason::user_shutdown);

@@ -51,6 +51,7 @@ struct Rollout {
   std::vector<float> logprobs;      // per-token logprobs of token_ids under the sampling policy
   uint64_t policy_version = 0;      // version of the weights that produced it
   std::string sampler_id;           // which sampler made it
+  friend bool operator==(const Rollout&, const Rollout&) = default;
   MSGPACK_DEFINE_MAP(sample_id, task_id, group_id, sample_index, step, prompt, completion, token_ids,
                      logprobs, policy_version, sampler_id);
 };
@@ -65,6 +66,7 @@ struct EvalRequest {
   std::string mode;          // "fast" or "full" timing protocol
   uint64_t seed = 0;         // base seed for inputs and weights
   uint32_t attempt = 0;      // re-dispatch count (0 on the first try)
+  friend bool operator==(const EvalRequest&, const EvalRequest&) = default;
   MSGPACK_DEFINE_MAP(sample_id, task_id, task_path, action, action_space, mode, seed, attempt);
 };
 
@@ -72,6 +74,7 @@ struct EvalRequest {
 struct RuntimeStats {
   double median_ms = 0, mean_ms = 0, std_ms = 0, min_ms = 0, max_ms = 0;
   uint32_t trials = 0;  // 0: not timed
+  friend bool operator==(const RuntimeStats&, const RuntimeStats&) = default;
   MSGPACK_DEFINE_MAP(median_ms, mean_ms, std_ms, min_ms, max_ms, trials);
 };
 
@@ -83,6 +86,7 @@ struct Correctness {
   double max_rel_diff = 0;    // worst |candidate - reference| / (|reference| + eps)
   double atol = 0, rtol = 0;  // tolerances applied
   std::string detail;         // first mismatch, e.g. "trial 2: shape [4, 8] != [8, 4]"
+  friend bool operator==(const Correctness&, const Correctness&) = default;
   MSGPACK_DEFINE_MAP(trials, passed, max_abs_diff, max_rel_diff, atol, rtol, detail);
 };
 
@@ -101,6 +105,7 @@ struct EvalResult {
   std::string evaluator_id;    // which evaluator produced it ("node/device")
   std::string device;          // device name the timing is for
   double wall_s = 0;           // wall-clock seconds the evaluation took
+  friend bool operator==(const EvalResult&, const EvalResult&) = default;
   MSGPACK_DEFINE_MAP(sample_id, task_id, status, error, assembled_code, compile_log, correctness,
                      runtime, ref_runtime, speedup, evaluator_id, device, wall_s);
 };
@@ -110,6 +115,7 @@ struct ScoredRollout {
   Rollout rollout;
   EvalResult result;
   double reward = 0;
+  friend bool operator==(const ScoredRollout&, const ScoredRollout&) = default;
   MSGPACK_DEFINE_MAP(rollout, result, reward);
 };
 
@@ -118,11 +124,12 @@ struct StepStats {
   uint32_t step = 0;
   uint64_t samples = 0;          // samples with a verdict this step
   uint64_t correct = 0;          // samples with status ok
-  double fast_1 = 0;             // fraction of tasks with a correct sample faster than reference
+  double fast_1 = 0;             // fraction of samples correct and faster than the reference
   double mean_speedup = 0;       // over correct samples
   double mean_reward = 0;        // over all samples
   uint64_t policy_version = 0;   // version that sampled this step
   std::map<std::string, uint64_t> status_counts;  // status name -> count
+  friend bool operator==(const StepStats&, const StepStats&) = default;
   MSGPACK_DEFINE_MAP(step, samples, correct, fast_1, mean_speedup, mean_reward, policy_version,
                      status_counts);
 };
@@ -133,6 +140,7 @@ struct Checkpoint {
   uint64_t policy_version = 0;
   std::string path;     // directory of the PEFT-format adapter
   double score = 0;     // fast_1 of its step
+  friend bool operator==(const Checkpoint&, const Checkpoint&) = default;
   MSGPACK_DEFINE_MAP(step, policy_version, path, score);
 };
 
@@ -142,6 +150,7 @@ struct TensorBlob {
   std::string dtype;           // "f32", "f16", "bf16"
   std::vector<int64_t> shape;
   std::vector<uint8_t> data;
+  friend bool operator==(const TensorBlob&, const TensorBlob&) = default;
   MSGPACK_DEFINE_MAP(name, dtype, shape, data);
 };
 
@@ -149,6 +158,7 @@ struct TensorBlob {
 struct WeightsUpdate {
   uint64_t version = 0;
   std::vector<TensorBlob> tensors;
+  friend bool operator==(const WeightsUpdate&, const WeightsUpdate&) = default;
   MSGPACK_DEFINE_MAP(version, tensors);
 };
 
@@ -158,6 +168,7 @@ struct Telemetry {
   std::string source;                     // "supervisor", "dispatcher", "node/evaluator-0", ...
   uint32_t step = 0;
   std::map<std::string, double> values;   // named gauges and counters
+  friend bool operator==(const Telemetry&, const Telemetry&) = default;
   MSGPACK_DEFINE_MAP(ts, source, step, values);
 };
 

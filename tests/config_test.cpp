@@ -1,0 +1,148 @@
+// Config validation: every kind of mistake is rejected with FILE:LINE:COLUMN: key.path: message.
+#include "core/config.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+using namespace kernelrl;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A scratch folder with a tasks/ dir and a replay file, so valid paths exist.
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    dir = fs::temp_directory_path() / ("kernelrl-config-test-" + std::to_string(::getpid()));
+    fs::create_directories(dir / "tasks");
+    std::ofstream(dir / "replay.jsonl") << "{}\n";
+  }
+  ~Scratch() { fs::remove_all(dir); }
+  std::string cfg() const { return (dir / "test.toml").string(); }
+};
+
+const std::string base = "[tasks]\ndir = \"tasks\"\n[sampler]\nreplay = \"replay.jsonl\"\n";
+
+std::vector<std::string> errors_of(const std::string& text, const std::string& path) {
+  auto r = parse_config(text, path);
+  std::vector<std::string> out;
+  if (auto* errs = std::get_if<std::vector<ConfigError>>(&r))
+    for (auto& e : *errs) out.push_back(e.format());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a minimal config is valid, with defaults filled and paths resolved", "[config]") {
+  Scratch s;
+  auto r = parse_config(base, s.cfg());
+  REQUIRE(std::holds_alternative<Config>(r));
+  const auto& c = std::get<Config>(r);
+  CHECK(c.tasks.dir == (s.dir / "tasks").string());
+  CHECK(c.sampler.replay == (s.dir / "replay.jsonl").string());
+  CHECK(c.evaluator.correctness_trials == 5);
+  CHECK(c.evaluator.atol_fp32 == Approx(1e-4));
+  REQUIRE(c.nodes.size() == 1);
+  CHECK(c.nodes[0].cpu_slots == 1);
+  CHECK(c.resolved_toml.find("correctness_trials = 5") != std::string::npos);
+}
+
+TEST_CASE("an unknown key is rejected with its location", "[config]") {
+  Scratch s;
+  auto e = errors_of(base + "[evaluator]\ntimeout = 5\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":6:11: evaluator.timeout: unknown key (not part of the schema)");
+}
+
+TEST_CASE("a value of the wrong type is rejected with its location", "[config]") {
+  Scratch s;
+  auto e = errors_of(base + "[evaluator]\ntimeout_s = \"ten\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":6:13: evaluator.timeout_s: expected a number, got a string");
+  e = errors_of(base + "[monitor]\nprogress = 1\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":6:12: monitor.progress: expected a boolean (true or false), got an integer");
+  e = errors_of(base + "[evaluator]\nwarmup = 2.5\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":6:10: evaluator.warmup: expected an integer, got a float");
+}
+
+TEST_CASE("a value out of range is rejected with its location", "[config]") {
+  Scratch s;
+  auto e = errors_of(base + "[evaluator]\ncorrectness_trials = 0\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":6:22: evaluator.correctness_trials: expected an integer in [1, 1000], got 0");
+  e = errors_of(base + "[evaluator]\ntimeout_s = -1.0\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":6:13: evaluator.timeout_s: expected a number in [0.1, 86400], got -1");
+}
+
+TEST_CASE("a choice outside the allowed set is rejected, listing the choices", "[config]") {
+  Scratch s;
+  auto e = errors_of(base + "[evaluator]\naction_space = \"diff\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() +
+                    ":6:16: evaluator.action_space: expected one of forward_body, full_program, got \"diff\"");
+}
+
+TEST_CASE("a missing file or folder is rejected with its location", "[config]") {
+  Scratch s;
+  auto e = errors_of("[tasks]\ndir = \"no-such-dir\"\n[sampler]\nreplay = \"missing.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 2);
+  CHECK(e[0] == s.cfg() + ":2:7: tasks.dir: no such file or directory: " + (s.dir / "no-such-dir").string());
+  CHECK(e[1] == s.cfg() + ":4:10: sampler.replay: no such file or directory: " +
+                    (s.dir / "missing.jsonl").string());
+  e = errors_of("[tasks]\ndir = \"replay.jsonl\"\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":2:7: tasks.dir: expected a directory, got a file: " +
+                    (s.dir / "replay.jsonl").string());
+}
+
+TEST_CASE("a missing required key is reported at its table", "[config]") {
+  Scratch s;
+  auto e = errors_of("[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":1:1: tasks.dir: missing required key");
+}
+
+TEST_CASE("unknown sections, bad [[node]] entries and syntax errors are rejected", "[config]") {
+  Scratch s;
+  auto e = errors_of(base + "[evaluater]\nmode = \"fast\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].rfind(s.cfg() + ":5:1: evaluater: unknown section", 0) == 0);
+
+  e = errors_of(base +
+                    "[[node]]\nname = \"a\"\nroles = [\"supervisor\", \"sampler\", \"evaluater\"]\n"
+                    "cpu_slots = 1\n[[node]]\nname = \"a\"\nroles = [\"evaluator\"]\n",
+                s.cfg());
+  REQUIRE(e.size() == 3);
+  CHECK(e[0] == s.cfg() + ":7:35: node[0].roles[2]: expected one of supervisor, learner, sampler, "
+                          "evaluator, monitor, got \"evaluater\"");
+  CHECK(e[1] == s.cfg() + ":10:8: node[1].name: duplicate node name \"a\"");
+  CHECK(e[2] == s.cfg() + ":9:1: node[1].cpu_slots: an evaluator node needs cpu_slots > 0 or a non-empty gpus");
+
+  e = errors_of(base + "[[node]]\nname = \"solo\"\nroles = [\"evaluator\"]\ncpu_slots = 1\n", s.cfg());
+  REQUIRE(e.size() == 2);
+  CHECK(e[0] == s.cfg() + ":1:1: node: no node has the role \"supervisor\"");
+  CHECK(e[1] == s.cfg() + ":1:1: node: no node has the role \"sampler\"");
+
+  e = errors_of("[tasks\ndir = 1\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].rfind(s.cfg() + ":1:", 0) == 0);
+  CHECK(e[0].find("(syntax)") != std::string::npos);
+}
+
+TEST_CASE("every problem in a file is reported, not just the first", "[config]") {
+  Scratch s;
+  auto e = errors_of(base + "[evaluator]\nwarmup = -1\nmode = \"slow\"\nbogus = true\n", s.cfg());
+  CHECK(e.size() == 3);
+}
+
+TEST_CASE("a config file that cannot be read is an error naming it", "[config]") {
+  auto r = load_config("/no/such/config.toml");
+  REQUIRE(std::holds_alternative<std::vector<ConfigError>>(r));
+  CHECK(std::get<std::vector<ConfigError>>(r)[0].format() ==
+        "/no/such/config.toml: (file): cannot open config file");
+}

@@ -1,0 +1,210 @@
+"""The `launch` program, started as a user starts it: `check`, an `eval` run of every bundled
+replayed candidate through sampler -> dispatcher -> evaluator -> reward -> store, `export`, and
+bad inputs (broken replay lines, an unknown task, evaluators that cannot start)."""
+
+import json
+import os
+import sqlite3
+import subprocess
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
+TASKS = os.path.join(ROOT, "tasks", "bundled")
+REPLAY = os.path.join(ROOT, "tasks", "replay")
+
+
+def run(*args, timeout=600):
+    return subprocess.run([LAUNCH, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def write_config(dirname, replay, extra_eval="", extra=""):
+    path = os.path.join(dirname, "test.toml")
+    with open(path, "w") as f:
+        f.write(f"""
+[cluster]
+log_level = "info"
+[[node]]
+name = "test"
+roles = ["supervisor", "sampler", "evaluator", "monitor"]
+cpu_slots = 2
+[tasks]
+dir = "{TASKS}"
+[sampler]
+replay = "{replay}"
+[evaluator]
+timeout_s = 8
+{extra_eval}
+[monitor]
+interval_s = 0.2
+{extra}
+""")
+    return path
+
+
+def export(run_dir):
+    out = run("export", run_dir, "--jsonl")
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def replay_expectations():
+    """(task_id, sample_index) -> replay record, in the sampler's order (file order per task)."""
+    exp = {}
+    for name in sorted(os.listdir(REPLAY)):
+        with open(os.path.join(REPLAY, name)) as f:
+            for i, line in enumerate(l for l in f if l.strip()):
+                rec = json.loads(line)
+                exp[(rec["task_id"], i)] = rec
+    return exp
+
+
+class CheckTest(unittest.TestCase):
+    def test_valid_config_prints_resolved_config_and_exits_0(self):
+        out = run("check", os.path.join(ROOT, "configs", "local.toml"))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("valid", out.stdout)
+        self.assertIn("correctness_trials = 5", out.stdout)
+        self.assertIn(f"dir = '{TASKS}'", out.stdout)
+
+    def test_invalid_config_names_file_line_column_key_and_exits_2(self):
+        with tempfile.TemporaryDirectory() as d:
+            cfg = write_config(d, REPLAY, extra_eval='fast_trials = "many"')
+            out = run("check", cfg)
+            self.assertEqual(out.returncode, 2)
+            self.assertIn(f"{cfg}:14:15: evaluator.fast_trials: expected an integer, got a string",
+                          out.stderr)
+            # The same config is refused by a run, before anything starts.
+            out = run(cfg, "--run-dir", os.path.join(d, "run"))
+            self.assertEqual(out.returncode, 2)
+            self.assertFalse(os.path.exists(os.path.join(d, "run")))
+
+    def test_unknown_arguments_are_refused(self):
+        self.assertEqual(run("export", "somewhere").returncode, 2)
+        self.assertEqual(run(os.path.join(ROOT, "configs", "local.toml"), "--bogus").returncode, 2)
+        with tempfile.TemporaryDirectory() as d:
+            out = run(write_config(d, REPLAY), "--log-level", "loud", "--run-dir", d + "/r")
+            self.assertEqual(out.returncode, 2)
+            self.assertIn("--log-level", out.stderr)
+
+
+class EvalPipelineTest(unittest.TestCase):
+    """Every bundled candidate gets exactly one record with the status its replay line expects."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.run_dir = os.path.join(cls.tmp.name, "run")
+        cls.out = run(write_config(cls.tmp.name, REPLAY), "--run-dir", cls.run_dir)
+        cls.samples = export(cls.run_dir) if cls.out.returncode == 0 else []
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_run_succeeds_and_prints_the_summary(self):
+        self.assertEqual(self.out.returncode, 0, self.out.stderr[-3000:])
+        self.assertIn("overall", self.out.stdout)
+        self.assertIn(f"run directory: {self.run_dir}", self.out.stdout)
+        for task in sorted(os.listdir(TASKS)):
+            self.assertIn(task[:-3], self.out.stdout)
+
+    def test_every_candidate_has_its_expected_status(self):
+        exp = replay_expectations()
+        got = {(s["task_id"], s["sample_index"]): s for s in self.samples}
+        self.assertEqual(set(got), set(exp), "every replayed action recorded, nothing extra")
+        self.assertEqual(len(self.samples), len(exp), "no sample recorded twice")
+        for key, rec in exp.items():
+            s = got[key]
+            with self.subTest(task=key[0], label=rec["label"]):
+                self.assertEqual(s["status"], rec["expect_status"], s["error"])
+                self.assertEqual(s["completion"], rec["completion"])
+                if s["status"] == "ok":
+                    self.assertGreater(s["reward"], 0)
+                    self.assertEqual(s["correctness"]["passed"], s["correctness"]["trials"])
+                    self.assertEqual(s["correctness"]["trials"], 6)  # 5 + the re-check after timing
+                    self.assertGreater(s["runtime_ms"], 0)
+                    self.assertAlmostEqual(s["speedup"], s["ref_runtime_ms"] / s["runtime_ms"], places=6)
+                    self.assertIn("class ModelNew(nn.Module):", s["assembled_code"])
+                else:
+                    self.assertEqual(s["reward"], 0)
+                    self.assertEqual(s["speedup"], 0)
+                    self.assertTrue(s["error"], "a failure carries its reason")
+                if rec.get("expect_speed") == "faster":
+                    self.assertGreater(s["speedup"], 1.0)
+                if rec.get("expect_speed") == "slower":
+                    self.assertLess(s["speedup"], 1.0)
+
+    def test_failure_reasons_name_what_went_wrong(self):
+        by_label = {}
+        exp = replay_expectations()
+        for s in self.samples:
+            by_label[(s["task_id"], exp[(s["task_id"], s["sample_index"])]["label"])] = s
+        self.assertIn("killed by signal 9", by_label[("01_diag_matmul", "kills_worker")]["error"])
+        self.assertIn("exceeded the 8.0 s limit", by_label[("02_gelu_tanh", "hangs")]["error"])
+        self.assertIn("shape [1, 256] != reference [256, 1]",
+                      by_label[("03_matmul_rowsum", "wrong")]["error"])
+        self.assertIn("does not parse", by_label[("03_matmul_rowsum", "syntax")]["error"])
+        self.assertIn("AttributeError", by_label[("05_layernorm_manual", "raises")]["error"])
+
+    def test_store_and_run_directory_keep_the_run(self):
+        db = sqlite3.connect(os.path.join(self.run_dir, "store.sqlite"))
+        status, summary = db.execute("SELECT status, summary_json FROM runs").fetchone()
+        self.assertEqual(status, "completed")
+        self.assertEqual(json.loads(summary)["samples"], len(self.samples))
+        stats = json.loads(db.execute("SELECT stats_json FROM steps WHERE step = 0").fetchone()[0])
+        self.assertEqual(stats["samples"], len(self.samples))
+        self.assertEqual(sum(stats["status_counts"].values()), len(self.samples))
+        self.assertGreater(db.execute("SELECT count(*) FROM telemetry").fetchone()[0], 0)
+        for f in ("launch.log", "metrics.jsonl", "config.resolved.toml"):
+            self.assertGreater(os.path.getsize(os.path.join(self.run_dir, f)), 0, f)
+        with open(os.path.join(self.run_dir, "metrics.jsonl")) as f:
+            last = json.loads(f.readlines()[-1])
+        self.assertEqual(last["values"]["supervisor.samples_done"], len(self.samples))
+
+    def test_an_earlier_run_replays_through_the_pipeline_again(self):
+        d = os.path.join(self.tmp.name, "again")
+        os.makedirs(d)
+        cfg = write_config(d, self.run_dir)  # replay = the earlier run directory (its store)
+        text = open(cfg).read().replace(f'dir = "{TASKS}"', f'dir = "{TASKS}"\nids = ["04_trace_matmul"]')
+        open(cfg, "w").write(text)
+        out = run(cfg, "--run-dir", os.path.join(d, "run"))
+        self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+        again = export(os.path.join(d, "run"))
+        before = {s["completion"]: s["status"] for s in self.samples if s["task_id"] == "04_trace_matmul"}
+        self.assertEqual({s["completion"]: s["status"] for s in again}, before)
+
+
+class BadInputTest(unittest.TestCase):
+    def test_bad_replay_lines_are_reported_and_unknown_tasks_recorded(self):
+        with tempfile.TemporaryDirectory() as d:
+            replay = os.path.join(d, "replay.jsonl")
+            with open(replay, "w") as f:
+                f.write('{"task_id": "01_diag_matmul", "completion": \n')
+                f.write('{"task_id": "01_diag_matmul"}\n')
+                f.write('{"task_id": "99_missing", "completion": "return A"}\n')
+                f.write('{"task_id": "01_diag_matmul", "completion": "return A.unsqueeze(1) * B"}\n')
+            out = run(write_config(d, replay), "--run-dir", os.path.join(d, "run"))
+            self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+            self.assertIn(f"{replay}:1: not valid JSON", out.stderr)
+            self.assertIn(f"{replay}:2: completion: expected a string", out.stderr)
+            samples = {s["task_id"]: s for s in export(os.path.join(d, "run"))}
+            self.assertEqual(set(samples), {"99_missing", "01_diag_matmul"})
+            self.assertEqual(samples["99_missing"]["status"], "runtime_error")
+            self.assertIn("no such task", samples["99_missing"]["error"])
+            self.assertEqual(samples["01_diag_matmul"]["status"], "ok")
+
+    def test_evaluators_that_cannot_start_end_the_run_with_an_error(self):
+        with tempfile.TemporaryDirectory() as d:
+            cfg = write_config(d, REPLAY, extra_eval='python = "/bin/false"')
+            out = run(cfg, "--run-dir", os.path.join(d, "run"), timeout=120)
+            self.assertEqual(out.returncode, 1)
+            self.assertIn("did not start", out.stderr)
+            self.assertIn("no evaluator is running", out.stderr)
+            db = sqlite3.connect(os.path.join(d, "run", "store.sqlite"))
+            self.assertEqual(db.execute("SELECT status FROM runs").fetchone()[0], "failed")
+
+
+if __name__ == "__main__":
+    unittest.main()
