@@ -44,7 +44,8 @@ void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bo
   auto& st = self->state;
   std::vector<std::pair<std::string, double>> vals(st.merged.begin(), st.merged.end());
   std::string line = format_progress(args.label, vals);
-  if (args.progress) {
+  bool planned = get(st.merged, "supervisor.samples_total") > 0;
+  if (args.progress && (planned || final_line)) {
     if (st.tty) {
       std::string pad = line.size() < st.last_len ? std::string(st.last_len - line.size(), ' ') : "";
       std::fprintf(stderr, "\r%s%s%s", line.c_str(), pad.c_str(), final_line ? "\n" : "");
