@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -50,46 +51,19 @@ class TableReader {
         errs_(errs) {}
 
   void str(const char* key, std::string& v, bool required = false) {
-    if (auto* n = get(key, required)) {
-      if (auto s = n->value<std::string>(); s && n->is_string()) v = *s;
-      else wrong_type(*n, key, "a string");
-    }
+    if (auto* n = get(key, required)) read_string(*n, key, {}, v);
     out_.insert_or_assign(key, v);
   }
 
   void one_of(const char* key, std::string& v, std::initializer_list<const char*> choices) {
-    auto* n = get(key, false);
-    if (n) {
-      if (!n->is_string()) {
-        wrong_type(*n, key, "a string");
-      } else {
-        std::string s = *n->value<std::string>();
-        bool ok = false;
-        std::string list;
-        for (auto* c : choices) {
-          ok = ok || s == c;
-          list += (list.empty() ? "" : ", ") + std::string(c);
-        }
-        if (ok) v = s;
-        else error_at(*n, key, "expected one of " + list + ", got \"" + s + "\"");
-      }
-    }
+    if (auto* n = get(key, false)) read_string(*n, key, choices, v);
     out_.insert_or_assign(key, v);
   }
 
   template <class T>
   void integer(const char* key, T& v, int64_t lo, int64_t hi, bool required = false) {
-    if (auto* n = get(key, required)) {
-      if (!n->is_integer()) {
-        wrong_type(*n, key, "an integer");
-      } else {
-        int64_t x = *n->value<int64_t>();
-        if (x < lo || x > hi)
-          error_at(*n, key, "expected an integer in [" + std::to_string(lo) + ", " +
-                                std::to_string(hi) + "], got " + std::to_string(x));
-        else v = static_cast<T>(x);
-      }
-    }
+    int64_t x = 0;
+    if (auto* n = get(key, required); n && read_integer(*n, key, lo, hi, x)) v = static_cast<T>(x);
     out_.insert_or_assign(key, static_cast<int64_t>(v));
   }
 
@@ -121,63 +95,15 @@ class TableReader {
 
   void str_array(const char* key, std::vector<std::string>& v,
                  std::initializer_list<const char*> choices = {}) {
-    if (auto* n = get(key, false)) {
-      if (auto* a = n->as_array()) {
-        v.clear();
-        size_t i = 0;
-        for (auto& e : *a) {
-          std::string k = std::string(key) + "[" + std::to_string(i++) + "]";
-          if (!e.is_string()) {
-            wrong_type(e, k.c_str(), "a string");
-            continue;
-          }
-          std::string s = *e.value<std::string>();
-          if (choices.size() > 0) {
-            bool ok = false;
-            std::string list;
-            for (auto* c : choices) {
-              ok = ok || s == c;
-              list += (list.empty() ? "" : ", ") + std::string(c);
-            }
-            if (!ok) {
-              error_at(e, k.c_str(), "expected one of " + list + ", got \"" + s + "\"");
-              continue;
-            }
-          }
-          v.push_back(s);
-        }
-      } else {
-        wrong_type(*n, key, "an array of strings");
-      }
-    }
-    toml::array arr;
-    for (auto& s : v) arr.push_back(s);
-    out_.insert_or_assign(key, std::move(arr));
+    array(key, v, "an array of strings", [&](const toml::node& e, const std::string& k, std::string& x) {
+      return read_string(e, k.c_str(), choices, x);
+    });
   }
 
   void int_array(const char* key, std::vector<int64_t>& v, int64_t lo, int64_t hi) {
-    if (auto* n = get(key, false)) {
-      if (auto* a = n->as_array()) {
-        v.clear();
-        size_t i = 0;
-        for (auto& e : *a) {
-          std::string k = std::string(key) + "[" + std::to_string(i++) + "]";
-          if (!e.is_integer()) {
-            wrong_type(e, k.c_str(), "an integer");
-          } else if (int64_t x = *e.value<int64_t>(); x < lo || x > hi) {
-            error_at(e, k.c_str(), "expected an integer in [" + std::to_string(lo) + ", " +
-                                       std::to_string(hi) + "], got " + std::to_string(x));
-          } else {
-            v.push_back(x);
-          }
-        }
-      } else {
-        wrong_type(*n, key, "an array of integers");
-      }
-    }
-    toml::array arr;
-    for (auto x : v) arr.push_back(x);
-    out_.insert_or_assign(key, std::move(arr));
+    array(key, v, "an array of integers", [&](const toml::node& e, const std::string& k, int64_t& x) {
+      return read_integer(e, k.c_str(), lo, hi, x);
+    });
   }
 
   // A path, resolved against the config file's directory and checked to exist as `kind`.
@@ -237,6 +163,64 @@ class TableReader {
   }
 
  private:
+  // A string, from `choices` when that is not empty; false (error reported) otherwise.
+  bool read_string(const toml::node& n, const char* key, std::initializer_list<const char*> choices,
+                   std::string& out) {
+    if (!n.is_string()) {
+      wrong_type(n, key, "a string");
+      return false;
+    }
+    std::string s = *n.value<std::string>();
+    bool ok = choices.size() == 0;
+    std::string list;
+    for (auto* c : choices) {
+      ok = ok || s == c;
+      list += (list.empty() ? "" : ", ") + std::string(c);
+    }
+    if (!ok) {
+      error_at(n, key, "expected one of " + list + ", got \"" + s + "\"");
+      return false;
+    }
+    out = s;
+    return true;
+  }
+
+  // An integer in [lo, hi]; false (error reported) otherwise.
+  bool read_integer(const toml::node& n, const char* key, int64_t lo, int64_t hi, int64_t& out) {
+    if (!n.is_integer()) {
+      wrong_type(n, key, "an integer");
+      return false;
+    }
+    int64_t x = *n.value<int64_t>();
+    if (x < lo || x > hi) {
+      error_at(n, key, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                           "], got " + std::to_string(x));
+      return false;
+    }
+    out = x;
+    return true;
+  }
+
+  // An array whose elements each pass `read(element, "key[i]", value)`.
+  template <class Elem, class Read>
+  void array(const char* key, std::vector<Elem>& v, const char* expected, Read read) {
+    if (auto* n = get(key, false)) {
+      if (auto* a = n->as_array()) {
+        v.clear();
+        size_t i = 0;
+        for (auto& e : *a) {
+          Elem x{};
+          if (read(e, std::string(key) + "[" + std::to_string(i++) + "]", x)) v.push_back(x);
+        }
+      } else {
+        wrong_type(*n, key, expected);
+      }
+    }
+    toml::array arr;
+    for (auto& x : v) arr.push_back(x);
+    out_.insert_or_assign(key, std::move(arr));
+  }
+
   const toml::node* get(const char* key, bool required) {
     auto* n = raw(key);
     if (!n && required) error_here(key, "missing required key");
@@ -356,6 +340,17 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
   section("tasks", [&](TableReader& r) {
     r.path("dir", c.tasks.dir, PathKind::dir, true);
     r.str_array("ids", c.tasks.ids);
+    // Each listed task must have its file in the folder.
+    auto* ids = r.raw("ids") ? r.raw("ids")->as_array() : nullptr;
+    std::error_code ec;
+    if (ids && fs::is_directory(c.tasks.dir, ec)) {
+      for (size_t i = 0; i < ids->size(); ++i) {
+        std::optional<std::string> id = (*ids)[i].value<std::string>();
+        if (id && !fs::is_regular_file(fs::path(c.tasks.dir) / (*id + ".py"), ec))
+          r.error_at((*ids)[i], ("ids[" + std::to_string(i) + "]").c_str(),
+                     "no task file " + *id + ".py in " + c.tasks.dir);
+      }
+    }
   });
   section("policy", [&](TableReader& r) {
     r.path("model", c.policy.model, PathKind::dir);

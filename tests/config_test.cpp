@@ -100,6 +100,16 @@ TEST_CASE("a missing file or folder is rejected with its location", "[config]") 
                     (s.dir / "replay.jsonl").string());
 }
 
+TEST_CASE("a task id without its task file is rejected with its location", "[config]") {
+  Scratch s;
+  std::ofstream(s.dir / "tasks" / "01_add.py") << "class Model: pass\n";
+  auto e = errors_of("[tasks]\ndir = \"tasks\"\nids = [\"01_add\", \"02_gone\"]\n"
+                     "[sampler]\nreplay = \"replay.jsonl\"\n",
+                     s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":3:18: tasks.ids[1]: no task file 02_gone.py in " + (s.dir / "tasks").string());
+}
+
 TEST_CASE("a missing required key is reported at its table", "[config]") {
   Scratch s;
   auto e = errors_of("[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
