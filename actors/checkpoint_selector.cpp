@@ -25,7 +25,7 @@ caf::behavior selector_actor(caf::stateful_actor<selector_state>* self) {
         const Checkpoint* best = &cs.front();
         // Highest score; the earliest step wins a tie (fewer adaptation steps).
         for (auto& c : cs)
-          if (c.score > best->score) best = &c;
+          if (c.score > best->score || (c.score == best->score && c.step < best->step)) best = &c;
         return *best;
       },
   };

@@ -1,11 +1,8 @@
 #include "core/paths.hpp"
 
 #include <chrono>
-#include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 namespace fs = std::filesystem;
 
@@ -37,18 +34,6 @@ std::string iso_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
-}
-
-bool read_file(const std::string& path, std::string& out, std::string& err) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    err = std::string("cannot open: ") + std::strerror(errno);
-    return false;
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  out = ss.str();
-  return true;
 }
 
 }  // namespace kernelrl

@@ -1,4 +1,4 @@
-// Small shared helpers: run directories, clocks, file reading.
+// Small shared helpers: run directories and clocks.
 #pragma once
 
 #include <string>
@@ -14,8 +14,5 @@ double now_s();
 double mono_s();
 // ISO-8601 UTC timestamp, e.g. 2026-11-22T02:23:00Z.
 std::string iso_now();
-
-// Reads a whole file; false (and `err` set) when it cannot.
-bool read_file(const std::string& path, std::string& out, std::string& err);
 
 }  // namespace kernelrl
