@@ -35,6 +35,16 @@ using self_ptr = caf::stateful_actor<dispatcher_state>*;
 
 void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward);
 
+// One request to `target` ended; `answered` when it came back with a verdict.
+void release(self_ptr self, const caf::actor& target, bool answered) {
+  for (auto& e : self->state.evaluators) {
+    if (e.handle == target && e.in_flight > 0) {
+      --e.in_flight;
+      e.done += answered ? 1 : 0;
+    }
+  }
+}
+
 void finish(self_ptr self, const caf::actor& reward, Pending&& p, EvalResult&& r) {
   ++self->state.completed;
   self->send(reward, score_atom::value, std::move(p.rollout), std::move(r));
@@ -56,17 +66,12 @@ void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward) {
     self->request(target, caf::infinite, eval_atom::value, std::move(req))
         .then(
             [=](EvalResult& r) mutable {
-              for (auto& e : self->state.evaluators)
-                if (e.handle == target) {
-                  --e.in_flight;
-                  ++e.done;
-                }
+              release(self, target, true);
               finish(self, reward, std::move(p), std::move(r));
               pump(self, args, reward);
             },
             [=](caf::error& err) mutable {
-              for (auto& e : self->state.evaluators)
-                if (e.handle == target && e.in_flight > 0) --e.in_flight;
+              release(self, target, false);
               p.last_error = self->system().render(err);
               if (++p.request.attempt >= args.max_attempts) {
                 auto lg = log::get("dispatcher");

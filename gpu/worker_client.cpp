@@ -45,6 +45,16 @@ void read(const msgpack::object& map, const char* key, T& out) {
   if (auto* v = field(map, key); v && v->type != msgpack::type::NIL) v->convert(out);
 }
 
+// The msgpack form of a request that carries only its op: {"op": op}.
+std::string op_message(const char* op) {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(1);
+  pk.pack("op");
+  pk.pack(op);
+  return std::string(buf.data(), buf.size());
+}
+
 std::string describe_exit(int status) {
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
@@ -81,13 +91,8 @@ void WorkerClient::kill_worker() {
 
 void WorkerClient::stop() {
   if (pid_ > 0 && impl_->sock) {
-    msgpack::sbuffer buf;
-    msgpack::packer<msgpack::sbuffer> pk(buf);
-    pk.pack_map(1);
-    pk.pack("op");
-    pk.pack("exit");
     std::string reply;
-    round_trip(std::string(buf.data(), buf.size()), mono_s() + 2.0, reply);
+    round_trip(op_message("exit"), mono_s() + 2.0, reply);
   }
   kill_worker();
   std::error_code ec;
@@ -137,14 +142,8 @@ bool WorkerClient::ensure_started(std::string& err) {
   pid_ = pid;
   ++starts_;
 
-  msgpack::sbuffer buf;
-  msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_map(1);
-  pk.pack("op");
-  pk.pack("ping");
   std::string reply;
-  std::string why = round_trip(std::string(buf.data(), buf.size()),
-                               mono_s() + opts_.startup_timeout_s, reply);
+  std::string why = round_trip(op_message("ping"), mono_s() + opts_.startup_timeout_s, reply);
   if (!why.empty()) {
     err = "worker " + opts_.script + " on " + opts_.device + " did not start: " + why +
           (opts_.log_path.empty() ? "" : " (see " + opts_.log_path + ")");
