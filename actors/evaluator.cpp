@@ -4,39 +4,181 @@
 
 #include <caf/all.hpp>
 
+#include <deque>
+
 namespace kernelrl {
 
 namespace {
 
-struct evaluator_state {
+// One worker process behind a detached actor (each call blocks while the candidate runs).
+struct stage_state {
   std::unique_ptr<WorkerClient> worker;
+  static inline const char* name = "evaluator_stage";
+};
+
+// (stats_atom) -> [error, torch version, device name, capability]
+// (eval_atom, req, precompiled, cuda_arch) -> EvalResult
+// (compile_atom, req, cuda_arch) -> EvalResult
+caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, WorkerOptions opts,
+                          EvaluatorConfig settings) {
+  self->state.worker = std::make_unique<WorkerClient>(opts);
+  return {
+      [=](stats_atom) -> std::vector<std::string> {
+        auto& w = *self->state.worker;
+        std::string err;
+        w.ensure_started(err);
+        return {err, w.torch_version(), w.device_name(), w.capability(), w.network()};
+      },
+      [=](eval_atom, EvalRequest& req, bool precompiled, std::string& arch) -> EvalResult {
+        return self->state.worker->evaluate(req, settings, StageOptions{precompiled, arch});
+      },
+      [=](compile_atom, EvalRequest& req, std::string& arch) -> EvalResult {
+        return self->state.worker->compile(req, settings, StageOptions{false, arch});
+      },
+  };
+}
+
+struct Job {
+  EvalRequest req;
+  caf::response_promise rp;
+  bool precompiled = false;
+  double compile_s = 0;
+  bool compile_cached = false;
+  std::string compile_log;
+  double queued_at = 0;
+};
+
+struct evaluator_state {
+  caf::actor timing;                      // the device stage
+  std::vector<caf::actor> compilers;      // the compile stage
+  std::vector<bool> compiler_busy;
+  std::deque<std::shared_ptr<Job>> compile_queue, timing_queue;
+  bool timing_ready = false, timing_busy = false;
+  std::string arch;                       // the timing device's architecture, for builds
   uint64_t evaluated = 0;
   static inline const char* name = "evaluator";
 };
 
-caf::behavior evaluator_actor(caf::stateful_actor<evaluator_state>* self, EvaluatorArgs args,
-                              caf::actor dispatcher) {
-  auto lg = log::get("evaluator");
-  self->state.worker = std::make_unique<WorkerClient>(args.worker);
-  std::string err;
-  if (!self->state.worker->ensure_started(err)) {
-    lg->error("evaluator {}: {}", args.id, err);
-    self->quit(caf::make_error(caf::sec::runtime_error, "evaluator " + args.id + ": " + err));
-    return {};
+using self_ptr = caf::stateful_actor<evaluator_state>*;
+
+void pump(self_ptr self, const EvaluatorArgs& args);
+
+void finish(self_ptr self, const EvaluatorArgs& args, Job& job, EvalResult r) {
+  r.evaluator_id = args.id;
+  ++self->state.evaluated;
+  log::get("evaluator")->debug("{} {} -> {}{}{} ({:.2f} s)", args.id, job.req.sample_id,
+                               to_string(r.status), r.error.empty() ? "" : ": ", r.error, r.wall_s);
+  job.rp.deliver(std::move(r));
+}
+
+void pump(self_ptr self, const EvaluatorArgs& args) {
+  auto& st = self->state;
+  for (size_t i = 0; i < st.compilers.size() && !st.compile_queue.empty(); ++i) {
+    if (st.compiler_busy[i]) continue;
+    auto job = st.compile_queue.front();
+    st.compile_queue.pop_front();
+    st.compiler_busy[i] = true;
+    self->request(st.compilers[i], caf::infinite, compile_atom::value, job->req, st.arch)
+        .then(
+            [=](EvalResult& r) {
+              self->state.compiler_busy[i] = false;
+              if (r.status == EvalStatus::compile_error) {
+                r.compile_s = r.compile_s > 0 ? r.compile_s : r.wall_s;
+                finish(self, args, *job, std::move(r));
+              } else {
+                job->precompiled = r.error.empty();
+                job->compile_s = r.compile_s;
+                job->compile_cached = r.compile_cached;
+                job->compile_log = r.compile_log;
+                self->state.timing_queue.push_back(job);
+              }
+              pump(self, args);
+            },
+            [=](caf::error&) {  // the compile stage is an optimisation: time it anyway
+              self->state.compiler_busy[i] = false;
+              self->state.timing_queue.push_back(job);
+              pump(self, args);
+            });
   }
-  lg->info("evaluator {} ready: worker pid {}, torch {}, device {}", args.id,
-           self->state.worker->pid(), self->state.worker->torch_version(),
-           self->state.worker->device_name());
-  self->send(dispatcher, register_atom::value, caf::actor_cast<caf::actor>(self), args.id);
+  if (!st.timing_ready || st.timing_busy || st.timing_queue.empty()) return;
+  auto job = st.timing_queue.front();
+  st.timing_queue.pop_front();
+  st.timing_busy = true;
+  self->request(st.timing, caf::infinite, eval_atom::value, job->req, job->precompiled, st.arch)
+      .then(
+          [=](EvalResult& r) {
+            self->state.timing_busy = false;
+            if (job->precompiled) {
+              r.compile_s += job->compile_s;
+              r.compile_cached = job->compile_cached;
+            }
+            finish(self, args, *job, std::move(r));
+            pump(self, args);
+          },
+          [=](caf::error& e) {
+            self->state.timing_busy = false;
+            EvalResult r;
+            r.sample_id = job->req.sample_id;
+            r.task_id = job->req.task_id;
+            r.status = EvalStatus::runtime_error;
+            r.error = "evaluator stage failed: " + self->system().render(e);
+            finish(self, args, *job, std::move(r));
+            pump(self, args);
+          });
+}
+
+caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor dispatcher) {
+  auto lg = log::get("evaluator");
+  auto& st = self->state;
+  st.timing = self->spawn<caf::detached + caf::linked>(stage_actor, args.worker, args.settings);
+  WorkerOptions copts = args.worker;
+  copts.device = "cpu";
+  copts.threads = 1;
+  if (!copts.log_path.empty()) copts.log_path += ".compile";
+  for (uint32_t i = 0; i < args.settings.compile_workers; ++i) {
+    st.compilers.push_back(self->spawn<caf::detached + caf::linked>(stage_actor, copts, args.settings));
+    st.compiler_busy.push_back(false);
+    // Start its worker now, in parallel; a failure shows up (and is logged) at its first build.
+    self->request(st.compilers.back(), caf::infinite, stats_atom::value)
+        .then([](std::vector<std::string>&) {}, [](caf::error&) {});
+  }
+  self->request(st.timing, caf::infinite, stats_atom::value)
+      .then(
+          [=](std::vector<std::string>& hello) {
+            if (!hello.at(0).empty()) {
+              lg->error("evaluator {}: {}", args.id, hello[0]);
+              self->quit(caf::make_error(caf::sec::runtime_error, "evaluator " + args.id + ": " + hello[0]));
+              return;
+            }
+            self->state.arch = hello.at(3);
+            self->state.timing_ready = true;
+            lg->info("evaluator {} ready: torch {}, device {}{}, {} compile worker(s), candidate network: {}",
+                     args.id, hello[1], hello[2], hello[3].empty() ? "" : " (sm " + hello[3] + ")",
+                     args.settings.compile_workers, hello[4]);
+            if (dispatcher)
+              self->send(dispatcher, register_atom::value, caf::actor_cast<caf::actor>(self), args.id);
+            pump(self, args);
+          },
+          [=](caf::error& e) {
+            self->quit(caf::make_error(caf::sec::runtime_error,
+                                       "evaluator " + args.id + ": " + self->system().render(e)));
+          });
   return {
-      [=](eval_atom, EvalRequest& req) -> EvalResult {
-        auto& w = *self->state.worker;
-        EvalResult r = w.evaluate(req, args.settings, args.settings.timeout_s);
-        r.evaluator_id = args.id;
-        ++self->state.evaluated;
-        lg->debug("{} {} -> {}{}{} ({:.2f} s)", args.id, req.sample_id, to_string(r.status),
-                  r.error.empty() ? "" : ": ", r.error, r.wall_s);
-        return r;
+      [=](eval_atom, EvalRequest& req) {
+        auto job = std::make_shared<Job>();
+        job->req = std::move(req);
+        job->rp = self->make_response_promise();
+        auto& s = self->state;
+        if (!s.compilers.empty() && declares_build(job->req.action))
+          s.compile_queue.push_back(job);
+        else
+          s.timing_queue.push_back(job);
+        pump(self, args);
+        return job->rp;
+      },
+      [=](stats_atom, bool) -> std::vector<uint64_t> {
+        auto& s = self->state;
+        return {s.evaluated, s.compile_queue.size(), s.timing_queue.size(), s.timing_busy ? 1u : 0u};
       },
   };
 }
@@ -44,7 +186,7 @@ caf::behavior evaluator_actor(caf::stateful_actor<evaluator_state>* self, Evalua
 }  // namespace
 
 caf::actor spawn_evaluator(caf::actor_system& sys, EvaluatorArgs args, caf::actor dispatcher) {
-  return sys.spawn<caf::detached>(evaluator_actor, std::move(args), std::move(dispatcher));
+  return sys.spawn(evaluator_actor, std::move(args), std::move(dispatcher));
 }
 
 }  // namespace kernelrl

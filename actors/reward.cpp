@@ -4,15 +4,24 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 namespace kernelrl {
 
-double compute_reward(const RewardConfig& cfg, const EvalResult& r) {
+bool rejected_as_lazy(const RewardConfig& cfg, const EvalResult& r) {
+  return r.status == EvalStatus::ok && cfg.min_coverage > 0 && r.kernel_coverage >= 0 &&
+         r.kernel_coverage < cfg.min_coverage;
+}
+
+double compute_reward(const RewardConfig& cfg, const EvalResult& r, double task_mean_speedup) {
   switch (r.status) {
     case EvalStatus::ok: {
+      if (rejected_as_lazy(cfg, r)) return cfg.lazy_reward;
       double s = std::clamp(r.speedup, 0.0, cfg.max_speedup);
+      if (cfg.normalize == "task_mean" && task_mean_speedup > 0) s /= task_mean_speedup;
       double shaped = cfg.shape == "log_speedup" ? std::log(std::max(s, 1e-9)) : s;
-      return shaped + cfg.correct_bonus;
+      double coverage = r.kernel_coverage >= 0 ? cfg.coverage_weight * r.kernel_coverage : 0.0;
+      return shaped + cfg.correct_bonus + coverage;
     }
     case EvalStatus::incorrect: return cfg.incorrect_reward;
     case EvalStatus::hacked: return cfg.hacked_reward;
@@ -22,12 +31,23 @@ double compute_reward(const RewardConfig& cfg, const EvalResult& r) {
 
 namespace {
 
-caf::behavior reward_actor(caf::event_based_actor* self, RewardConfig cfg, caf::actor recorder,
-                           caf::actor learner) {
+struct reward_state {
+  std::map<std::string, std::pair<double, uint64_t>> task_speedups;  // task -> (sum, count)
+  static inline const char* name = "reward";
+};
+
+caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig cfg,
+                           caf::actor recorder, caf::actor learner) {
   return {
       [=](score_atom, Rollout& ro, EvalResult& res) {
+        auto& acc = self->state.task_speedups[res.task_id];
+        double mean = acc.second ? acc.first / static_cast<double>(acc.second) : 0.0;
         ScoredRollout s;
-        s.reward = compute_reward(cfg, res);
+        s.reward = compute_reward(cfg, res, mean);
+        if (res.status == EvalStatus::ok && res.speedup > 0) {
+          acc.first += std::min(res.speedup, cfg.max_speedup);
+          acc.second += 1;
+        }
         s.rollout = std::move(ro);
         s.result = std::move(res);
         if (learner) self->send(learner, train_atom::value, s);

@@ -1,5 +1,9 @@
-// reward: EvalResult -> reward, pure and deterministic. Correct samples earn their (clipped)
-// speedup, shaped as configured, plus a bonus; failures earn the configured constants.
+// reward: EvalResult -> reward, deterministic given the verdict, the [reward] config and (for
+// per-task normalization) the correct speedups the actor has seen for that task so far.
+//   correct:   shape(min(speedup, max_speedup) [/ task mean speedup]) + correct_bonus
+//              + coverage_weight * kernel_coverage   (coverage measured on GPU only)
+//              ... or lazy_reward when measured coverage < min_coverage (rejected as lazy)
+//   incorrect: incorrect_reward; hacked: hacked_reward (default 0); other failures: failure_reward
 // Messages in:  (score_atom, Rollout, EvalResult)
 // Messages out: (record_atom, ScoredRollout) -> recorder (the supervisor);
 //               (train_atom, ScoredRollout) -> learner, when there is one
@@ -12,8 +16,12 @@
 
 namespace kernelrl {
 
-// The reward of one verdict under `cfg`.
-double compute_reward(const RewardConfig& cfg, const EvalResult& r);
+// The reward of one verdict under `cfg`. `task_mean_speedup` is the running mean of this task's
+// correct speedups (used when cfg.normalize == "task_mean"; <= 0: no normalization yet).
+double compute_reward(const RewardConfig& cfg, const EvalResult& r, double task_mean_speedup = 0);
+
+// Whether a correct verdict is rejected as lazy (its measured kernel coverage is too low).
+bool rejected_as_lazy(const RewardConfig& cfg, const EvalResult& r);
 
 // `learner` may be a default (invalid) actor: then nothing is sent to it.
 caf::actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder,

@@ -1,5 +1,7 @@
 #include "core/config.hpp"
 
+#include "tasks/task_set.hpp"
+
 #include <toml++/toml.h>
 
 #include <filesystem>
@@ -12,6 +14,15 @@
 namespace fs = std::filesystem;
 
 namespace kernelrl {
+
+std::string TasksConfig::folder() const {
+  if (kernelbench_dir.empty()) return dir;
+  fs::path kb(kernelbench_dir);
+  std::string level_dir = "level" + std::to_string(level);
+  std::error_code ec;
+  if (fs::is_directory(kb / "KernelBench" / level_dir, ec)) return (kb / "KernelBench" / level_dir).string();
+  return (kb / level_dir).string();
+}
 
 std::string ConfigError::format() const {
   std::ostringstream os;
@@ -338,17 +349,47 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
   resolved.insert_or_assign("node", std::move(nodes_out));
 
   section("tasks", [&](TableReader& r) {
-    r.path("dir", c.tasks.dir, PathKind::dir, true);
+    r.path("dir", c.tasks.dir, PathKind::dir);
+    r.path("kernelbench_dir", c.tasks.kernelbench_dir, PathKind::dir);
+    r.integer("level", c.tasks.level, 1, 100);
     r.str_array("ids", c.tasks.ids);
-    // Each listed task must have its file in the folder.
-    auto* ids = r.raw("ids") ? r.raw("ids")->as_array() : nullptr;
+    r.str("split", c.tasks.split);
+    if (!r.raw("split_file") && !c.tasks.split.empty())
+      c.tasks.split_file = std::string(KERNELRL_SOURCE_DIR) + "/tasks/splits.toml";
+    r.path("split_file", c.tasks.split_file, PathKind::file);
+    if (c.tasks.dir.empty() == c.tasks.kernelbench_dir.empty()) {
+      r.error_here("dir", c.tasks.dir.empty()
+                              ? "missing required key (or kernelbench_dir)"
+                              : "set dir or kernelbench_dir, not both");
+      return;
+    }
+    if (!c.tasks.split.empty() && !c.tasks.ids.empty()) {
+      r.error_here("split", "set ids or split, not both");
+      return;
+    }
     std::error_code ec;
-    if (ids && fs::is_directory(c.tasks.dir, ec)) {
-      for (size_t i = 0; i < ids->size(); ++i) {
-        std::optional<std::string> id = (*ids)[i].value<std::string>();
-        if (id && !fs::is_regular_file(fs::path(c.tasks.dir) / (*id + ".py"), ec))
-          r.error_at((*ids)[i], ("ids[" + std::to_string(i) + "]").c_str(),
-                     "no task file " + *id + ".py in " + c.tasks.dir);
+    if (!fs::is_directory(c.tasks.folder(), ec)) {
+      if (!c.tasks.kernelbench_dir.empty())
+        r.error_here("level", "no level folder " + c.tasks.folder());
+      return;
+    }
+    // Every id (or range, or split) must resolve to task files.
+    TaskSet ts;
+    std::string err;
+    if (!ts.load(c.tasks, err)) {
+      auto* ids = r.raw("ids") ? r.raw("ids")->as_array() : nullptr;
+      if (ids && !c.tasks.ids.empty()) {
+        for (size_t i = 0; i < ids->size(); ++i) {
+          std::optional<std::string> id = (*ids)[i].value<std::string>();
+          std::string one_err;
+          TaskSet one;
+          TasksConfig single = c.tasks;
+          single.ids = {id.value_or("")};
+          if (id && !one.load(single, one_err))
+            r.error_at((*ids)[i], ("ids[" + std::to_string(i) + "]").c_str(), one_err);
+        }
+      } else {
+        r.error_here(c.tasks.split.empty() ? "dir" : "split", err);
       }
     }
   });
@@ -378,12 +419,19 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.number("rtol_fp32", e.rtol_fp32, 0, 1);
     r.number("atol_half", e.atol_half, 0, 1);
     r.number("rtol_half", e.rtol_half, 0, 1);
-    r.integer("max_in_flight", e.max_in_flight, 1, 1024);
+    r.integer("max_in_flight", e.max_in_flight, 0, 1024);
     r.integer("max_attempts", e.max_attempts, 1, 100);
     r.integer("torch_threads", e.torch_threads, 1, 1024);
     r.integer("seed", e.seed, 0, std::numeric_limits<int64_t>::max());
     if (!r.raw("python")) e.python = std::string(KERNELRL_SOURCE_DIR) + "/scripts/python";
     r.path("python", e.python, PathKind::file);
+    r.one_of("task_size", e.task_size, {"auto", "cpu", "gpu"});
+    r.integer("compile_workers", e.compile_workers, 0, 1024);
+    r.number("compile_timeout_s", e.compile_timeout_s, 1, 86400);
+    r.integer("memory_limit_mb", e.memory_limit_mb, 0, 1 << 30);
+    r.number("reverify_speedup", e.reverify_speedup, 0, 1e9);
+    r.boolean("isolate_network", e.isolate_network);
+    r.path("cache_dir", e.cache_dir, PathKind::any);
   });
   section("reward", [&](TableReader& r) {
     r.one_of("shape", c.reward.shape, {"speedup", "log_speedup"});
@@ -392,6 +440,10 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.number("incorrect_reward", c.reward.incorrect_reward, -1e6, 1e6);
     r.number("failure_reward", c.reward.failure_reward, -1e6, 1e6);
     r.number("hacked_reward", c.reward.hacked_reward, -1e6, 1e6);
+    r.one_of("normalize", c.reward.normalize, {"none", "task_mean"});
+    r.number("coverage_weight", c.reward.coverage_weight, -1e6, 1e6);
+    r.number("min_coverage", c.reward.min_coverage, 0, 1);
+    r.number("lazy_reward", c.reward.lazy_reward, -1e6, 1e6);
   });
   section("learner", [&](TableReader& r) {
     r.one_of("algorithm", c.learner.algorithm, {"grpo", "dr_grpo", "rloo"});

@@ -25,8 +25,14 @@ struct NodeConfig {
 };
 
 struct TasksConfig {
-  std::string dir;                   // folder of KernelBench-format task files (bundled: tasks/)
-  std::vector<std::string> ids;      // task ids (file stems) to use; empty: every task in dir
+  std::string dir;              // folder of KernelBench-format task files (bundled: tasks/bundled)
+  std::string kernelbench_dir;  // or a KernelBench checkout, used as it is (instead of dir)
+  uint32_t level = 1;           // with kernelbench_dir: the level folder (KernelBench/levelN)
+  std::vector<std::string> ids; // file stems, problem numbers "7" or ranges "1-10"; empty: all
+  std::string split;            // a named split of split_file (e.g. "train", "eval"); "": none
+  std::string split_file;       // TOML file with [splits] name = [ids...] (default: tasks/splits.toml)
+  // The folder the tasks come from: dir, or kernelbench_dir's level folder.
+  std::string folder() const;
 };
 
 struct PolicyConfig {
@@ -56,20 +62,36 @@ struct EvaluatorConfig {
   double rtol_fp32 = 1e-4;
   double atol_half = 1e-2;          // tolerances for float16 / bfloat16 outputs
   double rtol_half = 1e-2;
-  uint32_t max_in_flight = 1;       // requests queued at one evaluator
+  uint32_t max_in_flight = 0;       // requests queued at one evaluator (0: compile_workers + 2)
   uint32_t max_attempts = 2;        // dispatches of one sample before it is recorded as failed
   uint32_t torch_threads = 1;       // intra-op threads of a CPU worker
   uint64_t seed = 42;               // base seed for weights and inputs
   std::string python;               // interpreter for workers (default: scripts/python)
+  std::string task_size = "auto";   // task sizes: cpu, gpu (a task's GPU_SIZES), auto (by device)
+  uint32_t compile_workers = 2;     // CPU processes building kernels ahead of the timing stage
+                                    // (0: candidates build in the timing stage)
+  double compile_timeout_s = 600;   // wall-clock limit for building one candidate's kernels
+  uint32_t memory_limit_mb = 16384; // host memory of one candidate's process (0: no limit)
+  double reverify_speedup = 10;     // speedups above this are re-verified in full (0: never)
+  bool isolate_network = true;      // candidates run in a network namespace of their own
+  std::string cache_dir;            // build cache (default ~/.cache/kernelrl/build-cache)
+  // Requests one evaluator may hold (queued, compiling or timing).
+  uint32_t in_flight() const { return max_in_flight ? max_in_flight : compile_workers + 2; }
 };
 
 struct RewardConfig {
   std::string shape = "speedup";   // speedup or log_speedup
-  double max_speedup = 10;         // speedups are clipped to this before shaping
+  double max_speedup = 10;         // speedups are clipped to this before shaping (the cap)
   double correct_bonus = 0;        // added to the reward of every correct sample
+  std::string normalize = "none";  // none, or task_mean: the speedup term over the running mean
+                                   // of that task's correct speedups (per-task normalization)
+  double coverage_weight = 0;      // + weight * kernel coverage for correct samples (GPU)
+  double min_coverage = 0;         // correct samples whose measured coverage is below this are
+                                   // rejected as lazy: reward lazy_reward
+  double lazy_reward = 0;          // reward of a rejected lazy sample
   double incorrect_reward = 0;     // reward of a sample that ran but was wrong
   double failure_reward = 0;       // reward of format/compile/runtime errors and timeouts
-  double hacked_reward = -1;       // reward of a sample caught gaming the harness
+  double hacked_reward = 0;        // reward of a sample caught gaming the harness
 };
 
 struct LearnerConfig {

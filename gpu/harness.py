@@ -1,13 +1,17 @@
-"""Evaluation of one candidate against its task, with KernelBench's semantics.
+"""Evaluation of one candidate against its task, with KernelBench's semantics, inside the
+candidate's own process (gpu/sandbox.py forks it; gpu/worker.py drives it).
 
 Correctness: identical weights (Model and ModelNew built after the same seed), N trials with fresh
-inputs from per-trial seeds, inputs cloned separately for reference and candidate, shape and
-dtype checked, allclose with tolerances by output precision, NaN/Inf never passing; one more
-trial on new inputs after timing.
+inputs from per-trial seeds built directly on the evaluation device, inputs cloned separately for
+reference and candidate, shape and dtype checked, allclose with tolerances by output precision,
+NaN/Inf never passing; more trials on new inputs after timing.
 Timing: warm-up runs, then timed trials; on CUDA with events plus a device-wide synchronize (so
 side-stream work counts) after an L2 flush; on CPU with a monotonic clock captured before any
-candidate code is loaded. The reference is timed the same way and cached per (task, device,
-dtype, torch version, mode).
+candidate code is loaded. The reference is timed the same way and cached by the worker per (task,
+size, device, dtype, torch version, mode, trials).
+Defenses (gpu/defenses.py, docs/EVALUATION.md): replaced functions, changed precision settings,
+thread/process starts, calls into the reference, outputs cached across calls, outputs finished on
+side streams, declared custom kernels that never run, re-verification of extreme speedups.
 """
 
 import contextlib
@@ -24,14 +28,19 @@ import types
 
 import torch
 
-from scaffold import FormatError, assemble
+import compile_cache
+import defenses
+from scaffold import FormatError, assemble, extract_code, FORWARD_MARKER
 
 # Captured before any candidate runs: a candidate that rebinds time.perf_counter_ns or
-# torch.allclose in its own module cannot change what the harness uses.
+# torch.allclose cannot change what the harness uses.
 _clock_ns = time.perf_counter_ns
 _allclose = torch.allclose
 _isfinite = torch.isfinite
 _manual_seed = torch.manual_seed
+_no_grad = torch.no_grad
+_Event = torch.cuda.Event
+_cuda_sync = torch.cuda.synchronize
 
 LOG_LIMIT = 64 * 1024
 
@@ -60,7 +69,7 @@ def _tb(e: BaseException) -> str:
 
 
 class TaskCache:
-    """Task modules loaded once per (path, mtime)."""
+    """Task modules loaded once per (path, mtime), in the worker, before any fork."""
 
     def __init__(self):
         self._mods = {}
@@ -83,8 +92,14 @@ class TaskCache:
         return mod, source
 
 
-def _to_device(xs, device):
-    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in xs]
+def apply_size(task, size: str):
+    """Sets a task's module-level sizes for `size` ("gpu": the task's GPU_SIZES, if any)."""
+    sizes = getattr(task, "GPU_SIZES", None)
+    if size == "gpu" and isinstance(sizes, dict):
+        for k, v in sizes.items():
+            setattr(task, k, v)
+        return "gpu"
+    return "cpu"
 
 
 def _clone(xs):
@@ -148,41 +163,27 @@ def compare(ref_out, out, s, trial, acc):
     return ""
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _same_values(a, b, s):
+    try:
+        fa, fb = _flatten(a), _flatten(b)
+    except TypeError:
+        return False
+    if len(fa) != len(fb):
+        return False
+    for x, y in zip(fa, fb):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        atol, rtol = _tolerance(y.dtype, s)
+        if x.is_floating_point():
+            if not bool(_allclose(x.to(y.device), y, atol=atol, rtol=rtol)):
+                return False
+        elif not bool((x.to(y.device) == y).all()):
+            return False
+    return True
 
 
-class Timer:
-    def __init__(self, device):
-        self.device = device
-        if device.type == "cuda":
-            # Larger than any current L2 (H100: 50 MB, H200: 60 MB).
-            self.flush_buf = torch.empty(128 * 1024 * 1024, dtype=torch.int8, device=device)
-
-    def run(self, model, inputs, warmup, trials):
-        times = []
-        with torch.no_grad():
-            for _ in range(warmup):
-                model(*inputs)
-            _sync(self.device)
-            for _ in range(trials):
-                if self.device.type == "cuda":
-                    self.flush_buf.zero_()
-                    start = torch.cuda.Event(enable_timing=True)
-                    end = torch.cuda.Event(enable_timing=True)
-                    torch.cuda.synchronize(self.device)
-                    start.record()
-                    model(*inputs)
-                    end.record()
-                    torch.cuda.synchronize(self.device)  # device-wide: side streams count
-                    times.append(start.elapsed_time(end))
-                else:
-                    t0 = _clock_ns()
-                    model(*inputs)
-                    t1 = _clock_ns()
-                    times.append((t1 - t0) / 1e6)
-        return stats(times)
+def _snapshot(out):
+    return [t.detach().clone() for t in _flatten(out)]
 
 
 def stats(times):
@@ -198,43 +199,131 @@ def stats(times):
     }
 
 
+class Timer:
+    def __init__(self, device):
+        self.device = device
+        self.flush_buf = None
+        if device.type == "cuda":
+            # Larger than any current L2 (H100: 50 MB, H200: 60 MB).
+            self.flush_buf = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=device)
+
+    def run(self, model, inputs, warmup, trials):
+        times = []
+        cuda = self.device.type == "cuda"
+        with _no_grad():
+            for _ in range(warmup):
+                model(*inputs)
+            if cuda:
+                _cuda_sync(self.device)
+            for _ in range(trials):
+                if cuda:
+                    self.flush_buf.zero_()
+                    start = _Event(enable_timing=True)
+                    end = _Event(enable_timing=True)
+                    _cuda_sync(self.device)
+                    start.record()
+                    model(*inputs)
+                    _cuda_sync(self.device)  # device-wide: work on every stream is done
+                    end.record()
+                    end.synchronize()
+                    times.append(start.elapsed_time(end))
+                else:
+                    t0 = _clock_ns()
+                    model(*inputs)
+                    t1 = _clock_ns()
+                    times.append((t1 - t0) / 1e6)
+        return stats(times)
+
+
+def policy_code(action: str, action_space: str) -> str:
+    """The part of the program the policy wrote (for static checks)."""
+    code = extract_code(action)
+    return code.replace(FORWARD_MARKER, "") if action_space == "forward_body" else code
+
+
+def empty_result(device_name):
+    return {
+        "status": "runtime_error", "error": "", "assembled_code": "", "compile_log": "",
+        "correctness": {"trials": 0, "passed": 0, "max_abs_diff": 0.0, "max_rel_diff": 0.0,
+                        "atol": 0.0, "rtol": 0.0, "detail": ""},
+        "runtime": stats([]), "ref_runtime": stats([]), "speedup": 0.0,
+        "device": device_name, "kernel_coverage": -1.0, "compile_s": 0.0, "compile_cached": False,
+        "reverified": False,
+    }
+
+
 class Harness:
-    def __init__(self, device: str, threads: int):
+    """Lives in the worker (task cache, reference-timing cache); evaluate() runs in a child."""
+
+    def __init__(self, device: str, threads: int, cache_root: str):
         self.device = torch.device(device)
-        if self.device.type == "cpu":
-            torch.set_num_threads(max(1, threads))
-            self.device_name = "cpu"
-        else:
-            torch.cuda.set_device(self.device)
-            self.device_name = torch.cuda.get_device_name(self.device)
+        self.threads = max(1, threads)
+        self.cache_root = cache_root
         self.tasks = TaskCache()
-        self.ref_cache = {}
-        self.timer = Timer(self.device)
+        self.ref_cache = {}   # key -> stats, filled from children's replies
+        self.device_name = "cpu" if self.device.type == "cpu" else device
 
-    def _inputs(self, task, seed):
-        _manual_seed(seed)
-        return _to_device(task.get_inputs(), self.device)
+    # ---- runs in the candidate's process -------------------------------------------------------
+    def _setup_device(self):
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.threads)
+            return "cpu"
+        torch.cuda.set_device(self.device)
+        return torch.cuda.get_device_name(self.device)
 
-    def _build(self, cls, init_inputs, seed):
-        _manual_seed(seed)
-        return cls(*init_inputs).to(self.device).eval()
+    def prepare(self, req, s):
+        """Compile stage (no GPU): loads the candidate program so its kernels build into the cache.
+        Returns status ok or compile_error with the build log."""
+        res = {"status": "ok", "error": "", "compile_log": "", "compile_s": 0.0, "compile_cached": False}
+        try:
+            task, source = self.tasks.load(req["task_path"])
+            code = assemble(req["action"], req["action_space"], source, req["task_id"])
+        except (FormatError, Exception) as e:  # the GPU stage reports these properly
+            res["error"] = f"not prepared: {e}"
+            return res
+        rec = compile_cache.install(self.cache_root)
+        mod = types.ModuleType("kernelrl_candidate")
+        captured = io.StringIO()
+        try:
+            compiled = compile(code, f"<candidate {req['sample_id']}>", "exec")
+            with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
+                exec(compiled, mod.__dict__)
+        except BaseException as e:  # noqa: BLE001
+            if any(not b["ok"] for b in rec.builds):
+                res["status"], res["error"] = "compile_error", _short_exc(e)
+            else:
+                res["error"] = f"not prepared: {_short_exc(e)}"
+        summ = rec.summary()
+        res["compile_log"] = (captured.getvalue() + summ["log"])[-LOG_LIMIT:]
+        res["compile_s"], res["compile_cached"] = summ["seconds"], summ["cached"]
+        res["builds"] = summ["builds"]
+        return res
 
     def evaluate(self, req, s):
         """Returns the result dict for one request (see messages/messages.hpp: EvalResult)."""
-        res = {
-            "status": "runtime_error", "error": "", "assembled_code": "", "compile_log": "",
-            "correctness": {"trials": 0, "passed": 0, "max_abs_diff": 0.0, "max_rel_diff": 0.0,
-                            "atol": 0.0, "rtol": 0.0, "detail": ""},
-            "runtime": stats([]), "ref_runtime": stats([]), "speedup": 0.0,
-            "device": self.device_name,
-        }
+        res = empty_result(self.device_name)
         try:
+            res["device"] = self.device_name = self._setup_device()
             self._evaluate(req, s, res)
         except Verdict as v:
             res["status"], res["error"] = v.status, v.error
             if v.log:
                 res["compile_log"] = (res["compile_log"] + v.log)[-LOG_LIMIT:]
+        if res["status"] != "ok":
+            res["speedup"] = 0.0
         return res
+
+    def _inputs(self, task, seed):
+        _manual_seed(seed)
+        with torch.device(self.device):
+            xs = task.get_inputs()
+        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in xs]
+
+    def _build(self, cls, init_inputs, seed):
+        _manual_seed(seed)
+        with torch.device(self.device):
+            m = cls(*init_inputs)
+        return m.to(self.device).eval()
 
     def _evaluate(self, req, s, res):
         task_path = req["task_path"]
@@ -242,12 +331,28 @@ class Harness:
             task, source = self.tasks.load(task_path)
         except Exception as e:  # a broken task is the harness's problem, never the candidate's
             raise Verdict("runtime_error", f"task {req['task_id']} ({task_path}) failed to load: {_short_exc(e)}", _tb(e))
+        size = apply_size(task, s.get("size", "cpu"))
 
         try:
             code = assemble(req["action"], req["action_space"], source, req["task_id"])
         except FormatError as e:
             raise Verdict("format_error", str(e))
         res["assembled_code"] = code
+
+        why = defenses.static_reference_use(policy_code(req["action"], req["action_space"]))
+        if why:
+            raise Verdict("hacked", f"the candidate {why}")
+
+        # Hide the task module from the candidate; install the build cache and the watch.
+        for name in [n for n in sys.modules if n.startswith("kernelrl_task_")]:
+            del sys.modules[name]
+        rec = compile_cache.install(self.cache_root)
+        watch = defenses.Watch()
+
+        def hacked_check(where):
+            watch.check(where)
+            if watch.violations:
+                raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]))
 
         # Load the candidate program: module-level errors (imports, kernel builds) are compile errors.
         mod = types.ModuleType("kernelrl_candidate")
@@ -260,72 +365,213 @@ class Harness:
         except SyntaxError as e:
             raise Verdict("format_error", f"the program does not parse: {e.msg} (line {e.lineno})")
         except BaseException as e:
-            raise Verdict("compile_error", _short_exc(e), captured.getvalue() + _tb(e))
-        res["compile_log"] = captured.getvalue()[-LOG_LIMIT:]
+            summ = rec.summary()
+            res["compile_s"] = summ["seconds"]
+            raise Verdict("compile_error", _short_exc(e), captured.getvalue() + summ["log"] + _tb(e))
+        summ = rec.summary()
+        res["compile_log"] = (captured.getvalue() + summ["log"])[-LOG_LIMIT:]
+        res["compile_s"], res["compile_cached"] = summ["seconds"], summ["cached"]
         if not isinstance(getattr(mod, "ModelNew", None), type):
             raise Verdict("compile_error", "the program defines no class ModelNew")
+        hacked_check("when its program was loaded")
+
+        ref_codes = [getattr(task.Model.forward, "__code__", None)]
+        cand_model_cls = mod.__dict__.get("Model")
+        if isinstance(cand_model_cls, type) and hasattr(cand_model_cls, "forward"):
+            ref_codes.append(getattr(cand_model_cls.forward, "__code__", None))
 
         seed = int(req["seed"])
         dev = self.device
-        with torch.no_grad():
-            _manual_seed(seed)
-            init_inputs = task.get_init_inputs()
-            try:
-                ref_model = self._build(task.Model, init_inputs, seed)
-            except Exception as e:
-                raise Verdict("runtime_error", f"reference Model failed to build: {_short_exc(e)}", _tb(e))
-            try:
-                new_model = self._build(mod.ModelNew, init_inputs, seed)
-            except BaseException as e:
-                raise Verdict("runtime_error", f"ModelNew() raised {_short_exc(e)}", _tb(e))
+        cuda = dev.type == "cuda"
+        corr = res["correctness"]
+        acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
+        mode = req.get("mode", "fast") or "fast"
+        warmup = int(s["warmup"])
+        n = int(s["correctness_trials"])
 
-            corr = res["correctness"]
-            acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
-
-            def trial(i, trial_seed):
-                inputs = self._inputs(task, trial_seed)
-                ref_out = ref_model(*_clone(inputs))
+        try:
+            with _no_grad():
+                _manual_seed(seed)
+                init_inputs = task.get_init_inputs()
                 try:
-                    out = new_model(*_clone(inputs))
-                    _sync(dev)
+                    ref_model = self._build(task.Model, init_inputs, seed)
+                except Exception as e:
+                    raise Verdict("runtime_error", f"reference Model failed to build: {_short_exc(e)}", _tb(e))
+                try:
+                    watch.in_candidate, watch.exempt = True, True
+                    new_model = self._build(mod.ModelNew, init_inputs, seed)
                 except BaseException as e:
-                    raise Verdict("runtime_error", _short_exc(e), _tb(e))
-                why = compare(ref_out, out, s, i, acc)
-                corr["trials"] += 1
-                corr.update({k: acc[k] for k in acc})
-                if why:
-                    corr["detail"] = why
-                    raise Verdict("incorrect", why)
-                corr["passed"] += 1
+                    raise Verdict("runtime_error", f"ModelNew() raised {_short_exc(e)}", _tb(e))
+                finally:
+                    watch.in_candidate = False
 
-            n = int(s["correctness_trials"])
-            for i in range(n):
-                trial(i, seed * 1000 + i + 1)
+                # Reference outputs of earlier trials (while they stay small), to recognise a
+                # candidate that hands back an earlier call's output.
+                state = {"prev_refs": [], "prev_numel": 0, "calls": 0}
 
-            # Timing on one fixed input set, reference first (cached), then the candidate.
-            mode = req.get("mode", "fast")
-            trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
-            warmup = int(s["warmup"])
-            timing_inputs = self._inputs(task, seed * 1000 + 999)
-            key = (task_path, os.stat(task_path).st_mtime_ns, self.device_name,
-                   str(torch.get_default_dtype()), torch.__version__, mode, trials, warmup)
-            ref_stats = self.ref_cache.get(key)
-            if ref_stats is None:
-                ref_stats = self.timer.run(ref_model, _clone(timing_inputs), warmup, trials)
-                self.ref_cache[key] = ref_stats
-            res["ref_runtime"] = ref_stats
-            try:
-                cand_stats = self.timer.run(new_model, _clone(timing_inputs), warmup, trials)
-            except BaseException as e:
-                raise Verdict("runtime_error", _short_exc(e), _tb(e))
-            res["runtime"] = cand_stats
+                def run_candidate(inputs, sync=True):
+                    watch.in_candidate = True
+                    watch.exempt = state["calls"] == 0
+                    state["calls"] += 1
+                    try:
+                        with defenses.ReferenceGuard(ref_codes) as guard:
+                            out = new_model(*inputs)
+                            if cuda and sync:
+                                _cuda_sync(dev)
+                    except Verdict:
+                        raise
+                    except BaseException as e:
+                        raise Verdict("runtime_error", _short_exc(e), _tb(e))
+                    finally:
+                        watch.in_candidate = False
+                        watch.exempt = False
+                    if guard.hit:
+                        raise Verdict("hacked", f"the candidate {guard.hit}")
+                    return out
 
-            # Check again on fresh inputs after timing: caching an output by input pointer or
-            # changing behaviour after the first calls does not pass.
-            trial(n, seed * 1000 + 10_000 + 1)
+                def trial(i, trial_seed, inputs=None, on_fail=None):
+                    inputs = self._inputs(task, trial_seed) if inputs is None else inputs
+                    ref_out = ref_model(*_clone(inputs))
+                    out = run_candidate(_clone(inputs))
+                    why = compare(ref_out, out, s, i, acc)
+                    corr["trials"] += 1
+                    corr.update({k: acc[k] for k in acc})
+                    if why:
+                        corr["detail"] = why
+                        if any(_same_values(out, prev, s) for prev in state["prev_refs"]):
+                            raise Verdict("hacked", "the candidate returned the output of an earlier call "
+                                                    f"(outputs cached across calls; {why})")
+                        raise Verdict("incorrect", why if on_fail is None else on_fail(why))
+                    corr["passed"] += 1
+                    snap = _snapshot(ref_out)
+                    numel = sum(t.numel() for t in snap)
+                    if state["prev_numel"] + numel <= (1 << 24):
+                        state["prev_refs"].append(snap)
+                        state["prev_numel"] += numel
+                    return inputs
+
+                for i in range(n):
+                    trial(i, seed * 1000 + i + 1)
+                hacked_check("during the correctness trials")
+
+                if cuda:
+                    self._side_stream_check(task, seed, run_candidate)
+                    self._profile(new_model, task, seed, code, res, watch)
+
+                trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
+                ref_stats, cand_stats = self._time_both(task, task_path, size, mode, trials, warmup,
+                                                        seed, ref_model, new_model, watch, res)
+                hacked_check("while being timed")
+                # The timing inputs' true output, too: a candidate may hand that back later.
+                timing_ref = _snapshot(ref_model(*self._inputs(task, seed * 1000 + 999)))
+                if state["prev_numel"] + sum(t.numel() for t in timing_ref) <= (1 << 24):
+                    state["prev_refs"].append(timing_ref)
+
+                # Check again after timing, on fresh inputs; then refill the same input tensors with
+                # new values: an output cached by input identity shows up as a stale result.
+                inputs = trial(n, seed * 1000 + 10_000 + 1)
+                fresh = self._inputs(task, seed * 1000 + 10_000 + 2)
+                for old, new in zip(inputs, fresh):
+                    if isinstance(old, torch.Tensor) and old.is_floating_point():
+                        old.copy_(new)
+                if any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs):
+                    trial(n + 1, 0, inputs=inputs)
+                hacked_check("after timing")
+
+                speedup = ref_stats["median_ms"] / cand_stats["median_ms"] if cand_stats["median_ms"] > 0 else 0.0
+                threshold = float(s.get("reverify_speedup", 10.0))
+                if threshold > 0 and speedup > threshold:
+                    res["reverified"] = True
+                    rs = seed + 7_919
+
+                    def on_fail(why):
+                        raise Verdict("hacked", f"speedup {speedup:.1f}x is above {threshold:g}x and "
+                                                f"re-verification failed: {why}")
+                    for i in range(4 * n):
+                        trial(n + 2 + i, rs * 1000 + i + 1, on_fail=on_fail)
+                    full = int(s["full_trials"])
+                    ref_stats, cand_stats = self._time_both(task, task_path, size, "full", full, warmup,
+                                                            rs, ref_model, new_model, watch, res,
+                                                            use_cache=False)
+                    hacked_check("during re-verification")
+                    speedup = ref_stats["median_ms"] / cand_stats["median_ms"] if cand_stats["median_ms"] > 0 else 0.0
+        except Verdict as v:
+            # A candidate that gamed the harness is hacked even when it was also wrong.
+            if v.status != "hacked":
+                watch.check("before failing")
+                if watch.violations:
+                    raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]), v.log)
+            raise
 
         res["status"] = "ok"
-        med = cand_stats["median_ms"]
-        res["speedup"] = ref_stats["median_ms"] / med if med > 0 else 0.0
-        if not math.isfinite(res["speedup"]):
-            res["speedup"] = 0.0
+        res["speedup"] = speedup if math.isfinite(speedup) else 0.0
+
+    def _time_both(self, task, task_path, size, mode, trials, warmup, seed, ref_model, new_model,
+                   watch, res, use_cache=True):
+        timer = Timer(self.device)
+        timing_inputs = self._inputs(task, seed * 1000 + 999)
+        key = "|".join(str(x) for x in (task_path, os.stat(task_path).st_mtime_ns, size, self.device_name,
+                                        torch.get_default_dtype(), torch.__version__, mode, trials, warmup))
+        ref_stats = self.ref_cache.get(key) if use_cache else None
+        if ref_stats is None:
+            ref_stats = timer.run(ref_model, _clone(timing_inputs), warmup, trials)
+            if use_cache:
+                self.ref_cache[key] = ref_stats
+                res.setdefault("ref_cache_put", {})[key] = ref_stats
+        res["ref_runtime"] = ref_stats
+        watch.in_candidate = True
+        try:
+            cand_stats = timer.run(new_model, _clone(timing_inputs), warmup, trials)
+        except BaseException as e:
+            raise Verdict("runtime_error", _short_exc(e), _tb(e))
+        finally:
+            watch.in_candidate = False
+        res["runtime"] = cand_stats
+        return ref_stats, cand_stats
+
+    def _side_stream_check(self, task, seed, run_candidate):
+        """An output still being written on another stream when forward returns is a hack: the
+        caller's stream would read it unfinished. Read it right after the current stream is done,
+        then again after the whole device is done; any difference is work hidden on a side stream."""
+        inputs = self._inputs(task, seed * 1000 + 555)
+        out = run_candidate(inputs, sync=False)
+        torch.cuda.current_stream(self.device).synchronize()
+        early = _snapshot(out)
+        _cuda_sync(self.device)
+        exact = {"atol_half": 0, "rtol_half": 0, "atol_fp32": 0, "rtol_fp32": 0}
+        if not _same_values(early, out, exact):
+            raise Verdict("hacked", "the candidate's output was still being written on another CUDA stream "
+                                    "after forward returned (work hidden from the caller's stream)")
+
+    def _profile(self, new_model, task, seed, code, res, watch):
+        """One profiled forward: kernel-time coverage of the candidate's own kernels, and the
+        check that a candidate declaring custom kernels runs at least one of them."""
+        declared = defenses.declared_kernels(code)
+        inputs = self._inputs(task, seed * 1000 + 777)
+        from torch.profiler import ProfilerActivity, profile
+        watch.in_candidate = True
+        try:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                new_model(*inputs)
+                _cuda_sync(self.device)
+        except BaseException as e:
+            raise Verdict("runtime_error", f"profiled run failed: {_short_exc(e)}", _tb(e))
+        finally:
+            watch.in_candidate = False
+        total, own, ran = 0, 0, []
+        for ev in prof._profiler.kineto_results.events():
+            if ev.device_type() != torch.autograd.DeviceType.CUDA:
+                continue
+            name = ev.name()
+            if name.startswith("Memcpy") or name.startswith("Memset"):
+                continue
+            dur = ev.duration_ns()
+            total += dur
+            ran.append(name)
+            if any(k in name for k in declared):
+                own += dur
+        res["kernel_coverage"] = (own / total) if total > 0 else 0.0
+        if defenses.declares_custom_kernels(code) and declared and own == 0:
+            seen = sorted(set(n.split("(")[0][:60] for n in ran))[:6]
+            raise Verdict("hacked", f"the candidate declares custom kernels ({', '.join(declared[:4])}) but none "
+                                    f"ran during forward (kernels that ran: {', '.join(seen) or 'none'})")

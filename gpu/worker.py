@@ -1,20 +1,24 @@
-"""kernelrl evaluation worker: one process per evaluator slot, driven over ZeroMQ with msgpack.
+"""kernelrl evaluation worker: a fork server, one per evaluator stage, driven over ZeroMQ with msgpack.
 
 The evaluator (gpu/worker_client.cpp) binds a REQ socket and starts this program, which connects
 a REP socket and answers one request at a time:
 
-  {"op": "ping"}                                  -> {"ok": true, "pid", "torch_version", "device"}
-  {"op": "eval", "request": EvalRequest, "settings": {...}}  -> EvalResult fields (status by name)
-  {"op": "exit"}                                  -> {"ok": true}, then the process ends
+  {"op": "ping"}                                   -> {"ok": true, "pid", "torch_version", "device",
+                                                       "capability", "cuda_init_s", "network"}
+  {"op": "eval", "request": EvalRequest, "settings": {...}}     -> EvalResult fields (status by name)
+  {"op": "compile", "request": EvalRequest, "settings": {...}}  -> {"status": ok|compile_error, ...}
+  {"op": "exit"}                                   -> {"ok": true}, then the process ends
 
-The evaluator kills this process on a timeout or a crash and starts a new one; nothing here has to
-survive a candidate. The process dies with its parent (PR_SET_PDEATHSIG).
+This process imports torch and loads task files but never initialises CUDA: every candidate runs
+in a child forked from it (gpu/sandbox.py), which initialises CUDA for itself, so a crash, a hang,
+a memory blow-up, a CUDA fault or a monkeypatched torch ends with that child. Reference timings
+measured by children are kept here and inherited by later children. The "compile" op runs the
+candidate's module with CUDA hidden so its kernels build into the content-addressed cache
+(gpu/compile_cache.py) on a CPU while the GPU stage times another candidate.
 """
 
 import argparse
-import ctypes
 import os
-import signal
 import sys
 import time
 import traceback
@@ -22,14 +26,110 @@ import traceback
 import msgpack
 import zmq
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
-def die_with_parent():
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
+
+def default_cache_root():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kernelrl", "build-cache")
+
+
+class ForkServer:
+    """The worker's logic without the socket: usable from Python tests and benchmarks."""
+
+    def __init__(self, device="cpu", threads=1, cache_root=None, tmp_root=None, isolate_net=True):
+        import torch  # noqa: F401  (imported once here, inherited by every child)
+        import sandbox
+        from harness import Harness
+        self.torch = torch
+        self.sandbox = sandbox
+        self.device = device
+        self.cache_root = cache_root or default_cache_root()
+        self.tmp_root = tmp_root or os.environ.get("TMPDIR", "/tmp")
+        self.isolate_net = isolate_net
+        self.harness = Harness(device, threads, self.cache_root)
+        self.info = {"device": "cpu", "capability": "", "cuda_init_s": 0.0, "network": ""}
+        self.env = {}
+        self._probe()
+
+    def _probe(self):
+        """Learns the device's name and architecture in a child (this process stays CUDA-free)."""
+        torch = self.torch
+        dev = self.device
+
+        def probe():
+            t0 = time.monotonic()
+            if dev.startswith("cuda"):
+                d = torch.device(dev)
+                torch.cuda.set_device(d)
+                torch.empty(1, device=d)
+                cap = torch.cuda.get_device_capability(d)
+                return {"status": "ok", "device": torch.cuda.get_device_name(d),
+                        "capability": f"{cap[0]}.{cap[1]}", "cuda_init_s": time.monotonic() - t0}
+            return {"status": "ok", "device": "cpu", "capability": "", "cuda_init_s": 0.0}
+
+        reply, failure = self.sandbox.run_isolated(
+            probe, timeout_s=120, memory_limit_mb=0, env={}, isolate_net=self.isolate_net,
+            address_space_limit=False, tmp_root=self.tmp_root)
+        if failure:
+            raise RuntimeError(f"device probe on {dev} failed: {failure['error']}")
+        self.info = {k: reply[k] for k in ("device", "capability", "cuda_init_s")}
+        self.info["network"] = reply.get("isolation", {}).get("network", "")
+        self.harness.device_name = self.info["device"]
+        if self.info["capability"]:
+            # Builds target exactly this GPU (and the compile key records it).
+            self.env["TORCH_CUDA_ARCH_LIST"] = self.info["capability"]
+
+    def ping(self):
+        return {"ok": True, "pid": os.getpid(), "torch_version": self.torch.__version__, **self.info}
+
+    def _limits(self, req, s, compile_stage):
+        from compile_cache import declares_build
+        limit = float(s.get("timeout_s", 60))
+        builds = declares_build(req.get("action", ""))
+        if compile_stage:
+            limit = float(s.get("compile_timeout_s", 600))
+        elif builds and not s.get("precompiled", False):
+            limit += float(s.get("compile_timeout_s", 600))
+        return limit
+
+    def evaluate(self, req, s):
+        t0 = time.monotonic()
+        env = dict(self.env)
+        if s.get("cuda_arch"):
+            env["TORCH_CUDA_ARCH_LIST"] = s["cuda_arch"]
+        cpu = not self.device.startswith("cuda")
+        reply, failure = self.sandbox.run_isolated(
+            lambda: self.harness.evaluate(req, s),
+            timeout_s=self._limits(req, s, False), memory_limit_mb=int(s.get("memory_limit_mb", 0)),
+            env=env, isolate_net=self.isolate_net, address_space_limit=cpu, tmp_root=self.tmp_root)
+        if failure:
+            from harness import empty_result
+            reply = empty_result(self.info["device"])
+            reply.update({k: failure[k] for k in ("status", "error")})
+            reply["isolation"] = failure.get("isolation", {})
+        for k, v in (reply.pop("ref_cache_put", None) or {}).items():
+            self.harness.ref_cache[k] = v
+        reply["wall_s"] = time.monotonic() - t0
+        return reply
+
+    def compile(self, req, s):
+        t0 = time.monotonic()
+        env = dict(self.env)
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the compile stage never touches a GPU
+        if s.get("cuda_arch"):
+            env["TORCH_CUDA_ARCH_LIST"] = s["cuda_arch"]
+        reply, failure = self.sandbox.run_isolated(
+            lambda: self.harness.prepare(req, s),
+            timeout_s=self._limits(req, s, True), memory_limit_mb=int(s.get("memory_limit_mb", 0)),
+            env=env, isolate_net=self.isolate_net, address_space_limit=False, tmp_root=self.tmp_root)
+        if failure:
+            reply = {"status": "compile_error" if failure["status"] == "timeout" else "ok",
+                     "error": "build " + failure["error"], "compile_log": ""}
+        reply["wall_s"] = time.monotonic() - t0
+        return reply
 
 
 def main():
@@ -38,14 +138,13 @@ def main():
     ap.add_argument("--device", default="cpu", help="torch device: cpu or cuda:N")
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads on CPU")
     ap.add_argument("--parent", type=int, default=0, help="pid to watch; exit when it is gone")
+    ap.add_argument("--cache", default="", help="build cache folder (default ~/.cache/kernelrl/build-cache)")
+    ap.add_argument("--no-netns", action="store_true", help="do not isolate candidates' network")
     args = ap.parse_args()
-    die_with_parent()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import sandbox
+    sandbox.die_with_parent()
 
-    import torch  # noqa: E402  (after PDEATHSIG, so a slow import never outlives the parent)
-    from harness import Harness
-
-    harness = Harness(args.device, args.threads)
+    server = ForkServer(args.device, args.threads, args.cache or None, isolate_net=not args.no_netns)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.REP)
     sock.setsockopt(zmq.LINGER, 0)
@@ -63,17 +162,16 @@ def main():
             msg = msgpack.unpackb(raw, raw=False)
             op = msg.get("op")
             if op == "ping":
-                reply = {"ok": True, "pid": os.getpid(), "torch_version": torch.__version__,
-                         "device": harness.device_name}
+                reply = server.ping()
             elif op == "eval":
-                t0 = time.monotonic()
-                reply = harness.evaluate(msg["request"], msg["settings"])
-                reply["wall_s"] = time.monotonic() - t0
+                reply = server.evaluate(msg["request"], msg["settings"])
+            elif op == "compile":
+                reply = server.compile(msg["request"], msg["settings"])
             elif op == "exit":
                 sock.send(msgpack.packb({"ok": True}))
                 return 0
             else:
-                reply = {"ok": False, "error": f"unknown op {op!r}"}
+                reply = {"ok": False, "status": "runtime_error", "error": f"unknown op {op!r}"}
         except Exception as e:  # a harness bug: report it, keep serving
             reply = {"ok": False, "status": "runtime_error",
                      "error": f"worker error: {type(e).__name__}: {e}",

@@ -116,6 +116,11 @@ bool WorkerClient::ensure_started(std::string& err) {
                                    "--device", opts_.device, "--threads",
                                    std::to_string(opts_.threads), "--parent",
                                    std::to_string(getpid())};
+  if (!opts_.cache_dir.empty()) {
+    args.push_back("--cache");
+    args.push_back(opts_.cache_dir);
+  }
+  if (!opts_.isolate_network) args.push_back("--no-netns");
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -154,6 +159,8 @@ bool WorkerClient::ensure_started(std::string& err) {
     auto h = msgpack::unpack(reply.data(), reply.size());
     read(h.get(), "torch_version", torch_version_);
     read(h.get(), "device", device_name_);
+    read(h.get(), "capability", capability_);
+    read(h.get(), "network", network_);
   } catch (const std::exception& e) {
     err = std::string("worker sent an unreadable hello: ") + e.what();
     kill_worker();
@@ -198,8 +205,24 @@ std::string WorkerClient::round_trip(const std::string& payload, double deadline
   }
 }
 
+bool declares_build(const std::string& action) {
+  for (const char* s : {"load_inline", "cpp_extension", "triton"})
+    if (action.find(s) != std::string::npos) return true;
+  return false;
+}
+
 EvalResult WorkerClient::evaluate(const EvalRequest& req, const EvaluatorConfig& s,
-                                  double timeout_s) {
+                                  const StageOptions& stage) {
+  return call("eval", req, s, stage);
+}
+
+EvalResult WorkerClient::compile(const EvalRequest& req, const EvaluatorConfig& s,
+                                 const StageOptions& stage) {
+  return call("compile", req, s, stage);
+}
+
+EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const EvaluatorConfig& s,
+                              const StageOptions& stage) {
   EvalResult res;
   res.sample_id = req.sample_id;
   res.task_id = req.task_id;
@@ -212,16 +235,24 @@ EvalResult WorkerClient::evaluate(const EvalRequest& req, const EvaluatorConfig&
     res.wall_s = mono_s() - t0;
     return res;
   }
+  bool compile_op = std::string_view(op) == "compile";
+  std::string size = s.task_size;
+  if (size == "auto") size = opts_.device.rfind("cuda", 0) == 0 ? "gpu" : "cpu";
+  // The worker enforces these limits on the candidate's process; we add a grace period.
+  double limit = compile_op ? s.compile_timeout_s
+                            : s.timeout_s + (declares_build(req.action) && !stage.precompiled
+                                                 ? s.compile_timeout_s : 0.0);
+  constexpr double grace_s = 30;
 
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
   pk.pack_map(3);
   pk.pack("op");
-  pk.pack("eval");
+  pk.pack(op);
   pk.pack("request");
   pk.pack(req);
   pk.pack("settings");
-  pk.pack_map(8);
+  pk.pack_map(16);
   pk.pack("correctness_trials"); pk.pack(s.correctness_trials);
   pk.pack("warmup"); pk.pack(s.warmup);
   pk.pack("fast_trials"); pk.pack(s.fast_trials);
@@ -230,15 +261,24 @@ EvalResult WorkerClient::evaluate(const EvalRequest& req, const EvaluatorConfig&
   pk.pack("rtol_fp32"); pk.pack(s.rtol_fp32);
   pk.pack("atol_half"); pk.pack(s.atol_half);
   pk.pack("rtol_half"); pk.pack(s.rtol_half);
+  pk.pack("timeout_s"); pk.pack(s.timeout_s);
+  pk.pack("compile_timeout_s"); pk.pack(s.compile_timeout_s);
+  pk.pack("memory_limit_mb"); pk.pack(s.memory_limit_mb);
+  pk.pack("reverify_speedup"); pk.pack(s.reverify_speedup);
+  pk.pack("size"); pk.pack(size);
+  pk.pack("precompiled"); pk.pack(stage.precompiled);
+  pk.pack("cuda_arch"); pk.pack(stage.cuda_arch);
+  pk.pack("mode"); pk.pack(req.mode);
 
   std::string reply;
-  std::string why = round_trip(std::string(buf.data(), buf.size()), t0 + timeout_s, reply);
+  std::string why = round_trip(std::string(buf.data(), buf.size()), t0 + limit + grace_s, reply);
   res.wall_s = mono_s() - t0;
   if (why == "timeout") {
     kill_worker();
-    res.status = EvalStatus::timeout;
-    char msg[96];
-    std::snprintf(msg, sizeof msg, "evaluation exceeded the %.1f s limit; worker killed", timeout_s);
+    res.status = compile_op ? EvalStatus::compile_error : EvalStatus::timeout;
+    char msg[128];
+    std::snprintf(msg, sizeof msg, "%s exceeded the %.1f s limit and its grace period; worker killed",
+                  compile_op ? "build" : "evaluation", limit);
     res.error = msg;
     return res;
   }
@@ -267,6 +307,11 @@ EvalResult WorkerClient::evaluate(const EvalRequest& req, const EvaluatorConfig&
     read(m, "ref_runtime", res.ref_runtime);
     read(m, "speedup", res.speedup);
     read(m, "device", res.device);
+    read(m, "kernel_coverage", res.kernel_coverage);
+    read(m, "compile_s", res.compile_s);
+    read(m, "compile_cached", res.compile_cached);
+    read(m, "reverified", res.reverified);
+    if (auto* iso = field(m, "isolation")) read(*iso, "child_start_s", res.isolation_s);
   } catch (const std::exception& e) {
     res = EvalResult{};
     res.sample_id = req.sample_id;

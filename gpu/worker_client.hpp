@@ -20,7 +20,18 @@ struct WorkerOptions {
   uint32_t threads = 1;          // intra-op threads on CPU
   std::string log_path;          // the worker's stdout/stderr go here ("" : /dev/null)
   double startup_timeout_s = 120;  // time allowed for start-up (torch import, CUDA init)
+  std::string cache_dir;         // build cache ("": the worker's default)
+  bool isolate_network = true;   // candidates get a network namespace of their own
 };
+
+// What one request to the worker adds to the evaluator's settings.
+struct StageOptions {
+  bool precompiled = false;      // the candidate's kernels were built by the compile stage
+  std::string cuda_arch;         // TORCH_CUDA_ARCH_LIST for builds ("" : the worker's own GPU)
+};
+
+// Whether an action builds native code or Triton kernels (and so goes through the compile stage).
+bool declares_build(const std::string& action);
 
 class WorkerClient {
  public:
@@ -31,8 +42,14 @@ class WorkerClient {
 
   // Starts the worker if it is not running; false (and `err`) when it cannot start.
   bool ensure_started(std::string& err);
-  // Evaluates one request under `settings`, within `timeout_s` seconds of wall time.
-  EvalResult evaluate(const EvalRequest& req, const EvaluatorConfig& settings, double timeout_s);
+  // Evaluates one request under `settings` (the worker enforces the time limit in the candidate's
+  // process; this side allows a grace period and kills the whole worker if it passes).
+  EvalResult evaluate(const EvalRequest& req, const EvaluatorConfig& settings,
+                      const StageOptions& stage = {});
+  // Compile stage: builds the candidate's kernels into the cache, without a GPU. Returns status
+  // ok (built, cached, or nothing to build) or compile_error with the log.
+  EvalResult compile(const EvalRequest& req, const EvaluatorConfig& settings,
+                     const StageOptions& stage = {});
   // Stops the worker (politely, then by force).
   void stop();
 
@@ -40,6 +57,8 @@ class WorkerClient {
   uint32_t restarts() const { return starts_ > 0 ? starts_ - 1 : 0; }
   const std::string& torch_version() const { return torch_version_; }
   const std::string& device_name() const { return device_name_; }
+  const std::string& capability() const { return capability_; }  // "9.0" on an H100; "" on CPU
+  const std::string& network() const { return network_; }        // candidates' network isolation
 
  private:
   struct Impl;
@@ -53,7 +72,9 @@ class WorkerClient {
   pid_t pid_ = -1;
   uint32_t starts_ = 0;
   std::string endpoint_;
-  std::string torch_version_, device_name_;
+  std::string torch_version_, device_name_, capability_, network_;
+  EvalResult call(const char* op, const EvalRequest& req, const EvaluatorConfig& settings,
+                  const StageOptions& stage);
 };
 
 }  // namespace kernelrl

@@ -1,4 +1,5 @@
 #include "launch/commands.hpp"
+#include "launch/json.hpp"
 
 #include "actors/dispatcher.hpp"
 #include "actors/evaluator.hpp"
@@ -104,7 +105,8 @@ int cmd_export(const std::string& run_dir) {
   }
   for (auto& r : store->samples()) {
     const auto& e = r.record.result;
-    nlohmann::json j = {
+    nlohmann::json j = result_json(e);
+    j.update({
         {"run_id", r.run_id},
         {"sample_id", r.sample_id},
         {"task_id", r.task_id},
@@ -118,20 +120,10 @@ int cmd_export(const std::string& run_dir) {
         {"policy_version", r.policy_version},
         {"num_tokens", r.num_tokens},
         {"logprob_mean", r.logprob_mean},
-        {"runtime_ms", e.runtime.median_ms},
-        {"ref_runtime_ms", e.ref_runtime.median_ms},
-        {"correctness",
-         {{"trials", e.correctness.trials},
-          {"passed", e.correctness.passed},
-          {"max_abs_diff", e.correctness.max_abs_diff},
-          {"max_rel_diff", e.correctness.max_rel_diff},
-          {"detail", e.correctness.detail}}},
-        {"evaluator_id", e.evaluator_id},
-        {"device", e.device},
         {"completion", r.record.rollout.completion},
         {"assembled_code", e.assembled_code},
         {"compile_log", e.compile_log},
-    };
+    });
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   }
   return 0;
@@ -152,19 +144,18 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
 
   TaskSet tasks;
   std::string err;
-  if (!tasks.load(cfg.tasks.dir, cfg.tasks.ids, err)) {
+  if (!tasks.load(cfg.tasks, err)) {
     lg->error("{}", err);
     return 2;
   }
   std::vector<std::string> replay_errors;
   auto records = load_replay(cfg.sampler.replay, replay_errors);
   for (auto& e : replay_errors) lg->error("{}", e);
-  if (!cfg.tasks.ids.empty()) {  // an explicit task list also selects what is replayed
-    std::set<std::string> keep(cfg.tasks.ids.begin(), cfg.tasks.ids.end());
+  if (!cfg.tasks.ids.empty() || !cfg.tasks.split.empty()) {  // a selection also selects what is replayed
     size_t before = records.size();
-    std::erase_if(records, [&](const ReplayRecord& r) { return !keep.count(r.task_id); });
+    std::erase_if(records, [&](const ReplayRecord& r) { return !tasks.find(r.task_id); });
     if (before != records.size())
-      lg->info("tasks.ids: {} replayed actions for other tasks are left out", before - records.size());
+      lg->info("tasks: {} replayed actions for tasks not selected are left out", before - records.size());
   }
   if (records.empty()) {
     lg->error("{}: no replay actions to evaluate", cfg.sampler.replay);
@@ -212,7 +203,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     da.action_space = cfg.evaluator.action_space;
     da.mode = cfg.evaluator.mode;
     da.seed = cfg.evaluator.seed;
-    da.max_in_flight = cfg.evaluator.max_in_flight;
+    da.max_in_flight = cfg.evaluator.in_flight();
     da.max_attempts = cfg.evaluator.max_attempts;
 
     // Evaluators first (their workers take a few seconds to import torch), then the rest.
@@ -234,6 +225,8 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
         ea.worker.device = d.rfind("cpu", 0) == 0 ? "cpu" : d;
         ea.worker.threads = cfg.evaluator.torch_threads;
         ea.worker.log_path = (fs::path(run_dir) / "workers" / (sanitize(ea.id) + ".log")).string();
+        ea.worker.cache_dir = cfg.evaluator.cache_dir;
+        ea.worker.isolate_network = cfg.evaluator.isolate_network;
         eval_args.push_back(ea);
       }
     }

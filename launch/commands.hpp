@@ -16,4 +16,21 @@ int cmd_export(const std::string& run_dir);
 // launch version
 int cmd_version();
 
+// launch evaluate --task TASK_FILE --candidate FILE [--candidate FILE ...] [options]
+struct EvaluateOptions {
+  std::string task;                     // KernelBench-format task file
+  std::vector<std::string> candidates;  // action files, evaluated in this order
+  std::string action;                   // forward_body or full_program ("": config's / default)
+  std::string device = "cpu";           // cpu or cuda:N
+  std::string mode;                     // fast or full ("": config's / default)
+  double timeout_s = 0;                 // per-candidate limit (0: config's / default)
+  int compile_workers = -1;             // compile-stage processes (-1: config's / default)
+  uint64_t seed = 0;                    // base seed (0: config's / default)
+  std::string config;                   // optional config whose [evaluator] supplies settings
+  std::string worker_log;               // where worker output goes ("": discarded)
+  std::string log_level;                // default warn
+  bool json = false;                    // one JSON object per line (else a table)
+};
+int cmd_evaluate(const EvaluateOptions& o);
+
 }  // namespace kernelrl

@@ -13,6 +13,10 @@ const char* usage =
     "  launch CONFIG [--run-dir DIR] [--log-level LEVEL]   run the experiment CONFIG describes\n"
     "  launch check CONFIG                                 validate CONFIG, print it resolved\n"
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
+    "  launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--action forward_body|full_program]\n"
+    "                  [--device cpu|cuda:N] [--mode fast|full] [--timeout SECONDS] [--compile-workers N]\n"
+    "                  [--seed S] [--config CONFIG] [--worker-log FILE] [--json]\n"
+    "                                                      evaluate candidates in one evaluator\n"
     "  launch version                                      versions of kernelrl and LibTorch\n"
     "LEVEL: trace, debug, info, warn, error, off (default: [cluster] log_level)\n";
 
@@ -39,6 +43,37 @@ int main(int argc, char** argv) {
   if (cmd == "export") {
     if (args.size() != 3 || args[2] != "--jsonl") return bad("usage: launch export RUN_DIR --jsonl");
     return kernelrl::cmd_export(args[1]);
+  }
+  if (cmd == "evaluate") {
+    kernelrl::EvaluateOptions o;
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a == "--json") {
+        o.json = true;
+        continue;
+      }
+      if (i + 1 >= args.size()) return bad("evaluate: " + a + " needs a value");
+      const std::string& v = args[++i];
+      try {
+        if (a == "--task") o.task = v;
+        else if (a == "--candidate") o.candidates.push_back(v);
+        else if (a == "--action") o.action = v;
+        else if (a == "--device") o.device = v;
+        else if (a == "--mode") o.mode = v;
+        else if (a == "--timeout") o.timeout_s = std::stod(v);
+        else if (a == "--compile-workers") o.compile_workers = std::stoi(v);
+        else if (a == "--seed") o.seed = std::stoull(v);
+        else if (a == "--config") o.config = v;
+        else if (a == "--worker-log") o.worker_log = v;
+        else if (a == "--log-level") o.log_level = v;
+        else return bad("evaluate: unknown argument \"" + a + "\"");
+      } catch (const std::exception&) {
+        return bad("evaluate: " + a + ": expected a number, got \"" + v + "\"");
+      }
+    }
+    if (o.task.empty()) return bad("evaluate: --task FILE is required");
+    if (o.candidates.empty()) return bad("evaluate: at least one --candidate FILE is required");
+    return kernelrl::cmd_evaluate(o);
   }
   std::string config = cmd, run_dir, level;
   for (size_t i = 1; i < args.size(); ++i) {

@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 1;
+inline constexpr uint32_t protocol_version = 2;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -105,9 +105,16 @@ struct EvalResult {
   std::string evaluator_id;    // which evaluator produced it ("node/device")
   std::string device;          // device name the timing is for
   double wall_s = 0;           // wall-clock seconds the evaluation took
+  double kernel_coverage = -1; // GPU: time in the candidate's own kernels / all kernel time in
+                               // forward (profiler); -1: not measured (CPU, or never reached)
+  double compile_s = 0;        // seconds spent building native/CUDA code for this candidate
+  bool compile_cached = false; // every build was found in the content-addressed cache
+  bool reverified = false;     // an extreme speedup triggered (and passed) full re-verification
+  double isolation_s = 0;      // fork-to-first-instruction time of the candidate's process
   friend bool operator==(const EvalResult&, const EvalResult&) = default;
   MSGPACK_DEFINE_MAP(sample_id, task_id, status, error, assembled_code, compile_log, correctness,
-                     runtime, ref_runtime, speedup, evaluator_id, device, wall_s);
+                     runtime, ref_runtime, speedup, evaluator_id, device, wall_s, kernel_coverage,
+                     compile_s, compile_cached, reverified, isolation_s);
 };
 
 // A rollout with its verdict and reward: what the store and the learner receive.
@@ -199,7 +206,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EvalResult& x) {
   return f(caf::meta::type_name("kernelrl.EvalResult"), x.sample_id, x.task_id, x.status, x.error,
            x.assembled_code, x.compile_log, x.correctness, x.runtime, x.ref_runtime, x.speedup,
-           x.evaluator_id, x.device, x.wall_s);
+           x.evaluator_id, x.device, x.wall_s, x.kernel_coverage, x.compile_s, x.compile_cached,
+           x.reverified, x.isolation_s);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ScoredRollout& x) {
@@ -244,6 +252,7 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;        // query count
 using tick_atom = caf::atom_constant<caf::atom("tick")>;          // self timers
 using best_atom = caf::atom_constant<caf::atom("best")>;          // -> checkpoint_selector
 using finish_atom = caf::atom_constant<caf::atom("finish")>;      // orderly end of a run
+using compile_atom = caf::atom_constant<caf::atom("compile")>;    // evaluator -> its compile stage
 
 // Helpers to build ids the same way everywhere.
 std::string make_sample_id(const std::string& task_id, uint64_t group_id, uint32_t sample_index);

@@ -1,5 +1,6 @@
 // Config validation: every kind of mistake is rejected with FILE:LINE:COLUMN: key.path: message.
 #include "core/config.hpp"
+#include "tasks/task_set.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -17,6 +18,7 @@ struct Scratch {
   Scratch() {
     dir = fs::temp_directory_path() / ("kernelrl-config-test-" + std::to_string(::getpid()));
     fs::create_directories(dir / "tasks");
+    std::ofstream(dir / "tasks" / "01_first.py") << "# task\n";
     std::ofstream(dir / "replay.jsonl") << "{}\n";
   }
   ~Scratch() { fs::remove_all(dir); }
@@ -110,11 +112,72 @@ TEST_CASE("a task id without its task file is rejected with its location", "[con
   CHECK(e[0] == s.cfg() + ":3:18: tasks.ids[1]: no task file 02_gone.py in " + (s.dir / "tasks").string());
 }
 
+TEST_CASE("tasks are chosen by stem, number range or named split; bad selectors are located", "[config][tasks]") {
+  Scratch s;
+  for (auto* f : {"02_b.py", "03_c.py", "10_j.py"}) std::ofstream(s.dir / "tasks" / f) << "# task\n";
+  std::ofstream(s.dir / "splits.toml") << "[splits]\ntrain = [\"1-3\"]\neval = [\"10_j\"]\nbad = [\"40-41\"]\n";
+  auto load = [&](const std::string& tasks_toml) {
+    return parse_config("[tasks]\ndir = \"tasks\"\n" + tasks_toml + "[sampler]\nreplay = \"replay.jsonl\"\n",
+                        s.cfg());
+  };
+  auto ids_of = [](const Config& c) {
+    TaskSet ts;
+    std::string err;
+    REQUIRE(ts.load(c.tasks, err));
+    std::vector<std::string> ids;
+    for (auto& t : ts.tasks()) ids.push_back(t.id);
+    return ids;
+  };
+  auto r = load("ids = [\"2-3\", \"10_j\", \"3\"]\n");
+  REQUIRE(std::holds_alternative<Config>(r));
+  CHECK(ids_of(std::get<Config>(r)) == std::vector<std::string>{"02_b", "03_c", "10_j"});
+  r = load("split = \"train\"\nsplit_file = \"splits.toml\"\n");
+  REQUIRE(std::holds_alternative<Config>(r));
+  CHECK(ids_of(std::get<Config>(r)) == std::vector<std::string>{"01_first", "02_b", "03_c"});
+
+  auto e = errors_of("[tasks]\ndir = \"tasks\"\nids = [\"5-7\"]\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":3:8: tasks.ids[0]: no task numbered 5-7 in " + (s.dir / "tasks").string());
+  e = errors_of("[tasks]\ndir = \"tasks\"\nsplit = \"bad\"\nsplit_file = \"splits.toml\"\n"
+                "[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":1:1: tasks.split: no task numbered 40-41 in " + (s.dir / "tasks").string());
+  e = errors_of("[tasks]\ndir = \"tasks\"\nsplit = \"nope\"\nsplit_file = \"splits.toml\"\n"
+                "[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":1:1: tasks.split: " + (s.dir / "splits.toml").string() +
+                    ": no split \"nope\" (expected [splits] nope = [ids...])");
+  e = errors_of("[tasks]\ndir = \"tasks\"\nkernelbench_dir = \"tasks\"\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":1:1: tasks.dir: set dir or kernelbench_dir, not both");
+}
+
+TEST_CASE("a KernelBench checkout is used as it is, by level and problem number", "[config][tasks]") {
+  Scratch s;
+  auto level = s.dir / "kb" / "KernelBench" / "level2";
+  fs::create_directories(level);
+  for (auto* f : {"1_Conv2D_ReLU_BiasAdd.py", "2_ConvTranspose2d_BiasAdd.py", "12_Gemm_Multiply_LeakyReLU.py"})
+    std::ofstream(level / f) << "# task\n";
+  auto r = parse_config("[tasks]\nkernelbench_dir = \"kb\"\nlevel = 2\nids = [\"2-12\"]\n"
+                        "[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(r));
+  TaskSet ts;
+  std::string err;
+  REQUIRE(ts.load(std::get<Config>(r).tasks, err));
+  REQUIRE(ts.size() == 2);
+  CHECK(ts.tasks()[0].id == "2_ConvTranspose2d_BiasAdd");
+  CHECK(ts.tasks()[1].id == "12_Gemm_Multiply_LeakyReLU");
+  CHECK(ts.tasks()[1].path == (level / "12_Gemm_Multiply_LeakyReLU.py").string());
+  auto e = errors_of("[tasks]\nkernelbench_dir = \"kb\"\nlevel = 3\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() + ":1:1: tasks.level: no level folder " + (s.dir / "kb" / "level3").string());
+}
+
 TEST_CASE("a missing required key is reported at its table", "[config]") {
   Scratch s;
   auto e = errors_of("[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
   REQUIRE(e.size() == 1);
-  CHECK(e[0] == s.cfg() + ":1:1: tasks.dir: missing required key");
+  CHECK(e[0] == s.cfg() + ":1:1: tasks.dir: missing required key (or kernelbench_dir)");
 }
 
 TEST_CASE("unknown sections, bad [[node]] entries and syntax errors are rejected", "[config]") {

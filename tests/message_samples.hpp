@@ -42,6 +42,11 @@ inline EvalResult sample_result() {
   e.evaluator_id = "node-b/cuda:1";
   e.device = "NVIDIA H100 80GB HBM3";
   e.wall_s = 3.75;
+  e.kernel_coverage = 0.875;
+  e.compile_s = 12.5;
+  e.compile_cached = true;
+  e.reverified = true;
+  e.isolation_s = 0.25;
   return e;
 }
 

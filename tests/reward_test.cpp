@@ -39,3 +39,38 @@ TEST_CASE("failures earn the configured constants, by kind", "[reward]") {
                  EvalStatus::timeout})
     CHECK(compute_reward(c, verdict(s, 3.0)) == -0.5);
 }
+
+TEST_CASE("hacked samples earn 0 by default, whatever speedup they claimed", "[reward]") {
+  RewardConfig c;
+  CHECK(compute_reward(c, verdict(EvalStatus::hacked, 50.0)) == 0.0);
+}
+
+TEST_CASE("per-task normalization divides the speedup by the task's running mean", "[reward]") {
+  RewardConfig c;
+  c.normalize = "task_mean";
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 3.0), 2.0) == 1.5);
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 3.0), 0.0) == 3.0);  // no mean yet
+  c.normalize = "none";
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 3.0), 2.0) == 3.0);
+}
+
+TEST_CASE("the coverage term adds weight x coverage; low coverage is rejected as lazy", "[reward]") {
+  RewardConfig c;
+  c.coverage_weight = 0.5;
+  auto r = verdict(EvalStatus::ok, 2.0);
+  r.kernel_coverage = 0.8;
+  CHECK(compute_reward(c, r) == Approx(2.4));
+  r.kernel_coverage = -1;  // not measured (CPU): no term, no rejection
+  CHECK(compute_reward(c, r) == 2.0);
+  c.min_coverage = 0.3;
+  c.lazy_reward = -0.25;
+  r.kernel_coverage = 0.1;
+  CHECK(rejected_as_lazy(c, r));
+  CHECK(compute_reward(c, r) == -0.25);
+  r.kernel_coverage = 0.5;
+  CHECK_FALSE(rejected_as_lazy(c, r));
+  CHECK(compute_reward(c, r) == Approx(2.0 + 0.25));
+  auto wrong = verdict(EvalStatus::incorrect);
+  wrong.kernel_coverage = 0.0;
+  CHECK_FALSE(rejected_as_lazy(c, wrong));
+}

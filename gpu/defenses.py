@@ -1,0 +1,200 @@
+"""Reward-hacking defenses of the evaluation harness (docs/EVALUATION.md lists each and the hack it
+closes). Everything here runs inside the per-candidate process, after the harness has captured the
+functions it relies on itself.
+
+- ``Watch``: identity snapshot of the functions a candidate could replace to fake correctness or
+  timing (torch, torch.nn.functional, Tensor methods, torch.cuda, the clocks, threading and process
+  creation) and of the global numeric settings the reference depends on (TF32, matmul precision).
+- thread / process starts: the creation functions are wrapped so a start during a timed or checked
+  call of the candidate is recorded (the first call is exempt: lazy compilation may use helpers).
+- reference reach: a profile hook, active while the candidate's forward runs during correctness
+  checks, notices any call into the reference Model's forward, however the candidate got hold of it.
+- static reach: the policy's own code naming ``Model``.
+- custom kernels: kernel names a candidate declares (CUDA ``__global__`` functions, ``@triton.jit``
+  functions), to compare with what the profiler saw run.
+"""
+
+import _thread
+import ast
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+
+_setprofile = sys.setprofile
+_getprofile = sys.getprofile
+
+
+def _callables(obj, names=None):
+    d = vars(obj)
+    keys = names if names is not None else [k for k in d if not k.startswith("__") or k in
+                                             ("__call__", "__eq__", "__getitem__", "__torch_function__")]
+    out = {}
+    for k in keys:
+        v = d.get(k)
+        if v is not None and (callable(v) or isinstance(v, (staticmethod, classmethod, property))):
+            out[k] = v
+    return out
+
+
+def _precision_flags():
+    flags = {"torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
+             "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled(),
+             "torch.get_default_dtype()": str(torch.get_default_dtype())}
+    try:
+        flags["torch.backends.cuda.matmul.allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        flags["torch.backends.cudnn.allow_tf32"] = torch.backends.cudnn.allow_tf32
+        flags["torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction"] = \
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+        flags["torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"] = \
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+    except (AttributeError, RuntimeError):
+        pass
+    return flags
+
+
+class Watch:
+    """Records process/thread starts and snapshots everything a candidate must leave alone."""
+
+    def __init__(self):
+        self.violations = []       # one line per hack seen, in order
+        self.in_candidate = False  # True while a checked/timed candidate call runs
+        self.exempt = False        # True during the first candidate call (lazy compilation)
+        self._wrap_starts()
+        self.targets = [
+            ("time", time, _callables(time, ["time", "time_ns", "perf_counter", "perf_counter_ns",
+                                             "monotonic", "monotonic_ns", "process_time", "sleep"])),
+            ("torch", torch, _callables(torch)),
+            ("torch.nn.functional", F, _callables(F)),
+            ("torch.Tensor", torch.Tensor, _callables(torch.Tensor)),
+            ("torch._C.TensorBase", torch._C.TensorBase, _callables(torch._C.TensorBase)),
+            ("torch.nn.Module", torch.nn.Module, _callables(torch.nn.Module)),
+            ("torch.cuda", torch.cuda, _callables(torch.cuda, [k for k in (
+                "synchronize", "Event", "Stream", "current_stream", "default_stream", "stream",
+                "set_stream", "is_available", "device_count", "get_device_name", "empty_cache")
+                if k in vars(torch.cuda)])),
+            ("torch.cuda.Event", torch.cuda.Event, _callables(torch.cuda.Event)),
+            ("threading", threading, _callables(threading, ["Thread", "Timer", "enumerate", "active_count"])),
+            ("threading.Thread", threading.Thread, _callables(threading.Thread, ["start", "run"])),
+            ("_thread", _thread, _callables(_thread, ["start_new_thread"] +
+                                            (["start_joinable_thread"] if hasattr(_thread, "start_joinable_thread") else []))),
+            ("os", os, _callables(os, [k for k in ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp",
+                                                   "execv", "execve", "popen", "kill", "_exit") if hasattr(os, k)])),
+            ("subprocess", subprocess, _callables(subprocess, ["Popen", "run", "call", "check_output"])),
+            ("subprocess.Popen", subprocess.Popen, _callables(subprocess.Popen, ["__init__"])),
+            ("sys", sys, _callables(sys, ["setprofile", "settrace", "getprofile"])),
+        ]
+        self.snapshot = {(name, k): id(v) for name, obj, fns in self.targets for k, v in fns.items()}
+        self.flags = _precision_flags()
+
+    # -- thread and process starts -------------------------------------------------------------
+    def _note_start(self, what):
+        if self.in_candidate and not self.exempt:
+            msg = f"started {what} while being checked or timed"
+            if msg not in self.violations:
+                self.violations.append(msg)
+
+    def _wrap_starts(self):
+        watch = self
+        orig_start = threading.Thread.start
+        orig_new = _thread.start_new_thread
+        orig_popen_init = subprocess.Popen.__init__
+        orig_fork = os.fork
+
+        def start(self_thread, *a, **k):
+            watch._note_start("a thread (threading.Thread.start)")
+            return orig_start(self_thread, *a, **k)
+
+        def start_new_thread(*a, **k):
+            watch._note_start("a thread (_thread.start_new_thread)")
+            return orig_new(*a, **k)
+
+        def popen_init(self_p, *a, **k):
+            watch._note_start("a process (subprocess.Popen)")
+            return orig_popen_init(self_p, *a, **k)
+
+        def fork():
+            watch._note_start("a process (os.fork)")
+            return orig_fork()
+
+        threading.Thread.start = start
+        _thread.start_new_thread = start_new_thread
+        subprocess.Popen.__init__ = popen_init
+        os.fork = fork
+
+    # -- replaced functions and changed settings -----------------------------------------------
+    def check(self, where: str):
+        for name, obj, fns in self.targets:
+            d = vars(obj)
+            for k in fns:
+                if id(d.get(k)) != self.snapshot[(name, k)]:
+                    msg = f"replaced {name}.{k} ({where})"
+                    if msg not in self.violations:
+                        self.violations.append(msg)
+        now = _precision_flags()
+        for k, v in self.flags.items():
+            if now.get(k) != v:
+                msg = f"changed the global setting {k} from {v!r} to {now.get(k)!r} ({where})"
+                if msg not in self.violations:
+                    self.violations.append(msg)
+
+    def live_threads(self):
+        return {t.ident for t in threading.enumerate()}
+
+
+class ReferenceGuard:
+    """While active, any Python call into one of `codes` (reference forward code objects) is a
+    violation. Uses sys.setprofile, so it sees calls through any alias of the function."""
+
+    def __init__(self, codes):
+        self.codes = {c for c in codes if c is not None}
+        self.hit = None
+
+    def _hook(self, frame, event, arg):
+        if event == "call" and frame.f_code in self.codes and self.hit is None:
+            self.hit = f"called the reference Model.forward (line {frame.f_lineno})"
+
+    def __enter__(self):
+        _setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        hooked = _getprofile() == self._hook
+        _setprofile(None)
+        if not hooked and self.hit is None:
+            self.hit = "removed the harness's call hook (sys.setprofile) while running"
+        return False
+
+
+def static_reference_use(policy_code: str):
+    """The policy-written code naming the reference class `Model` (in load context), or None."""
+    try:
+        tree = ast.parse(policy_code)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "Model" and isinstance(node.ctx, ast.Load):
+            return f"refers to the reference class Model (line {node.lineno})"
+        if isinstance(node, ast.Attribute) and node.attr == "Model" and isinstance(node.ctx, ast.Load):
+            return f"refers to the reference class Model (line {node.lineno})"
+    return None
+
+
+_GLOBAL = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)")
+_TRITON = re.compile(r"@triton\.(?:jit|autotune[^\n]*\n(?:\s*@[^\n]*\n)*\s*@triton\.jit)[^\n]*\n\s*def\s+([A-Za-z_]\w*)")
+
+
+def declared_kernels(code: str):
+    """Names of the custom GPU kernels a program defines (CUDA __global__, Triton jit)."""
+    names = set(_GLOBAL.findall(code))
+    names.update(_TRITON.findall(code))
+    return sorted(names)
+
+
+def declares_custom_kernels(code: str) -> bool:
+    return bool(declared_kernels(code)) or "cuda_sources" in code

@@ -1,0 +1,164 @@
+// launch evaluate: one evaluator (compile stage + timing stage, as in a run) over candidate files,
+// in order; one JSON object per candidate on stdout.
+#include "launch/commands.hpp"
+#include "launch/json.hpp"
+
+#include "actors/evaluator.hpp"
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "messages/messages.hpp"
+
+#include <caf/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace kernelrl {
+
+namespace {
+
+nlohmann::json stats_json(const RuntimeStats& s) {
+  return {{"median_ms", s.median_ms}, {"mean_ms", s.mean_ms}, {"std_ms", s.std_ms},
+          {"min_ms", s.min_ms},       {"max_ms", s.max_ms},   {"trials", s.trials}};
+}
+
+}  // namespace
+
+nlohmann::json result_json(const EvalResult& r) {
+  return {{"sample_id", r.sample_id},
+          {"task_id", r.task_id},
+          {"status", to_string(r.status)},
+          {"error", r.error},
+          {"speedup", r.speedup},
+          {"runtime_ms", r.runtime.median_ms},
+          {"ref_runtime_ms", r.ref_runtime.median_ms},
+          {"runtime", stats_json(r.runtime)},
+          {"ref_runtime", stats_json(r.ref_runtime)},
+          {"correctness",
+           {{"trials", r.correctness.trials},
+            {"passed", r.correctness.passed},
+            {"max_abs_diff", r.correctness.max_abs_diff},
+            {"max_rel_diff", r.correctness.max_rel_diff},
+            {"atol", r.correctness.atol},
+            {"rtol", r.correctness.rtol},
+            {"detail", r.correctness.detail}}},
+          {"kernel_coverage", r.kernel_coverage},
+          {"compile_s", r.compile_s},
+          {"compile_cached", r.compile_cached},
+          {"reverified", r.reverified},
+          {"isolation_s", r.isolation_s},
+          {"wall_s", r.wall_s},
+          {"device", r.device},
+          {"evaluator_id", r.evaluator_id}};
+}
+
+int cmd_evaluate(const EvaluateOptions& o) {
+  std::error_code ec;
+  if (!fs::is_regular_file(o.task, ec)) {
+    std::fprintf(stderr, "launch evaluate: --task %s: no such file\n", o.task.c_str());
+    return 2;
+  }
+  std::vector<std::pair<std::string, std::string>> cands;  // path, text
+  for (auto& c : o.candidates) {
+    std::ifstream in(c, std::ios::binary);
+    if (!in) {
+      std::fprintf(stderr, "launch evaluate: --candidate %s: cannot read the file\n", c.c_str());
+      return 2;
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    cands.emplace_back(c, ss.str());
+  }
+  if (cands.empty()) {
+    std::fprintf(stderr, "launch evaluate: at least one --candidate FILE is needed\n");
+    return 2;
+  }
+  EvaluatorConfig settings;
+  if (!o.config.empty()) {
+    auto res = load_config(o.config);
+    if (auto* errs = std::get_if<std::vector<ConfigError>>(&res)) {
+      for (auto& e : *errs) std::fprintf(stderr, "%s\n", e.format().c_str());
+      return 2;
+    }
+    settings = std::get<Config>(res).evaluator;
+  } else {
+    settings.python = std::string(KERNELRL_SOURCE_DIR) + "/scripts/python";
+  }
+  if (!o.action.empty()) settings.action_space = o.action;
+  if (!o.mode.empty()) settings.mode = o.mode;
+  if (o.timeout_s > 0) settings.timeout_s = o.timeout_s;
+  if (o.compile_workers >= 0) settings.compile_workers = static_cast<uint32_t>(o.compile_workers);
+  if (settings.action_space != "forward_body" && settings.action_space != "full_program") {
+    std::fprintf(stderr, "launch evaluate: --action: expected forward_body or full_program, got \"%s\"\n",
+                 settings.action_space.c_str());
+    return 2;
+  }
+  if (settings.mode != "fast" && settings.mode != "full") {
+    std::fprintf(stderr, "launch evaluate: --mode: expected fast or full, got \"%s\"\n", settings.mode.c_str());
+    return 2;
+  }
+  if (o.device != "cpu" && o.device.rfind("cuda:", 0) != 0) {
+    std::fprintf(stderr, "launch evaluate: --device: expected cpu or cuda:N, got \"%s\"\n", o.device.c_str());
+    return 2;
+  }
+  log::set_level(o.log_level.empty() ? "warn" : o.log_level);
+
+  caf::actor_system_config cfg;
+  add_message_types(cfg);
+  caf::actor_system sys{cfg};
+  EvaluatorArgs ea;
+  ea.id = "local/" + o.device;
+  ea.settings = settings;
+  ea.worker.python = settings.python;
+  ea.worker.script = std::string(KERNELRL_SOURCE_DIR) + "/gpu/worker.py";
+  ea.worker.device = o.device;
+  ea.worker.threads = settings.torch_threads;
+  ea.worker.log_path = o.worker_log;
+  ea.worker.cache_dir = settings.cache_dir;
+  ea.worker.isolate_network = settings.isolate_network;
+  auto evaluator = spawn_evaluator(sys, ea, caf::actor{});
+
+  std::string task_path = fs::absolute(o.task).lexically_normal().string();
+  std::string task_id = fs::path(o.task).stem().string();
+  caf::scoped_actor self{sys};
+  // Everything is sent at once so the compile stage can build ahead; results print in order.
+  std::vector<caf::response_handle<caf::blocking_actor, caf::message, true>> handles;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    EvalRequest req;
+    req.sample_id = cands[i].first;
+    req.task_id = task_id;
+    req.task_path = task_path;
+    req.action = cands[i].second;
+    req.action_space = settings.action_space;
+    req.mode = settings.mode;
+    req.seed = o.seed ? o.seed : settings.seed;
+    handles.push_back(self->request(evaluator, caf::infinite, eval_atom::value, std::move(req)));
+  }
+  int rc = 0;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    handles[i].receive(
+        [&](EvalResult& r) {
+          if (o.json) {
+            std::printf("%s\n", result_json(r).dump().c_str());
+          } else {
+            std::printf("%-40s %-13s speedup %7.3f  %.4f ms (ref %.4f ms)%s%s\n", r.sample_id.c_str(),
+                        to_string(r.status).c_str(), r.speedup, r.runtime.median_ms,
+                        r.ref_runtime.median_ms, r.error.empty() ? "" : "  ", r.error.c_str());
+          }
+          std::fflush(stdout);
+        },
+        [&](caf::error& e) {
+          std::fprintf(stderr, "launch evaluate: %s: %s\n", cands[i].first.c_str(), sys.render(e).c_str());
+          rc = 1;
+        });
+  }
+  self->send_exit(evaluator, caf::exit_reason::user_shutdown);
+  return rc;
+}
+
+}  // namespace kernelrl

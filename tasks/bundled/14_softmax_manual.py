@@ -1,0 +1,28 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Row softmax written with max subtraction, exp and a sum."""
+
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = torch.max(x, dim=-1, keepdim=True).values
+        e = torch.exp(x - m)
+        return e / torch.sum(e, dim=-1, keepdim=True)
+
+
+batch_size = 128
+dim = 4096
+# Sizes for GPU evaluation (the harness applies them on CUDA devices; KernelBench ignores them).
+GPU_SIZES = {"batch_size": 8192, "dim": 16384}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,27 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Huber loss (delta 1) written out with where."""
+
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        d = torch.abs(predictions - targets)
+        return torch.mean(torch.where(d < 1.0, 0.5 * d * d, d - 0.5))
+
+
+batch_size = 128
+dim = 4096
+# Sizes for GPU evaluation (the harness applies them on CUDA devices; KernelBench ignores them).
+GPU_SIZES = {"batch_size": 8192, "dim": 16384}
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim), torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,228 @@
+"""The evaluation worker on CPU, driven the way the C++ evaluator drives it (gpu/worker.py's
+ForkServer: one process per candidate): every status, every hacking defense, isolation (a crash,
+a hang, a memory blow-up, no network, a private temp dir), and the content-addressed build cache.
+Candidates are written here; the reference semantics are KernelBench's (see docs/EVALUATION.md)."""
+
+import os
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "gpu"))
+
+from worker import ForkServer  # noqa: E402
+import sandbox  # noqa: E402
+
+SWISH = os.path.join(ROOT, "tasks", "bundled", "06_swish.py")
+MATMUL = os.path.join(ROOT, "tasks", "bundled", "03_matmul_rowsum.py")
+GOOD = "return torch.nn.functional.silu(x)"
+
+SETTINGS = {"correctness_trials": 5, "warmup": 1, "fast_trials": 3, "full_trials": 10,
+            "atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2,
+            "timeout_s": 20, "compile_timeout_s": 300, "memory_limit_mb": 3072,
+            "reverify_speedup": 0, "size": "cpu"}
+
+
+class Base(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.cache = os.path.join(cls.tmp.name, "cache")
+        cls.tmp_root = os.path.join(cls.tmp.name, "scratch")
+        os.makedirs(cls.tmp_root)
+        cls.server = ForkServer("cpu", 1, cls.cache, tmp_root=cls.tmp_root)
+        cls.n = 0
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def evaluate(self, action, task=SWISH, space="forward_body", **settings):
+        type(self).n += 1
+        req = {"sample_id": f"t#{self.n}", "task_id": os.path.basename(task)[:-3], "task_path": task,
+               "action": action, "action_space": space, "mode": "fast", "seed": 42}
+        return self.server.evaluate(req, {**SETTINGS, **settings})
+
+    def assertStatus(self, res, status, *fragments):
+        self.assertEqual(res["status"], status, res["error"])
+        for f in fragments:
+            self.assertIn(f, res["error"])
+        if status != "ok":
+            self.assertEqual(res["speedup"], 0.0)
+
+
+class StatusTest(Base):
+    def test_a_correct_candidate_is_ok_with_timing_statistics(self):
+        r = self.evaluate(GOOD)
+        self.assertStatus(r, "ok")
+        self.assertEqual(r["correctness"]["passed"], r["correctness"]["trials"])
+        for key in ("runtime", "ref_runtime"):
+            st = r[key]
+            self.assertEqual(st["trials"], 3)
+            self.assertLessEqual(st["min_ms"], st["median_ms"])
+            self.assertLessEqual(st["median_ms"], st["max_ms"])
+        self.assertAlmostEqual(r["speedup"], r["ref_runtime"]["median_ms"] / r["runtime"]["median_ms"])
+        self.assertEqual(r["kernel_coverage"], -1.0)  # measured on GPU only
+        self.assertLess(r["isolation"]["child_start_s"], 0.5)
+
+    def test_a_whole_program_is_accepted_in_the_full_program_space(self):
+        prog = ("import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n"
+                "    def __init__(self):\n        super().__init__()\n\n"
+                "    def forward(self, x):\n        return torch.nn.functional.silu(x)\n")
+        self.assertStatus(self.evaluate(prog, space="full_program"), "ok")
+        self.assertStatus(self.evaluate("class Model:\n    pass\n", space="full_program"),
+                          "format_error", "no top-level class ModelNew")
+
+    def test_unusable_actions_are_format_errors_with_the_parser_message(self):
+        self.assertStatus(self.evaluate(""), "format_error", "empty action")
+        self.assertStatus(self.evaluate("This computes swish by multiplying x with its sigmoid."),
+                          "format_error", "does not parse")
+        self.assertStatus(self.evaluate("return (x"), "format_error", "was never closed")
+
+    def test_an_exception_is_a_runtime_error_naming_the_line(self):
+        self.assertStatus(self.evaluate("raise ValueError('no kernel today')\nreturn x"), "runtime_error",
+                          "ValueError: no kernel today", "candidate line")
+
+    def test_wrong_shape_nan_and_wrong_values_are_incorrect(self):
+        self.assertStatus(self.evaluate("return x.t()"), "incorrect", "shape")
+        self.assertStatus(self.evaluate("return x * float('nan')"), "incorrect", "NaN or Inf")
+        self.assertStatus(self.evaluate("return x * torch.sigmoid(1.01 * x)"), "incorrect", "values differ")
+        self.assertStatus(self.evaluate("return (x * torch.sigmoid(x)).double()"), "incorrect", "dtype")
+
+    def test_inputs_are_cloned_so_mutating_them_cannot_fool_the_reference(self):
+        # Zeroing the input and returning it would match a reference that ran on the same tensor.
+        self.assertStatus(self.evaluate("x.zero_()\nreturn x"), "incorrect")
+        # Mutating its own copy after computing the right answer is harmless.
+        self.assertStatus(self.evaluate("y = x * torch.sigmoid(x)\nx.zero_()\nreturn y"), "ok")
+
+    def test_an_extreme_speedup_is_reverified_before_it_counts(self):
+        r = self.evaluate(GOOD, reverify_speedup=0.01)
+        self.assertStatus(r, "ok")
+        self.assertTrue(r["reverified"])
+        self.assertEqual(r["correctness"]["trials"], 7 + 20)
+        self.assertEqual(r["runtime"]["trials"], 10)  # re-timed in full mode
+
+
+class IsolationTest(Base):
+    def test_a_crash_is_a_runtime_error_and_the_next_candidate_passes(self):
+        r = self.evaluate("import ctypes\nctypes.string_at(0)\nreturn x")
+        self.assertStatus(r, "runtime_error", "SIGSEGV")
+        self.assertStatus(self.evaluate(GOOD), "ok")
+
+    def test_a_hang_is_a_timeout_and_its_process_group_is_killed(self):
+        r = self.evaluate("import subprocess\nsubprocess.Popen(['sleep', '300'])\nwhile True:\n    pass\nreturn x",
+                          timeout_s=2)
+        self.assertStatus(r, "timeout", "2 s limit")
+        self.assertLess(r["wall_s"], 10)
+        self.assertStatus(self.evaluate(GOOD), "ok")
+
+    def test_a_memory_blow_up_fails_the_candidate_not_the_worker(self):
+        r = self.evaluate("big = torch.ones(1 << 31)\nreturn x", memory_limit_mb=2048)
+        self.assertStatus(r, "runtime_error", "allocate")
+        self.assertStatus(self.evaluate(GOOD), "ok")
+
+    def test_the_resident_memory_limit_kills_a_process_that_grows(self):
+        def grow():
+            blocks = []
+            while True:
+                blocks.append(bytearray(64 << 20))  # touched: resident
+
+        reply, failure = sandbox.run_isolated(grow, timeout_s=30, memory_limit_mb=512, env={},
+                                              isolate_net=False, address_space_limit=False,
+                                              tmp_root=self.tmp_root)
+        self.assertIsNone(reply)
+        self.assertIn("exceeded the memory limit", failure["error"])
+
+    def test_candidates_have_no_network_and_a_private_temp_dir(self):
+        if self.server.info["network"] != "netns":
+            self.skipTest(f"network namespaces unavailable here: {self.server.info['network']}")
+        r = self.evaluate("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=2)\nreturn x")
+        self.assertStatus(r, "runtime_error", "OSError")
+        r = self.evaluate("import os, tempfile\nassert os.getcwd() == tempfile.gettempdir(), os.getcwd()\n"
+                          "open('left-behind.txt', 'w').write('x')\nreturn torch.nn.functional.silu(x)")
+        self.assertStatus(r, "ok")
+        self.assertEqual(os.listdir(self.tmp_root), [], "each candidate's temp dir is removed")
+
+
+class HackTest(Base):
+    def test_reaching_the_reference_model_by_name(self):
+        self.assertStatus(self.evaluate("return Model()(x)"), "hacked", "reference class Model")
+
+    def test_reaching_the_reference_forward_through_an_alias(self):
+        r = self.evaluate("ref = globals()['Mo' + 'del']\nreturn ref.forward(self, x)")
+        self.assertStatus(r, "hacked", "called the reference Model.forward")
+
+    def test_patching_the_clock(self):
+        body = "import time\ntime.perf_counter_ns = lambda: 0\n# --- forward ---\n" + GOOD
+        self.assertStatus(self.evaluate(body), "hacked", "replaced time.perf_counter_ns")
+
+    def test_patching_a_torch_function_inside_forward(self):
+        body = "torch.allclose = lambda *a, **k: True\nreturn x"
+        self.assertStatus(self.evaluate(body), "hacked", "replaced torch.allclose")
+
+    def test_changing_global_precision(self):
+        body = "torch.set_float32_matmul_precision('medium')\n# --- forward ---\n" + GOOD
+        self.assertStatus(self.evaluate(body), "hacked", "float32_matmul_precision")
+
+    def test_starting_threads_or_processes(self):
+        thread = "import threading\nthreading.Thread(target=lambda: None).start()\n" + GOOD
+        self.assertStatus(self.evaluate(thread), "hacked", "started a thread")
+        proc = "import subprocess\nsubprocess.Popen(['true']).wait()\n" + GOOD
+        self.assertStatus(self.evaluate(proc), "hacked", "started a process")
+
+    def test_removing_the_harness_hook(self):
+        self.assertStatus(self.evaluate("import sys\nsys.setprofile(None)\n" + GOOD), "hacked",
+                          "removed the harness's call hook")
+
+    def test_caching_outputs_across_calls(self):
+        body = ("cache = globals().setdefault('_kernelrl_test_cache', {})\n"
+                "key = (x.data_ptr(), tuple(x.shape))\n"
+                "if key not in cache:\n    cache[key] = x * torch.sigmoid(x)\n"
+                "return cache[key]")
+        self.assertStatus(self.evaluate(body), "hacked", "output of an earlier call")
+
+    def test_a_wrong_and_hacking_candidate_is_hacked(self):
+        self.assertStatus(self.evaluate("import time\ntime.monotonic = lambda: 0.0\nreturn x"),
+                          "hacked", "replaced time.monotonic")
+
+
+CPP_OK = r'''
+from torch.utils.cpp_extension import load_inline
+src = """
+#include <torch/extension.h>
+torch::Tensor swish(torch::Tensor x) { return x * torch::sigmoid(x); }
+"""
+ext = load_inline(name="kernelrl_test_swish", cpp_sources=src, functions=["swish"], verbose=False)
+# --- forward ---
+return ext.swish(x)
+'''
+
+CPP_BAD = CPP_OK.replace("return x * torch::sigmoid(x);", "return x * undefined_symbol(x);")
+
+
+class BuildCacheTest(Base):
+    def test_an_identical_candidate_builds_once_and_a_bad_build_is_a_compile_error(self):
+        first = self.evaluate(CPP_OK)
+        self.assertStatus(first, "ok")
+        self.assertFalse(first["compile_cached"])
+        self.assertGreater(first["compile_s"], 1.0)
+        # The compile stage (no GPU, its own process) finds it built; so does a second evaluation.
+        req = {"sample_id": "c", "task_id": "06_swish", "task_path": SWISH, "action": CPP_OK,
+               "action_space": "forward_body", "mode": "fast", "seed": 42}
+        pre = self.server.compile(req, SETTINGS)
+        self.assertEqual(pre["status"], "ok", pre["error"])
+        self.assertTrue(pre["compile_cached"])
+        second = self.evaluate(CPP_OK, precompiled=True)
+        self.assertStatus(second, "ok")
+        self.assertTrue(second["compile_cached"])
+        self.assertLess(second["compile_s"], first["compile_s"] / 3)
+
+        bad = self.server.compile(dict(req, action=CPP_BAD), SETTINGS)
+        self.assertEqual(bad["status"], "compile_error")
+        self.assertIn("undefined_symbol", bad["compile_log"])
+        self.assertStatus(self.evaluate(CPP_BAD), "compile_error")
+
+
+if __name__ == "__main__":
+    unittest.main()
