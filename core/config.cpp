@@ -1,4 +1,5 @@
 #include "core/config.hpp"
+#include "core/paths.hpp"
 
 #include "tasks/task_set.hpp"
 
@@ -355,7 +356,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.str_array("ids", c.tasks.ids);
     r.str("split", c.tasks.split);
     if (!r.raw("split_file") && !c.tasks.split.empty())
-      c.tasks.split_file = std::string(KERNELRL_SOURCE_DIR) + "/tasks/splits.toml";
+      c.tasks.split_file = source_dir() + "/tasks/splits.toml";
     r.path("split_file", c.tasks.split_file, PathKind::file);
     if (c.tasks.dir.empty() == c.tasks.kernelbench_dir.empty()) {
       r.error_here("dir", c.tasks.dir.empty()
@@ -423,7 +424,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.integer("max_attempts", e.max_attempts, 1, 100);
     r.integer("torch_threads", e.torch_threads, 1, 1024);
     r.integer("seed", e.seed, 0, std::numeric_limits<int64_t>::max());
-    if (!r.raw("python")) e.python = std::string(KERNELRL_SOURCE_DIR) + "/scripts/python";
+    if (!r.raw("python")) e.python = source_dir() + "/scripts/python";
     r.path("python", e.python, PathKind::file);
     r.one_of("task_size", e.task_size, {"auto", "cpu", "gpu"});
     r.integer("compile_workers", e.compile_workers, 0, 1024);

@@ -1,5 +1,7 @@
 #include "core/paths.hpp"
 
+#include <cstdlib>
+
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -34,6 +36,11 @@ std::string iso_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
+}
+
+std::string source_dir() {
+  const char* env = std::getenv("KERNELRL_ROOT");
+  return env && *env ? std::string(env) : std::string(KERNELRL_SOURCE_DIR);
 }
 
 }  // namespace kernelrl

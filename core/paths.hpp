@@ -15,4 +15,8 @@ double mono_s();
 // ISO-8601 UTC timestamp, e.g. 2026-11-22T02:23:00Z.
 std::string iso_now();
 
+// The kernelrl source tree (gpu/worker.py, scripts/python, tasks/): $KERNELRL_ROOT when set
+// (a build carried to another machine), else the tree this binary was built from.
+std::string source_dir();
+
 }  // namespace kernelrl

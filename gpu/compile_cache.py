@@ -110,7 +110,3 @@ def install(cache_root: str) -> BuildRecorder:
     os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(cache_root, "triton"))
     return rec
 
-
-def declares_build(code: str) -> bool:
-    """Whether a program compiles native code when it is loaded (or Triton kernels when run)."""
-    return any(s in code for s in ("load_inline", "cpp_extension", "triton"))

@@ -28,7 +28,6 @@ import types
 
 import torch
 
-import compile_cache
 import defenses
 from scaffold import FormatError, assemble, extract_code, FORWARD_MARKER
 
@@ -281,6 +280,7 @@ class Harness:
         except (FormatError, Exception) as e:  # the GPU stage reports these properly
             res["error"] = f"not prepared: {e}"
             return res
+        import compile_cache  # in the candidate's process only: it probes CUDA when imported
         rec = compile_cache.install(self.cache_root)
         mod = types.ModuleType("kernelrl_candidate")
         captured = io.StringIO()
@@ -346,6 +346,7 @@ class Harness:
         # Hide the task module from the candidate; install the build cache and the watch.
         for name in [n for n in sys.modules if n.startswith("kernelrl_task_")]:
             del sys.modules[name]
+        import compile_cache  # in the candidate's process only: it probes CUDA when imported
         rec = compile_cache.install(self.cache_root)
         watch = defenses.Watch()
 
@@ -456,7 +457,12 @@ class Harness:
 
                 if cuda:
                     self._side_stream_check(task, seed, run_candidate)
-                    self._profile(new_model, task, seed, code, res, watch)
+                    # Profiling costs seconds per process (CUPTI start-up): only candidates that
+                    # declare their own kernels need it; for the others coverage is 0 by definition.
+                    if defenses.declares_custom_kernels(code) or s.get("profile") == "always":
+                        self._profile(new_model, task, seed, code, res, watch)
+                    else:
+                        res["kernel_coverage"] = 0.0
 
                 trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
                 ref_stats, cand_stats = self._time_both(task, task_path, size, mode, trials, warmup,
@@ -559,7 +565,7 @@ class Harness:
         finally:
             watch.in_candidate = False
         total, own, ran = 0, 0, []
-        for ev in prof._profiler.kineto_results.events():
+        for ev in prof.profiler.kineto_results.events():
             if ev.device_type() != torch.autograd.DeviceType.CUDA:
                 continue
             name = ev.name()

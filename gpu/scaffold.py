@@ -130,6 +130,12 @@ def assemble_full_program(action: str, task_id: str) -> str:
     return code if code.endswith("\n") else code + "\n"
 
 
+def declares_build(code: str) -> bool:
+    """Whether a program compiles native code when it is loaded (or Triton kernels when run).
+    (Kept in sync with declares_build in gpu/worker_client.cpp.)"""
+    return any(s in code for s in ("load_inline", "cpp_extension", "triton"))
+
+
 def assemble(action: str, action_space: str, task_source: str, task_id: str) -> str:
     if action_space == "forward_body":
         return assemble_forward_body(action, task_source, task_id)

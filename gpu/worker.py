@@ -26,6 +26,10 @@ import traceback
 import msgpack
 import zmq
 
+# This process must never initialise CUDA (its children could not use it after fork): have
+# torch.cuda.is_available() ask NVML instead of the CUDA runtime.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
@@ -73,8 +77,9 @@ class ForkServer:
         reply, failure = self.sandbox.run_isolated(
             probe, timeout_s=120, memory_limit_mb=0, env={}, isolate_net=self.isolate_net,
             address_space_limit=False, tmp_root=self.tmp_root)
-        if failure:
-            raise RuntimeError(f"device probe on {dev} failed: {failure['error']}")
+        if failure or "device" not in reply:
+            why = (failure or reply).get("error", "no reply")
+            raise RuntimeError(f"device probe on {dev} failed: {why} {(reply or {}).get('compile_log', '')}")
         self.info = {k: reply[k] for k in ("device", "capability", "cuda_init_s")}
         self.info["network"] = reply.get("isolation", {}).get("network", "")
         self.harness.device_name = self.info["device"]
@@ -86,7 +91,7 @@ class ForkServer:
         return {"ok": True, "pid": os.getpid(), "torch_version": self.torch.__version__, **self.info}
 
     def _limits(self, req, s, compile_stage):
-        from compile_cache import declares_build
+        from scaffold import declares_build
         limit = float(s.get("timeout_s", 60))
         builds = declares_build(req.get("action", ""))
         if compile_stage:
@@ -105,11 +110,14 @@ class ForkServer:
             lambda: self.harness.evaluate(req, s),
             timeout_s=self._limits(req, s, False), memory_limit_mb=int(s.get("memory_limit_mb", 0)),
             env=env, isolate_net=self.isolate_net, address_space_limit=cpu, tmp_root=self.tmp_root)
+        from harness import empty_result
+        full = empty_result(self.info["device"])
         if failure:
-            from harness import empty_result
-            reply = empty_result(self.info["device"])
-            reply.update({k: failure[k] for k in ("status", "error")})
-            reply["isolation"] = failure.get("isolation", {})
+            full.update({k: failure[k] for k in ("status", "error")})
+            full["isolation"] = failure.get("isolation", {})
+        else:
+            full.update(reply)  # a reply from the child's last-resort handler lacks most fields
+        reply = full
         for k, v in (reply.pop("ref_cache_put", None) or {}).items():
             self.harness.ref_cache[k] = v
         reply["wall_s"] = time.monotonic() - t0

@@ -221,7 +221,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
         ea.id = node.name + "/" + d;
         ea.settings = cfg.evaluator;
         ea.worker.python = cfg.evaluator.python;
-        ea.worker.script = std::string(KERNELRL_SOURCE_DIR) + "/gpu/worker.py";
+        ea.worker.script = source_dir() + "/gpu/worker.py";
         ea.worker.device = d.rfind("cpu", 0) == 0 ? "cpu" : d;
         ea.worker.threads = cfg.evaluator.torch_threads;
         ea.worker.log_path = (fs::path(run_dir) / "workers" / (sanitize(ea.id) + ".log")).string();

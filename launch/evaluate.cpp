@@ -5,6 +5,7 @@
 
 #include "actors/evaluator.hpp"
 #include "core/config.hpp"
+#include "core/paths.hpp"
 #include "core/log.hpp"
 #include "messages/messages.hpp"
 
@@ -87,7 +88,7 @@ int cmd_evaluate(const EvaluateOptions& o) {
     }
     settings = std::get<Config>(res).evaluator;
   } else {
-    settings.python = std::string(KERNELRL_SOURCE_DIR) + "/scripts/python";
+    settings.python = source_dir() + "/scripts/python";
   }
   if (!o.action.empty()) settings.action_space = o.action;
   if (!o.mode.empty()) settings.mode = o.mode;
@@ -115,7 +116,7 @@ int cmd_evaluate(const EvaluateOptions& o) {
   ea.id = "local/" + o.device;
   ea.settings = settings;
   ea.worker.python = settings.python;
-  ea.worker.script = std::string(KERNELRL_SOURCE_DIR) + "/gpu/worker.py";
+  ea.worker.script = source_dir() + "/gpu/worker.py";
   ea.worker.device = o.device;
   ea.worker.threads = settings.torch_threads;
   ea.worker.log_path = o.worker_log;

@@ -1,0 +1,137 @@
+"""The evaluator's GPU suite (run by scripts/gpu-check on an H100/H200 machine).
+
+1. Every bundled replayed candidate, at the tasks' GPU sizes, through the worker (a process per
+   candidate): each status must be the one its replay line expects.
+2. CUDA load_inline candidates through `launch evaluate` (the C++ evaluator: compile stage, then
+   timing stage): correct, incorrect, an illegal memory access followed by a correct one on the
+   same evaluator, a declared kernel that never runs (hacked), a side-stream hack (hacked); the
+   correct kernel's coverage comes from the profiler.
+3. Timing stability: the same kernel's median over 10 full-mode evaluations, coefficient of
+   variation (target <= 0.5%).
+
+Usage: python tests/gpu_suite.py --launch PATH/TO/launch [--device cuda:0] [--json OUT.json]
+Exits 1 when any check fails.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "gpu"))
+
+from worker import ForkServer  # noqa: E402
+
+SETTINGS = {"correctness_trials": 5, "warmup": 3, "fast_trials": 20, "full_trials": 50,
+            "atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2,
+            "timeout_s": 120, "compile_timeout_s": 600, "memory_limit_mb": 65536,
+            "reverify_speedup": 10.0, "size": "gpu"}
+CANDS = os.path.join(ROOT, "tests", "gpu_candidates")
+
+
+def replay_suite(server, rows):
+    bad = 0
+    replay_dir = os.path.join(ROOT, "tasks", "replay")
+    for name in sorted(os.listdir(replay_dir)):
+        with open(os.path.join(replay_dir, name)) as f:
+            for i, line in enumerate(l for l in f if l.strip()):
+                rec = json.loads(line)
+                settings = dict(SETTINGS, timeout_s=20 if rec["label"] == "hangs" else 120)
+                req = {"sample_id": f"{rec['task_id']}#{i}", "task_id": rec["task_id"],
+                       "task_path": os.path.join(ROOT, "tasks", "bundled", rec["task_id"] + ".py"),
+                       "action": rec["completion"], "action_space": "forward_body", "mode": "fast",
+                       "seed": 42}
+                res = server.evaluate(req, settings)
+                ok = res["status"] == rec["expect_status"]
+                bad += not ok
+                rows.append({"suite": "replay", "task_id": rec["task_id"], "label": rec["label"],
+                             "status": res["status"], "expected": rec["expect_status"], "ok": ok,
+                             "speedup": res["speedup"], "runtime_ms": res["runtime"]["median_ms"],
+                             "ref_runtime_ms": res["ref_runtime"]["median_ms"],
+                             "coverage": res["kernel_coverage"], "wall_s": res["wall_s"],
+                             "isolation_s": res.get("isolation", {}).get("child_start_s", 0),
+                             "error": res["error"][:200]})
+                print(f"{'ok ' if ok else 'BAD'} {rec['task_id']:26} {rec['label']:12} {res['status']:13} "
+                      f"x{res['speedup']:7.2f} cand {res['runtime']['median_ms']:8.4f} ms ref "
+                      f"{res['ref_runtime']['median_ms']:8.4f} ms {res['wall_s']:5.2f}s {res['error'][:70]}",
+                      flush=True)
+    return bad
+
+
+def launch_evaluate(launch, device, files, mode="fast", extra=()):
+    cmd = [launch, "evaluate", "--task", os.path.join(ROOT, "tasks", "bundled", "06_swish.py"),
+           "--device", device, "--mode", mode, "--timeout", "120", "--json", *extra]
+    for f in files:
+        cmd += ["--candidate", os.path.join(CANDS, f)]
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    wall = time.monotonic() - t0
+    if out.returncode != 0:
+        print(out.stderr[-3000:])
+        raise SystemExit(f"launch evaluate exited {out.returncode}")
+    return [json.loads(l) for l in out.stdout.splitlines()], wall
+
+
+def cuda_suite(launch, device, rows):
+    expect = [("swish_cuda.txt", "ok", ""), ("swish_cuda_wrong.txt", "incorrect", "values differ"),
+              ("swish_cuda_illegal_address.txt", "runtime_error", "illegal memory access"),
+              ("swish_cuda.txt", "ok", ""), ("swish_cuda_unused.txt", "hacked", "none ran"),
+              ("swish_side_stream.txt", "hacked", "another CUDA stream"), ("swish_cuda.txt", "ok", "")]
+    results, wall = launch_evaluate(launch, device, [e[0] for e in expect],
+                                    extra=["--compile-workers", "4"])
+    bad = 0
+    for (f, status, frag), r in zip(expect, results):
+        ok = r["status"] == status and frag in r["error"]
+        if status == "ok":
+            ok = ok and r["kernel_coverage"] > 0.9
+        bad += not ok
+        rows.append({"suite": "cuda", "candidate": f, "status": r["status"], "expected": status, "ok": ok,
+                     "speedup": r["speedup"], "runtime_ms": r["runtime_ms"], "coverage": r["kernel_coverage"],
+                     "compile_s": r["compile_s"], "compile_cached": r["compile_cached"],
+                     "wall_s": r["wall_s"], "error": r["error"][:200]})
+        print(f"{'ok ' if ok else 'BAD'} {f:34} {r['status']:13} x{r['speedup']:6.2f} cov {r['kernel_coverage']:.3f} "
+              f"compile {r['compile_s']:5.1f}s{' cached' if r['compile_cached'] else ''} {r['error'][:80]}",
+              flush=True)
+    print(f"cuda suite: {len(results)} candidates in {wall:.1f} s (launch evaluate, cold cache)")
+    return bad
+
+
+def stability(launch, device, rows, n=10):
+    results, wall = launch_evaluate(launch, device, ["swish_cuda.txt"] * n, mode="full")
+    med = [r["runtime_ms"] for r in results]
+    ref = [r["ref_runtime_ms"] for r in results]
+    cv = statistics.stdev(med) / statistics.mean(med)
+    ok = cv <= 0.005 and all(r["status"] == "ok" for r in results)
+    rows.append({"suite": "stability", "medians_ms": med, "ref_medians_ms": ref, "cv": cv, "ok": ok,
+                 "wall_s": wall})
+    print(f"{'ok ' if ok else 'BAD'} timing stability: medians {[round(m, 4) for m in med]} ms, "
+          f"CV {100 * cv:.3f}% (target <= 0.5%), {n} full-mode evaluations in {wall:.1f} s")
+    return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launch", required=True)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--skip-replay", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    server = ForkServer(args.device, 1)
+    print(f"device {server.info}", flush=True)
+    bad = 0 if args.skip_replay else replay_suite(server, rows)
+    bad += cuda_suite(args.launch, args.device, rows)
+    bad += stability(args.launch, args.device, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": server.info, "rows": rows}, f, indent=1)
+    print(f"gpu suite: {sum(1 for r in rows if r['ok'])} passed, {bad} failed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
