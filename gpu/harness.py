@@ -27,6 +27,7 @@ import traceback
 import types
 
 import torch
+import torch.profiler  # noqa: F401  (imported before any snapshot: importing it rebinds torch functions)
 
 import defenses
 from scaffold import FormatError, assemble, extract_code, FORWARD_MARKER
@@ -210,8 +211,15 @@ class Timer:
         times = []
         cuda = self.device.type == "cuda"
         with _no_grad():
-            for _ in range(warmup):
+            # Warm-up: at least `warmup` runs and, on a GPU, at least 100 ms of them, so clocks
+            # have ramped up from idle in this fresh process before the first timed run.
+            t0 = _clock_ns()
+            runs = 0
+            while runs < warmup or (cuda and _clock_ns() - t0 < 100_000_000 and runs < 10_000):
                 model(*inputs)
+                runs += 1
+                if cuda and runs % 8 == 0:
+                    _cuda_sync(self.device)
             if cuda:
                 _cuda_sync(self.device)
             for _ in range(trials):
