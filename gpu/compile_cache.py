@@ -9,6 +9,7 @@ one directory); a later import finds the library already there. Triton's own cac
 ``cache_root/triton``. Every build is recorded (name, key, cached or not, seconds, log).
 """
 
+import fcntl
 import hashlib
 import json
 import os
@@ -59,6 +60,11 @@ class BuildRecorder:
         rec = {"name": name, "key": key[:32], "cached": cached, "seconds": 0.0, "ok": False, "log": ""}
         self.builds.append(rec)
         t0 = time.monotonic()
+        # One build per directory at a time across processes (compile workers may get the same
+        # candidate at once); a later process waits, then finds the library built.
+        lock = open(os.path.join(build_dir, ".kernelrl.lock"), "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rec["cached"] = os.path.exists(os.path.join(build_dir, mod_name + ".so"))
         try:
             result = call(mod_name, build_dir)
             rec["ok"] = True
@@ -68,6 +74,7 @@ class BuildRecorder:
             raise
         finally:
             rec["seconds"] = time.monotonic() - t0
+            lock.close()
 
     def load_inline(self, name, cpp_sources, cuda_sources=None, *args, **kw):
         kw.pop("build_directory", None)

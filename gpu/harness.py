@@ -28,6 +28,10 @@ import types
 
 import torch
 import torch.profiler  # noqa: F401  (imported before any snapshot: importing it rebinds torch functions)
+try:  # the profiler imports dynamo lazily, and dynamo wraps torch.manual_seed: do it before snapshots
+    import torch._dynamo  # noqa: F401
+except Exception:  # pragma: no cover - a torch without dynamo
+    pass
 
 import defenses
 from scaffold import FormatError, assemble, extract_code, FORWARD_MARKER
