@@ -56,8 +56,7 @@ class BuildRecorder:
         build_dir = os.path.join(self.root, key[:32])
         os.makedirs(build_dir, exist_ok=True)
         mod_name = f"{name}_{key[:12]}"
-        cached = os.path.exists(os.path.join(build_dir, mod_name + ".so"))
-        rec = {"name": name, "key": key[:32], "cached": cached, "seconds": 0.0, "ok": False, "log": ""}
+        rec = {"name": name, "key": key[:32], "cached": False, "seconds": 0.0, "ok": False, "log": ""}
         self.builds.append(rec)
         t0 = time.monotonic()
         # One build per directory at a time across processes (compile workers may get the same

@@ -103,17 +103,15 @@ bool TaskSet::load(const std::string& dir, const std::vector<std::string>& ids, 
     std::set<std::string> taken;
     for (auto& sel : ids) {
       long lo = 0, hi = 0;
-      size_t before = tasks_.size();
       bool range = parse_range(sel, lo, hi);
+      bool matched = false;
       for (auto& t : all) {
         long n = problem_number(t.id);
         bool hit = range ? (n >= lo && n <= hi) : t.id == sel;
+        matched = matched || hit;
         if (hit && taken.insert(t.id).second) tasks_.push_back(t);
       }
-      if (tasks_.size() == before && !std::any_of(all.begin(), all.end(), [&](const Task& t) {
-            long n = problem_number(t.id);
-            return range ? (n >= lo && n <= hi) : t.id == sel;
-          })) {
+      if (!matched) {
         err = range ? "no task numbered " + sel + " in " + dir
                     : "no task file " + sel + ".py in " + dir;
         return false;
