@@ -4,11 +4,16 @@
 
 #include <caf/all.hpp>
 
+#include <chrono>
 #include <deque>
 
 namespace kernelrl {
 
 namespace {
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 // One worker process behind a detached actor (each call blocks while the candidate runs).
 struct stage_state {
@@ -45,7 +50,7 @@ struct Job {
   double compile_s = 0;
   bool compile_cached = false;
   std::string compile_log;
-  double queued_at = 0;
+  double ready_at = 0;  // when it joined the timing queue
 };
 
 struct evaluator_state {
@@ -90,12 +95,14 @@ void pump(self_ptr self, const EvaluatorArgs& args) {
                 job->compile_s = r.compile_s;
                 job->compile_cached = r.compile_cached;
                 job->compile_log = r.compile_log;
+                job->ready_at = unix_now();
                 self->state.timing_queue.push_back(job);
               }
               pump(self, args);
             },
             [=](caf::error&) {  // the compile stage is an optimisation: time it anyway
               self->state.compiler_busy[i] = false;
+              job->ready_at = unix_now();
               self->state.timing_queue.push_back(job);
               pump(self, args);
             });
@@ -104,10 +111,14 @@ void pump(self_ptr self, const EvaluatorArgs& args) {
   auto job = st.timing_queue.front();
   st.timing_queue.pop_front();
   st.timing_busy = true;
+  double started = unix_now();
   self->request(st.timing, caf::infinite, eval_atom::value, job->req, job->precompiled, st.arch)
       .then(
           [=](EvalResult& r) {
             self->state.timing_busy = false;
+            r.ready_at = job->ready_at;
+            r.device_start = started;
+            r.device_end = unix_now();
             if (job->precompiled) {
               r.compile_s += job->compile_s;
               r.compile_cached = job->compile_cached;
@@ -122,6 +133,9 @@ void pump(self_ptr self, const EvaluatorArgs& args) {
             r.task_id = job->req.task_id;
             r.status = EvalStatus::runtime_error;
             r.error = "evaluator stage failed: " + self->system().render(e);
+            r.ready_at = job->ready_at;
+            r.device_start = started;
+            r.device_end = unix_now();
             finish(self, args, *job, std::move(r));
             pump(self, args);
           });
@@ -169,10 +183,12 @@ caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor disp
         job->req = std::move(req);
         job->rp = self->make_response_promise();
         auto& s = self->state;
-        if (!s.compilers.empty() && declares_build(job->req.action))
+        if (!s.compilers.empty() && declares_build(job->req.action)) {
           s.compile_queue.push_back(job);
-        else
+        } else {
+          job->ready_at = unix_now();
           s.timing_queue.push_back(job);
+        }
         pump(self, args);
         return job->rp;
       },

@@ -18,8 +18,11 @@ int cmd_version();
 
 // launch evaluate --task TASK_FILE --candidate FILE [--candidate FILE ...] [options]
 struct EvaluateOptions {
-  std::string task;                     // KernelBench-format task file
-  std::vector<std::string> candidates;  // action files, evaluated in this order
+  struct Candidate {
+    std::string task;  // KernelBench-format task file
+    std::string file;  // the action
+  };
+  std::vector<Candidate> candidates;    // evaluated in this order, all in one evaluator
   std::string action;                   // forward_body or full_program ("": config's / default)
   std::string device = "cpu";           // cpu or cuda:N
   std::string mode;                     // fast or full ("": config's / default)

@@ -53,27 +53,34 @@ nlohmann::json result_json(const EvalResult& r) {
           {"compile_cached", r.compile_cached},
           {"reverified", r.reverified},
           {"isolation_s", r.isolation_s},
+          {"ready_at", r.ready_at},
+          {"device_start", r.device_start},
+          {"device_end", r.device_end},
           {"wall_s", r.wall_s},
           {"device", r.device},
           {"evaluator_id", r.evaluator_id}};
 }
 
 int cmd_evaluate(const EvaluateOptions& o) {
-  std::error_code ec;
-  if (!fs::is_regular_file(o.task, ec)) {
-    std::fprintf(stderr, "launch evaluate: --task %s: no such file\n", o.task.c_str());
-    return 2;
-  }
-  std::vector<std::pair<std::string, std::string>> cands;  // path, text
+  struct Cand {
+    std::string file, text, task_path, task_id;
+  };
+  std::vector<Cand> cands;
   for (auto& c : o.candidates) {
-    std::ifstream in(c, std::ios::binary);
+    std::error_code ec;
+    if (!fs::is_regular_file(c.task, ec)) {
+      std::fprintf(stderr, "launch evaluate: --task %s: no such file\n", c.task.c_str());
+      return 2;
+    }
+    std::ifstream in(c.file, std::ios::binary);
     if (!in) {
-      std::fprintf(stderr, "launch evaluate: --candidate %s: cannot read the file\n", c.c_str());
+      std::fprintf(stderr, "launch evaluate: --candidate %s: cannot read the file\n", c.file.c_str());
       return 2;
     }
     std::stringstream ss;
     ss << in.rdbuf();
-    cands.emplace_back(c, ss.str());
+    cands.push_back({c.file, ss.str(), fs::absolute(c.task).lexically_normal().string(),
+                     fs::path(c.task).stem().string()});
   }
   if (cands.empty()) {
     std::fprintf(stderr, "launch evaluate: at least one --candidate FILE is needed\n");
@@ -124,17 +131,15 @@ int cmd_evaluate(const EvaluateOptions& o) {
   ea.worker.isolate_network = settings.isolate_network;
   auto evaluator = spawn_evaluator(sys, ea, caf::actor{});
 
-  std::string task_path = fs::absolute(o.task).lexically_normal().string();
-  std::string task_id = fs::path(o.task).stem().string();
   caf::scoped_actor self{sys};
   // Everything is sent at once so the compile stage can build ahead; results print in order.
   std::vector<caf::response_handle<caf::blocking_actor, caf::message, true>> handles;
   for (size_t i = 0; i < cands.size(); ++i) {
     EvalRequest req;
-    req.sample_id = cands[i].first;
-    req.task_id = task_id;
-    req.task_path = task_path;
-    req.action = cands[i].second;
+    req.sample_id = cands[i].file;
+    req.task_id = cands[i].task_id;
+    req.task_path = cands[i].task_path;
+    req.action = cands[i].text;
     req.action_space = settings.action_space;
     req.mode = settings.mode;
     req.seed = o.seed ? o.seed : settings.seed;
@@ -154,7 +159,7 @@ int cmd_evaluate(const EvaluateOptions& o) {
           std::fflush(stdout);
         },
         [&](caf::error& e) {
-          std::fprintf(stderr, "launch evaluate: %s: %s\n", cands[i].first.c_str(), sys.render(e).c_str());
+          std::fprintf(stderr, "launch evaluate: %s: %s\n", cands[i].file.c_str(), sys.render(e).c_str());
           rc = 1;
         });
   }

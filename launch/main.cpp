@@ -13,7 +13,8 @@ const char* usage =
     "  launch CONFIG [--run-dir DIR] [--log-level LEVEL]   run the experiment CONFIG describes\n"
     "  launch check CONFIG                                 validate CONFIG, print it resolved\n"
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
-    "  launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--action forward_body|full_program]\n"
+    "  launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--task FILE --candidate FILE ...]\n"
+    "                  [--action forward_body|full_program]\n"
     "                  [--device cpu|cuda:N] [--mode fast|full] [--timeout SECONDS] [--compile-workers N]\n"
     "                  [--seed S] [--config CONFIG] [--worker-log FILE] [--json]\n"
     "                                                      evaluate candidates in one evaluator\n"
@@ -46,6 +47,9 @@ int main(int argc, char** argv) {
   }
   if (cmd == "evaluate") {
     kernelrl::EvaluateOptions o;
+    // Each --candidate is evaluated against the --task before it (the first --task if none is).
+    std::string task;
+    size_t untasked = 0;
     for (size_t i = 1; i < args.size(); ++i) {
       const std::string& a = args[i];
       if (a == "--json") {
@@ -55,8 +59,14 @@ int main(int argc, char** argv) {
       if (i + 1 >= args.size()) return bad("evaluate: " + a + " needs a value");
       const std::string& v = args[++i];
       try {
-        if (a == "--task") o.task = v;
-        else if (a == "--candidate") o.candidates.push_back(v);
+        if (a == "--task") {
+          if (task.empty())
+            for (size_t k = 0; k < untasked; ++k) o.candidates[k].task = v;
+          task = v;
+        } else if (a == "--candidate") {
+          o.candidates.push_back({task, v});
+          untasked += task.empty();
+        }
         else if (a == "--action") o.action = v;
         else if (a == "--device") o.device = v;
         else if (a == "--mode") o.mode = v;
@@ -71,7 +81,7 @@ int main(int argc, char** argv) {
         return bad("evaluate: " + a + ": expected a number, got \"" + v + "\"");
       }
     }
-    if (o.task.empty()) return bad("evaluate: --task FILE is required");
+    if (task.empty()) return bad("evaluate: --task FILE is required");
     if (o.candidates.empty()) return bad("evaluate: at least one --candidate FILE is required");
     return kernelrl::cmd_evaluate(o);
   }

@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 2;
+inline constexpr uint32_t protocol_version = 3;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -111,10 +111,14 @@ struct EvalResult {
   bool compile_cached = false; // every build was found in the content-addressed cache
   bool reverified = false;     // an extreme speedup triggered (and passed) full re-verification
   double isolation_s = 0;      // fork-to-first-instruction time of the candidate's process
+  // When (Unix seconds) the evaluator had the candidate ready for its device stage (built, when
+  // it builds anything), handed it to the device stage, and got the verdict back; 0: never.
+  double ready_at = 0, device_start = 0, device_end = 0;
   friend bool operator==(const EvalResult&, const EvalResult&) = default;
   MSGPACK_DEFINE_MAP(sample_id, task_id, status, error, assembled_code, compile_log, correctness,
                      runtime, ref_runtime, speedup, evaluator_id, device, wall_s, kernel_coverage,
-                     compile_s, compile_cached, reverified, isolation_s);
+                     compile_s, compile_cached, reverified, isolation_s, ready_at, device_start,
+                     device_end);
 };
 
 // A rollout with its verdict and reward: what the store and the learner receive.
@@ -207,7 +211,7 @@ typename Inspector::result_type inspect(Inspector& f, EvalResult& x) {
   return f(caf::meta::type_name("kernelrl.EvalResult"), x.sample_id, x.task_id, x.status, x.error,
            x.assembled_code, x.compile_log, x.correctness, x.runtime, x.ref_runtime, x.speedup,
            x.evaluator_id, x.device, x.wall_s, x.kernel_coverage, x.compile_s, x.compile_cached,
-           x.reverified, x.isolation_s);
+           x.reverified, x.isolation_s, x.ready_at, x.device_start, x.device_end);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ScoredRollout& x) {

@@ -47,6 +47,9 @@ inline EvalResult sample_result() {
   e.compile_cached = true;
   e.reverified = true;
   e.isolation_s = 0.25;
+  e.ready_at = 1795000000.5;
+  e.device_start = 1795000001.25;
+  e.device_end = 1795000004.75;
   return e;
 }
 

@@ -207,6 +207,27 @@ class EvaluateCommandTest(unittest.TestCase):
             for key in ("error", "speedup", "runtime_ms", "ref_runtime_ms", "correctness", "kernel_coverage"):
                 self.assertIn(key, rows[2])
 
+    def test_candidates_of_several_tasks_in_one_evaluator(self):
+        with tempfile.TemporaryDirectory() as d:
+            paths = {}
+            for name, body in (("swish", "return x * torch.sigmoid(x)"), ("rowsum", "return x.sum(dim=1)"),
+                               ("rowsum_wrong", "return x.sum(dim=0)")):
+                paths[name] = os.path.join(d, name + ".txt")
+                with open(paths[name], "w") as f:
+                    f.write(body)
+            # A --candidate before any --task belongs to the first --task.
+            out = run("evaluate", "--candidate", paths["swish"], "--task", os.path.join(TASKS, "06_swish.py"),
+                      "--task", os.path.join(TASKS, "09_row_sum.py"), "--candidate", paths["rowsum"],
+                      "--candidate", paths["rowsum_wrong"], "--json")
+            self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+            rows = [json.loads(line) for line in out.stdout.splitlines()]
+            self.assertEqual([(r["task_id"], r["status"]) for r in rows],
+                             [("06_swish", "ok"), ("09_row_sum", "ok"), ("09_row_sum", "incorrect")])
+            for r in rows:  # stamps of the device stage, in order
+                self.assertLessEqual(r["ready_at"], r["device_start"])
+                self.assertLess(r["device_start"], r["device_end"])
+            self.assertLessEqual(rows[0]["device_end"], rows[1]["device_start"])
+
     def test_bad_arguments_exit_2(self):
         out = run("evaluate", "--task", os.path.join(TASKS, "06_swish.py"))
         self.assertEqual(out.returncode, 2)
