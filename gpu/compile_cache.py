@@ -4,13 +4,15 @@ Inside an evaluation process, ``install(cache_root)`` replaces ``load_inline`` a
 wrappers that hash everything that decides the binary (sources, function list, compiler and linker
 flags, include paths, torch and CUDA versions, target architectures, Python version) and build into
 ``cache_root/<hash>`` under a module name suffixed with the hash. Identical candidates therefore
-build once, whichever process builds first (torch's own file lock serialises concurrent builds of
-one directory); a later import finds the library already there. Triton's own cache is pointed at
+build once, whichever process builds first (a file lock per directory serialises concurrent builds
+of one entry); a later process finds the entry marked built and imports the library directly,
+without torch's JIT build step. Triton's own cache is pointed at
 ``cache_root/triton``. Every build is recorded (name, key, cached or not, seconds, log).
 """
 
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -51,7 +53,21 @@ class BuildRecorder:
         self.root = cache_root
         self.builds = []  # {"name", "key", "cached", "seconds", "ok", "log"}
 
-    def _run(self, kind, name, payload, call):
+    def _import_built(self, mod_name, build_dir, kw):
+        """The library a finished build left, loaded without running torch's JIT build again
+        (which always re-runs ninja in a fresh process, and ninja may decide to rebuild)."""
+        path = os.path.join(build_dir, mod_name + ".so")
+        if kw.get("is_standalone"):
+            return path
+        if not kw.get("is_python_module", True):
+            torch.ops.load_library(path)
+            return path
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    def _run(self, kind, name, payload, call, kw=None):
         key = build_key(kind, payload)
         build_dir = os.path.join(self.root, key[:32])
         os.makedirs(build_dir, exist_ok=True)
@@ -59,21 +75,37 @@ class BuildRecorder:
         rec = {"name": name, "key": key[:32], "cached": False, "seconds": 0.0, "ok": False, "log": ""}
         self.builds.append(rec)
         t0 = time.monotonic()
-        # One build per directory at a time across processes (compile workers may get the same
-        # candidate at once); a later process waits, then finds the library built.
-        lock = open(os.path.join(build_dir, ".kernelrl.lock"), "w")
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        rec["cached"] = os.path.exists(os.path.join(build_dir, mod_name + ".so"))
+        done = os.path.join(build_dir, mod_name + ".built")  # written once a build succeeded
+        lock = None
         try:
-            result = call(mod_name, build_dir)
+            # A finished entry never changes: read it without the lock.
+            if os.path.exists(done):
+                try:
+                    result = self._import_built(mod_name, build_dir, kw or {})
+                    rec["cached"] = rec["ok"] = True
+                    return result
+                except Exception as e:  # noqa: BLE001 - a damaged entry: build it again
+                    rec["log"] = f"cached library unusable ({e}); rebuilding\n"
+            # One build per directory at a time across processes (compile workers may get the
+            # same candidate at once); a later process waits, then finds the entry built.
+            lock = open(os.path.join(build_dir, ".kernelrl.lock"), "w")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if os.path.exists(done) and not rec["log"]:
+                result = self._import_built(mod_name, build_dir, kw or {})
+                rec["cached"] = True
+            else:
+                result = call(mod_name, build_dir)
+                with open(done, "w") as f:
+                    f.write(key + "\n")
             rec["ok"] = True
             return result
         except BaseException as e:  # noqa: BLE001 - recorded, then re-raised to the candidate
-            rec["log"] = str(e)[-LOG_LIMIT:]
+            rec["log"] = (rec["log"] + str(e))[-LOG_LIMIT:]
             raise
         finally:
             rec["seconds"] = time.monotonic() - t0
-            lock.close()
+            if lock is not None:
+                lock.close()
 
     def load_inline(self, name, cpp_sources, cuda_sources=None, *args, **kw):
         kw.pop("build_directory", None)
@@ -81,7 +113,7 @@ class BuildRecorder:
                    "kw": {k: v for k, v in kw.items() if k != "verbose"}}
         return self._run("load_inline", name, payload,
                          lambda n, d: _orig_load_inline(n, cpp_sources, cuda_sources, *args,
-                                                        build_directory=d, **kw))
+                                                        build_directory=d, **kw), kw)
 
     def load(self, name, sources, *args, **kw):
         kw.pop("build_directory", None)
@@ -96,7 +128,7 @@ class BuildRecorder:
         payload = {"sources": srcs, "contents": contents, "args": list(args),
                    "kw": {k: v for k, v in kw.items() if k != "verbose"}}
         return self._run("load", name, payload,
-                         lambda n, d: _orig_load(n, sources, *args, build_directory=d, **kw))
+                         lambda n, d: _orig_load(n, sources, *args, build_directory=d, **kw), kw)
 
     def summary(self):
         return {

@@ -5,9 +5,9 @@ Correctness: identical weights (Model and ModelNew built after the same seed), N
 inputs from per-trial seeds built directly on the evaluation device, inputs cloned separately for
 reference and candidate, shape and dtype checked, allclose with tolerances by output precision,
 NaN/Inf never passing; more trials on new inputs after timing.
-Timing: warm-up runs, then timed trials; on CUDA with events plus a device-wide synchronize (so
-side-stream work counts) after an L2 flush; on CPU with a monotonic clock captured before any
-candidate code is loaded. The reference is timed the same way and cached by the worker per (task,
+Timing: warm-up runs, then timed trials; on CUDA with events on the current stream after an L2
+flush, and a device-wide synchronize whose tail shows (and counts) work left on other streams; on
+CPU with a monotonic clock captured before any candidate code is loaded. The reference is timed the same way and cached by the worker per (task,
 size, device, dtype, torch version, mode, trials).
 Defenses (gpu/defenses.py, docs/EVALUATION.md): replaced functions, changed precision settings,
 thread/process starts, calls into the reference, outputs cached across calls, outputs finished on
@@ -34,6 +34,7 @@ except Exception:  # pragma: no cover - a torch without dynamo
     pass
 
 import defenses
+import sandbox
 from scaffold import FormatError, assemble, extract_code, FORWARD_MARKER
 
 # Captured before any candidate runs: a candidate that rebinds time.perf_counter_ns or
@@ -45,6 +46,7 @@ _manual_seed = torch.manual_seed
 _no_grad = torch.no_grad
 _Event = torch.cuda.Event
 _cuda_sync = torch.cuda.synchronize
+_current_stream = torch.cuda.current_stream
 
 LOG_LIMIT = 64 * 1024
 
@@ -204,16 +206,47 @@ def stats(times):
 
 
 class Timer:
-    def __init__(self, device):
+    """Times a model's forward under one protocol for reference and candidate.
+
+    CUDA, per trial: flush L2 (zero a buffer larger than any L2), synchronize the device, record
+    `start`, call forward, record `end` on the current stream, synchronize the whole device, record
+    `after`. The trial's time is start->end, the work forward enqueued, measured on the GPU alone
+    (host-side scheduling noise stays out of it). Work left running on another stream when `end`
+    is reached makes the device-wide synchronize wait for it, so end->after (the tail) exceeds the
+    idle tail measured once per timer (synchronize, record: a few microseconds) by more than
+    TAIL_SLACK_MS: that trial then counts start->after instead, so side-stream work is always
+    counted. ``protocol="sync"`` records `end` only after the device-wide synchronize (every trial
+    then includes the synchronize's host latency; kept for bench/timing_stability.py).
+    CPU: the same warm-up and trials with the monotonic clock the harness captured at import."""
+
+    TAIL_SLACK_MS = 0.02
+
+    def __init__(self, device, protocol="tail"):
         self.device = device
+        self.protocol = protocol
         self.flush_buf = None
+        self.idle_tail_ms = 0.0
+        self.stream = None
         if device.type == "cuda":
+            # Events go on the stream current now: a candidate that switches streams for good
+            # leaves its work on another stream, which the tail then counts.
+            self.stream = _current_stream(device)
             # Larger than any current L2 (H100: 50 MB, H200: 60 MB).
             self.flush_buf = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device=device)
+            tails = []
+            for _ in range(21):
+                e1, e2 = _Event(enable_timing=True), _Event(enable_timing=True)
+                e1.record(self.stream)
+                _cuda_sync(self.device)
+                e2.record(self.stream)
+                e2.synchronize()
+                tails.append(e1.elapsed_time(e2))
+            self.idle_tail_ms = statistics.median(tails[1:])
 
     def run(self, model, inputs, warmup, trials):
         times = []
         cuda = self.device.type == "cuda"
+        self.tail_trials = 0
         with _no_grad():
             # Warm-up: at least `warmup` runs and, on a GPU, at least 100 ms of them, so clocks
             # have ramped up from idle in this fresh process before the first timed run.
@@ -228,22 +261,33 @@ class Timer:
                 _cuda_sync(self.device)
             for _ in range(trials):
                 if cuda:
-                    self.flush_buf.zero_()
-                    start = _Event(enable_timing=True)
-                    end = _Event(enable_timing=True)
-                    _cuda_sync(self.device)
-                    start.record()
-                    model(*inputs)
-                    _cuda_sync(self.device)  # device-wide: work on every stream is done
-                    end.record()
-                    end.synchronize()
-                    times.append(start.elapsed_time(end))
+                    times.append(self._cuda_trial(model, inputs))
                 else:
                     t0 = _clock_ns()
                     model(*inputs)
                     t1 = _clock_ns()
                     times.append((t1 - t0) / 1e6)
         return stats(times)
+
+    def _cuda_trial(self, model, inputs):
+        start, end, after = (_Event(enable_timing=True) for _ in range(3))
+        self.flush_buf.zero_()
+        _cuda_sync(self.device)
+        start.record(self.stream)
+        model(*inputs)
+        if self.protocol == "sync":
+            _cuda_sync(self.device)
+            end.record(self.stream)
+            end.synchronize()
+            return start.elapsed_time(end)
+        end.record(self.stream)
+        _cuda_sync(self.device)  # device-wide: work on every stream is done
+        after.record(self.stream)
+        after.synchronize()
+        if end.elapsed_time(after) > self.idle_tail_ms + self.TAIL_SLACK_MS:
+            self.tail_trials += 1
+            return start.elapsed_time(after)
+        return start.elapsed_time(end)
 
 
 def policy_code(action: str, action_space: str) -> str:
@@ -292,7 +336,7 @@ class Harness:
         except Exception as e:  # FormatError included: the timing stage reports these properly
             res["error"] = f"not prepared: {e}"
             return res
-        import compile_cache  # in the candidate's process only: it probes CUDA when imported
+        import compile_cache  # the worker imported it already (ForkServer), else here
         rec = compile_cache.install(self.cache_root)
         mod = types.ModuleType("kernelrl_candidate")
         captured = io.StringIO()
@@ -314,8 +358,11 @@ class Harness:
     def evaluate(self, req, s):
         """Returns the result dict for one request (see messages/messages.hpp: EvalResult)."""
         res = empty_result(self.device_name)
+        res["phases"] = {}
+        self._phase_t = _clock_ns()
         try:
             res["device"] = self.device_name = self._setup_device()
+            self._phase(res, "device")
             self._evaluate(req, s, res)
         except Verdict as v:
             res["status"], res["error"] = v.status, v.error
@@ -324,6 +371,12 @@ class Harness:
         if res["status"] != "ok":
             res["speedup"] = 0.0
         return res
+
+    def _phase(self, res, name):
+        """Seconds since the previous phase ended, recorded as res["phases"][name]."""
+        now = _clock_ns()
+        res["phases"][name] = res["phases"].get(name, 0.0) + (now - self._phase_t) / 1e9
+        self._phase_t = now
 
     def _inputs(self, task, seed):
         _manual_seed(seed)
@@ -358,9 +411,10 @@ class Harness:
         # Hide the task module from the candidate; install the build cache and the watch.
         for name in [n for n in sys.modules if n.startswith("kernelrl_task_")]:
             del sys.modules[name]
-        import compile_cache  # in the candidate's process only: it probes CUDA when imported
+        import compile_cache  # the worker imported it already (ForkServer), else here
         rec = compile_cache.install(self.cache_root)
         watch = defenses.Watch()
+        self._phase(res, "watch")
 
         def hacked_check(where):
             watch.check(where)
@@ -386,7 +440,9 @@ class Harness:
         res["compile_s"], res["compile_cached"] = summ["seconds"], summ["cached"]
         if not isinstance(getattr(mod, "ModelNew", None), type):
             raise Verdict("compile_error", "the program defines no class ModelNew")
+        apply_size(mod, size)  # the program's copy of the task's size constants, as the task's
         hacked_check("when its program was loaded")
+        self._phase(res, "load")
 
         ref_codes = [getattr(task.Model.forward, "__code__", None)]
         cand_model_cls = mod.__dict__.get("Model")
@@ -468,9 +524,11 @@ class Harness:
                     remember(_snapshot(ref_out))
                     return cand_inputs
 
+                self._phase(res, "build")
                 for i in range(n):
                     trial(i, seed * 1000 + i + 1)
                 hacked_check("during the correctness trials")
+                self._phase(res, "correctness")
 
                 if cuda:
                     self._side_stream_check(task, seed, run_candidate)
@@ -481,10 +539,12 @@ class Harness:
                     else:
                         res["kernel_coverage"] = 0.0
 
+                self._phase(res, "checks")
                 trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
                 ref_stats, cand_stats = self._time_both(task, task_path, size, mode, trials, warmup,
                                                         seed, ref_model, new_model, watch, res)
                 hacked_check("while being timed")
+                self._phase(res, "timing")
                 # The timing inputs' true output, too: a candidate may hand that back later.
                 remember(_snapshot(ref_model(*self._inputs(task, seed * 1000 + 999))))
 
@@ -499,10 +559,12 @@ class Harness:
                 if any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs):
                     trial(n + 1, 0, inputs=inputs, same_tensors=True)
                 hacked_check("after timing")
+                self._phase(res, "post_checks")
 
                 speedup = ref_stats["median_ms"] / cand_stats["median_ms"] if cand_stats["median_ms"] > 0 else 0.0
                 threshold = float(s.get("reverify_speedup", 10.0))
                 if threshold > 0 and speedup > threshold:
+                    self._phase(res, "post_checks")
                     res["reverified"] = True
                     rs = seed + 7_919
 
@@ -516,6 +578,7 @@ class Harness:
                                                             rs, ref_model, new_model, watch, res,
                                                             use_cache=False)
                     hacked_check("during re-verification")
+                    self._phase(res, "reverify")
                     speedup = ref_stats["median_ms"] / cand_stats["median_ms"] if cand_stats["median_ms"] > 0 else 0.0
         except Verdict as v:
             # A candidate that gamed the harness is hacked even when it was also wrong.
@@ -530,6 +593,8 @@ class Harness:
 
     def _time_both(self, task, task_path, size, mode, trials, warmup, seed, ref_model, new_model,
                    watch, res, use_cache=True):
+        # The next candidate's process may be starting up (gpu/sandbox.py Spare): not while timing.
+        sandbox.wait_for_warming(os.environ.get("KERNELRL_WARM_LOCK", ""))
         timer = Timer(self.device)
         timing_inputs = self._inputs(task, seed * 1000 + 999)
         key = "|".join(str(x) for x in (task_path, os.stat(task_path).st_mtime_ns, size, self.device_name,

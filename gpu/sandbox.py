@@ -10,6 +10,7 @@ child's whole process group when either is passed. Whatever the candidate does t
 """
 
 import ctypes
+import fcntl
 import os
 import resource
 import select
@@ -68,6 +69,54 @@ def describe_status(status: int) -> str:
     return f"ended (status {status})"
 
 
+def _child_setup(env, isolate_net, address_space_limit, memory_limit_mb, tmpdir):
+    """First steps of a candidate's process: own process group, death with the parent, no
+    network, the environment, a private temp dir, the address-space limit. Returns the network
+    state."""
+    os.setpgid(0, 0)
+    die_with_parent()
+    net = isolate_network() if isolate_net else "none: disabled"
+    os.environ.update(env)
+    os.environ["TMPDIR"] = tmpdir
+    tempfile.tempdir = tmpdir
+    os.chdir(tmpdir)
+    if address_space_limit and memory_limit_mb > 0:
+        # On top of what the worker had mapped already (torch's libraries alone map
+        # gigabytes of address space): the candidate gets memory_limit_mb more.
+        lim = _address_space_bytes() + memory_limit_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+    return net
+
+
+def _child_run(fn, wfd, memory_limit_mb, t0, net):
+    """Runs fn in the child, writes its msgpack reply to wfd, and ends the process."""
+    code = 0
+    try:
+        started = time.monotonic()
+        try:
+            reply = fn()
+        except MemoryError:
+            reply = {"status": "runtime_error",
+                     "error": f"candidate exceeded the memory limit ({memory_limit_mb} MB)"}
+        reply.setdefault("isolation", {})
+        reply["isolation"].update({"child_start_s": started - t0, "network": net})
+        data = msgpack.packb(reply, use_bin_type=True)
+    except BaseException as e:  # noqa: BLE001 - the child reports everything
+        data = msgpack.packb({"status": "runtime_error",
+                              "error": f"evaluation process failed: {type(e).__name__}: {e}",
+                              "compile_log": traceback.format_exc()[-65536:]},
+                             use_bin_type=True)
+        code = 1
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(wfd, view)
+            view = view[n:]
+        os.close(wfd)  # the parent sees the end of the reply now, not after the process is gone
+    finally:
+        os._exit(code)
+
+
 def run_isolated(fn, *, timeout_s: float, memory_limit_mb: int, env: dict, isolate_net: bool,
                  address_space_limit: bool, tmp_root: str):
     """Runs ``fn()`` (which returns a msgpack-able dict) in a forked child.
@@ -80,49 +129,123 @@ def run_isolated(fn, *, timeout_s: float, memory_limit_mb: int, env: dict, isola
     t_fork = time.monotonic()
     pid = os.fork()
     if pid == 0:  # child
-        code = 0
         try:
             os.close(rfd)
-            os.setpgid(0, 0)
-            die_with_parent()
-            net = isolate_network() if isolate_net else "none: disabled"
-            os.environ.update(env)
-            os.environ["TMPDIR"] = tmpdir
-            tempfile.tempdir = tmpdir
-            os.chdir(tmpdir)
-            if address_space_limit and memory_limit_mb > 0:
-                # On top of what the worker had mapped already (torch's libraries alone map
-                # gigabytes of address space): the candidate gets memory_limit_mb more.
-                lim = _address_space_bytes() + memory_limit_mb * 1024 * 1024
-                resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-            started = time.monotonic()
+            net = _child_setup(env, isolate_net, address_space_limit, memory_limit_mb, tmpdir)
+        except BaseException as e:  # noqa: BLE001
+            net = f"setup failed: {e}"
+        _child_run(fn, wfd, memory_limit_mb, t_fork, net)
+    os.close(wfd)
+    return _collect(pid, rfd, t_fork, timeout_s, memory_limit_mb, tmpdir)
+
+
+class Spare:
+    """A candidate's process started ahead of its candidate: forked, isolated and through
+    ``warm()`` (CUDA context creation, ~0.3-0.4 s on an H100) while the previous candidate runs,
+    then waiting for its request. ``send(request)`` then ``collect(timeout_s)`` run
+    ``handler(request)`` in it under the same limits as run_isolated. While warming it holds an exclusive lock on ``lock_path``;
+    a running candidate takes that lock (shared) before it times anything, so another process's
+    start-up never overlaps a timed region."""
+
+    def __init__(self, *, handler, warm, key, env, isolate_net, address_space_limit,
+                 memory_limit_mb, tmp_root, lock_path):
+        self.key = key
+        self.memory_limit_mb = memory_limit_mb
+        self.tmpdir = tempfile.mkdtemp(prefix="cand-", dir=tmp_root)
+        req_r, self.req_w = os.pipe()
+        self.rep_r, rep_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # child
+            os.close(self.req_w)
+            os.close(self.rep_r)
+            net = "setup failed"
             try:
-                reply = fn()
-            except MemoryError:
-                reply = {"status": "runtime_error",
-                         "error": f"candidate exceeded the memory limit ({memory_limit_mb} MB)"}
-            reply.setdefault("isolation", {})
-            reply["isolation"].update({"child_start_s": started - t_fork, "network": net})
-            data = msgpack.packb(reply, use_bin_type=True)
-        except BaseException as e:  # noqa: BLE001 - the child reports everything
-            data = msgpack.packb({"status": "runtime_error",
-                                  "error": f"evaluation process failed: {type(e).__name__}: {e}",
-                                  "compile_log": traceback.format_exc()[-65536:]},
-                                 use_bin_type=True)
-            code = 1
+                with open(lock_path, "w") as lock:  # first, before the running candidate can time
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    net = _child_setup(env, isolate_net, address_space_limit, memory_limit_mb, self.tmpdir)
+                    try:
+                        warm()
+                    except Exception:  # noqa: BLE001 - the evaluation meets it again and reports it
+                        pass
+                chunks = []
+                while True:
+                    chunk = os.read(req_r, 1 << 20)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                os.close(req_r)
+                t0 = time.monotonic()
+                request = msgpack.unpackb(b"".join(chunks), raw=False) if chunks else None
+            except BaseException as e:  # noqa: BLE001
+                request, t0 = None, time.monotonic()
+                net = f"{net}; {type(e).__name__}: {e}"
+            if request is None:
+                os._exit(0)  # discarded before it got a request
+            _child_run(lambda: handler(request), rep_w, memory_limit_mb, t0, net)
+        os.close(req_r)
+        os.close(rep_w)
+
+    def alive(self) -> bool:
         try:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return pid == 0
+
+    def send(self, request) -> bool:
+        """Hands the request over (the timeout counts from here); False when this spare could
+        not take it (it is gone), in which case it is cleaned up."""
+        self.t0 = time.monotonic()
+        if not self.alive():
+            self.discard()
+            return False
+        try:
+            data = msgpack.packb(request, use_bin_type=True)
             view = memoryview(data)
             while view:
-                n = os.write(wfd, view)
+                n = os.write(self.req_w, view)
                 view = view[n:]
-        finally:
-            os._exit(code)
+            os.close(self.req_w)
+            self.req_w = -1
+        except OSError:
+            self.discard()
+            return False
+        return True
 
-    # parent
-    os.close(wfd)
+    def collect(self, timeout_s):
+        """Waits for the reply: (reply, failure) as run_isolated."""
+        return _collect(self.pid, self.rep_r, self.t0, timeout_s, self.memory_limit_mb, self.tmpdir)
+
+    def discard(self):
+        for fd in (self.req_w, self.rep_r):
+            try:
+                if fd >= 0:
+                    os.close(fd)
+            except OSError:
+                pass
+        _kill_group(self.pid)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def wait_for_warming(lock_path):
+    """Blocks while a spare process is starting up (see Spare); a no-op when none is."""
+    if not lock_path:
+        return
+    try:
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+    except OSError:
+        pass
+
+
+def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir):
     chunks = []
     failure = None
-    deadline = t_fork + timeout_s
+    deadline = t0 + timeout_s
     limit = memory_limit_mb * 1024 * 1024
     peak = 0
     try:
@@ -154,7 +277,7 @@ def run_isolated(fn, *, timeout_s: float, memory_limit_mb: int, env: dict, isola
         _, status = os.waitpid(pid, 0)
         _kill_group(pid)  # anything the candidate left behind in its group
         shutil.rmtree(tmpdir, ignore_errors=True)
-    wall = time.monotonic() - t_fork
+    wall = time.monotonic() - t0
     if failure is not None:
         failure["isolation"] = {"wall_s": wall}
         return None, failure

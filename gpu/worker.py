@@ -47,12 +47,21 @@ class ForkServer:
         import torch  # noqa: F401  (imported once here, inherited by every child)
         import sandbox
         from harness import Harness
+        # cpp_extension asks torch.cuda.is_available() when imported; with the NVML-based check
+        # that creates no CUDA context, so children inherit the import instead of paying for it.
+        if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1":
+            import compile_cache  # noqa: F401
+        if torch.cuda.is_initialized():
+            raise RuntimeError("the worker initialised CUDA before forking candidates (its children "
+                               "could not use the GPU); is PYTORCH_NVML_BASED_CUDA_CHECK=1 honoured?")
         self.torch = torch
         self.sandbox = sandbox
         self.device = device
         self.cache_root = cache_root or default_cache_root()
         self.tmp_root = tmp_root or os.environ.get("TMPDIR", "/tmp")
         self.isolate_net = isolate_net
+        self.spare = None
+        self.warm_lock = os.path.join(self.tmp_root, f"kernelrl-warm-{os.getpid()}-{id(self)}.lock")
         self.harness = Harness(device, threads, self.cache_root)
         self.info = {"device": "cpu", "capability": "", "cuda_init_s": 0.0, "network": ""}
         self.env = {}
@@ -100,16 +109,49 @@ class ForkServer:
             limit += float(s.get("compile_timeout_s", 600))
         return limit
 
+    def _spawn(self, key, env, memory_limit_mb, cpu):
+        def warm():
+            self.harness._setup_device()
+
+        def handler(msg):
+            self.harness.ref_cache.update(msg.get("ref_cache") or {})
+            return self.harness.evaluate(msg["request"], msg["settings"])
+
+        return self.sandbox.Spare(handler=handler, warm=warm, key=key, env=env,
+                                  isolate_net=self.isolate_net, address_space_limit=cpu,
+                                  memory_limit_mb=memory_limit_mb, tmp_root=self.tmp_root,
+                                  lock_path=self.warm_lock)
+
     def evaluate(self, req, s):
+        """One candidate in its own process. The process comes from a spare forked and warmed up
+        (CUDA context) while the previous candidate ran; the next spare is forked as soon as this
+        one has its request."""
         t0 = time.monotonic()
         env = dict(self.env)
         if s.get("cuda_arch"):
             env["TORCH_CUDA_ARCH_LIST"] = s["cuda_arch"]
+        env["KERNELRL_WARM_LOCK"] = self.warm_lock
         cpu = not self.device.startswith("cuda")
-        reply, failure = self.sandbox.run_isolated(
-            lambda: self.harness.evaluate(req, s),
-            timeout_s=self._limits(req, s, False), memory_limit_mb=int(s.get("memory_limit_mb", 0)),
-            env=env, isolate_net=self.isolate_net, address_space_limit=cpu, tmp_root=self.tmp_root)
+        mem = int(s.get("memory_limit_mb", 0))
+        key = (tuple(sorted(env.items())), mem, cpu)
+        msg = {"request": req, "settings": s, "ref_cache": self.harness.ref_cache}
+        spare, self.spare = self.spare, None
+        warm = spare is not None and spare.key == key and spare.send(msg)
+        if spare is not None and not warm:
+            spare.discard()
+        if warm:
+            self.spare = self._spawn(key, env, mem, cpu)  # warms up while this candidate runs
+        else:
+            spare = self._spawn(key, env, mem, cpu)
+            if not spare.send(msg):
+                spare.discard()
+                spare = None
+        if spare is None:
+            reply, failure = None, {"status": "runtime_error", "error": "the candidate's process could not start"}
+        else:
+            reply, failure = spare.collect(self._limits(req, s, False))
+        if self.spare is None:
+            self.spare = self._spawn(key, env, mem, cpu)  # ready for the next candidate
         from harness import empty_result
         full = empty_result(self.info["device"])
         if failure:
@@ -122,6 +164,16 @@ class ForkServer:
             self.harness.ref_cache[k] = v
         reply["wall_s"] = time.monotonic() - t0
         return reply
+
+    def close(self):
+        """Ends the spare process (it also ends with this process) and removes its lock file."""
+        if self.spare is not None:
+            self.spare.discard()
+            self.spare = None
+        try:
+            os.remove(self.warm_lock)
+        except OSError:
+            pass
 
     def compile(self, req, s):
         t0 = time.monotonic()
@@ -163,6 +215,7 @@ def main():
     while True:
         if not poller.poll(1000):
             if args.parent and os.getppid() != args.parent:
+                server.close()
                 return 0
             continue
         raw = sock.recv()
@@ -177,6 +230,7 @@ def main():
                 reply = server.compile(msg["request"], msg["settings"])
             elif op == "exit":
                 sock.send(msgpack.packb({"ok": True}))
+                server.close()
                 return 0
             else:
                 reply = {"ok": False, "status": "runtime_error", "error": f"unknown op {op!r}"}

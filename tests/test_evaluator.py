@@ -6,6 +6,7 @@ Candidates are written here; the reference semantics are KernelBench's (see docs
 import os
 import sys
 import tempfile
+import time
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,6 +37,7 @@ class Base(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        cls.server.close()
         cls.tmp.cleanup()
 
     def evaluate(self, action, task=SWISH, space="forward_body", **settings):
@@ -142,7 +144,39 @@ class IsolationTest(Base):
         r = self.evaluate("import os, tempfile\nassert os.getcwd() == tempfile.gettempdir(), os.getcwd()\n"
                           "open('left-behind.txt', 'w').write('x')\nreturn torch.nn.functional.silu(x)")
         self.assertStatus(r, "ok")
-        self.assertEqual(os.listdir(self.tmp_root), [], "each candidate's temp dir is removed")
+        # What is left: the next candidate's process, already started (its temp dir), and its lock.
+        spare = self.server.spare
+        self.assertIsNotNone(spare, "a process waits for the next candidate")
+        self.assertEqual(sorted(os.listdir(self.tmp_root)),
+                         sorted([os.path.basename(spare.tmpdir), os.path.basename(self.server.warm_lock)]),
+                         "each finished candidate's temp dir is removed")
+        self.assertTrue(spare.alive())
+
+
+    def test_a_process_warming_up_holds_timing_back_then_serves_its_request(self):
+        with tempfile.TemporaryDirectory() as d:
+            lock = os.path.join(d, "warm.lock")
+            spare = sandbox.Spare(handler=lambda m: {"status": "ok", "got": m}, warm=lambda: time.sleep(1.5),
+                                  key="k", env={}, isolate_net=False, address_space_limit=False,
+                                  memory_limit_mb=0, tmp_root=d, lock_path=lock)
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            sandbox.wait_for_warming(lock)
+            self.assertGreater(time.monotonic() - t0, 0.6, "timing waited for the warm-up to finish")
+            self.assertTrue(spare.send({"n": 7}))
+            reply, failure = spare.collect(10)
+            self.assertIsNone(failure)
+            self.assertEqual(reply["got"], {"n": 7})
+            self.assertFalse(spare.alive())
+            t0 = time.monotonic()
+            sandbox.wait_for_warming(lock)  # nobody warming: no wait
+            self.assertLess(time.monotonic() - t0, 0.1)
+
+    def test_a_dead_spare_is_replaced(self):
+        self.assertStatus(self.evaluate(GOOD), "ok")
+        os.kill(self.server.spare.pid, 9)
+        time.sleep(0.2)
+        self.assertStatus(self.evaluate(GOOD), "ok")
 
 
 class HackTest(Base):
