@@ -1,0 +1,341 @@
+"""Evaluator throughput against a fresh-process-per-candidate baseline, on one device.
+
+Part `torch` (torch-only candidates): the bundled replayed candidates (tasks/replay) except the
+ones meant to hang or to be caught as hacks (a baseline has no such verdicts), evaluated
+  ours      in one `launch evaluate` (one evaluator: compile stage, then the timing stage, a forked
+            process per candidate), the whole command timed, start-up included;
+  baseline  by bench/baseline_eval.py, one fresh Python process per candidate, one after another.
+Both run the tasks' GPU sizes, 5 correctness trials and 50 timed trials. Verdicts must agree (ok,
+incorrect, or an error of any kind); candidates per hour and their ratio are printed.
+
+Part `inline` (load_inline CUDA candidates): K distinct one-kernel extensions (the swish kernel of
+tests/gpu_candidates with a variant number in it, so each builds on its own), evaluated
+  cold      `launch evaluate` with an empty build cache and --compile-workers W;
+  warm      the same again with the cache now full;
+  baseline  the first B of them, a fresh process each with a fresh extension directory.
+Also measured: the CPU-seconds one build takes alone (a fresh process, its children's rusage),
+giving the rate the cores allow (cores / CPU-seconds per build) that the cold compile stage's rate
+is compared with; the device stage's idle time while built candidates waited (from the
+evaluator's ready_at/device_start/device_end stamps); isolation overhead per candidate.
+
+Usage: python bench/evaluator_throughput.py --launch PATH [--device cuda:0] [--parts torch,inline]
+           [--limit N] [--inline K] [--baseline-inline B] [--compile-workers W] [--json OUT.json]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASKS = os.path.join(ROOT, "tasks", "bundled")
+PY = os.environ.get("KERNELRL_PYTHON", sys.executable)
+
+
+def verdict_class(status):
+    return status if status in ("ok", "incorrect") else "error"
+
+
+def run_launch(launch, device, cands, workers, cache_root, timeout_s=120):
+    """cands: [(task_path, candidate_file)] -> (results, wall seconds, start unix time)."""
+    cmd = [launch, "evaluate", "--device", device, "--mode", "full", "--timeout", str(timeout_s),
+           "--compile-workers", str(workers), "--json"]
+    for task, f in cands:
+        cmd += ["--task", task, "--candidate", f]
+    env = dict(os.environ, XDG_CACHE_HOME=cache_root)
+    t_start = time.time()
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    wall = time.monotonic() - t0
+    if out.returncode != 0:
+        sys.stderr.write(out.stderr[-4000:])
+        raise SystemExit(f"launch evaluate exited {out.returncode}")
+    return [json.loads(l) for l in out.stdout.splitlines() if l.strip()], wall, t_start
+
+
+def run_baseline(device, task, cand, ref_cache, ext_dir, timeout_s=120):
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=ext_dir)
+    t0 = time.monotonic()
+    try:
+        p = subprocess.Popen([PY, os.path.join(ROOT, "bench", "baseline_eval.py"), "--task", task,
+                              "--candidate", cand, "--device", device, "--ref-cache", ref_cache],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        stdout, stderr = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        return {"status": "timeout", "error": f"over {timeout_s} s", "wall_s": time.monotonic() - t0}
+    wall = time.monotonic() - t0
+    lines = [l for l in stdout.splitlines() if l.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return {"status": "runtime_error", "error": f"process ended with {p.returncode}: {stderr[-300:]}",
+                "wall_s": wall}
+    res = json.loads(lines[-1])
+    res["wall_s"] = wall
+    return res
+
+
+def device_idle(results):
+    """Seconds the device stage sat idle between two candidates while the next was already ready."""
+    rs = sorted((r for r in results if r.get("device_start")), key=lambda r: r["device_start"])
+    gaps = []
+    for prev, nxt in zip(rs, rs[1:]):
+        if nxt["ready_at"] <= prev["device_end"]:
+            gaps.append(max(0.0, nxt["device_start"] - prev["device_end"]))
+    return {"gaps": len(gaps), "total_s": sum(gaps), "max_s": max(gaps, default=0.0)}
+
+
+def part_torch(args, work, out):
+    cands = []
+    replay = os.path.join(ROOT, "tasks", "replay")
+    for name in sorted(os.listdir(replay)):
+        with open(os.path.join(replay, name)) as f:
+            for i, line in enumerate(l for l in f if l.strip()):
+                rec = json.loads(line)
+                if rec["expect_status"] in ("timeout", "hacked"):
+                    continue
+                path = os.path.join(work, f"{rec['task_id']}-{i}.txt")
+                with open(path, "w") as g:
+                    g.write(rec["completion"])
+                cands.append((os.path.join(TASKS, rec["task_id"] + ".py"), path, rec["expect_status"]))
+    cands = cands[::args.stride]
+    if args.limit:
+        cands = cands[:args.limit]
+    n = len(cands)
+    print(f"[torch] {n} candidates over {len({c[0] for c in cands})} tasks", flush=True)
+
+    # No candidate here builds anything: the evaluator's default two compile workers.
+    ours, wall, t_start = run_launch(args.launch, args.device, [(t, f) for t, f, _ in cands], 2,
+                                     os.path.join(work, "cache-torch"))
+    iso = [r["isolation_s"] for r in ours]
+    startup = min(r["device_start"] for r in ours) - t_start
+    print(f"[torch] ours: evaluator start-up (launch start to the first candidate on the device) "
+          f"{startup:.2f} s", flush=True)
+    print(f"[torch] ours: {n} in {wall:.1f} s = {3600 * n / wall:.0f} candidates/hour; "
+          f"isolation (fork to first instruction) median {statistics.median(iso):.4f} s, "
+          f"max {max(iso):.4f} s", flush=True)
+
+    ref_cache = os.path.join(work, "baseline-ref.json")
+    base, t0 = [], time.monotonic()
+    for task, f, _ in cands:
+        base.append(run_baseline(args.device, task, f, ref_cache, os.path.join(work, "ext-torch")))
+    bwall = time.monotonic() - t0
+    print(f"[torch] baseline: {n} in {bwall:.1f} s = {3600 * n / bwall:.0f} candidates/hour; "
+          f"process wall mean {statistics.fmean(b['wall_s'] for b in base):.2f} s", flush=True)
+
+    agree, rows = 0, []
+    for (task, f, expected), o, b in zip(cands, ours, base):
+        same = verdict_class(o["status"]) == verdict_class(b["status"])
+        agree += same
+        rows.append({"candidate": os.path.basename(f), "expected": expected, "ours": o["status"],
+                     "baseline": b["status"], "agree": same, "ours_ms": o["runtime_ms"],
+                     "baseline_ms": b.get("runtime_ms", 0.0), "ours_ref_ms": o["ref_runtime_ms"],
+                     "baseline_ref_ms": b.get("ref_runtime_ms", 0.0), "ours_wall_s": o["wall_s"],
+                     "baseline_wall_s": b["wall_s"], "ours_error": o["error"][:160],
+                     "baseline_error": b.get("error", "")[:160]})
+        if not same:
+            print(f"[torch] DISAGREE {os.path.basename(f)}: ours {o['status']} ({o['error'][:80]}) "
+                  f"baseline {b['status']} ({b.get('error', '')[:80]})", flush=True)
+    ratio = bwall / wall
+    idle = device_idle(ours)
+    print(f"[torch] device stage idle while a candidate waited: {idle['total_s']:.4f} s over "
+          f"{idle['gaps']} hand-overs (max {idle['max_s']:.4f} s)", flush=True)
+    print(f"[torch] verdicts agree {agree}/{n}; throughput ours/baseline {ratio:.2f}x (target >= 5x)",
+          flush=True)
+    phases = phase_breakdown(args, cands[:args.phases])
+    out["torch"] = {"phases": phases, "candidates": n, "ours_wall_s": wall, "baseline_wall_s": bwall,
+                    "ours_per_hour": 3600 * n / wall, "baseline_per_hour": 3600 * n / bwall,
+                    "ratio": ratio, "agree": agree, "isolation_median_s": statistics.median(iso),
+                    "isolation_max_s": max(iso), "device_idle": idle, "startup_s": startup, "rows": rows}
+
+
+def phase_breakdown(args, cands):
+    """Where a candidate's time goes inside its process (the worker's fork server, in-process)."""
+    if not cands:
+        return {}
+    sys.path.insert(0, os.path.join(ROOT, "gpu"))
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    from worker import ForkServer
+    settings = {"correctness_trials": 5, "warmup": 2, "fast_trials": 5, "full_trials": 50,
+                "atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2,
+                "timeout_s": 120, "compile_timeout_s": 600, "memory_limit_mb": 16384,
+                "reverify_speedup": 10.0, "size": "gpu" if args.device.startswith("cuda") else "cpu"}
+    server = ForkServer(args.device, 1)
+    sums, walls = {}, []
+    for i, (task, f, _) in enumerate(cands):
+        with open(f) as g:
+            action = g.read()
+        req = {"sample_id": os.path.basename(f), "task_id": os.path.splitext(os.path.basename(task))[0],
+               "task_path": task, "action": action, "action_space": "forward_body", "mode": "full", "seed": 42}
+        r = server.evaluate(req, settings)
+        walls.append(r["wall_s"])
+        ph = dict(r.get("phases", {}))
+        ph["fork"] = r.get("isolation", {}).get("child_start_s", 0.0)
+        ph["exit_and_rest"] = r["wall_s"] - sum(ph.values())
+        for k, v in ph.items():
+            sums[k] = sums.get(k, 0.0) + v
+        print(f"[phases] {req['sample_id']:28} {r['status']:13} {r['wall_s']:.3f} s  "
+              + " ".join(f"{k} {v:.3f}" for k, v in ph.items()), flush=True)
+    mean = {k: v / len(cands) for k, v in sums.items()}
+    print("[phases] mean per candidate: " + " ".join(f"{k} {v:.3f}" for k, v in mean.items())
+          + f" (wall {statistics.fmean(walls):.3f} s, CUDA init at start-up {server.info['cuda_init_s']:.3f} s)",
+          flush=True)
+    return {"mean_s": mean, "wall_mean_s": statistics.fmean(walls)}
+
+
+INLINE_TASK = os.path.join(TASKS, "06_swish.py")
+
+
+def inline_variants(work, k):
+    with open(os.path.join(ROOT, "tests", "gpu_candidates", "swish_cuda.txt")) as f:
+        text = f.read()
+    assert "swish_kernel" in text
+    paths = []
+    for i in range(k):
+        p = os.path.join(work, f"swish_variant_{i:02d}.txt")
+        with open(p, "w") as g:
+            g.write(text.replace("swish_kernel", f"swish_kernel_v{i}"))
+        paths.append(p)
+    return paths
+
+
+def build_cpu_seconds(work, variant_file):
+    """One build alone in a fresh process: (wall seconds, CPU seconds of it and its children)."""
+    script = (
+        "import sys, types; sys.path.insert(0, %r)\n"
+        "from scaffold import extract_code, FORWARD_MARKER\n"
+        "code = open(%r).read().split(FORWARD_MARKER)[0]\n"
+        "exec(compile(code, 'build', 'exec'), types.ModuleType('m').__dict__)\n"
+    ) % (os.path.join(ROOT, "gpu"), variant_file)
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=os.path.join(work, "ext-alone"))
+    t0 = time.monotonic()
+    p = subprocess.Popen([PY, "-c", script], env=env)
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.monotonic() - t0
+    if status != 0:
+        raise SystemExit(f"the lone build failed ({status})")
+    return wall, ru.ru_utime + ru.ru_stime
+
+
+def _cpu_times():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v), v[7] if len(v) > 7 else 0  # all jiffies, steal
+
+
+def part_parallel(args, work, out):
+    """The machine alone, without kernelrl: N standalone builds at once (plain processes), against
+    one build alone: how far parallel builds scale here, and the hypervisor's steal time."""
+    n = args.parallel
+    files = inline_variants(work, n + 1)
+    if args.alone:  # measured before: "WALL,CPU" seconds of one build alone
+        alone_wall, alone_cpu = (float(x) for x in args.alone.split(","))
+    else:
+        alone_wall, alone_cpu = build_cpu_seconds(work, files[n])
+    script = ("import sys, types; sys.path.insert(0, %r)\nfrom scaffold import FORWARD_MARKER\n"
+              "exec(compile(open(sys.argv[1]).read().split(FORWARD_MARKER)[0], 'b', 'exec'), {})\n"
+              % os.path.join(ROOT, "gpu"))
+    tot0, steal0 = _cpu_times()
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([PY, "-c", script, f], env=dict(os.environ, TORCH_EXTENSIONS_DIR=os.path.join(work, f"ext-par-{i}")))
+             for i, f in enumerate(files[:n])]
+    cpu = 0.0
+    for p in procs:
+        _, status, ru = os.wait4(p.pid, 0)
+        cpu += ru.ru_utime + ru.ru_stime
+    wall = time.monotonic() - t0
+    tot1, steal1 = _cpu_times()
+    steal = (steal1 - steal0) / max(1, tot1 - tot0)
+    print(f"[parallel] one build alone {alone_wall:.1f} s ({alone_cpu:.1f} CPU-s); {n} at once: {wall:.1f} s, "
+          f"{cpu / n:.1f} CPU-s each, steal {100 * steal:.1f}% of CPU time; speed-up {n * alone_wall / wall:.2f}x "
+          f"of {n}x", flush=True)
+    out["parallel"] = {"n": n, "alone_wall_s": alone_wall, "alone_cpu_s": alone_cpu, "wall_s": wall,
+                       "cpu_s_each": cpu / n, "steal_fraction": steal}
+
+
+def part_inline(args, work, out):
+    k, b = args.inline, args.baseline_inline
+    files = inline_variants(work, k + 1)
+    alone_wall, alone_cpu = build_cpu_seconds(work, files[k])
+    cores = os.cpu_count()
+    allowed = cores / alone_cpu  # builds per second the cores allow
+    print(f"[inline] one build alone: {alone_wall:.1f} s wall, {alone_cpu:.1f} CPU-s; {cores} cores "
+          f"allow {3600 * allowed:.0f} builds/hour", flush=True)
+
+    cache = os.path.join(work, "cache-inline")
+    cands = [(INLINE_TASK, f) for f in files[:k]]
+    cold, cold_wall, t_start = run_launch(args.launch, args.device, cands, args.compile_workers, cache)
+    statuses = {r["status"] for r in cold}
+    built = max(r["ready_at"] for r in cold) - t_start  # launch start to the last build done
+    compile_rate = k / built
+    print(f"[inline] cold: {k} in {cold_wall:.1f} s = {3600 * k / cold_wall:.0f}/hour (statuses {statuses}); "
+          f"all built {built:.1f} s after start: {3600 * compile_rate:.0f} builds/hour = "
+          f"{100 * compile_rate / allowed:.0f}% of what the cores allow (target >= 80%)", flush=True)
+    cold_idle = device_idle(cold)
+    print(f"[inline] device stage idle while a built candidate waited: {cold_idle['total_s']:.4f} s over "
+          f"{cold_idle['gaps']} hand-overs (max {cold_idle['max_s']:.4f} s)", flush=True)
+
+    warm, warm_wall, _ = run_launch(args.launch, args.device, cands, args.compile_workers, cache)
+    cached = sum(1 for r in warm if r["compile_cached"])
+    print(f"[inline] warm: {k} in {warm_wall:.1f} s = {3600 * k / warm_wall:.0f}/hour ({cached} from the cache)",
+          flush=True)
+
+    base = []
+    t0 = time.monotonic()
+    for i, (task, f) in enumerate(cands[:b]):
+        base.append(run_baseline(args.device, task, f, os.path.join(work, "baseline-ref.json"),
+                                 os.path.join(work, f"ext-baseline-{i}"), timeout_s=900))
+    bwall = time.monotonic() - t0
+    per = bwall / max(1, b)
+    agree = sum(verdict_class(x["status"]) == verdict_class(y["status"]) for x, y in zip(base, cold))
+    print(f"[inline] baseline: {b} in {bwall:.1f} s = {per:.1f} s each = {3600 / per:.0f}/hour; "
+          f"statuses {[x['status'] for x in base]}, agree with ours {agree}/{b}; "
+          f"ours cold {per * k / cold_wall:.1f}x, warm {per * k / warm_wall:.1f}x", flush=True)
+    out["inline"] = {
+        "candidates": k, "compile_workers": args.compile_workers, "cores": cores,
+        "alone_build_wall_s": alone_wall, "alone_build_cpu_s": alone_cpu,
+        "cores_allow_per_hour": 3600 * allowed, "cold_wall_s": cold_wall, "all_built_s": built,
+        "compile_per_hour": 3600 * compile_rate, "compile_efficiency": compile_rate / allowed,
+        "cold_per_hour": 3600 * k / cold_wall, "warm_wall_s": warm_wall, "warm_per_hour": 3600 * k / warm_wall,
+        "warm_cached": cached, "device_idle_cold": cold_idle, "device_idle_warm": device_idle(warm),
+        "baseline_candidates": b, "baseline_wall_s": bwall, "baseline_per_hour": 3600 / per,
+        "baseline_agree": agree, "statuses_cold": sorted(statuses),
+        "compile_s": [r["compile_s"] for r in cold], "isolation_s": [r["isolation_s"] for r in cold + warm],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launch", required=True)
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--parts", default="torch,inline")
+    ap.add_argument("--limit", type=int, default=0, help="torch part: first N candidates only")
+    ap.add_argument("--stride", type=int, default=1, help="torch part: every Nth candidate")
+    ap.add_argument("--phases", type=int, default=12, help="torch part: candidates timed phase by phase")
+    ap.add_argument("--inline", type=int, default=32, help="distinct load_inline candidates")
+    ap.add_argument("--baseline-inline", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=4, help="parallel part: standalone builds at once")
+    ap.add_argument("--alone", default="", help="parallel part: WALL,CPU of one build alone, if known")
+    ap.add_argument("--compile-workers", type=int, default=os.cpu_count())
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="kernelrl-bench-")
+    out = {"device": args.device, "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(),
+           "compile_workers": args.compile_workers}
+    try:
+        for part in args.parts.split(","):
+            {"torch": part_torch, "inline": part_inline, "parallel": part_parallel}[part](args, work, out)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(out, f, indent=1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
