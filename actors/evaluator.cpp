@@ -151,10 +151,9 @@ caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor disp
   if (!copts.log_path.empty()) copts.log_path += ".compile";
   for (uint32_t i = 0; i < args.settings.compile_workers; ++i) {
     st.compilers.push_back(self->spawn<caf::detached + caf::linked>(stage_actor, copts, args.settings));
+    // Its worker process starts with the first build it gets (a failure shows up there): runs
+    // without kernels to build never pay for it, and it does not slow the timing stage's start.
     st.compiler_busy.push_back(false);
-    // Start its worker now, in parallel; a failure shows up (and is logged) at its first build.
-    self->request(st.compilers.back(), caf::infinite, stats_atom::value)
-        .then([](std::vector<std::string>&) {}, [](caf::error&) {});
   }
   self->request(st.timing, caf::infinite, stats_atom::value)
       .then(

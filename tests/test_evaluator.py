@@ -221,17 +221,8 @@ class HackTest(Base):
                           "hacked", "replaced time.monotonic")
 
 
-CPP_OK = r'''
-from torch.utils.cpp_extension import load_inline
-src = """
-#include <torch/extension.h>
-torch::Tensor swish(torch::Tensor x) { return x * torch::sigmoid(x); }
-"""
-ext = load_inline(name="kernelrl_test_swish", cpp_sources=src, functions=["swish"], verbose=False)
-# --- forward ---
-return ext.swish(x)
-'''
-
+with open(os.path.join(ROOT, "tests", "cpu_candidates", "swish_cpp.txt")) as _f:
+    CPP_OK = _f.read()  # a C++ load_inline extension (g++ only: no GPU needed)
 CPP_BAD = CPP_OK.replace("return x * torch::sigmoid(x);", "return x * undefined_symbol(x);")
 
 

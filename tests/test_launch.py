@@ -228,6 +228,37 @@ class EvaluateCommandTest(unittest.TestCase):
                 self.assertLess(r["device_start"], r["device_end"])
             self.assertLessEqual(rows[0]["device_end"], rows[1]["device_start"])
 
+    def test_the_compile_stage_builds_once_and_the_timing_stage_uses_that_build(self):
+        with open(os.path.join(ROOT, "tests", "cpu_candidates", "swish_cpp.txt")) as f:
+            good = f.read()
+        with tempfile.TemporaryDirectory() as d:
+            files = []
+            for name, body in (("a", good), ("b", good),
+                               ("bad", good.replace("torch::sigmoid(x)", "undefined_symbol(x)"))):
+                path = os.path.join(d, name + ".txt")
+                with open(path, "w") as f:
+                    f.write(body)
+                files += ["--candidate", path]
+            out = subprocess.run([LAUNCH, "evaluate", "--task", os.path.join(TASKS, "06_swish.py"), *files,
+                                  "--compile-workers", "2", "--timeout", "60", "--json"],
+                                 capture_output=True, text=True, timeout=900, env=dict(os.environ, XDG_CACHE_HOME=d))
+            self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+            rows = [json.loads(line) for line in out.stdout.splitlines()]
+            self.assertEqual([r["status"] for r in rows], ["ok", "ok", "compile_error"], rows)
+            self.assertTrue(rows[2]["error"])
+            self.assertEqual(rows[2]["device_start"], 0, "a failed build never reaches the device stage")
+            # Two compile workers got the same candidate: one built it, the other found it built.
+            self.assertEqual(sorted(r["compile_cached"] for r in rows[:2]), [False, True])
+            cache = os.path.join(d, "kernelrl", "build-cache")
+            built = [e for e in os.listdir(cache)
+                     if any(n.endswith(".built") for n in os.listdir(os.path.join(cache, e)))]
+            self.assertEqual(len(built), 1)
+            # The device stage imported that build: nothing was built twice (ninja logs one entry
+            # for the object and one for the library).
+            with open(os.path.join(cache, built[0], ".ninja_log")) as f:
+                entries = [l for l in f if not l.startswith("#")]
+            self.assertEqual(len(entries), 2, entries)
+
     def test_bad_arguments_exit_2(self):
         out = run("evaluate", "--task", os.path.join(TASKS, "06_swish.py"))
         self.assertEqual(out.returncode, 2)
