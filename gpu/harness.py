@@ -370,6 +370,11 @@ class Harness:
                 res["compile_log"] = (res["compile_log"] + v.log)[-LOG_LIMIT:]
         if res["status"] != "ok":
             res["speedup"] = 0.0
+        if self.device.type == "cuda":
+            try:  # allocator statistics only: no CUDA call, safe after a fault
+                res["gpu_reserved_bytes"] = int(torch.cuda.max_memory_reserved(self.device))
+            except Exception:  # noqa: BLE001
+                res["gpu_reserved_bytes"] = 0
         return res
 
     def _phase(self, res, name):
@@ -593,8 +598,10 @@ class Harness:
 
     def _time_both(self, task, task_path, size, mode, trials, warmup, seed, ref_model, new_model,
                    watch, res, use_cache=True):
-        # The next candidate's process may be starting up (gpu/sandbox.py Spare): not while timing.
-        sandbox.wait_for_warming(os.environ.get("KERNELRL_WARM_LOCK", ""))
+        # The next candidate's process may be starting up (gpu/sandbox.py Spare), the previous one
+        # still exiting: not while timing.
+        sandbox.wait_for_warming(os.environ.get("KERNELRL_WARM_LOCK", ""),
+                                 os.environ.get("KERNELRL_EXIT_LOCK", ""))
         timer = Timer(self.device)
         timing_inputs = self._inputs(task, seed * 1000 + 999)
         key = "|".join(str(x) for x in (task_path, os.stat(task_path).st_mtime_ns, size, self.device_name,

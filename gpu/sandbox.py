@@ -148,7 +148,7 @@ class Spare:
     start-up never overlaps a timed region."""
 
     def __init__(self, *, handler, warm, key, env, isolate_net, address_space_limit,
-                 memory_limit_mb, tmp_root, lock_path):
+                 memory_limit_mb, tmp_root, lock_path, close_fds=()):
         self.key = key
         self.memory_limit_mb = memory_limit_mb
         self.tmpdir = tempfile.mkdtemp(prefix="cand-", dir=tmp_root)
@@ -158,6 +158,8 @@ class Spare:
         if self.pid == 0:  # child
             os.close(self.req_w)
             os.close(self.rep_r)
+            for fd in close_fds:  # the worker's locks: held by the worker, not by this process
+                os.close(fd)
             net = "setup failed"
             try:
                 with open(lock_path, "w") as lock:  # first, before the running candidate can time
@@ -212,9 +214,13 @@ class Spare:
             return False
         return True
 
-    def collect(self, timeout_s):
-        """Waits for the reply: (reply, failure) as run_isolated."""
-        return _collect(self.pid, self.rep_r, self.t0, timeout_s, self.memory_limit_mb, self.tmpdir)
+    def collect(self, timeout_s, on_poll=None, defer_exit=None):
+        """Waits for the reply: (reply, failure) as run_isolated. ``on_poll()`` is called while
+        waiting; given ``defer_exit(pid, tmpdir)``, a process that replied is killed but not
+        waited for (its exit, CUDA context teardown included, overlaps the next candidate):
+        the caller reaps it and removes its temp dir."""
+        return _collect(self.pid, self.rep_r, self.t0, timeout_s, self.memory_limit_mb, self.tmpdir,
+                        on_poll, defer_exit)
 
     def discard(self):
         for fd in (self.req_w, self.rep_r):
@@ -231,18 +237,20 @@ class Spare:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
-def wait_for_warming(lock_path):
-    """Blocks while a spare process is starting up (see Spare); a no-op when none is."""
-    if not lock_path:
-        return
-    try:
-        with open(lock_path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_SH)
-    except OSError:
-        pass
+def wait_for_warming(*lock_paths):
+    """Blocks while another candidate's process is starting up (see Spare) or still exiting
+    (the worker holds the exit lock until it has reaped it); a no-op when none is."""
+    for path in lock_paths:
+        if not path:
+            continue
+        try:
+            with open(path, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_SH)
+        except OSError:
+            pass
 
 
-def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir):
+def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, defer_exit=None):
     chunks = []
     failure = None
     deadline = t0 + timeout_s
@@ -256,6 +264,8 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir):
                            "error": f"candidate exceeded the {timeout_s:g} s limit; its process group was killed"}
                 break
             ready, _, _ = select.select([rfd], [], [], min(left, 0.05))
+            if on_poll is not None:
+                on_poll()
             if ready:
                 chunk = os.read(rfd, 1 << 20)
                 if not chunk:
@@ -272,11 +282,17 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir):
                     break
     finally:
         os.close(rfd)
+        deferred = failure is None and chunks and defer_exit is not None
         if failure is not None:
             _kill_group(pid)
-        _, status = os.waitpid(pid, 0)
-        _kill_group(pid)  # anything the candidate left behind in its group
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        if deferred:
+            _kill_group(pid)  # it replied: end it and anything it left behind, reap it later
+            defer_exit(pid, tmpdir)
+            status = 0
+        else:
+            _, status = os.waitpid(pid, 0)
+            _kill_group(pid)  # anything the candidate left behind in its group
+            shutil.rmtree(tmpdir, ignore_errors=True)
     wall = time.monotonic() - t0
     if failure is not None:
         failure["isolation"] = {"wall_s": wall}

@@ -61,7 +61,12 @@ class ForkServer:
         self.tmp_root = tmp_root or os.environ.get("TMPDIR", "/tmp")
         self.isolate_net = isolate_net
         self.spare = None
+        self.device_memory = 0
         self.warm_lock = os.path.join(self.tmp_root, f"kernelrl-warm-{os.getpid()}-{id(self)}.lock")
+        # Held while a candidate's process that already replied is still exiting (see _defer_exit).
+        self.exit_lock = os.path.join(self.tmp_root, f"kernelrl-exit-{os.getpid()}-{id(self)}.lock")
+        self.exit_lock_file = None
+        self.exiting = []  # (pid, tmpdir) killed after their reply, not yet reaped
         self.harness = Harness(device, threads, self.cache_root)
         self.info = {"device": "cpu", "capability": "", "cuda_init_s": 0.0, "network": ""}
         self.env = {}
@@ -80,7 +85,8 @@ class ForkServer:
                 torch.empty(1, device=d)
                 cap = torch.cuda.get_device_capability(d)
                 return {"status": "ok", "device": torch.cuda.get_device_name(d),
-                        "capability": f"{cap[0]}.{cap[1]}", "cuda_init_s": time.monotonic() - t0}
+                        "capability": f"{cap[0]}.{cap[1]}", "cuda_init_s": time.monotonic() - t0,
+                        "total_memory": torch.cuda.get_device_properties(d).total_memory}
             return {"status": "ok", "device": "cpu", "capability": "", "cuda_init_s": 0.0}
 
         reply, failure = self.sandbox.run_isolated(
@@ -91,6 +97,7 @@ class ForkServer:
             raise RuntimeError(f"device probe on {dev} failed: {why} {(reply or {}).get('compile_log', '')}")
         self.info = {k: reply[k] for k in ("device", "capability", "cuda_init_s")}
         self.info["network"] = reply.get("isolation", {}).get("network", "")
+        self.device_memory = int(reply.get("total_memory", 0))
         self.harness.device_name = self.info["device"]
         if self.info["capability"]:
             # Builds target exactly this GPU (and the compile key records it).
@@ -120,7 +127,43 @@ class ForkServer:
         return self.sandbox.Spare(handler=handler, warm=warm, key=key, env=env,
                                   isolate_net=self.isolate_net, address_space_limit=cpu,
                                   memory_limit_mb=memory_limit_mb, tmp_root=self.tmp_root,
-                                  lock_path=self.warm_lock)
+                                  lock_path=self.warm_lock,
+                                  close_fds=[self.exit_lock_file.fileno()] if self.exit_lock_file else [])
+
+    def _defer_exit(self, pid, tmpdir):
+        """The candidate replied: its process exits (tearing its CUDA context down) while the
+        next candidate starts; the exit lock keeps that next candidate from timing until it is
+        reaped."""
+        import fcntl
+        if self.exit_lock_file is None:
+            f = open(self.exit_lock, "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a process still holds it shared: do not defer
+                f.close()
+                os.waitpid(pid, 0)
+                import shutil
+                shutil.rmtree(tmpdir, ignore_errors=True)
+                return
+            self.exit_lock_file = f
+        self.exiting.append((pid, tmpdir))
+
+    def _reap(self, block=False):
+        import shutil
+        left = []
+        for pid, tmpdir in self.exiting:
+            try:
+                done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+            else:
+                left.append((pid, tmpdir))
+        self.exiting = left
+        if not left and self.exit_lock_file is not None:
+            self.exit_lock_file.close()  # releases the lock
+            self.exit_lock_file = None
 
     def evaluate(self, req, s):
         """One candidate in its own process. The process comes from a spare forked and warmed up
@@ -131,6 +174,8 @@ class ForkServer:
         if s.get("cuda_arch"):
             env["TORCH_CUDA_ARCH_LIST"] = s["cuda_arch"]
         env["KERNELRL_WARM_LOCK"] = self.warm_lock
+        env["KERNELRL_EXIT_LOCK"] = self.exit_lock
+        self._reap()
         cpu = not self.device.startswith("cuda")
         mem = int(s.get("memory_limit_mb", 0))
         key = (tuple(sorted(env.items())), mem, cpu)
@@ -149,7 +194,11 @@ class ForkServer:
         if spare is None:
             reply, failure = None, {"status": "runtime_error", "error": "the candidate's process could not start"}
         else:
-            reply, failure = spare.collect(self._limits(req, s, False))
+            reply, failure = spare.collect(self._limits(req, s, False), on_poll=self._reap,
+                                           defer_exit=self._defer_exit)
+            if reply and reply.get("gpu_reserved_bytes", 0) > self.device_memory // 4:
+                # It held much of the GPU's memory: let the next candidate find it free.
+                self._reap(block=True)
         if self.spare is None:
             self.spare = self._spawn(key, env, mem, cpu)  # ready for the next candidate
         from harness import empty_result
@@ -170,10 +219,12 @@ class ForkServer:
         if self.spare is not None:
             self.spare.discard()
             self.spare = None
-        try:
-            os.remove(self.warm_lock)
-        except OSError:
-            pass
+        self._reap(block=True)
+        for path in (self.warm_lock, self.exit_lock):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
 
     def compile(self, req, s):
         t0 = time.monotonic()

@@ -144,11 +144,13 @@ class IsolationTest(Base):
         r = self.evaluate("import os, tempfile\nassert os.getcwd() == tempfile.gettempdir(), os.getcwd()\n"
                           "open('left-behind.txt', 'w').write('x')\nreturn torch.nn.functional.silu(x)")
         self.assertStatus(r, "ok")
-        # What is left: the next candidate's process, already started (its temp dir), and its lock.
+        # What is left once the last candidate's process is reaped: the next candidate's process,
+        # already started (its temp dir), and the locks.
+        self.server._reap(block=True)
         spare = self.server.spare
         self.assertIsNotNone(spare, "a process waits for the next candidate")
-        self.assertEqual(sorted(os.listdir(self.tmp_root)),
-                         sorted([os.path.basename(spare.tmpdir), os.path.basename(self.server.warm_lock)]),
+        left = set(os.listdir(self.tmp_root)) - {os.path.basename(self.server.exit_lock)}
+        self.assertEqual(left, {os.path.basename(spare.tmpdir), os.path.basename(self.server.warm_lock)},
                          "each finished candidate's temp dir is removed")
         self.assertTrue(spare.alive())
 
@@ -171,6 +173,17 @@ class IsolationTest(Base):
             t0 = time.monotonic()
             sandbox.wait_for_warming(lock)  # nobody warming: no wait
             self.assertLess(time.monotonic() - t0, 0.1)
+
+    def test_timing_waits_until_the_previous_candidate_has_exited(self):
+        import fcntl
+        self.assertStatus(self.evaluate(GOOD), "ok")
+        with open(self.server.exit_lock, "a") as f:
+            if self.server.exiting:  # replied, still being reaped: the exit lock is held
+                with self.assertRaises(BlockingIOError):
+                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            self.server._reap(block=True)
+            self.assertEqual(self.server.exiting, [])
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free once reaped
 
     def test_a_dead_spare_is_replaced(self):
         self.assertStatus(self.evaluate(GOOD), "ok")
