@@ -204,17 +204,20 @@ def inline_variants(work, k):
     return paths
 
 
+def build_process(variant_file, ext_dir):
+    """A fresh Python process that builds a variant's kernels (the code before its forward body)
+    with torch's own load_inline, as a plain program would."""
+    script = ("import sys, types; sys.path.insert(0, %r)\nfrom scaffold import FORWARD_MARKER\n"
+              "code = open(sys.argv[1]).read().split(FORWARD_MARKER)[0]\n"
+              "exec(compile(code, 'build', 'exec'), types.ModuleType('m').__dict__)\n"
+              % os.path.join(ROOT, "gpu"))
+    return subprocess.Popen([PY, "-c", script, variant_file], env=dict(os.environ, TORCH_EXTENSIONS_DIR=ext_dir))
+
+
 def build_cpu_seconds(work, variant_file):
     """One build alone in a fresh process: (wall seconds, CPU seconds of it and its children)."""
-    script = (
-        "import sys, types; sys.path.insert(0, %r)\n"
-        "from scaffold import extract_code, FORWARD_MARKER\n"
-        "code = open(%r).read().split(FORWARD_MARKER)[0]\n"
-        "exec(compile(code, 'build', 'exec'), types.ModuleType('m').__dict__)\n"
-    ) % (os.path.join(ROOT, "gpu"), variant_file)
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=os.path.join(work, "ext-alone"))
     t0 = time.monotonic()
-    p = subprocess.Popen([PY, "-c", script], env=env)
+    p = build_process(variant_file, os.path.join(work, "ext-alone"))
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.monotonic() - t0
     if status != 0:
@@ -237,13 +240,9 @@ def part_parallel(args, work, out):
         alone_wall, alone_cpu = (float(x) for x in args.alone.split(","))
     else:
         alone_wall, alone_cpu = build_cpu_seconds(work, files[n])
-    script = ("import sys, types; sys.path.insert(0, %r)\nfrom scaffold import FORWARD_MARKER\n"
-              "exec(compile(open(sys.argv[1]).read().split(FORWARD_MARKER)[0], 'b', 'exec'), {})\n"
-              % os.path.join(ROOT, "gpu"))
     tot0, steal0 = _cpu_times()
     t0 = time.monotonic()
-    procs = [subprocess.Popen([PY, "-c", script, f], env=dict(os.environ, TORCH_EXTENSIONS_DIR=os.path.join(work, f"ext-par-{i}")))
-             for i, f in enumerate(files[:n])]
+    procs = [build_process(f, os.path.join(work, f"ext-par-{i}")) for i, f in enumerate(files[:n])]
     cpu = 0.0
     for p in procs:
         _, status, ru = os.wait4(p.pid, 0)

@@ -226,6 +226,7 @@ class Timer:
         self.protocol = protocol
         self.flush_buf = None
         self.idle_tail_ms = 0.0
+        self.tail_trials = 0  # trials of the last run() that counted the tail
         self.stream = None
         if device.type == "cuda":
             # Events go on the stream current now: a candidate that switches streams for good

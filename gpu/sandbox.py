@@ -1,7 +1,7 @@
 """Per-candidate process isolation for the evaluation worker.
 
-The worker (gpu/worker.py) imports torch once and never touches CUDA itself; for each candidate it
-forks a child with ``run_isolated``. The child gets its own process group, dies with the worker,
+The worker (gpu/worker.py) imports torch once and never touches CUDA itself; each candidate runs
+in a forked child: a ``Spare`` started ahead of it, or one ``run_isolated`` forks. The child gets its own process group, dies with the worker,
 runs in a private temporary directory, without network (a fresh network namespace where the kernel
 allows one), under an address-space limit on CPU, and hands back one msgpack reply through a pipe.
 The parent enforces the wall-clock limit and a resident-memory limit by polling, and kills the
@@ -88,6 +88,13 @@ def _child_setup(env, isolate_net, address_space_limit, memory_limit_mb, tmpdir)
     return net
 
 
+def _write_all(fd, data: bytes):
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
 def _child_run(fn, wfd, memory_limit_mb, t0, net):
     """Runs fn in the child, writes its msgpack reply to wfd, and ends the process."""
     code = 0
@@ -108,10 +115,7 @@ def _child_run(fn, wfd, memory_limit_mb, t0, net):
                              use_bin_type=True)
         code = 1
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(wfd, view)
-            view = view[n:]
+        _write_all(wfd, data)
         os.close(wfd)  # the parent sees the end of the reply now, not after the process is gone
     finally:
         os._exit(code)
@@ -143,9 +147,9 @@ class Spare:
     """A candidate's process started ahead of its candidate: forked, isolated and through
     ``warm()`` (CUDA context creation, ~0.3-0.4 s on an H100) while the previous candidate runs,
     then waiting for its request. ``send(request)`` then ``collect(timeout_s)`` run
-    ``handler(request)`` in it under the same limits as run_isolated. While warming it holds an exclusive lock on ``lock_path``;
-    a running candidate takes that lock (shared) before it times anything, so another process's
-    start-up never overlaps a timed region."""
+    ``handler(request)`` in it under the same limits as run_isolated. While warming it holds an
+    exclusive lock on ``lock_path``; a running candidate takes that lock (shared) before it times
+    anything, so another process's start-up never overlaps a timed region."""
 
     def __init__(self, *, handler, warm, key, env, isolate_net, address_space_limit,
                  memory_limit_mb, tmp_root, lock_path, close_fds=()):
@@ -202,11 +206,7 @@ class Spare:
             self.discard()
             return False
         try:
-            data = msgpack.packb(request, use_bin_type=True)
-            view = memoryview(data)
-            while view:
-                n = os.write(self.req_w, view)
-                view = view[n:]
+            _write_all(self.req_w, msgpack.packb(request, use_bin_type=True))
             os.close(self.req_w)
             self.req_w = -1
         except OSError:
@@ -255,7 +255,6 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
     failure = None
     deadline = t0 + timeout_s
     limit = memory_limit_mb * 1024 * 1024
-    peak = 0
     try:
         while True:
             left = deadline - time.monotonic()
@@ -274,7 +273,6 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
                 continue
             if limit > 0:
                 rss = rss_bytes(pid)
-                peak = max(peak, rss)
                 if rss > limit:
                     failure = {"status": "runtime_error",
                                "error": f"candidate exceeded the memory limit: resident {rss >> 20} MB > "
@@ -282,14 +280,13 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
                     break
     finally:
         os.close(rfd)
-        deferred = failure is None and chunks and defer_exit is not None
-        if failure is not None:
-            _kill_group(pid)
-        if deferred:
+        if failure is None and chunks and defer_exit is not None:
             _kill_group(pid)  # it replied: end it and anything it left behind, reap it later
             defer_exit(pid, tmpdir)
             status = 0
         else:
+            if failure is not None:
+                _kill_group(pid)
             _, status = os.waitpid(pid, 0)
             _kill_group(pid)  # anything the candidate left behind in its group
             shutil.rmtree(tmpdir, ignore_errors=True)

@@ -18,7 +18,9 @@ candidate's module with CUDA hidden so its kernels build into the content-addres
 """
 
 import argparse
+import fcntl
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -134,22 +136,18 @@ class ForkServer:
         """The candidate replied: its process exits (tearing its CUDA context down) while the
         next candidate starts; the exit lock keeps that next candidate from timing until it is
         reaped."""
-        import fcntl
+        self.exiting.append((pid, tmpdir))
         if self.exit_lock_file is None:
             f = open(self.exit_lock, "a")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # a process still holds it shared: do not defer
                 f.close()
-                os.waitpid(pid, 0)
-                import shutil
-                shutil.rmtree(tmpdir, ignore_errors=True)
+                self._reap(block=True)
                 return
             self.exit_lock_file = f
-        self.exiting.append((pid, tmpdir))
 
     def _reap(self, block=False):
-        import shutil
         left = []
         for pid, tmpdir in self.exiting:
             try:
