@@ -18,8 +18,13 @@ giving the rate the cores allow (cores / CPU-seconds per build) that the cold co
 is compared with; the device stage's idle time while built candidates waited (from the
 evaluator's ready_at/device_start/device_end stamps); isolation overhead per candidate.
 
-Usage: python bench/evaluator_throughput.py --launch PATH [--device cuda:0] [--parts torch,inline]
-           [--limit N] [--inline K] [--baseline-inline B] [--compile-workers W] [--json OUT.json]
+Part `parallel`: N plain builds at once outside kernelrl against one alone (how builds scale on
+this machine). Part `cpu`: a fixed CPU-bound work in one process, then one per core at once (the
+cores the machine really delivers: quota, SMT siblings, a busy host).
+
+Usage: python bench/evaluator_throughput.py --launch PATH [--device cuda:0]
+           [--parts torch,inline,parallel,cpu] [--limit N] [--stride N] [--inline K]
+           [--baseline-inline B] [--compile-workers W] [--parallel N] [--alone WALL,CPU] [--json OUT.json]
 """
 
 import argparse
@@ -231,6 +236,57 @@ def _cpu_times():
     return sum(v), v[7] if len(v) > 7 else 0  # all jiffies, steal
 
 
+def _spin(seconds_of_work):
+    """CPU-bound work of a fixed size (no memory traffic to speak of)."""
+    x = 0
+    for i in range(int(seconds_of_work * 2e7)):
+        x += i * i
+    return x
+
+
+def part_cpu(args, work, out):
+    """What the machine's cores deliver: the same fixed CPU-bound work in 1 process, then in one
+    process per core at once; effective cores = cores * (time alone / time at once). A CPU quota
+    (cgroup cpu.max), SMT siblings or a busy host show here, before any compiler runs."""
+    import multiprocessing as mp
+    cores = os.cpu_count()
+    quota = ""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota = f.read().strip()
+    except OSError:
+        pass
+    ctx = mp.get_context("fork")
+
+    def timed(n):
+        t0 = time.monotonic()
+        ps = [ctx.Process(target=_spin, args=(1.0,)) for _ in range(n)]
+        for p in ps:
+            p.start()
+        for p in ps:
+            p.join()
+        return time.monotonic() - t0
+
+    alone = timed(1)
+    tot0, steal0 = _cpu_times()
+    full = timed(cores)
+    tot1, steal1 = _cpu_times()
+    eff = cores * alone / full
+    steal = (steal1 - steal0) / max(1, tot1 - tot0)
+    threads = ""
+    try:
+        threads = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        threads = " ".join(l.split(":", 1)[1].strip() for l in threads.splitlines()
+                           if l.startswith(("Thread(s) per core", "Core(s) per socket", "Socket(s)")))
+    except OSError:
+        pass
+    print(f"[cpu] {cores} cores (affinity {len(os.sched_getaffinity(0))}, cgroup cpu.max '{quota}', "
+          f"threads/core cores/socket sockets: {threads}); fixed work alone {alone:.2f} s, {cores} at once "
+          f"{full:.2f} s: {eff:.1f} effective cores, steal {100 * steal:.1f}%", flush=True)
+    out["cpu"] = {"cores": cores, "cpu_max": quota, "lscpu": threads, "alone_s": alone, "all_s": full,
+                  "effective_cores": eff, "steal_fraction": steal}
+
+
 def part_parallel(args, work, out):
     """The machine alone, without kernelrl: N standalone builds at once (plain processes), against
     one build alone: how far parallel builds scale here, and the hypervisor's steal time."""
@@ -260,7 +316,10 @@ def part_parallel(args, work, out):
 def part_inline(args, work, out):
     k, b = args.inline, args.baseline_inline
     files = inline_variants(work, k + 1)
-    alone_wall, alone_cpu = build_cpu_seconds(work, files[k])
+    if args.alone:  # measured before: "WALL,CPU" seconds of one build alone
+        alone_wall, alone_cpu = (float(x) for x in args.alone.split(","))
+    else:
+        alone_wall, alone_cpu = build_cpu_seconds(work, files[k])
     cores = os.cpu_count()
     allowed = cores / alone_cpu  # builds per second the cores allow
     print(f"[inline] one build alone: {alone_wall:.1f} s wall, {alone_cpu:.1f} CPU-s; {cores} cores "
@@ -319,7 +378,7 @@ def main():
     ap.add_argument("--inline", type=int, default=32, help="distinct load_inline candidates")
     ap.add_argument("--baseline-inline", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=4, help="parallel part: standalone builds at once")
-    ap.add_argument("--alone", default="", help="parallel part: WALL,CPU of one build alone, if known")
+    ap.add_argument("--alone", default="", help="parallel and inline parts: WALL,CPU of one build alone, if known")
     ap.add_argument("--compile-workers", type=int, default=os.cpu_count())
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -328,7 +387,7 @@ def main():
            "compile_workers": args.compile_workers}
     try:
         for part in args.parts.split(","):
-            {"torch": part_torch, "inline": part_inline, "parallel": part_parallel}[part](args, work, out)
+            {"torch": part_torch, "inline": part_inline, "parallel": part_parallel, "cpu": part_cpu}[part](args, work, out)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(out, f, indent=1)
