@@ -8,6 +8,8 @@
 
 #include <caf/fwd.hpp>
 
+#include <cstdint>
+
 namespace kernelrl {
 
 caf::actor spawn_learner(caf::actor_system& sys);
