@@ -78,7 +78,9 @@ void finish(self_ptr self, const EvaluatorArgs& args, Job& job, EvalResult r) {
 
 void pump(self_ptr self, const EvaluatorArgs& args) {
   auto& st = self->state;
-  for (size_t i = 0; i < st.compilers.size() && !st.compile_queue.empty(); ++i) {
+  // Builds wait for the timing stage's hello: they must target its architecture (st.arch), or
+  // the timing stage would not find them in the cache (the key records the arch) and build again.
+  for (size_t i = 0; st.timing_ready && i < st.compilers.size() && !st.compile_queue.empty(); ++i) {
     if (st.compiler_busy[i]) continue;
     auto job = st.compile_queue.front();
     st.compile_queue.pop_front();
@@ -95,13 +97,17 @@ void pump(self_ptr self, const EvaluatorArgs& args) {
                 job->compile_s = r.compile_s;
                 job->compile_cached = r.compile_cached;
                 job->compile_log = r.compile_log;
+                if (!job->precompiled)  // the timing stage builds it: say why in its log
+                  job->compile_log = "[compile stage: " + r.error + "; the timing stage builds it]\n";
                 job->ready_at = unix_now();
                 self->state.timing_queue.push_back(job);
               }
               pump(self, args);
             },
-            [=](caf::error&) {  // the compile stage is an optimisation: time it anyway
+            [=](caf::error& e) {  // the compile stage is an optimisation: time it anyway
               self->state.compiler_busy[i] = false;
+              job->compile_log = "[compile stage failed: " + self->system().render(e) +
+                                 "; the timing stage builds it]\n";
               job->ready_at = unix_now();
               self->state.timing_queue.push_back(job);
               pump(self, args);
@@ -122,6 +128,8 @@ void pump(self_ptr self, const EvaluatorArgs& args) {
             if (job->precompiled) {
               r.compile_s += job->compile_s;
               r.compile_cached = job->compile_cached;
+            } else {
+              r.compile_log = job->compile_log + r.compile_log;
             }
             finish(self, args, *job, std::move(r));
             pump(self, args);

@@ -442,7 +442,12 @@ class Harness:
             res["compile_s"] = summ["seconds"]
             raise Verdict("compile_error", _short_exc(e), captured.getvalue() + summ["log"] + _tb(e))
         summ = rec.summary()
-        res["compile_log"] = (captured.getvalue() + summ["log"])[-LOG_LIMIT:]
+        note = ""
+        if s.get("precompiled") and summ["builds"] and not summ["cached"]:
+            # The compile stage built it, yet this process did not find it: a key mismatch
+            # between the stages (the build ran twice). Said in the log, for whoever reads it.
+            note = "[the compile stage's build was not in the cache: built again in the timing stage]\n"
+        res["compile_log"] = (note + captured.getvalue() + summ["log"])[-LOG_LIMIT:]
         res["compile_s"], res["compile_cached"] = summ["seconds"], summ["cached"]
         if not isinstance(getattr(mod, "ModelNew", None), type):
             raise Verdict("compile_error", "the program defines no class ModelNew")

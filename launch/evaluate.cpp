@@ -51,6 +51,7 @@ nlohmann::json result_json(const EvalResult& r) {
           {"kernel_coverage", r.kernel_coverage},
           {"compile_s", r.compile_s},
           {"compile_cached", r.compile_cached},
+          {"compile_log", r.compile_log},
           {"reverified", r.reverified},
           {"isolation_s", r.isolation_s},
           {"ready_at", r.ready_at},

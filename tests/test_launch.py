@@ -249,6 +249,9 @@ class EvaluateCommandTest(unittest.TestCase):
             self.assertEqual(rows[2]["device_start"], 0, "a failed build never reaches the device stage")
             # Two compile workers got the same candidate: one built it, the other found it built.
             self.assertEqual(sorted(r["compile_cached"] for r in rows[:2]), [False, True])
+            for r in rows[:2]:  # no stage fell back to building it itself
+                self.assertNotIn("built again", r["compile_log"])
+                self.assertNotIn("the timing stage builds it", r["compile_log"])
             cache = os.path.join(d, "kernelrl", "build-cache")
             built = [e for e in os.listdir(cache)
                      if any(n.endswith(".built") for n in os.listdir(os.path.join(cache, e)))]
