@@ -119,12 +119,14 @@ def main():
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--json", default="")
     ap.add_argument("--skip-replay", action="store_true")
+    ap.add_argument("--only-stability", action="store_true", help="the timing-stability check alone")
     args = ap.parse_args()
     rows = []
     server = ForkServer(args.device, 1)
     print(f"device {server.info}", flush=True)
-    bad = 0 if args.skip_replay else replay_suite(server, rows)
-    bad += cuda_suite(args.launch, args.device, rows)
+    bad = 0 if args.skip_replay or args.only_stability else replay_suite(server, rows)
+    if not args.only_stability:
+        bad += cuda_suite(args.launch, args.device, rows)
     bad += stability(args.launch, args.device, rows)
     if args.json:
         with open(args.json, "w") as f:
