@@ -6,6 +6,9 @@
 #include <caf/all.hpp>
 
 #include <deque>
+#include <map>
+#include <optional>
+#include <unordered_set>
 
 namespace kernelrl {
 
@@ -20,14 +23,17 @@ struct Pending {
 struct EvaluatorSlot {
   caf::actor handle;
   std::string id;
-  uint32_t in_flight = 0;
+  std::map<uint64_t, Pending> in_flight;  // dispatch number -> the work it carries
   uint64_t done = 0;
 };
 
 struct dispatcher_state {
   std::deque<Pending> queue;
   std::vector<EvaluatorSlot> evaluators;
+  std::unordered_set<std::string> completed_ids;  // results are idempotent by sample id
+  uint64_t next_dispatch = 0;
   uint64_t received = 0, dispatched = 0, completed = 0, redispatched = 0, failed = 0;
+  uint64_t duplicates = 0, late = 0, foreign = 0;
   static inline const char* name = "dispatcher";
 };
 
@@ -35,19 +41,51 @@ using self_ptr = caf::stateful_actor<dispatcher_state>*;
 
 void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward);
 
-// One request to `target` ended; `answered` when it came back with a verdict.
-void release(self_ptr self, const caf::actor& target, bool answered) {
+// The work of dispatch `n` to `target`, taken out of its slot; nullopt when it is no longer there
+// (its evaluator went down and the work was re-queued: this answer is late and is dropped).
+std::optional<Pending> take(self_ptr self, const caf::actor& target, uint64_t n, bool answered) {
   for (auto& e : self->state.evaluators) {
-    if (e.handle == target && e.in_flight > 0) {
-      --e.in_flight;
-      e.done += answered ? 1 : 0;
-    }
+    if (e.handle != target) continue;
+    auto it = e.in_flight.find(n);
+    if (it == e.in_flight.end()) break;
+    Pending p = std::move(it->second);
+    e.in_flight.erase(it);
+    e.done += answered ? 1 : 0;
+    return p;
   }
+  ++self->state.late;
+  return std::nullopt;
 }
 
 void finish(self_ptr self, const caf::actor& reward, Pending&& p, EvalResult&& r) {
+  if (!self->state.completed_ids.insert(p.rollout.sample_id).second) {
+    ++self->state.duplicates;  // a second verdict for a sample: never scored twice
+    log::get("dispatcher")->warn("sample {}: a second verdict arrived and was dropped", p.rollout.sample_id);
+    return;
+  }
   ++self->state.completed;
   self->send(reward, score_atom::value, std::move(p.rollout), std::move(r));
+}
+
+// A dispatch failed or its evaluator went away: back to the queue, or recorded as a
+// runtime_error after max_attempts.
+void retry(self_ptr self, const DispatcherArgs& args, const caf::actor& reward, Pending&& p,
+           const std::string& why) {
+  p.last_error = why;
+  if (++p.request.attempt >= args.max_attempts) {
+    log::get("dispatcher")->error("sample {}: evaluation failed on {} dispatches ({}); recorded as runtime_error",
+                                  p.rollout.sample_id, p.request.attempt, p.last_error);
+    EvalResult r;
+    r.sample_id = p.rollout.sample_id;
+    r.task_id = p.rollout.task_id;
+    r.status = EvalStatus::runtime_error;
+    r.error = "evaluation failed on " + std::to_string(p.request.attempt) + " dispatches: " + p.last_error;
+    ++self->state.failed;
+    finish(self, reward, std::move(p), std::move(r));
+  } else {
+    ++self->state.redispatched;
+    self->state.queue.push_front(std::move(p));
+  }
 }
 
 void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward) {
@@ -55,43 +93,38 @@ void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward) {
   while (!st.queue.empty()) {
     EvaluatorSlot* best = nullptr;
     for (auto& e : st.evaluators)
-      if (e.in_flight < args.max_in_flight && (!best || e.in_flight < best->in_flight)) best = &e;
+      if (e.in_flight.size() < args.max_in_flight && (!best || e.in_flight.size() < best->in_flight.size()))
+        best = &e;
     if (!best) return;
     Pending p = std::move(st.queue.front());
     st.queue.pop_front();
-    ++best->in_flight;
     ++st.dispatched;
+    uint64_t n = ++st.next_dispatch;
     auto target = best->handle;
     auto req = p.request;
+    best->in_flight.emplace(n, std::move(p));
     self->request(target, caf::infinite, eval_atom::value, std::move(req))
         .then(
-            [=](EvalResult& r) mutable {
-              release(self, target, true);
-              finish(self, reward, std::move(p), std::move(r));
+            [=](EvalResult& r) {
+              if (auto p = take(self, target, n, true)) finish(self, reward, std::move(*p), std::move(r));
               pump(self, args, reward);
             },
-            [=](caf::error& err) mutable {
-              release(self, target, false);
-              p.last_error = self->system().render(err);
-              if (++p.request.attempt >= args.max_attempts) {
-                auto lg = log::get("dispatcher");
-                lg->error("sample {}: evaluation failed on {} dispatches ({}); recorded as runtime_error",
-                          p.rollout.sample_id, p.request.attempt, p.last_error);
-                EvalResult r;
-                r.sample_id = p.rollout.sample_id;
-                r.task_id = p.rollout.task_id;
-                r.status = EvalStatus::runtime_error;
-                r.error = "evaluation failed on " + std::to_string(p.request.attempt) +
-                          " dispatches: " + p.last_error;
-                ++self->state.failed;
-                finish(self, reward, std::move(p), std::move(r));
-              } else {
-                ++self->state.redispatched;
-                self->state.queue.push_front(std::move(p));
-              }
+            [=](caf::error& err) {
+              if (auto p = take(self, target, n, false))
+                retry(self, args, reward, std::move(*p), self->system().render(err));
               pump(self, args, reward);
             });
   }
+}
+
+// Messages that only this process may send (a remote peer reaches the dispatcher through the
+// gate, never directly).
+bool from_here(self_ptr self) {
+  auto sender = self->current_sender();
+  if (!sender || sender->node() == self->node()) return true;
+  ++self->state.foreign;
+  log::get("dispatcher")->warn("dropped a message from another node ({})", caf::to_string(sender->node()));
+  return false;
 }
 
 caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor reward) {
@@ -99,16 +132,20 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& evs = self->state.evaluators;
     for (auto it = evs.begin(); it != evs.end(); ++it) {
-      if (it->handle.address() == dm.source) {
-        lg->warn("evaluator {} is down ({}); its work goes back to the queue", it->id,
-                 self->system().render(dm.reason));
-        evs.erase(it);
-        break;
-      }
+      if (it->handle.address() != dm.source) continue;
+      lg->warn("evaluator {} is down ({}); its {} request(s) in flight go back to the queue", it->id,
+               self->system().render(dm.reason), it->in_flight.size());
+      auto items = std::move(it->in_flight);
+      evs.erase(it);
+      for (auto rit = items.rbegin(); rit != items.rend(); ++rit)
+        retry(self, args, reward, std::move(rit->second), "evaluator went down: " + self->system().render(dm.reason));
+      break;
     }
+    pump(self, args, reward);
   });
   return {
       [=](Rollout& r) {
+        if (!from_here(self)) return;
         ++self->state.received;
         Pending p;
         p.request.sample_id = r.sample_id;
@@ -135,6 +172,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
         pump(self, args, reward);
       },
       [=](register_atom, caf::actor ev, std::string id) {
+        if (!from_here(self)) return;
         self->monitor(ev);
         self->state.evaluators.push_back({ev, id});
         lg->debug("evaluator {} registered ({} now)", id, self->state.evaluators.size());
@@ -146,7 +184,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
         t.ts = now_s();
         t.source = "dispatcher";
         uint64_t in_flight = 0;
-        for (auto& e : st.evaluators) in_flight += e.in_flight;
+        for (auto& e : st.evaluators) in_flight += e.in_flight.size();
         t.values = {{"queue_depth", double(st.queue.size())},
                     {"in_flight", double(in_flight)},
                     {"evaluators", double(st.evaluators.size())},
@@ -154,7 +192,10 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
                     {"dispatched", double(st.dispatched)},
                     {"completed", double(st.completed)},
                     {"redispatched", double(st.redispatched)},
-                    {"failed_dispatch", double(st.failed)}};
+                    {"failed_dispatch", double(st.failed)},
+                    {"duplicates_dropped", double(st.duplicates)},
+                    {"late_answers", double(st.late)},
+                    {"foreign_dropped", double(st.foreign)}};
         return t;
       },
   };

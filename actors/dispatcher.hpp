@@ -1,7 +1,10 @@
-// dispatcher: the queue in front of every evaluator. Turns Rollouts into EvalRequests, sends each
-// to the least-loaded evaluator (at most max_in_flight at one), re-queues the work of an evaluator
-// that dies, and after max_attempts failed dispatches records the sample as a runtime_error, so no
-// sample is lost and none is scored twice.
+// dispatcher: the queue in front of every evaluator, local or on other nodes. Turns Rollouts into
+// EvalRequests, sends each to the least-loaded evaluator (at most max_in_flight at one), keeps
+// what each evaluator holds, and when one goes down (its process, its node, or a silent link)
+// puts all of that back in the queue; after max_attempts failed dispatches a sample is recorded
+// as a runtime_error. No sample is lost; a second verdict for a sample (a late answer) is dropped
+// and counted, never scored twice. Only this process's actors may send it work or evaluators
+// (remote evaluators arrive through the gate).
 // Messages in:  Rollout (sampler); (register_atom, actor, std::string id) (evaluator);
 //               (stats_atom) -> Telemetry
 // Messages out: (eval_atom, EvalRequest) -> evaluator; (score_atom, Rollout, EvalResult) -> reward

@@ -5,6 +5,7 @@
 #include "store/store.hpp"
 
 #include <caf/all.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <map>
@@ -26,6 +27,7 @@ struct supervisor_state {
   std::map<std::string, uint64_t> status_counts;
   std::map<std::string, TaskAgg> tasks;
   size_t evaluators_alive = 0;
+  uint64_t waits = 0;  // join deadlines started (a deadline only counts if it is the latest)
   double t_start = 0;
   static inline const char* name = "supervisor";
 };
@@ -112,12 +114,26 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
   } else if (!self->state.store->begin_run(args.run_id, args.mode, args.config_toml)) {
     lg->error("store: cannot begin run: {}", self->state.store->last_error());
   }
+  // No evaluator running: a single node fails at once; a cluster waits join_wait_s for one to
+  // join (a node restarting, a new machine) before it gives up.
+  auto none_left = [=](const std::string& why) {
+    auto& st = self->state;
+    if (st.finished || (st.planned && st.recorded >= st.expected)) return;
+    if (args.join_wait_s <= 0) {
+      finish(self, args, why);
+      return;
+    }
+    uint64_t n = ++st.waits;
+    lg->warn("no evaluator is running; waiting up to {:g} s for one to join", args.join_wait_s);
+    self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(args.join_wait_s * 1000)),
+                       tick_atom::value, n);
+  };
   self->set_down_handler([=](caf::down_msg&) {
     auto& st = self->state;
     if (st.evaluators_alive > 0) --st.evaluators_alive;
-    if (st.evaluators_alive == 0 && !st.finished && (!st.planned || st.recorded < st.expected))
-      finish(self, args, "no evaluator is running (see the errors above); " +
-                             std::to_string(st.expected - st.recorded) + " samples have no verdict");
+    if (st.evaluators_alive == 0)
+      none_left("no evaluator is running (see the errors above); " +
+                std::to_string(st.expected - st.recorded) + " samples have no verdict");
   });
   self->state.t_start = mono_s();
   return {
@@ -131,8 +147,8 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
           return st.done;
         }
         if (st.evaluators_alive == 0) {
-          finish(self, args, "no evaluator is running (see the errors above)");
-          return st.done;
+          none_left("no evaluator is running (see the errors above)");
+          if (st.finished) return st.done;
         }
         self->request(sampler, caf::infinite, plan_atom::value, uint32_t{0})
             .then(
@@ -145,6 +161,17 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
                 },
                 [=](caf::error& e) { finish(self, args, "sampler failed: " + self->system().render(e)); });
         return st.done;
+      },
+      [=](register_atom, caf::actor ev, const std::string& id) {  // from the gate: a remote evaluator
+        self->monitor(ev);
+        ++self->state.evaluators_alive;
+        lg->info("evaluator {} joined ({} running)", id, self->state.evaluators_alive);
+      },
+      [=](tick_atom, uint64_t n) {  // a join deadline
+        auto& st = self->state;
+        if (n == st.waits && st.evaluators_alive == 0 && !st.finished)
+          finish(self, args, "no evaluator joined within " + fmt::format("{:g}", args.join_wait_s) + " s; " +
+                                 std::to_string(st.expected - st.recorded) + " samples have no verdict");
       },
       [=](record_atom, ScoredRollout& s) {
         auto& st = self->state;

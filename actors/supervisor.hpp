@@ -25,6 +25,8 @@ struct SupervisorArgs {
   std::string mode = "eval";          // ExperimentConfig::mode
   std::string config_toml;            // resolved config, kept with the run
   std::vector<std::string> task_ids;  // tasks of the experiment, in order
+  double join_wait_s = 0;             // cluster: how long to wait for an evaluator to join when
+                                      // none is running (0: single node, fail at once)
 };
 
 caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args);

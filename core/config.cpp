@@ -5,6 +5,7 @@
 
 #include <toml++/toml.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -301,6 +302,19 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
   section("cluster", [&](TableReader& r) {
     r.str("name", c.cluster.name);
     r.one_of("log_level", c.cluster.log_level, {"trace", "debug", "info", "warn", "error", "off"});
+    r.str("head", c.cluster.head);
+    r.path("secret_file", c.cluster.secret_file, PathKind::file);
+    r.number("heartbeat_s", c.cluster.heartbeat_s, 0.05, 3600);
+    r.number("peer_timeout_s", c.cluster.peer_timeout_s, 0.1, 86400);
+    r.number("join_wait_s", c.cluster.join_wait_s, 0, 86400);
+    if (!c.cluster.head.empty()) {
+      auto colon = c.cluster.head.rfind(':');
+      bool ok = colon != std::string::npos && colon > 0 && colon + 1 < c.cluster.head.size();
+      for (size_t i = ok ? colon + 1 : 0; ok && i < c.cluster.head.size(); ++i)
+        ok = std::isdigit(static_cast<unsigned char>(c.cluster.head[i]));
+      if (ok) ok = std::stol(c.cluster.head.substr(colon + 1)) <= 65535;
+      if (!ok) r.error_here("head", "expected \"HOST:PORT\", got \"" + c.cluster.head + "\"");
+    }
   });
 
   // [[node]]

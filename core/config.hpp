@@ -11,8 +11,15 @@
 namespace kernelrl {
 
 struct ClusterConfig {
-  std::string name = "local";       // cluster name, shown in logs and the store
+  std::string name = "local";       // cluster name, shown in logs and the store; peers must match
   std::string log_level = "info";   // trace, debug, info, warn, error, off
+  std::string head;                 // "HOST:PORT" nodes reach the head at ("": the supervisor
+                                    // node's host and port)
+  std::string secret_file;          // file holding the cluster secret (or $KERNELRL_CLUSTER_SECRET);
+                                    // required once a node publishes a port
+  double heartbeat_s = 1.0;         // middleman heartbeat interval
+  double peer_timeout_s = 5.0;      // a peer silent this long is taken as gone
+  double join_wait_s = 120.0;       // how long the head waits for its first evaluator
 };
 
 struct NodeConfig {

@@ -1,12 +1,15 @@
 #include "launch/commands.hpp"
 #include "launch/json.hpp"
+#include "launch/cluster.hpp"
 
 #include "actors/dispatcher.hpp"
 #include "actors/evaluator.hpp"
+#include "actors/gate.hpp"
 #include "actors/monitor.hpp"
 #include "actors/reward.hpp"
 #include "actors/sampler.hpp"
 #include "actors/supervisor.hpp"
+#include "core/auth.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
@@ -16,6 +19,7 @@
 #include "tasks/task_set.hpp"
 
 #include <caf/all.hpp>
+#include <caf/io/all.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -129,18 +133,41 @@ int cmd_export(const std::string& run_dir) {
   return 0;
 }
 
-int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
-            const std::string& log_level) {
+// Loads CONFIG and sets the log level (the command line's, else [cluster] log_level).
+std::optional<Config> load_with_level(const std::string& config_path, const std::string& log_level) {
   auto loaded = load_or_report(config_path);
-  if (!loaded) return 2;
-  Config cfg = std::move(*loaded);
-  std::string level = log_level.empty() ? cfg.cluster.log_level : log_level;
+  if (!loaded) return std::nullopt;
+  std::string level = log_level.empty() ? loaded->cluster.log_level : log_level;
   if (!log::set_level(level)) {
     std::fprintf(stderr, "launch: --log-level: expected trace, debug, info, warn, error or off, got \"%s\"\n",
                  level.c_str());
-    return 2;
+    return std::nullopt;
   }
+  return loaded;
+}
+
+int cmd_node(const std::string& config_path, const std::string& node, const std::string& log_level) {
+  auto cfg = load_with_level(config_path, log_level);
+  if (!cfg) return 2;
+  return run_node(*cfg, node);
+}
+
+int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
+            const std::string& log_level) {
+  auto loaded = load_with_level(config_path, log_level);
+  if (!loaded) return 2;
+  Config cfg = std::move(*loaded);
   auto lg = log::get("launch");
+  const bool cluster = is_cluster(cfg);
+  std::optional<std::string> secret;
+  if (cluster) {
+    std::string err;
+    secret = read_cluster_secret(cfg.cluster, err);
+    if (!secret) {
+      lg->error("{}", err);
+      return 2;
+    }
+  }
 
   TaskSet tasks;
   std::string err;
@@ -180,12 +207,13 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
   std::string run_id = fs::path(run_dir).filename().string();
   lg->info("run {} ({} mode, {} tasks, {} actions) in {}", run_id, cfg.experiment.mode,
            tasks.size(), records.size(), run_dir);
-  if (cfg.nodes.size() > 1)
-    lg->warn("this build runs single-node: the roles of all {} [[node]] entries run in this process",
+  if (cfg.nodes.size() > 1 && !cluster)
+    lg->warn("no [[node]] has a port: the roles of all {} [[node]] entries run in this process",
              cfg.nodes.size());
 
   caf::actor_system_config sys_cfg;
   add_message_types(sys_cfg);
+  if (cluster) configure_middleman(sys_cfg, cfg.cluster);
   sys_cfg.set("logger.verbosity", caf::atom("quiet"));
   caf::actor_system sys{sys_cfg};
   int rc = 1;
@@ -206,29 +234,15 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     da.max_in_flight = cfg.evaluator.in_flight();
     da.max_attempts = cfg.evaluator.max_attempts;
 
-    // Evaluators first (their workers take a few seconds to import torch), then the rest.
+    // Evaluators first (their workers take a few seconds to import torch), then the rest. In a
+    // cluster the head runs its own node's evaluators; the others come with their nodes.
     auto supervisor_args = sa;
+    if (cluster) supervisor_args.join_wait_s = cfg.cluster.join_wait_s;
     std::vector<EvaluatorArgs> eval_args;
+    std::string worker_logs = (fs::path(run_dir) / "workers").string();
     for (auto& node : cfg.nodes) {
-      bool has = false;
-      for (auto& r : node.roles) has = has || r == "evaluator";
-      if (!has) continue;
-      std::vector<std::string> devices;
-      for (uint32_t i = 0; i < node.cpu_slots; ++i) devices.push_back("cpu-" + std::to_string(i));
-      for (auto g : node.gpus) devices.push_back("cuda:" + std::to_string(g));
-      for (auto& d : devices) {
-        EvaluatorArgs ea;
-        ea.id = node.name + "/" + d;
-        ea.settings = cfg.evaluator;
-        ea.worker.python = cfg.evaluator.python;
-        ea.worker.script = source_dir() + "/gpu/worker.py";
-        ea.worker.device = d.rfind("cpu", 0) == 0 ? "cpu" : d;
-        ea.worker.threads = cfg.evaluator.torch_threads;
-        ea.worker.log_path = (fs::path(run_dir) / "workers" / (sanitize(ea.id) + ".log")).string();
-        ea.worker.cache_dir = cfg.evaluator.cache_dir;
-        ea.worker.isolate_network = cfg.evaluator.isolate_network;
-        eval_args.push_back(ea);
-      }
+      if (cluster && &node != &head_node(cfg)) continue;
+      for (auto& ea : node_evaluators(cfg, node, worker_logs)) eval_args.push_back(ea);
     }
 
     auto supervisor = spawn_supervisor(sys, supervisor_args);
@@ -240,6 +254,24 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     sma.records = std::move(records);
     sma.samples_per_task = cfg.sampler.samples_per_task;
     auto sampler = spawn_sampler(sys, std::move(sma), dispatcher);
+    caf::actor gate;
+    if (cluster) {
+      std::string host;
+      uint16_t port = 0;
+      head_address(cfg, host, port);
+      const auto& head = head_node(cfg);
+      gate = spawn_gate(sys, GateArgs{cfg.cluster.name, *secret}, dispatcher, supervisor);
+      auto bound = sys.middleman().publish(gate, head.port, head.host.c_str(), true);
+      if (!bound) {
+        lg->error("cannot listen on {}:{}: {}", head.host, head.port, sys.render(bound.error()));
+        for (auto& a : std::vector<caf::actor>{gate, sampler, dispatcher, reward, supervisor})
+          anon_send_exit(a, caf::exit_reason::user_shutdown);
+        for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
+        return 2;
+      }
+      lg->info("cluster {}: head listening on {}:{}; nodes join with `launch {} --node NAME`", cfg.cluster.name,
+               head.host, *bound, config_path);
+    }
     MonitorArgs ma;
     ma.progress = cfg.monitor.progress;
     ma.interval_s = cfg.monitor.interval_s;
@@ -264,7 +296,8 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
       rc = 0;
     else
       lg->error("run failed: {}", j.value("error", std::string("unknown error")));
-    for (auto& a : std::vector<caf::actor>{monitor, sampler, dispatcher, reward, supervisor})
+    if (gate) sys.middleman().unpublish(gate, 0);
+    for (auto& a : std::vector<caf::actor>{monitor, sampler, dispatcher, reward, supervisor, gate})
       self->send_exit(a, caf::exit_reason::user_shutdown);
     for (auto& e : evaluators) self->send_exit(e, caf::exit_reason::user_shutdown);
   }

@@ -10,6 +10,8 @@ namespace kernelrl {
 
 // launch CONFIG [--run-dir DIR] [--log-level LEVEL]
 int cmd_run(const std::string& config_path, const std::string& run_dir, const std::string& log_level);
+// launch CONFIG --node NAME [--log-level LEVEL]: one non-head node of a cluster
+int cmd_node(const std::string& config_path, const std::string& node, const std::string& log_level);
 // launch check CONFIG
 int cmd_check(const std::string& config_path);
 // launch export RUN_DIR --jsonl

@@ -10,7 +10,8 @@ namespace {
 
 const char* usage =
     "usage:\n"
-    "  launch CONFIG [--run-dir DIR] [--log-level LEVEL]   run the experiment CONFIG describes\n"
+    "  launch CONFIG [--run-dir DIR] [--log-level LEVEL]   run the experiment CONFIG describes (a cluster's head)\n"
+    "  launch CONFIG --node NAME [--log-level LEVEL]       run node NAME of the cluster CONFIG describes\n"
     "  launch check CONFIG                                 validate CONFIG, print it resolved\n"
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
     "  launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--task FILE --candidate FILE ...]\n"
@@ -85,14 +86,18 @@ int main(int argc, char** argv) {
     if (o.candidates.empty()) return bad("evaluate: at least one --candidate FILE is required");
     return kernelrl::cmd_evaluate(o);
   }
-  std::string config = cmd, run_dir, level;
+  std::string config = cmd, run_dir, level, node;
   for (size_t i = 1; i < args.size(); ++i) {
-    if ((args[i] == "--run-dir" || args[i] == "--log-level") && i + 1 < args.size()) {
-      (args[i] == "--run-dir" ? run_dir : level) = args[i + 1];
+    if ((args[i] == "--run-dir" || args[i] == "--log-level" || args[i] == "--node") && i + 1 < args.size()) {
+      (args[i] == "--run-dir" ? run_dir : args[i] == "--node" ? node : level) = args[i + 1];
       ++i;
     } else {
       return bad("unknown argument \"" + args[i] + "\"");
     }
+  }
+  if (!node.empty()) {
+    if (!run_dir.empty()) return bad("--node: a node keeps no run directory (the head does)");
+    return kernelrl::cmd_node(config, node, level);
   }
   return kernelrl::cmd_run(config, run_dir, level);
 }

@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 3;
+inline constexpr uint32_t protocol_version = 4;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -257,6 +257,10 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;          // self timers
 using best_atom = caf::atom_constant<caf::atom("best")>;          // -> checkpoint_selector
 using finish_atom = caf::atom_constant<caf::atom("finish")>;      // orderly end of a run
 using compile_atom = caf::atom_constant<caf::atom("compile")>;    // evaluator -> its compile stage
+using challenge_atom = caf::atom_constant<caf::atom("challenge")>;  // node -> gate: a nonce, please
+// node -> gate: (join_atom, node name, cluster name, protocol_version, proof) -> bool. Its shape
+// never changes, so a peer of any version gets a clear answer.
+using join_atom = caf::atom_constant<caf::atom("join")>;
 
 // Helpers to build ids the same way everywhere.
 std::string make_sample_id(const std::string& task_id, uint64_t group_id, uint32_t sample_index);

@@ -1,0 +1,91 @@
+#include "actors/gate.hpp"
+
+#include "core/auth.hpp"
+#include "core/log.hpp"
+#include "messages/messages.hpp"
+
+#include <caf/all.hpp>
+
+#include <map>
+
+namespace kernelrl {
+
+namespace {
+
+struct gate_state {
+  std::map<caf::node_id, std::string> nonces;  // one outstanding challenge per peer
+  std::map<caf::node_id, std::string> joined;  // peer -> node name
+  uint64_t refused = 0;
+  static inline const char* name = "gate";
+};
+
+using self_ptr = caf::stateful_actor<gate_state>*;
+
+caf::error refuse(self_ptr self, const std::string& peer, const std::string& why) {
+  ++self->state.refused;
+  log::get("gate")->warn("peer {} refused: {}", peer, why);
+  return caf::make_error(caf::sec::runtime_error, "refused by the head: " + why);
+}
+
+caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, caf::actor supervisor) {
+  auto lg = log::get("gate");
+  self->set_default_handler([=](caf::scheduled_actor* s, caf::message_view& m) -> caf::result<caf::message> {
+    auto sender = s->current_sender();
+    lg->warn("dropped an unexpected message from {}: {}",
+             sender ? caf::to_string(sender->node()) : std::string("an anonymous sender"),
+             m.content().stringify());
+    return caf::sec::unexpected_message;
+  });
+  return {
+      [=](challenge_atom) -> caf::result<std::string> {
+        auto sender = self->current_sender();
+        if (!sender) return caf::make_error(caf::sec::runtime_error, "anonymous challenge");
+        auto nonce = random_nonce();
+        self->state.nonces[sender->node()] = nonce;
+        return nonce;
+      },
+      [=](join_atom, const std::string& node, const std::string& cluster, uint32_t protocol,
+          const std::string& proof) -> caf::result<bool> {
+        auto sender = self->current_sender();
+        if (!sender) return refuse(self, "(anonymous)", "no sender");
+        auto nid = sender->node();
+        std::string peer = "\"" + node + "\" (" + caf::to_string(nid) + ")";
+        if (protocol != protocol_version)
+          return refuse(self, peer, "protocol version mismatch: the head runs protocol " +
+                                        std::to_string(protocol_version) + ", node \"" + node +
+                                        "\" runs " + std::to_string(protocol) +
+                                        "; run the same kernelrl build on every node");
+        if (cluster != args.cluster)
+          return refuse(self, peer, "this is cluster \"" + args.cluster + "\", not \"" + cluster + "\"");
+        auto it = self->state.nonces.find(nid);
+        if (it == self->state.nonces.end()) return refuse(self, peer, "join without a challenge");
+        std::string nonce = std::move(it->second);
+        self->state.nonces.erase(it);
+        if (!proofs_equal(proof, join_proof(args.secret, nonce, node, cluster, protocol)))
+          return refuse(self, peer, "authentication failed (wrong cluster secret)");
+        self->state.joined[nid] = node;
+        lg->info("node \"{}\" joined", node);
+        return true;
+      },
+      [=](register_atom, caf::actor ev, std::string id) {
+        auto sender = self->current_sender();
+        bool local = sender && sender->node() == self->node();
+        auto it = sender ? self->state.joined.find(sender->node()) : self->state.joined.end();
+        if (!local && it == self->state.joined.end()) {
+          ++self->state.refused;
+          lg->warn("evaluator {} from a peer that has not joined: dropped", id);
+          return;
+        }
+        self->send(dispatcher, register_atom::value, ev, id);
+        if (supervisor) self->send(supervisor, register_atom::value, ev, id);
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, caf::actor dispatcher, caf::actor supervisor) {
+  return sys.spawn(gate_actor, std::move(args), std::move(dispatcher), std::move(supervisor));
+}
+
+}  // namespace kernelrl

@@ -1,0 +1,26 @@
+// gate: the head's published door, the only actor a peer can reach before it has proven the
+// cluster secret. A node asks for a nonce (challenge_atom), answers with the HMAC proof
+// (join_atom; core/auth.hpp), and only then may register its evaluators, which the gate
+// forwards to the dispatcher and the supervisor. Messages from peers that have not joined, a
+// wrong proof, another cluster's name or another protocol version are refused with a clear
+// error to the peer and a warning in the log; the secret never appears in either.
+// Messages in:  (challenge_atom) -> std::string nonce;
+//               (join_atom, node, cluster, protocol, proof) -> bool;
+//               (register_atom, actor, std::string id) from a joined node or this process
+// Messages out: (register_atom, actor, id) -> dispatcher and supervisor
+#pragma once
+
+#include <caf/fwd.hpp>
+
+#include <string>
+
+namespace kernelrl {
+
+struct GateArgs {
+  std::string cluster;  // [cluster] name; a node naming another is refused
+  std::string secret;   // the cluster secret (never logged)
+};
+
+caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, caf::actor dispatcher, caf::actor supervisor);
+
+}  // namespace kernelrl

@@ -1,0 +1,81 @@
+#include "core/auth.hpp"
+
+#include "core/config.hpp"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace kernelrl {
+
+namespace {
+
+std::string hex(const unsigned char* p, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = digits[p[i] >> 4];
+    out[2 * i + 1] = digits[p[i] & 15];
+  }
+  return out;
+}
+
+constexpr size_t min_secret_bytes = 16;
+
+}  // namespace
+
+std::optional<std::string> read_cluster_secret(const ClusterConfig& cluster, std::string& err) {
+  std::string secret, from;
+  if (!cluster.secret_file.empty()) {
+    std::ifstream in(cluster.secret_file, std::ios::binary);
+    if (!in) {
+      err = "[cluster] secret_file " + cluster.secret_file + ": cannot read it";
+      return std::nullopt;
+    }
+    std::ostringstream os;
+    os << in.rdbuf();
+    secret = os.str();
+    from = "[cluster] secret_file " + cluster.secret_file;
+  } else if (const char* env = std::getenv("KERNELRL_CLUSTER_SECRET")) {
+    secret = env;
+    from = "$KERNELRL_CLUSTER_SECRET";
+  } else {
+    err = "this cluster needs a secret: set [cluster] secret_file or $KERNELRL_CLUSTER_SECRET "
+          "(e.g. `openssl rand -hex 32 > cluster.secret`)";
+    return std::nullopt;
+  }
+  while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) secret.pop_back();
+  if (secret.size() < min_secret_bytes) {
+    err = from + ": the secret is " + std::to_string(secret.size()) + " bytes; at least " +
+          std::to_string(min_secret_bytes) + " are needed";
+    return std::nullopt;
+  }
+  return secret;
+}
+
+std::string random_nonce() {
+  unsigned char buf[32];
+  if (RAND_bytes(buf, sizeof buf) != 1) std::abort();  // no randomness: nothing safe to do
+  return hex(buf, sizeof buf);
+}
+
+std::string join_proof(const std::string& secret, const std::string& nonce, const std::string& node,
+                       const std::string& cluster, uint32_t protocol) {
+  std::string msg = "kernelrl-join\n" + nonce + "\n" + node + "\n" + cluster + "\n" + std::to_string(protocol);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len);
+  return hex(out, len);
+}
+
+bool proofs_equal(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace kernelrl

@@ -1,0 +1,203 @@
+// `launch CONFIG --node NAME`: one node of a cluster. It proves the cluster secret to the head's
+// gate, runs its evaluators there for the head's dispatcher, and stops when the head is gone.
+#include "launch/cluster.hpp"
+#include "launch/commands.hpp"
+
+#include "actors/gate.hpp"
+#include "core/auth.hpp"
+#include "core/log.hpp"
+#include "core/paths.hpp"
+#include "messages/messages.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace kernelrl {
+
+namespace {
+
+std::string sanitize_id(std::string s) {
+  for (auto& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
+  return s;
+}
+
+bool has_role(const NodeConfig& n, const std::string& role) {
+  for (auto& r : n.roles)
+    if (r == role) return true;
+  return false;
+}
+
+}  // namespace
+
+bool is_cluster(const Config& cfg) {
+  for (auto& n : cfg.nodes)
+    if (n.port != 0) return true;
+  return false;
+}
+
+const NodeConfig& head_node(const Config& cfg) {
+  for (auto& n : cfg.nodes)
+    if (has_role(n, "supervisor")) return n;
+  return cfg.nodes.front();
+}
+
+void head_address(const Config& cfg, std::string& host, uint16_t& port) {
+  if (!cfg.cluster.head.empty()) {
+    auto colon = cfg.cluster.head.rfind(':');
+    host = cfg.cluster.head.substr(0, colon);
+    port = static_cast<uint16_t>(std::stoul(cfg.cluster.head.substr(colon + 1)));
+    return;
+  }
+  auto& h = head_node(cfg);
+  host = h.host;
+  port = h.port;
+}
+
+void configure_middleman(caf::actor_system_config& sys_cfg, const ClusterConfig& cluster) {
+  sys_cfg.load<caf::io::middleman>();
+  auto ms = [](double s) { return caf::timespan{std::chrono::milliseconds(static_cast<int64_t>(s * 1000))}; };
+  sys_cfg.set("middleman.heartbeat-interval", ms(cluster.heartbeat_s));
+  sys_cfg.set("middleman.connection-timeout", ms(cluster.peer_timeout_s));
+}
+
+std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& node, const std::string& log_dir) {
+  std::vector<EvaluatorArgs> out;
+  if (!has_role(node, "evaluator")) return out;
+  std::vector<std::string> devices;
+  for (uint32_t i = 0; i < node.cpu_slots; ++i) devices.push_back("cpu-" + std::to_string(i));
+  for (auto g : node.gpus) devices.push_back("cuda:" + std::to_string(g));
+  for (auto& d : devices) {
+    EvaluatorArgs ea;
+    ea.id = node.name + "/" + d;
+    ea.settings = cfg.evaluator;
+    ea.worker.python = cfg.evaluator.python;
+    ea.worker.script = source_dir() + "/gpu/worker.py";
+    ea.worker.device = d.rfind("cpu", 0) == 0 ? "cpu" : d;
+    ea.worker.threads = cfg.evaluator.torch_threads;
+    ea.worker.log_path = (fs::path(log_dir) / (sanitize_id(ea.id) + ".log")).string();
+    ea.worker.cache_dir = cfg.evaluator.cache_dir;
+    ea.worker.isolate_network = cfg.evaluator.isolate_network;
+    out.push_back(ea);
+  }
+  return out;
+}
+
+int run_node(const Config& cfg, const std::string& name) {
+  auto lg = log::get("node");
+  const NodeConfig* node = nullptr;
+  std::string names;
+  for (auto& n : cfg.nodes) {
+    names += (names.empty() ? "" : ", ") + n.name;
+    if (n.name == name) node = &n;
+  }
+  if (!node) {
+    std::fprintf(stderr, "launch: --node %s: %s has no such [[node]] (it has %s)\n", name.c_str(),
+                 cfg.source_file.c_str(), names.c_str());
+    return 2;
+  }
+  if (&head_node(cfg) == node) {
+    std::fprintf(stderr, "launch: --node %s: that is the head (it has the supervisor role); start it with `launch %s`\n",
+                 name.c_str(), cfg.source_file.c_str());
+    return 2;
+  }
+  for (auto& r : node->roles) {
+    if (r != "evaluator") {
+      std::fprintf(stderr, "launch: --node %s: role \"%s\" runs on the head only in this version; "
+                           "a node of its own runs evaluators\n", name.c_str(), r.c_str());
+      return 2;
+    }
+  }
+  std::string err;
+  auto secret = read_cluster_secret(cfg.cluster, err);
+  if (!secret) {
+    std::fprintf(stderr, "launch: --node %s: %s\n", name.c_str(), err.c_str());
+    return 2;
+  }
+  std::string host;
+  uint16_t port = 0;
+  head_address(cfg, host, port);
+
+  caf::actor_system_config sys_cfg;
+  add_message_types(sys_cfg);
+  configure_middleman(sys_cfg, cfg.cluster);
+  sys_cfg.set("logger.verbosity", caf::atom("quiet"));
+  caf::actor_system sys{sys_cfg};
+
+  // The head may start after this node: try for join_wait_s.
+  caf::actor gate;
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(static_cast<int64_t>(std::max(1.0, cfg.cluster.join_wait_s) * 1000));
+  std::string last;
+  while (!gate) {
+    auto r = sys.middleman().remote_actor(host, port);
+    if (r) {
+      gate = *r;
+      break;
+    }
+    last = sys.render(r.error());
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "launch: --node %s: cannot reach the head at %s:%u: %s\n", name.c_str(), host.c_str(),
+                   unsigned(port), last.c_str());
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+
+  caf::scoped_actor self{sys};
+  std::string refused;
+  std::string nonce;
+  self->request(gate, std::chrono::seconds(30), challenge_atom::value)
+      .receive([&](std::string& n) { nonce = std::move(n); }, [&](caf::error& e) { refused = sys.render(e); });
+  if (refused.empty()) {
+    auto proof = join_proof(*secret, nonce, name, cfg.cluster.name, protocol_version);
+    self->request(gate, std::chrono::seconds(30), join_atom::value, name, cfg.cluster.name, protocol_version, proof)
+        .receive([&](bool) {}, [&](caf::error& e) { refused = sys.render(e); });
+  }
+  if (!refused.empty()) {
+    std::fprintf(stderr, "launch: --node %s: the head at %s:%u did not accept this node: %s\n", name.c_str(),
+                 host.c_str(), unsigned(port), refused.c_str());
+    return 2;
+  }
+  std::printf("node %s joined cluster %s at %s:%u\n", name.c_str(), cfg.cluster.name.c_str(), host.c_str(),
+              unsigned(port));
+  std::fflush(stdout);
+
+  std::string log_dir = (fs::path(cfg.experiment.run_root) / ("node-" + sanitize_id(name))).string();
+  fs::create_directories(log_dir);
+  std::vector<caf::actor> evaluators;
+  for (auto& ea : node_evaluators(cfg, *node, log_dir)) evaluators.push_back(spawn_evaluator(sys, ea, gate));
+  lg->info("node {}: {} evaluator(s) started; worker logs in {}", name, evaluators.size(), log_dir);
+
+  // Run until the head is gone (the run ended, or the link went silent past peer_timeout_s).
+  self->monitor(gate);
+  for (auto& e : evaluators) self->monitor(e);
+  size_t alive = evaluators.size();
+  int rc = 0;
+  bool head_gone = false;
+  while (!head_gone && alive > 0) {
+    self->receive([&](caf::down_msg& dm) {
+      if (dm.source == gate.address()) {
+        head_gone = true;
+        lg->info("node {}: the head is gone ({}); stopping", name, sys.render(dm.reason));
+      } else {
+        --alive;
+      }
+    });
+  }
+  if (alive == 0 && !head_gone) {
+    lg->error("node {}: every evaluator stopped (see the errors above)", name);
+    rc = 1;
+  }
+  for (auto& e : evaluators) self->send_exit(e, caf::exit_reason::user_shutdown);
+  return rc;
+}
+
+}  // namespace kernelrl
