@@ -1,19 +1,15 @@
 #include "actors/evaluator.hpp"
 
 #include "core/log.hpp"
+#include "core/paths.hpp"
 
 #include <caf/all.hpp>
 
-#include <chrono>
 #include <deque>
 
 namespace kernelrl {
 
 namespace {
-
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 // One worker process behind a detached actor (each call blocks while the candidate runs).
 struct stage_state {
@@ -99,7 +95,7 @@ void pump(self_ptr self, const EvaluatorArgs& args) {
                 job->compile_log = r.compile_log;
                 if (!job->precompiled)  // the timing stage builds it: say why in its log
                   job->compile_log = "[compile stage: " + r.error + "; the timing stage builds it]\n";
-                job->ready_at = unix_now();
+                job->ready_at = now_s();
                 self->state.timing_queue.push_back(job);
               }
               pump(self, args);
@@ -108,7 +104,7 @@ void pump(self_ptr self, const EvaluatorArgs& args) {
               self->state.compiler_busy[i] = false;
               job->compile_log = "[compile stage failed: " + self->system().render(e) +
                                  "; the timing stage builds it]\n";
-              job->ready_at = unix_now();
+              job->ready_at = now_s();
               self->state.timing_queue.push_back(job);
               pump(self, args);
             });
@@ -117,14 +113,14 @@ void pump(self_ptr self, const EvaluatorArgs& args) {
   auto job = st.timing_queue.front();
   st.timing_queue.pop_front();
   st.timing_busy = true;
-  double started = unix_now();
+  double started = now_s();
   self->request(st.timing, caf::infinite, eval_atom::value, job->req, job->precompiled, st.arch)
       .then(
           [=](EvalResult& r) {
             self->state.timing_busy = false;
             r.ready_at = job->ready_at;
             r.device_start = started;
-            r.device_end = unix_now();
+            r.device_end = now_s();
             if (job->precompiled) {
               r.compile_s += job->compile_s;
               r.compile_cached = job->compile_cached;
@@ -143,7 +139,7 @@ void pump(self_ptr self, const EvaluatorArgs& args) {
             r.error = "evaluator stage failed: " + self->system().render(e);
             r.ready_at = job->ready_at;
             r.device_start = started;
-            r.device_end = unix_now();
+            r.device_end = now_s();
             finish(self, args, *job, std::move(r));
             pump(self, args);
           });
@@ -193,7 +189,7 @@ caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor disp
         if (!s.compilers.empty() && declares_build(job->req.action)) {
           s.compile_queue.push_back(job);
         } else {
-          job->ready_at = unix_now();
+          job->ready_at = now_s();
           s.timing_queue.push_back(job);
         }
         pump(self, args);

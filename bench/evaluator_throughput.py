@@ -230,6 +230,15 @@ def build_cpu_seconds(work, variant_file):
     return wall, ru.ru_utime + ru.ru_stime
 
 
+def alone_build(args, work, variant_file):
+    """(wall, CPU seconds) of one build alone: --alone's "WALL,CPU" when given (measured before),
+    else measured now on `variant_file`."""
+    if args.alone:
+        wall, cpu = (float(x) for x in args.alone.split(","))
+        return wall, cpu
+    return build_cpu_seconds(work, variant_file)
+
+
 def _cpu_times():
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
@@ -292,10 +301,7 @@ def part_parallel(args, work, out):
     one build alone: how far parallel builds scale here, and the hypervisor's steal time."""
     n = args.parallel
     files = inline_variants(work, n + 1)
-    if args.alone:  # measured before: "WALL,CPU" seconds of one build alone
-        alone_wall, alone_cpu = (float(x) for x in args.alone.split(","))
-    else:
-        alone_wall, alone_cpu = build_cpu_seconds(work, files[n])
+    alone_wall, alone_cpu = alone_build(args, work, files[n])
     tot0, steal0 = _cpu_times()
     t0 = time.monotonic()
     procs = [build_process(f, os.path.join(work, f"ext-par-{i}")) for i, f in enumerate(files[:n])]
@@ -316,10 +322,7 @@ def part_parallel(args, work, out):
 def part_inline(args, work, out):
     k, b = args.inline, args.baseline_inline
     files = inline_variants(work, k + 1)
-    if args.alone:  # measured before: "WALL,CPU" seconds of one build alone
-        alone_wall, alone_cpu = (float(x) for x in args.alone.split(","))
-    else:
-        alone_wall, alone_cpu = build_cpu_seconds(work, files[k])
+    alone_wall, alone_cpu = alone_build(args, work, files[k])
     cores = os.cpu_count()
     allowed = cores / alone_cpu  # builds per second the cores allow
     print(f"[inline] one build alone: {alone_wall:.1f} s wall, {alone_cpu:.1f} CPU-s; {cores} cores "

@@ -47,12 +47,6 @@ std::optional<Config> load_or_report(const std::string& path) {
   return std::get<Config>(std::move(res));
 }
 
-std::string sanitize(std::string s) {
-  for (auto& c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') c = '_';
-  return s;
-}
-
 void print_summary(const nlohmann::json& j, const std::string& run_dir) {
   std::printf("\n%-32s %8s %9s %7s %13s\n", "task", "samples", "correct", "fast_1", "mean speedup");
   for (auto& t : j["tasks"]) {
@@ -256,10 +250,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     auto sampler = spawn_sampler(sys, std::move(sma), dispatcher);
     caf::actor gate;
     if (cluster) {
-      std::string host;
-      uint16_t port = 0;
-      head_address(cfg, host, port);
-      const auto& head = head_node(cfg);
+      const auto& head = head_node(cfg);  // it listens on its own host and port
       gate = spawn_gate(sys, GateArgs{cfg.cluster.name, *secret}, dispatcher, supervisor);
       auto bound = sys.middleman().publish(gate, head.port, head.host.c_str(), true);
       if (!bound) {
