@@ -5,6 +5,7 @@
 
 #include <caf/all.hpp>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <optional>
@@ -23,8 +24,16 @@ struct Pending {
 struct EvaluatorSlot {
   caf::actor handle;
   std::string id;
+  std::string node;                       // the part of id before '/'
   std::map<uint64_t, Pending> in_flight;  // dispatch number -> the work it carries
   uint64_t done = 0;
+  double busy_since = -1;                 // holding work since (mono_s), -1: idle
+};
+
+// Per node: busy evaluator-seconds and answers, kept when its evaluators go away.
+struct NodeTotals {
+  double busy_s = 0, busy_s_reported = 0;
+  uint64_t completed = 0;
 };
 
 struct dispatcher_state {
@@ -34,10 +43,23 @@ struct dispatcher_state {
   uint64_t next_dispatch = 0;
   uint64_t received = 0, dispatched = 0, completed = 0, redispatched = 0, failed = 0;
   uint64_t duplicates = 0, late = 0, foreign = 0;
+  std::map<std::string, NodeTotals> nodes;
+  double last_stats = -1;  // mono_s of the last telemetry answer (utilisation is over the interval)
   static inline const char* name = "dispatcher";
 };
 
 using self_ptr = caf::stateful_actor<dispatcher_state>*;
+
+// Keeps the busy time of a slot: an evaluator is busy while it holds any work.
+void account(self_ptr self, EvaluatorSlot& e, bool closing = false) {
+  double now = mono_s();
+  bool busy = !e.in_flight.empty() && !closing;
+  if (e.busy_since >= 0 && (!busy || closing)) {
+    self->state.nodes[e.node].busy_s += now - e.busy_since;
+    e.busy_since = -1;
+  }
+  if (busy && e.busy_since < 0) e.busy_since = now;
+}
 
 void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward);
 
@@ -51,6 +73,8 @@ std::optional<Pending> take(self_ptr self, const caf::actor& target, uint64_t n,
     Pending p = std::move(it->second);
     e.in_flight.erase(it);
     e.done += answered ? 1 : 0;
+    self->state.nodes[e.node].completed += answered ? 1 : 0;
+    account(self, e);
     return p;
   }
   ++self->state.late;
@@ -103,6 +127,7 @@ void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward) {
     auto target = best->handle;
     auto req = p.request;
     best->in_flight.emplace(n, std::move(p));
+    account(self, *best);
     self->request(target, caf::infinite, eval_atom::value, std::move(req))
         .then(
             [=](EvalResult& r) {
@@ -135,6 +160,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
       if (it->handle.address() != dm.source) continue;
       lg->warn("evaluator {} is down ({}); its {} request(s) in flight go back to the queue", it->id,
                self->system().render(dm.reason), it->in_flight.size());
+      account(self, *it, true);
       auto items = std::move(it->in_flight);
       evs.erase(it);
       for (auto rit = items.rbegin(); rit != items.rend(); ++rit)
@@ -174,7 +200,11 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
       [=](register_atom, caf::actor ev, std::string id) {
         if (!from_here(self)) return;
         self->monitor(ev);
-        self->state.evaluators.push_back({ev, id});
+        EvaluatorSlot slot;
+        slot.handle = ev;
+        slot.id = id;
+        slot.node = id.substr(0, id.find('/'));
+        self->state.evaluators.push_back(std::move(slot));
         lg->debug("evaluator {} registered ({} now)", id, self->state.evaluators.size());
         pump(self, args, reward);
       },
@@ -196,6 +226,34 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
                     {"duplicates_dropped", double(st.duplicates)},
                     {"late_answers", double(st.late)},
                     {"foreign_dropped", double(st.foreign)}};
+        // Per node: evaluators, work held, capacity, answers, and utilisation (the share of its
+        // evaluators' time spent holding work since the previous answer).
+        double now = mono_s(), dt = st.last_stats < 0 ? 0 : now - st.last_stats;
+        st.last_stats = now;
+        std::map<std::string, std::pair<uint64_t, uint64_t>> per;  // node -> (evaluators, in flight)
+        for (auto& e : st.evaluators) {
+          account(self, e, true);  // close the open interval at `now` ...
+          account(self, e);        // ... and reopen it
+          per[e.node].first += 1;
+          per[e.node].second += e.in_flight.size();
+        }
+        double busy_all = 0;
+        uint64_t evs_all = 0;
+        for (auto& [node, tot] : st.nodes) {
+          auto [evs, held] = per[node];
+          double busy = tot.busy_s - tot.busy_s_reported;
+          tot.busy_s_reported = tot.busy_s;
+          double util = dt > 0 && evs > 0 ? std::min(1.0, busy / (dt * double(evs))) : 0.0;
+          std::string k = "node." + node + ".";
+          t.values[k + "evaluators"] = double(evs);
+          t.values[k + "in_flight"] = double(held);
+          t.values[k + "capacity"] = double(evs * args.max_in_flight);
+          t.values[k + "completed"] = double(tot.completed);
+          t.values[k + "utilisation"] = util;
+          busy_all += busy;
+          evs_all += evs;
+        }
+        t.values["utilisation"] = dt > 0 && evs_all > 0 ? std::min(1.0, busy_all / (dt * double(evs_all))) : 0.0;
         return t;
       },
   };

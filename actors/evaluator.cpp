@@ -202,9 +202,85 @@ caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor disp
   };
 }
 
+// The synthetic backend: no worker, no candidate run. It answers one request at a time after
+// a fixed latency, like a device that takes that long per candidate, so that benchmarks measure
+// the dispatcher, the transport, the reward and the store rather than kernels.
+struct synthetic_state {
+  std::deque<std::pair<EvalRequest, caf::response_promise>> queue;
+  bool busy = false;
+  uint64_t evaluated = 0;
+  static inline const char* name = "synthetic_evaluator";
+};
+
+using synth_ptr = caf::stateful_actor<synthetic_state>*;
+
+EvalResult synthetic_result(const EvaluatorArgs& args, const EvalRequest& req, double started) {
+  EvalResult r;
+  r.sample_id = req.sample_id;
+  r.task_id = req.task_id;
+  r.status = EvalStatus::ok;
+  r.compile_log = "[synthetic evaluator: the action was not run; this verdict is not a measurement]";
+  r.correctness.trials = r.correctness.passed = 1;
+  r.runtime.median_ms = r.ref_runtime.median_ms = args.settings.synthetic_latency_ms;
+  r.runtime.trials = r.ref_runtime.trials = 1;
+  r.speedup = 1.0;
+  r.evaluator_id = args.id;
+  r.device = "synthetic";
+  r.device_start = started;
+  r.device_end = now_s();
+  r.wall_s = r.device_end - started;
+  return r;
+}
+
+void synth_next(synth_ptr self, const EvaluatorArgs& args) {
+  auto& st = self->state;
+  if (st.busy || st.queue.empty()) return;
+  auto latency = std::chrono::microseconds(static_cast<int64_t>(args.settings.synthetic_latency_ms * 1000));
+  if (latency.count() == 0) {  // instant: answer everything queued now
+    while (!st.queue.empty()) {
+      auto [req, rp] = std::move(st.queue.front());
+      st.queue.pop_front();
+      ++st.evaluated;
+      rp.deliver(synthetic_result(args, req, now_s()));
+    }
+    return;
+  }
+  st.busy = true;
+  self->delayed_send(self, latency, done_atom::value, now_s());
+}
+
+caf::behavior synthetic_actor(synth_ptr self, EvaluatorArgs args, caf::actor dispatcher) {
+  log::get("evaluator")->info("evaluator {} ready: synthetic, {:g} ms per request (verdicts are not measurements)",
+                              args.id, args.settings.synthetic_latency_ms);
+  if (dispatcher) self->send(dispatcher, register_atom::value, caf::actor_cast<caf::actor>(self), args.id);
+  return {
+      [=](eval_atom, EvalRequest& req) {
+        auto rp = self->make_response_promise();
+        self->state.queue.emplace_back(std::move(req), rp);
+        synth_next(self, args);
+        return rp;
+      },
+      [=](done_atom, double started) {
+        auto& st = self->state;
+        st.busy = false;
+        auto [req, rp] = std::move(st.queue.front());
+        st.queue.pop_front();
+        ++st.evaluated;
+        rp.deliver(synthetic_result(args, req, started));
+        synth_next(self, args);
+      },
+      [=](stats_atom, bool) -> std::vector<uint64_t> {
+        auto& s = self->state;
+        return {s.evaluated, 0, s.queue.size(), s.busy ? 1u : 0u};
+      },
+  };
+}
+
 }  // namespace
 
 caf::actor spawn_evaluator(caf::actor_system& sys, EvaluatorArgs args, caf::actor dispatcher) {
+  if (args.settings.backend == "synthetic")
+    return sys.spawn(synthetic_actor, std::move(args), std::move(dispatcher));
   return sys.spawn(evaluator_actor, std::move(args), std::move(dispatcher));
 }
 

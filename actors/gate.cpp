@@ -15,6 +15,8 @@ namespace {
 struct gate_state {
   std::map<caf::node_id, std::string> nonces;  // one outstanding challenge per peer
   std::map<caf::node_id, std::string> joined;  // peer -> node name
+  std::map<caf::actor_addr, caf::node_id> joiners;  // the actor that joined, watched: its
+                                                    // connection dropping ends the membership
   uint64_t refused = 0;
   static inline const char* name = "gate";
 };
@@ -27,8 +29,30 @@ caf::error refuse(self_ptr self, const std::string& peer, const std::string& why
   return caf::make_error(caf::sec::runtime_error, "refused by the head: " + why);
 }
 
-caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, caf::actor supervisor) {
+// A peer that has proven the secret, or this process.
+bool trusted(self_ptr self) {
+  auto sender = self->current_sender();
+  if (!sender) return false;
+  return sender->node() == self->node() || self->state.joined.count(sender->node()) > 0;
+}
+
+caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, caf::actor supervisor,
+                         caf::actor monitor) {
   auto lg = log::get("gate");
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    auto it = st.joiners.find(dm.source);
+    if (it == st.joiners.end()) return;
+    auto nid = it->second;
+    st.joiners.erase(it);
+    for (auto& [addr, n] : st.joiners)
+      if (n == nid) return;  // another of its actors still holds the membership
+    auto j = st.joined.find(nid);
+    if (j != st.joined.end()) {
+      lg->info("peer \"{}\" left", j->second);
+      st.joined.erase(j);
+    }
+  });
   self->set_default_handler([=](caf::scheduled_actor* s, caf::message_view& m) -> caf::result<caf::message> {
     auto sender = s->current_sender();
     lg->warn("dropped an unexpected message from {}: {}",
@@ -63,15 +87,29 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
         self->state.nonces.erase(it);
         if (!proofs_equal(proof, join_proof(args.secret, nonce, node, cluster, protocol)))
           return refuse(self, peer, "authentication failed (wrong cluster secret)");
+        for (auto& [other, other_name] : self->state.joined)
+          if (other_name == node && other != nid)
+            return refuse(self, peer, "a peer named \"" + node + "\" has already joined; give each machine its own name");
         self->state.joined[nid] = node;
-        lg->info("node \"{}\" joined", node);
+        self->state.joiners[sender->address()] = nid;
+        self->monitor(caf::actor_cast<caf::actor_addr>(sender));
+        lg->info("peer \"{}\" joined", node);
         return true;
       },
+      [=](hello_atom) -> std::vector<std::string> {
+        return {args.cluster, std::to_string(protocol_version)};
+      },
+      [=](stats_atom) -> caf::result<Telemetry> {
+        if (!trusted(self)) return refuse(self, "(not joined)", "telemetry is for peers that have joined");
+        if (!monitor) return caf::make_error(caf::sec::runtime_error, "this head runs no monitor");
+        auto rp = self->make_response_promise<Telemetry>();
+        self->request(monitor, std::chrono::seconds(5), stats_atom::value)
+            .then([=](Telemetry& t) mutable { rp.deliver(std::move(t)); },
+                  [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
       [=](register_atom, caf::actor ev, std::string id) {
-        auto sender = self->current_sender();
-        bool local = sender && sender->node() == self->node();
-        auto it = sender ? self->state.joined.find(sender->node()) : self->state.joined.end();
-        if (!local && it == self->state.joined.end()) {
+        if (!trusted(self)) {
           ++self->state.refused;
           lg->warn("evaluator {} from a peer that has not joined: dropped", id);
           return;
@@ -84,8 +122,9 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
 
 }  // namespace
 
-caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, caf::actor dispatcher, caf::actor supervisor) {
-  return sys.spawn(gate_actor, std::move(args), std::move(dispatcher), std::move(supervisor));
+caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, caf::actor dispatcher, caf::actor supervisor,
+                      caf::actor monitor) {
+  return sys.spawn(gate_actor, std::move(args), std::move(dispatcher), std::move(supervisor), std::move(monitor));
 }
 
 }  // namespace kernelrl

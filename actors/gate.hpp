@@ -4,9 +4,14 @@
 // forwards to the dispatcher and the supervisor. Messages from peers that have not joined, a
 // wrong proof, another cluster's name or another protocol version are refused with a clear
 // error to the peer and a warning in the log; the secret never appears in either.
-// Messages in:  (challenge_atom) -> std::string nonce;
+// A peer stays a member while the actor that joined is reachable; when its connection drops
+// (the process ended, or the link was silent past peer_timeout_s) it must join again.
+// Messages in:  (hello_atom) -> [cluster name, protocol version] (anyone: nothing secret);
+//               (challenge_atom) -> std::string nonce;
 //               (join_atom, node, cluster, protocol, proof) -> bool;
-//               (register_atom, actor, std::string id) from a joined node or this process
+//               (register_atom, actor, std::string id) from a joined node or this process;
+//               (stats_atom) -> Telemetry, the monitor's latest snapshot, for joined peers
+//               (`launch monitor HOST:PORT`)
 // Messages out: (register_atom, actor, id) -> dispatcher and supervisor
 #pragma once
 
@@ -21,6 +26,8 @@ struct GateArgs {
   std::string secret;   // the cluster secret (never logged)
 };
 
-caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, caf::actor dispatcher, caf::actor supervisor);
+// `monitor` answers (stats_atom) with the merged snapshot; may be invalid.
+caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, caf::actor dispatcher, caf::actor supervisor,
+                      caf::actor monitor);
 
 }  // namespace kernelrl

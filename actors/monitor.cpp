@@ -5,7 +5,9 @@
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
+#include <msgpack.hpp>
 #include <nlohmann/json.hpp>
+#include <zmq.hpp>
 
 #include <cstdio>
 #include <fstream>
@@ -65,6 +67,7 @@ void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bo
     *st.metrics << j.dump() << "\n";
     st.metrics->flush();
   }
+  if (args.publisher) args.publisher->publish(snap);
   if (recorder) self->send(recorder, record_atom::value, std::move(snap));
 }
 
@@ -91,6 +94,14 @@ caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::ac
         if (self->state.ticks++ > 0) emit(self, args, recorder, false);
         poll(self, sources);
         self->delayed_send(self, interval, tick_atom::value);
+      },
+      [=](stats_atom) {
+        Telemetry t;
+        t.ts = now_s();
+        t.source = "cluster";
+        t.values = self->state.merged;
+        t.step = static_cast<uint32_t>(get(t.values, "supervisor.step"));
+        return t;
       },
       [=](finish_atom) -> caf::response_promise {
         // One last round of answers, then the final line.
@@ -121,6 +132,42 @@ caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::ac
 
 }  // namespace
 
+struct TelemetryPublisher::Impl {
+  zmq::context_t ctx{1};
+  zmq::socket_t sock{ctx, zmq::socket_type::pub};
+  std::string endpoint;
+};
+
+TelemetryPublisher::TelemetryPublisher() : impl_(std::make_unique<Impl>()) {}
+TelemetryPublisher::~TelemetryPublisher() = default;
+
+std::unique_ptr<TelemetryPublisher> TelemetryPublisher::bind(const std::string& endpoint, std::string& err) {
+  std::unique_ptr<TelemetryPublisher> p(new TelemetryPublisher());
+  try {
+    p->impl_->sock.set(zmq::sockopt::linger, 0);
+    p->impl_->sock.set(zmq::sockopt::sndhwm, 64);  // a slow subscriber drops snapshots
+    p->impl_->sock.bind(endpoint);
+    p->impl_->endpoint = p->impl_->sock.get(zmq::sockopt::last_endpoint);
+  } catch (const zmq::error_t& e) {
+    err = "[monitor] publish = \"" + endpoint + "\": cannot bind: " + e.what();
+    return nullptr;
+  }
+  return p;
+}
+
+const std::string& TelemetryPublisher::endpoint() const { return impl_->endpoint; }
+
+void TelemetryPublisher::publish(const Telemetry& t) {
+  msgpack::sbuffer buf;
+  msgpack::pack(buf, t);
+  try {
+    impl_->sock.send(zmq::buffer(std::string_view(telemetry_topic)), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    impl_->sock.send(zmq::buffer(buf.data(), buf.size()), zmq::send_flags::dontwait);
+  } catch (const zmq::error_t&) {
+    // PUB never blocks; an error here only loses this snapshot for subscribers.
+  }
+}
+
 std::string format_progress(const std::string& label,
                             const std::vector<std::pair<std::string, double>>& values) {
   std::map<std::string, double> m(values.begin(), values.end());
@@ -135,6 +182,43 @@ std::string format_progress(const std::string& label,
                      uint64_t(get(m, "dispatcher.queue_depth")),
                      uint64_t(get(m, "dispatcher.in_flight")),
                      fmt_eta(get(m, "supervisor.eta_s", -1)));
+}
+
+std::string format_snapshot(const std::string& label,
+                            const std::vector<std::pair<std::string, double>>& values) {
+  std::map<std::string, double> m(values.begin(), values.end());
+  std::string out = format_progress(label, values) + "\n";
+  out += fmt::format("step {} | policy version {} | staleness max {} mean {:.2f} | correct rate {:.2f}\n",
+                     uint64_t(get(m, "supervisor.step")), uint64_t(get(m, "supervisor.policy_version")),
+                     uint64_t(get(m, "supervisor.staleness_max")), get(m, "supervisor.staleness_mean"),
+                     get(m, "supervisor.correct_rate"));
+  out += fmt::format("speedup (correct samples) p10 {:.2f} | p25 {:.2f} | p50 {:.2f} | p75 {:.2f} | p90 {:.2f} | max {:.2f}\n",
+                     get(m, "supervisor.speedup.p10"), get(m, "supervisor.speedup.p25"),
+                     get(m, "supervisor.speedup.p50"), get(m, "supervisor.speedup.p75"),
+                     get(m, "supervisor.speedup.p90"), get(m, "supervisor.speedup.max"));
+  out += "reward histogram";
+  for (auto* bin : {"le_0", "0_0.5", "0.5_1", "1_1.5", "1.5_2", "2_5", "gt_5"})
+    out += fmt::format(" | {} {}", bin, uint64_t(get(m, std::string("supervisor.reward_hist.") + bin)));
+  out += "\n";
+  // Nodes, from the dispatcher's "node.NAME.KEY" gauges.
+  std::map<std::string, std::map<std::string, double>> nodes;
+  const std::string pre = "dispatcher.node.";
+  for (auto& [k, v] : m) {
+    if (k.rfind(pre, 0) != 0) continue;
+    auto rest = k.substr(pre.size());
+    auto dot = rest.rfind('.');
+    if (dot == std::string::npos) continue;
+    nodes[rest.substr(0, dot)][rest.substr(dot + 1)] = v;
+  }
+  for (auto& [node, g] : nodes)
+    out += fmt::format("node {}: {} evaluator(s) | in flight {}/{} | utilisation {:.0f}% | completed {}\n", node,
+                       uint64_t(g["evaluators"]), uint64_t(g["in_flight"]), uint64_t(g["capacity"]),
+                       100 * g["utilisation"], uint64_t(g["completed"]));
+  out += fmt::format("sampler: {} rollouts, {:.1f} tokens/s | learner idle ratio {}\n",
+                     uint64_t(get(m, "sampler.rollouts")), get(m, "sampler.tokens_per_s"),
+                     m.count("learner.idle_ratio") ? fmt::format("{:.2f}", m["learner.idle_ratio"])
+                                                   : std::string("- (no learner in this experiment)"));
+  return out;
 }
 
 caf::actor spawn_monitor(caf::actor_system& sys, MonitorArgs args, std::vector<caf::actor> sources,

@@ -1,6 +1,7 @@
 #include "actors/sampler.hpp"
 
 #include "core/log.hpp"
+#include "core/paths.hpp"
 #include "store/store.hpp"
 
 #include <caf/all.hpp>
@@ -105,6 +106,8 @@ std::vector<ReplayRecord> load_replay(const std::string& path, std::vector<std::
 namespace {
 
 struct sampler_state {
+  uint64_t rollouts = 0, tokens = 0;
+  double t_start = -1;  // mono_s of the first plan
   static inline const char* name = "sampler";
 };
 
@@ -117,6 +120,7 @@ caf::behavior sampler_actor(caf::stateful_actor<sampler_state>* self, SamplerArg
         std::map<std::string, uint64_t> group_of;
         std::map<std::string, uint32_t> count_of;
         uint64_t sent = 0;
+        if (self->state.t_start < 0) self->state.t_start = mono_s();
         for (const auto& rec : args.records) {
           uint32_t& n = count_of[rec.task_id];
           if (args.samples_per_task > 0 && n >= args.samples_per_task) continue;
@@ -133,11 +137,24 @@ caf::behavior sampler_actor(caf::stateful_actor<sampler_state>* self, SamplerArg
           r.logprobs = rec.logprobs;
           r.policy_version = rec.policy_version;
           r.sampler_id = args.id;
+          self->state.tokens += r.token_ids.size();
           self->send(dispatcher, std::move(r));
           ++sent;
         }
         lg->info("step {}: replayed {} actions over {} tasks", step, sent, group_of.size());
+        self->state.rollouts += sent;
         return sent;
+      },
+      [=](stats_atom) {
+        auto& st = self->state;
+        double elapsed = st.t_start < 0 ? 0 : mono_s() - st.t_start;
+        Telemetry t;
+        t.ts = now_s();
+        t.source = "sampler";
+        t.values = {{"rollouts", double(st.rollouts)},
+                    {"tokens", double(st.tokens)},
+                    {"tokens_per_s", elapsed > 0 ? double(st.tokens) / elapsed : 0.0}};
+        return t;
       },
   };
 }

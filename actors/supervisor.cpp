@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <map>
 
 namespace kernelrl {
@@ -29,10 +30,33 @@ struct supervisor_state {
   size_t evaluators_alive = 0;
   uint64_t waits = 0;  // join deadlines started (a deadline only counts if it is the latest)
   double t_start = 0;
+  std::vector<double> speedups;              // of correct samples (the speedup distribution)
+  std::vector<uint64_t> reward_hist;         // counts per reward_edges bin
+  uint32_t step = 0;                         // latest step a recorded sample belongs to
+  uint64_t policy_version = 0;               // newest policy version seen in a sample
+  uint64_t stale_max = 0, stale_sum = 0;     // policy_version - sample's version, at record time
   static inline const char* name = "supervisor";
 };
 
 using self_ptr = caf::stateful_actor<supervisor_state>*;
+
+// Reward histogram bins: (-inf, 0], (0, 0.5], (0.5, 1], (1, 1.5], (1.5, 2], (2, 5], (5, inf).
+const std::vector<double> reward_edges = {0, 0.5, 1, 1.5, 2, 5};
+const std::vector<std::string> reward_bins = {"le_0", "0_0.5", "0.5_1", "1_1.5", "1.5_2", "2_5", "gt_5"};
+
+size_t reward_bin(double r) {
+  size_t i = 0;
+  while (i < reward_edges.size() && r > reward_edges[i]) ++i;
+  return i;
+}
+
+// The q-quantile (0..1, nearest rank) of xs; xs is reordered.
+double quantile(std::vector<double>& xs, double q) {
+  if (xs.empty()) return 0;
+  size_t k = std::min(xs.size() - 1, static_cast<size_t>(q * double(xs.size() - 1) + 0.5));
+  std::nth_element(xs.begin(), xs.begin() + k, xs.end());
+  return xs[k];
+}
 
 StepStats step_stats(const supervisor_state& st, uint32_t step) {
   StepStats s;
@@ -189,12 +213,20 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
         }
         ++st.recorded;
         ++st.status_counts[to_string(s.result.status)];
+        if (st.reward_hist.empty()) st.reward_hist.assign(reward_bins.size(), 0);
+        ++st.reward_hist[reward_bin(s.reward)];
+        st.step = std::max(st.step, s.rollout.step);
+        st.policy_version = std::max(st.policy_version, s.rollout.policy_version);
+        uint64_t stale = st.policy_version - s.rollout.policy_version;
+        st.stale_max = std::max(st.stale_max, stale);
+        st.stale_sum += stale;
         auto& t = st.tasks[s.rollout.task_id];
         ++t.samples;
         t.reward_sum += s.reward;
         if (s.result.status == EvalStatus::ok) {
           ++t.correct;
           t.speedup_sum += s.result.speedup;
+          st.speedups.push_back(s.result.speedup);
           if (s.result.speedup > 1.0) ++t.faster;
         }
         if (st.planned && st.recorded >= st.expected) finish(self, args, "");
@@ -222,8 +254,20 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
                     {"samples_per_s", rate},
                     {"eta_s", rate > 0 ? left / rate : -1.0},
                     {"elapsed_s", elapsed},
-                    {"evaluators_alive", double(st.evaluators_alive)}};
+                    {"evaluators_alive", double(st.evaluators_alive)},
+                    {"step", double(st.step)},
+                    {"policy_version", double(st.policy_version)},
+                    {"staleness_max", double(st.stale_max)},
+                    {"staleness_mean", st.recorded ? double(st.stale_sum) / double(st.recorded) : 0.0},
+                    {"correct_rate", st.recorded ? double(s.correct) / double(st.recorded) : 0.0}};
+        t.step = st.step;
         for (auto& [k, v] : st.status_counts) t.values["status." + k] = double(v);
+        auto xs = st.speedups;
+        for (auto [name, q] : std::initializer_list<std::pair<const char*, double>>{
+                 {"p10", 0.1}, {"p25", 0.25}, {"p50", 0.5}, {"p75", 0.75}, {"p90", 0.9}, {"max", 1.0}})
+          t.values[std::string("speedup.") + name] = quantile(xs, q);
+        for (size_t i = 0; i < reward_bins.size(); ++i)
+          t.values["reward_hist." + reward_bins[i]] = st.reward_hist.empty() ? 0.0 : double(st.reward_hist[i]);
         return t;
       },
   };

@@ -166,7 +166,12 @@ class TableReader {
   void error_at(const toml::node& n, const char* key, const std::string& msg) {
     errs_.push_back({file_, n.source().begin.line, n.source().begin.column, full(key), msg});
   }
+  // At the key's value when the table has it, else at the table.
   void error_here(const char* key, const std::string& msg) {
+    if (const toml::node* n = t_ ? t_->get(key) : nullptr) {
+      error_at(*n, key, msg);
+      return;
+    }
     uint32_t line = 1, col = 1;
     if (t_ && t_->source().begin.line) {
       line = t_->source().begin.line;
@@ -447,6 +452,8 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.number("reverify_speedup", e.reverify_speedup, 0, 1e9);
     r.boolean("isolate_network", e.isolate_network);
     r.path("cache_dir", e.cache_dir, PathKind::any);
+    r.one_of("backend", e.backend, {"worker", "synthetic"});
+    r.number("synthetic_latency_ms", e.synthetic_latency_ms, 0, 3.6e6);
   });
   section("reward", [&](TableReader& r) {
     r.one_of("shape", c.reward.shape, {"speedup", "log_speedup"});
@@ -482,6 +489,10 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.boolean("progress", c.monitor.progress);
     r.number("interval_s", c.monitor.interval_s, 0.05, 3600);
     r.str("metrics_file", c.monitor.metrics_file);
+    r.str("publish", c.monitor.publish);
+    auto& pub = c.monitor.publish;
+    if (!pub.empty() && pub.rfind("tcp://", 0) != 0 && pub.rfind("ipc://", 0) != 0)
+      r.error_here("publish", "expected \"tcp://HOST:PORT\" or \"ipc://PATH\", got \"" + pub + "\"");
   });
 
   // Whole-config checks.

@@ -82,6 +82,10 @@ struct EvaluatorConfig {
   double reverify_speedup = 10;     // speedups above this are re-verified in full (0: never)
   bool isolate_network = true;      // candidates run in a network namespace of their own
   std::string cache_dir;            // build cache (default ~/.cache/kernelrl/build-cache)
+  std::string backend = "worker";   // worker: real evaluation; synthetic: answers after
+                                    // synthetic_latency_ms without running anything (benchmarks
+                                    // of dispatch and scale-out; its verdicts are not measurements)
+  double synthetic_latency_ms = 0;  // per-request latency of a synthetic evaluator
   // Requests one evaluator may hold (queued, compiling or timing).
   uint32_t in_flight() const { return max_in_flight ? max_in_flight : compile_workers + 2; }
 };
@@ -126,6 +130,9 @@ struct MonitorConfig {
   bool progress = true;                     // live progress line on the terminal
   double interval_s = 1.0;                  // refresh interval of progress and metrics
   std::string metrics_file = "metrics.jsonl";  // inside the run directory
+  std::string publish;  // ZeroMQ PUB endpoint for telemetry snapshots (msgpack), e.g.
+                        // "tcp://127.0.0.1:47312" ("": none). Anyone who can reach it can read
+                        // the telemetry: bind it to an interface only trusted hosts reach.
 };
 
 struct Config {

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <thread>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -90,35 +91,61 @@ std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& 
   return out;
 }
 
-int run_node(const Config& cfg, const std::string& name) {
-  auto lg = log::get("node");
-  const NodeConfig* node = nullptr;
-  std::string names;
-  for (auto& n : cfg.nodes) {
-    names += (names.empty() ? "" : ", ") + n.name;
-    if (n.name == name) node = &n;
-  }
-  if (!node) {
-    std::fprintf(stderr, "launch: --node %s: %s has no such [[node]] (it has %s)\n", name.c_str(),
-                 cfg.source_file.c_str(), names.c_str());
-    return 2;
-  }
-  if (&head_node(cfg) == node) {
-    std::fprintf(stderr, "launch: --node %s: that is the head (it has the supervisor role); start it with `launch %s`\n",
-                 name.c_str(), cfg.source_file.c_str());
-    return 2;
-  }
-  for (auto& r : node->roles) {
-    if (r != "evaluator") {
-      std::fprintf(stderr, "launch: --node %s: role \"%s\" runs on the head only in this version; "
-                           "a node of its own runs evaluators\n", name.c_str(), r.c_str());
-      return 2;
+std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::string& host, uint16_t port,
+                                       const std::string& name, const std::string& cluster,
+                                       const std::string& secret, double wait_s, std::string& err,
+                                       bool& refused, std::string* cluster_seen) {
+  refused = false;
+  auto& sys = self->system();
+  // The head may start after this peer: keep trying for wait_s.
+  caf::actor gate;
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, wait_s) * 1000));
+  while (!gate) {
+    auto r = sys.middleman().remote_actor(host, port);
+    if (r) {
+      gate = *r;
+      break;
     }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      err = "cannot reach the head at " + host + ":" + std::to_string(port) + ": " + sys.render(r.error());
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
+  std::string fail, nonce, cluster_name = cluster;
+  if (cluster_name.empty()) {  // a monitor given only HOST:PORT learns the name from the head
+    self->request(gate, std::chrono::seconds(30), hello_atom::value)
+        .receive([&](std::vector<std::string>& hello) { cluster_name = hello.empty() ? "" : hello[0]; },
+                 [&](caf::error& e) { fail = error_text(sys, e); });
+  }
+  if (fail.empty())
+    self->request(gate, std::chrono::seconds(30), challenge_atom::value)
+        .receive([&](std::string& n) { nonce = std::move(n); }, [&](caf::error& e) { fail = error_text(sys, e); });
+  if (fail.empty()) {
+    auto proof = join_proof(secret, nonce, name, cluster_name, protocol_version);
+    self->request(gate, std::chrono::seconds(30), join_atom::value, name, cluster_name, protocol_version, proof)
+        .receive([&](bool) {}, [&](caf::error& e) { fail = error_text(sys, e); });
+  }
+  if (!fail.empty()) {
+    refused = true;
+    err = "the head at " + host + ":" + std::to_string(port) + " did not accept \"" + name + "\": " + fail;
+    return std::nullopt;
+  }
+  if (cluster_seen) *cluster_seen = cluster_name;
+  return gate;
+}
+
+namespace {
+
+// Runs `node`'s evaluators for the head until the head is gone.
+int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how) {
+  auto lg = log::get("node");
+  const std::string& name = node.name;
   std::string err;
   auto secret = read_cluster_secret(cfg.cluster, err);
   if (!secret) {
-    std::fprintf(stderr, "launch: --node %s: %s\n", name.c_str(), err.c_str());
+    std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), err.c_str());
     return 2;
   }
   std::string host;
@@ -131,41 +158,17 @@ int run_node(const Config& cfg, const std::string& name) {
   sys_cfg.set("logger.verbosity", caf::atom("quiet"));
   caf::actor_system sys{sys_cfg};
 
-  // The head may start after this node: try for join_wait_s.
-  caf::actor gate;
-  auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(static_cast<int64_t>(std::max(1.0, cfg.cluster.join_wait_s) * 1000));
-  std::string last;
-  while (!gate) {
-    auto r = sys.middleman().remote_actor(host, port);
-    if (r) {
-      gate = *r;
-      break;
-    }
-    last = sys.render(r.error());
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "launch: --node %s: cannot reach the head at %s:%u: %s\n", name.c_str(), host.c_str(),
-                   unsigned(port), last.c_str());
-      return 1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  }
-
+  bool refused = false;
+  // The join is made by an actor that lives as long as this node: the head watches it, and
+  // its connection dropping ends this node's membership.
   caf::scoped_actor self{sys};
-  std::string refused;
-  std::string nonce;
-  self->request(gate, std::chrono::seconds(30), challenge_atom::value)
-      .receive([&](std::string& n) { nonce = std::move(n); }, [&](caf::error& e) { refused = sys.render(e); });
-  if (refused.empty()) {
-    auto proof = join_proof(*secret, nonce, name, cfg.cluster.name, protocol_version);
-    self->request(gate, std::chrono::seconds(30), join_atom::value, name, cfg.cluster.name, protocol_version, proof)
-        .receive([&](bool) {}, [&](caf::error& e) { refused = sys.render(e); });
+  auto joined = join_cluster(self, host, port, name, cfg.cluster.name, *secret,
+                             std::max(1.0, cfg.cluster.join_wait_s), err, refused, nullptr);
+  if (!joined) {
+    std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), err.c_str());
+    return refused ? 2 : 1;
   }
-  if (!refused.empty()) {
-    std::fprintf(stderr, "launch: --node %s: the head at %s:%u did not accept this node: %s\n", name.c_str(),
-                 host.c_str(), unsigned(port), refused.c_str());
-    return 2;
-  }
+  caf::actor gate = *joined;
   std::printf("node %s joined cluster %s at %s:%u\n", name.c_str(), cfg.cluster.name.c_str(), host.c_str(),
               unsigned(port));
   std::fflush(stdout);
@@ -173,7 +176,7 @@ int run_node(const Config& cfg, const std::string& name) {
   std::string log_dir = (fs::path(cfg.experiment.run_root) / ("node-" + sanitize_id(name))).string();
   fs::create_directories(log_dir);
   std::vector<caf::actor> evaluators;
-  for (auto& ea : node_evaluators(cfg, *node, log_dir)) evaluators.push_back(spawn_evaluator(sys, ea, gate));
+  for (auto& ea : node_evaluators(cfg, node, log_dir)) evaluators.push_back(spawn_evaluator(sys, ea, gate));
   lg->info("node {}: {} evaluator(s) started; worker logs in {}", name, evaluators.size(), log_dir);
 
   // Run until the head is gone (the run ended, or the link went silent past peer_timeout_s).
@@ -198,6 +201,61 @@ int run_node(const Config& cfg, const std::string& name) {
   }
   for (auto& e : evaluators) self->send_exit(e, caf::exit_reason::user_shutdown);
   return rc;
+}
+
+}  // namespace
+
+int run_node(const Config& cfg, const std::string& name) {
+  const NodeConfig* node = nullptr;
+  std::string names;
+  for (auto& n : cfg.nodes) {
+    names += (names.empty() ? "" : ", ") + n.name;
+    if (n.name == name) node = &n;
+  }
+  if (!node) {
+    std::fprintf(stderr, "launch: --node %s: %s has no such [[node]] (it has %s); a machine not in the "
+                         "file joins with --join\n", name.c_str(), cfg.source_file.c_str(), names.c_str());
+    return 2;
+  }
+  if (&head_node(cfg) == node) {
+    std::fprintf(stderr, "launch: --node %s: that is the head (it has the supervisor role); start it with `launch %s`\n",
+                 name.c_str(), cfg.source_file.c_str());
+    return 2;
+  }
+  for (auto& r : node->roles) {
+    if (r != "evaluator") {
+      std::fprintf(stderr, "launch: --node %s: role \"%s\" runs on the head only in this version; "
+                           "a node of its own runs evaluators\n", name.c_str(), r.c_str());
+      return 2;
+    }
+  }
+  return serve_node(cfg, *node, "--node " + name);
+}
+
+int run_join(const Config& cfg, const JoinOptions& o) {
+  NodeConfig node;
+  node.name = o.name;
+  if (node.name.empty()) {
+    char buf[256] = {0};
+    gethostname(buf, sizeof buf - 1);
+    node.name = buf[0] ? buf : "joined";
+  }
+  for (auto& n : cfg.nodes) {
+    if (n.name == node.name) {
+      std::fprintf(stderr, "launch: --join: %s already has a [[node]] named \"%s\"; start it with --node %s, "
+                           "or give this machine another name with --name\n",
+                   cfg.source_file.c_str(), node.name.c_str(), node.name.c_str());
+      return 2;
+    }
+  }
+  node.roles = {"evaluator"};
+  node.cpu_slots = o.cpu_slots;
+  node.gpus = o.gpus;
+  if (node.cpu_slots == 0 && node.gpus.empty()) {
+    std::fprintf(stderr, "launch: --join: say what this machine evaluates on: --gpus 0,1 or --cpu-slots N\n");
+    return 2;
+  }
+  return serve_node(cfg, node, "--join (as " + node.name + ")");
 }
 
 }  // namespace kernelrl

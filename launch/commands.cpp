@@ -146,6 +146,16 @@ int cmd_node(const std::string& config_path, const std::string& node, const std:
   return run_node(*cfg, node);
 }
 
+int cmd_join(const std::string& config_path, const JoinOptions& o, const std::string& log_level) {
+  auto cfg = load_with_level(config_path, log_level);
+  if (!cfg) return 2;
+  if (!is_cluster(*cfg)) {
+    std::fprintf(stderr, "launch: --join: %s describes no cluster (no [[node]] has a port)\n", cfg->source_file.c_str());
+    return 2;
+  }
+  return run_join(*cfg, o);
+}
+
 int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
             const std::string& log_level) {
   auto loaded = load_with_level(config_path, log_level);
@@ -248,27 +258,42 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     sma.records = std::move(records);
     sma.samples_per_task = cfg.sampler.samples_per_task;
     auto sampler = spawn_sampler(sys, std::move(sma), dispatcher);
-    caf::actor gate;
-    if (cluster) {
-      const auto& head = head_node(cfg);  // it listens on its own host and port
-      gate = spawn_gate(sys, GateArgs{cfg.cluster.name, *secret}, dispatcher, supervisor);
-      auto bound = sys.middleman().publish(gate, head.port, head.host.c_str(), true);
-      if (!bound) {
-        lg->error("cannot listen on {}:{}: {}", head.host, head.port, sys.render(bound.error()));
-        for (auto& a : std::vector<caf::actor>{gate, sampler, dispatcher, reward, supervisor})
-          anon_send_exit(a, caf::exit_reason::user_shutdown);
-        for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
-        return 2;
-      }
-      lg->info("cluster {}: head listening on {}:{}; nodes join with `launch {} --node NAME`", cfg.cluster.name,
-               head.host, *bound, config_path);
-    }
+    auto stop_all = [&](std::vector<caf::actor> extra) {
+      for (auto& a : std::vector<caf::actor>{sampler, dispatcher, reward, supervisor}) anon_send_exit(a, caf::exit_reason::user_shutdown);
+      for (auto& a : extra) anon_send_exit(a, caf::exit_reason::user_shutdown);
+      for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
+    };
     MonitorArgs ma;
     ma.progress = cfg.monitor.progress;
     ma.interval_s = cfg.monitor.interval_s;
     ma.metrics_path = (fs::path(run_dir) / cfg.monitor.metrics_file).string();
     ma.label = cfg.experiment.mode;
-    auto monitor = spawn_monitor(sys, ma, {supervisor, dispatcher}, supervisor);
+    if (!cfg.monitor.publish.empty()) {
+      std::string perr;
+      ma.publisher = TelemetryPublisher::bind(cfg.monitor.publish, perr);
+      if (!ma.publisher) {
+        lg->error("{}", perr);
+        stop_all({});
+        return 2;
+      }
+      lg->info("telemetry published on {} (ZeroMQ PUB, topic \"{}\", msgpack)", ma.publisher->endpoint(),
+               telemetry_topic);
+    }
+    auto monitor = spawn_monitor(sys, ma, {supervisor, dispatcher, sampler}, supervisor);
+    caf::actor gate;
+    if (cluster) {
+      const auto& head = head_node(cfg);  // it listens on its own host and port
+      gate = spawn_gate(sys, GateArgs{cfg.cluster.name, *secret}, dispatcher, supervisor, monitor);
+      auto bound = sys.middleman().publish(gate, head.port, head.host.c_str(), true);
+      if (!bound) {
+        lg->error("cannot listen on {}:{}: {}", head.host, head.port, sys.render(bound.error()));
+        stop_all({gate, monitor});
+        return 2;
+      }
+      lg->info("cluster {}: head listening on {}:{}; nodes join with `launch {} --node NAME` (or --join), "
+               "monitors attach with `launch monitor {}:{}`", cfg.cluster.name, head.host, *bound, config_path,
+               head.host, *bound);
+    }
 
     caf::scoped_actor self{sys};
     std::string summary;

@@ -12,6 +12,22 @@ namespace kernelrl {
 int cmd_run(const std::string& config_path, const std::string& run_dir, const std::string& log_level);
 // launch CONFIG --node NAME [--log-level LEVEL]: one non-head node of a cluster
 int cmd_node(const std::string& config_path, const std::string& node, const std::string& log_level);
+// launch CONFIG --join [--name NAME] [--cpu-slots N] [--gpus 0,1]: a machine not in CONFIG
+struct JoinOptions;
+int cmd_join(const std::string& config_path, const JoinOptions& o, const std::string& log_level);
+
+// launch monitor HOST:PORT [--once] [--json] [--interval S] [--secret-file FILE] [--wait S]
+struct MonitorOptions {
+  std::string address;      // the head's HOST:PORT
+  bool once = false;        // one snapshot, then exit
+  bool json = false;        // JSON lines instead of text
+  double interval_s = 1.0;  // refresh interval
+  double wait_s = 10;       // how long to keep trying to reach the head
+  std::string secret_file;  // the cluster secret ("": $KERNELRL_CLUSTER_SECRET)
+  std::string log_level;    // default warn
+};
+int cmd_monitor(const MonitorOptions& o);
+
 // launch check CONFIG
 int cmd_check(const std::string& config_path);
 // launch export RUN_DIR --jsonl

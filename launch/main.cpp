@@ -1,4 +1,5 @@
 // launch: the kernelrl command line. See README.md for every subcommand.
+#include "launch/cluster.hpp"
 #include "launch/commands.hpp"
 
 #include <cstdio>
@@ -12,6 +13,10 @@ const char* usage =
     "usage:\n"
     "  launch CONFIG [--run-dir DIR] [--log-level LEVEL]   run the experiment CONFIG describes (a cluster's head)\n"
     "  launch CONFIG --node NAME [--log-level LEVEL]       run node NAME of the cluster CONFIG describes\n"
+    "  launch CONFIG --join [--name NAME] (--cpu-slots N | --gpus 0,1,...) [--log-level LEVEL]\n"
+    "                                                      add this machine (not in CONFIG) to CONFIG's cluster\n"
+    "  launch monitor HOST:PORT [--once] [--json] [--interval S] [--secret-file FILE] [--wait S]\n"
+    "                                                      watch a running cluster's telemetry (its head's HOST:PORT)\n"
     "  launch check CONFIG                                 validate CONFIG, print it resolved\n"
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
     "  launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--task FILE --candidate FILE ...]\n"
@@ -86,14 +91,80 @@ int main(int argc, char** argv) {
     if (o.candidates.empty()) return bad("evaluate: at least one --candidate FILE is required");
     return kernelrl::cmd_evaluate(o);
   }
-  std::string config = cmd, run_dir, level, node;
-  for (size_t i = 1; i < args.size(); ++i) {
-    if ((args[i] == "--run-dir" || args[i] == "--log-level" || args[i] == "--node") && i + 1 < args.size()) {
-      (args[i] == "--run-dir" ? run_dir : args[i] == "--node" ? node : level) = args[i + 1];
-      ++i;
-    } else {
-      return bad("unknown argument \"" + args[i] + "\"");
+  if (cmd == "monitor") {
+    kernelrl::MonitorOptions o;
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a == "--once") o.once = true;
+      else if (a == "--json") o.json = true;
+      else if (a.rfind("--", 0) != 0 && o.address.empty()) o.address = a;
+      else if (i + 1 >= args.size()) return bad("monitor: " + a + (a.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
+      else {
+        const std::string& v = args[++i];
+        try {
+          if (a == "--interval") o.interval_s = std::stod(v);
+          else if (a == "--wait") o.wait_s = std::stod(v);
+          else if (a == "--secret-file") o.secret_file = v;
+          else if (a == "--log-level") o.log_level = v;
+          else return bad("monitor: unknown argument \"" + a + "\"");
+        } catch (const std::exception&) {
+          return bad("monitor: " + a + ": expected a number, got \"" + v + "\"");
+        }
+        if (o.interval_s < 0.05) return bad("monitor: --interval: at least 0.05 seconds");
+      }
     }
+    if (o.address.empty()) return bad("monitor: the head's HOST:PORT is required");
+    return kernelrl::cmd_monitor(o);
+  }
+  std::string config = cmd, run_dir, level, node;
+  bool join = false;
+  kernelrl::JoinOptions jo;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--join") {
+      join = true;
+    } else if ((a == "--run-dir" || a == "--log-level" || a == "--node" || a == "--name" || a == "--cpu-slots" ||
+                a == "--gpus") && i + 1 < args.size()) {
+      const std::string& v = args[++i];
+      if (a == "--run-dir") run_dir = v;
+      else if (a == "--node") node = v;
+      else if (a == "--log-level") level = v;
+      else if (a == "--name") jo.name = v;
+      else {
+        try {
+          if (a == "--cpu-slots") {
+            size_t used = 0;
+            long n = std::stol(v, &used);
+            if (used != v.size() || n < 1 || n > 1024) throw std::invalid_argument(v);
+            jo.cpu_slots = static_cast<uint32_t>(n);
+          } else {
+            size_t pos = 0;
+            while (pos <= v.size()) {
+              size_t comma = v.find(',', pos);
+              std::string id = v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+              size_t used = 0;
+              long g = std::stol(id, &used);
+              if (used != id.size() || g < 0) throw std::invalid_argument(id);
+              jo.gpus.push_back(g);
+              if (comma == std::string::npos) break;
+              pos = comma + 1;
+            }
+          }
+        } catch (const std::exception&) {
+          return bad(a + ": expected " + (a == "--gpus" ? "device ids like 0,1" : "a number from 1 to 1024") +
+                     ", got \"" + v + "\"");
+        }
+      }
+    } else {
+      return bad("unknown argument \"" + a + "\"");
+    }
+  }
+  bool join_args = !jo.name.empty() || jo.cpu_slots || !jo.gpus.empty();
+  if (join_args && !join) return bad("--name, --cpu-slots and --gpus go with --join");
+  if (join) {
+    if (!node.empty()) return bad("--join adds a machine that is not in CONFIG; --node NAME starts one that is");
+    if (!run_dir.empty()) return bad("--join: a node keeps no run directory (the head does)");
+    return kernelrl::cmd_join(config, jo, level);
   }
   if (!node.empty()) {
     if (!run_dir.empty()) return bad("--node: a node keeps no run directory (the head does)");

@@ -1,5 +1,9 @@
 #include "messages/messages.hpp"
 
+#include <caf/actor_system.hpp>
+#include <caf/error.hpp>
+#include <caf/message.hpp>
+
 #include <array>
 
 namespace kernelrl {
@@ -37,6 +41,16 @@ void add_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<WeightsUpdate>("kernelrl.WeightsUpdate");
   cfg.add_message_type<Telemetry>("kernelrl.Telemetry");
   cfg.add_message_type<std::vector<Rollout>>("kernelrl.RolloutBatch");
+}
+
+std::string error_text(caf::actor_system& sys, const caf::error& e) {
+  const auto& ctx = e.context();
+  if (ctx.size() >= 1 && ctx.match_element<std::string>(ctx.size() - 1)) {
+    // sec errors carry (sec name..., user text) : the user's text is last
+    const auto& text = ctx.get_as<std::string>(ctx.size() - 1);
+    if (!text.empty()) return text;
+  }
+  return sys.render(e);
 }
 
 std::string make_sample_id(const std::string& task_id, uint64_t group_id, uint32_t sample_index) {

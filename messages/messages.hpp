@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 4;
+inline constexpr uint32_t protocol_version = 5;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -261,6 +261,13 @@ using challenge_atom = caf::atom_constant<caf::atom("challenge")>;  // node -> g
 // node -> gate: (join_atom, node name, cluster name, protocol_version, proof) -> bool. Its shape
 // never changes, so a peer of any version gets a clear answer.
 using join_atom = caf::atom_constant<caf::atom("join")>;
+// peer -> gate, before joining: (hello_atom) -> [cluster name, protocol version]. Its shape never
+// changes either; nothing in it is secret.
+using hello_atom = caf::atom_constant<caf::atom("hello")>;
+
+// The text of an error for people: the message a peer or an actor put in it (e.g. the gate's
+// "refused by the head: ..."), else CAF's rendering of it.
+std::string error_text(caf::actor_system& sys, const caf::error& e);
 
 // Helpers to build ids the same way everywhere.
 std::string make_sample_id(const std::string& task_id, uint64_t group_id, uint32_t sample_index);

@@ -1,11 +1,15 @@
 // The learner and checkpoint-selector actors as far as this build defines them: the learner takes
 // samples but refuses to claim an update; the selector answers the best checkpoint so far.
 #include "actors/checkpoint_selector.hpp"
+#include "actors/dispatcher.hpp"
+#include "actors/evaluator.hpp"
 #include "actors/learner.hpp"
 #include "messages/messages.hpp"
 
 #include <caf/all.hpp>
 #include <catch2/catch.hpp>
+
+#include <thread>
 
 using namespace kernelrl;
 
@@ -59,4 +63,68 @@ TEST_CASE("the checkpoint selector answers the best score, the earliest step on 
       .receive([](Checkpoint& c) { CHECK(c.path == "step-2"); },
                [](caf::error&) { FAIL("no best checkpoint"); });
   self->send_exit(sel, caf::exit_reason::user_shutdown);
+}
+
+// The dispatcher in front of synthetic evaluators of two nodes: every sample comes back scored
+// once, and its telemetry splits evaluators, answers and utilisation by node.
+namespace {
+caf::behavior collect_scores(caf::stateful_actor<std::vector<std::string>>* self) {
+  return {
+      [=](score_atom, Rollout& r, EvalResult& e) {
+        CHECK(e.sample_id == r.sample_id);
+        CHECK(e.device == "synthetic");
+        self->state.push_back(r.sample_id);
+      },
+      [=](stats_atom) -> uint64_t { return self->state.size(); },
+  };
+}
+}  // namespace
+
+TEST_CASE("the dispatcher balances synthetic evaluators of two nodes and reports each node", "[actors]") {
+  System s;
+  auto scores = s.sys->spawn(collect_scores);
+  DispatcherArgs da;
+  da.task_paths["t"] = "/nonexistent/t.py";  // synthetic evaluators never read it
+  da.max_in_flight = 2;
+  auto dispatcher = spawn_dispatcher(*s.sys, da, scores);
+  std::vector<caf::actor> evs;
+  for (auto* id : {"n1/cpu-0", "n1/cpu-1", "n2/cpu-0"}) {
+    EvaluatorArgs ea;
+    ea.id = id;
+    ea.settings.backend = "synthetic";
+    ea.settings.synthetic_latency_ms = 2;
+    evs.push_back(spawn_evaluator(*s.sys, ea, dispatcher));
+  }
+  caf::scoped_actor self{*s.sys};
+  const int n = 90;
+  for (int i = 0; i < n; ++i) {
+    Rollout r;
+    r.task_id = "t";
+    r.sample_index = i;
+    r.sample_id = make_sample_id("t", 0, i);
+    self->send(dispatcher, r);
+  }
+  uint64_t got = 0;
+  for (int tries = 0; tries < 500 && got < n; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    self->request(scores, std::chrono::seconds(5), stats_atom::value).receive([&](uint64_t k) { got = k; }, [](caf::error&) {});
+  }
+  REQUIRE(got == n);
+  self->request(dispatcher, std::chrono::seconds(5), stats_atom::value)
+      .receive(
+          [&](Telemetry& t) {
+            CHECK(t.values["completed"] == n);
+            CHECK(t.values["node.n1.evaluators"] == 2);
+            CHECK(t.values["node.n2.evaluators"] == 1);
+            CHECK(t.values["node.n1.capacity"] == 4);
+            CHECK(t.values["node.n1.completed"] + t.values["node.n2.completed"] == n);
+            // Equal latency, least-loaded first: each evaluator gets about a third.
+            CHECK(t.values["node.n2.completed"] >= n / 3 - 10);
+            CHECK(t.values["node.n1.completed"] >= 2 * n / 3 - 10);
+            CHECK(t.values["duplicates_dropped"] == 0);
+          },
+          [](caf::error&) { FAIL("no dispatcher stats"); });
+  for (auto& a : evs) self->send_exit(a, caf::exit_reason::user_shutdown);
+  self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
+  self->send_exit(scores, caf::exit_reason::user_shutdown);
 }

@@ -141,15 +141,15 @@ TEST_CASE("tasks are chosen by stem, number range or named split; bad selectors 
   e = errors_of("[tasks]\ndir = \"tasks\"\nsplit = \"bad\"\nsplit_file = \"splits.toml\"\n"
                 "[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
   REQUIRE(e.size() == 1);
-  CHECK(e[0] == s.cfg() + ":1:1: tasks.split: no task numbered 40-41 in " + (s.dir / "tasks").string());
+  CHECK(e[0] == s.cfg() + ":3:9: tasks.split: no task numbered 40-41 in " + (s.dir / "tasks").string());
   e = errors_of("[tasks]\ndir = \"tasks\"\nsplit = \"nope\"\nsplit_file = \"splits.toml\"\n"
                 "[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
   REQUIRE(e.size() == 1);
-  CHECK(e[0] == s.cfg() + ":1:1: tasks.split: " + (s.dir / "splits.toml").string() +
+  CHECK(e[0] == s.cfg() + ":3:9: tasks.split: " + (s.dir / "splits.toml").string() +
                     ": no split \"nope\" (expected [splits] nope = [ids...])");
   e = errors_of("[tasks]\ndir = \"tasks\"\nkernelbench_dir = \"tasks\"\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
   REQUIRE(e.size() == 1);
-  CHECK(e[0] == s.cfg() + ":1:1: tasks.dir: set dir or kernelbench_dir, not both");
+  CHECK(e[0] == s.cfg() + ":2:7: tasks.dir: set dir or kernelbench_dir, not both");
 }
 
 TEST_CASE("a KernelBench checkout is used as it is, by level and problem number", "[config][tasks]") {
@@ -170,7 +170,7 @@ TEST_CASE("a KernelBench checkout is used as it is, by level and problem number"
   CHECK(ts.tasks()[1].path == (level / "12_Gemm_Multiply_LeakyReLU.py").string());
   auto e = errors_of("[tasks]\nkernelbench_dir = \"kb\"\nlevel = 3\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
   REQUIRE(e.size() == 1);
-  CHECK(e[0] == s.cfg() + ":1:1: tasks.level: no level folder " + (s.dir / "kb" / "level3").string());
+  CHECK(e[0] == s.cfg() + ":3:9: tasks.level: no level folder " + (s.dir / "kb" / "level3").string());
 }
 
 TEST_CASE("a missing required key is reported at its table", "[config]") {
@@ -218,4 +218,19 @@ TEST_CASE("a config file that cannot be read is an error naming it", "[config]")
   REQUIRE(std::holds_alternative<std::vector<ConfigError>>(r));
   CHECK(std::get<std::vector<ConfigError>>(r)[0].format() ==
         "/no/such/config.toml: (file): cannot open config file");
+}
+
+TEST_CASE("the evaluator backend and the telemetry endpoint are checked", "[config]") {
+  Scratch s;
+  auto e = errors_of(base + "[evaluator]\nbackend = \"fake\"\nsynthetic_latency_ms = -1\n"
+                            "[monitor]\npublish = \"localhost:5555\"\n", s.cfg());
+  REQUIRE(e.size() == 3);
+  CHECK(e[0] == s.cfg() + ":6:11: evaluator.backend: expected one of worker, synthetic, got \"fake\"");
+  CHECK(e[1].rfind(s.cfg() + ":7:24: evaluator.synthetic_latency_ms:", 0) == 0);
+  CHECK(e[2] == s.cfg() + ":9:11: monitor.publish: expected \"tcp://HOST:PORT\" or \"ipc://PATH\", got \"localhost:5555\"");
+  auto ok = parse_config(base + "[evaluator]\nbackend = \"synthetic\"\nsynthetic_latency_ms = 5\n"
+                                "[monitor]\npublish = \"tcp://127.0.0.1:47312\"\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(ok));
+  CHECK(std::get<Config>(ok).evaluator.backend == "synthetic");
+  CHECK(std::get<Config>(ok).monitor.publish == "tcp://127.0.0.1:47312");
 }

@@ -1,17 +1,32 @@
-"""A cluster on loopback, every part started as a user starts it: `launch CONFIG` (the head) and
-`launch CONFIG --node NAME` (evaluator nodes), real processes talking through CAF's middleman.
+"""A cluster on loopback, every part started as a user starts it: `launch CONFIG` (the head),
+`launch CONFIG --node NAME` and `--join` (evaluator nodes), `launch monitor HOST:PORT`, real
+processes talking through CAF's middleman.
 
-One run: the head and node a start; once samples are being recorded node b joins and must get
-work; once b has evaluated some, node a is killed with SIGKILL (its whole process group, as a
-machine dies). Every replayed sample must still be in the store exactly once with a verdict. A
-peer with the wrong secret is refused, and the secret appears in no log and not in the store."""
+ClusterTest, real evaluations: the head and node a start; once samples are being recorded node b
+joins and must get work; once b has evaluated some, node a is killed with SIGKILL (its whole
+process group, as a machine dies). Every replayed sample must still be in the store exactly once
+with a verdict. A peer with the wrong secret is refused, and the secret appears in no log and not
+in the store.
+
+MembershipTest, synthetic evaluators (fixed latency, nothing run): a machine not in the file
+joins with --join; monitors attach, read telemetry and detach; the ZeroMQ PUB socket carries the
+same snapshots; strangers (another protocol version, another cluster, no join, a taken name, a
+wrong secret) are refused with a clear message; a node that goes silent (SIGSTOP) is dropped
+after peer_timeout_s and its work runs elsewhere, every sample exactly once.
+
+NamespaceTest: the head and a node in two network namespaces joined by a veth pair, where the
+machine permits it (root, iproute2); skipped with the reason where it does not."""
 
 import glob
+import json
 import os
+import shutil
+import threading
 import signal
 import socket
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -30,23 +45,29 @@ def free_port():
         return s.getsockname()[1]
 
 
-def write_config(d, port):
-    path = os.path.join(d, "cluster.toml")
+def cluster_head(d, port, peer_timeout_s, host="127.0.0.1"):
+    """[cluster] and the head's [[node]]; writes the secret file beside the config."""
     with open(os.path.join(d, "cluster.secret"), "w") as f:
         f.write(SECRET + "\n")
-    with open(path, "w") as f:
-        f.write(f"""
+    return f"""
 [cluster]
 name = "test-cluster"
 secret_file = "cluster.secret"
 heartbeat_s = 0.5
-peer_timeout_s = 3.0
+peer_timeout_s = {peer_timeout_s}
 join_wait_s = 60.0
 [[node]]
 name = "head"
-host = "127.0.0.1"
+host = "{host}"
 port = {port}
 roles = ["supervisor", "sampler", "monitor"]
+"""
+
+
+def write_config(d, port):
+    path = os.path.join(d, "cluster.toml")
+    with open(path, "w") as f:
+        f.write(cluster_head(d, port, peer_timeout_s=3.0) + f"""
 [[node]]
 name = "a"
 roles = ["evaluator"]
@@ -158,7 +179,7 @@ class ClusterTest(unittest.TestCase):
             by_node = {r[2].split("/")[0] for r in rows}
             self.assertIn("a", by_node)
             self.assertIn("b", by_node)
-            self.assertIn('node "a" joined', head_log)
+            self.assertIn('peer "a" joined', head_log)
             self.assertIn("refused: authentication failed", head_log)
             self.assertIn("is down", head_log)  # the dispatcher noticed node a's evaluator go
 
@@ -167,6 +188,297 @@ class ClusterTest(unittest.TestCase):
                                                                         recursive=True) + [store]:
                 with open(path, "rb") as f:
                     self.assertNotIn(SECRET.encode(), f.read(), path)
+
+
+PROBE = os.environ.get("KERNELRL_PEER_PROBE", os.path.join(ROOT, "build", "tests", "peer_probe"))
+
+
+def write_synthetic_config(d, port, pub_port, n_samples, latency_ms, host="127.0.0.1", node_host="127.0.0.1"):
+    replay = os.path.join(d, "replay.jsonl")
+    tasks = ["01_diag_matmul", "02_gelu_tanh", "03_matmul_rowsum"]
+    with open(replay, "w") as f:
+        for i in range(n_samples):
+            k = i % 7 + 1
+            f.write(json.dumps({"task_id": tasks[i % 3], "completion": f"return None  # {i}",
+                                "token_ids": list(range(k)), "logprobs": [-0.5] * k}) + "\n")
+    path = os.path.join(d, "cluster.toml")
+    with open(path, "w") as f:
+        f.write(cluster_head(d, port, peer_timeout_s=2.0, host=host) + f"""
+[[node]]
+name = "a"
+host = "{node_host}"
+roles = ["evaluator"]
+cpu_slots = 1
+[tasks]
+dir = "{TASKS}"
+[sampler]
+replay = "{replay}"
+[evaluator]
+backend = "synthetic"
+synthetic_latency_ms = {latency_ms}
+[experiment]
+run_root = "{d}/runs"
+[monitor]
+progress = false
+interval_s = 0.2
+publish = "tcp://{host}:{pub_port}"
+""")
+    return path
+
+
+def read(path):
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+class Subscriber(threading.Thread):
+    """Collects the telemetry the head publishes on its ZeroMQ PUB socket."""
+
+    def __init__(self, endpoint):
+        super().__init__(daemon=True)
+        import zmq
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"kernelrl.telemetry")
+        self.sock.setsockopt(zmq.RCVTIMEO, 200)
+        self.sock.connect(endpoint)
+        self.frames = []
+        self.stop = False
+
+    def run(self):
+        import zmq
+        while not self.stop:
+            try:
+                self.frames.append(self.sock.recv_multipart())
+            except zmq.Again:
+                pass
+        self.sock.close(0)
+        self.ctx.term()
+
+
+class MembershipTest(unittest.TestCase):
+    def test_join_monitor_publish_strangers_and_a_silent_node(self):
+        import msgpack
+        n = 600
+        with tempfile.TemporaryDirectory() as d:
+            port, pub_port = free_port(), free_port()
+            cfg = write_synthetic_config(d, port, pub_port, n, latency_ms=40)
+            secret_file = os.path.join(d, "cluster.secret")
+            run_dir = os.path.join(d, "run")
+            store = os.path.join(run_dir, "store.sqlite")
+            logs = {k: open(os.path.join(d, k + ".log"), "w+") for k in ("head", "a", "c")}
+
+            def start(name, *args):
+                return subprocess.Popen([LAUNCH, cfg, *args], stdout=logs[name], stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
+            def monitor(*args, env=None):
+                return subprocess.run([LAUNCH, "monitor", f"127.0.0.1:{port}", *args], capture_output=True,
+                                      text=True, timeout=60, env=env)
+
+            def probe(*args):
+                return subprocess.run([PROBE, "127.0.0.1", str(port), *args], capture_output=True, text=True,
+                                      timeout=60)
+
+            sub = Subscriber(f"tcp://127.0.0.1:{pub_port}")
+            sub.start()
+            procs = []
+            try:
+                head = start("head", "--run-dir", run_dir)
+                procs.append(head)
+                a = start("a", "--node", "a")
+                procs.append(a)
+                # A machine that is not in the file.
+                c = start("c", "--join", "--name", "c", "--cpu-slots", "1")
+                procs.append(c)
+                wait_for(lambda: recorded(store, "evaluator_id = 'c/cpu-0'") >= 10 or head.poll() is not None, 120,
+                         "the joined machine c to evaluate 10 samples")
+
+                # A monitor attaches, reads one snapshot, detaches.
+                m = monitor("--once", "--json", "--secret-file", secret_file)
+                self.assertEqual(m.returncode, 0, m.stderr)
+                snap = json.loads(m.stdout.strip().splitlines()[-1])
+                v = snap["values"]
+                self.assertEqual(snap["cluster"], "test-cluster")
+                for node in ("a", "c"):
+                    self.assertEqual(v[f"dispatcher.node.{node}.evaluators"], 1)
+                    self.assertGreater(v[f"dispatcher.node.{node}.completed"], 0)
+                    self.assertGreaterEqual(v[f"dispatcher.node.{node}.utilisation"], 0)
+                    self.assertLessEqual(v[f"dispatcher.node.{node}.utilisation"], 1)
+                    self.assertLessEqual(v[f"dispatcher.node.{node}.in_flight"],
+                                         v[f"dispatcher.node.{node}.capacity"])
+                for key in ("supervisor.step", "supervisor.fast_1", "supervisor.correct_rate",
+                            "supervisor.speedup.p50", "supervisor.reward_hist.0.5_1", "supervisor.staleness_max",
+                            "sampler.tokens_per_s", "dispatcher.queue_depth"):
+                    self.assertIn(key, v)
+                self.assertGreater(v["supervisor.samples_done"], 0)
+                # Synthetic verdicts: speedup 1, reward 1 (shape "speedup"), one token count per sample.
+                self.assertEqual(v["supervisor.speedup.p50"], 1.0)
+                self.assertEqual(v["supervisor.reward_hist.0.5_1"], v["supervisor.samples_done"])
+                self.assertEqual(v["sampler.tokens"], sum(i % 7 + 1 for i in range(n)))
+                # The text view names both nodes.
+                m = monitor("--once", "--secret-file", secret_file)
+                self.assertEqual(m.returncode, 0, m.stderr)
+                self.assertIn("node a: 1 evaluator(s)", m.stdout)
+                self.assertIn("node c: 1 evaluator(s)", m.stdout)
+
+                # Strangers.
+                bad = monitor("--once", env=dict(os.environ, KERNELRL_CLUSTER_SECRET="wrong-" + "x" * 20))
+                self.assertEqual(bad.returncode, 2, bad.stdout + bad.stderr)
+                self.assertIn("authentication failed", bad.stderr)
+                r = probe("--cluster", "test-cluster", "--secret", SECRET, "--protocol", "4", "join")
+                self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+                self.assertIn("protocol version mismatch: the head runs protocol 5, node \"probe\" runs 4", r.stdout)
+                r = probe("--cluster", "other-cluster", "--secret", SECRET, "join")
+                self.assertEqual(r.returncode, 3, r.stdout)
+                self.assertIn('this is cluster \"test-cluster\", not \"other-cluster\"', r.stdout)
+                r = probe("--cluster", "test-cluster", "--secret", SECRET, "--name", "c", "join")
+                self.assertEqual(r.returncode, 3, r.stdout)
+                self.assertIn('a peer named \"c\" has already joined', r.stdout)
+                r = probe("--no-join", "stats")
+                self.assertEqual(r.returncode, 3, r.stdout)
+                self.assertIn("telemetry is for peers that have joined", r.stdout)
+                r = probe("--no-join", "--name", "sneaky", "register")
+                self.assertEqual(r.returncode, 0, r.stdout)  # the gate answers nothing; its log says
+                r = probe("--cluster", "test-cluster", "--secret", SECRET, "--name", "ok-probe", "stats")
+                self.assertEqual(r.returncode, 0, r.stdout)
+                self.assertIn("ok stats", r.stdout)
+
+                # Node a goes silent (its whole process group stopped, as a hung machine).
+                done_before = recorded(store)
+                os.killpg(a.pid, signal.SIGSTOP)
+                t_stop = time.monotonic()
+                wait_for(lambda: "evaluator a/cpu-0 is down" in read(os.path.join(d, "head.log")), 30,
+                         "the head to notice node a went silent")
+                noticed_s = time.monotonic() - t_stop
+                rc = head.wait(timeout=300)
+                logs["head"].seek(0)
+                head_log = logs["head"].read()
+                self.assertEqual(rc, 0, head_log[-3000:])
+                os.killpg(a.pid, signal.SIGCONT)
+                self.assertEqual(a.wait(timeout=60), 0, "node a ends once it finds the head gone")
+                self.assertEqual(c.wait(timeout=60), 0)
+            finally:
+                sub.stop = True
+                for p in procs:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGCONT)
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+                for f in logs.values():
+                    f.close()
+                sub.join(timeout=5)
+
+            self.assertLess(done_before, n, "node a was stopped mid-run")
+            # peer_timeout_s = 2 with heartbeats every 0.5 s: noticed within a few seconds.
+            self.assertLess(noticed_s, 8.0, f"noticed after {noticed_s:.1f} s")
+            con = sqlite3.connect(store)
+            rows = con.execute("SELECT sample_id, status, evaluator_id FROM samples").fetchall()
+            ids = [r[0] for r in rows]
+            self.assertEqual(len(ids), n, "every sample is in the store")
+            self.assertEqual(len(set(ids)), n, "and each exactly once")
+            self.assertEqual({r[1] for r in rows}, {"ok"})
+            self.assertEqual({r[2].split("/")[0] for r in rows}, {"a", "c"})
+            self.assertIn('peer "c" joined', head_log)
+            self.assertIn('left', head_log)  # monitors detach
+            self.assertIn("evaluator sneaky/probe-0 from a peer that has not joined: dropped", head_log)
+            self.assertIn("refused: protocol version mismatch", head_log)
+            # The published telemetry: the same snapshots, msgpack, topic first.
+            self.assertGreater(len(sub.frames), 3, "snapshots were published")
+            topic, payload = sub.frames[-1]
+            self.assertEqual(topic, b"kernelrl.telemetry")
+            t = msgpack.unpackb(payload, raw=False)
+            self.assertEqual(set(t), {"ts", "source", "step", "values"})
+            self.assertEqual(t["source"], "monitor")
+            self.assertEqual(t["values"]["supervisor.samples_done"], n)
+            for path in glob.glob(os.path.join(d, "*.log")) + [store]:
+                with open(path, "rb") as f:
+                    self.assertNotIn(SECRET.encode(), f.read(), path)
+
+
+def netns_unavailable():
+    """Why a run across network namespaces cannot be made here ("" when it can)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root (CAP_SYS_ADMIN and CAP_NET_ADMIN); this test runs as uid %d" % os.geteuid()
+    if not shutil.which("ip"):
+        return "the ip command (iproute2) is not installed"
+    name = "krl-probe-%d" % os.getpid()
+    r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if r.returncode != 0:
+        return "`ip netns add` is not permitted here: " + r.stderr.strip()
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return ""
+
+
+class NamespaceTest(unittest.TestCase):
+    """The head and a node on two network stacks joined by a veth pair: nothing shared but the
+    link (as two machines), and the head listening on its configured address only."""
+
+    def setUp(self):
+        why = netns_unavailable()
+        if why:
+            self.skipTest(why)
+        tag = "%x" % (os.getpid() & 0xffff)
+        self.ns_head, self.ns_node = "krl-h-" + tag, "krl-n-" + tag
+        self.subnet = "10.231.%d" % (os.getpid() % 250 + 1)
+        cmds = [["ip", "netns", "add", self.ns_head], ["ip", "netns", "add", self.ns_node],
+                ["ip", "link", "add", "krlh" + tag, "type", "veth", "peer", "name", "krln" + tag],
+                ["ip", "link", "set", "krlh" + tag, "netns", self.ns_head],
+                ["ip", "link", "set", "krln" + tag, "netns", self.ns_node],
+                ["ip", "-n", self.ns_head, "addr", "add", self.subnet + ".1/24", "dev", "krlh" + tag],
+                ["ip", "-n", self.ns_node, "addr", "add", self.subnet + ".2/24", "dev", "krln" + tag],
+                ["ip", "-n", self.ns_head, "link", "set", "krlh" + tag, "up"],
+                ["ip", "-n", self.ns_node, "link", "set", "krln" + tag, "up"],
+                ["ip", "-n", self.ns_head, "link", "set", "lo", "up"],
+                ["ip", "-n", self.ns_node, "link", "set", "lo", "up"]]
+        for c in cmds:
+            r = subprocess.run(c, capture_output=True, text=True)
+            if r.returncode != 0:
+                self.tearDown()
+                self.fail(f"{' '.join(c)}: {r.stderr.strip()}")
+
+    def tearDown(self):
+        for ns in (getattr(self, "ns_head", None), getattr(self, "ns_node", None)):
+            if ns:
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+    def test_a_node_in_another_namespace_evaluates_over_the_veth_link(self):
+        n = 200
+        with tempfile.TemporaryDirectory() as d:
+            head_ip, node_ip = self.subnet + ".1", self.subnet + ".2"
+            port = 47500 + os.getpid() % 400
+            cfg = write_synthetic_config(d, port, port + 1, n, latency_ms=20, host=head_ip, node_host=node_ip)
+            run_dir = os.path.join(d, "run")
+            store = os.path.join(run_dir, "store.sqlite")
+            logs = {k: open(os.path.join(d, k + ".log"), "w+") for k in ("head", "a")}
+            head = subprocess.Popen(["ip", "netns", "exec", self.ns_head, LAUNCH, cfg, "--run-dir", run_dir],
+                                    stdout=logs["head"], stderr=subprocess.STDOUT)
+            a = subprocess.Popen(["ip", "netns", "exec", self.ns_node, LAUNCH, cfg, "--node", "a"],
+                                 stdout=logs["a"], stderr=subprocess.STDOUT)
+            try:
+                wait_for(lambda: recorded(store) >= 5 or head.poll() is not None, 120, "samples over the veth link")
+                # The head listens on its configured address only: not on its namespace's loopback.
+                probe = "import socket,sys\ns=socket.socket()\ns.settimeout(3)\n" \
+                        f"sys.exit(s.connect_ex(('127.0.0.1',{port})))"
+                r = subprocess.run(["ip", "netns", "exec", self.ns_head, sys.executable, "-c", probe])
+                self.assertNotEqual(r.returncode, 0, "the head must not listen on 127.0.0.1 when told " + head_ip)
+                rc = head.wait(timeout=300)
+                self.assertEqual(a.wait(timeout=60), 0)
+            finally:
+                for p in (head, a):
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+                for f in logs.values():
+                    f.close()
+            head_log = read(os.path.join(d, "head.log"))
+            self.assertEqual(rc, 0, head_log[-3000:])
+            self.assertIn(f"head listening on {head_ip}:{port}", head_log)
+            con = sqlite3.connect(store)
+            rows = con.execute("SELECT sample_id, evaluator_id FROM samples").fetchall()
+            self.assertEqual(len(rows), n)
+            self.assertEqual(len({r[0] for r in rows}), n)
+            self.assertEqual({r[1] for r in rows}, {"a/cpu-0"}, "every sample crossed the link")
 
 
 if __name__ == "__main__":

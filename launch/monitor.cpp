@@ -1,0 +1,99 @@
+// `launch monitor HOST:PORT`: attaches to a running cluster's head, proves the cluster secret,
+// and shows its live telemetry (or one snapshot with --once). It only asks the head's gate for
+// the monitor's latest snapshot: attaching and detaching never touch the run's actors.
+#include "launch/cluster.hpp"
+#include "launch/commands.hpp"
+
+#include "actors/monitor.hpp"
+#include "core/auth.hpp"
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "messages/messages.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <unistd.h>
+
+namespace kernelrl {
+
+int cmd_monitor(const MonitorOptions& o) {
+  auto colon = o.address.rfind(':');
+  uint16_t port = 0;
+  bool ok = colon != std::string::npos && colon > 0 && colon + 1 < o.address.size();
+  for (size_t i = ok ? colon + 1 : 0; ok && i < o.address.size(); ++i)
+    ok = std::isdigit(static_cast<unsigned char>(o.address[i]));
+  if (ok && std::stol(o.address.substr(colon + 1)) <= 65535) port = static_cast<uint16_t>(std::stoul(o.address.substr(colon + 1)));
+  if (!ok || port == 0) {
+    std::fprintf(stderr, "launch monitor: expected HOST:PORT (the head's), got \"%s\"\n", o.address.c_str());
+    return 2;
+  }
+  std::string host = o.address.substr(0, colon);
+  ClusterConfig cc;
+  cc.secret_file = o.secret_file;
+  std::string err;
+  auto secret = read_cluster_secret(cc, err);
+  if (!secret) {
+    std::fprintf(stderr, "launch monitor: %s\n", err.c_str());
+    return 2;
+  }
+  log::set_level(o.log_level.empty() ? "warn" : o.log_level);
+
+  caf::actor_system_config sys_cfg;
+  add_message_types(sys_cfg);
+  cc.peer_timeout_s = 10;
+  configure_middleman(sys_cfg, cc);
+  sys_cfg.set("logger.verbosity", caf::atom("quiet"));
+  caf::actor_system sys{sys_cfg};
+  caf::scoped_actor self{sys};
+  char hn[256] = {0};
+  gethostname(hn, sizeof hn - 1);
+  std::string name = "monitor@" + std::string(hn) + ":" + std::to_string(getpid());
+  bool refused = false;
+  std::string cluster;
+  auto gate = join_cluster(self, host, port, name, "", *secret, o.wait_s, err, refused, &cluster);
+  if (!gate) {
+    std::fprintf(stderr, "launch monitor: %s\n", err.c_str());
+    return refused ? 2 : 1;
+  }
+  self->monitor(*gate);
+  auto interval = std::chrono::milliseconds(static_cast<int64_t>(o.interval_s * 1000));
+  int rc = 0;
+  for (bool first = true;; first = false) {
+    std::optional<Telemetry> snap;
+    std::string fail;
+    self->request(*gate, std::chrono::seconds(10), stats_atom::value)
+        .receive([&](Telemetry& t) { snap = std::move(t); }, [&](caf::error& e) { fail = error_text(sys, e); });
+    if (!snap) {
+      if (first) {
+        std::fprintf(stderr, "launch monitor: the head at %s did not answer: %s\n", o.address.c_str(), fail.c_str());
+        return 1;
+      }
+      std::printf("the head at %s is gone (%s)\n", o.address.c_str(), fail.c_str());
+      break;
+    }
+    std::vector<std::pair<std::string, double>> vals(snap->values.begin(), snap->values.end());
+    if (o.json) {
+      nlohmann::json j = {{"ts", snap->ts}, {"cluster", cluster}, {"head", o.address}, {"step", snap->step},
+                          {"values", snap->values}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("%s%s", first ? "" : "\n", format_snapshot(cluster, vals).c_str());
+    }
+    std::fflush(stdout);
+    if (o.once) break;
+    bool gone = false;
+    self->receive([&](caf::down_msg&) { gone = true; }, caf::after(interval) >> [] {});
+    if (gone) {
+      std::printf("the head at %s is gone (the run ended)\n", o.address.c_str());
+      break;
+    }
+  }
+  self->demonitor(*gate);
+  return rc;
+}
+
+}  // namespace kernelrl
