@@ -19,6 +19,7 @@ struct Pending {
   Rollout rollout;
   EvalRequest request;
   std::string last_error;
+  bool withdrawing = false;  // asked back from its evaluator for an idle one
 };
 
 struct EvaluatorSlot {
@@ -42,7 +43,7 @@ struct dispatcher_state {
   std::unordered_set<std::string> completed_ids;  // results are idempotent by sample id
   uint64_t next_dispatch = 0;
   uint64_t received = 0, dispatched = 0, completed = 0, redispatched = 0, failed = 0;
-  uint64_t duplicates = 0, late = 0, foreign = 0;
+  uint64_t duplicates = 0, late = 0, foreign = 0, withdrawn = 0;
   std::map<std::string, NodeTotals> nodes;
   double last_stats = -1;  // mono_s of the last telemetry answer (utilisation is over the interval)
   static inline const char* name = "dispatcher";
@@ -135,10 +136,49 @@ void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward) {
               pump(self, args, reward);
             },
             [=](caf::error& err) {
-              if (auto p = take(self, target, n, false))
-                retry(self, args, reward, std::move(*p), self->system().render(err));
+              if (auto p = take(self, target, n, false)) {
+                if (p->withdrawing && error_text(self->system(), err) == withdrawn_error) {
+                  // Given back unstarted for an idle evaluator: not a failed attempt.
+                  p->withdrawing = false;
+                  ++self->state.withdrawn;
+                  self->state.queue.push_front(std::move(*p));
+                } else {
+                  retry(self, args, reward, std::move(*p), self->system().render(err));
+                }
+              }
               pump(self, args, reward);
             });
+  }
+  // Nothing left to hand out: an idle evaluator takes work that waits behind a running one
+  // elsewhere (the newest request of the evaluator holding the most), so a slow or hung
+  // candidate delays only itself.
+  size_t idle = 0, asked = 0;
+  for (auto& e : st.evaluators) {
+    idle += e.in_flight.empty();
+    for (auto& [n, p] : e.in_flight) asked += p.withdrawing;
+  }
+  while (asked < idle) {
+    EvaluatorSlot* most = nullptr;
+    Pending* newest = nullptr;
+    size_t most_left = 1;  // the oldest request is likely running: never asked for
+    for (auto& e : st.evaluators) {
+      size_t left = 0;
+      Pending* last = nullptr;
+      for (auto& [n, p] : e.in_flight)
+        if (!p.withdrawing) {
+          ++left;
+          last = &p;
+        }
+      if (left > most_left) {
+        most_left = left;
+        most = &e;
+        newest = last;
+      }
+    }
+    if (!newest) return;
+    newest->withdrawing = true;
+    ++asked;
+    self->send(most->handle, withdraw_atom::value, newest->rollout.sample_id);
   }
 }
 
@@ -225,7 +265,8 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
                     {"failed_dispatch", double(st.failed)},
                     {"duplicates_dropped", double(st.duplicates)},
                     {"late_answers", double(st.late)},
-                    {"foreign_dropped", double(st.foreign)}};
+                    {"foreign_dropped", double(st.foreign)},
+                    {"withdrawn", double(st.withdrawn)}};
         // Per node: evaluators, work held, capacity, answers, and utilisation (the share of its
         // evaluators' time spent holding work since the previous answer).
         double now = mono_s(), dt = st.last_stats < 0 ? 0 : now - st.last_stats;

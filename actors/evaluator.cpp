@@ -195,6 +195,18 @@ caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor disp
         pump(self, args);
         return job->rp;
       },
+      [=](withdraw_atom, const std::string& sample_id) {
+        auto& s = self->state;
+        for (auto* q : {&s.compile_queue, &s.timing_queue}) {
+          for (auto it = q->begin(); it != q->end(); ++it) {
+            if ((*it)->req.sample_id != sample_id) continue;
+            auto job = *it;
+            q->erase(it);
+            job->rp.deliver(caf::make_error(caf::sec::runtime_error, withdrawn_error));
+            return;
+          }
+        }
+      },
       [=](stats_atom, bool) -> std::vector<uint64_t> {
         auto& s = self->state;
         return {s.evaluated, s.compile_queue.size(), s.timing_queue.size(), s.timing_busy ? 1u : 0u};
@@ -268,6 +280,17 @@ caf::behavior synthetic_actor(synth_ptr self, EvaluatorArgs args, caf::actor dis
         ++st.evaluated;
         rp.deliver(synthetic_result(args, req, started));
         synth_next(self, args);
+      },
+      [=](withdraw_atom, const std::string& sample_id) {
+        auto& q = self->state.queue;
+        // The front is running while busy; only requests behind it can be given back.
+        for (auto it = q.begin() + (self->state.busy ? 1 : 0); it != q.end(); ++it) {
+          if (it->first.sample_id != sample_id) continue;
+          auto rp = it->second;
+          q.erase(it);
+          rp.deliver(caf::make_error(caf::sec::runtime_error, withdrawn_error));
+          return;
+        }
       },
       [=](stats_atom, bool) -> std::vector<uint64_t> {
         auto& s = self->state;

@@ -30,6 +30,7 @@ struct supervisor_state {
   size_t evaluators_alive = 0;
   uint64_t waits = 0;  // join deadlines started (a deadline only counts if it is the latest)
   double t_start = 0;
+  double t_first_record = -1, t_last_record = -1;  // mono_s of the first and last stored sample
   std::vector<double> speedups;              // of correct samples (the speedup distribution)
   std::vector<uint64_t> reward_hist;         // counts per reward_edges bin
   uint32_t step = 0;                         // latest step a recorded sample belongs to
@@ -98,6 +99,8 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
   j["duplicates_dropped"] = st.duplicates;
   j["store_failures"] = st.store_failures;
   j["wall_s"] = mono_s() - st.t_start;
+  // From the first sample stored to the last: the pipeline's pace once work flows.
+  j["record_span_s"] = st.t_first_record < 0 ? 0.0 : st.t_last_record - st.t_first_record;
   nlohmann::json tasks = nlohmann::json::array();
   for (auto& id : args.task_ids) {
     auto it = st.tasks.find(id);
@@ -212,6 +215,8 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
           case InsertResult::inserted: break;
         }
         ++st.recorded;
+        st.t_last_record = mono_s();
+        if (st.t_first_record < 0) st.t_first_record = st.t_last_record;
         ++st.status_counts[to_string(s.result.status)];
         if (st.reward_hist.empty()) st.reward_hist.assign(reward_bins.size(), 0);
         ++st.reward_hist[reward_bin(s.reward)];

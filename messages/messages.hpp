@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 5;
+inline constexpr uint32_t protocol_version = 6;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -257,6 +257,10 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;          // self timers
 using best_atom = caf::atom_constant<caf::atom("best")>;          // -> checkpoint_selector
 using finish_atom = caf::atom_constant<caf::atom("finish")>;      // orderly end of a run
 using compile_atom = caf::atom_constant<caf::atom("compile")>;    // evaluator -> its compile stage
+// dispatcher -> evaluator: (withdraw_atom, sample_id): give back a request it has not started
+// (its eval request then fails with withdrawn_error); one already running is left to finish.
+using withdraw_atom = caf::atom_constant<caf::atom("withdraw")>;
+inline constexpr const char* withdrawn_error = "withdrawn by the dispatcher before it started";
 using challenge_atom = caf::atom_constant<caf::atom("challenge")>;  // node -> gate: a nonce, please
 // node -> gate: (join_atom, node name, cluster name, protocol_version, proof) -> bool. Its shape
 // never changes, so a peer of any version gets a clear answer.

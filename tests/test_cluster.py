@@ -328,7 +328,7 @@ class MembershipTest(unittest.TestCase):
                 self.assertIn("authentication failed", bad.stderr)
                 r = probe("--cluster", "test-cluster", "--secret", SECRET, "--protocol", "4", "join")
                 self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
-                self.assertIn("protocol version mismatch: the head runs protocol 5, node \"probe\" runs 4", r.stdout)
+                self.assertIn("protocol version mismatch: the head runs protocol 6, node \"probe\" runs 4", r.stdout)
                 r = probe("--cluster", "other-cluster", "--secret", SECRET, "join")
                 self.assertEqual(r.returncode, 3, r.stdout)
                 self.assertIn('this is cluster \"test-cluster\", not \"other-cluster\"', r.stdout)
