@@ -78,6 +78,26 @@ caf::behavior collect_scores(caf::stateful_actor<std::vector<std::string>>* self
       [=](stats_atom) -> uint64_t { return self->state.size(); },
   };
 }
+
+void send_rollouts(caf::scoped_actor& self, const caf::actor& dispatcher, int n) {
+  for (int i = 0; i < n; ++i) {
+    Rollout r;
+    r.task_id = "t";
+    r.sample_index = i;
+    r.sample_id = make_sample_id("t", 0, i);
+    self->send(dispatcher, r);
+  }
+}
+
+// Samples scored so far, once n are or after `seconds`.
+uint64_t wait_scored(caf::scoped_actor& self, const caf::actor& scores, int n, int seconds) {
+  uint64_t got = 0;
+  for (int tries = 0; tries < seconds * 100 && got < uint64_t(n); ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    self->request(scores, std::chrono::seconds(5), stats_atom::value).receive([&](uint64_t k) { got = k; }, [](caf::error&) {});
+  }
+  return got;
+}
 }  // namespace
 
 TEST_CASE("the dispatcher balances synthetic evaluators of two nodes and reports each node", "[actors]") {
@@ -97,19 +117,8 @@ TEST_CASE("the dispatcher balances synthetic evaluators of two nodes and reports
   }
   caf::scoped_actor self{*s.sys};
   const int n = 90;
-  for (int i = 0; i < n; ++i) {
-    Rollout r;
-    r.task_id = "t";
-    r.sample_index = i;
-    r.sample_id = make_sample_id("t", 0, i);
-    self->send(dispatcher, r);
-  }
-  uint64_t got = 0;
-  for (int tries = 0; tries < 500 && got < n; ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    self->request(scores, std::chrono::seconds(5), stats_atom::value).receive([&](uint64_t k) { got = k; }, [](caf::error&) {});
-  }
-  REQUIRE(got == n);
+  send_rollouts(self, dispatcher, n);
+  REQUIRE(wait_scored(self, scores, n, 5) == uint64_t(n));
   self->request(dispatcher, std::chrono::seconds(5), stats_atom::value)
       .receive(
           [&](Telemetry& t) {
@@ -144,24 +153,13 @@ TEST_CASE("an idle evaluator takes the work waiting behind a slow one", "[actors
   slow.settings.synthetic_latency_ms = 1500;
   auto ev_slow = spawn_evaluator(*s.sys, slow, dispatcher);
   const int n = 8;
-  for (int i = 0; i < n; ++i) {
-    Rollout r;
-    r.task_id = "t";
-    r.sample_index = i;
-    r.sample_id = make_sample_id("t", 0, i);
-    self->send(dispatcher, r);
-  }
+  send_rollouts(self, dispatcher, n);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EvaluatorArgs fast = slow;
   fast.id = "fast/cpu-0";
   fast.settings.synthetic_latency_ms = 1;
   auto ev_fast = spawn_evaluator(*s.sys, fast, dispatcher);
-  uint64_t got = 0;
-  for (int tries = 0; tries < 1000 && got < n; ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    self->request(scores, std::chrono::seconds(5), stats_atom::value).receive([&](uint64_t k) { got = k; }, [](caf::error&) {});
-  }
-  REQUIRE(got == n);
+  REQUIRE(wait_scored(self, scores, n, 10) == uint64_t(n));
   self->request(dispatcher, std::chrono::seconds(5), stats_atom::value)
       .receive(
           [&](Telemetry& t) {
