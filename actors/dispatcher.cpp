@@ -45,6 +45,7 @@ struct dispatcher_state {
   uint64_t received = 0, dispatched = 0, completed = 0, redispatched = 0, failed = 0;
   uint64_t duplicates = 0, late = 0, foreign = 0, withdrawn = 0;
   std::map<std::string, NodeTotals> nodes;
+  std::deque<caf::response_promise> held;  // producers' answers, held while the queue is full
   double last_stats = -1;  // mono_s of the last telemetry answer (utilisation is over the interval)
   static inline const char* name = "dispatcher";
 };
@@ -123,6 +124,10 @@ void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward) {
     if (!best) return;
     Pending p = std::move(st.queue.front());
     st.queue.pop_front();
+    while (!st.held.empty() && st.queue.size() < args.max_queue) {  // room again: let one more in
+      st.held.front().deliver(true);
+      st.held.pop_front();
+    }
     ++st.dispatched;
     uint64_t n = ++st.next_dispatch;
     auto target = best->handle;
@@ -210,8 +215,14 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
     pump(self, args, reward);
   });
   return {
-      [=](Rollout& r) {
-        if (!from_here(self)) return;
+      // A producer's request is answered once the rollout is in the queue and the queue has
+      // room: a sampler that keeps a window of unanswered requests is held back (backpressure).
+      [=](Rollout& r) -> caf::result<bool> {
+        if (!from_here(self)) return caf::make_error(caf::sec::runtime_error, "rollouts come from this process only");
+        auto rp = self->make_response_promise<bool>();
+        auto& st = self->state;
+        if (st.queue.size() >= args.max_queue) st.held.push_back(rp);
+        else rp.deliver(true);
         ++self->state.received;
         Pending p;
         p.request.sample_id = r.sample_id;
@@ -231,11 +242,12 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
           res.error = "task " + p.rollout.task_id + ": no such task in the experiment's task set";
           lg->error("sample {}: {}", res.sample_id, res.error);
           finish(self, reward, std::move(p), std::move(res));
-          return;
+          return rp;
         }
         p.request.task_path = it->second;
         self->state.queue.push_back(std::move(p));
         pump(self, args, reward);
+        return rp;
       },
       [=](register_atom, caf::actor ev, std::string id) {
         if (!from_here(self)) return;
@@ -266,7 +278,8 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
                     {"duplicates_dropped", double(st.duplicates)},
                     {"late_answers", double(st.late)},
                     {"foreign_dropped", double(st.foreign)},
-                    {"withdrawn", double(st.withdrawn)}};
+                    {"withdrawn", double(st.withdrawn)},
+                    {"producers_held", double(st.held.size())}};
         // Per node: evaluators, work held, capacity, answers, and utilisation (the share of its
         // evaluators' time spent holding work since the previous answer).
         double now = mono_s(), dt = st.last_stats < 0 ? 0 : now - st.last_stats;

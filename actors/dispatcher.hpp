@@ -26,6 +26,7 @@ struct DispatcherArgs {
   uint64_t seed = 42;                             // EvalRequest::seed
   uint32_t max_in_flight = 1;                     // per evaluator
   uint32_t max_attempts = 2;                      // dispatches per sample
+  uint32_t max_queue = 256;                       // queued rollouts before producers wait
 };
 
 caf::actor spawn_dispatcher(caf::actor_system& sys, DispatcherArgs args, caf::actor reward);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -106,13 +107,39 @@ std::vector<ReplayRecord> load_replay(const std::string& path, std::vector<std::
 namespace {
 
 struct sampler_state {
+  std::deque<Rollout> to_send;  // planned, not yet handed to the dispatcher
+  uint32_t unanswered = 0;      // handed over, the dispatcher's answer not yet back
   uint64_t rollouts = 0, tokens = 0;
   double t_start = -1;  // mono_s of the first plan
   static inline const char* name = "sampler";
 };
 
-caf::behavior sampler_actor(caf::stateful_actor<sampler_state>* self, SamplerArgs args,
-                            caf::actor dispatcher) {
+using sampler_ptr = caf::stateful_actor<sampler_state>*;
+
+// Hands rollouts to the dispatcher while fewer than `window` of its answers are outstanding; it
+// answers only once its queue has room, so a full queue holds the sampler back.
+void feed(sampler_ptr self, const SamplerArgs& args, const caf::actor& dispatcher) {
+  auto& st = self->state;
+  while (!st.to_send.empty() && st.unanswered < args.window) {
+    Rollout r = std::move(st.to_send.front());
+    st.to_send.pop_front();
+    ++st.unanswered;
+    std::string id = r.sample_id;
+    self->request(dispatcher, caf::infinite, std::move(r))
+        .then(
+            [=](bool) {
+              --self->state.unanswered;
+              feed(self, args, dispatcher);
+            },
+            [=](caf::error& e) {
+              --self->state.unanswered;
+              log::get("sampler")->error("sample {}: the dispatcher refused it: {}", id, self->system().render(e));
+              feed(self, args, dispatcher);
+            });
+  }
+}
+
+caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispatcher) {
   auto lg = log::get("sampler");
   return {
       [=](plan_atom, uint32_t step) -> uint64_t {
@@ -138,11 +165,12 @@ caf::behavior sampler_actor(caf::stateful_actor<sampler_state>* self, SamplerArg
           r.policy_version = rec.policy_version;
           r.sampler_id = args.id;
           self->state.tokens += r.token_ids.size();
-          self->send(dispatcher, std::move(r));
+          self->state.to_send.push_back(std::move(r));
           ++sent;
         }
         lg->info("step {}: replayed {} actions over {} tasks", step, sent, group_of.size());
         self->state.rollouts += sent;
+        feed(self, args, dispatcher);
         return sent;
       },
       [=](stats_atom) {
@@ -153,7 +181,8 @@ caf::behavior sampler_actor(caf::stateful_actor<sampler_state>* self, SamplerArg
         t.source = "sampler";
         t.values = {{"rollouts", double(st.rollouts)},
                     {"tokens", double(st.tokens)},
-                    {"tokens_per_s", elapsed > 0 ? double(st.tokens) / elapsed : 0.0}};
+                    {"tokens_per_s", elapsed > 0 ? double(st.tokens) / elapsed : 0.0},
+                    {"waiting", double(st.to_send.size())}};
         return t;
       },
   };

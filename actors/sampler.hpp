@@ -1,7 +1,8 @@
 // sampler: turns the experiment's plan for a step into Rollouts and sends them to the dispatcher.
 // Backend in this build: replay (actions recorded in JSONL files or in an earlier run's store).
 // Messages in:  (plan_atom, uint32_t step) -> replies uint64_t (rollouts sent for that step)
-// Messages out: Rollout -> dispatcher
+// Messages out: Rollout -> dispatcher, as a request answered once its queue has room; at most
+//               `window` unanswered at a time (backpressure)
 #pragma once
 
 #include "messages/messages.hpp"
@@ -33,6 +34,7 @@ struct SamplerArgs {
   std::string id = "sampler-0";       // sampler name, recorded with every rollout
   std::vector<ReplayRecord> records;  // replay actions, in order
   uint32_t samples_per_task = 0;      // at most this many actions per task (0: all)
+  uint32_t window = 16;               // rollouts handed to the dispatcher and not yet answered
 };
 
 caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, caf::actor dispatcher);

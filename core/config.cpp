@@ -425,6 +425,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.number("temperature", c.sampler.temperature, 0, 10);
     r.integer("max_tokens", c.sampler.max_tokens, 1, 1 << 20);
     r.integer("seed", c.sampler.seed, 0, std::numeric_limits<int64_t>::max());
+    r.integer("max_pending", c.sampler.max_pending, 1, 1 << 24);
   });
   section("evaluator", [&](TableReader& r) {
     auto& e = c.evaluator;

@@ -55,6 +55,8 @@ struct SamplerConfig {
   double temperature = 1.0;        // sampling temperature (model backends)
   uint32_t max_tokens = 1024;      // completion length limit (model backends)
   uint64_t seed = 0;               // sampling seed
+  uint32_t max_pending = 256;      // rollouts waiting in the dispatcher's queue before samplers
+                                   // are held back (backpressure)
 };
 
 struct EvaluatorConfig {

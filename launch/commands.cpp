@@ -237,6 +237,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     da.seed = cfg.evaluator.seed;
     da.max_in_flight = cfg.evaluator.in_flight();
     da.max_attempts = cfg.evaluator.max_attempts;
+    da.max_queue = cfg.sampler.max_pending;
 
     // Evaluators first (their workers take a few seconds to import torch), then the rest. In a
     // cluster the head runs its own node's evaluators; the others come with their nodes.

@@ -174,3 +174,43 @@ TEST_CASE("an idle evaluator takes the work waiting behind a slow one", "[actors
           [](caf::error&) { FAIL("no dispatcher stats"); });
   for (auto& a : {ev_slow, ev_fast, dispatcher, scores}) self->send_exit(a, caf::exit_reason::user_shutdown);
 }
+
+// Hands n rollouts to the dispatcher as requests, all at once, and counts the answers.
+caf::behavior producer(caf::stateful_actor<uint64_t>* self, caf::actor dispatcher, int n) {
+  for (int i = 0; i < n; ++i) {
+    Rollout r;
+    r.task_id = "t";
+    r.sample_index = i;
+    r.sample_id = make_sample_id("t", 0, i);
+    self->request(dispatcher, caf::infinite, r).then([=](bool) { ++self->state; }, [](caf::error&) {});
+  }
+  return {[=](stats_atom) -> uint64_t { return self->state; }};
+}
+
+TEST_CASE("a full dispatcher queue holds its producers back until evaluators drain it", "[actors]") {
+  System s;
+  auto scores = s.sys->spawn(collect_scores);
+  DispatcherArgs da;
+  da.task_paths["t"] = "/nonexistent/t.py";
+  da.max_queue = 4;
+  auto dispatcher = spawn_dispatcher(*s.sys, da, scores);
+  caf::scoped_actor self{*s.sys};
+  const int n = 10;
+  auto prod = s.sys->spawn(producer, dispatcher, n);
+  auto answered = [&] {
+    uint64_t k = 0;
+    self->request(prod, std::chrono::seconds(5), stats_atom::value).receive([&](uint64_t v) { k = v; }, [](caf::error&) {});
+    return k;
+  };
+  // No evaluator yet: the queue takes 4 and answers them; the other 6 producers wait.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(answered() == 4);
+  EvaluatorArgs ea;
+  ea.id = "n/cpu-0";
+  ea.settings.backend = "synthetic";
+  ea.settings.synthetic_latency_ms = 1;
+  auto ev = spawn_evaluator(*s.sys, ea, dispatcher);
+  REQUIRE(wait_scored(self, scores, n, 10) == uint64_t(n));
+  CHECK(answered() == uint64_t(n));
+  for (auto& a : {ev, prod, dispatcher, scores}) self->send_exit(a, caf::exit_reason::user_shutdown);
+}
