@@ -1,4 +1,5 @@
 #include "actors/monitor.hpp"
+#include "actors/supervisor.hpp"
 
 #include "core/paths.hpp"
 #include "messages/messages.hpp"
@@ -71,13 +72,16 @@ void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bo
   if (recorder) self->send(recorder, record_atom::value, std::move(snap));
 }
 
+// A source's gauges into the snapshot, as "source.key".
+void merge(self_ptr self, const Telemetry& t) {
+  for (auto& [k, v] : t.values) self->state.merged[t.source + "." + k] = v;
+}
+
 void poll(self_ptr self, const std::vector<caf::actor>& sources) {
   auto timeout = std::chrono::seconds(2);
   for (auto& src : sources) {
     self->request(src, timeout, stats_atom::value)
-        .then([=](Telemetry& t) {
-                for (auto& [k, v] : t.values) self->state.merged[t.source + "." + k] = v;
-              },
+        .then([=](Telemetry& t) { merge(self, t); },
               [](caf::error&) { /* busy or gone: skip this tick */ });
   }
 }
@@ -120,7 +124,7 @@ caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::ac
         for (auto& src : sources) {
           self->request(src, std::chrono::seconds(2), stats_atom::value)
               .then([=](Telemetry& t) mutable {
-                      for (auto& [k, v] : t.values) self->state.merged[t.source + "." + k] = v;
+                      merge(self, t);
                       done();
                     },
                     [=](caf::error&) mutable { done(); });
@@ -197,8 +201,8 @@ std::string format_snapshot(const std::string& label,
                      get(m, "supervisor.speedup.p50"), get(m, "supervisor.speedup.p75"),
                      get(m, "supervisor.speedup.p90"), get(m, "supervisor.speedup.max"));
   out += "reward histogram";
-  for (auto* bin : {"le_0", "0_0.5", "0.5_1", "1_1.5", "1.5_2", "2_5", "gt_5"})
-    out += fmt::format(" | {} {}", bin, uint64_t(get(m, std::string("supervisor.reward_hist.") + bin)));
+  for (auto& bin : reward_histogram_bins())
+    out += fmt::format(" | {} {}", bin, uint64_t(get(m, "supervisor.reward_hist." + bin)));
   out += "\n";
   // Nodes, from the dispatcher's "node.NAME.KEY" gauges.
   std::map<std::string, std::map<std::string, double>> nodes;

@@ -43,7 +43,7 @@ using self_ptr = caf::stateful_actor<supervisor_state>*;
 
 // Reward histogram bins: (-inf, 0], (0, 0.5], (0.5, 1], (1, 1.5], (1.5, 2], (2, 5], (5, inf).
 const std::vector<double> reward_edges = {0, 0.5, 1, 1.5, 2, 5};
-const std::vector<std::string> reward_bins = {"le_0", "0_0.5", "0.5_1", "1_1.5", "1.5_2", "2_5", "gt_5"};
+const std::vector<std::string>& reward_bins = reward_histogram_bins();
 
 size_t reward_bin(double r) {
   size_t i = 0;
@@ -279,6 +279,11 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& reward_histogram_bins() {
+  static const std::vector<std::string> bins = {"le_0", "0_0.5", "0.5_1", "1_1.5", "1.5_2", "2_5", "gt_5"};
+  return bins;
+}
 
 caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args) {
   return sys.spawn(supervisor_actor, std::move(args));

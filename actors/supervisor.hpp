@@ -31,4 +31,7 @@ struct SupervisorArgs {
 
 caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args);
 
+// Names of the reward histogram's bins, in order: its telemetry keys are "reward_hist.NAME".
+const std::vector<std::string>& reward_histogram_bins();
+
 }  // namespace kernelrl

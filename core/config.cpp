@@ -17,6 +17,18 @@ namespace fs = std::filesystem;
 
 namespace kernelrl {
 
+bool parse_host_port(const std::string& s, std::string& host, uint16_t& port) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 >= s.size() || s.size() - colon - 1 > 5) return false;
+  for (size_t i = colon + 1; i < s.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+  unsigned long p = std::stoul(s.substr(colon + 1));
+  if (p > 65535) return false;
+  host = s.substr(0, colon);
+  port = static_cast<uint16_t>(p);
+  return true;
+}
+
 std::string TasksConfig::folder() const {
   if (kernelbench_dir.empty()) return dir;
   fs::path kb(kernelbench_dir);
@@ -312,14 +324,10 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.number("heartbeat_s", c.cluster.heartbeat_s, 0.05, 3600);
     r.number("peer_timeout_s", c.cluster.peer_timeout_s, 0.1, 86400);
     r.number("join_wait_s", c.cluster.join_wait_s, 0, 86400);
-    if (!c.cluster.head.empty()) {
-      auto colon = c.cluster.head.rfind(':');
-      bool ok = colon != std::string::npos && colon > 0 && colon + 1 < c.cluster.head.size();
-      for (size_t i = ok ? colon + 1 : 0; ok && i < c.cluster.head.size(); ++i)
-        ok = std::isdigit(static_cast<unsigned char>(c.cluster.head[i]));
-      if (ok) ok = std::stol(c.cluster.head.substr(colon + 1)) <= 65535;
-      if (!ok) r.error_here("head", "expected \"HOST:PORT\", got \"" + c.cluster.head + "\"");
-    }
+    std::string head_host;
+    uint16_t head_port = 0;
+    if (!c.cluster.head.empty() && !parse_host_port(c.cluster.head, head_host, head_port))
+      r.error_here("head", "expected \"HOST:PORT\", got \"" + c.cluster.head + "\"");
   });
 
   // [[node]]

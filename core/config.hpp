@@ -10,6 +10,9 @@
 
 namespace kernelrl {
 
+// "HOST:PORT" into its parts; false when it is not that shape or the port is above 65535.
+bool parse_host_port(const std::string& s, std::string& host, uint16_t& port);
+
 struct ClusterConfig {
   std::string name = "local";       // cluster name, shown in logs and the store; peers must match
   std::string log_level = "info";   // trace, debug, info, warn, error, off

@@ -51,12 +51,7 @@ const NodeConfig& head_node(const Config& cfg) {
 }
 
 void head_address(const Config& cfg, std::string& host, uint16_t& port) {
-  if (!cfg.cluster.head.empty()) {
-    auto colon = cfg.cluster.head.rfind(':');
-    host = cfg.cluster.head.substr(0, colon);
-    port = static_cast<uint16_t>(std::stoul(cfg.cluster.head.substr(colon + 1)));
-    return;
-  }
+  if (!cfg.cluster.head.empty() && parse_host_port(cfg.cluster.head, host, port)) return;  // validated at load
   auto& h = head_node(cfg);
   host = h.host;
   port = h.port;

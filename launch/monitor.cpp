@@ -21,17 +21,12 @@
 namespace kernelrl {
 
 int cmd_monitor(const MonitorOptions& o) {
-  auto colon = o.address.rfind(':');
+  std::string host;
   uint16_t port = 0;
-  bool ok = colon != std::string::npos && colon > 0 && colon + 1 < o.address.size();
-  for (size_t i = ok ? colon + 1 : 0; ok && i < o.address.size(); ++i)
-    ok = std::isdigit(static_cast<unsigned char>(o.address[i]));
-  if (ok && std::stol(o.address.substr(colon + 1)) <= 65535) port = static_cast<uint16_t>(std::stoul(o.address.substr(colon + 1)));
-  if (!ok || port == 0) {
+  if (!parse_host_port(o.address, host, port) || port == 0) {
     std::fprintf(stderr, "launch monitor: expected HOST:PORT (the head's), got \"%s\"\n", o.address.c_str());
     return 2;
   }
-  std::string host = o.address.substr(0, colon);
   ClusterConfig cc;
   cc.secret_file = o.secret_file;
   std::string err;

@@ -79,14 +79,17 @@ caf::behavior collect_scores(caf::stateful_actor<std::vector<std::string>>* self
   };
 }
 
+// Sample i of task "t".
+Rollout test_rollout(int i) {
+  Rollout r;
+  r.task_id = "t";
+  r.sample_index = i;
+  r.sample_id = make_sample_id("t", 0, i);
+  return r;
+}
+
 void send_rollouts(caf::scoped_actor& self, const caf::actor& dispatcher, int n) {
-  for (int i = 0; i < n; ++i) {
-    Rollout r;
-    r.task_id = "t";
-    r.sample_index = i;
-    r.sample_id = make_sample_id("t", 0, i);
-    self->send(dispatcher, r);
-  }
+  for (int i = 0; i < n; ++i) self->send(dispatcher, test_rollout(i));
 }
 
 // Samples scored so far, once n are or after `seconds`.
@@ -177,13 +180,8 @@ TEST_CASE("an idle evaluator takes the work waiting behind a slow one", "[actors
 
 // Hands n rollouts to the dispatcher as requests, all at once, and counts the answers.
 caf::behavior producer(caf::stateful_actor<uint64_t>* self, caf::actor dispatcher, int n) {
-  for (int i = 0; i < n; ++i) {
-    Rollout r;
-    r.task_id = "t";
-    r.sample_index = i;
-    r.sample_id = make_sample_id("t", 0, i);
-    self->request(dispatcher, caf::infinite, r).then([=](bool) { ++self->state; }, [](caf::error&) {});
-  }
+  for (int i = 0; i < n; ++i)
+    self->request(dispatcher, caf::infinite, test_rollout(i)).then([=](bool) { ++self->state; }, [](caf::error&) {});
   return {[=](stats_atom) -> uint64_t { return self->state; }};
 }
 

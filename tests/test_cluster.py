@@ -109,6 +109,12 @@ def recorded(store, where="1=1"):
         return 0
 
 
+def start_launch(cfg, log, *args, env=None):
+    """`launch CONFIG ARGS` in a process group of its own (so a test can stop or kill it whole)."""
+    return subprocess.Popen([LAUNCH, cfg, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
 def wait_for(cond, timeout, what):
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -127,8 +133,7 @@ class ClusterTest(unittest.TestCase):
             logs = {k: open(os.path.join(d, k + ".log"), "w+") for k in ("head", "a", "b", "bad")}
 
             def start(name, *args, env=None):
-                return subprocess.Popen([LAUNCH, cfg, *args], stdout=logs[name], stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True)
+                return start_launch(cfg, logs[name], *args, env=env)
 
             procs = []
             try:
@@ -269,8 +274,7 @@ class MembershipTest(unittest.TestCase):
             logs = {k: open(os.path.join(d, k + ".log"), "w+") for k in ("head", "a", "c")}
 
             def start(name, *args):
-                return subprocess.Popen([LAUNCH, cfg, *args], stdout=logs[name], stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                return start_launch(cfg, logs[name], *args)
 
             def monitor(*args, env=None):
                 return subprocess.run([LAUNCH, "monitor", f"127.0.0.1:{port}", *args], capture_output=True,
