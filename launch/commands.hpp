@@ -35,6 +35,33 @@ int cmd_export(const std::string& run_dir);
 // launch version
 int cmd_version();
 
+// launch generate / score / tokenize: the policy runtime from the command line.
+struct PolicyCliOptions {
+  std::string model;                 // Hugging Face model directory
+  std::string adapter;               // PEFT adapter directory ("": none)
+  std::string device = "cpu";        // cpu or cuda:N
+  std::string dtype;                 // f32, f16, bf16 ("": f32 on CPU, bf16 on CUDA)
+  std::vector<std::string> prompts;  // generate: one or more prompts; score/tokenize: one text
+  std::string completion;            // score: the completion text
+  double temperature = 1.0;          // generate/score
+  double top_p = 1.0;                // generate
+  uint32_t max_tokens = 256;         // generate
+  uint32_t n = 1;                    // generate: completions per prompt
+  uint64_t seed = 0;                 // generate
+  std::vector<std::string> stop;     // generate: stop strings
+  bool json = false;                 // one JSON object on stdout
+  std::string out;                   // export: destination directory
+};
+// launch generate --model DIR [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--max-tokens N]
+//                 [--temperature T] [--top-p P] [--n N] [--seed S] [--stop STR ...] [--json]
+int cmd_generate(const PolicyCliOptions& o);
+// launch score --model DIR [--adapter DIR] --prompt TEXT --completion TEXT [--temperature T] [--json]
+int cmd_score(const PolicyCliOptions& o);
+// launch tokenize --model DIR --prompt TEXT [--json]: token ids and their pieces
+int cmd_tokenize(const PolicyCliOptions& o);
+// launch merge --model DIR --adapter DIR --out DIR: the adapter folded into a plain HF checkpoint
+int cmd_merge(const PolicyCliOptions& o);
+
 // launch evaluate --task TASK_FILE --candidate FILE [--candidate FILE ...] [options]
 struct EvaluateOptions {
   struct Candidate {

@@ -24,6 +24,16 @@ const char* usage =
     "                  [--device cpu|cuda:N] [--mode fast|full] [--timeout SECONDS] [--compile-workers N]\n"
     "                  [--seed S] [--config CONFIG] [--worker-log FILE] [--json]\n"
     "                                                      evaluate candidates in one evaluator\n"
+    "  launch generate --model DIR [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--max-tokens N]\n"
+    "                  [--temperature T] [--top-p P] [--n N] [--seed S] [--stop STR ...]\n"
+    "                  [--device cpu|cuda:N] [--dtype f32|f16|bf16] [--json]\n"
+    "                                                      sample completions with per-token logprobs\n"
+    "  launch score --model DIR [--adapter DIR] --prompt TEXT --completion TEXT [--temperature T]\n"
+    "               [--device D] [--dtype T] [--json]      logprobs of a completion after a prompt\n"
+    "  launch tokenize --model DIR --prompt TEXT [--json]  token ids of a text\n"
+    "  launch merge --model DIR --adapter DIR --out DIR [--dtype T]\n"
+    "                                                      fold a LoRA adapter into a plain checkpoint\n"
+    "  (--prompt-file / --completion-file FILE read the text from a file)\n"
     "  launch version                                      versions of kernelrl and LibTorch\n"
     "LEVEL: trace, debug, info, warn, error, off (default: [cluster] log_level)\n";
 
@@ -90,6 +100,74 @@ int main(int argc, char** argv) {
     if (task.empty()) return bad("evaluate: --task FILE is required");
     if (o.candidates.empty()) return bad("evaluate: at least one --candidate FILE is required");
     return kernelrl::cmd_evaluate(o);
+  }
+  if (cmd == "generate" || cmd == "score" || cmd == "tokenize" || cmd == "merge") {
+    kernelrl::PolicyCliOptions o;
+    bool has_completion = false;
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a == "--json") {
+        o.json = true;
+        continue;
+      }
+      if (i + 1 >= args.size()) return bad(cmd + ": " + a + " needs a value");
+      const std::string& v = args[++i];
+      auto read_file = [&](const std::string& f, std::string& into) {
+        std::FILE* fp = std::fopen(f.c_str(), "rb");
+        if (!fp) return false;
+        char buf[65536];
+        size_t n;
+        into.clear();
+        while ((n = std::fread(buf, 1, sizeof buf, fp)) > 0) into.append(buf, n);
+        std::fclose(fp);
+        return true;
+      };
+      try {
+        if (a == "--model") o.model = v;
+        else if (a == "--adapter") o.adapter = v;
+        else if (a == "--device") o.device = v;
+        else if (a == "--dtype") o.dtype = v;
+        else if (a == "--out") o.out = v;
+        else if (a == "--prompt") o.prompts.push_back(v);
+        else if (a == "--prompt-file") {
+          std::string t;
+          if (!read_file(v, t)) return bad(cmd + ": --prompt-file: cannot read " + v);
+          o.prompts.push_back(t);
+        } else if (a == "--completion") o.completion = v, has_completion = true;
+        else if (a == "--completion-file") {
+          if (!read_file(v, o.completion)) return bad(cmd + ": --completion-file: cannot read " + v);
+          has_completion = true;
+        }
+        else if (a == "--temperature") o.temperature = std::stod(v);
+        else if (a == "--top-p") o.top_p = std::stod(v);
+        else if (a == "--max-tokens") o.max_tokens = static_cast<uint32_t>(std::stoul(v));
+        else if (a == "--n") o.n = static_cast<uint32_t>(std::stoul(v));
+        else if (a == "--seed") o.seed = std::stoull(v);
+        else if (a == "--stop") o.stop.push_back(v);
+        else return bad(cmd + ": unknown argument \"" + a + "\"");
+      } catch (const std::exception&) {
+        return bad(cmd + ": " + a + ": expected a number, got \"" + v + "\"");
+      }
+    }
+    if (o.model.empty()) return bad(cmd + ": --model DIR is required");
+    if (cmd == "merge") {
+      if (o.adapter.empty() || o.out.empty()) return bad("merge: --adapter DIR and --out DIR are required");
+      return kernelrl::cmd_merge(o);
+    }
+    if (o.prompts.empty()) return bad(cmd + ": --prompt TEXT is required");
+    if (cmd != "generate" && o.prompts.size() != 1) return bad(cmd + ": exactly one --prompt");
+    if (cmd == "generate") {
+      if (o.temperature < 0) return bad("generate: --temperature must be >= 0");
+      if (o.top_p <= 0 || o.top_p > 1) return bad("generate: --top-p must be in (0, 1]");
+      if (o.n < 1) return bad("generate: --n must be at least 1");
+      return kernelrl::cmd_generate(o);
+    }
+    if (cmd == "score") {
+      if (!has_completion) return bad("score: --completion TEXT is required");
+      if (o.temperature <= 0) return bad("score: --temperature must be > 0");
+      return kernelrl::cmd_score(o);
+    }
+    return kernelrl::cmd_tokenize(o);
   }
   if (cmd == "monitor") {
     kernelrl::MonitorOptions o;

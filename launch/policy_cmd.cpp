@@ -1,0 +1,129 @@
+// launch generate / score / tokenize / merge: the policy runtime (learner/policy.hpp) from the
+// command line. Errors (a missing file, an unsupported checkpoint) print one line and exit 2.
+#include "launch/commands.hpp"
+
+#include "learner/policy.hpp"
+#include "learner/tokenizer.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+
+namespace kernelrl {
+
+namespace {
+
+PolicyOptions policy_options(const PolicyCliOptions& o) {
+  PolicyOptions p;
+  p.model_dir = o.model;
+  p.adapter_dir = o.adapter;
+  p.device = o.device;
+  p.dtype = !o.dtype.empty() ? o.dtype : o.device.rfind("cuda", 0) == 0 ? "bf16" : "f32";
+  return p;
+}
+
+int fail(const std::string& cmd, const std::string& what) {
+  std::fprintf(stderr, "launch %s: %s\n", cmd.c_str(), what.c_str());
+  return 2;
+}
+
+std::string dump(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
+const char* logprob_note = "log softmax(logits / temperature) of each token, before top-p truncation";
+
+}  // namespace
+
+int cmd_generate(const PolicyCliOptions& o) {
+  try {
+    auto policy = Policy::load(policy_options(o));
+    SamplingParams sp;
+    sp.temperature = o.temperature;
+    sp.top_p = o.top_p;
+    sp.max_tokens = o.max_tokens;
+    sp.n = o.n;
+    sp.seed = o.seed;
+    sp.stop = o.stop;
+    auto t0 = std::chrono::steady_clock::now();
+    auto out = policy->generate(o.prompts, sp);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    size_t tokens = 0;
+    for (auto& c : out) tokens += c.token_ids.size();
+    if (!o.json) {
+      for (size_t i = 0; i < out.size(); ++i) {
+        std::printf("--- prompt %zu, sample %zu (%zu tokens, %s)\n%s\n", i / o.n, i % o.n, out[i].token_ids.size(),
+                    out[i].finish_reason.c_str(), out[i].text.c_str());
+      }
+      std::fprintf(stderr, "%zu tokens in %.2f s (%.1f tokens/s)\n", tokens, secs, secs > 0 ? tokens / secs : 0.0);
+      return 0;
+    }
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["adapter"] = o.adapter;
+    j["logprobs"] = logprob_note;
+    j["seconds"] = secs;
+    j["completions"] = nlohmann::json::array();
+    for (size_t i = 0; i < out.size(); ++i)
+      j["completions"].push_back({{"prompt_index", i / o.n}, {"text", out[i].text}, {"token_ids", out[i].token_ids},
+                                  {"logprobs", out[i].logprobs}, {"finish_reason", out[i].finish_reason},
+                                  {"prompt_tokens", out[i].prompt_tokens}});
+    std::printf("%s\n", dump(j).c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    return fail("generate", e.what());
+  }
+}
+
+int cmd_score(const PolicyCliOptions& o) {
+  try {
+    auto policy = Policy::load(policy_options(o));
+    auto s = policy->score(o.prompts[0], o.completion, o.temperature);
+    double sum = 0;
+    for (float x : s.logprobs) sum += x;
+    if (!o.json) {
+      std::printf("%zu prompt tokens, %zu completion tokens, sum logprob %.6f\n", s.prompt_ids.size(),
+                  s.token_ids.size(), sum);
+      for (size_t i = 0; i < s.token_ids.size(); ++i)
+        std::printf("%8d %12.6f  %s\n", s.token_ids[i], s.logprobs[i],
+                    dump(nlohmann::json(policy->tokenizer().decode({s.token_ids[i]}))).c_str());
+      return 0;
+    }
+    nlohmann::json j = {{"model", o.model}, {"adapter", o.adapter}, {"logprobs_are", logprob_note},
+                        {"prompt_ids", s.prompt_ids}, {"token_ids", s.token_ids}, {"logprobs", s.logprobs},
+                        {"sum_logprob", sum}};
+    std::printf("%s\n", dump(j).c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    return fail("score", e.what());
+  }
+}
+
+int cmd_tokenize(const PolicyCliOptions& o) {
+  try {
+    auto tok = Tokenizer::load(o.model);
+    auto ids = tok->encode(o.prompts[0]);
+    if (o.json) {
+      nlohmann::json pieces = nlohmann::json::array();
+      for (auto id : ids) pieces.push_back(tok->decode({id}));
+      std::printf("%s\n", dump({{"token_ids", ids}, {"pieces", pieces}, {"decoded", tok->decode(ids)}}).c_str());
+    } else {
+      for (auto id : ids) std::printf("%d\t%s\n", id, dump(nlohmann::json(tok->decode({id}))).c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    return fail("tokenize", e.what());
+  }
+}
+
+int cmd_merge(const PolicyCliOptions& o) {
+  try {
+    auto policy = Policy::load(policy_options(o));
+    policy->export_merged(o.out);
+    std::printf("merged %s into %s\n", o.adapter.c_str(), o.out.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    return fail("merge", e.what());
+  }
+}
+
+}  // namespace kernelrl

@@ -1,0 +1,479 @@
+#include "learner/model.hpp"
+
+#include "learner/safetensors.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+namespace fs = std::filesystem;
+
+namespace kernelrl {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw std::runtime_error(where + ": " + what);
+}
+
+nlohmann::json read_json(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) fail(file, "cannot open");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail(file, std::string("not valid JSON: ") + e.what());
+  }
+}
+
+void add_eos(const nlohmann::json& v, std::vector<int32_t>& out) {
+  auto add = [&](int32_t id) {
+    if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  };
+  if (v.is_number_integer()) add(v.get<int32_t>());
+  if (v.is_array())
+    for (auto& x : v)
+      if (x.is_number_integer()) add(x.get<int32_t>());
+}
+
+torch::ScalarType st_to_torch(StDtype d, const std::string& where) {
+  switch (d) {
+    case StDtype::F32: return torch::kFloat32;
+    case StDtype::F16: return torch::kFloat16;
+    case StDtype::BF16: return torch::kBFloat16;
+    case StDtype::F64: return torch::kFloat64;
+    default: fail(where, std::string("dtype ") + st_dtype_name(d) + " is not a floating-point weight");
+  }
+}
+
+// A tensor from a mapped file, copied onto device/dtype.
+torch::Tensor to_tensor(const StTensorView& v, const std::string& file, torch::Device dev, torch::ScalarType dt) {
+  auto src = torch::from_blob(const_cast<uint8_t*>(v.data), v.shape,
+                              torch::TensorOptions().dtype(st_to_torch(v.dtype, file + ": tensor " + v.name)));
+  return src.to(dev, dt, /*non_blocking=*/false, /*copy=*/true);
+}
+
+
+}  // namespace
+
+torch::ScalarType parse_dtype(const std::string& s) {
+  if (s == "f32" || s == "float32" || s == "fp32") return torch::kFloat32;
+  if (s == "f16" || s == "float16" || s == "fp16") return torch::kFloat16;
+  if (s == "bf16" || s == "bfloat16") return torch::kBFloat16;
+  throw std::runtime_error("dtype " + s + ": expected f32, f16 or bf16");
+}
+
+ModelConfig load_model_config(const std::string& dir) {
+  std::string file = (fs::path(dir) / "config.json").string();
+  auto j = read_json(file);
+  ModelConfig c;
+  try {
+    c.model_type = j.value("model_type", "");
+    if (c.model_type != "qwen2" && c.model_type != "llama")
+      fail(file, "model_type: \"" + c.model_type + "\" is not supported (qwen2 or llama)");
+    auto need = [&](const char* k) -> int64_t {
+      if (!j.contains(k) || !j[k].is_number_integer()) fail(file, std::string(k) + ": expected an integer");
+      int64_t v = j[k];
+      if (v <= 0) fail(file, std::string(k) + ": must be positive");
+      return v;
+    };
+    c.vocab_size = need("vocab_size");
+    c.hidden_size = need("hidden_size");
+    c.intermediate_size = need("intermediate_size");
+    c.num_layers = need("num_hidden_layers");
+    c.num_heads = need("num_attention_heads");
+    c.num_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                         ? need("num_key_value_heads") : c.num_heads;
+    if (c.num_heads % c.num_kv_heads != 0)
+      fail(file, "num_attention_heads is not a multiple of num_key_value_heads");
+    c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? need("head_dim") : c.hidden_size / c.num_heads;
+    c.max_position_embeddings = j.value("max_position_embeddings", int64_t(32768));
+    c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
+    c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+    std::string act = j.value("hidden_act", "silu");
+    if (act != "silu") fail(file, "hidden_act: \"" + act + "\" is not supported (silu)");
+    if (c.model_type == "qwen2") {
+      c.qkv_bias = true;
+      if (j.value("use_sliding_window", false))
+        fail(file, "use_sliding_window: sliding-window attention is not supported");
+    } else {
+      c.qkv_bias = c.o_bias = j.value("attention_bias", false);
+      c.mlp_bias = j.value("mlp_bias", false);
+    }
+    // transformers 5 writes rope_parameters; 4.x wrote rope_theta and rope_scaling.
+    nlohmann::json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"]
+                          : j.contains("rope_scaling") && j["rope_scaling"].is_object() ? j["rope_scaling"]
+                                                                                         : nlohmann::json::object();
+    c.rope_theta = rope.contains("rope_theta") ? rope["rope_theta"].get<double>() : j.value("rope_theta", 10000.0);
+    c.rope_type = rope.value("rope_type", rope.value("type", std::string("default")));
+    if (c.rope_type != "default" && c.rope_type != "linear" && c.rope_type != "llama3")
+      fail(file, "rope type \"" + c.rope_type + "\" is not supported (default, linear, llama3)");
+    c.rope_factor = rope.value("factor", 1.0);
+    c.rope_low_freq_factor = rope.value("low_freq_factor", 1.0);
+    c.rope_high_freq_factor = rope.value("high_freq_factor", 4.0);
+    c.rope_original_max_positions = rope.value("original_max_position_embeddings", int64_t(8192));
+    add_eos(j.value("eos_token_id", nlohmann::json()), c.eos_token_ids);
+    c.dtype = j.value("dtype", j.value("torch_dtype", std::string("float32")));
+  } catch (const nlohmann::json::exception& e) {
+    fail(file, std::string("unexpected value: ") + e.what());
+  }
+  std::string gen = (fs::path(dir) / "generation_config.json").string();
+  if (fs::exists(gen)) add_eos(read_json(gen).value("eos_token_id", nlohmann::json()), c.eos_token_ids);
+  return c;
+}
+
+torch::Tensor Linear::forward(const torch::Tensor& x, bool training) const {
+  auto y = torch::nn::functional::linear(x, w, b.defined() ? b : torch::Tensor());
+  if (!a.defined()) return y;
+  auto xa = x.to(torch::kFloat32);
+  if (training && dropout > 0) xa = torch::dropout(xa, dropout, true);
+  auto l = torch::matmul(torch::matmul(xa, a.t()), bb.t()) * scale;
+  // As PEFT: the float32 adapter output is added in float32, then cast back.
+  return y.scalar_type() == torch::kFloat32 ? y + l : (y.to(torch::kFloat32) + l).to(y.scalar_type());
+}
+
+CausalLM::CausalLM(const std::string& dir, torch::Device device, torch::ScalarType dtype)
+    : cfg_(load_model_config(dir)), device_(device), dtype_(dtype) {
+  torch::NoGradGuard ng;
+  // Which file holds which tensor.
+  std::map<std::string, std::string> where;
+  std::map<std::string, std::shared_ptr<SafetensorsFile>> files;
+  fs::path single = fs::path(dir) / "model.safetensors", index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    auto j = read_json(index.string());
+    if (!j.contains("weight_map") || !j["weight_map"].is_object()) fail(index.string(), "weight_map: expected an object");
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it)
+      where[it.key()] = (fs::path(dir) / it.value().get<std::string>()).string();
+  } else if (!fs::exists(single)) {
+    fail(dir, "no model.safetensors and no model.safetensors.index.json");
+  }
+  auto get = [&](const std::string& name, std::vector<int64_t> shape) -> torch::Tensor {
+    std::string file = where.count(name) ? where[name] : single.string();
+    if (!files.count(file)) files[file] = SafetensorsFile::open(file);
+    const StTensorView* v = files[file]->find(name);
+    if (!v) fail(file, "tensor " + name + " is missing");
+    if (v->shape != shape) {
+      std::string got, want;
+      for (auto s : v->shape) got += (got.empty() ? "" : ",") + std::to_string(s);
+      for (auto s : shape) want += (want.empty() ? "" : ",") + std::to_string(s);
+      fail(file, "tensor " + name + " has shape [" + got + "], config.json implies [" + want + "]");
+    }
+    return to_tensor(*v, file, device_, dtype_);
+  };
+  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, D = cfg_.head_dim;
+  const int64_t QO = cfg_.num_heads * D, KV = cfg_.num_kv_heads * D;
+  embed_ = get("model.embed_tokens.weight", {cfg_.vocab_size, H});
+  norm_ = get("model.norm.weight", {H});
+  head_ = cfg_.tie_word_embeddings ? embed_ : get("lm_head.weight", {cfg_.vocab_size, H});
+  for (int64_t i = 0; i < cfg_.num_layers; ++i) {
+    std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer L;
+    L.in_norm = get(p + "input_layernorm.weight", {H});
+    L.post_norm = get(p + "post_attention_layernorm.weight", {H});
+    auto lin = [&](const std::string& n, int64_t out, int64_t in, bool bias) {
+      Linear l;
+      l.w = get(p + n + ".weight", {out, in});
+      if (bias) l.b = get(p + n + ".bias", {out});
+      return l;
+    };
+    L.q = lin("self_attn.q_proj", QO, H, cfg_.qkv_bias);
+    L.k = lin("self_attn.k_proj", KV, H, cfg_.qkv_bias);
+    L.v = lin("self_attn.v_proj", KV, H, cfg_.qkv_bias);
+    L.o = lin("self_attn.o_proj", H, QO, cfg_.o_bias);
+    L.gate = lin("mlp.gate_proj", I, H, cfg_.mlp_bias);
+    L.up = lin("mlp.up_proj", I, H, cfg_.mlp_bias);
+    L.down = lin("mlp.down_proj", H, I, cfg_.mlp_bias);
+    layers_.push_back(std::move(L));
+  }
+  // Rotary inverse frequencies (float32), with Llama 3's or linear scaling.
+  auto inv = 1.0 / torch::pow(cfg_.rope_theta, torch::arange(0, D, 2, torch::kInt64).to(torch::kFloat32) / double(D));
+  inv = inv.to(torch::kFloat32);
+  if (cfg_.rope_type == "linear") inv = inv / cfg_.rope_factor;
+  if (cfg_.rope_type == "llama3") {
+    double old = double(cfg_.rope_original_max_positions);
+    double low_wl = old / cfg_.rope_low_freq_factor, high_wl = old / cfg_.rope_high_freq_factor;
+    auto wl = 2 * M_PI / inv;
+    auto scaled = torch::where(wl > low_wl, inv / cfg_.rope_factor, inv);
+    auto smooth = (old / wl - cfg_.rope_low_freq_factor) / (cfg_.rope_high_freq_factor - cfg_.rope_low_freq_factor);
+    auto smoothed = (1 - smooth) * scaled / cfg_.rope_factor + smooth * scaled;
+    auto medium = (wl >= high_wl).logical_and(wl <= low_wl);
+    inv = torch::where(medium, smoothed, scaled);
+  }
+  inv_freq_ = inv.to(device_);
+}
+
+torch::Tensor CausalLM::rms(const torch::Tensor& x, const torch::Tensor& w) const {
+  auto xf = x.to(torch::kFloat32);
+  auto var = xf.pow(2).mean(-1, true);
+  xf = xf * torch::rsqrt(var + cfg_.rms_norm_eps);
+  return w * xf.to(x.scalar_type());
+}
+
+namespace {
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  auto half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+}  // namespace
+
+torch::Tensor CausalLM::hidden(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
+                               KVCache* cache, int64_t cache_pos, bool training) const {
+  const int64_t B = ids.size(0), T = ids.size(1), D = cfg_.head_dim;
+  const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, rep = nh / nkv;
+  if (cache && cache_pos > 0 && !mask.defined())
+    throw std::invalid_argument("CausalLM::forward: a mask is needed to attend over cached keys");
+  auto h = torch::embedding(embed_, ids);
+  auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;  // [B, T, D/2]
+  auto emb = torch::cat({freqs, freqs}, -1);
+  auto cos = emb.cos().to(dtype_).unsqueeze(1), sin = emb.sin().to(dtype_).unsqueeze(1);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    auto x = rms(h, L.in_norm);
+    auto q = L.q.forward(x, training).view({B, T, nh, D}).transpose(1, 2);
+    auto k = L.k.forward(x, training).view({B, T, nkv, D}).transpose(1, 2);
+    auto v = L.v.forward(x, training).view({B, T, nkv, D}).transpose(1, 2);
+    q = q * cos + rotate_half(q) * sin;
+    k = k * cos + rotate_half(k) * sin;
+    if (cache) {
+      cache->k[l].narrow(2, cache_pos, T).copy_(k);
+      cache->v[l].narrow(2, cache_pos, T).copy_(v);
+      k = cache->k[l].narrow(2, 0, cache_pos + T);
+      v = cache->v[l].narrow(2, 0, cache_pos + T);
+    }
+    if (rep > 1) {
+      const int64_t S = k.size(2);
+      k = k.unsqueeze(2).expand({B, nkv, rep, S, D}).reshape({B, nh, S, D});
+      v = v.unsqueeze(2).expand({B, nkv, rep, S, D}).reshape({B, nh, S, D});
+    }
+    torch::Tensor att;
+    if (mask.defined())
+      att = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
+    else
+      att = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/T > 1);
+    att = att.transpose(1, 2).reshape({B, T, nh * D});
+    h = h + L.o.forward(att, training);
+    x = rms(h, L.post_norm);
+    h = h + L.down.forward(torch::silu(L.gate.forward(x, training)) * L.up.forward(x, training), training);
+  }
+  return rms(h, norm_);
+}
+
+torch::Tensor CausalLM::lm_head(const torch::Tensor& h) const { return torch::matmul(h, head_.t()); }
+
+torch::Tensor CausalLM::forward(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
+                                KVCache* cache, int64_t cache_pos, bool training) const {
+  return lm_head(hidden(ids, positions, mask, cache, cache_pos, training));
+}
+
+KVCache CausalLM::new_cache(int64_t batch, int64_t capacity) const {
+  KVCache c;
+  auto opt = torch::TensorOptions().dtype(dtype_).device(device_);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    c.k.push_back(torch::zeros({batch, cfg_.num_kv_heads, capacity, cfg_.head_dim}, opt));
+    c.v.push_back(torch::zeros({batch, cfg_.num_kv_heads, capacity, cfg_.head_dim}, opt));
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------- LoRA
+
+namespace {
+const std::vector<std::string> lora_modules = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                               "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+std::string short_name(const std::string& m) { return m.substr(m.find('.') + 1); }
+std::string peft_key(int64_t layer, const std::string& module, const char* ab) {
+  return "base_model.model.model.layers." + std::to_string(layer) + "." + module + ".lora_" + ab + ".weight";
+}
+}  // namespace
+
+Linear* CausalLM::find_linear(int64_t layer, const std::string& name) {
+  Layer& L = layers_[layer];
+  if (name == "self_attn.q_proj") return &L.q;
+  if (name == "self_attn.k_proj") return &L.k;
+  if (name == "self_attn.v_proj") return &L.v;
+  if (name == "self_attn.o_proj") return &L.o;
+  if (name == "mlp.gate_proj") return &L.gate;
+  if (name == "mlp.up_proj") return &L.up;
+  if (name == "mlp.down_proj") return &L.down;
+  return nullptr;
+}
+
+void CausalLM::add_lora(const LoraSettings& s, uint64_t seed) {
+  if (s.r <= 0) throw std::invalid_argument("LoRA rank must be positive");
+  for (auto& t : s.targets)
+    if (std::none_of(lora_modules.begin(), lora_modules.end(), [&](auto& m) { return short_name(m) == t; }))
+      throw std::invalid_argument("LoRA target " + t +
+                                  " is not a linear layer of this model (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+  torch::NoGradGuard ng;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  lora_ = s;
+  for (int64_t i = 0; i < cfg_.num_layers; ++i)
+    for (auto& m : lora_modules) {
+      if (std::find(s.targets.begin(), s.targets.end(), short_name(m)) == s.targets.end()) continue;
+      Linear* l = find_linear(i, m);
+      int64_t in = l->w.size(1), out = l->w.size(0);
+      double bound = 1.0 / std::sqrt(double(in));  // kaiming_uniform_(a=sqrt(5))
+      l->a = (torch::rand({s.r, in}, gen, torch::kFloat32) * 2 - 1).mul_(bound).to(device_);
+      l->bb = torch::zeros({out, s.r}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
+      l->scale = s.scale();
+      l->dropout = s.dropout;
+    }
+  has_lora_ = true;
+}
+
+void CausalLM::load_lora(const std::string& dir) {
+  std::string cfile = (fs::path(dir) / "adapter_config.json").string();
+  auto j = read_json(cfile);
+  LoraSettings s;
+  std::map<std::string, int64_t> rank_pattern;
+  std::map<std::string, double> alpha_pattern;
+  std::string target_regex;
+  std::vector<std::string> target_list;
+  try {
+    if (j.value("peft_type", "LORA") != "LORA") fail(cfile, "peft_type: only LORA is supported");
+    s.r = j.at("r").get<int64_t>();
+    s.alpha = j.at("lora_alpha").get<double>();
+    s.dropout = j.value("lora_dropout", 0.0);
+    s.rslora = j.value("use_rslora", false);
+    auto nonnull = [&](const char* k) { return j.contains(k) && !j[k].is_null() && !(j[k].is_array() && j[k].empty()) && !(j[k].is_object() && j[k].empty()); };
+    if (j.value("use_dora", false)) fail(cfile, "use_dora: DoRA adapters are not supported");
+    if (j.value("fan_in_fan_out", false)) fail(cfile, "fan_in_fan_out: not supported for Qwen2/Llama");
+    if (j.value("bias", std::string("none")) != "none") fail(cfile, "bias: only \"none\" is supported");
+    if (j.value("lora_bias", false)) fail(cfile, "lora_bias: not supported");
+    for (const char* k : {"modules_to_save", "layers_to_transform", "layer_replication", "target_parameters", "trainable_token_indices"})
+      if (nonnull(k)) fail(cfile, std::string(k) + ": not supported");
+    if (j.contains("rank_pattern") && j["rank_pattern"].is_object())
+      for (auto it = j["rank_pattern"].begin(); it != j["rank_pattern"].end(); ++it) rank_pattern[it.key()] = it.value();
+    if (j.contains("alpha_pattern") && j["alpha_pattern"].is_object())
+      for (auto it = j["alpha_pattern"].begin(); it != j["alpha_pattern"].end(); ++it) alpha_pattern[it.key()] = it.value();
+    const auto& t = j.at("target_modules");
+    if (t.is_string()) target_regex = t.get<std::string>();
+    else target_list = t.get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    fail(cfile, std::string("unexpected value: ") + e.what());
+  }
+  std::string wfile = (fs::path(dir) / "adapter_model.safetensors").string();
+  auto f = SafetensorsFile::open(wfile);
+  std::set<std::string> used;
+  torch::NoGradGuard ng;
+  s.targets.clear();
+  for (int64_t i = 0; i < cfg_.num_layers; ++i)
+    for (auto& m : lora_modules) {
+      std::string key = "model.layers." + std::to_string(i) + "." + m;
+      bool targeted = false;
+      if (!target_regex.empty()) {
+        targeted = std::regex_match(key, std::regex(target_regex));
+      } else {
+        for (auto& t : target_list)
+          if (key == t || (key.size() > t.size() && key.compare(key.size() - t.size() - 1, t.size() + 1, "." + t) == 0))
+            targeted = true;
+      }
+      if (!targeted) continue;
+      if (std::find(s.targets.begin(), s.targets.end(), short_name(m)) == s.targets.end()) s.targets.push_back(short_name(m));
+      int64_t r = s.r;
+      double alpha = s.alpha;
+      for (auto& [p, v] : rank_pattern)
+        if (std::regex_match(key, std::regex("(.*\\.)?" + p))) r = v;
+      for (auto& [p, v] : alpha_pattern)
+        if (std::regex_match(key, std::regex("(.*\\.)?" + p))) alpha = v;
+      Linear* l = find_linear(i, m);
+      auto ka = peft_key(i, m, "A"), kb = peft_key(i, m, "B");
+      const StTensorView* va = f->find(ka);
+      const StTensorView* vb = f->find(kb);
+      if (!va || !vb) fail(wfile, "tensor " + (va ? kb : ka) + " is missing (adapter_config.json targets " + key + ")");
+      std::vector<int64_t> sa{r, l->w.size(1)}, sb{l->w.size(0), r};
+      if (va->shape != sa || vb->shape != sb)
+        fail(wfile, "tensors of " + key + " do not have the shapes rank " + std::to_string(r) + " and the base model imply");
+      l->a = to_tensor(*va, wfile, device_, torch::kFloat32);
+      l->bb = to_tensor(*vb, wfile, device_, torch::kFloat32);
+      l->scale = s.rslora ? alpha / std::sqrt(double(r)) : alpha / double(r);
+      l->dropout = s.dropout;
+      used.insert(ka);
+      used.insert(kb);
+    }
+  for (auto& t : f->tensors())
+    if (!used.count(t.name)) fail(wfile, "tensor " + t.name + " does not belong to any supported LoRA target of this model");
+  if (used.empty()) fail(cfile, "target_modules matches no linear layer of this model");
+  lora_ = s;
+  has_lora_ = true;
+}
+
+std::map<std::string, torch::Tensor> CausalLM::lora_tensors() const {
+  std::map<std::string, torch::Tensor> out;
+  for (int64_t i = 0; i < cfg_.num_layers; ++i)
+    for (auto& m : lora_modules) {
+      Linear* l = const_cast<CausalLM*>(this)->find_linear(i, m);
+      if (!l->a.defined()) continue;
+      out[peft_key(i, m, "A")] = l->a;
+      out[peft_key(i, m, "B")] = l->bb;
+    }
+  return out;
+}
+
+void CausalLM::save_lora(const std::string& dir, const std::string& base_model) const {
+  if (!has_lora_) throw std::runtime_error("save_lora: the model has no adapter");
+  fs::create_directories(dir);
+  auto ts = lora_tensors();
+  std::vector<torch::Tensor> keep;
+  std::vector<StTensorRef> refs;
+  for (auto& [name, t] : ts) {
+    auto c = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    keep.push_back(c);
+    refs.push_back({name, StDtype::F32, c.sizes().vec(), c.data_ptr(), size_t(c.numel()) * 4});
+  }
+  write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), refs, {{"format", "pt"}});
+  std::vector<std::string> targets = lora_.targets;
+  std::sort(targets.begin(), targets.end());
+  nlohmann::ordered_json c = {
+      {"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"base_model_name_or_path", base_model},
+      {"r", lora_.r}, {"lora_alpha", lora_.alpha}, {"lora_dropout", lora_.dropout},
+      {"target_modules", targets}, {"use_rslora", lora_.rslora}, {"use_dora", false},
+      {"bias", "none"}, {"fan_in_fan_out", false}, {"inference_mode", true}, {"init_lora_weights", true},
+      {"modules_to_save", nullptr}, {"layers_to_transform", nullptr}, {"layers_pattern", nullptr},
+      {"rank_pattern", nlohmann::json::object()}, {"alpha_pattern", nlohmann::json::object()},
+      {"revision", nullptr}};
+  std::string tmp = (fs::path(dir) / "adapter_config.json.tmp").string();
+  {
+    std::ofstream out(tmp);
+    out << c.dump(2) << "\n";
+    if (!out) fail(tmp, "cannot write");
+  }
+  fs::rename(tmp, fs::path(dir) / "adapter_config.json");
+}
+
+void CausalLM::merge_lora() {
+  torch::NoGradGuard ng;
+  for (int64_t i = 0; i < cfg_.num_layers; ++i)
+    for (auto& m : lora_modules) {
+      Linear* l = find_linear(i, m);
+      if (!l->a.defined()) continue;
+      l->w = (l->w.to(torch::kFloat32) + torch::matmul(l->bb, l->a) * l->scale).to(dtype_);
+      l->a = torch::Tensor();
+      l->bb = torch::Tensor();
+    }
+  has_lora_ = false;
+}
+
+std::map<std::string, torch::Tensor> CausalLM::base_tensors() const {
+  std::map<std::string, torch::Tensor> out;
+  out["model.embed_tokens.weight"] = embed_;
+  out["model.norm.weight"] = norm_;
+  if (!cfg_.tie_word_embeddings) out["lm_head.weight"] = head_;
+  for (int64_t i = 0; i < cfg_.num_layers; ++i) {
+    std::string p = "model.layers." + std::to_string(i) + ".";
+    out[p + "input_layernorm.weight"] = layers_[i].in_norm;
+    out[p + "post_attention_layernorm.weight"] = layers_[i].post_norm;
+    for (auto& m : lora_modules) {
+      Linear* l = const_cast<CausalLM*>(this)->find_linear(i, m);
+      out[p + m + ".weight"] = l->w;
+      if (l->b.defined()) out[p + m + ".bias"] = l->b;
+    }
+  }
+  return out;
+}
+
+}  // namespace kernelrl

@@ -1,0 +1,314 @@
+#include "learner/policy.hpp"
+
+#include "learner/model.hpp"
+#include "learner/safetensors.hpp"
+#include "learner/tokenizer.hpp"
+#include "messages/messages.hpp"
+
+#include <filesystem>
+#include <set>
+
+namespace fs = std::filesystem;
+
+namespace kernelrl {
+
+struct Policy::Impl {
+  PolicyOptions opt;
+  std::unique_ptr<CausalLM> model;
+  std::shared_ptr<Tokenizer> tok;
+  uint64_t version = 0;
+  torch::Device device{torch::kCPU};
+};
+
+Policy::Policy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Policy::~Policy() = default;
+
+std::unique_ptr<Policy> Policy::load(const PolicyOptions& o) {
+  auto impl = std::make_unique<Impl>();
+  impl->opt = o;
+  try {
+    if (o.model_dir.empty()) throw PolicyError("policy: no model directory given");
+    if (!fs::is_directory(o.model_dir)) throw PolicyError(o.model_dir + ": not a directory");
+    impl->device = torch::Device(o.device);
+    if (impl->device.is_cuda() && !torch::cuda::is_available())
+      throw PolicyError("device " + o.device + ": CUDA is not available on this machine");
+    impl->model = std::make_unique<CausalLM>(o.model_dir, impl->device, parse_dtype(o.dtype));
+    impl->tok = Tokenizer::load(o.model_dir);
+    if (!o.adapter_dir.empty()) {
+      impl->model->load_lora(o.adapter_dir);
+    } else if (o.lora_rank > 0) {
+      LoraSettings s;
+      s.r = o.lora_rank;
+      s.alpha = o.lora_alpha;
+      s.targets = o.lora_targets;
+      impl->model->add_lora(s, o.seed);
+    }
+  } catch (const PolicyError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw PolicyError(e.what());
+  }
+  return std::unique_ptr<Policy>(new Policy(std::move(impl)));
+}
+
+const Tokenizer& Policy::tokenizer() const { return *impl_->tok; }
+int64_t Policy::vocab_size() const { return impl_->model->config().vocab_size; }
+std::vector<int32_t> Policy::eos_token_ids() const { return impl_->model->config().eos_token_ids; }
+uint64_t Policy::version() const { return impl_->version; }
+bool Policy::has_adapter() const { return impl_->model->has_lora(); }
+
+namespace {
+
+torch::Tensor ids_tensor(const std::vector<int32_t>& ids) {
+  return torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), torch::kInt64);
+}
+
+}  // namespace
+
+std::vector<float> Policy::logits(const std::vector<int32_t>& ids) {
+  torch::NoGradGuard ng;
+  auto& m = *impl_->model;
+  auto x = ids_tensor(ids).to(impl_->device).unsqueeze(0);
+  auto pos = torch::arange(int64_t(ids.size()), torch::TensorOptions().dtype(torch::kInt64).device(impl_->device)).unsqueeze(0);
+  auto out = m.forward(x, pos, torch::Tensor()).squeeze(0).to(torch::kCPU, torch::kFloat32).contiguous();
+  return std::vector<float>(out.data_ptr<float>(), out.data_ptr<float>() + out.numel());
+}
+
+std::vector<Completion> Policy::generate(const std::vector<std::string>& prompts, const SamplingParams& p) {
+  std::vector<std::vector<int32_t>> ids;
+  for (auto& s : prompts) ids.push_back(impl_->tok->encode(s));
+  return generate_ids(ids, p);
+}
+
+std::vector<Completion> Policy::generate_ids(const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& p) {
+  if (p.temperature < 0) throw PolicyError("sampling: temperature must be >= 0");
+  if (p.top_p <= 0 || p.top_p > 1) throw PolicyError("sampling: top_p must be in (0, 1]");
+  if (p.n == 0) throw PolicyError("sampling: n must be at least 1");
+  std::vector<Completion> out;
+  if (prompts.empty()) return out;
+  torch::NoGradGuard ng;
+  auto& m = *impl_->model;
+  const auto dev = impl_->device;
+  const int64_t V = m.config().vocab_size;
+  int64_t P = 0;
+  for (auto& pr : prompts) {
+    if (pr.empty()) throw PolicyError("sampling: a prompt has no tokens");
+    for (auto t : pr)
+      if (t < 0 || t >= V) throw PolicyError("sampling: prompt token " + std::to_string(t) + " is outside the vocabulary");
+    P = std::max<int64_t>(P, pr.size());
+  }
+  const int64_t B = int64_t(prompts.size()) * p.n;
+  const int64_t cap = P + p.max_tokens;
+  // Left padding: every row's last prompt token sits at slot P - 1.
+  std::vector<int64_t> flat(B * P, 0);
+  auto valid = torch::ones({B, cap}, torch::kBool);
+  out.resize(B);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& pr = prompts[b / p.n];
+    int64_t pad = P - int64_t(pr.size());
+    for (size_t i = 0; i < pr.size(); ++i) flat[b * P + pad + i] = pr[i];
+    if (pad) valid[b].narrow(0, 0, pad).fill_(false);
+    out[b].prompt_tokens = static_cast<uint32_t>(pr.size());
+  }
+  if (p.max_tokens == 0) {
+    for (auto& c : out) c.finish_reason = "length";
+    return out;
+  }
+  auto ids = torch::tensor(flat, torch::kInt64).view({B, P}).to(dev);
+  valid = valid.to(dev);
+  auto pvalid = valid.narrow(1, 0, P);
+  auto pos = (pvalid.to(torch::kInt64).cumsum(1) - 1).clamp_min(0);
+  auto causal = torch::ones({P, P}, torch::TensorOptions().dtype(torch::kBool).device(dev)).tril();
+  auto eye = torch::eye(P, torch::TensorOptions().dtype(torch::kBool).device(dev));
+  auto mask = (causal.unsqueeze(0) & pvalid.unsqueeze(1)) | eye.unsqueeze(0);  // pad rows see themselves
+  auto cache = m.new_cache(B, cap);
+  auto h = m.hidden(ids, pos, mask.unsqueeze(1), &cache, 0, false);
+  auto logits = m.lm_head(h.narrow(1, P - 1, 1)).squeeze(1).to(torch::kFloat32);
+  auto next_pos = pos.select(1, P - 1) + 1;
+
+  torch::manual_seed(p.seed);
+  const double T = p.temperature;
+  std::set<int32_t> eos(m.config().eos_token_ids.begin(), m.config().eos_token_ids.end());
+  std::vector<std::string> bytes(B);
+  std::vector<char> done(B, 0);
+  int64_t live = B;
+  size_t max_stop = 0;
+  for (auto& s : p.stop) max_stop = std::max(max_stop, s.size());
+  for (int64_t t = 0; t < int64_t(p.max_tokens) && live > 0; ++t) {
+    torch::Tensor next, lp;
+    auto logp = torch::log_softmax(T > 0 ? logits / T : logits, -1);
+    if (T == 0) {
+      next = logits.argmax(-1);
+    } else {
+      auto probs = logp.exp();
+      if (p.top_p < 1) {
+        auto [sp, si] = probs.sort(-1, /*descending=*/true);
+        auto drop = (sp.cumsum(-1) - sp) > p.top_p;  // keep the smallest head reaching top_p
+        sp = sp.masked_fill(drop, 0);
+        probs = torch::zeros_like(probs).scatter(-1, si, sp);
+      }
+      next = torch::multinomial(probs, 1).squeeze(-1);
+    }
+    lp = logp.gather(-1, next.unsqueeze(-1)).squeeze(-1);
+    auto next_cpu = next.to(torch::kCPU);
+    auto lp_cpu = lp.to(torch::kCPU);
+    auto* nx = next_cpu.data_ptr<int64_t>();
+    auto* lpx = lp_cpu.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      if (done[b]) continue;
+      auto& c = out[b];
+      int32_t id = static_cast<int32_t>(nx[b]);
+      c.token_ids.push_back(id);
+      c.logprobs.push_back(lpx[b]);
+      if (eos.count(id)) {
+        c.finish_reason = "stop";
+      } else {
+        if (!(p.skip_special && impl_->tok->is_special(id))) {
+          size_t before = bytes[b].size();
+          bytes[b] += impl_->tok->token_bytes(id);
+          for (auto& s : p.stop) {
+            size_t from = before >= s.size() ? before - s.size() + 1 : 0;
+            auto at = bytes[b].find(s, from);
+            if (!s.empty() && at != std::string::npos) {
+              bytes[b].resize(at);
+              c.finish_reason = "stop";
+              break;
+            }
+          }
+        }
+        if (c.finish_reason.empty() && c.token_ids.size() >= p.max_tokens) c.finish_reason = "length";
+      }
+      if (!c.finish_reason.empty()) {
+        done[b] = 1;
+        --live;
+      }
+    }
+    if (live == 0 || t + 1 == int64_t(p.max_tokens)) break;
+    auto dmask = valid.narrow(1, 0, P + t + 1).view({B, 1, 1, P + t + 1});
+    logits = m.forward(next.view({B, 1}), next_pos.view({B, 1}), dmask, &cache, P + t).squeeze(1).to(torch::kFloat32);
+    next_pos = next_pos + 1;
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    if (out[b].finish_reason.empty()) out[b].finish_reason = "length";
+    out[b].text = utf8_lossy(bytes[b]);
+  }
+  (void)max_stop;
+  return out;
+}
+
+std::vector<std::vector<float>> Policy::score_ids(const std::vector<std::vector<int32_t>>& prompts,
+                                                  const std::vector<std::vector<int32_t>>& completions,
+                                                  double temperature) {
+  if (prompts.size() != completions.size()) throw PolicyError("score: prompts and completions differ in number");
+  std::vector<std::vector<float>> out(prompts.size());
+  if (prompts.empty()) return out;
+  torch::NoGradGuard ng;
+  auto& m = *impl_->model;
+  const auto dev = impl_->device;
+  const int64_t V = m.config().vocab_size;
+  const double T = temperature > 0 ? temperature : 1.0;
+  int64_t L = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty()) throw PolicyError("score: a prompt has no tokens");
+    for (auto* v : {&prompts[i], &completions[i]})
+      for (auto t : *v)
+        if (t < 0 || t >= V) throw PolicyError("score: token " + std::to_string(t) + " is outside the vocabulary");
+    L = std::max<int64_t>(L, prompts[i].size() + completions[i].size());
+  }
+  const int64_t B = prompts.size();
+  // Right padding: causal attention keeps the real tokens from seeing the pads after them.
+  std::vector<int64_t> flat(B * L, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t k = 0;
+    for (auto t : prompts[b]) flat[b * L + k++] = t;
+    for (auto t : completions[b]) flat[b * L + k++] = t;
+  }
+  auto ids = torch::tensor(flat, torch::kInt64).view({B, L}).to(dev);
+  auto pos = torch::arange(L, torch::TensorOptions().dtype(torch::kInt64).device(dev)).unsqueeze(0).expand({B, L});
+  auto h = m.hidden(ids, pos, torch::Tensor(), nullptr, 0, false);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t np = prompts[b].size(), nc = completions[b].size();
+    if (nc == 0) continue;
+    auto lg = m.lm_head(h[b].narrow(0, np - 1, nc)).to(torch::kFloat32) / T;
+    auto tgt = ids[b].narrow(0, np, nc);
+    auto lp = torch::log_softmax(lg, -1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1).to(torch::kCPU).contiguous();
+    out[b].assign(lp.data_ptr<float>(), lp.data_ptr<float>() + nc);
+  }
+  return out;
+}
+
+Scored Policy::score(const std::string& prompt, const std::string& completion, double temperature) {
+  Scored s;
+  s.prompt_ids = impl_->tok->encode(prompt);
+  s.token_ids = impl_->tok->encode(completion);
+  s.logprobs = score_ids({s.prompt_ids}, {s.token_ids}, temperature)[0];
+  return s;
+}
+
+void Policy::apply_weights(uint64_t version, const std::vector<TensorBlob>& tensors) {
+  auto& m = *impl_->model;
+  if (!m.has_lora()) throw PolicyError("weights update " + std::to_string(version) + ": this policy has no adapter to update");
+  auto mine = m.lora_tensors();
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> todo;
+  for (const auto& t : tensors) {
+    auto it = mine.find(t.name);
+    if (it == mine.end()) throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name + " is not part of this policy's adapter");
+    if (it->second.sizes().vec() != t.shape)
+      throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name + " has the wrong shape");
+    torch::ScalarType dt = t.dtype == "f32" ? torch::kFloat32 : t.dtype == "bf16" ? torch::kBFloat16
+                         : t.dtype == "f16" ? torch::kFloat16 : torch::kFloat64;
+    if (dt == torch::kFloat64) throw PolicyError("weights update: tensor " + t.name + ": dtype " + t.dtype + " (f32, f16 or bf16)");
+    if (size_t(it->second.numel()) * c10::elementSize(dt) != t.data.size())
+      throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name + " holds the wrong number of bytes");
+    auto src = torch::from_blob(const_cast<uint8_t*>(t.data.data()), t.shape, torch::TensorOptions().dtype(dt));
+    todo.emplace_back(it->second, src);
+  }
+  torch::NoGradGuard ng;
+  for (auto& [dst, src] : todo) dst.copy_(src);
+  impl_->version = version;
+}
+
+std::vector<TensorBlob> Policy::adapter_blobs() const {
+  std::vector<TensorBlob> out;
+  for (auto& [name, t] : impl_->model->lora_tensors()) {
+    auto c = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    TensorBlob b;
+    b.name = name;
+    b.dtype = "f32";
+    b.shape = c.sizes().vec();
+    auto* p = static_cast<const uint8_t*>(c.data_ptr());
+    b.data.assign(p, p + c.numel() * 4);
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+void Policy::save_adapter(const std::string& dir) const {
+  try {
+    impl_->model->save_lora(dir, fs::absolute(impl_->opt.model_dir).string());
+  } catch (const std::exception& e) {
+    throw PolicyError(e.what());
+  }
+}
+
+void Policy::export_merged(const std::string& dir) {
+  auto& m = *impl_->model;
+  m.merge_lora();
+  fs::create_directories(dir);
+  std::vector<torch::Tensor> keep;
+  std::vector<StTensorRef> refs;
+  for (auto& [name, t] : m.base_tensors()) {
+    auto c = t.detach().to(torch::kCPU).contiguous();
+    keep.push_back(c);
+    StDtype d = c.scalar_type() == torch::kFloat32 ? StDtype::F32 : c.scalar_type() == torch::kBFloat16 ? StDtype::BF16 : StDtype::F16;
+    refs.push_back({name, d, c.sizes().vec(), c.data_ptr(), size_t(c.numel()) * c.element_size()});
+  }
+  write_safetensors((fs::path(dir) / "model.safetensors").string(), refs, {{"format", "pt"}});
+  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                        "special_tokens_map.json"}) {
+    fs::path src = fs::path(impl_->opt.model_dir) / f;
+    if (fs::exists(src)) fs::copy_file(src, fs::path(dir) / f, fs::copy_options::overwrite_existing);
+  }
+}
+
+}  // namespace kernelrl

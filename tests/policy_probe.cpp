@@ -1,0 +1,117 @@
+// policy_probe: test tool for tests/test_policy.py. Exposes what the CLI does not, so the Python
+// test can compare against transformers / PEFT / tokenizers:
+//   policy_probe logits --model DIR [--adapter DIR] [--device D] [--dtype T] --ids 1,2,3 --out FILE
+//       float32 logits [T, vocab] of the ids, written as FILE (safetensors, tensor "logits")
+//   policy_probe lora-init --model DIR --rank R --alpha A --targets q_proj,v_proj --seed S
+//                          [--b-std X] --out DIR
+//       a fresh kernelrl adapter saved in PEFT format; --b-std > 0 draws B ~ N(0, X) so that
+//       the adapter changes the logits (a fresh PEFT adapter has B = 0)
+//   policy_probe encode --model DIR --in FILE --out FILE
+//       every line of FILE (JSON strings, one per line) encoded; FILE out: one JSON array per line
+//   policy_probe update --model DIR --rank R --alpha A --targets ... --from DIR --ids ... --out FILE
+//       a policy with a fresh adapter takes DIR's adapter as a WeightsUpdate, then writes logits
+#include "learner/model.hpp"
+#include "learner/policy.hpp"
+#include "learner/safetensors.hpp"
+#include "learner/tokenizer.hpp"
+#include "messages/messages.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+using namespace kernelrl;
+
+namespace {
+
+std::vector<std::string> split(const std::string& s, char c) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string x;
+  while (std::getline(ss, x, c))
+    if (!x.empty()) out.push_back(x);
+  return out;
+}
+
+void write_logits(const std::vector<float>& v, int64_t rows, const std::string& out) {
+  int64_t cols = rows ? int64_t(v.size()) / rows : 0;
+  write_safetensors(out, {{"logits", StDtype::F32, {rows, cols}, v.data(), v.size() * 4}});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: policy_probe logits|lora-init|encode|update ...\n";
+    return 2;
+  }
+  std::string cmd = argv[1];
+  std::map<std::string, std::string> a;
+  for (int i = 2; i + 1 < argc; i += 2) a[argv[i]] = argv[i + 1];
+  auto get = [&](const std::string& k, const std::string& d = "") { return a.count(k) ? a[k] : d; };
+  try {
+    if (cmd == "logits" || cmd == "update") {
+      PolicyOptions o;
+      o.model_dir = get("--model");
+      o.adapter_dir = get("--adapter");
+      o.device = get("--device", "cpu");
+      o.dtype = get("--dtype", "f32");
+      if (cmd == "update") {
+        o.lora_rank = std::stoll(get("--rank"));
+        o.lora_alpha = std::stod(get("--alpha"));
+        o.lora_targets = split(get("--targets"), ',');
+      }
+      auto p = Policy::load(o);
+      if (cmd == "update") {
+        PolicyOptions src = o;
+        src.adapter_dir = get("--from");
+        src.lora_rank = 0;
+        auto q = Policy::load(src);
+        p->apply_weights(7, q->adapter_blobs());
+        if (p->version() != 7) throw std::runtime_error("version not applied");
+      }
+      std::vector<int32_t> ids;
+      for (auto& s : split(get("--ids"), ',')) ids.push_back(std::stoi(s));
+      write_logits(p->logits(ids), ids.size(), get("--out"));
+      return 0;
+    }
+    if (cmd == "lora-init") {
+      CausalLM m(get("--model"), torch::kCPU, torch::kFloat32);
+      LoraSettings s;
+      s.r = std::stoll(get("--rank"));
+      s.alpha = std::stod(get("--alpha"));
+      s.targets = split(get("--targets"), ',');
+      m.add_lora(s, std::stoull(get("--seed", "0")));
+      double bstd = std::stod(get("--b-std", "0"));
+      if (bstd > 0) {
+        torch::NoGradGuard ng;
+        torch::manual_seed(std::stoull(get("--seed", "0")) + 1);
+        for (auto& [name, t] : m.lora_tensors())
+          if (name.find("lora_B") != std::string::npos) t.normal_(0, bstd);
+      }
+      m.save_lora(get("--out"), get("--model"));
+      return 0;
+    }
+    if (cmd == "encode") {
+      auto tok = Tokenizer::load(get("--model"));
+      std::ifstream in(get("--in"));
+      std::ofstream out(get("--out"));
+      std::string line;
+      while (std::getline(in, line)) {
+        std::string text = nlohmann::json::parse(line).get<std::string>();
+        auto ids = tok->encode(text);
+        nlohmann::json j = {{"ids", ids}, {"decoded", tok->decode(ids)}};
+        out << j.dump() << "\n";
+      }
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "policy_probe " << cmd << ": " << e.what() << "\n";
+    return 1;
+  }
+  std::cerr << "policy_probe: unknown command " << cmd << "\n";
+  return 2;
+}

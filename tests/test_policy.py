@@ -1,0 +1,355 @@
+"""The policy runtime (learner/) against references no one here wrote:
+
+- transformers: tiny randomly initialised Qwen2 and Llama models saved with save_pretrained
+  (single file, shards, bf16); kernelrl's float32 CPU logits equal transformers' within 1e-4;
+- tokenizers: byte-level BPE tokenizers trained with HF tokenizers in the GPT-2, Qwen2 (NFC, Split
+  regex) and Llama 3 (ignore_merges) styles; kernelrl's encodings equal theirs on code, prose and
+  Unicode, and decode(encode(s)) == s;
+- PEFT: an adapter saved by kernelrl loads in PEFT with the same logits, and one saved by PEFT
+  loads in kernelrl with the same logits; a merged export loads in plain transformers;
+- the CLI: generate (greedy equals transformers' greedy, left-padded batches, seeds, stop strings,
+  logprobs equal scoring), score, tokenize, merge, and clear errors for broken checkpoints.
+"""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import torch
+from safetensors.torch import load_file
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
+PROBE = os.environ.get("KERNELRL_POLICY_PROBE", os.path.join(ROOT, "build", "tests", "policy_probe"))
+
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+UNICODE_LINES = [
+    "naïve café, façade, Øresund, smörgåsbord",
+    "日本語のテキストと漢字、カタカナ。",
+    "Ελληνικά και русский текст, עברית, العربية",
+    "emoji 🚀🔥👩‍💻 and flags 🇫🇷",
+    "combining e\u0301 and A\u030a and \u1100\u1161\u11a8 jamo",
+    "math ∑ x² ≤ ∞, arrows → ⇒, quotes “like” ‘this’",
+    "tabs\tand\u00a0nbsp\u2003em space",
+]
+EXTRA_TESTS = [
+    "",
+    " ",
+    "   leading and trailing   ",
+    "line one\nline two\r\nline three\n\n\n",
+    "I'LL do it, you're right, she'd've DON'T",
+    "12345678901234 3.14159 0x1F 1e-5",
+    "def forward(self, x):\n    return torch.relu(x) + 1\n",
+    "<|im_start|>user\nwrite a kernel<|im_end|>\n<|im_start|>assistant\n",
+    "never seen words: zyxwvut qqqq ÆØÅ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "\u212b angstrom sign and \u0041\u030a and \u00c5",
+]
+
+
+def corpus():
+    lines = []
+    for rel in ["README.md", "docs/ARCHITECTURE.md", "gpu/harness.py", "gpu/scaffold.py"]:
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+            lines.extend(f.read().splitlines(keepends=True))
+    return lines + UNICODE_LINES * 20
+
+
+def train_tokenizer(style, path):
+    if style == "gpt2":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tok = Tokenizer(models.BPE(ignore_merges=(style == "llama3")))
+        if style == "qwen2":
+            tok.normalizer = normalizers.NFC()
+        pattern = QWEN2_PATTERN if style == "qwen2" else LLAMA3_PATTERN
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.save(path)
+    return tok
+
+
+def run(args, check=True):
+    p = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError("%s failed (%d):\n%s\n%s" % (" ".join(args), p.returncode, p.stdout, p.stderr))
+    return p
+
+
+class PolicyTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        torch.manual_seed(0)
+        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-policy-")
+        cls.toks = {}
+        for style in ["gpt2", "qwen2", "llama3"]:
+            d = os.path.join(cls.tmp, "tok-" + style)
+            os.makedirs(d)
+            cls.toks[style] = train_tokenizer(style, os.path.join(d, "tokenizer.json"))
+        vocab = cls.toks["qwen2"].get_vocab_size()
+        cls.models = {}
+        q = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         tie_word_embeddings=True, rope_theta=10000.0, initializer_range=0.25,
+                                         eos_token_id=cls.toks["qwen2"].token_to_id("<|im_end|>")))
+        cls.save(q, "qwen2", "qwen2")
+        llama = LlamaForCausalLM(LlamaConfig(
+            vocab_size=cls.toks["llama3"].get_vocab_size(), hidden_size=64, intermediate_size=96,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, attention_bias=True,
+            mlp_bias=True, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, initializer_range=0.25,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 16}, rope_theta=500000.0))
+        cls.save(llama, "llama", "llama3", max_shard_size="40KB")
+        cls.save(llama.to(torch.bfloat16), "llama-bf16", "llama3")
+        llama.float()
+
+    @classmethod
+    def save(cls, model, name, tok_style, **kw):
+        d = os.path.join(cls.tmp, name)
+        model.eval()
+        model.save_pretrained(d, **kw)
+        shutil.copy(os.path.join(cls.tmp, "tok-" + tok_style, "tokenizer.json"), d)
+        cls.models[name] = d
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def ours_logits(self, model, ids, adapter=None, extra=()):
+        out = os.path.join(self.tmp, "logits.safetensors")
+        args = [PROBE, "logits", "--model", self.models.get(model, model), "--ids", ",".join(map(str, ids)), "--out", out]
+        if adapter:
+            args += ["--adapter", adapter]
+        run(args + list(extra))
+        return load_file(out)["logits"]
+
+    def hf_logits(self, model, ids):
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits[0].float()
+
+    def assert_close(self, a, b, tol=1e-4, what=""):
+        self.assertEqual(tuple(a.shape), tuple(b.shape), what)
+        diff = (a - b).abs().max().item()
+        self.assertLess(diff, tol, "%s: max |difference| %.3g" % (what, diff))
+
+    # ------------------------------------------------------------ tokenizer
+
+    def test_tokenizer_matches_hf_tokenizers(self):
+        texts = corpus()[:400:3] + UNICODE_LINES + EXTRA_TESTS
+        for style, tok in self.toks.items():
+            src = os.path.join(self.tmp, "texts.jsonl")
+            with open(src, "w", encoding="utf-8") as f:
+                for t in texts:
+                    f.write(json.dumps(t) + "\n")
+            out = os.path.join(self.tmp, "ours.jsonl")
+            run([PROBE, "encode", "--model", os.path.join(self.tmp, "tok-" + style), "--in", src, "--out", out])
+            with open(out, encoding="utf-8") as f:
+                ours = [json.loads(line) for line in f]
+            self.assertEqual(len(ours), len(texts))
+            mismatches = 0
+            for t, o in zip(texts, ours):
+                ref = tok.encode(t, add_special_tokens=False).ids
+                if o["ids"] != ref:
+                    mismatches += 1
+                    self.assertEqual(o["ids"], ref, "%s tokenizer, text %r" % (style, t))
+                expect = t if style != "qwen2" else __import__("unicodedata").normalize("NFC", t)
+                self.assertEqual(o["decoded"], expect, "%s: decode(encode(s)) != s for %r" % (style, t))
+                self.assertEqual(o["decoded"], tok.decode(ref, skip_special_tokens=False), style)
+            self.assertEqual(mismatches, 0)
+
+    def test_tokenize_cli_and_bad_tokenizer(self):
+        p = run([LAUNCH, "tokenize", "--model", self.models["qwen2"], "--prompt", "def f(x): return x", "--json"])
+        j = json.loads(p.stdout)
+        self.assertEqual(j["token_ids"], self.toks["qwen2"].encode("def f(x): return x", add_special_tokens=False).ids)
+        self.assertEqual(j["decoded"], "def f(x): return x")
+        bad = os.path.join(self.tmp, "badtok")
+        os.makedirs(bad, exist_ok=True)
+        with open(os.path.join(self.models["qwen2"], "tokenizer.json")) as f:
+            j = json.load(f)
+        j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "_"}
+        with open(os.path.join(bad, "tokenizer.json"), "w") as f:
+            json.dump(j, f)
+        p = run([LAUNCH, "tokenize", "--model", bad, "--prompt", "x"], check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("pre_tokenizer: type Metaspace is not supported", p.stderr)
+
+    # ------------------------------------------------------------ model
+
+    def test_logits_match_transformers(self):
+        ids = [5, 17, 250, 3, 99, 400, 12, 7, 301, 42, 8, 150, 2, 77]
+        for name in ["qwen2", "llama", "llama-bf16"]:
+            ref_model = AutoModelForCausalLM.from_pretrained(self.models[name], dtype=torch.float32).eval()
+            self.assert_close(self.ours_logits(name, ids), self.hf_logits(ref_model, ids), what=name)
+
+    def test_lora_kernelrl_to_peft_and_back(self):
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        ids = [9, 40, 200, 31, 5, 88, 123, 64, 1, 19]
+        base = AutoModelForCausalLM.from_pretrained(self.models["qwen2"], dtype=torch.float32).eval()
+        base_logits = self.hf_logits(base, ids)
+        # Ours -> PEFT.
+        ours_dir = os.path.join(self.tmp, "lora-ours")
+        run([PROBE, "lora-init", "--model", self.models["qwen2"], "--rank", "4", "--alpha", "8",
+             "--targets", "q_proj,v_proj,o_proj,up_proj,down_proj", "--seed", "3", "--b-std", "0.2", "--out", ours_dir])
+        with open(os.path.join(ours_dir, "adapter_config.json")) as f:
+            self.assertEqual(json.load(f)["peft_type"], "LORA")
+        peft_model = PeftModel.from_pretrained(base, ours_dir).eval()
+        ref = self.hf_logits(peft_model, ids)
+        self.assertGreater((ref - base_logits).abs().max().item(), 1e-2, "the adapter must change the logits")
+        self.assert_close(self.ours_logits("qwen2", ids, adapter=ours_dir), ref, what="kernelrl adapter in PEFT")
+        # The same adapter arriving as a WeightsUpdate on a policy with a fresh adapter.
+        out = os.path.join(self.tmp, "upd.safetensors")
+        run([PROBE, "update", "--model", self.models["qwen2"], "--rank", "4", "--alpha", "8",
+             "--targets", "q_proj,v_proj,o_proj,up_proj,down_proj", "--from", ours_dir,
+             "--ids", ",".join(map(str, ids)), "--out", out])
+        self.assert_close(load_file(out)["logits"], ref, what="weights update")
+        # PEFT -> ours (random B, rslora, a per-module rank).
+        llama = AutoModelForCausalLM.from_pretrained(self.models["llama"], dtype=torch.float32).eval()
+        cfg = LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                             "up_proj", "down_proj"],
+                         init_lora_weights=False, use_rslora=True, rank_pattern={"down_proj": 2})
+        pm = get_peft_model(llama, cfg).eval()
+        peft_dir = os.path.join(self.tmp, "lora-peft")
+        pm.save_pretrained(peft_dir)
+        ref = self.hf_logits(pm, ids)
+        self.assert_close(self.ours_logits("llama", ids, adapter=peft_dir), ref, what="PEFT adapter in kernelrl")
+        # Merged export loads in plain transformers.
+        merged = os.path.join(self.tmp, "merged")
+        run([LAUNCH, "merge", "--model", self.models["llama"], "--adapter", peft_dir, "--out", merged])
+        plain = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+        self.assert_close(self.hf_logits(plain, ids), ref, what="merged export")
+
+    def test_bad_adapter_is_a_clear_error(self):
+        d = os.path.join(self.tmp, "lora-bad")
+        run([PROBE, "lora-init", "--model", self.models["qwen2"], "--rank", "4", "--alpha", "8",
+             "--targets", "q_proj", "--seed", "1", "--out", d])
+        with open(os.path.join(d, "adapter_config.json")) as f:
+            c = json.load(f)
+        c["use_dora"] = True
+        with open(os.path.join(d, "adapter_config.json"), "w") as f:
+            json.dump(c, f)
+        p = run([LAUNCH, "score", "--model", self.models["qwen2"], "--adapter", d, "--prompt", "a", "--completion", "b"],
+                check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("use_dora: DoRA adapters are not supported", p.stderr)
+
+    def test_broken_safetensors_are_clear_errors(self):
+        src = self.models["qwen2"]
+        cases = {}
+        with open(os.path.join(src, "model.safetensors"), "rb") as f:
+            data = f.read()
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + n])
+        cases["truncated"] = (data[: len(data) // 2], "past the end of the data")
+        lying = dict(header)
+        name = next(k for k in header if k != "__metadata__")
+        lying[name] = dict(header[name], shape=[header[name]["shape"][0] * 2] + header[name]["shape"][1:])
+        h = json.dumps(lying).encode()
+        cases["lying"] = (len(h).to_bytes(8, "little") + h + data[8 + n:], "its dtype and shape need")
+        cases["tiny"] = (b"\x05\x00", "not even the 8-byte header length")
+        cases["garbage header"] = ((1 << 40).to_bytes(8, "little") + b"{}", "over the 100 MiB limit")
+        for what, (content, message) in cases.items():
+            d = os.path.join(self.tmp, "broken")
+            shutil.rmtree(d, ignore_errors=True)
+            shutil.copytree(src, d)
+            with open(os.path.join(d, "model.safetensors"), "wb") as f:
+                f.write(content)
+            p = run([LAUNCH, "score", "--model", d, "--prompt", "a", "--completion", "b"], check=False)
+            self.assertEqual(p.returncode, 2, what)
+            self.assertIn("model.safetensors: ", p.stderr, what)
+            self.assertIn(message, p.stderr, what)
+
+    # ------------------------------------------------------------ sampling and scoring
+
+    def generate(self, prompts, *extra, model="qwen2"):
+        args = [LAUNCH, "generate", "--model", self.models[model], "--json"]
+        for p in prompts:
+            args += ["--prompt", p]
+        return json.loads(run(args + list(extra)).stdout)["completions"]
+
+    def test_greedy_generation_matches_transformers(self):
+        tok = self.toks["qwen2"]
+        ref_model = AutoModelForCausalLM.from_pretrained(self.models["qwen2"], dtype=torch.float32).eval()
+        prompts = ["def relu(x):", "Write a CUDA kernel that adds two vectors of floats and", "x"]
+        ours = self.generate(prompts, "--temperature", "0", "--max-tokens", "12")
+        self.assertEqual(len(ours), 3)
+        for prompt, c in zip(prompts, ours):
+            ids = tok.encode(prompt, add_special_tokens=False).ids
+            with torch.no_grad():
+                out = ref_model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12,
+                                         attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+            ref = out[0, len(ids):].tolist()
+            self.assertEqual(c["token_ids"], ref[: len(c["token_ids"])], prompt)
+            self.assertEqual(c["finish_reason"], "stop" if len(c["token_ids"]) < 12 else "length")
+            # Logprobs from sampling equal scoring the same tokens.
+            s = json.loads(run([LAUNCH, "score", "--model", self.models["qwen2"], "--prompt", prompt,
+                                "--completion", tok.decode(c["token_ids"], skip_special_tokens=False), "--json"]).stdout)
+            if s["token_ids"] == c["token_ids"]:
+                for a, b in zip(s["logprobs"], c["logprobs"]):
+                    self.assertAlmostEqual(a, b, delta=1e-4)
+
+    def test_score_matches_transformers(self):
+        tok = self.toks["llama3"]
+        prompt, completion = "__global__ void add(float* a)", " { a[threadIdx.x] += 1.0f; }"
+        s = json.loads(run([LAUNCH, "score", "--model", self.models["llama"], "--prompt", prompt,
+                            "--completion", completion, "--temperature", "0.7", "--json"]).stdout)
+        p_ids = tok.encode(prompt, add_special_tokens=False).ids
+        c_ids = tok.encode(completion, add_special_tokens=False).ids
+        self.assertEqual(s["prompt_ids"], p_ids)
+        self.assertEqual(s["token_ids"], c_ids)
+        model = AutoModelForCausalLM.from_pretrained(self.models["llama"], dtype=torch.float32).eval()
+        logits = self.hf_logits(model, p_ids + c_ids)[len(p_ids) - 1: -1] / 0.7
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c_ids)[:, None])[:, 0]
+        self.assert_close(torch.tensor(s["logprobs"]), ref, what="score")
+
+    def test_sampling_seed_top_p_and_stop(self):
+        prompts = ["def f(x):", "hello"]
+        a = self.generate(prompts, "--temperature", "1.0", "--top-p", "0.9", "--seed", "11", "--n", "3", "--max-tokens", "16")
+        b = self.generate(prompts, "--temperature", "1.0", "--top-p", "0.9", "--seed", "11", "--n", "3", "--max-tokens", "16")
+        c = self.generate(prompts, "--temperature", "1.0", "--top-p", "0.9", "--seed", "12", "--n", "3", "--max-tokens", "16")
+        self.assertEqual(len(a), 6)
+        self.assertEqual([x["token_ids"] for x in a], [x["token_ids"] for x in b])
+        self.assertNotEqual([x["token_ids"] for x in a], [x["token_ids"] for x in c])
+        self.assertEqual([x["prompt_index"] for x in a], [0, 0, 0, 1, 1, 1])
+        for x in a:
+            self.assertEqual(len(x["logprobs"]), len(x["token_ids"]))
+            self.assertTrue(all(lp <= 0 for lp in x["logprobs"]))
+        # A stop string taken from greedy output cuts the text before it.
+        g = self.generate(["def f(x):"], "--temperature", "0", "--max-tokens", "20")[0]
+        text = g["text"]
+        if len(text) >= 6:
+            stop = text[3:6]
+            s = self.generate(["def f(x):"], "--temperature", "0", "--max-tokens", "20", "--stop", stop)[0]
+            self.assertEqual(s["finish_reason"], "stop")
+            self.assertEqual(s["text"], text[: text.find(stop)])
+            self.assertLess(len(s["token_ids"]), 20)
+
+    def test_bad_arguments(self):
+        p = run([LAUNCH, "generate", "--model", os.path.join(self.tmp, "nope"), "--prompt", "x"], check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("not a directory", p.stderr)
+        p = run([LAUNCH, "generate", "--model", self.models["qwen2"], "--prompt", "x", "--top-p", "0"], check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--top-p", p.stderr)
+        p = run([LAUNCH, "score", "--model", self.models["qwen2"], "--prompt", "x"], check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--completion", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
