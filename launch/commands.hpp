@@ -51,6 +51,10 @@ struct PolicyCliOptions {
   std::vector<std::string> stop;     // generate: stop strings
   bool json = false;                 // one JSON object on stdout
   std::string out;                   // export: destination directory
+  std::string server;                // generate: an OpenAI-compatible server's URL instead of --model
+  std::string served_model;          // generate --server: the served model name
+  double timeout_s = 600;            // generate --server: one HTTP exchange
+  uint32_t retries = 4;              // generate --server: extra attempts after 5xx/429/timeouts
 };
 // launch generate --model DIR [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--max-tokens N]
 //                 [--temperature T] [--top-p P] [--n N] [--seed S] [--stop STR ...] [--json]

@@ -27,6 +27,8 @@ const char* usage =
     "  launch generate --model DIR [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--max-tokens N]\n"
     "                  [--temperature T] [--top-p P] [--n N] [--seed S] [--stop STR ...]\n"
     "                  [--device cpu|cuda:N] [--dtype f32|f16|bf16] [--json]\n"
+    "  launch generate --server URL --served-model NAME [--timeout S] [--retries N] --prompt TEXT ...\n"
+    "                                                      the same through an OpenAI-compatible server\n"
     "                                                      sample completions with per-token logprobs\n"
     "  launch score --model DIR [--adapter DIR] --prompt TEXT --completion TEXT [--temperature T]\n"
     "               [--device D] [--dtype T] [--json]      logprobs of a completion after a prompt\n"
@@ -144,12 +146,20 @@ int main(int argc, char** argv) {
         else if (a == "--n") o.n = static_cast<uint32_t>(std::stoul(v));
         else if (a == "--seed") o.seed = std::stoull(v);
         else if (a == "--stop") o.stop.push_back(v);
+        else if (a == "--server") o.server = v;
+        else if (a == "--served-model") o.served_model = v;
+        else if (a == "--timeout") o.timeout_s = std::stod(v);
+        else if (a == "--retries") o.retries = static_cast<uint32_t>(std::stoul(v));
         else return bad(cmd + ": unknown argument \"" + a + "\"");
       } catch (const std::exception&) {
         return bad(cmd + ": " + a + ": expected a number, got \"" + v + "\"");
       }
     }
-    if (o.model.empty()) return bad(cmd + ": --model DIR is required");
+    if (cmd == "generate" && !o.server.empty()) {
+      if (o.served_model.empty()) return bad("generate: --server needs --served-model NAME");
+    } else if (o.model.empty()) {
+      return bad(cmd + ": --model DIR is required");
+    }
     if (cmd == "merge") {
       if (o.adapter.empty() || o.out.empty()) return bad("merge: --adapter DIR and --out DIR are required");
       return kernelrl::cmd_merge(o);

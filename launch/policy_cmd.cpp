@@ -2,6 +2,7 @@
 // command line. Errors (a missing file, an unsupported checkpoint) print one line and exit 2.
 #include "launch/commands.hpp"
 
+#include "actors/sampler_backend.hpp"
 #include "learner/policy.hpp"
 #include "learner/tokenizer.hpp"
 
@@ -9,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 namespace kernelrl {
 
@@ -36,7 +38,18 @@ const char* logprob_note = "log softmax(logits / temperature) of each token, bef
 
 int cmd_generate(const PolicyCliOptions& o) {
   try {
-    auto policy = Policy::load(policy_options(o));
+    std::unique_ptr<SamplerBackend> backend;
+    if (!o.server.empty()) {
+      OpenAIOptions oo;
+      oo.url = o.server;
+      oo.model = o.served_model;
+      oo.timeout_s = o.timeout_s;
+      oo.max_retries = o.retries;
+      if (const char* k = std::getenv("OPENAI_API_KEY")) oo.api_key = k;
+      backend = make_openai_backend(oo);
+    } else {
+      backend = make_libtorch_backend(policy_options(o));
+    }
     SamplingParams sp;
     sp.temperature = o.temperature;
     sp.top_p = o.top_p;
@@ -45,7 +58,7 @@ int cmd_generate(const PolicyCliOptions& o) {
     sp.seed = o.seed;
     sp.stop = o.stop;
     auto t0 = std::chrono::steady_clock::now();
-    auto out = policy->generate(o.prompts, sp);
+    auto out = backend->generate(o.prompts, sp);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     size_t tokens = 0;
     for (auto& c : out) tokens += c.token_ids.size();
@@ -58,15 +71,16 @@ int cmd_generate(const PolicyCliOptions& o) {
       return 0;
     }
     nlohmann::json j;
-    j["model"] = o.model;
+    j["backend"] = backend->name();
+    j["model"] = o.server.empty() ? o.model : o.served_model;
     j["adapter"] = o.adapter;
-    j["logprobs"] = logprob_note;
+    j["logprobs"] = o.server.empty() ? logprob_note : "as the server reports them";
     j["seconds"] = secs;
     j["completions"] = nlohmann::json::array();
     for (size_t i = 0; i < out.size(); ++i)
       j["completions"].push_back({{"prompt_index", i / o.n}, {"text", out[i].text}, {"token_ids", out[i].token_ids},
                                   {"logprobs", out[i].logprobs}, {"finish_reason", out[i].finish_reason},
-                                  {"prompt_tokens", out[i].prompt_tokens}});
+                                  {"policy_version", out[i].policy_version}});
     std::printf("%s\n", dump(j).c_str());
     return 0;
   } catch (const std::exception& e) {

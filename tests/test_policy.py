@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -353,3 +354,70 @@ class PolicyTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class OpenAIBackendTest(unittest.TestCase):
+    """`launch generate --server` against tests/openai_server.py on loopback."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-openai-")
+        cls.log = os.path.join(cls.tmp, "requests.jsonl")
+        cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "openai_server.py"), cls.log],
+                                      stdout=subprocess.PIPE, text=True)
+        cls.url = "http://127.0.0.1:%s" % cls.server.stdout.readline().strip()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.kill()
+        cls.server.wait()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def gen(self, model, *extra, check=True):
+        return run([LAUNCH, "generate", "--server", self.url, "--served-model", model, "--json",
+                    "--prompt", "first prompt", "--prompt", "second prompt"] + list(extra), check=check)
+
+    def requests(self):
+        with open(self.log) as f:
+            return [json.loads(line) for line in f]
+
+    def test_completions_with_logprobs_and_token_ids(self):
+        p = self.gen("ok", "--n", "2", "--temperature", "0.7", "--top-p", "0.9", "--seed", "5", "--max-tokens", "33",
+                     "--stop", "###")
+        c = json.loads(p.stdout)["completions"]
+        self.assertEqual(len(c), 4)
+        self.assertEqual([x["prompt_index"] for x in c], [0, 0, 1, 1])
+        self.assertTrue(c[2]["text"].startswith("echo 1/0"))
+        self.assertEqual(len(c[0]["token_ids"]), len(c[0]["logprobs"]))
+        self.assertEqual(c[0]["token_ids"][0], 100)
+        req = [r for r in self.requests() if r["body"].get("model") == "ok"][-1]["body"]
+        self.assertEqual((req["n"], req["temperature"], req["top_p"], req["seed"], req["max_tokens"], req["stop"]),
+                         (2, 0.7, 0.9, 5, 33, ["###"]))
+        self.assertEqual(req["prompt"], ["first prompt", "second prompt"])
+
+    def test_5xx_answers_are_retried(self):
+        p = self.gen("fail-2", "--retries", "3")
+        self.assertEqual(len(json.loads(p.stdout)["completions"]), 2)
+        self.assertIn("HTTP 503", p.stderr)
+        p = self.gen("fail-9", "--retries", "1", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("gave up after 2 attempts", p.stderr)
+
+    def test_timeouts_and_broken_answers_are_clear_errors(self):
+        p = self.gen("slow-3", "--timeout", "0.5", "--retries", "0", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("timed out", p.stderr)
+        p = self.gen("nologprobs", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("returned no logprobs", p.stderr)
+        p = self.gen("badjson", check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("the answer is not JSON", p.stderr)
+        p = run([LAUNCH, "generate", "--server", "http://127.0.0.1:1", "--served-model", "x", "--prompt", "a",
+                 "--retries", "0"], check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("cannot connect", p.stderr)
+        p = run([LAUNCH, "generate", "--server", "https://example.invalid", "--served-model", "x", "--prompt", "a"],
+                check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("https is not supported", p.stderr)
