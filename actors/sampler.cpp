@@ -1,5 +1,6 @@
 #include "actors/sampler.hpp"
 
+#include "actors/sampler_backend.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "store/store.hpp"
@@ -106,8 +107,18 @@ std::vector<ReplayRecord> load_replay(const std::string& path, std::vector<std::
 
 namespace {
 
+struct PendingPrompt {
+  uint32_t step;
+  uint64_t group;
+  size_t prompt;  // index into SamplerArgs::prompts
+};
+
 struct sampler_state {
   std::deque<Rollout> to_send;  // planned, not yet handed to the dispatcher
+  std::deque<PendingPrompt> to_generate;  // model backends: planned, not yet generated
+  bool generating = false;      // a tick is on its way
+  uint32_t failures = 0;        // consecutive failed generations (backoff)
+  uint64_t batches = 0;
   uint32_t unanswered = 0;      // handed over, the dispatcher's answer not yet back
   uint64_t rollouts = 0, tokens = 0;
   double t_start = -1;  // mono_s of the first plan
@@ -115,6 +126,20 @@ struct sampler_state {
 };
 
 using sampler_ptr = caf::stateful_actor<sampler_state>*;
+
+Telemetry sampler_telemetry(sampler_ptr self) {
+  auto& st = self->state;
+  double elapsed = st.t_start < 0 ? 0 : mono_s() - st.t_start;
+  Telemetry t;
+  t.ts = now_s();
+  t.source = "sampler";
+  t.values = {{"rollouts", double(st.rollouts)},
+              {"tokens", double(st.tokens)},
+              {"tokens_per_s", elapsed > 0 ? double(st.tokens) / elapsed : 0.0},
+              {"waiting", double(st.to_send.size())},
+              {"to_generate", double(st.to_generate.size())}};
+  return t;
+}
 
 // Hands rollouts to the dispatcher while fewer than `window` of its answers are outstanding; it
 // answers only once its queue has room, so a full queue holds the sampler back.
@@ -139,9 +164,99 @@ void feed(sampler_ptr self, const SamplerArgs& args, const caf::actor& dispatche
   }
 }
 
+// Generates the next batch of planned prompts, turns the samples into Rollouts and hands them on.
+// A failed generation is logged and retried after a growing pause (capped at 30 s): nothing
+// planned is dropped.
+void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& dispatcher) {
+  auto& st = self->state;
+  st.generating = false;
+  if (st.to_generate.empty()) return;
+  auto lg = log::get("sampler");
+  size_t take = std::min<size_t>(args.batch_prompts, st.to_generate.size());
+  std::vector<std::string> prompts;
+  for (size_t i = 0; i < take; ++i) prompts.push_back(args.prompts[st.to_generate[i].prompt].prompt);
+  SamplingParams p = args.params;
+  p.n = std::max<uint32_t>(1, args.samples_per_task);
+  p.seed = args.params.seed * 1000003 + st.batches;  // a different, reproducible draw per batch
+  std::vector<GenSample> out;
+  try {
+    out = args.backend->generate(prompts, p);
+  } catch (const std::exception& e) {
+    double wait = std::min(30.0, 0.5 * double(1u << std::min<uint32_t>(st.failures, 6)));
+    ++st.failures;
+    lg->error("generation of {} prompts failed ({} in a row): {}; retrying in {:.1f} s", take, st.failures, e.what(), wait);
+    st.generating = true;
+    self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(wait * 1000)), tick_atom::value);
+    return;
+  }
+  st.failures = 0;
+  ++st.batches;
+  for (size_t i = 0; i < take; ++i) {
+    PendingPrompt pp = st.to_generate.front();
+    st.to_generate.pop_front();
+    const auto& tp = args.prompts[pp.prompt];
+    for (uint32_t j = 0; j < p.n; ++j) {
+      GenSample& g = out[i * p.n + j];
+      Rollout r;
+      r.task_id = tp.task_id;
+      r.group_id = pp.group;
+      r.sample_index = j;
+      r.step = pp.step;
+      r.sample_id = make_sample_id(r.task_id, r.group_id, r.sample_index);
+      r.prompt = tp.prompt;
+      r.completion = std::move(g.text);
+      r.token_ids = std::move(g.token_ids);
+      r.logprobs = std::move(g.logprobs);
+      r.policy_version = g.policy_version;
+      r.sampler_id = args.id;
+      st.tokens += r.logprobs.size();
+      ++st.rollouts;
+      st.to_send.push_back(std::move(r));
+    }
+  }
+  feed(self, args, dispatcher);
+  if (!st.to_generate.empty()) {  // let answers and weight updates in before the next batch
+    st.generating = true;
+    self->send(self, tick_atom::value);
+  }
+}
+
 caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispatcher) {
   auto lg = log::get("sampler");
+  if (args.backend) {
+    return {
+        [=](plan_atom, uint32_t step) -> uint64_t {
+          auto& st = self->state;
+          if (st.t_start < 0) st.t_start = mono_s();
+          for (size_t g = 0; g < args.prompts.size(); ++g) st.to_generate.push_back({step, g, g});
+          uint64_t n = uint64_t(args.prompts.size()) * std::max<uint32_t>(1, args.samples_per_task);
+          lg->info("step {}: sampling {} completions over {} tasks ({} backend, policy version {})", step, n,
+                   args.prompts.size(), args.backend->name(), args.backend->version());
+          if (!st.generating) {
+            st.generating = true;
+            self->send(self, tick_atom::value);
+          }
+          return n;
+        },
+        [=](tick_atom) { generate_next(self, args, dispatcher); },
+        [=](WeightsUpdate& u) -> caf::result<uint64_t> {
+          try {
+            args.backend->apply_weights(u);
+          } catch (const std::exception& e) {
+            lg->error("weights update {}: {}", u.version, e.what());
+            return caf::make_error(caf::sec::runtime_error, std::string("sampler ") + args.id + ": " + e.what());
+          }
+          lg->info("now serving policy version {}", u.version);
+          return u.version;
+        },
+        [=](stats_atom) { return sampler_telemetry(self); },
+    };
+  }
   return {
+      [=](WeightsUpdate& u) -> caf::result<uint64_t> {
+        return caf::make_error(caf::sec::runtime_error, "sampler " + args.id + ": the replay backend serves recorded "
+                               "actions and cannot take weights update " + std::to_string(u.version));
+      },
       [=](plan_atom, uint32_t step) -> uint64_t {
         // Groups are tasks in order of first appearance; samples keep their file order.
         std::map<std::string, uint64_t> group_of;
@@ -173,24 +288,15 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispa
         feed(self, args, dispatcher);
         return sent;
       },
-      [=](stats_atom) {
-        auto& st = self->state;
-        double elapsed = st.t_start < 0 ? 0 : mono_s() - st.t_start;
-        Telemetry t;
-        t.ts = now_s();
-        t.source = "sampler";
-        t.values = {{"rollouts", double(st.rollouts)},
-                    {"tokens", double(st.tokens)},
-                    {"tokens_per_s", elapsed > 0 ? double(st.tokens) / elapsed : 0.0},
-                    {"waiting", double(st.to_send.size())}};
-        return t;
-      },
+      [=](stats_atom) { return sampler_telemetry(self); },
   };
 }
 
 }  // namespace
 
 caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, caf::actor dispatcher) {
+  if (args.backend)  // generation blocks: a thread of its own, off CAF's scheduler
+    return sys.spawn<caf::detached>(sampler_actor, std::move(args), std::move(dispatcher));
   return sys.spawn(sampler_actor, std::move(args), std::move(dispatcher));
 }
 

@@ -1,20 +1,27 @@
 // sampler: turns the experiment's plan for a step into Rollouts and sends them to the dispatcher.
-// Backend in this build: replay (actions recorded in JSONL files or in an earlier run's store).
-// Messages in:  (plan_atom, uint32_t step) -> replies uint64_t (rollouts sent for that step)
+// Backends: replay (actions recorded in JSONL files or in an earlier run's store), libtorch and
+// openai (actors/sampler_backend.hpp; the actor then runs detached, on a thread of its own,
+// generating batch_prompts prompts at a time so rollouts stream out while later ones generate).
+// Messages in:  (plan_atom, uint32_t step) -> replies uint64_t (rollouts that step will send);
+//               WeightsUpdate -> replies uint64_t (the version now served) or an error;
+//               (stats_atom) -> Telemetry
 // Messages out: Rollout -> dispatcher, as a request answered once its queue has room; at most
 //               `window` unanswered at a time (backpressure)
 #pragma once
 
+#include "learner/policy.hpp"
 #include "messages/messages.hpp"
 
 #include <caf/fwd.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace kernelrl {
 
 class TaskSet;
+class SamplerBackend;
 
 // One recorded action. Replay JSONL lines are objects with "task_id" and "completion" (required)
 // and optionally "prompt", "token_ids", "logprobs", "policy_version"; other keys are ignored.
@@ -35,6 +42,14 @@ struct SamplerArgs {
   std::vector<ReplayRecord> records;  // replay actions, in order
   uint32_t samples_per_task = 0;      // at most this many actions per task (0: all)
   uint32_t window = 16;               // rollouts handed to the dispatcher and not yet answered
+  // Model backends (null backend: replay `records`).
+  std::shared_ptr<SamplerBackend> backend;
+  struct TaskPrompt {
+    std::string task_id, prompt;
+  };
+  std::vector<TaskPrompt> prompts;  // one per task, in group order
+  SamplingParams params;            // n is samples_per_task (at least 1)
+  uint32_t batch_prompts = 8;       // prompts generated together
 };
 
 caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, caf::actor dispatcher);

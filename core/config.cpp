@@ -425,12 +425,39 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.path("model", c.policy.model, PathKind::dir);
     r.path("adapter", c.policy.adapter, PathKind::dir);
     r.one_of("dtype", c.policy.dtype, {"f32", "f16", "bf16"});
+    r.str("device", c.policy.device);
+    auto& d = c.policy.device;
+    if (d != "cpu" && d != "cuda" && !(d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
+                                       d.find_first_not_of("0123456789", 5) == std::string::npos))
+      r.error_here("device", "expected \"cpu\", \"cuda\" or \"cuda:N\", got \"" + d + "\"");
+    r.str("template", c.policy.template_);
+    auto& t = c.policy.template_;
+    if (t != "chatml" && t != "llama3" && t != "plain" && t.find("{user}") == std::string::npos)
+      r.error_here("template", "expected chatml, llama3, plain or a string containing {user}");
+    r.str("system", c.policy.system);
   });
   section("sampler", [&](TableReader& r) {
-    r.one_of("backend", c.sampler.backend, {"replay"});
+    r.one_of("backend", c.sampler.backend, {"replay", "libtorch", "openai"});
     r.path("replay", c.sampler.replay, PathKind::file_or_dir, c.sampler.backend == "replay");
+    if (c.sampler.backend == "libtorch" && c.policy.model.empty())
+      r.error_here("backend", "the libtorch backend needs [policy] model (a Hugging Face directory)");
     r.integer("samples_per_task", c.sampler.samples_per_task, 0, 1 << 20);
     r.number("temperature", c.sampler.temperature, 0, 10);
+    r.number("top_p", c.sampler.top_p, 1e-6, 1);
+    r.str_array("stop", c.sampler.stop);
+    r.integer("batch_prompts", c.sampler.batch_prompts, 1, 4096);
+    r.str("url", c.sampler.url);
+    r.str("served_model", c.sampler.served_model);
+    r.str("api_key_env", c.sampler.api_key_env);
+    r.number("timeout_s", c.sampler.timeout_s, 0.1, 86400);
+    r.integer("max_retries", c.sampler.max_retries, 0, 100);
+    r.path("adapter_dir", c.sampler.adapter_dir, PathKind::any);
+    if (c.sampler.backend == "openai") {
+      if (c.sampler.url.empty()) r.error_here("url", "the openai backend needs url = \"http://HOST:PORT\"");
+      else if (c.sampler.url.rfind("http://", 0) != 0)
+        r.error_here("url", "expected \"http://HOST:PORT[/PATH]\" (https: put a TLS proxy in front), got \"" + c.sampler.url + "\"");
+      if (c.sampler.served_model.empty()) r.error_here("served_model", "the openai backend needs the served model's name");
+    }
     r.integer("max_tokens", c.sampler.max_tokens, 1, 1 << 20);
     r.integer("seed", c.sampler.seed, 0, std::numeric_limits<int64_t>::max());
     r.integer("max_pending", c.sampler.max_pending, 1, 1 << 24);

@@ -46,18 +46,35 @@ struct TasksConfig {
 };
 
 struct PolicyConfig {
-  std::string model;   // Hugging Face model directory (unused by the replay sampler)
+  std::string model;   // Hugging Face model directory (the libtorch sampler's model)
   std::string adapter; // PEFT adapter directory to start from (optional)
   std::string dtype = "bf16";  // f32, f16, bf16
+  std::string device = "cpu";  // where the libtorch sampler runs the model: cpu or cuda[:N]
+  // Prompt template: "chatml" (Qwen2), "llama3", "plain", or a string holding {system} and {user}
+  // (the assistant's turn starts where the string ends).
+  std::string template_ = "chatml";
+  std::string system = "You are an expert CUDA and PyTorch performance engineer.";  // system message
 };
 
 struct SamplerConfig {
-  std::string backend = "replay";  // replay (libtorch and openai arrive with the policy runtime)
+  std::string backend = "replay";  // replay, libtorch (the in-process [policy] model) or openai (a
+                                   // vLLM/SGLang server speaking /v1/completions)
   std::string replay;              // JSONL file, a folder of *.jsonl, or an earlier run directory
-  uint32_t samples_per_task = 0;   // replay: at most this many actions per task (0: all)
+  uint32_t samples_per_task = 0;   // replay: at most this many actions per task (0: all);
+                                   // libtorch/openai: samples per task and step (0: 1)
   double temperature = 1.0;        // sampling temperature (model backends)
+  double top_p = 1.0;              // nucleus sampling (model backends)
   uint32_t max_tokens = 1024;      // completion length limit (model backends)
+  std::vector<std::string> stop;   // stop strings (model backends)
   uint64_t seed = 0;               // sampling seed
+  uint32_t batch_prompts = 8;      // prompts generated together; their rollouts leave as a batch
+  std::string url;                 // openai: server root, e.g. "http://10.0.0.5:8000"
+  std::string served_model;        // openai: the served model name
+  std::string api_key_env = "OPENAI_API_KEY";  // openai: environment variable holding the key
+  double timeout_s = 600;          // openai: limit for one HTTP exchange
+  uint32_t max_retries = 4;        // openai: extra attempts after 5xx, 429, timeouts
+  std::string adapter_dir;         // openai: where weight updates are written for the server to
+                                   // load (a path it can read; default RUN_DIR/adapters)
   uint32_t max_pending = 256;      // rollouts waiting in the dispatcher's queue before samplers
                                    // are held back (backpressure)
 };

@@ -8,6 +8,8 @@
 #include "actors/monitor.hpp"
 #include "actors/reward.hpp"
 #include "actors/sampler.hpp"
+#include "actors/sampler_backend.hpp"
+#include "tasks/prompt.hpp"
 #include "actors/supervisor.hpp"
 #include "core/auth.hpp"
 #include "core/config.hpp"
@@ -119,6 +121,10 @@ int cmd_export(const std::string& run_dir) {
         {"num_tokens", r.num_tokens},
         {"logprob_mean", r.logprob_mean},
         {"completion", r.record.rollout.completion},
+        {"prompt", r.record.rollout.prompt},
+        {"token_ids", r.record.rollout.token_ids},
+        {"logprobs", r.record.rollout.logprobs},
+        {"sampler_id", r.record.rollout.sampler_id},
         {"assembled_code", e.assembled_code},
         {"compile_log", e.compile_log},
     });
@@ -179,18 +185,31 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     lg->error("{}", err);
     return 2;
   }
-  std::vector<std::string> replay_errors;
-  auto records = load_replay(cfg.sampler.replay, replay_errors);
-  for (auto& e : replay_errors) lg->error("{}", e);
-  if (!cfg.tasks.ids.empty() || !cfg.tasks.split.empty()) {  // a selection also selects what is replayed
-    size_t before = records.size();
-    std::erase_if(records, [&](const ReplayRecord& r) { return !tasks.find(r.task_id); });
-    if (before != records.size())
-      lg->info("tasks: {} replayed actions for tasks not selected are left out", before - records.size());
-  }
-  if (records.empty()) {
-    lg->error("{}: no replay actions to evaluate", cfg.sampler.replay);
-    return 2;
+  std::vector<ReplayRecord> records;
+  std::vector<SamplerArgs::TaskPrompt> prompts;
+  if (cfg.sampler.backend == "replay") {
+    std::vector<std::string> replay_errors;
+    records = load_replay(cfg.sampler.replay, replay_errors);
+    for (auto& e : replay_errors) lg->error("{}", e);
+    if (!cfg.tasks.ids.empty() || !cfg.tasks.split.empty()) {  // a selection also selects what is replayed
+      size_t before = records.size();
+      std::erase_if(records, [&](const ReplayRecord& r) { return !tasks.find(r.task_id); });
+      if (before != records.size())
+        lg->info("tasks: {} replayed actions for tasks not selected are left out", before - records.size());
+    }
+    if (records.empty()) {
+      lg->error("{}: no replay actions to evaluate", cfg.sampler.replay);
+      return 2;
+    }
+  } else {
+    for (auto& t : tasks.tasks()) {
+      std::string user;
+      if (!task_user_message(t, cfg.evaluator.action_space, user, err)) {
+        lg->error("{}", err);
+        return 2;
+      }
+      prompts.push_back({t.id, render_prompt(cfg.policy, user)});
+    }
   }
 
   std::string run_dir;
@@ -209,8 +228,38 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
   std::ofstream(fs::path(run_dir) / "config.resolved.toml") << cfg.resolved_toml;
   log::add_run_file((fs::path(run_dir) / "launch.log").string());
   std::string run_id = fs::path(run_dir).filename().string();
-  lg->info("run {} ({} mode, {} tasks, {} actions) in {}", run_id, cfg.experiment.mode,
-           tasks.size(), records.size(), run_dir);
+  if (cfg.sampler.backend == "replay")
+    lg->info("run {} ({} mode, {} tasks, {} actions) in {}", run_id, cfg.experiment.mode, tasks.size(),
+             records.size(), run_dir);
+  else
+    lg->info("run {} ({} mode, {} tasks, {} samples each from the {} sampler) in {}", run_id, cfg.experiment.mode,
+             tasks.size(), std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
+  // The model backend is made before the actor system: a model that does not load is a clear
+  // error here, not a dead actor later.
+  std::shared_ptr<SamplerBackend> backend;
+  try {
+    if (cfg.sampler.backend == "libtorch") {
+      PolicyOptions po;
+      po.model_dir = cfg.policy.model;
+      po.adapter_dir = cfg.policy.adapter;
+      po.device = cfg.policy.device;
+      po.dtype = cfg.policy.dtype;
+      backend = make_libtorch_backend(po);
+    } else if (cfg.sampler.backend == "openai") {
+      OpenAIOptions oo;
+      oo.url = cfg.sampler.url;
+      oo.model = cfg.sampler.served_model;
+      oo.timeout_s = cfg.sampler.timeout_s;
+      oo.max_retries = cfg.sampler.max_retries;
+      if (const char* k = std::getenv(cfg.sampler.api_key_env.c_str())) oo.api_key = k;
+      oo.adapter_root = cfg.sampler.adapter_dir.empty() ? (fs::path(run_dir) / "adapters").string() : cfg.sampler.adapter_dir;
+      oo.lora_alpha = cfg.learner.lora_alpha;
+      backend = make_openai_backend(oo);
+    }
+  } catch (const std::exception& e) {
+    lg->error("{}", e.what());
+    return 2;
+  }
   if (cfg.nodes.size() > 1 && !cluster)
     lg->warn("no [[node]] has a port: the roles of all {} [[node]] entries run in this process",
              cfg.nodes.size());
@@ -258,6 +307,14 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     SamplerArgs sma;
     sma.records = std::move(records);
     sma.samples_per_task = cfg.sampler.samples_per_task;
+    sma.backend = backend;
+    sma.prompts = std::move(prompts);
+    sma.params.temperature = cfg.sampler.temperature;
+    sma.params.top_p = cfg.sampler.top_p;
+    sma.params.max_tokens = cfg.sampler.max_tokens;
+    sma.params.stop = cfg.sampler.stop;
+    sma.params.seed = cfg.sampler.seed;
+    sma.batch_prompts = cfg.sampler.batch_prompts;
     auto sampler = spawn_sampler(sys, std::move(sma), dispatcher);
     auto stop_all = [&](std::vector<caf::actor> extra) {
       for (auto& a : std::vector<caf::actor>{sampler, dispatcher, reward, supervisor}) anon_send_exit(a, caf::exit_reason::user_shutdown);

@@ -5,12 +5,16 @@
 /v1/completions answers every prompt with n choices (index = prompt * n + sample); the served
 model name picks a behaviour: "ok"; "fail-K" (the first K requests get HTTP 503); "slow-S" (waits S
 seconds before answering); "nologprobs" (choices without logprobs); "badjson" (not JSON);
-"kernel" (the text is a correct forward body for tasks that return torch.relu(x)).
+"kernel" (the text is a correct forward body: the reference Model.forward's own body, read from
+the KernelBench program in the prompt).
 /v1/load_lora_adapter and /v1/unload_lora_adapter check the adapter directory and record it; a
 loaded adapter's name is then accepted as a model. Every request is appended to LOG_FILE as JSON.
 """
+import ast
 import json
 import os
+import re
+import textwrap
 import sys
 import threading
 import time
@@ -20,6 +24,21 @@ LOG = sys.argv[1]
 lock = threading.Lock()
 counts = {}
 adapters = set()
+
+
+def reference_body(prompt):
+    """Model.forward's body from the ```python block of a kernelrl prompt."""
+    m = re.search(r"```python\n(.*?)\n```", prompt, re.DOTALL)
+    if not m:
+        return "return None"
+    src = m.group(1)
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == "forward":
+                    lines = src.splitlines()[f.body[0].lineno - 1: f.end_lineno]
+                    return textwrap.dedent("\n".join(lines))
+    return "return None"
 
 
 def log(entry):
@@ -34,6 +53,12 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def reply(self, status, body, chunked=False):
+        try:
+            self.send(status, body, chunked)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout tests)
+            pass
+
+    def send(self, status, body, chunked):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -81,7 +106,7 @@ class Handler(BaseHTTPRequestHandler):
         for i, p in enumerate(prompts):
             for j in range(n):
                 if model == "kernel" or model in adapters:
-                    text = "```python\nreturn torch.relu(x)\n```"
+                    text = "Here it is.\n```python\n%s\n```" % reference_body(p)
                 else:
                     text = "echo %d/%d: %s" % (i, j, p[-12:])
                 toks = ["token_id:%d" % (100 + k) for k in range(len(text) // 4 + 1)]

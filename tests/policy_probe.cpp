@@ -8,8 +8,13 @@
 //       the adapter changes the logits (a fresh PEFT adapter has B = 0)
 //   policy_probe encode --model DIR --in FILE --out FILE
 //       every line of FILE (JSON strings, one per line) encoded; FILE out: one JSON array per line
+//   policy_probe hotload --server URL --served-model NAME --model DIR --adapter DIR --versions 3,4
+//                        --adapter-root DIR
+//       an openai backend takes the adapter as WeightsUpdates of each version (hot-loaded by the
+//       server), sampling once after each; prints one JSON line per version
 //   policy_probe update --model DIR --rank R --alpha A --targets ... --from DIR --ids ... --out FILE
 //       a policy with a fresh adapter takes DIR's adapter as a WeightsUpdate, then writes logits
+#include "actors/sampler_backend.hpp"
 #include "learner/model.hpp"
 #include "learner/policy.hpp"
 #include "learner/safetensors.hpp"
@@ -76,6 +81,31 @@ int main(int argc, char** argv) {
       std::vector<int32_t> ids;
       for (auto& s : split(get("--ids"), ',')) ids.push_back(std::stoi(s));
       write_logits(p->logits(ids), ids.size(), get("--out"));
+      return 0;
+    }
+    if (cmd == "hotload") {
+      PolicyOptions o;
+      o.model_dir = get("--model");
+      o.adapter_dir = get("--adapter");
+      auto p = Policy::load(o);
+      OpenAIOptions oo;
+      oo.url = get("--server");
+      oo.model = get("--served-model");
+      oo.adapter_root = get("--adapter-root");
+      oo.lora_alpha = 8;
+      oo.max_retries = 0;
+      auto b = make_openai_backend(oo);
+      for (auto& v : split(get("--versions"), ',')) {
+        WeightsUpdate u;
+        u.version = std::stoull(v);
+        u.tensors = p->adapter_blobs();
+        b->apply_weights(u);
+        SamplingParams sp;
+        sp.max_tokens = 8;
+        auto out = b->generate({"```python\nclass Model:\n    def forward(self, x):\n        return x\n```"}, sp);
+        std::cout << nlohmann::json({{"version", b->version()}, {"sample_version", out[0].policy_version},
+                                     {"text", out[0].text}}).dump() << "\n";
+      }
       return 0;
     }
     if (cmd == "lora-init") {

@@ -395,6 +395,32 @@ class OpenAIBackendTest(unittest.TestCase):
                          (2, 0.7, 0.9, 5, 33, ["###"]))
         self.assertEqual(req["prompt"], ["first prompt", "second prompt"])
 
+    def test_weights_updates_hot_load_lora_adapters(self):
+        from peft import PeftConfig
+
+        d = tempfile.mkdtemp(prefix="model-", dir=self.tmp)
+        tok = train_tokenizer("gpt2", os.path.join(d, "tokenizer.json"))
+        Qwen2ForCausalLM(Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)).save_pretrained(d)
+        adapter = os.path.join(self.tmp, "adapter")
+        run([PROBE, "lora-init", "--model", d, "--rank", "2", "--alpha", "8", "--targets", "q_proj,v_proj",
+             "--seed", "1", "--b-std", "0.1", "--out", adapter])
+        root = os.path.join(self.tmp, "served-adapters")
+        p = run([PROBE, "hotload", "--server", self.url, "--served-model", "base", "--model", d, "--adapter", adapter,
+                 "--versions", "3,4", "--adapter-root", root])
+        lines = [json.loads(x) for x in p.stdout.splitlines()]
+        self.assertEqual([(x["version"], x["sample_version"]) for x in lines], [(3, 3), (4, 4)])
+        self.assertIn("return x", lines[0]["text"])  # the server answered as the loaded adapter
+        reqs = self.requests()
+        loads = [r["body"] for r in reqs if r["path"] == "/v1/load_lora_adapter"]
+        self.assertEqual([x["lora_name"] for x in loads][-2:], ["kernelrl-v3", "kernelrl-v4"])
+        self.assertEqual([r["body"]["lora_name"] for r in reqs if r["path"] == "/v1/unload_lora_adapter"][-1:],
+                         ["kernelrl-v3"])
+        models = [r["body"]["model"] for r in reqs if r["path"] == "/v1/completions"][-2:]
+        self.assertEqual(models, ["kernelrl-v3", "kernelrl-v4"])
+        c = PeftConfig.from_pretrained(os.path.join(root, "kernelrl-v4"))  # PEFT reads what the server got
+        self.assertEqual((c.r, c.lora_alpha, sorted(c.target_modules)), (2, 8, ["q_proj", "v_proj"]))
+
     def test_5xx_answers_are_retried(self):
         p = self.gen("fail-2", "--retries", "3")
         self.assertEqual(len(json.loads(p.stdout)["completions"]), 2)
@@ -421,3 +447,110 @@ class OpenAIBackendTest(unittest.TestCase):
                 check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn("https is not supported", p.stderr)
+
+
+def write_config(tmp, sampler, policy="", tasks='ids = ["06_swish", "07_hardtanh_scale"]'):
+    path = os.path.join(tmp, "run-%d.toml" % len(os.listdir(tmp)))
+    with open(path, "w") as f:
+        f.write("""
+[cluster]
+name = "policy-test"
+[[node]]
+name = "local"
+roles = ["supervisor", "learner", "sampler", "evaluator", "monitor"]
+cpu_slots = 1
+[tasks]
+dir = "%s"
+%s
+[policy]
+%s
+[sampler]
+%s
+[evaluator]
+timeout_s = 60
+[experiment]
+name = "policy-test"
+run_root = "%s"
+[monitor]
+progress = false
+""" % (os.path.join(ROOT, "tasks", "bundled"), tasks, policy, sampler, os.path.join(tmp, "runs")))
+    return path
+
+
+def run_and_export(config):
+    run_dir = tempfile.mkdtemp(prefix="run-", dir=os.path.dirname(config))
+    p = run([LAUNCH, config, "--run-dir", run_dir], check=False)
+    if p.returncode != 0:
+        raise AssertionError("launch %s failed (%d):\n%s" % (config, p.returncode, p.stderr[-3000:]))
+    out = run([LAUNCH, "export", run_dir, "--jsonl"]).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()], p
+
+
+class SamplerRunTest(unittest.TestCase):
+    """`launch CONFIG` with the openai and libtorch sampler backends: prompts from tasks through the
+    chat template, samples through the evaluator into the store with their tokens and logprobs."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-sampler-run-")
+        cls.log = os.path.join(cls.tmp, "requests.jsonl")
+        cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "openai_server.py"), cls.log],
+                                      stdout=subprocess.PIPE, text=True)
+        cls.url = "http://127.0.0.1:%s" % cls.server.stdout.readline().strip()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.kill()
+        cls.server.wait()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_openai_backend_samples_are_evaluated_and_stored(self):
+        cfg = write_config(self.tmp, 'backend = "openai"\nurl = "%s"\nserved_model = "kernel"\nsamples_per_task = 2\n'
+                                     'batch_prompts = 1\ntemperature = 0.8\nmax_tokens = 300' % self.url,
+                           policy='template = "chatml"\nsystem = "Be fast."')
+        samples, _ = run_and_export(cfg)
+        self.assertEqual(len(samples), 4)
+        self.assertEqual(sorted(s["task_id"] for s in samples), ["06_swish"] * 2 + ["07_hardtanh_scale"] * 2)
+        for s in samples:
+            self.assertEqual(s["status"], "ok", s.get("error"))
+            self.assertTrue(s["prompt"].startswith("<|im_start|>system\nBe fast.<|im_end|>\n<|im_start|>user\n"))
+            self.assertTrue(s["prompt"].endswith("<|im_start|>assistant\n"))
+            self.assertIn("class Model", s["prompt"])
+            self.assertEqual(len(s["logprobs"]), len(s["token_ids"]))
+        with open(self.log) as f:
+            reqs = [json.loads(line)["body"] for line in f if '"kernel"' in line]
+        self.assertEqual([len(r["prompt"]) for r in reqs], [1, 1])  # batch_prompts = 1: one prompt a request
+        self.assertEqual(reqs[0]["n"], 2)
+
+    def test_libtorch_backend_runs_a_step_with_a_tiny_model(self):
+        d = os.path.join(self.tmp, "tiny")
+        t = train_tokenizer("qwen2", os.path.join(self.tmp, "tokenizer.json"))
+        torch.manual_seed(1)
+        m = Qwen2ForCausalLM(Qwen2Config(vocab_size=t.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         initializer_range=0.3))
+        m.save_pretrained(d)
+        shutil.copy(os.path.join(self.tmp, "tokenizer.json"), d)
+        cfg = write_config(self.tmp, 'backend = "libtorch"\nsamples_per_task = 3\nmax_tokens = 24\nseed = 4',
+                           policy='model = "%s"\ndtype = "f32"\ndevice = "cpu"\ntemplate = "plain"' % d,
+                           tasks='ids = ["06_swish"]')
+        samples, p = run_and_export(cfg)
+        self.assertEqual(len(samples), 3)
+        for s in samples:
+            self.assertEqual(s["policy_version"], 0)
+            self.assertGreater(len(s["token_ids"]), 0)
+            self.assertEqual(len(s["logprobs"]), len(s["token_ids"]))
+            self.assertEqual(s["completion"], t.decode(s["token_ids"], skip_special_tokens=True)[: len(s["completion"])])
+            self.assertIn(s["status"], ["format_error", "compile_error", "runtime_error", "incorrect"])
+        self.assertEqual(len({tuple(s["token_ids"]) for s in samples}), 3, "three different samples")
+
+    def test_backend_config_errors(self):
+        cfg = write_config(self.tmp, 'backend = "libtorch"')
+        p = run([LAUNCH, "check", cfg], check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("sampler.backend: the libtorch backend needs [policy] model", p.stderr + p.stdout)
+        cfg = write_config(self.tmp, 'backend = "openai"\nurl = "https://x:1"')
+        p = run([LAUNCH, "check", cfg], check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("put a TLS proxy in front", p.stderr + p.stdout)
+        self.assertIn("served_model", p.stderr + p.stdout)
