@@ -1,5 +1,6 @@
 """The built-in policy on a GPU against transformers, in one run on the same machine:
 
+0. float32 decode on the GPU (CUDA graphs and eager): every reported logprob equals a full forward pass's.
 1. bf16 CUDA parity: a tiny Qwen2 and Llama (random weights, saved with save_pretrained); kernelrl's
    bf16 logits against transformers' bf16 logits, with transformers' own bf16-vs-fp32 difference as
    the yardstick, and greedy next-token agreement.
@@ -8,7 +9,7 @@
    temperature 1, no early stop), for each model size in --sizes. Target: at least 2x.
 
     python3 bench/policy_throughput.py --probe build/tests/policy_probe --bench build/policy_bench \
-        [--device cuda:0] [--sizes tiny,small] [--json out.json]
+        --launch build/launch [--device cuda:0] [--sizes tiny,small] [--json out.json]
 """
 import argparse
 import json
@@ -86,6 +87,57 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def first_divergence(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def graph_check(launch, probe, device, tmp):
+    """Float32 generation on the GPU with CUDA-graph decode and with eager decode: the logprob each
+    run reports for each token equals the logprob a full forward pass (no cache) gives that token
+    after the same prefix. Greedy paths of a random model fork wherever two logits tie to rounding,
+    so where they first differ (from each other and from transformers' greedy) is reported only."""
+    d = make_model("qwen2", "tiny", os.path.join(tmp, "qwen2-f32"))
+    prompts = ["def forward(self, x):", "__global__ void add(float* a, const float* b) {", "x"]
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    outs, worst = {}, {}
+    for graphs in ["1", "0"]:
+        args = [launch, "generate", "--model", d, "--device", device, "--dtype", "f32", "--temperature", "0",
+                "--max-tokens", "48", "--json"]
+        for p in prompts:
+            args += ["--prompt", p]
+        env = dict(os.environ, KERNELRL_CUDA_GRAPHS=graphs)
+        comps = json.loads(subprocess.run(args, check=True, capture_output=True, text=True, env=env).stdout)["completions"]
+        outs[graphs] = [c["token_ids"] for c in comps]
+        worst[graphs] = 0.0
+        for p, c in zip(prompts, comps):
+            pids = tok.encode(p).ids
+            ids = pids + c["token_ids"]
+            f = os.path.join(tmp, "check.safetensors")
+            subprocess.run([probe, "logits", "--model", d, "--device", device, "--dtype", "f32", "--ids",
+                            ",".join(map(str, ids)), "--out", f], check=True)
+            lg = load_file(f)["logits"][len(pids) - 1: len(ids) - 1]
+            ref = torch.log_softmax(lg, -1).gather(-1, torch.tensor(c["token_ids"])[:, None])[:, 0]
+            worst[graphs] = max(worst[graphs], (ref - torch.tensor(c["logprobs"])).abs().max().item())
+    m = Qwen2ForCausalLM.from_pretrained(d, dtype=torch.float32).to(device).eval()
+    hf = []
+    for p in prompts:
+        ids = tok.encode(p).ids
+        with torch.no_grad():
+            o = m.generate(torch.tensor([ids], device=device), do_sample=False, max_new_tokens=48, min_new_tokens=48,
+                           attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device), pad_token_id=0)
+        hf.append(o[0, len(ids):].tolist())
+    r = {"max_abs_logprob_vs_full_forward_graph": worst["1"], "max_abs_logprob_vs_full_forward_eager": worst["0"],
+         "first_divergence_graph_vs_eager": [first_divergence(a, b) for a, b in zip(outs["1"], outs["0"])],
+         "first_divergence_graph_vs_transformers": [first_divergence(a, b) for a, b in zip(outs["1"], hf)],
+         "prompts": len(prompts), "tokens_each": 48}
+    r["ok"] = worst["1"] < 1e-3 and worst["0"] < 1e-3
+    print("decode f32 %s" % json.dumps(r), flush=True)
+    return r
+
+
 def hf_throughput(d, device, batch, plen, new, repeats):
     m = Qwen2ForCausalLM.from_pretrained(d, dtype=torch.bfloat16).to(device).eval()
     vocab = m.config.vocab_size
@@ -115,6 +167,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--probe", required=True)
     ap.add_argument("--bench", required=True)
+    ap.add_argument("--launch", required=True)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--sizes", default="tiny,small")
     ap.add_argument("--shapes", default="16x64x128,64x64x128", help="BATCHxPROMPTxNEW, comma separated")
@@ -124,7 +177,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kernelrl-policy-bench-")
     result = {"device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu", "torch": torch.__version__,
               "transformers": __import__("transformers").__version__, "parity": parity(args.probe, args.device, tmp),
-              "throughput": []}
+              "greedy": graph_check(args.launch, args.probe, args.device, tmp), "throughput": []}
     for size in args.sizes.split(","):
         d = make_model("qwen2", size, os.path.join(tmp, "qwen2-" + size))
         for shape in args.shapes.split(","):
@@ -145,7 +198,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    ok = all(r["ok"] for r in result["parity"].values())
+    ok = all(r["ok"] for r in result["parity"].values()) and result["greedy"]["ok"]
     sys.exit(0 if ok else 1)
 
 

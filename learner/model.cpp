@@ -222,6 +222,16 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 
 torch::Tensor CausalLM::hidden(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
                                KVCache* cache, int64_t cache_pos, bool training) const {
+  return run(ids, positions, mask, cache, cache_pos, torch::Tensor(), training);
+}
+
+torch::Tensor CausalLM::decode_static(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
+                                      KVCache& cache, const torch::Tensor& slot) const {
+  return run(ids, positions, mask, &cache, 0, slot, false);
+}
+
+torch::Tensor CausalLM::run(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
+                            KVCache* cache, int64_t cache_pos, const torch::Tensor& slot, bool training) const {
   const int64_t B = ids.size(0), T = ids.size(1), D = cfg_.head_dim;
   const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, rep = nh / nkv;
   if (cache && cache_pos > 0 && !mask.defined())
@@ -238,7 +248,12 @@ torch::Tensor CausalLM::hidden(const torch::Tensor& ids, const torch::Tensor& po
     auto v = L.v.forward(x, training).view({B, T, nkv, D}).transpose(1, 2);
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
-    if (cache) {
+    if (cache && slot.defined()) {
+      cache->k[l].index_copy_(2, slot, k);
+      cache->v[l].index_copy_(2, slot, v);
+      k = cache->k[l];
+      v = cache->v[l];
+    } else if (cache) {
       cache->k[l].narrow(2, cache_pos, T).copy_(k);
       cache->v[l].narrow(2, cache_pos, T).copy_(v);
       k = cache->k[l].narrow(2, 0, cache_pos + T);

@@ -87,6 +87,11 @@ class CausalLM {
   torch::Tensor hidden(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
                        KVCache* cache, int64_t cache_pos, bool training) const;
   torch::Tensor lm_head(const torch::Tensor& h) const;
+  // One decode step in a form a CUDA graph can capture: every shape fixed by the cache. `slot`
+  // (int64 [1], on the device) is where the new key and value go; attention covers the whole
+  // cache under `mask` (bool [batch, 1, 1, capacity]). Returns hidden states [batch, 1, hidden].
+  torch::Tensor decode_static(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
+                              KVCache& cache, const torch::Tensor& slot) const;
 
   KVCache new_cache(int64_t batch, int64_t capacity) const;
 
@@ -110,6 +115,8 @@ class CausalLM {
     Linear q, k, v, o, gate, up, down;
   };
   Linear* find_linear(int64_t layer, const std::string& name);
+  torch::Tensor run(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
+                    KVCache* cache, int64_t cache_pos, const torch::Tensor& slot, bool training) const;
   torch::Tensor rms(const torch::Tensor& x, const torch::Tensor& w) const;
 
   ModelConfig cfg_;

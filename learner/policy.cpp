@@ -5,7 +5,14 @@
 #include "learner/tokenizer.hpp"
 #include "messages/messages.hpp"
 
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstdlib>
+#include <functional>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 namespace fs = std::filesystem;
@@ -121,11 +128,46 @@ std::vector<Completion> Policy::generate_ids(const std::vector<std::vector<int32
   auto causal = torch::ones({P, P}, torch::TensorOptions().dtype(torch::kBool).device(dev)).tril();
   auto eye = torch::eye(P, torch::TensorOptions().dtype(torch::kBool).device(dev));
   auto mask = (causal.unsqueeze(0) & pvalid.unsqueeze(1)) | eye.unsqueeze(0);  // pad rows see themselves
+  // On CUDA the whole generation runs on a side stream, and each decode step after the prefill is
+  // one replay of a captured CUDA graph (KERNELRL_CUDA_GRAPHS=0: eager, op by op).
+  const char* graphs_env = std::getenv("KERNELRL_CUDA_GRAPHS");
+  const std::string graphs_mode = graphs_env ? graphs_env : "";
+  // "static": the graph's fixed-shape step run op by op (any device), for checking the step itself.
+  const bool use_graph = (dev.is_cuda() && graphs_mode != "0") || graphs_mode == "static";
+  const bool capture = use_graph && dev.is_cuda() && graphs_mode != "static";
+  std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
+  if (dev.is_cuda()) stream_guard.emplace(c10::cuda::getStreamFromPool(false, dev.index()));
   auto cache = m.new_cache(B, cap);
   auto h = m.hidden(ids, pos, mask.unsqueeze(1), &cache, 0, false);
   auto logits = m.lm_head(h.narrow(1, P - 1, 1)).squeeze(1).to(torch::kFloat32);
   auto next_pos = pos.select(1, P - 1) + 1;
 
+  // Static inputs and output of the captured decode step.
+  std::optional<at::cuda::CUDAGraph> graph;  // constructed only on CUDA (it initialises CUDA)
+  torch::Tensor s_ids, s_pos, s_slot, s_logits, slots;
+  std::function<void()> static_step;
+  if (use_graph) {
+    auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(dev);
+    s_ids = torch::zeros({B, 1}, i64);
+    s_pos = torch::zeros({B, 1}, i64);
+    s_slot = torch::full({1}, P, i64);
+    s_logits = torch::zeros({B, V}, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
+    slots = torch::arange(cap, i64);
+    auto step = [&m, &valid, &slots, &s_slot, &s_ids, &s_pos, &s_logits, &cache, B, cap] {
+      auto smask = valid.view({B, 1, 1, cap}) & (slots <= s_slot).view({1, 1, 1, cap});
+      s_logits.copy_(m.lm_head(m.decode_static(s_ids, s_pos, smask, cache, s_slot)).squeeze(1));
+    };
+    // Warm-up on this stream (it writes slot P, which the first real step overwrites), then capture.
+    if (capture) {
+      for (int i = 0; i < 2; ++i) step();
+      graph.emplace();
+      graph->capture_begin();
+      step();
+      graph->capture_end();
+    } else {
+      static_step = step;
+    }
+  }
   torch::manual_seed(p.seed);
   const double T = p.temperature;
   std::set<int32_t> eos(m.config().eos_token_ids.begin(), m.config().eos_token_ids.end());
@@ -150,10 +192,17 @@ std::vector<Completion> Policy::generate_ids(const std::vector<std::vector<int32
       next = torch::multinomial(probs, 1).squeeze(-1);
     }
     lp = logp.gather(-1, next.unsqueeze(-1)).squeeze(-1);
-    auto next_cpu = next.to(torch::kCPU);
-    auto lp_cpu = lp.to(torch::kCPU);
-    auto* nx = next_cpu.data_ptr<int64_t>();
-    auto* lpx = lp_cpu.data_ptr<float>();
+    // One device-to-host copy per step: token ids (exact in float64) and their logprobs.
+    auto both = torch::stack({next.to(torch::kFloat64), lp.to(torch::kFloat64)}).to(torch::kCPU).contiguous();
+    const double* bp = both.data_ptr<double>();
+    std::vector<int64_t> nxv(B);
+    std::vector<float> lpv(B);
+    for (int64_t b = 0; b < B; ++b) {
+      nxv[b] = static_cast<int64_t>(bp[b]);
+      lpv[b] = static_cast<float>(bp[B + b]);
+    }
+    auto* nx = nxv.data();
+    auto* lpx = lpv.data();
     for (int64_t b = 0; b < B; ++b) {
       if (done[b]) continue;
       auto& c = out[b];
@@ -184,8 +233,17 @@ std::vector<Completion> Policy::generate_ids(const std::vector<std::vector<int32
       }
     }
     if (live == 0 || t + 1 == int64_t(p.max_tokens)) break;
-    auto dmask = valid.narrow(1, 0, P + t + 1).view({B, 1, 1, P + t + 1});
-    logits = m.forward(next.view({B, 1}), next_pos.view({B, 1}), dmask, &cache, P + t).squeeze(1).to(torch::kFloat32);
+    if (use_graph) {
+      s_ids.copy_(next.view({B, 1}));
+      s_pos.copy_(next_pos.view({B, 1}));
+      s_slot.fill_(P + t);
+      if (graph) graph->replay();
+      else static_step();
+      logits = s_logits;
+    } else {
+      auto dmask = valid.narrow(1, 0, P + t + 1).view({B, 1, 1, P + t + 1});
+      logits = m.forward(next.view({B, 1}), next_pos.view({B, 1}), dmask, &cache, P + t).squeeze(1).to(torch::kFloat32);
+    }
     next_pos = next_pos + 1;
   }
   for (int64_t b = 0; b < B; ++b) {

@@ -1,0 +1,156 @@
+// The sampler actor with a model backend: plans become Rollouts carrying the backend's tokens,
+// logprobs and policy version; weight updates are applied and acknowledged with the version; a
+// failing backend is retried, and nothing planned is lost.
+#include "actors/sampler.hpp"
+#include "actors/sampler_backend.hpp"
+#include "messages/messages.hpp"
+
+#include <caf/all.hpp>
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <mutex>
+
+using namespace kernelrl;
+
+namespace {
+
+struct FakeBackend : SamplerBackend {
+  std::atomic<int> fail_next{0};  // generations that throw before one succeeds
+  std::atomic<int> calls{0};
+  std::atomic<uint64_t> v{0};
+  std::mutex mu;
+  std::vector<size_t> batch_sizes;
+  std::string name() const override { return "fake"; }
+  std::vector<GenSample> generate(const std::vector<std::string>& prompts, const SamplingParams& p) override {
+    ++calls;
+    if (fail_next > 0) {
+      --fail_next;
+      throw BackendError("fake: server unavailable");
+    }
+    {
+      std::lock_guard<std::mutex> g(mu);
+      batch_sizes.push_back(prompts.size());
+    }
+    std::vector<GenSample> out;
+    for (auto& pr : prompts)
+      for (uint32_t j = 0; j < p.n; ++j)
+        out.push_back({pr + "#" + std::to_string(j), {1, 2, 3}, {-0.1f, -0.2f, -0.3f}, "stop", v.load()});
+    return out;
+  }
+  void apply_weights(const WeightsUpdate& u) override {
+    if (u.tensors.size() == 1 && u.tensors[0].name == "bad") throw BackendError("fake: tensor bad is not mine");
+    v = u.version;
+  }
+  uint64_t version() const override { return v; }
+};
+
+struct Collector {
+  std::mutex mu;
+  std::vector<Rollout> got;
+};
+
+caf::behavior collecting_dispatcher(caf::event_based_actor*, std::shared_ptr<Collector> c) {
+  return {[=](Rollout& r) {
+    std::lock_guard<std::mutex> g(c->mu);
+    c->got.push_back(std::move(r));
+    return true;
+  }};
+}
+
+size_t collected(const std::shared_ptr<Collector>& c) {
+  std::lock_guard<std::mutex> g(c->mu);
+  return c->got.size();
+}
+
+bool wait_for(const std::function<bool()>& f, double seconds) {
+  for (int i = 0; i < seconds * 100; ++i) {
+    if (f()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return f();
+}
+
+}  // namespace
+
+TEST_CASE("a model-backend sampler streams rollouts and acknowledges weight versions", "[actors][sampler]") {
+  caf::actor_system_config cfg;
+  add_message_types(cfg);
+  cfg.set("logger.verbosity", caf::atom("quiet"));
+  caf::actor_system sys{cfg};
+  auto backend = std::make_shared<FakeBackend>();
+  auto col = std::make_shared<Collector>();
+  auto dispatcher = sys.spawn(collecting_dispatcher, col);
+  SamplerArgs a;
+  a.backend = backend;
+  a.prompts = {{"t0", "P0"}, {"t1", "P1"}, {"t2", "P2"}};
+  a.samples_per_task = 2;
+  a.batch_prompts = 2;
+  auto sampler = spawn_sampler(sys, a, dispatcher);
+  caf::scoped_actor self{sys};
+
+  self->request(sampler, std::chrono::seconds(5), plan_atom::value, uint32_t{0})
+      .receive([](uint64_t n) { CHECK(n == 6); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  REQUIRE(wait_for([&] { return collected(col) == 6; }, 10));
+  {
+    std::lock_guard<std::mutex> g(col->mu);
+    CHECK(backend->batch_sizes == std::vector<size_t>{2, 1});  // batch_prompts at a time
+    for (auto& r : col->got) {
+      CHECK(r.completion == a.prompts[r.group_id].prompt + "#" + std::to_string(r.sample_index));
+      CHECK(r.task_id == a.prompts[r.group_id].task_id);
+      CHECK(r.logprobs.size() == 3);
+      CHECK(r.policy_version == 0);
+    }
+  }
+
+  WeightsUpdate u;
+  u.version = 5;
+  self->request(sampler, std::chrono::seconds(5), u)
+      .receive([](uint64_t v) { CHECK(v == 5); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  WeightsUpdate bad;
+  bad.version = 6;
+  bad.tensors.push_back(TensorBlob{"bad", "f32", {1}, {0, 0, 0, 0}});
+  bool refused = false;
+  self->request(sampler, std::chrono::seconds(5), bad)
+      .receive([](uint64_t) {}, [&](caf::error& e) {
+        refused = true;
+        CHECK(sys.render(e).find("tensor bad is not mine") != std::string::npos);
+      });
+  CHECK(refused);
+
+  // Two failures, then success: the step's samples all arrive, with the new version.
+  backend->fail_next = 2;
+  self->request(sampler, std::chrono::seconds(5), plan_atom::value, uint32_t{1})
+      .receive([](uint64_t n) { CHECK(n == 6); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  REQUIRE(wait_for([&] { return collected(col) == 12; }, 20));
+  CHECK(backend->calls >= 6);
+  {
+    std::lock_guard<std::mutex> g(col->mu);
+    for (size_t i = 6; i < 12; ++i) {
+      CHECK(col->got[i].policy_version == 5);
+      CHECK(col->got[i].step == 1);
+    }
+  }
+  self->send_exit(sampler, caf::exit_reason::user_shutdown);
+  self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the replay sampler refuses weight updates with an error", "[actors][sampler]") {
+  caf::actor_system_config cfg;
+  add_message_types(cfg);
+  cfg.set("logger.verbosity", caf::atom("quiet"));
+  caf::actor_system sys{cfg};
+  auto col = std::make_shared<Collector>();
+  auto dispatcher = sys.spawn(collecting_dispatcher, col);
+  auto sampler = spawn_sampler(sys, SamplerArgs{}, dispatcher);
+  caf::scoped_actor self{sys};
+  bool refused = false;
+  self->request(sampler, std::chrono::seconds(5), WeightsUpdate{3, {}})
+      .receive([](uint64_t) {}, [&](caf::error& e) {
+        refused = true;
+        CHECK(sys.render(e).find("replay backend") != std::string::npos);
+      });
+  CHECK(refused);
+  self->send_exit(sampler, caf::exit_reason::user_shutdown);
+  self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
+}
