@@ -12,9 +12,20 @@
 //                        --adapter-root DIR
 //       an openai backend takes the adapter as WeightsUpdates of each version (hot-loaded by the
 //       server), sampling once after each; prints one JSON line per version
+//   policy_probe advantages --estimator grpo|dr_grpo|rloo --rewards 1,0,0.5
+//       one JSON line: advantages, skipped
+//   policy_probe loss --in FILE --out FILE [--clip-low X --clip-high X --agg A --kl-coef X]
+//       FILE: logp, old_logp, adv ([B] or [B,T]), mask, optional ref_logp, entropy (float64);
+//       writes loss, grad (d loss / d logp), pg, kl, clip_fraction, ratio_mean, entropy
+//   policy_probe lora-grad --model DIR --adapter DIR --in FILE --out FILE [loss options]
+//       FILE: ids [B,L] (int64), mask [B,L] (1: a completion token), old_logp [B,L], adv [B];
+//       the GRPO loss of the completion tokens under model + adapter (float32), its LoRA
+//       gradients written under PEFT key names, and "loss"
 //   policy_probe update --model DIR --rank R --alpha A --targets ... --from DIR --ids ... --out FILE
 //       a policy with a fresh adapter takes DIR's adapter as a WeightsUpdate, then writes logits
 #include "actors/sampler_backend.hpp"
+#include "learner/advantages.hpp"
+#include "learner/grpo.hpp"
 #include "learner/model.hpp"
 #include "learner/policy.hpp"
 #include "learner/safetensors.hpp"
@@ -24,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -39,6 +51,36 @@ std::vector<std::string> split(const std::string& s, char c) {
   while (std::getline(ss, x, c))
     if (!x.empty()) out.push_back(x);
   return out;
+}
+
+std::map<std::string, torch::Tensor> read_tensors(const std::string& path) {
+  std::map<std::string, torch::Tensor> out;
+  auto f = SafetensorsFile::open(path);
+  for (auto& v : f->tensors()) {
+    auto dt = v.dtype == StDtype::F64 ? torch::kFloat64 : v.dtype == StDtype::F32 ? torch::kFloat32 : torch::kInt64;
+    out[v.name] = torch::from_blob(const_cast<uint8_t*>(v.data), v.shape, torch::TensorOptions().dtype(dt)).clone();
+  }
+  return out;
+}
+
+void write_tensors(const std::string& path, const std::map<std::string, torch::Tensor>& ts) {
+  std::vector<torch::Tensor> keep;
+  std::vector<StTensorRef> refs;
+  for (auto& [name, t] : ts) {
+    auto c = t.detach().to(torch::kCPU, torch::kFloat64).contiguous();
+    keep.push_back(c);
+    refs.push_back({name, StDtype::F64, c.sizes().vec(), c.data_ptr(), size_t(c.numel()) * 8});
+  }
+  write_safetensors(path, refs);
+}
+
+LossOptions loss_options(const std::function<std::string(const std::string&, const std::string&)>& get) {
+  LossOptions o;
+  o.clip_low = std::stod(get("--clip-low", "0.2"));
+  o.clip_high = std::stod(get("--clip-high", "0.2"));
+  o.aggregation = get("--agg", "token_mean");
+  o.kl_coef = std::stod(get("--kl-coef", "0"));
+  return o;
 }
 
 void write_logits(const std::vector<float>& v, int64_t rows, const std::string& out) {
@@ -81,6 +123,47 @@ int main(int argc, char** argv) {
       std::vector<int32_t> ids;
       for (auto& s : split(get("--ids"), ',')) ids.push_back(std::stoi(s));
       write_logits(p->logits(ids), ids.size(), get("--out"));
+      return 0;
+    }
+    if (cmd == "advantages") {
+      AdvantageOptions o;
+      o.estimator = get("--estimator", "grpo");
+      std::vector<double> r;
+      for (auto& x : split(get("--rewards"), ',')) r.push_back(std::stod(x));
+      auto g = group_advantages(r, o);
+      std::cout << nlohmann::json({{"advantages", g.advantages}, {"skipped", g.skipped}}).dump() << "\n";
+      return 0;
+    }
+    if (cmd == "loss") {
+      auto in = read_tensors(get("--in"));
+      auto logp = in.at("logp").clone().requires_grad_(true);
+      auto r = policy_loss(logp, in.at("old_logp"), in.at("adv"), in.at("mask"),
+                           in.count("ref_logp") ? in.at("ref_logp") : torch::Tensor(),
+                           in.count("entropy") ? in.at("entropy") : torch::Tensor(), loss_options(get));
+      r.loss.backward();
+      auto sc = [](double x) { return torch::tensor({x}, torch::kFloat64); };
+      write_tensors(get("--out"), {{"loss", r.loss.detach().reshape({1})}, {"grad", logp.grad()}, {"pg", sc(r.pg)},
+                                   {"kl", sc(r.kl)}, {"clip_fraction", sc(r.clip_fraction)},
+                                   {"ratio_mean", sc(r.ratio_mean)}, {"entropy", sc(r.entropy)}});
+      return 0;
+    }
+    if (cmd == "lora-grad") {
+      CausalLM m(get("--model"), torch::kCPU, torch::kFloat32);
+      m.load_lora(get("--adapter"));
+      auto params = m.lora_tensors();
+      for (auto& [n, t] : params) t.requires_grad_(true);
+      auto in = read_tensors(get("--in"));
+      auto ids = in.at("ids").to(torch::kInt64);
+      const int64_t B = ids.size(0), L = ids.size(1);
+      auto pos = torch::arange(L, torch::kInt64).unsqueeze(0).expand({B, L});
+      auto logits = m.forward(ids, pos, torch::Tensor(), nullptr, 0, /*training=*/true).to(torch::kFloat64);
+      auto lp = torch::log_softmax(logits.narrow(1, 0, L - 1), -1).gather(-1, ids.narrow(1, 1, L - 1).unsqueeze(-1)).squeeze(-1);
+      auto r = policy_loss(lp, in.at("old_logp").narrow(1, 1, L - 1), in.at("adv"), in.at("mask").narrow(1, 1, L - 1),
+                           torch::Tensor(), torch::Tensor(), loss_options(get));
+      r.loss.backward();
+      std::map<std::string, torch::Tensor> out{{"loss", r.loss.detach().reshape({1})}};
+      for (auto& [n, t] : params) out[n] = t.grad();
+      write_tensors(get("--out"), out);
       return 0;
     }
     if (cmd == "hotload") {

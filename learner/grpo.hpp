@@ -1,0 +1,41 @@
+// The policy-gradient loss of GRPO-family updates (learner/ only: includes torch).
+//
+// Per token t of sequence i, with logprob l under the policy being trained, l_old under the policy
+// that sampled it, advantage A (per sequence, or per token for SDPO) and mask m:
+//   ratio = exp(l - l_old)
+//   pg    = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high))
+//   kl    = exp(l_ref - l) - (l_ref - l) - 1            (k3 estimator of KL(policy || reference))
+//   per-token loss = pg + kl_coef * kl
+// aggregated as token_mean (sum over all unmasked tokens / their count) or seq_mean (each
+// sequence's token mean, then the mean over sequences).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace kernelrl {
+
+struct LossOptions {
+  double clip_low = 0.2;              // PPO clip below 1
+  double clip_high = 0.2;             // PPO clip above 1 (DAPO's clip-higher: e.g. 0.28)
+  std::string aggregation = "token_mean";  // token_mean or seq_mean
+  double kl_coef = 0;                 // weight of the k3 KL to the reference policy (0: none)
+};
+
+struct LossResult {
+  torch::Tensor loss;       // scalar, differentiable in logp
+  double pg = 0;            // the policy-gradient term (aggregated like the loss)
+  double kl = 0;            // mean k3 over unmasked tokens (0 without a reference)
+  double clip_fraction = 0; // unmasked tokens where the clipped term was taken
+  double ratio_mean = 0;    // mean ratio over unmasked tokens
+  double entropy = 0;       // mean entropy over unmasked tokens (when given)
+};
+
+// logp, old_logp, mask: [B, T]; advantages: [B] (per sequence) or [B, T] (per token);
+// ref_logp: [B, T] or undefined; entropy: [B, T] or undefined (reported only).
+LossResult policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
+                       const torch::Tensor& mask, const torch::Tensor& ref_logp, const torch::Tensor& entropy,
+                       const LossOptions& o);
+
+}  // namespace kernelrl
