@@ -12,6 +12,16 @@ torch::Tensor aggregate(const torch::Tensor& per_token, const torch::Tensor& m, 
 }
 }  // namespace
 
+torch::Tensor per_token_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
+                             const torch::Tensor& ref_logp, const LossOptions& o) {
+  auto adv = advantages.dim() == 1 ? advantages.unsqueeze(1).expand_as(logp) : advantages;
+  auto ratio = torch::exp(logp - old_logp);
+  auto pg = torch::maximum(-adv * ratio, -adv * torch::clamp(ratio, 1.0 - o.clip_low, 1.0 + o.clip_high));
+  if (!ref_logp.defined() || o.kl_coef == 0) return pg;
+  auto d = ref_logp - logp;
+  return pg + o.kl_coef * (torch::exp(d) - d - 1);
+}
+
 LossResult policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
                        const torch::Tensor& mask, const torch::Tensor& ref_logp, const torch::Tensor& entropy,
                        const LossOptions& o) {

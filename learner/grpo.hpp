@@ -32,6 +32,10 @@ struct LossResult {
   double entropy = 0;       // mean entropy over unmasked tokens (when given)
 };
 
+// The per-token loss [B, T] before masking and aggregation (pg + kl_coef * k3).
+torch::Tensor per_token_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
+                             const torch::Tensor& ref_logp, const LossOptions& o);
+
 // logp, old_logp, mask: [B, T]; advantages: [B] (per sequence) or [B, T] (per token);
 // ref_logp: [B, T] or undefined; entropy: [B, T] or undefined (reported only).
 LossResult policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,

@@ -21,12 +21,18 @@
 //       FILE: ids [B,L] (int64), mask [B,L] (1: a completion token), old_logp [B,L], adv [B];
 //       the GRPO loss of the completion tokens under model + adapter (float32), its LoRA
 //       gradients written under PEFT key names, and "loss"
+//   policy_probe train-step --model DIR --adapter DIR --in FILE --out DIR [--split K] [--steps S]
+//                           [--lr X] [--max-grad-norm X] [--on-policy 1] [loss options]
+//       S AdamW steps on the batch in FILE (as lora-grad), each fed as K minibatches; with
+//       --on-policy 1 old_logp is the current policy's before each step. Saves the adapter to DIR
+//       (PEFT format) with DIR/report.json (each step's loss and gradient norm)
 //   policy_probe update --model DIR --rank R --alpha A --targets ... --from DIR --ids ... --out FILE
 //       a policy with a fresh adapter takes DIR's adapter as a WeightsUpdate, then writes logits
 #include "actors/sampler_backend.hpp"
 #include "learner/advantages.hpp"
 #include "learner/grpo.hpp"
 #include "learner/model.hpp"
+#include "learner/trainer.hpp"
 #include "learner/policy.hpp"
 #include "learner/safetensors.hpp"
 #include "learner/tokenizer.hpp"
@@ -164,6 +170,43 @@ int main(int argc, char** argv) {
       std::map<std::string, torch::Tensor> out{{"loss", r.loss.detach().reshape({1})}};
       for (auto& [n, t] : params) out[n] = t.grad();
       write_tensors(get("--out"), out);
+      return 0;
+    }
+    if (cmd == "train-step") {
+      CausalLM m(get("--model"), torch::kCPU, torch::kFloat32);
+      m.load_lora(get("--adapter"));
+      TrainOptions o;
+      o.learning_rate = std::stod(get("--lr", "1e-3"));
+      o.max_grad_norm = std::stod(get("--max-grad-norm", "1.0"));
+      o.loss = loss_options(get);
+      LoraTrainer tr(m, o);
+      auto in = read_tensors(get("--in"));
+      auto ids = in.at("ids").to(torch::kInt64);
+      const int64_t B = ids.size(0), L = ids.size(1);
+      int64_t K = std::stoll(get("--split", "1"));
+      nlohmann::json report = nlohmann::json::array();
+      for (int s = 0, S = std::stoi(get("--steps", "1")); s < S; ++s) {
+        auto old = in.at("old_logp");
+        if (get("--on-policy", "0") == "1") {
+          torch::NoGradGuard ng;
+          auto pos = torch::arange(L, torch::kInt64).unsqueeze(0).expand({B, L});
+          auto lg = m.forward(ids, pos, torch::Tensor()).to(torch::kFloat64);
+          old = torch::zeros({B, L}, torch::kFloat64);
+          old.narrow(1, 1, L - 1).copy_(torch::log_softmax(lg.narrow(1, 0, L - 1), -1)
+                                            .gather(-1, ids.narrow(1, 1, L - 1).unsqueeze(-1)).squeeze(-1));
+        }
+        for (int64_t k = 0; k < K; ++k) {
+          int64_t b0 = B * k / K, b1 = B * (k + 1) / K;
+          if (b1 <= b0) continue;
+          TrainBatch tb{ids.narrow(0, b0, b1 - b0), in.at("mask").narrow(0, b0, b1 - b0), old.narrow(0, b0, b1 - b0),
+                        in.at("adv").narrow(0, b0, b1 - b0), torch::Tensor()};
+          tr.accumulate(tb);
+        }
+        auto r = tr.step();
+        report.push_back({{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"tokens", r.tokens}});
+      }
+      m.save_lora(get("--out"), get("--model"));
+      std::ofstream(get("--out") + "/report.json") << report.dump() << "\n";
       return 0;
     }
     if (cmd == "hotload") {
