@@ -10,16 +10,37 @@ torch::Tensor aggregate(const torch::Tensor& per_token, const torch::Tensor& m, 
   if (how == "seq_mean") return ((per_token * m).sum(1) / m.sum(1).clamp_min(1)).mean();
   throw std::invalid_argument("loss: aggregation \"" + how + "\" (expected token_mean or seq_mean)");
 }
+
+// The per-token pieces of the loss, computed once for the loss and for what is reported.
+struct Terms {
+  torch::Tensor ratio, unclipped, clipped, pg, k3;  // k3 undefined without a reference
+};
+
+Terms terms(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
+            const torch::Tensor& ref_logp, const LossOptions& o) {
+  auto adv = advantages.dim() == 1 ? advantages.unsqueeze(1).expand_as(logp) : advantages;
+  if (adv.sizes() != logp.sizes()) throw std::invalid_argument("loss: advantages must be [B] or [B, T]");
+  Terms t;
+  t.ratio = torch::exp(logp - old_logp);
+  t.unclipped = -adv * t.ratio;
+  t.clipped = -adv * torch::clamp(t.ratio, 1.0 - o.clip_low, 1.0 + o.clip_high);
+  t.pg = torch::maximum(t.unclipped, t.clipped);
+  if (ref_logp.defined()) {
+    auto d = ref_logp - logp;
+    t.k3 = torch::exp(d) - d - 1;
+  }
+  return t;
+}
+
+torch::Tensor with_kl(const Terms& t, const LossOptions& o) {
+  return t.k3.defined() && o.kl_coef != 0 ? t.pg + o.kl_coef * t.k3 : t.pg;
+}
+
 }  // namespace
 
 torch::Tensor per_token_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
                              const torch::Tensor& ref_logp, const LossOptions& o) {
-  auto adv = advantages.dim() == 1 ? advantages.unsqueeze(1).expand_as(logp) : advantages;
-  auto ratio = torch::exp(logp - old_logp);
-  auto pg = torch::maximum(-adv * ratio, -adv * torch::clamp(ratio, 1.0 - o.clip_low, 1.0 + o.clip_high));
-  if (!ref_logp.defined() || o.kl_coef == 0) return pg;
-  auto d = ref_logp - logp;
-  return pg + o.kl_coef * (torch::exp(d) - d - 1);
+  return with_kl(terms(logp, old_logp, advantages, ref_logp, o), o);
 }
 
 LossResult policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
@@ -28,25 +49,16 @@ LossResult policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp,
   if (logp.sizes() != old_logp.sizes() || logp.sizes() != mask.sizes())
     throw std::invalid_argument("loss: logp, old_logp and mask must have the same shape [B, T]");
   auto m = mask.to(logp.scalar_type());
-  auto adv = advantages.dim() == 1 ? advantages.unsqueeze(1).expand_as(logp) : advantages;
-  if (adv.sizes() != logp.sizes()) throw std::invalid_argument("loss: advantages must be [B] or [B, T]");
-  auto ratio = torch::exp(logp - old_logp);
-  auto unclipped = -adv * ratio;
-  auto clipped = -adv * torch::clamp(ratio, 1.0 - o.clip_low, 1.0 + o.clip_high);
-  auto pg = torch::maximum(unclipped, clipped);
-  auto per_token = pg;
+  const Terms t = terms(logp, old_logp, advantages, ref_logp, o);
+  const auto& pg = t.pg;
+  auto per_token = with_kl(t, o);
   LossResult r;
   const double n = std::max(1.0, m.sum().item<double>());
-  if (ref_logp.defined()) {
-    auto d = ref_logp - logp;
-    auto k3 = torch::exp(d) - d - 1;
-    r.kl = ((k3 * m).sum().item<double>()) / n;
-    if (o.kl_coef != 0) per_token = per_token + o.kl_coef * k3;
-  }
+  if (t.k3.defined()) r.kl = ((t.k3 * m).sum().item<double>()) / n;
   r.loss = aggregate(per_token, m, o.aggregation);
   r.pg = aggregate(pg, m, o.aggregation).item<double>();
-  r.clip_fraction = (((clipped > unclipped).to(m.scalar_type()) * m).sum().item<double>()) / n;
-  r.ratio_mean = ((ratio * m).sum().item<double>()) / n;
+  r.clip_fraction = (((t.clipped > t.unclipped).to(m.scalar_type()) * m).sum().item<double>()) / n;
+  r.ratio_mean = ((t.ratio * m).sum().item<double>()) / n;
   if (entropy.defined()) r.entropy = ((entropy * m).sum().item<double>()) / n;
   return r;
 }

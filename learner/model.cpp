@@ -67,6 +67,27 @@ torch::ScalarType parse_dtype(const std::string& s) {
   throw std::runtime_error("dtype " + s + ": expected f32, f16 or bf16");
 }
 
+void save_tensors(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
+                  std::optional<torch::ScalarType> as, const std::map<std::string, std::string>& metadata) {
+  std::vector<torch::Tensor> keep;  // the CPU copies the refs point into
+  std::vector<StTensorRef> refs;
+  for (auto& [name, t] : tensors) {
+    auto c = t.detach().to(torch::kCPU, as.value_or(t.scalar_type())).contiguous();
+    StDtype d;
+    switch (c.scalar_type()) {
+      case torch::kFloat64: d = StDtype::F64; break;
+      case torch::kFloat32: d = StDtype::F32; break;
+      case torch::kFloat16: d = StDtype::F16; break;
+      case torch::kBFloat16: d = StDtype::BF16; break;
+      case torch::kInt64: d = StDtype::I64; break;
+      default: fail(path, "tensor " + name + ": dtype " + std::string(c10::toString(c.scalar_type())) + " cannot be saved");
+    }
+    refs.push_back({name, d, c.sizes().vec(), c.data_ptr(), size_t(c.numel()) * c.element_size()});
+    keep.push_back(std::move(c));
+  }
+  write_safetensors(path, refs, metadata);
+}
+
 ModelConfig load_model_config(const std::string& dir) {
   std::string file = (fs::path(dir) / "config.json").string();
   auto j = read_json(file);
@@ -284,6 +305,15 @@ torch::Tensor CausalLM::forward(const torch::Tensor& ids, const torch::Tensor& p
   return lm_head(hidden(ids, positions, mask, cache, cache_pos, training));
 }
 
+torch::Tensor CausalLM::sequence_logprobs(const torch::Tensor& ids_in, bool training) const {
+  auto ids = ids_in.to(device_, torch::kInt64);
+  const int64_t B = ids.size(0), L = ids.size(1);
+  if (L < 2) throw std::invalid_argument("sequence_logprobs: sequences need at least 2 tokens");
+  auto pos = torch::arange(L, torch::TensorOptions().dtype(torch::kInt64).device(device_)).unsqueeze(0).expand({B, L});
+  auto logits = forward(ids, pos, torch::Tensor(), nullptr, 0, training).to(torch::kFloat32);
+  return torch::log_softmax(logits.narrow(1, 0, L - 1), -1).gather(-1, ids.narrow(1, 1, L - 1).unsqueeze(-1)).squeeze(-1);
+}
+
 KVCache CausalLM::new_cache(int64_t batch, int64_t capacity) const {
   KVCache c;
   auto opt = torch::TensorOptions().dtype(dtype_).device(device_);
@@ -432,15 +462,7 @@ std::map<std::string, torch::Tensor> CausalLM::lora_tensors() const {
 void CausalLM::save_lora(const std::string& dir, const std::string& base_model) const {
   if (!has_lora_) throw std::runtime_error("save_lora: the model has no adapter");
   fs::create_directories(dir);
-  auto ts = lora_tensors();
-  std::vector<torch::Tensor> keep;
-  std::vector<StTensorRef> refs;
-  for (auto& [name, t] : ts) {
-    auto c = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-    keep.push_back(c);
-    refs.push_back({name, StDtype::F32, c.sizes().vec(), c.data_ptr(), size_t(c.numel()) * 4});
-  }
-  write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), refs, {{"format", "pt"}});
+  save_tensors((fs::path(dir) / "adapter_model.safetensors").string(), lora_tensors(), torch::kFloat32, {{"format", "pt"}});
   std::vector<std::string> targets = lora_.targets;
   std::sort(targets.begin(), targets.end());
   nlohmann::ordered_json c = {

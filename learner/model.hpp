@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,9 @@ class CausalLM {
   torch::Tensor hidden(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
                        KVCache* cache, int64_t cache_pos, bool training) const;
   torch::Tensor lm_head(const torch::Tensor& h) const;
+  // log p(ids[:, t] | ids[:, <t]) for t = 1 .. L-1: float32 [batch, L - 1] from one causal pass
+  // over right-padded `ids` [batch, L] (int64, any device); differentiable in the adapter.
+  torch::Tensor sequence_logprobs(const torch::Tensor& ids, bool training) const;
   // One decode step in a form a CUDA graph can capture: every shape fixed by the cache. `slot`
   // (int64 [1], on the device) is where the new key and value go; attention covers the whole
   // cache under `mask` (bool [batch, 1, 1, capacity]). Returns hidden states [batch, 1, hidden].
@@ -130,5 +134,11 @@ class CausalLM {
 };
 
 torch::ScalarType parse_dtype(const std::string& s);  // f32/float32, f16/float16, bf16/bfloat16
+
+// Writes `tensors` (copied to the CPU; converted to `as` when given) as a safetensors file.
+// Dtypes: float64/32/16, bfloat16, int64.
+void save_tensors(const std::string& path, const std::map<std::string, torch::Tensor>& tensors,
+                  std::optional<torch::ScalarType> as = std::nullopt,
+                  const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace kernelrl

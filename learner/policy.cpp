@@ -174,8 +174,6 @@ std::vector<Completion> Policy::generate_ids(const std::vector<std::vector<int32
   std::vector<std::string> bytes(B);
   std::vector<char> done(B, 0);
   int64_t live = B;
-  size_t max_stop = 0;
-  for (auto& s : p.stop) max_stop = std::max(max_stop, s.size());
   for (int64_t t = 0; t < int64_t(p.max_tokens) && live > 0; ++t) {
     torch::Tensor next, lp;
     auto logp = torch::log_softmax(T > 0 ? logits / T : logits, -1);
@@ -250,7 +248,6 @@ std::vector<Completion> Policy::generate_ids(const std::vector<std::vector<int32
     if (out[b].finish_reason.empty()) out[b].finish_reason = "length";
     out[b].text = utf8_lossy(bytes[b]);
   }
-  (void)max_stop;
   return out;
 }
 
@@ -313,9 +310,12 @@ void Policy::apply_weights(uint64_t version, const std::vector<TensorBlob>& tens
     if (it == mine.end()) throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name + " is not part of this policy's adapter");
     if (it->second.sizes().vec() != t.shape)
       throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name + " has the wrong shape");
-    torch::ScalarType dt = t.dtype == "f32" ? torch::kFloat32 : t.dtype == "bf16" ? torch::kBFloat16
-                         : t.dtype == "f16" ? torch::kFloat16 : torch::kFloat64;
-    if (dt == torch::kFloat64) throw PolicyError("weights update: tensor " + t.name + ": dtype " + t.dtype + " (f32, f16 or bf16)");
+    torch::ScalarType dt;
+    try {
+      dt = parse_dtype(t.dtype);
+    } catch (const std::exception& e) {
+      throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name + ": " + e.what());
+    }
     if (size_t(it->second.numel()) * c10::elementSize(dt) != t.data.size())
       throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name + " holds the wrong number of bytes");
     auto src = torch::from_blob(const_cast<uint8_t*>(t.data.data()), t.shape, torch::TensorOptions().dtype(dt));
@@ -353,15 +353,7 @@ void Policy::export_merged(const std::string& dir) {
   auto& m = *impl_->model;
   m.merge_lora();
   fs::create_directories(dir);
-  std::vector<torch::Tensor> keep;
-  std::vector<StTensorRef> refs;
-  for (auto& [name, t] : m.base_tensors()) {
-    auto c = t.detach().to(torch::kCPU).contiguous();
-    keep.push_back(c);
-    StDtype d = c.scalar_type() == torch::kFloat32 ? StDtype::F32 : c.scalar_type() == torch::kBFloat16 ? StDtype::BF16 : StDtype::F16;
-    refs.push_back({name, d, c.sizes().vec(), c.data_ptr(), size_t(c.numel()) * c.element_size()});
-  }
-  write_safetensors((fs::path(dir) / "model.safetensors").string(), refs, {{"format", "pt"}});
+  save_tensors((fs::path(dir) / "model.safetensors").string(), m.base_tensors(), std::nullopt, {{"format", "pt"}});
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                         "special_tokens_map.json"}) {
     fs::path src = fs::path(impl_->opt.model_dir) / f;

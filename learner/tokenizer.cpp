@@ -437,7 +437,6 @@ struct Tokenizer::Impl {
     if (text.empty()) return;
     std::string s = nfc_normalize ? nfc(text) : text;
     std::vector<Piece> pieces{{0, s.size()}};
-    std::string prefixed;
     for (const auto& p : pre) {
       if (p.kind == PreTok::ByteLevel && p.add_prefix_space && !pieces.empty() && s[pieces.front().first] != ' ' &&
           pieces.size() == 1 && pieces.front().first == 0) {
@@ -563,9 +562,7 @@ std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path_in) {
       std::string bytes;
       for (uint32_t cp : to_codepoints(tok)) {
         auto it = t.char_to_byte.find(cp);
-        if (it == t.char_to_byte.end()) {
-          bytes.clear();
-          put_utf8(bytes, cp);  // not a byte-level character: kept as it is
+        if (it == t.char_to_byte.end()) {  // not a byte-level token: its spelling is its bytes
           bytes = tok;
           break;
         }

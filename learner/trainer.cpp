@@ -20,12 +20,8 @@ LoraTrainer::LoraTrainer(CausalLM& model, const TrainOptions& o) : model_(model)
 
 void LoraTrainer::accumulate(const TrainBatch& b) {
   const int64_t B = b.ids.size(0), L = b.ids.size(1);
-  if (L < 2) throw std::invalid_argument("trainer: sequences need at least 2 tokens");
   auto dev = model_.device();
-  auto ids = b.ids.to(dev);
-  auto pos = torch::arange(L, torch::TensorOptions().dtype(torch::kInt64).device(dev)).unsqueeze(0).expand({B, L});
-  auto logits = model_.forward(ids, pos, torch::Tensor(), nullptr, 0, /*training=*/true).to(torch::kFloat32);
-  auto lp = torch::log_softmax(logits.narrow(1, 0, L - 1), -1).gather(-1, ids.narrow(1, 1, L - 1).unsqueeze(-1)).squeeze(-1);
+  auto lp = model_.sequence_logprobs(b.ids, /*training=*/true);
   auto m = b.mask.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
   auto old = b.old_logp.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
   auto adv = b.advantages.to(dev, torch::kFloat32);

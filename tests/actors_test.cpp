@@ -5,6 +5,7 @@
 #include "actors/evaluator.hpp"
 #include "actors/learner.hpp"
 #include "messages/messages.hpp"
+#include "actor_system.hpp"
 
 #include <caf/all.hpp>
 #include <catch2/catch.hpp>
@@ -13,17 +14,7 @@
 
 using namespace kernelrl;
 
-namespace {
-struct System {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  System() {
-    add_message_types(cfg);
-    cfg.set("logger.verbosity", caf::atom("quiet"));
-    sys = std::make_unique<caf::actor_system>(cfg);
-  }
-};
-}  // namespace
+using test::System;
 
 TEST_CASE("the learner counts samples and refuses to take a step", "[actors]") {
   System s;

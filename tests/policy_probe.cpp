@@ -70,14 +70,7 @@ std::map<std::string, torch::Tensor> read_tensors(const std::string& path) {
 }
 
 void write_tensors(const std::string& path, const std::map<std::string, torch::Tensor>& ts) {
-  std::vector<torch::Tensor> keep;
-  std::vector<StTensorRef> refs;
-  for (auto& [name, t] : ts) {
-    auto c = t.detach().to(torch::kCPU, torch::kFloat64).contiguous();
-    keep.push_back(c);
-    refs.push_back({name, StDtype::F64, c.sizes().vec(), c.data_ptr(), size_t(c.numel()) * 8});
-  }
-  write_safetensors(path, refs);
+  save_tensors(path, ts, torch::kFloat64);
 }
 
 LossOptions loss_options(const std::function<std::string(const std::string&, const std::string&)>& get) {
@@ -160,10 +153,8 @@ int main(int argc, char** argv) {
       for (auto& [n, t] : params) t.requires_grad_(true);
       auto in = read_tensors(get("--in"));
       auto ids = in.at("ids").to(torch::kInt64);
-      const int64_t B = ids.size(0), L = ids.size(1);
-      auto pos = torch::arange(L, torch::kInt64).unsqueeze(0).expand({B, L});
-      auto logits = m.forward(ids, pos, torch::Tensor(), nullptr, 0, /*training=*/true).to(torch::kFloat64);
-      auto lp = torch::log_softmax(logits.narrow(1, 0, L - 1), -1).gather(-1, ids.narrow(1, 1, L - 1).unsqueeze(-1)).squeeze(-1);
+      const int64_t L = ids.size(1);
+      auto lp = m.sequence_logprobs(ids, /*training=*/true).to(torch::kFloat64);
       auto r = policy_loss(lp, in.at("old_logp").narrow(1, 1, L - 1), in.at("adv"), in.at("mask").narrow(1, 1, L - 1),
                            torch::Tensor(), torch::Tensor(), loss_options(get));
       r.loss.backward();
@@ -189,11 +180,8 @@ int main(int argc, char** argv) {
         auto old = in.at("old_logp");
         if (get("--on-policy", "0") == "1") {
           torch::NoGradGuard ng;
-          auto pos = torch::arange(L, torch::kInt64).unsqueeze(0).expand({B, L});
-          auto lg = m.forward(ids, pos, torch::Tensor()).to(torch::kFloat64);
           old = torch::zeros({B, L}, torch::kFloat64);
-          old.narrow(1, 1, L - 1).copy_(torch::log_softmax(lg.narrow(1, 0, L - 1), -1)
-                                            .gather(-1, ids.narrow(1, 1, L - 1).unsqueeze(-1)).squeeze(-1));
+          old.narrow(1, 1, L - 1).copy_(m.sequence_logprobs(ids, /*training=*/false));
         }
         for (int64_t k = 0; k < K; ++k) {
           int64_t b0 = B * k / K, b1 = B * (k + 1) / K;

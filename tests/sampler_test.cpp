@@ -4,6 +4,7 @@
 #include "actors/sampler.hpp"
 #include "actors/sampler_backend.hpp"
 #include "messages/messages.hpp"
+#include "actor_system.hpp"
 
 #include <caf/all.hpp>
 #include <catch2/catch.hpp>
@@ -74,10 +75,8 @@ bool wait_for(const std::function<bool()>& f, double seconds) {
 }  // namespace
 
 TEST_CASE("a model-backend sampler streams rollouts and acknowledges weight versions", "[actors][sampler]") {
-  caf::actor_system_config cfg;
-  add_message_types(cfg);
-  cfg.set("logger.verbosity", caf::atom("quiet"));
-  caf::actor_system sys{cfg};
+  test::System s;
+  caf::actor_system& sys = *s.sys;
   auto backend = std::make_shared<FakeBackend>();
   auto col = std::make_shared<Collector>();
   auto dispatcher = sys.spawn(collecting_dispatcher, col);
@@ -136,10 +135,8 @@ TEST_CASE("a model-backend sampler streams rollouts and acknowledges weight vers
 }
 
 TEST_CASE("the replay sampler refuses weight updates with an error", "[actors][sampler]") {
-  caf::actor_system_config cfg;
-  add_message_types(cfg);
-  cfg.set("logger.verbosity", caf::atom("quiet"));
-  caf::actor_system sys{cfg};
+  test::System s;
+  caf::actor_system& sys = *s.sys;
   auto col = std::make_shared<Collector>();
   auto dispatcher = sys.spawn(collecting_dispatcher, col);
   auto sampler = spawn_sampler(sys, SamplerArgs{}, dispatcher);

@@ -375,12 +375,13 @@ if __name__ == "__main__":
     unittest.main()
 
 
-class OpenAIBackendTest(unittest.TestCase):
-    """`launch generate --server` against tests/openai_server.py on loopback."""
+class ServerTestCase(unittest.TestCase):
+    """A class of tests sharing one tests/openai_server.py on loopback: cls.url, its request log
+    cls.log, and a scratch folder cls.tmp."""
 
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-openai-")
+        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-%s-" % cls.__name__)
         cls.log = os.path.join(cls.tmp, "requests.jsonl")
         cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "openai_server.py"), cls.log],
                                       stdout=subprocess.PIPE, text=True)
@@ -392,6 +393,10 @@ class OpenAIBackendTest(unittest.TestCase):
         cls.server.wait()
         cls.server.stdout.close()
         shutil.rmtree(cls.tmp, ignore_errors=True)
+
+
+class OpenAIBackendTest(ServerTestCase):
+    """`launch generate --server` against tests/openai_server.py on loopback."""
 
     def gen(self, model, *extra, check=True):
         return run([LAUNCH, "generate", "--server", self.url, "--served-model", model, "--json",
@@ -506,24 +511,9 @@ def run_and_export(config):
     return [json.loads(line) for line in out.splitlines() if line.strip()], p
 
 
-class SamplerRunTest(unittest.TestCase):
+class SamplerRunTest(ServerTestCase):
     """`launch CONFIG` with the openai and libtorch sampler backends: prompts from tasks through the
     chat template, samples through the evaluator into the store with their tokens and logprobs."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-sampler-run-")
-        cls.log = os.path.join(cls.tmp, "requests.jsonl")
-        cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "openai_server.py"), cls.log],
-                                      stdout=subprocess.PIPE, text=True)
-        cls.url = "http://127.0.0.1:%s" % cls.server.stdout.readline().strip()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.kill()
-        cls.server.wait()
-        cls.server.stdout.close()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def test_openai_backend_samples_are_evaluated_and_stored(self):
         cfg = write_config(self.tmp, 'backend = "openai"\nurl = "%s"\nserved_model = "kernel"\nsamples_per_task = 2\n'
