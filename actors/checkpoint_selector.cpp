@@ -1,38 +1,136 @@
 #include "actors/checkpoint_selector.hpp"
 
+#include "core/log.hpp"
 #include "messages/messages.hpp"
 
 #include <caf/all.hpp>
+#include <nlohmann/json.hpp>
 
-#include <vector>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+namespace fs = std::filesystem;
 
 namespace kernelrl {
 
 namespace {
 
+struct Entry {
+  Checkpoint c;
+  bool scored = false;
+  StepStats stats;
+};
+
 struct selector_state {
-  std::vector<Checkpoint> checkpoints;
+  std::map<uint32_t, Entry> entries;       // by step
+  std::map<uint32_t, StepStats> early;     // scores that arrived before their checkpoint
   static inline const char* name = "checkpoint_selector";
 };
 
-caf::behavior selector_actor(caf::stateful_actor<selector_state>* self) {
+using self_ptr = caf::stateful_actor<selector_state>*;
+
+const Entry* best_of(const selector_state& st) {
+  const Entry* best = nullptr;
+  for (auto& [step, e] : st.entries)  // ascending steps: the earliest wins a tie
+    if (e.scored && (!best || e.c.score > best->c.score)) best = &e;
+  return best;
+}
+
+nlohmann::json stats_json(const StepStats& s) {
+  return {{"step", s.step},         {"samples", s.samples},           {"correct", s.correct},
+          {"fast_1", s.fast_1},     {"mean_speedup", s.mean_speedup}, {"mean_reward", s.mean_reward},
+          {"policy_version", s.policy_version}, {"status_counts", s.status_counts}};
+}
+
+void prune(self_ptr self, const SelectorArgs& args) {
+  auto& st = self->state;
+  if (args.dir.empty()) return;
+  const Entry* best = best_of(st);
+  std::vector<uint32_t> steps;
+  for (auto& [s, e] : st.entries) steps.push_back(s);
+  size_t n = steps.size();
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t s = steps[i];
+    auto& e = st.entries[s];
+    bool keep = s == 0 || i + args.keep_last >= n || !e.scored || (best && best->c.step == s);
+    if (keep) continue;
+    std::error_code ec;
+    fs::remove_all(e.c.path, ec);
+    if (ec) log::get("checkpoint_selector")->warn("cannot delete {}: {}", e.c.path, ec.message());
+    st.entries.erase(s);
+  }
+}
+
+void score(self_ptr self, const SelectorArgs& args, Entry& e, const StepStats& s) {
+  e.scored = true;
+  e.stats = s;
+  e.c.score = s.fast_1;
+  if (!e.c.path.empty()) {
+    std::ofstream out(fs::path(e.c.path) / "stats.json");
+    out << stats_json(s).dump(2) << "\n";
+  }
+  prune(self, args);
+}
+
+caf::behavior selector_actor(self_ptr self, SelectorArgs args) {
+  // What an earlier run (being resumed) left: step-N folders, scored where stats.json exists.
+  std::error_code ec;
+  if (!args.dir.empty() && fs::is_directory(args.dir, ec)) {
+    for (auto& d : fs::directory_iterator(args.dir, ec)) {
+      auto name = d.path().filename().string();
+      if (name.rfind("step-", 0) != 0 || !fs::exists(d.path() / "learner.json")) continue;
+      try {
+        uint32_t step = uint32_t(std::stoul(name.substr(5)));
+        Entry e;
+        e.c = Checkpoint{step, step, d.path().string(), -1.0};
+        std::ifstream in(d.path() / "stats.json");
+        if (in) {
+          auto j = nlohmann::json::parse(in);
+          e.scored = true;
+          e.c.score = j.at("fast_1").get<double>();
+          e.stats.step = step;
+          e.stats.fast_1 = e.c.score;
+        }
+        self->state.entries[step] = e;
+      } catch (const std::exception& ex) {
+        log::get("checkpoint_selector")->warn("{}: ignored: {}", d.path().string(), ex.what());
+      }
+    }
+  }
   return {
-      [=](Checkpoint& c) { self->state.checkpoints.push_back(std::move(c)); },
+      [=](Checkpoint& c) {
+        auto& st = self->state;
+        Entry& e = st.entries[c.step];
+        e.c = std::move(c);
+        e.scored = false;
+        auto it = st.early.find(e.c.step);
+        if (it != st.early.end()) {
+          score(self, args, e, it->second);
+          st.early.erase(it);
+        }
+      },
+      [=](record_atom, StepStats& s) {
+        auto& st = self->state;
+        auto it = st.entries.find(s.step);
+        if (it == st.entries.end()) {
+          st.early[s.step] = s;
+          return;
+        }
+        score(self, args, it->second, s);
+      },
       [=](best_atom) -> caf::result<Checkpoint> {
-        const auto& cs = self->state.checkpoints;
-        if (cs.empty())
-          return caf::make_error(caf::sec::runtime_error, "checkpoint_selector: no checkpoint yet");
-        const Checkpoint* best = &cs.front();
-        // Highest score; the earliest step wins a tie (fewer adaptation steps).
-        for (auto& c : cs)
-          if (c.score > best->score || (c.score == best->score && c.step < best->step)) best = &c;
-        return *best;
+        const Entry* best = best_of(self->state);
+        if (!best) return caf::make_error(caf::sec::runtime_error, "checkpoint_selector: no scored checkpoint yet");
+        return best->c;
       },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_checkpoint_selector(caf::actor_system& sys) { return sys.spawn(selector_actor); }
+caf::actor spawn_checkpoint_selector(caf::actor_system& sys, SelectorArgs args) {
+  return sys.spawn(selector_actor, std::move(args));
+}
 
 }  // namespace kernelrl

@@ -1,17 +1,42 @@
-// learner: the message interface of the GRPO/SFT learner. In this build it accepts scored
-// samples and counts them; it performs no update and publishes no weights (issue 6 brings the
-// LibTorch learner). A request to take a step is refused with an error, never faked.
-// Messages in:  (train_atom, ScoredRollout); (train_atom, uint32_t step) -> error;
+// learner: GRPO on a LoRA adapter with streaming minibatches (the engine is learner/lora_learner,
+// behind a torch-free interface). Runs detached: forward/backward blocks its own thread only.
+//
+// A group (the group_size samples of one task in one step) is learned from as soon as its last
+// reward arrives, while other groups are still being sampled and evaluated; the optimizer steps
+// once every group the supervisor planned for the step is in. One step, one policy version: the
+// new adapter is saved as RUN_DIR/checkpoints/step-V (V the new version), announced to the
+// checkpoint_selector, and published to every sampler as WeightsUpdate(V). The step's answer goes
+// to the supervisor only when every sampler has acknowledged V; a sampler that refuses or does
+// not answer within sync_timeout_s makes the answer an error (the run stops; nothing samples
+// with stale weights unnoticed).
+// Messages in:  (sync_atom, vector<actor> samplers) -> uint64_t version: the samplers to serve
+//               from now on; publishes the current weights to them, answered once acked;
+//               (plan_atom, uint32_t step, uint64_t groups) -> StepUpdate: answered when that
+//               step's update is done and acknowledged (error set on failure);
+//               (train_atom, ScoredRollout): a sample the supervisor accepted;
 //               (stats_atom) -> Telemetry
-// Messages out: WeightsUpdate -> samplers, Checkpoint -> checkpoint_selector (issue 6)
+// Messages out: WeightsUpdate -> samplers; Checkpoint -> checkpoint_selector
 #pragma once
 
-#include <caf/fwd.hpp>
+#include <caf/actor.hpp>
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
 namespace kernelrl {
 
-caf::actor spawn_learner(caf::actor_system& sys);
+class LearnerEngine;
+
+struct LearnerArgs {
+  std::shared_ptr<LearnerEngine> engine;  // null: every step request is refused with an error
+  uint32_t group_size = 8;              // samples per group
+  caf::actor selector;                  // checkpoint_selector (may be invalid)
+  std::string checkpoint_dir;           // RUN_DIR/checkpoints
+  double sync_timeout_s = 300;          // per WeightsUpdate acknowledgement
+};
+
+caf::actor spawn_learner(caf::actor_system& sys, LearnerArgs args);
 
 }  // namespace kernelrl

@@ -111,6 +111,7 @@ struct PendingPrompt {
   uint32_t step;
   uint64_t group;
   size_t prompt;  // index into SamplerArgs::prompts
+  uint32_t n;     // samples of it
 };
 
 struct sampler_state {
@@ -172,12 +173,16 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
   st.generating = false;
   if (st.to_generate.empty()) return;
   auto lg = log::get("sampler");
-  size_t take = std::min<size_t>(args.batch_prompts, st.to_generate.size());
+  // Prompts generated together share n; the seed follows from what is generated (step and first
+  // group), so a run resumed from a checkpoint draws what the uninterrupted run would have.
+  const auto& first = st.to_generate.front();
+  size_t take = 0;
+  while (take < std::min<size_t>(args.batch_prompts, st.to_generate.size()) && st.to_generate[take].n == first.n) ++take;
   std::vector<std::string> prompts;
   for (size_t i = 0; i < take; ++i) prompts.push_back(args.prompts[st.to_generate[i].prompt].prompt);
   SamplingParams p = args.params;
-  p.n = std::max<uint32_t>(1, args.samples_per_task);
-  p.seed = args.params.seed * 1000003 + st.batches;  // a different, reproducible draw per batch
+  p.n = first.n;
+  p.seed = args.params.seed * 1000003 + uint64_t(first.step) * 7919 + first.group;
   std::vector<GenSample> out;
   try {
     out = args.backend->generate(prompts, p);
@@ -221,21 +226,57 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
   }
 }
 
+// Queues the plan's prompts for generation; the number of rollouts it will send, or 0 and `err`
+// when a task of the plan has no prompt here.
+uint64_t enqueue_plan(sampler_ptr self, const SamplerArgs& args, const SamplePlan& plan, std::string& err) {
+  auto& st = self->state;
+  if (plan.task_ids.size() != plan.group_ids.size()) {
+    err = "plan for step " + std::to_string(plan.step) + " has " + std::to_string(plan.task_ids.size()) +
+          " tasks but " + std::to_string(plan.group_ids.size()) + " group ids";
+    return 0;
+  }
+  std::vector<PendingPrompt> add;
+  for (size_t i = 0; i < plan.task_ids.size(); ++i) {
+    size_t k = 0;
+    while (k < args.prompts.size() && args.prompts[k].task_id != plan.task_ids[i]) ++k;
+    if (k == args.prompts.size()) {
+      err = "task " + plan.task_ids[i] + " of step " + std::to_string(plan.step) + " has no prompt at this sampler";
+      return 0;
+    }
+    add.push_back({plan.step, plan.group_ids[i], k, std::max<uint32_t>(1, plan.n)});
+  }
+  if (st.t_start < 0) st.t_start = mono_s();
+  for (auto& a : add) st.to_generate.push_back(a);
+  uint64_t n = uint64_t(add.size()) * std::max<uint32_t>(1, plan.n);
+  log::get("sampler")->info("step {}: sampling {} completions over {} tasks ({} backend, policy version {})", plan.step, n,
+                            add.size(), args.backend->name(), args.backend->version());
+  if (!st.generating && !st.to_generate.empty()) {
+    st.generating = true;
+    self->send(self, tick_atom::value);
+  }
+  return n;
+}
+
 caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispatcher) {
   auto lg = log::get("sampler");
   if (args.backend) {
     return {
-        [=](plan_atom, uint32_t step) -> uint64_t {
-          auto& st = self->state;
-          if (st.t_start < 0) st.t_start = mono_s();
-          for (size_t g = 0; g < args.prompts.size(); ++g) st.to_generate.push_back({step, g, g});
-          uint64_t n = uint64_t(args.prompts.size()) * std::max<uint32_t>(1, args.samples_per_task);
-          lg->info("step {}: sampling {} completions over {} tasks ({} backend, policy version {})", step, n,
-                   args.prompts.size(), args.backend->name(), args.backend->version());
-          if (!st.generating) {
-            st.generating = true;
-            self->send(self, tick_atom::value);
+        [=](plan_atom, uint32_t step) -> uint64_t {  // every task once, groups numbered by task
+          SamplePlan plan;
+          plan.step = step;
+          plan.n = std::max<uint32_t>(1, args.samples_per_task);
+          for (size_t g = 0; g < args.prompts.size(); ++g) {
+            plan.task_ids.push_back(args.prompts[g].task_id);
+            plan.group_ids.push_back(g);
           }
+          std::string err;
+          uint64_t n = enqueue_plan(self, args, plan, err);
+          return n;
+        },
+        [=](SamplePlan& plan) -> caf::result<uint64_t> {
+          std::string err;
+          uint64_t n = enqueue_plan(self, args, plan, err);
+          if (!err.empty()) return caf::make_error(caf::sec::runtime_error, "sampler " + args.id + ": " + err);
           return n;
         },
         [=](tick_atom) { generate_next(self, args, dispatcher); },

@@ -9,7 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
+#include <random>
 
 namespace kernelrl {
 
@@ -36,6 +38,32 @@ struct supervisor_state {
   uint32_t step = 0;                         // latest step a recorded sample belongs to
   uint64_t policy_version = 0;               // newest policy version seen in a sample
   uint64_t stale_max = 0, stale_sum = 0;     // policy_version - sample's version, at record time
+  // train mode
+  struct GroupTrack {
+    std::string task_id;
+    uint32_t step = 0;
+    std::vector<ScoredRollout> samples;
+    bool stale = false;          // a sample was staler than allowed: the group is rejected
+    uint64_t stale_version = 0;  // the stale sample's version
+    uint32_t replans = 0;        // how often this task was sampled again in this step
+  };
+  struct StepTrack {
+    uint64_t groups = 0, accepted = 0;   // planned, and complete and accepted
+    uint64_t next_j = 0;                 // next group number in this step
+    std::map<std::string, TaskAgg> tasks;
+    std::map<std::string, uint64_t> status_counts;
+    uint64_t version = 0;                // newest version among its accepted samples
+    bool written = false;
+    StepStats stats;
+  };
+  caf::actor sampler;
+  std::map<uint64_t, GroupTrack> groups;   // open groups by group id
+  std::map<uint32_t, StepTrack> steps;
+  std::map<std::string, std::vector<std::vector<ScoredRollout>>> reusable;  // resume: complete groups by task
+  uint32_t next_plan = 0;                  // next step to plan
+  uint64_t version = 0;                    // the learner's newest acknowledged version
+  uint64_t stale_rejected = 0, groups_replanned = 0, abandoned = 0, resumed_samples = 0;
+  double last_step_fast_1 = -1;
   static inline const char* name = "supervisor";
 };
 
@@ -59,12 +87,13 @@ double quantile(std::vector<double>& xs, double q) {
   return xs[k];
 }
 
-StepStats step_stats(const supervisor_state& st, uint32_t step) {
+StepStats stats_of(const std::map<std::string, TaskAgg>& tasks, const std::map<std::string, uint64_t>& status_counts,
+                   uint32_t step) {
   StepStats s;
   s.step = step;
   uint64_t faster = 0;
   double speedup_sum = 0, reward_sum = 0;
-  for (auto& [id, t] : st.tasks) {
+  for (auto& [id, t] : tasks) {
     s.samples += t.samples;
     s.correct += t.correct;
     faster += t.faster;
@@ -74,8 +103,38 @@ StepStats step_stats(const supervisor_state& st, uint32_t step) {
   s.fast_1 = s.samples ? double(faster) / double(s.samples) : 0.0;
   s.mean_speedup = s.correct ? speedup_sum / double(s.correct) : 0.0;
   s.mean_reward = s.samples ? reward_sum / double(s.samples) : 0.0;
-  s.status_counts = st.status_counts;
+  s.status_counts = status_counts;
   return s;
+}
+
+StepStats step_stats(const supervisor_state& st, uint32_t step) { return stats_of(st.tasks, st.status_counts, step); }
+
+void add_to(std::map<std::string, TaskAgg>& tasks, const ScoredRollout& s) {
+  auto& t = tasks[s.rollout.task_id];
+  ++t.samples;
+  t.reward_sum += s.reward;
+  if (s.result.status == EvalStatus::ok) {
+    ++t.correct;
+    t.speedup_sum += s.result.speedup;
+    if (s.result.speedup > 1.0) ++t.faster;
+  }
+}
+
+// Counts a recorded sample in the run's totals.
+void count_sample(supervisor_state& st, const ScoredRollout& s) {
+  ++st.recorded;
+  st.t_last_record = mono_s();
+  if (st.t_first_record < 0) st.t_first_record = st.t_last_record;
+  ++st.status_counts[to_string(s.result.status)];
+  if (st.reward_hist.empty()) st.reward_hist.assign(reward_bins.size(), 0);
+  ++st.reward_hist[reward_bin(s.reward)];
+  st.step = std::max(st.step, s.rollout.step);
+  st.policy_version = std::max(st.policy_version, s.rollout.policy_version);
+  uint64_t stale = st.policy_version - s.rollout.policy_version;
+  st.stale_max = std::max(st.stale_max, stale);
+  st.stale_sum += stale;
+  add_to(st.tasks, s);
+  if (s.result.status == EvalStatus::ok) st.speedups.push_back(s.result.speedup);
 }
 
 void finish(self_ptr self, const SupervisorArgs& args, const std::string& error) {
@@ -119,8 +178,26 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
                        {"fast_1", 0.0}, {"mean_speedup", 0.0}});
   }
   j["tasks"] = tasks;
+  if (args.mode == "train") {
+    nlohmann::json steps = nlohmann::json::array();
+    if (st.store)
+      for (auto& row : st.store->steps(args.run_id)) {
+        nlohmann::json x = {{"step", row.stats.step},         {"samples", row.stats.samples},
+                            {"correct", row.stats.correct},   {"fast_1", row.stats.fast_1},
+                            {"mean_speedup", row.stats.mean_speedup}, {"mean_reward", row.stats.mean_reward},
+                            {"policy_version", row.stats.policy_version}};
+        if (!row.learner.empty()) x["learner"] = row.learner;
+        steps.push_back(x);
+      }
+    j["steps"] = steps;
+    j["policy_version"] = st.version;
+    j["stale_rejected"] = st.stale_rejected;
+    j["groups_replanned"] = st.groups_replanned;
+    j["resumed_samples"] = st.resumed_samples;
+    j["abandoned_on_resume"] = st.abandoned;
+  }
   if (st.store) {
-    if (s.samples > 0 && !st.store->record_step(args.run_id, s))
+    if (args.mode != "train" && s.samples > 0 && !st.store->record_step(args.run_id, s))
       lg->error("store: cannot record step 0: {}", st.store->last_error());
     if (!st.store->finish_run(args.run_id, error.empty() ? "completed" : "failed", j.dump()))
       lg->error("store: cannot finish run: {}", st.store->last_error());
@@ -130,6 +207,185 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
   else
     lg->error("run {} failed: {}", args.run_id, error);
   if (st.done.pending()) st.done.deliver(j.dump());
+}
+
+constexpr uint64_t group_stride = uint64_t(1) << 20;  // group ids of step s: s * stride + j
+
+void plan_step(self_ptr self, const SupervisorArgs& args, uint32_t s);
+
+// Plans every step the staleness bound allows: step s once version >= s - max_staleness.
+void plan_more(self_ptr self, const SupervisorArgs& args) {
+  auto& st = self->state;
+  while (!st.finished && st.next_plan < args.steps && uint64_t(st.next_plan) <= st.version + args.max_staleness)
+    plan_step(self, args, st.next_plan++);
+}
+
+// Asks the sampler for `n` samples of each task as the given groups.
+void request_samples(self_ptr self, const SupervisorArgs& args, SamplePlan plan) {
+  auto lg = log::get("supervisor");
+  uint32_t step = plan.step;
+  self->request(self->state.sampler, caf::infinite, std::move(plan))
+      .then([=](uint64_t n) { self->state.expected += n; },
+            [=](caf::error& e) { finish(self, args, "sampler failed to plan step " + std::to_string(step) + ": " + error_text(self->system(), e)); });
+}
+
+void step_complete(self_ptr self, const SupervisorArgs& args, uint32_t s) {
+  auto& st = self->state;
+  auto& t = st.steps[s];
+  t.stats = stats_of(t.tasks, t.status_counts, s);
+  t.stats.policy_version = t.version;
+  t.written = true;
+  st.last_step_fast_1 = t.stats.fast_1;
+  if (st.store && !st.store->record_step(args.run_id, t.stats))
+    log::get("supervisor")->error("store: cannot record step {}: {}", s, st.store->last_error());
+  if (args.selector) self->send(args.selector, record_atom::value, t.stats);
+  log::get("supervisor")->info("step {}: {} samples, fast_1 {:.3f}, mean reward {:.3f} (policy version {})", s,
+                               t.stats.samples, t.stats.fast_1, t.stats.mean_reward, t.version);
+}
+
+// A complete group within the staleness bound: counted in its step and handed to the learner.
+void accept_group(self_ptr self, const SupervisorArgs& args, uint32_t s, std::vector<ScoredRollout>& samples) {
+  auto& st = self->state;
+  auto& t = st.steps[s];
+  for (auto& x : samples) {
+    add_to(t.tasks, x);
+    ++t.status_counts[to_string(x.result.status)];
+    t.version = std::max(t.version, x.rollout.policy_version);
+    self->send(args.learner, train_atom::value, x);
+  }
+  if (++t.accepted == t.groups) step_complete(self, args, s);
+}
+
+void on_update(self_ptr self, const SupervisorArgs& args, StepUpdate& u) {
+  auto& st = self->state;
+  if (st.finished) return;
+  if (!u.error.empty()) {
+    finish(self, args, "learner, step " + std::to_string(u.step) + ": " + u.error);
+    return;
+  }
+  st.version = std::max(st.version, u.policy_version);
+  auto& t = st.steps[u.step];
+  if (st.store) {
+    if (t.written && !st.store->record_step(args.run_id, t.stats, u.stats))
+      log::get("supervisor")->error("store: cannot record step {}: {}", u.step, st.store->last_error());
+    // The checkpoint that sampled step u.step is scored now that both are known.
+    auto prev = st.steps.find(u.step);
+    if (prev != st.steps.end() && prev->second.written) {
+      Checkpoint c{u.step, prev->second.version,
+                   (std::filesystem::path(u.checkpoint).parent_path() / ("step-" + std::to_string(prev->second.version))).string(),
+                   prev->second.stats.fast_1};
+      if (!st.store->record_checkpoint(args.run_id, c))
+        log::get("supervisor")->error("store: cannot record checkpoint {}: {}", c.path, st.store->last_error());
+    }
+  }
+  if (u.step + 1 >= args.steps) {
+    finish(self, args, "");
+    return;
+  }
+  plan_more(self, args);
+}
+
+void plan_step(self_ptr self, const SupervisorArgs& args, uint32_t s) {
+  auto& st = self->state;
+  auto& t = st.steps[s];
+  t.groups = args.batch_size;
+  SamplePlan plan;
+  plan.step = s;
+  plan.n = args.group_size;
+  std::vector<std::vector<ScoredRollout>> reused;
+  for (uint32_t k = 0; k < args.batch_size; ++k) {
+    const std::string& task = args.task_ids[train_task_index(args.seed, args.task_ids.size(), uint64_t(s) * args.batch_size + k)];
+    auto r = st.reusable.find(task);
+    if (r != st.reusable.end() && !r->second.empty()) {  // resume: this group is already evaluated
+      reused.push_back(std::move(r->second.back()));
+      r->second.pop_back();
+      continue;
+    }
+    uint64_t gid = uint64_t(s) * group_stride + t.next_j++;
+    st.groups[gid] = supervisor_state::GroupTrack{task, s, {}, false, 0, 0};
+    plan.task_ids.push_back(task);
+    plan.group_ids.push_back(gid);
+  }
+  self->request(args.learner, caf::infinite, plan_atom::value, s, uint64_t(args.batch_size))
+      .then([=](StepUpdate& u) { on_update(self, args, u); },
+            [=](caf::error& e) { finish(self, args, "learner failed at step " + std::to_string(s) + ": " + error_text(self->system(), e)); });
+  if (!reused.empty())
+    log::get("supervisor")->info("step {}: {} groups evaluated before the restart are reused", s, reused.size());
+  for (auto& g : reused) accept_group(self, args, s, g);
+  if (!plan.task_ids.empty()) request_samples(self, args, std::move(plan));
+}
+
+// Resume: counts the store's samples of this run once; complete groups of step `from` become
+// reusable, samples of unfinished groups stay in the store but are not learned from.
+void load_resumed(self_ptr self, const SupervisorArgs& args, uint32_t from) {
+  auto& st = self->state;
+  if (!st.store) return;
+  std::map<uint64_t, std::vector<ScoredRollout>> by_group;
+  for (auto& row : st.store->samples(args.run_id)) {
+    count_sample(st, row.record);
+    ++st.resumed_samples;
+    const auto& r = row.record.rollout;
+    if (r.step == from) by_group[r.group_id].push_back(row.record);
+    else if (r.step > from) ++st.abandoned;
+    auto& t = st.steps[r.step];
+    t.next_j = std::max(t.next_j, r.group_id % group_stride + 1);
+  }
+  for (auto& [gid, g] : by_group) {
+    bool fresh = true;
+    for (auto& x : g) fresh = fresh && st.version <= x.rollout.policy_version + args.max_staleness;
+    if (g.size() == args.group_size && fresh) st.reusable[g.front().rollout.task_id].push_back(std::move(g));
+    else st.abandoned += g.size();
+  }
+  st.expected = st.recorded;
+  log::get("supervisor")->info("resuming at step {} (policy version {}): {} samples already recorded, {} not reused",
+                               from, st.version, st.resumed_samples, st.abandoned);
+}
+
+// A recorded sample in train mode: into its group; a complete group is accepted or rejected.
+void record_train(self_ptr self, const SupervisorArgs& args, ScoredRollout& s) {
+  auto& st = self->state;
+  auto lg = log::get("supervisor");
+  auto it = st.groups.find(s.rollout.group_id);
+  if (it == st.groups.end()) {
+    lg->warn("sample {} belongs to no open group; it is kept in the store but not learned from", s.rollout.sample_id);
+    return;
+  }
+  auto& g = it->second;
+  if (st.version > s.rollout.policy_version + args.max_staleness) {
+    g.stale = true;
+    g.stale_version = s.rollout.policy_version;
+  }
+  g.samples.push_back(std::move(s));
+  if (g.samples.size() < args.group_size) return;
+  const uint32_t step = g.step;
+  if (!g.stale) {
+    auto samples = std::move(g.samples);
+    st.groups.erase(it);
+    accept_group(self, args, step, samples);
+    return;
+  }
+  st.stale_rejected += g.samples.size();
+  lg->warn("step {}: group {} of task {} rejected: sampled by policy version {} while the learner is at {} "
+           "(max_staleness {}); {} samples stay in the store, the task is sampled again",
+           step, it->first, g.task_id, g.stale_version, st.version, args.max_staleness, g.samples.size());
+  if (g.replans >= 3) {
+    finish(self, args, fmt::format("task {} of step {} came back stale {} times: a sampler keeps serving policy "
+                                   "version {} while the learner is at {}", g.task_id, step, g.replans + 1,
+                                   g.stale_version, st.version));
+    return;
+  }
+  auto& t = st.steps[step];
+  uint64_t gid = uint64_t(step) * group_stride + t.next_j++;
+  supervisor_state::GroupTrack again{g.task_id, step, {}, false, 0, g.replans + 1};
+  st.groups.erase(it);
+  st.groups[gid] = again;
+  ++st.groups_replanned;
+  SamplePlan plan;
+  plan.step = step;
+  plan.n = args.group_size;
+  plan.task_ids = {again.task_id};
+  plan.group_ids = {gid};
+  request_samples(self, args, std::move(plan));
 }
 
 caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
@@ -177,6 +433,33 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
           none_left("no evaluator is running (see the errors above)");
           if (st.finished) return st.done;
         }
+        if (args.mode == "train") {
+          st.sampler = sampler;
+          st.planned = true;
+          if (!args.learner || args.task_ids.empty() || args.steps == 0) {
+            finish(self, args, "train mode needs a learner, tasks and steps");
+            return st.done;
+          }
+          // The learner publishes its weights (a resumed run: its checkpoint's) before any sampling.
+          self->request(args.learner, caf::infinite, sync_atom::value, std::vector<caf::actor>{sampler})
+              .then(
+                  [=](uint64_t v) {
+                    auto& st = self->state;
+                    st.version = v;
+                    st.next_plan = uint32_t(v);
+                    if (args.resume) load_resumed(self, args, uint32_t(v));
+                    if (v >= args.steps) {
+                      lg->info("the checkpoint is at version {}: all {} steps are done", v, args.steps);
+                      finish(self, args, "");
+                      return;
+                    }
+                    lg->info("train: steps {}..{}, {} tasks x {} samples per step, policy version {}", v, args.steps - 1,
+                             args.batch_size, args.group_size, v);
+                    plan_more(self, args);
+                  },
+                  [=](caf::error& e) { finish(self, args, "learner could not publish its weights: " + error_text(self->system(), e)); });
+          return st.done;
+        }
         self->request(sampler, caf::infinite, plan_atom::value, uint32_t{0})
             .then(
                 [=](uint64_t n) {
@@ -214,25 +497,10 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
             break;
           case InsertResult::inserted: break;
         }
-        ++st.recorded;
-        st.t_last_record = mono_s();
-        if (st.t_first_record < 0) st.t_first_record = st.t_last_record;
-        ++st.status_counts[to_string(s.result.status)];
-        if (st.reward_hist.empty()) st.reward_hist.assign(reward_bins.size(), 0);
-        ++st.reward_hist[reward_bin(s.reward)];
-        st.step = std::max(st.step, s.rollout.step);
-        st.policy_version = std::max(st.policy_version, s.rollout.policy_version);
-        uint64_t stale = st.policy_version - s.rollout.policy_version;
-        st.stale_max = std::max(st.stale_max, stale);
-        st.stale_sum += stale;
-        auto& t = st.tasks[s.rollout.task_id];
-        ++t.samples;
-        t.reward_sum += s.reward;
-        if (s.result.status == EvalStatus::ok) {
-          ++t.correct;
-          t.speedup_sum += s.result.speedup;
-          st.speedups.push_back(s.result.speedup);
-          if (s.result.speedup > 1.0) ++t.faster;
+        count_sample(st, s);
+        if (args.mode == "train") {
+          record_train(self, args, s);
+          return;
         }
         if (st.planned && st.recorded >= st.expected) finish(self, args, "");
       },
@@ -261,11 +529,17 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
                     {"elapsed_s", elapsed},
                     {"evaluators_alive", double(st.evaluators_alive)},
                     {"step", double(st.step)},
-                    {"policy_version", double(st.policy_version)},
+                    {"policy_version", double(std::max(st.policy_version, st.version))},
                     {"staleness_max", double(st.stale_max)},
                     {"staleness_mean", st.recorded ? double(st.stale_sum) / double(st.recorded) : 0.0},
                     {"correct_rate", st.recorded ? double(s.correct) / double(st.recorded) : 0.0}};
         t.step = st.step;
+        if (args.mode == "train") {
+          t.values["steps_total"] = double(args.steps);
+          t.values["step_fast_1"] = st.last_step_fast_1;
+          t.values["stale_rejected"] = double(st.stale_rejected);
+          t.values["eta_s"] = -1.0;  // the sample count of a train run grows as steps are planned
+        }
         for (auto& [k, v] : st.status_counts) t.values["status." + k] = double(v);
         auto xs = st.speedups;
         for (auto [name, q] : std::initializer_list<std::pair<const char*, double>>{
@@ -279,6 +553,15 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
 }
 
 }  // namespace
+
+size_t train_task_index(uint64_t seed, size_t n, uint64_t i) {
+  const uint64_t epoch = i / n;
+  std::vector<size_t> perm(n);
+  for (size_t k = 0; k < n; ++k) perm[k] = k;
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + epoch);
+  for (size_t k = n; k > 1; --k) std::swap(perm[k - 1], perm[size_t(rng() % k)]);  // Fisher-Yates
+  return perm[i % n];
+}
 
 const std::vector<std::string>& reward_histogram_bins() {
   static const std::vector<std::string> bins = {"le_0", "0_0.5", "0.5_1", "1_1.5", "1.5_2", "2_5", "gt_5"};

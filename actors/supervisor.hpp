@@ -1,8 +1,16 @@
-// supervisor: owns one experiment. In this build the `eval` experiment: ask the sampler for the
-// step's rollouts, record every scored sample in the store (idempotent by sample id), aggregate
-// per task, and when every sample has a verdict write the step's StepStats and deliver the run
-// summary (JSON) to whoever sent `plan`. If every evaluator is gone with work left, the run ends
-// with an error in the summary instead of hanging.
+// supervisor: owns one experiment, records every scored sample in the store (idempotent by sample
+// id), aggregates per step and task, and delivers the run summary (JSON) to whoever sent `plan`.
+// If every evaluator is gone with work left, the run ends with an error instead of hanging.
+//   eval:  the sampler's rollouts of step 0; done when every sample has a verdict.
+//   train: RLVR. The learner publishes its weights first (sync); then step s asks the sampler for
+//          group_size samples of each of batch_size tasks (a deterministic shuffle of the task
+//          set per epoch) and tells the learner how many groups to expect. Each complete group
+//          goes to the learner unless a sample in it is staler than max_staleness versions
+//          behind the newest policy: then the group is rejected, reported, and the task sampled
+//          again. Step s+1 is planned once the learner's update of step s - max_staleness is
+//          acknowledged by every sampler. A learner error (a failed sync included) ends the run.
+//          With `resume`, the run continues from the learner's version: the store's samples of
+//          earlier steps are counted once, complete groups of the resumed step are reused.
 // Messages in:  (plan_atom, actor sampler, vector<actor> evaluators) -> std::string summary JSON; (record_atom, ScoredRollout);
 //               (record_atom, Telemetry) (kept in the store);
 //               (stats_atom) -> Telemetry; down messages of the evaluators it watches
@@ -11,7 +19,7 @@
 #include "core/config.hpp"
 #include "messages/messages.hpp"
 
-#include <caf/fwd.hpp>
+#include <caf/actor.hpp>
 
 #include <string>
 #include <vector>
@@ -27,7 +35,19 @@ struct SupervisorArgs {
   std::vector<std::string> task_ids;  // tasks of the experiment, in order
   double join_wait_s = 0;             // cluster: how long to wait for an evaluator to join when
                                       // none is running (0: single node, fail at once)
+  // train mode
+  caf::actor learner;                 // the learner actor
+  caf::actor selector;                // checkpoint_selector (StepStats score its checkpoints)
+  uint32_t steps = 0;                 // [learner] steps
+  uint32_t batch_size = 8;            // tasks per step
+  uint32_t group_size = 8;            // samples per task per step
+  uint32_t max_staleness = 0;         // [learner] max_staleness
+  uint64_t seed = 0;                  // task order
+  bool resume = false;                // continue a run from its store and checkpoints
 };
+
+// Task `i` of the endless training sequence: epoch i / n is a shuffle of `n` tasks by `seed`.
+size_t train_task_index(uint64_t seed, size_t n, uint64_t i);
 
 caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args);
 

@@ -504,15 +504,49 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.number("lazy_reward", c.reward.lazy_reward, -1e6, 1e6);
   });
   section("learner", [&](TableReader& r) {
-    r.one_of("algorithm", c.learner.algorithm, {"grpo", "dr_grpo", "rloo"});
-    r.integer("lora_rank", c.learner.lora_rank, 1, 4096);
-    r.number("lora_alpha", c.learner.lora_alpha, 0, 1e6);
-    r.number("learning_rate", c.learner.learning_rate, 0, 1);
-    r.integer("batch_size", c.learner.batch_size, 1, 1 << 20);
-    r.integer("group_size", c.learner.group_size, 1, 1 << 20);
+    auto& l = c.learner;
+    r.one_of("algorithm", l.algorithm, {"grpo", "dr_grpo", "rloo"});
+    r.number("adv_eps", l.adv_eps, 0, 1);
+    r.integer("steps", l.steps, 1, 1 << 24);
+    r.integer("batch_size", l.batch_size, 1, 1 << 20);
+    r.integer("group_size", l.group_size, 2, 1 << 20);
+    r.integer("minibatch_size", l.minibatch_size, 1, 1 << 20);
+    r.integer("lora_rank", l.lora_rank, 1, 4096);
+    r.number("lora_alpha", l.lora_alpha, 0, 1e6);
+    r.number("lora_dropout", l.lora_dropout, 0, 0.99);
+    r.str_array("lora_targets", l.lora_targets);
+    static const std::set<std::string> known_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    for (auto& t : l.lora_targets)
+      if (!known_targets.count(t))
+        r.error_here("lora_targets", "\"" + t + "\" is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
+    if (l.lora_targets.empty()) r.error_here("lora_targets", "expected at least one module");
+    r.number("learning_rate", l.learning_rate, 0, 1);
+    r.number("weight_decay", l.weight_decay, 0, 10);
+    r.number("max_grad_norm", l.max_grad_norm, 0, 1e6);
+    r.one_of("lr_schedule", l.lr_schedule, {"constant", "linear", "cosine"});
+    r.integer("warmup_steps", l.warmup_steps, 0, 1 << 24);
+    r.number("clip_low", l.clip_low, 0, 1);
+    r.number("clip_high", l.clip_high, 0, 100);
+    r.one_of("aggregation", l.aggregation, {"token_mean", "seq_mean"});
+    r.number("kl_coef", l.kl_coef, 0, 1e3);
+    r.str("device", l.device);
+    if (l.device.empty()) l.device = c.policy.device;
+    r.str("dtype", l.dtype);
+    if (l.dtype.empty()) l.dtype = c.policy.dtype;
+    else if (l.dtype != "f32" && l.dtype != "f16" && l.dtype != "bf16")
+      r.error_here("dtype", "expected f32, f16 or bf16, got \"" + l.dtype + "\"");
+    r.integer("max_staleness", l.max_staleness, 0, 1 << 20);
+    r.number("sync_timeout_s", l.sync_timeout_s, 0.1, 86400);
+    r.integer("keep_last", l.keep_last, 1, 1 << 20);
   });
   section("experiment", [&](TableReader& r) {
-    r.one_of("mode", c.experiment.mode, {"eval"});
+    r.one_of("mode", c.experiment.mode, {"eval", "train"});
+    if (c.experiment.mode == "train") {
+      if (c.sampler.backend == "replay")
+        r.error_here("mode", "train needs a model sampler: set [sampler] backend = \"libtorch\" or \"openai\"");
+      if (c.policy.model.empty())
+        r.error_here("mode", "train needs [policy] model: the learner trains an adapter on that model");
+    }
     r.str("name", c.experiment.name);
     r.path("run_root", c.experiment.run_root, PathKind::any);
     r.integer("seed", c.experiment.seed, 0, std::numeric_limits<int64_t>::max());

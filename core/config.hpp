@@ -128,16 +128,37 @@ struct RewardConfig {
 };
 
 struct LearnerConfig {
-  std::string algorithm = "grpo";  // grpo, dr_grpo, rloo (behaviour arrives with the learner)
-  uint32_t lora_rank = 16;         // LoRA rank
-  double lora_alpha = 32;          // LoRA alpha
-  double learning_rate = 1e-5;     // AdamW learning rate
+  std::string algorithm = "grpo";  // advantage estimator: grpo, dr_grpo or rloo
+  double adv_eps = 1e-4;           // grpo: added to the group's reward std
+  uint32_t steps = 10;             // train: optimizer steps (policy versions) of the run
   uint32_t batch_size = 8;         // tasks per step
-  uint32_t group_size = 8;         // samples per task per step
+  uint32_t group_size = 8;         // samples per task per step (a GRPO group)
+  uint32_t minibatch_size = 8;     // sequences per forward/backward
+  uint32_t lora_rank = 16;         // fresh adapter (when [policy] adapter is not set): rank,
+  double lora_alpha = 32;          //   alpha,
+  double lora_dropout = 0;         //   dropout on the adapter input while training,
+  std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  double learning_rate = 1e-5;     // AdamW peak learning rate
+  double weight_decay = 0;         // AdamW weight decay
+  double max_grad_norm = 1.0;      // gradient-norm clipping (0: off)
+  std::string lr_schedule = "constant";  // constant, linear or cosine (to 0 at the last step)
+  uint32_t warmup_steps = 0;       // linear warmup steps before the schedule
+  double clip_low = 0.2;           // PPO clip range below 1
+  double clip_high = 0.2;          // PPO clip range above 1 (clip-higher: e.g. 0.28)
+  std::string aggregation = "token_mean";  // token_mean or seq_mean
+  double kl_coef = 0;              // k3 KL to the base policy (adapter off); 0: none
+  std::string device;              // where the learner trains ("": [policy] device)
+  std::string dtype;               // base weights' dtype ("": [policy] dtype); the adapter is f32
+  uint32_t max_staleness = 0;      // samples from a policy this many versions behind the newest
+                                   // are still learned from (0: strictly on-policy); older ones
+                                   // are rejected, reported and their group sampled again
+  double sync_timeout_s = 300;     // a sampler must acknowledge new weights within this; if it
+                                   // does not, the run stops with an error
+  uint32_t keep_last = 3;          // checkpoints kept besides the best by fast_1 and step 0
 };
 
 struct ExperimentConfig {
-  std::string mode = "eval";        // eval (train, best_of_n, ttt, sdpo arrive later)
+  std::string mode = "eval";        // eval or train (RLVR: [learner] steps of GRPO on the tasks)
   std::string name = "run";         // prefix of the run directory name
   std::string run_root = "runs";    // where run directories are created
   uint64_t seed = 0;                // experiment seed

@@ -4,7 +4,9 @@
 
 #include "actors/dispatcher.hpp"
 #include "actors/evaluator.hpp"
+#include "actors/checkpoint_selector.hpp"
 #include "actors/gate.hpp"
+#include "actors/learner.hpp"
 #include "actors/monitor.hpp"
 #include "actors/reward.hpp"
 #include "actors/sampler.hpp"
@@ -15,6 +17,7 @@
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
+#include "learner/lora_learner.hpp"
 #include "learner/runtime_info.hpp"
 #include "messages/messages.hpp"
 #include "store/store.hpp"
@@ -162,8 +165,28 @@ int cmd_join(const std::string& config_path, const JoinOptions& o, const std::st
   return run_join(*cfg, o);
 }
 
+namespace {
+// The newest complete checkpoint (RUN_DIR/checkpoints/step-N with learner.json), or "".
+std::string latest_checkpoint(const std::string& run_dir) {
+  std::error_code ec;
+  std::string best;
+  long best_n = -1;
+  for (auto& d : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
+    auto name = d.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || !fs::exists(d.path() / "learner.json")) continue;
+    char* end = nullptr;
+    long n = std::strtol(name.c_str() + 5, &end, 10);
+    if (*end == '\0' && n > best_n) {
+      best_n = n;
+      best = d.path().string();
+    }
+  }
+  return best;
+}
+}  // namespace
+
 int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
-            const std::string& log_level) {
+            const std::string& log_level, bool resume) {
   auto loaded = load_with_level(config_path, log_level);
   if (!loaded) return 2;
   Config cfg = std::move(*loaded);
@@ -212,6 +235,18 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     }
   }
 
+  const bool train = cfg.experiment.mode == "train";
+  if (resume) {
+    if (!train) {
+      lg->error("--resume {}: only train runs resume ({} has [experiment] mode = \"{}\")", run_dir_arg, config_path,
+                cfg.experiment.mode);
+      return 2;
+    }
+    if (!fs::exists(fs::path(run_dir_arg) / cfg.store.file) || latest_checkpoint(run_dir_arg).empty()) {
+      lg->error("--resume {}: not a train run directory (no {} or no checkpoints/step-N)", run_dir_arg, cfg.store.file);
+      return 2;
+    }
+  }
   std::string run_dir;
   if (run_dir_arg.empty()) {
     run_dir = make_run_dir(cfg.experiment.run_root, cfg.experiment.name);
@@ -225,12 +260,15 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     run_dir = fs::absolute(run_dir_arg).lexically_normal().string();
   }
   fs::create_directories(fs::path(run_dir) / "workers");
-  std::ofstream(fs::path(run_dir) / "config.resolved.toml") << cfg.resolved_toml;
+  if (!resume) std::ofstream(fs::path(run_dir) / "config.resolved.toml") << cfg.resolved_toml;
   log::add_run_file((fs::path(run_dir) / "launch.log").string());
   std::string run_id = fs::path(run_dir).filename().string();
   if (cfg.sampler.backend == "replay")
     lg->info("run {} ({} mode, {} tasks, {} actions) in {}", run_id, cfg.experiment.mode, tasks.size(),
              records.size(), run_dir);
+  else if (cfg.experiment.mode == "train")
+    lg->info("run {} (train: {} steps of {} tasks x {} samples from the {} sampler, {} tasks in all) in {}", run_id,
+             cfg.learner.steps, cfg.learner.batch_size, cfg.learner.group_size, cfg.sampler.backend, tasks.size(), run_dir);
   else
     lg->info("run {} ({} mode, {} tasks, {} samples each from the {} sampler) in {}", run_id, cfg.experiment.mode,
              tasks.size(), std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
@@ -244,6 +282,12 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
       po.adapter_dir = cfg.policy.adapter;
       po.device = cfg.policy.device;
       po.dtype = cfg.policy.dtype;
+      if (train && po.adapter_dir.empty()) {  // somewhere for the learner's weights to go
+        po.lora_rank = cfg.learner.lora_rank;
+        po.lora_alpha = cfg.learner.lora_alpha;
+        po.lora_targets = cfg.learner.lora_targets;
+        po.seed = cfg.experiment.seed;
+      }
       backend = make_libtorch_backend(po);
     } else if (cfg.sampler.backend == "openai") {
       OpenAIOptions oo;
@@ -259,6 +303,45 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
   } catch (const std::exception& e) {
     lg->error("{}", e.what());
     return 2;
+  }
+  // train: the learner's model and adapter (a resumed run: its latest checkpoint's, optimizer included).
+  std::shared_ptr<LoraLearner> engine;
+  if (train) {
+    LearnerOptions lo;
+    lo.model_dir = cfg.policy.model;
+    lo.adapter_dir = cfg.policy.adapter;
+    lo.device = cfg.learner.device;
+    lo.dtype = cfg.learner.dtype;
+    lo.lora_rank = cfg.learner.lora_rank;
+    lo.lora_alpha = cfg.learner.lora_alpha;
+    lo.lora_dropout = cfg.learner.lora_dropout;
+    lo.lora_targets = cfg.learner.lora_targets;
+    lo.seed = cfg.experiment.seed;
+    lo.estimator = cfg.learner.algorithm;
+    lo.adv_eps = cfg.learner.adv_eps;
+    lo.learning_rate = cfg.learner.learning_rate;
+    lo.weight_decay = cfg.learner.weight_decay;
+    lo.max_grad_norm = cfg.learner.max_grad_norm;
+    lo.schedule = cfg.learner.lr_schedule;
+    lo.warmup_steps = cfg.learner.warmup_steps;
+    lo.total_steps = cfg.learner.steps;
+    lo.temperature = cfg.sampler.temperature;
+    lo.clip_low = cfg.learner.clip_low;
+    lo.clip_high = cfg.learner.clip_high;
+    lo.kl_coef = cfg.learner.kl_coef;
+    lo.aggregation = cfg.learner.aggregation;
+    lo.minibatch_size = cfg.learner.minibatch_size;
+    try {
+      engine = LoraLearner::create(lo);
+      if (resume) {
+        std::string ck = latest_checkpoint(run_dir);
+        engine->load_checkpoint(ck);
+        lg->info("resuming from {} (policy version {})", ck, engine->version());
+      }
+    } catch (const std::exception& e) {
+      lg->error("{}", e.what());
+      return 2;
+    }
   }
   if (cfg.nodes.size() > 1 && !cluster)
     lg->warn("no [[node]] has a port: the roles of all {} [[node]] entries run in this process",
@@ -299,6 +382,25 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
       for (auto& ea : node_evaluators(cfg, node, worker_logs)) eval_args.push_back(ea);
     }
 
+    caf::actor selector, learner;
+    if (train) {
+      selector = spawn_checkpoint_selector(sys, SelectorArgs{(fs::path(run_dir) / "checkpoints").string(), cfg.learner.keep_last});
+      LearnerArgs la;
+      la.engine = engine;
+      la.group_size = cfg.learner.group_size;
+      la.selector = selector;
+      la.checkpoint_dir = (fs::path(run_dir) / "checkpoints").string();
+      la.sync_timeout_s = cfg.learner.sync_timeout_s;
+      learner = spawn_learner(sys, la);
+      supervisor_args.learner = learner;
+      supervisor_args.selector = selector;
+      supervisor_args.steps = cfg.learner.steps;
+      supervisor_args.batch_size = cfg.learner.batch_size;
+      supervisor_args.group_size = cfg.learner.group_size;
+      supervisor_args.max_staleness = cfg.learner.max_staleness;
+      supervisor_args.seed = cfg.experiment.seed;
+      supervisor_args.resume = resume;
+    }
     auto supervisor = spawn_supervisor(sys, supervisor_args);
     auto reward = spawn_reward(sys, cfg.reward, supervisor, caf::actor{});
     auto dispatcher = spawn_dispatcher(sys, da, reward);
@@ -317,7 +419,8 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     sma.batch_prompts = cfg.sampler.batch_prompts;
     auto sampler = spawn_sampler(sys, std::move(sma), dispatcher);
     auto stop_all = [&](std::vector<caf::actor> extra) {
-      for (auto& a : std::vector<caf::actor>{sampler, dispatcher, reward, supervisor}) anon_send_exit(a, caf::exit_reason::user_shutdown);
+      for (auto& a : std::vector<caf::actor>{sampler, dispatcher, reward, supervisor, learner, selector})
+        if (a) anon_send_exit(a, caf::exit_reason::user_shutdown);
       for (auto& a : extra) anon_send_exit(a, caf::exit_reason::user_shutdown);
       for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
     };
@@ -337,7 +440,9 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
       lg->info("telemetry published on {} (ZeroMQ PUB, topic \"{}\", msgpack)", ma.publisher->endpoint(),
                telemetry_topic);
     }
-    auto monitor = spawn_monitor(sys, ma, {supervisor, dispatcher, sampler}, supervisor);
+    std::vector<caf::actor> watched{supervisor, dispatcher, sampler};
+    if (learner) watched.push_back(learner);
+    auto monitor = spawn_monitor(sys, ma, watched, supervisor);
     caf::actor gate;
     if (cluster) {
       const auto& head = head_node(cfg);  // it listens on its own host and port
@@ -371,8 +476,8 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     else
       lg->error("run failed: {}", j.value("error", std::string("unknown error")));
     if (gate) sys.middleman().unpublish(gate, 0);
-    for (auto& a : std::vector<caf::actor>{monitor, sampler, dispatcher, reward, supervisor, gate})
-      self->send_exit(a, caf::exit_reason::user_shutdown);
+    for (auto& a : std::vector<caf::actor>{monitor, sampler, dispatcher, reward, supervisor, gate, learner, selector})
+      if (a) self->send_exit(a, caf::exit_reason::user_shutdown);
     for (auto& e : evaluators) self->send_exit(e, caf::exit_reason::user_shutdown);
   }
   return rc;

@@ -9,7 +9,8 @@
 namespace kernelrl {
 
 // launch CONFIG [--run-dir DIR] [--log-level LEVEL]
-int cmd_run(const std::string& config_path, const std::string& run_dir, const std::string& log_level);
+// resume: continue the train run in run_dir from its latest checkpoint and its store.
+int cmd_run(const std::string& config_path, const std::string& run_dir, const std::string& log_level, bool resume = false);
 // launch CONFIG --node NAME [--log-level LEVEL]: one non-head node of a cluster
 int cmd_node(const std::string& config_path, const std::string& node, const std::string& log_level);
 // launch CONFIG --join [--name NAME] [--cpu-slots N] [--gpus 0,1]: a machine not in CONFIG

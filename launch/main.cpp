@@ -12,6 +12,7 @@ namespace {
 const char* usage =
     "usage:\n"
     "  launch CONFIG [--run-dir DIR] [--log-level LEVEL]   run the experiment CONFIG describes (a cluster's head)\n"
+    "  launch CONFIG --resume RUN_DIR [--log-level LEVEL]  continue a train run from its latest checkpoint\n"
     "  launch CONFIG --node NAME [--log-level LEVEL]       run node NAME of the cluster CONFIG describes\n"
     "  launch CONFIG --join [--name NAME] (--cpu-slots N | --gpus 0,1,...) [--log-level LEVEL]\n"
     "                                                      add this machine (not in CONFIG) to CONFIG's cluster\n"
@@ -205,16 +206,20 @@ int main(int argc, char** argv) {
     return kernelrl::cmd_monitor(o);
   }
   std::string config = cmd, run_dir, level, node;
-  bool join = false;
+  bool join = false, resume = false;
   kernelrl::JoinOptions jo;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--join") {
       join = true;
-    } else if ((a == "--run-dir" || a == "--log-level" || a == "--node" || a == "--name" || a == "--cpu-slots" ||
+    } else if ((a == "--run-dir" || a == "--resume" || a == "--log-level" || a == "--node" || a == "--name" || a == "--cpu-slots" ||
                 a == "--gpus") && i + 1 < args.size()) {
       const std::string& v = args[++i];
-      if (a == "--run-dir") run_dir = v;
+      if (a == "--run-dir" || a == "--resume") {
+        if (!run_dir.empty()) return bad("give one of --run-dir and --resume, once");
+        run_dir = v;
+        resume = a == "--resume";
+      }
       else if (a == "--node") node = v;
       else if (a == "--log-level") level = v;
       else if (a == "--name") jo.name = v;
@@ -258,5 +263,5 @@ int main(int argc, char** argv) {
     if (!run_dir.empty()) return bad("--node: a node keeps no run directory (the head does)");
     return kernelrl::cmd_node(config, node, level);
   }
-  return kernelrl::cmd_run(config, run_dir, level);
+  return kernelrl::cmd_run(config, run_dir, level, resume);
 }

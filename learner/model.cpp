@@ -1,6 +1,7 @@
 #include "learner/model.hpp"
 
 #include "learner/safetensors.hpp"
+#include "messages/messages.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -147,9 +148,9 @@ ModelConfig load_model_config(const std::string& dir) {
   return c;
 }
 
-torch::Tensor Linear::forward(const torch::Tensor& x, bool training) const {
+torch::Tensor Linear::forward(const torch::Tensor& x, bool training, bool use_lora) const {
   auto y = torch::nn::functional::linear(x, w, b.defined() ? b : torch::Tensor());
-  if (!a.defined()) return y;
+  if (!a.defined() || !use_lora) return y;
   auto xa = x.to(torch::kFloat32);
   if (training && dropout > 0) xa = torch::dropout(xa, dropout, true);
   auto l = torch::matmul(torch::matmul(xa, a.t()), bb.t()) * scale;
@@ -264,9 +265,9 @@ torch::Tensor CausalLM::run(const torch::Tensor& ids, const torch::Tensor& posit
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     auto x = rms(h, L.in_norm);
-    auto q = L.q.forward(x, training).view({B, T, nh, D}).transpose(1, 2);
-    auto k = L.k.forward(x, training).view({B, T, nkv, D}).transpose(1, 2);
-    auto v = L.v.forward(x, training).view({B, T, nkv, D}).transpose(1, 2);
+    auto q = L.q.forward(x, training, lora_enabled_).view({B, T, nh, D}).transpose(1, 2);
+    auto k = L.k.forward(x, training, lora_enabled_).view({B, T, nkv, D}).transpose(1, 2);
+    auto v = L.v.forward(x, training, lora_enabled_).view({B, T, nkv, D}).transpose(1, 2);
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
     if (cache && slot.defined()) {
@@ -291,9 +292,9 @@ torch::Tensor CausalLM::run(const torch::Tensor& ids, const torch::Tensor& posit
     else
       att = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/T > 1);
     att = att.transpose(1, 2).reshape({B, T, nh * D});
-    h = h + L.o.forward(att, training);
+    h = h + L.o.forward(att, training, lora_enabled_);
     x = rms(h, L.post_norm);
-    h = h + L.down.forward(torch::silu(L.gate.forward(x, training)) * L.up.forward(x, training), training);
+    h = h + L.down.forward(torch::silu(L.gate.forward(x, training, lora_enabled_)) * L.up.forward(x, training, lora_enabled_), training, lora_enabled_);
   }
   return rms(h, norm_);
 }
@@ -305,13 +306,20 @@ torch::Tensor CausalLM::forward(const torch::Tensor& ids, const torch::Tensor& p
   return lm_head(hidden(ids, positions, mask, cache, cache_pos, training));
 }
 
-torch::Tensor CausalLM::sequence_logprobs(const torch::Tensor& ids_in, bool training) const {
+torch::Tensor CausalLM::sequence_logprobs(const torch::Tensor& ids_in, bool training, double temperature,
+                                          torch::Tensor* entropy) const {
   auto ids = ids_in.to(device_, torch::kInt64);
   const int64_t B = ids.size(0), L = ids.size(1);
   if (L < 2) throw std::invalid_argument("sequence_logprobs: sequences need at least 2 tokens");
   auto pos = torch::arange(L, torch::TensorOptions().dtype(torch::kInt64).device(device_)).unsqueeze(0).expand({B, L});
-  auto logits = forward(ids, pos, torch::Tensor(), nullptr, 0, training).to(torch::kFloat32);
-  return torch::log_softmax(logits.narrow(1, 0, L - 1), -1).gather(-1, ids.narrow(1, 1, L - 1).unsqueeze(-1)).squeeze(-1);
+  auto logits = forward(ids, pos, torch::Tensor(), nullptr, 0, training).to(torch::kFloat32).narrow(1, 0, L - 1);
+  if (temperature > 0 && temperature != 1.0) logits = logits / temperature;
+  auto lsm = torch::log_softmax(logits, -1);
+  if (entropy) {
+    torch::NoGradGuard ng;
+    *entropy = -(lsm.exp() * lsm).sum(-1);
+  }
+  return lsm.gather(-1, ids.narrow(1, 1, L - 1).unsqueeze(-1)).squeeze(-1);
 }
 
 KVCache CausalLM::new_cache(int64_t batch, int64_t capacity) const {
@@ -445,6 +453,21 @@ void CausalLM::load_lora(const std::string& dir) {
   if (used.empty()) fail(cfile, "target_modules matches no linear layer of this model");
   lora_ = s;
   has_lora_ = true;
+}
+
+std::vector<TensorBlob> lora_blobs(const CausalLM& m) {
+  std::vector<TensorBlob> out;
+  for (auto& [name, t] : m.lora_tensors()) {
+    auto c = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    TensorBlob b;
+    b.name = name;
+    b.dtype = "f32";
+    b.shape = c.sizes().vec();
+    auto* p = static_cast<const uint8_t*>(c.data_ptr());
+    b.data.assign(p, p + c.numel() * 4);
+    out.push_back(std::move(b));
+  }
+  return out;
 }
 
 std::map<std::string, torch::Tensor> CausalLM::lora_tensors() const {

@@ -18,6 +18,8 @@
 
 namespace kernelrl {
 
+struct TensorBlob;
+
 // config.json of a Qwen2 or Llama checkpoint.
 struct ModelConfig {
   std::string model_type;              // "qwen2" or "llama"
@@ -61,7 +63,8 @@ struct Linear {
   torch::Tensor a, bb;  // LoRA A [r, in] and B [out, r] (float32; undefined without an adapter)
   double scale = 0;
   double dropout = 0;
-  torch::Tensor forward(const torch::Tensor& x, bool training) const;
+  // use_lora false: the base layer alone (the reference policy of a KL term).
+  torch::Tensor forward(const torch::Tensor& x, bool training, bool use_lora = true) const;
 };
 
 struct KVCache {
@@ -90,7 +93,10 @@ class CausalLM {
   torch::Tensor lm_head(const torch::Tensor& h) const;
   // log p(ids[:, t] | ids[:, <t]) for t = 1 .. L-1: float32 [batch, L - 1] from one causal pass
   // over right-padded `ids` [batch, L] (int64, any device); differentiable in the adapter.
-  torch::Tensor sequence_logprobs(const torch::Tensor& ids, bool training) const;
+  // With temperature T (> 0) the distribution is softmax(logits / T), as the sampler's logprobs;
+  // `entropy`, when given, receives that distribution's entropy per position (no gradient).
+  torch::Tensor sequence_logprobs(const torch::Tensor& ids, bool training, double temperature = 1.0,
+                                  torch::Tensor* entropy = nullptr) const;
   // One decode step in a form a CUDA graph can capture: every shape fixed by the cache. `slot`
   // (int64 [1], on the device) is where the new key and value go; attention covers the whole
   // cache under `mask` (bool [batch, 1, 1, capacity]). Returns hidden states [batch, 1, hidden].
@@ -101,6 +107,8 @@ class CausalLM {
 
   // LoRA. A fresh adapter has A ~ kaiming-uniform(a = sqrt(5)) and B = 0, as PEFT initialises it.
   bool has_lora() const { return has_lora_; }
+  // Off: every forward uses the base weights alone (the reference policy for a KL term).
+  void set_lora_enabled(bool on) { lora_enabled_ = on; }
   const LoraSettings& lora_settings() const { return lora_; }
   void add_lora(const LoraSettings& s, uint64_t seed);
   // DIR/adapter_config.json + DIR/adapter_model.safetensors in PEFT's format.
@@ -130,8 +138,12 @@ class CausalLM {
   std::vector<Layer> layers_;
   torch::Tensor inv_freq_;  // float32 [head_dim / 2]
   bool has_lora_ = false;
+  bool lora_enabled_ = true;
   LoraSettings lora_;
 };
+
+// The model's adapter as float32 TensorBlobs under PEFT key names (what a WeightsUpdate carries).
+std::vector<TensorBlob> lora_blobs(const CausalLM& m);
 
 torch::ScalarType parse_dtype(const std::string& s);  // f32/float32, f16/float16, bf16/bfloat16
 

@@ -326,20 +326,7 @@ void Policy::apply_weights(uint64_t version, const std::vector<TensorBlob>& tens
   impl_->version = version;
 }
 
-std::vector<TensorBlob> Policy::adapter_blobs() const {
-  std::vector<TensorBlob> out;
-  for (auto& [name, t] : impl_->model->lora_tensors()) {
-    auto c = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-    TensorBlob b;
-    b.name = name;
-    b.dtype = "f32";
-    b.shape = c.sizes().vec();
-    auto* p = static_cast<const uint8_t*>(c.data_ptr());
-    b.data.assign(p, p + c.numel() * 4);
-    out.push_back(std::move(b));
-  }
-  return out;
-}
+std::vector<TensorBlob> Policy::adapter_blobs() const { return lora_blobs(*impl_->model); }
 
 void Policy::save_adapter(const std::string& dir) const {
   try {

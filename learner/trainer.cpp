@@ -1,13 +1,30 @@
 #include "learner/trainer.hpp"
 
+#include "learner/safetensors.hpp"
+
+#include <cmath>
 #include <stdexcept>
 
 namespace kernelrl {
 
+double scheduled_lr(const TrainOptions& o, int64_t step) {
+  const double peak = o.learning_rate;
+  if (o.warmup_steps > 0 && step < o.warmup_steps) return peak * double(step + 1) / double(o.warmup_steps + 1);
+  if (o.schedule == "constant" || o.total_steps <= 0) return peak;
+  const int64_t decay = std::max<int64_t>(1, o.total_steps - o.warmup_steps);
+  const double frac = std::min(1.0, double(step - o.warmup_steps) / double(decay));
+  if (o.schedule == "linear") return peak * (1.0 - frac);
+  if (o.schedule == "cosine") return peak * 0.5 * (1.0 + std::cos(M_PI * frac));
+  throw std::invalid_argument("trainer: schedule \"" + o.schedule + "\" (expected constant, linear or cosine)");
+}
+
 LoraTrainer::LoraTrainer(CausalLM& model, const TrainOptions& o) : model_(model), o_(o) {
   if (!model.has_lora()) throw std::invalid_argument("trainer: the model has no LoRA adapter to train");
+  if (o.loss.aggregation != "token_mean" && o.loss.aggregation != "seq_mean")
+    throw std::invalid_argument("trainer: aggregation \"" + o.loss.aggregation + "\" (expected token_mean or seq_mean)");
   for (auto& [name, t] : model.lora_tensors()) {
     t.requires_grad_(true);
+    names_.push_back(name);
     params_.push_back(t);
   }
   auto ao = torch::optim::AdamWOptions(o.learning_rate)
@@ -19,33 +36,77 @@ LoraTrainer::LoraTrainer(CausalLM& model, const TrainOptions& o) : model_(model)
 }
 
 void LoraTrainer::accumulate(const TrainBatch& b) {
+  if (sft_ && sequences_ > 0) throw std::logic_error("trainer: GRPO and SFT minibatches mixed in one step");
+  sft_ = false;
   const int64_t B = b.ids.size(0), L = b.ids.size(1);
   auto dev = model_.device();
-  auto lp = model_.sequence_logprobs(b.ids, /*training=*/true);
+  torch::Tensor ref;
+  if (b.ref_logp.defined()) {
+    ref = b.ref_logp.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
+  } else if (o_.loss.kl_coef != 0) {  // the reference policy: the base model, adapter off
+    torch::NoGradGuard ng;
+    model_.set_lora_enabled(false);
+    try {
+      ref = model_.sequence_logprobs(b.ids, /*training=*/false, o_.temperature);
+    } catch (...) {
+      model_.set_lora_enabled(true);
+      throw;
+    }
+    model_.set_lora_enabled(true);
+  }
+  torch::Tensor ent;
+  auto lp = model_.sequence_logprobs(b.ids, /*training=*/true, o_.temperature, &ent);
   auto m = b.mask.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
   auto old = b.old_logp.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
   auto adv = b.advantages.to(dev, torch::kFloat32);
   if (adv.dim() == 2) adv = adv.narrow(1, 1, L - 1);
-  torch::Tensor ref;
-  if (b.ref_logp.defined()) ref = b.ref_logp.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
   auto tok = per_token_loss(lp, old, adv, ref, o_.loss) * m;
   torch::Tensor sum;
   if (o_.loss.aggregation == "token_mean") sum = tok.sum();
-  else if (o_.loss.aggregation == "seq_mean") sum = (tok.sum(1) / m.sum(1).clamp_min(1)).sum();
-  else throw std::invalid_argument("trainer: aggregation \"" + o_.loss.aggregation + "\"");
+  else sum = (tok.sum(1) / m.sum(1).clamp_min(1)).sum();
+  sum.backward();
+  {
+    torch::NoGradGuard ng;
+    auto r = policy_loss(lp.detach(), old, adv, m, ref, ent, o_.loss);
+    const double n = m.sum().item<double>();
+    pg_sum_ += r.pg * (o_.loss.aggregation == "token_mean" ? n : double(B));
+    kl_sum_ += r.kl * n;
+    clip_sum_ += r.clip_fraction * n;
+    ratio_sum_ += r.ratio_mean * n;
+    entropy_sum_ += r.entropy * n;
+    tokens_ += n;
+  }
+  loss_sum_ += sum.item<double>();
+  sequences_ += double(B);
+}
+
+void LoraTrainer::accumulate_sft(const torch::Tensor& ids, const torch::Tensor& mask) {
+  if (!sft_ && sequences_ > 0) throw std::logic_error("trainer: GRPO and SFT minibatches mixed in one step");
+  sft_ = true;
+  const int64_t L = ids.size(1);
+  auto lp = model_.sequence_logprobs(ids, /*training=*/true, 1.0);
+  auto m = mask.to(model_.device(), torch::kFloat32).narrow(1, 1, L - 1);
+  auto sum = -(lp * m).sum();
   sum.backward();
   loss_sum_ += sum.item<double>();
   tokens_ += m.sum().item<double>();
-  sequences_ += double(B);
+  sequences_ += double(ids.size(0));
 }
 
 StepReport LoraTrainer::step() {
   StepReport r;
   r.tokens = tokens_;
   r.sequences = sequences_;
-  const double norm = o_.loss.aggregation == "token_mean" ? tokens_ : sequences_;
+  const double norm = (sft_ || o_.loss.aggregation == "token_mean") ? tokens_ : sequences_;
   if (norm <= 0) throw std::runtime_error("trainer: step without any accumulated tokens");
   r.loss = loss_sum_ / norm;
+  if (!sft_ && tokens_ > 0) {
+    r.pg = pg_sum_ / norm;
+    r.kl = kl_sum_ / tokens_;
+    r.clip_fraction = clip_sum_ / tokens_;
+    r.ratio_mean = ratio_sum_ / tokens_;
+    r.entropy = entropy_sum_ / tokens_;
+  }
   torch::NoGradGuard ng;
   double sq = 0;
   for (auto& p : params_)
@@ -59,10 +120,63 @@ StepReport LoraTrainer::step() {
     for (auto& p : params_)
       if (p.grad().defined()) p.mutable_grad().mul_(s);
   }
+  r.lr = scheduled_lr(o_, steps_);
+  for (auto& g : opt_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(r.lr);
   opt_->step();
   opt_->zero_grad();
+  ++steps_;
   loss_sum_ = tokens_ = sequences_ = 0;
+  pg_sum_ = kl_sum_ = clip_sum_ = ratio_sum_ = entropy_sum_ = 0;
+  sft_ = false;
   return r;
+}
+
+void LoraTrainer::save_state(const std::string& path) const {
+  std::map<std::string, torch::Tensor> ts;
+  auto& state = opt_->state();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto it = state.find(params_[i].unsafeGetTensorImpl());
+    if (it == state.end()) continue;
+    auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    ts[names_[i] + ".exp_avg"] = s.exp_avg();
+    ts[names_[i] + ".exp_avg_sq"] = s.exp_avg_sq();
+    ts[names_[i] + ".step"] = torch::tensor({s.step()}, torch::kInt64);
+  }
+  ts["trainer.steps"] = torch::tensor({steps_}, torch::kInt64);
+  save_tensors(path, ts, std::nullopt, {{"format", "kernelrl-adamw"}});
+}
+
+void LoraTrainer::load_state(const std::string& path) {
+  auto f = SafetensorsFile::open(path);
+  auto get = [&](const std::string& name) -> const StTensorView* {
+    for (auto& v : f->tensors())
+      if (v.name == name) return &v;
+    return nullptr;
+  };
+  auto to_tensor = [&](const StTensorView& v, torch::ScalarType want) {
+    auto dt = v.dtype == StDtype::F32 ? torch::kFloat32 : v.dtype == StDtype::I64 ? torch::kInt64 : torch::kFloat64;
+    if (dt != want) throw std::runtime_error(path + ": " + v.name + ": unexpected dtype");
+    return torch::from_blob(const_cast<uint8_t*>(v.data), v.shape, torch::TensorOptions().dtype(dt)).clone();
+  };
+  auto* st = get("trainer.steps");
+  if (!st) throw std::runtime_error(path + ": not a kernelrl optimizer state (no trainer.steps)");
+  steps_ = to_tensor(*st, torch::kInt64).item<int64_t>();
+  auto& state = opt_->state();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto* m1 = get(names_[i] + ".exp_avg");
+    auto* m2 = get(names_[i] + ".exp_avg_sq");
+    auto* sp = get(names_[i] + ".step");
+    if (!m1 && !m2 && !sp) continue;  // never stepped
+    if (!m1 || !m2 || !sp) throw std::runtime_error(path + ": incomplete optimizer state for " + names_[i]);
+    auto a = to_tensor(*m1, torch::kFloat32), b = to_tensor(*m2, torch::kFloat32);
+    if (a.sizes() != params_[i].sizes() || b.sizes() != params_[i].sizes())
+      throw std::runtime_error(path + ": " + names_[i] + ": optimizer state shape differs from the adapter's");
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(to_tensor(*sp, torch::kInt64).item<int64_t>());
+    s->exp_avg(a.to(params_[i].device()));
+    s->exp_avg_sq(b.to(params_[i].device()));
+    state[params_[i].unsafeGetTensorImpl()] = std::move(s);
+  }
 }
 
 }  // namespace kernelrl

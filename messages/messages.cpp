@@ -38,6 +38,8 @@ void add_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<StepStats>("kernelrl.StepStats");
   cfg.add_message_type<Checkpoint>("kernelrl.Checkpoint");
   cfg.add_message_type<TensorBlob>("kernelrl.TensorBlob");
+  cfg.add_message_type<SamplePlan>("kernelrl.SamplePlan");
+  cfg.add_message_type<StepUpdate>("kernelrl.StepUpdate");
   cfg.add_message_type<WeightsUpdate>("kernelrl.WeightsUpdate");
   cfg.add_message_type<Telemetry>("kernelrl.Telemetry");
   cfg.add_message_type<std::vector<Rollout>>("kernelrl.RolloutBatch");

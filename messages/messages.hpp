@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 6;
+inline constexpr uint32_t protocol_version = 7;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -173,6 +173,29 @@ struct WeightsUpdate {
   MSGPACK_DEFINE_MAP(version, tensors);
 };
 
+// What the supervisor asks a sampler for in one step: n samples of task_ids[i] as group
+// group_ids[i] (group ids are unique within a run, so sample ids are too).
+struct SamplePlan {
+  uint32_t step = 0;
+  std::vector<std::string> task_ids;
+  std::vector<uint64_t> group_ids;  // one per task id
+  uint32_t n = 1;                   // samples per group
+  friend bool operator==(const SamplePlan&, const SamplePlan&) = default;
+  MSGPACK_DEFINE_MAP(step, task_ids, group_ids, n);
+};
+
+// The learner's report of one optimizer step, sent to the supervisor once every sampler has
+// acknowledged the new version (or with `error` set when that failed: the run stops).
+struct StepUpdate {
+  uint32_t step = 0;                    // the experiment step whose samples it learned from
+  uint64_t policy_version = 0;          // the version now served
+  std::string checkpoint;               // directory of the saved adapter (RUN_DIR/checkpoints/step-N)
+  std::map<std::string, double> stats;  // loss, grad_norm, lr, clip_fraction, entropy, ...
+  std::string error;                    // not empty: the step failed
+  friend bool operator==(const StepUpdate&, const StepUpdate&) = default;
+  MSGPACK_DEFINE_MAP(step, policy_version, checkpoint, stats, error);
+};
+
 // A snapshot of some actor's counters for the monitor.
 struct Telemetry {
   double ts = 0;                          // seconds since the epoch
@@ -235,6 +258,14 @@ typename Inspector::result_type inspect(Inspector& f, WeightsUpdate& x) {
   return f(caf::meta::type_name("kernelrl.WeightsUpdate"), x.version, x.tensors);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SamplePlan& x) {
+  return f(caf::meta::type_name("kernelrl.SamplePlan"), x.step, x.task_ids, x.group_ids, x.n);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepUpdate& x) {
+  return f(caf::meta::type_name("kernelrl.StepUpdate"), x.step, x.policy_version, x.checkpoint, x.stats, x.error);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Telemetry& x) {
   return f(caf::meta::type_name("kernelrl.Telemetry"), x.ts, x.source, x.step, x.values);
 }
@@ -255,6 +286,8 @@ using publish_atom = caf::atom_constant<caf::atom("publish")>;    // -> monitor
 using stats_atom = caf::atom_constant<caf::atom("stats")>;        // query counters
 using tick_atom = caf::atom_constant<caf::atom("tick")>;          // self timers
 using best_atom = caf::atom_constant<caf::atom("best")>;          // -> checkpoint_selector
+using sync_atom = caf::atom_constant<caf::atom("sync")>;          // supervisor -> learner: publish
+                                                                  // the current weights
 using finish_atom = caf::atom_constant<caf::atom("finish")>;      // orderly end of a run
 using compile_atom = caf::atom_constant<caf::atom("compile")>;    // evaluator -> its compile stage
 // dispatcher -> evaluator: (withdraw_atom, sample_id): give back a request it has not started

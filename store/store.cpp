@@ -201,7 +201,7 @@ InsertResult Store::record_sample(const std::string& run_id, const ScoredRollout
   return sqlite3_changes(db_) == 1 ? InsertResult::inserted : InsertResult::duplicate;
 }
 
-bool Store::record_step(const std::string& run_id, const StepStats& s) {
+bool Store::record_step(const std::string& run_id, const StepStats& s, const std::map<std::string, double>& learner) {
   nlohmann::json j = {{"step", s.step},
                       {"samples", s.samples},
                       {"correct", s.correct},
@@ -210,6 +210,7 @@ bool Store::record_step(const std::string& run_id, const StepStats& s) {
                       {"mean_reward", s.mean_reward},
                       {"policy_version", s.policy_version},
                       {"status_counts", s.status_counts}};
+  if (!learner.empty()) j["learner"] = learner;
   Stmt st(db_, "INSERT OR REPLACE INTO steps (run_id, step, stats_json, created_at) VALUES (?,?,?,?)");
   st.text(1, run_id).i64(2, s.step).text(3, j.dump()).text(4, iso_now());
   if (st.step() != SQLITE_DONE) {
@@ -217,6 +218,32 @@ bool Store::record_step(const std::string& run_id, const StepStats& s) {
     return false;
   }
   return true;
+}
+
+std::vector<Store::StepRow> Store::steps(const std::string& run_id) {
+  std::vector<StepRow> out;
+  Stmt st(db_, "SELECT stats_json FROM steps WHERE run_id = ?1 ORDER BY step");
+  st.text(1, run_id);
+  while (st.step() == SQLITE_ROW) {
+    StepRow r;
+    try {
+      auto j = nlohmann::json::parse(st.col_text(0));
+      r.stats.step = j.at("step").get<uint32_t>();
+      r.stats.samples = j.value("samples", uint64_t{0});
+      r.stats.correct = j.value("correct", uint64_t{0});
+      r.stats.fast_1 = j.value("fast_1", 0.0);
+      r.stats.mean_speedup = j.value("mean_speedup", 0.0);
+      r.stats.mean_reward = j.value("mean_reward", 0.0);
+      r.stats.policy_version = j.value("policy_version", uint64_t{0});
+      r.stats.status_counts = j.value("status_counts", std::map<std::string, uint64_t>{});
+      r.learner = j.value("learner", std::map<std::string, double>{});
+    } catch (const std::exception& e) {
+      err_ = std::string("steps: unreadable row: ") + e.what();
+      continue;
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 bool Store::record_checkpoint(const std::string& run_id, const Checkpoint& c) {

@@ -7,6 +7,7 @@
 
 #include "messages/messages.hpp"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,7 +47,15 @@ class Store {
   bool finish_run(const std::string& run_id, const std::string& status, const std::string& summary_json);
   // Idempotent by (run_id, sample_id): a second record of the same sample is a duplicate.
   InsertResult record_sample(const std::string& run_id, const ScoredRollout& s);
-  bool record_step(const std::string& run_id, const StepStats& s);
+  // A step's statistics (replacing an earlier record of the same step), with the learner's
+  // figures for the update made from it (loss, grad_norm, ...) when there was one.
+  bool record_step(const std::string& run_id, const StepStats& s, const std::map<std::string, double>& learner = {});
+  struct StepRow {
+    StepStats stats;
+    std::map<std::string, double> learner;
+  };
+  // The recorded steps of a run, by step.
+  std::vector<StepRow> steps(const std::string& run_id);
   bool record_checkpoint(const std::string& run_id, const Checkpoint& c);
   bool record_telemetry(const std::string& run_id, const Telemetry& t);
 

@@ -1,0 +1,112 @@
+// LoraLearner: the learner's engine behind a torch-free interface (the model, the trainer and
+// LibTorch stay in lora_learner.cpp), so the learner actor and launch do not include torch.
+//
+// GRPO: add_group() takes the G scored samples of one task as soon as their rewards are in,
+// computes their advantages and runs forward/backward on them (in minibatches); step() takes
+// the optimizer step once the step's groups are all in, and the policy version goes up by one.
+// SFT: sft_step() on (prompt, completion) demonstrations with the same adapter and optimizer.
+// Checkpoints: the adapter in PEFT format plus optimizer state, so a run resumes exactly.
+#pragma once
+
+#include "messages/messages.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kernelrl {
+
+struct LearnerError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct LearnerOptions {
+  std::string model_dir;       // Hugging Face model directory (the policy's base model)
+  std::string adapter_dir;     // PEFT adapter to start from ("": a fresh one)
+  std::string device = "cpu";  // cpu or cuda[:N]
+  std::string dtype = "f32";   // base weights' dtype; the adapter is float32
+  int64_t lora_rank = 16;      // fresh adapter: rank, alpha, dropout, target modules, init seed
+  double lora_alpha = 32;
+  double lora_dropout = 0;
+  std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  uint64_t seed = 0;
+  std::string estimator = "grpo";  // grpo, dr_grpo or rloo (learner/advantages.hpp)
+  double adv_eps = 1e-4;
+  // Optimizer and loss (learner/trainer.hpp, learner/grpo.hpp).
+  double learning_rate = 1e-5, weight_decay = 0, max_grad_norm = 1.0;
+  std::string schedule = "constant";
+  int64_t warmup_steps = 0, total_steps = 0;
+  double temperature = 1.0;    // the sampler's temperature: logprobs are recomputed at it
+  double clip_low = 0.2, clip_high = 0.2, kl_coef = 0;
+  std::string aggregation = "token_mean";
+  uint32_t minibatch_size = 8;  // sequences per forward/backward
+};
+
+// One sample of a group as the learner needs it.
+struct LearnSample {
+  std::string prompt;                // prompt text (tokenized here the way the sampler did)
+  std::vector<int32_t> token_ids;    // completion tokens
+  std::vector<float> logprobs;       // their logprobs under the sampling policy
+  double reward = 0;
+  std::vector<float> token_advantages;  // optional, one per token (SDPO): used instead of the
+                                        // group advantage
+};
+
+struct GroupOutcome {
+  std::vector<double> advantages;  // per sample
+  bool skipped = false;            // all rewards equal: no gradient
+};
+
+struct UpdateStats {
+  uint64_t version = 0;            // policy version after the step
+  double loss = 0, grad_norm = 0, lr = 0, tokens = 0, sequences = 0;
+  double pg = 0, kl = 0, clip_fraction = 0, ratio_mean = 0, entropy = 0;
+  bool applied = false;            // false: no group carried a gradient (all skipped)
+  double seconds = 0;              // forward/backward and optimizer time of the step
+};
+
+// What the learner actor drives (actors/learner.cpp calls nothing else, so it links without
+// torch and tests can script an engine).
+class LearnerEngine {
+ public:
+  virtual ~LearnerEngine() = default;
+  // Advantages of the group and, unless skipped, its forward/backward. Throws LearnerError for a
+  // sample whose logprobs do not match its tokens.
+  virtual GroupOutcome add_group(const std::vector<LearnSample>& group) = 0;
+  // The optimizer step over every group added since the last one; version() goes up by one even
+  // when every group was skipped (the weights then stay as they were).
+  virtual UpdateStats step() = 0;
+  virtual uint64_t version() const = 0;
+  virtual std::vector<TensorBlob> adapter_blobs() const = 0;
+  // DIR/adapter_config.json + adapter_model.safetensors (PEFT), DIR/optimizer.safetensors and
+  // DIR/learner.json (version, optimizer steps); written whole or not at all.
+  virtual void save_checkpoint(const std::string& dir) const = 0;
+};
+
+class LoraLearner : public LearnerEngine {
+ public:
+  // Loads the model and adapter; throws LearnerError naming what is wrong.
+  static std::unique_ptr<LoraLearner> create(const LearnerOptions& o);
+  ~LoraLearner() override;
+
+  GroupOutcome add_group(const std::vector<LearnSample>& group) override;
+  UpdateStats step() override;
+  uint64_t version() const override;
+  std::vector<TensorBlob> adapter_blobs() const override;
+  void save_checkpoint(const std::string& dir) const override;
+  // Restores a directory written by save_checkpoint: adapter, optimizer state and version.
+  void load_checkpoint(const std::string& dir);
+  // One SFT optimizer step on `demos` (prompt, completion): cross-entropy of the completion
+  // tokens and an end-of-sequence token. Does not change version().
+  UpdateStats sft_step(const std::vector<std::pair<std::string, std::string>>& demos);
+
+  struct Impl;
+
+ private:
+  explicit LoraLearner(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kernelrl

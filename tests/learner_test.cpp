@@ -1,0 +1,316 @@
+// The learner, checkpoint-selector and supervisor actors of a train run, with a scripted learner
+// engine and scripted samplers: streaming groups into one update per step, weight sync that must
+// be acknowledged (a silent or refusing sampler stops the step), checkpoint retention and best
+// so far, and the supervisor rejecting stale samples and sampling their task again.
+#include "actors/checkpoint_selector.hpp"
+#include "actors/learner.hpp"
+#include "actors/supervisor.hpp"
+#include "learner/lora_learner.hpp"
+#include "messages/messages.hpp"
+#include "store/store.hpp"
+#include "actor_system.hpp"
+
+#include <caf/all.hpp>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+namespace fs = std::filesystem;
+using namespace kernelrl;
+using test::System;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("kernelrl-learner-test-" + std::to_string(::getpid()) + "-" +
+                                        std::to_string(std::rand()));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// Records what it is given; an update's "loss" is the number of groups learned in the step.
+struct ScriptedEngine : LearnerEngine {
+  mutable std::mutex mu;
+  std::vector<std::vector<LearnSample>> groups;
+  uint64_t v = 0, in_step = 0;
+  GroupOutcome add_group(const std::vector<LearnSample>& g) override {
+    std::lock_guard lk(mu);
+    groups.push_back(g);
+    ++in_step;
+    GroupOutcome o;
+    o.advantages.assign(g.size(), 0.0);
+    return o;
+  }
+  UpdateStats step() override {
+    std::lock_guard lk(mu);
+    UpdateStats u;
+    u.version = ++v;
+    u.loss = double(in_step);
+    u.applied = true;
+    in_step = 0;
+    return u;
+  }
+  uint64_t version() const override {
+    std::lock_guard lk(mu);
+    return v;
+  }
+  std::vector<TensorBlob> adapter_blobs() const override { return {TensorBlob{"w", "f32", {1}, {0, 0, 128, 63}}}; }
+  void save_checkpoint(const std::string& dir) const override {
+    fs::create_directories(dir);
+    std::ofstream(fs::path(dir) / "learner.json") << "{\"version\": " << version() << "}\n";
+  }
+  size_t n_groups() const {
+    std::lock_guard lk(mu);
+    return groups.size();
+  }
+};
+
+// A sampler that acknowledges weights (behaviour "ok"), never answers ("mute") or refuses.
+struct fake_sampler_state {
+  std::vector<uint64_t> versions;
+};
+caf::behavior fake_sampler(caf::stateful_actor<fake_sampler_state>* self, std::string behaviour) {
+  return {
+      [=](WeightsUpdate& u) -> caf::result<uint64_t> {
+        self->state.versions.push_back(u.version);
+        if (behaviour == "mute") return self->make_response_promise<uint64_t>();  // never delivered
+        if (behaviour == "refuse") return caf::make_error(caf::sec::runtime_error, "adapter rank does not match");
+        return u.version;
+      },
+      [=](stats_atom) { return self->state.versions; },
+  };
+}
+
+ScoredRollout sample(uint32_t step, uint64_t group, uint32_t i, const std::string& task, uint64_t version,
+                     double reward) {
+  ScoredRollout s;
+  s.rollout.task_id = task;
+  s.rollout.step = step;
+  s.rollout.group_id = group;
+  s.rollout.sample_index = i;
+  s.rollout.sample_id = make_sample_id(task, group, i);
+  s.rollout.prompt = "p";
+  s.rollout.token_ids = {1, 2};
+  s.rollout.logprobs = {-0.5f, -0.25f};
+  s.rollout.policy_version = version;
+  s.result.sample_id = s.rollout.sample_id;
+  s.result.task_id = task;
+  s.result.status = reward > 0 ? EvalStatus::ok : EvalStatus::incorrect;
+  s.result.speedup = reward;
+  s.reward = reward;
+  return s;
+}
+
+std::vector<uint64_t> versions_of(caf::scoped_actor& self, const caf::actor& sampler) {
+  std::vector<uint64_t> out;
+  self->request(sampler, std::chrono::seconds(5), stats_atom::value)
+      .receive([&](std::vector<uint64_t>& v) { out = v; }, [](caf::error&) { FAIL("no answer"); });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the learner learns each group as it completes and publishes one version per step", "[learner]") {
+  System s;
+  TempDir tmp;
+  auto engine = std::make_shared<ScriptedEngine>();
+  LearnerArgs la;
+  la.engine = engine;
+  la.group_size = 2;
+  la.checkpoint_dir = (tmp.path / "checkpoints").string();
+  la.sync_timeout_s = 5;
+  auto learner = spawn_learner(*s.sys, la);
+  auto sampler = s.sys->spawn(fake_sampler, std::string("ok"));
+  caf::scoped_actor self{*s.sys};
+  self->request(learner, std::chrono::seconds(5), sync_atom::value, std::vector<caf::actor>{sampler})
+      .receive([](uint64_t v) { CHECK(v == 0); }, [](caf::error&) { FAIL("sync failed"); });
+  CHECK(fs::exists(tmp.path / "checkpoints" / "step-0" / "learner.json"));
+
+  auto h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{0}, uint64_t{2});
+  self->send(learner, train_atom::value, sample(0, 0, 0, "a", 0, 1.0));
+  self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0));
+  // A group of the next step arrives early: it waits for step 0's update.
+  self->send(learner, train_atom::value, sample(1, 7, 0, "c", 0, 1.0));
+  self->send(learner, train_atom::value, sample(1, 7, 1, "c", 0, 0.0));
+  // The first group is learned from before the step's last group exists (streaming).
+  self->request(learner, std::chrono::seconds(5), stats_atom::value)
+      .receive([](Telemetry& t) { CHECK(t.values["groups_learned"] == 1); CHECK(t.values["updates"] == 0); },
+               [](caf::error&) { FAIL("no stats"); });
+  CHECK(engine->n_groups() == 1);
+  self->send(learner, train_atom::value, sample(0, 1, 0, "b", 0, 0.5));
+  self->send(learner, train_atom::value, sample(0, 1, 1, "b", 0, 0.0));
+  h.receive(
+      [&](StepUpdate& u) {
+        CHECK(u.error.empty());
+        CHECK(u.step == 0);
+        CHECK(u.policy_version == 1);
+        CHECK(u.stats["loss"] == 2);  // both groups of step 0, not the early one of step 1
+        CHECK(u.checkpoint == (tmp.path / "checkpoints" / "step-1").string());
+      },
+      [](caf::error& e) { FAIL("step failed"); });
+  CHECK(versions_of(self, sampler) == std::vector<uint64_t>{0, 1});
+  self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{1}, uint64_t{1})
+      .receive([](StepUpdate& u) { CHECK(u.policy_version == 2); CHECK(u.stats["loss"] == 1); },
+               [](caf::error&) { FAIL("step 1 failed"); });
+  CHECK(engine->n_groups() == 3);
+  CHECK(engine->groups[2].front().reward == 1.0);
+  CHECK(engine->groups[2].front().logprobs == std::vector<float>{-0.5f, -0.25f});
+  self->send_exit(learner, caf::exit_reason::user_shutdown);
+  self->send_exit(sampler, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a weight sync that is not acknowledged stops the step with an error", "[learner]") {
+  for (std::string behaviour : {"mute", "refuse"}) {
+    System s;
+    TempDir tmp;
+    auto engine = std::make_shared<ScriptedEngine>();
+    LearnerArgs la;
+    la.engine = engine;
+    la.group_size = 2;
+    la.checkpoint_dir = (tmp.path / "checkpoints").string();
+    la.sync_timeout_s = 0.3;
+    auto learner = spawn_learner(*s.sys, la);
+    auto good = s.sys->spawn(fake_sampler, std::string("ok"));
+    auto bad = s.sys->spawn(fake_sampler, behaviour);
+    caf::scoped_actor self{*s.sys};
+    std::string err;
+    self->request(learner, std::chrono::seconds(5), sync_atom::value, std::vector<caf::actor>{good, bad})
+        .receive([](uint64_t) {}, [&](caf::error& e) { err = error_text(*s.sys, e); });
+    INFO(behaviour << ": " << err);
+    CHECK(err.find("sampler 1 did not take policy version 0") != std::string::npos);
+    if (behaviour == "mute") CHECK(err.find("no acknowledgement within 0.3 s") != std::string::npos);
+    else CHECK(err.find("adapter rank does not match") != std::string::npos);
+    auto h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{0}, uint64_t{1});
+    self->send(learner, train_atom::value, sample(0, 0, 0, "a", 0, 1.0));
+    self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0));
+    h.receive([&](StepUpdate& u) { CHECK(u.error.find("did not take policy version 1") != std::string::npos); },
+              [](caf::error&) { FAIL("expected a StepUpdate carrying the error"); });
+    for (auto& a : {learner, good, bad}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+}
+
+TEST_CASE("the checkpoint selector keeps step 0, the newest and the best, and answers the best", "[learner]") {
+  System s;
+  TempDir tmp;
+  auto dir = tmp.path / "checkpoints";
+  auto sel = spawn_checkpoint_selector(*s.sys, SelectorArgs{dir.string(), 2});
+  caf::scoped_actor self{*s.sys};
+  bool none = false;
+  self->request(sel, std::chrono::seconds(5), best_atom::value).receive([](Checkpoint&) {}, [&](caf::error&) { none = true; });
+  CHECK(none);
+  const std::vector<double> fast_1 = {0.1, 0.5, 0.3, 0.5, 0.2, 0.0};
+  for (uint32_t k = 0; k < fast_1.size(); ++k) {
+    auto p = dir / ("step-" + std::to_string(k));
+    fs::create_directories(p);
+    std::ofstream(p / "learner.json") << "{}";
+    self->send(sel, Checkpoint{k, k, p.string(), -1});
+    StepStats st;
+    st.step = k;
+    st.fast_1 = fast_1[k];
+    self->send(sel, record_atom::value, st);
+  }
+  self->request(sel, std::chrono::seconds(5), best_atom::value)
+      .receive([&](Checkpoint& c) { CHECK(c.step == 1); CHECK(c.score == 0.5); },  // the earlier of two 0.5s
+               [](caf::error&) { FAIL("no best"); });
+  std::set<std::string> left;
+  for (auto& d : fs::directory_iterator(dir)) left.insert(d.path().filename().string());
+  CHECK(left == std::set<std::string>{"step-0", "step-1", "step-4", "step-5"});
+  auto j = nlohmann::json::parse(std::ifstream(dir / "step-4" / "stats.json"));
+  CHECK(j["fast_1"] == 0.2);
+  self->send_exit(sel, caf::exit_reason::user_shutdown);
+  // A new selector over the same folder (a resumed run) knows the scores already written.
+  auto again = spawn_checkpoint_selector(*s.sys, SelectorArgs{dir.string(), 2});
+  self->request(again, std::chrono::seconds(5), best_atom::value)
+      .receive([&](Checkpoint& c) { CHECK(c.step == 1); }, [](caf::error&) { FAIL("no best after restart"); });
+  self->send_exit(again, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+// Sampler, evaluators and reward in one: answers a SamplePlan by recording scored samples at the
+// supervisor. Its samples claim the version it was told to claim: `lie_once` makes the first
+// group of step 1 claim version 0 (a sampler that did not really switch weights).
+struct pipeline_state {
+  uint64_t serving = 0;
+  bool lied = false;
+  std::vector<SamplePlan> plans;
+};
+caf::behavior fake_pipeline(caf::stateful_actor<pipeline_state>* self, caf::actor supervisor, bool lie_once) {
+  return {
+      [=](WeightsUpdate& u) -> uint64_t { return self->state.serving = u.version; },
+      [=](SamplePlan& p) -> uint64_t {
+        auto& st = self->state;
+        st.plans.push_back(p);
+        for (size_t k = 0; k < p.task_ids.size(); ++k) {
+          uint64_t v = st.serving;
+          if (lie_once && p.step == 1 && !st.lied) {
+            v = 0;
+            st.lied = true;
+          }
+          for (uint32_t i = 0; i < p.n; ++i)
+            self->send(supervisor, record_atom::value,
+                       sample(p.step, p.group_ids[k], i, p.task_ids[k], v, i == 0 ? 2.0 : 0.0));
+        }
+        return uint64_t(p.task_ids.size()) * p.n;
+      },
+      [=](stats_atom) { return uint64_t(self->state.plans.size()); },
+  };
+}
+}  // namespace
+
+TEST_CASE("the supervisor rejects stale groups, samples the task again and learns only fresh samples", "[learner]") {
+  for (bool lie : {false, true}) {
+    System s;
+    TempDir tmp;
+    auto engine = std::make_shared<ScriptedEngine>();
+    LearnerArgs la;
+    la.engine = engine;
+    la.group_size = 2;
+    la.checkpoint_dir = (tmp.path / "checkpoints").string();
+    auto learner = spawn_learner(*s.sys, la);
+    SupervisorArgs sa;
+    sa.run_id = "r";
+    sa.store_path = (tmp.path / "store.sqlite").string();
+    sa.mode = "train";
+    sa.task_ids = {"t1", "t2", "t3"};
+    sa.learner = learner;
+    sa.steps = 3;
+    sa.batch_size = 2;
+    sa.group_size = 2;
+    auto sup = spawn_supervisor(*s.sys, sa);
+    auto pipe = s.sys->spawn(fake_pipeline, sup, lie);
+    caf::scoped_actor self{*s.sys};
+    nlohmann::json j;
+    self->request(sup, std::chrono::seconds(20), plan_atom::value, pipe, std::vector<caf::actor>{pipe})
+        .receive([&](std::string& summary) { j = nlohmann::json::parse(summary); },
+                 [](caf::error&) { FAIL("no summary"); });
+    INFO(j.dump());
+    CHECK(j["ok"] == true);
+    CHECK(j["policy_version"] == 3);
+    CHECK(j["steps"].size() == 3);
+    CHECK(j["stale_rejected"] == (lie ? 2 : 0));
+    CHECK(j["groups_replanned"] == (lie ? 1 : 0));
+    CHECK(j["samples"] == (lie ? 14 : 12));       // every sample is kept in the store ...
+    CHECK(engine->n_groups() == 6);               // ... but only fresh groups are learned from
+    for (auto& g : engine->groups) CHECK(g.size() == 2);
+    for (auto& st : j["steps"]) CHECK(st["samples"] == 4);
+    // Step s was sampled by version s: every learned sample is on-policy.
+    std::string err;
+    auto store = Store::open_readonly(sa.store_path, err);
+    REQUIRE(store);
+    for (auto& row : store->samples("r"))
+      if (!(lie && row.record.rollout.step == 1 && row.record.rollout.policy_version == 0))
+        CHECK(row.record.rollout.policy_version == row.record.rollout.step);
+    // Task order: the same shuffle for a resumed run; every task appears once per epoch.
+    std::set<size_t> epoch0;
+    for (uint64_t i = 0; i < 3; ++i) epoch0.insert(train_task_index(7, 3, i));
+    CHECK(epoch0 == std::set<size_t>{0, 1, 2});
+    for (auto& a : {learner, sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+}
