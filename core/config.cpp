@@ -492,7 +492,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.number("synthetic_latency_ms", e.synthetic_latency_ms, 0, 3.6e6);
   });
   section("reward", [&](TableReader& r) {
-    r.one_of("shape", c.reward.shape, {"speedup", "log_speedup"});
+    r.one_of("shape", c.reward.shape, {"speedup", "log_speedup", "none"});
     r.number("max_speedup", c.reward.max_speedup, 1, 1e6);
     r.number("correct_bonus", c.reward.correct_bonus, -1e6, 1e6);
     r.number("incorrect_reward", c.reward.incorrect_reward, -1e6, 1e6);

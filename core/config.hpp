@@ -113,7 +113,8 @@ struct EvaluatorConfig {
 };
 
 struct RewardConfig {
-  std::string shape = "speedup";   // speedup or log_speedup
+  std::string shape = "speedup";   // speedup, log_speedup, or none (correct samples get
+                                   // correct_bonus alone: a reward of correctness only)
   double max_speedup = 10;         // speedups are clipped to this before shaping (the cap)
   double correct_bonus = 0;        // added to the reward of every correct sample
   std::string normalize = "none";  // none, or task_mean: the speedup term over the running mean

@@ -53,6 +53,20 @@ std::optional<Config> load_or_report(const std::string& path) {
 }
 
 void print_summary(const nlohmann::json& j, const std::string& run_dir) {
+  if (j.contains("steps") && !j["steps"].empty()) {  // train: one line per step
+    std::printf("\n%5s %8s %7s %11s %8s %10s %9s %8s\n", "step", "samples", "fast_1", "mean reward", "version",
+                "loss", "grad norm", "entropy");
+    for (auto& st : j["steps"]) {
+      auto l = st.value("learner", nlohmann::json::object());
+      auto num = [&](const char* k, const char* f) { return l.contains(k) ? fmt::format(fmt::runtime(f), l[k].get<double>()) : std::string("-"); };
+      std::printf("%5u %8llu %7.3f %11.3f %8llu %10s %9s %8s\n", st["step"].get<uint32_t>(),
+                  static_cast<unsigned long long>(st["samples"].get<uint64_t>()), st["fast_1"].get<double>(),
+                  st["mean_reward"].get<double>(), static_cast<unsigned long long>(st["policy_version"].get<uint64_t>()),
+                  num("loss", "{:.4f}").c_str(), num("grad_norm", "{:.3f}").c_str(), num("entropy", "{:.3f}").c_str());
+    }
+    std::printf("policy version %llu; checkpoints in %s/checkpoints\n",
+                static_cast<unsigned long long>(j.value("policy_version", uint64_t{0})), run_dir.c_str());
+  }
   std::printf("\n%-32s %8s %9s %7s %13s\n", "task", "samples", "correct", "fast_1", "mean speedup");
   for (auto& t : j["tasks"]) {
     std::string correct = fmt::format("{}/{}", t["correct"].get<uint64_t>(), t["samples"].get<uint64_t>());

@@ -1,0 +1,231 @@
+"""Train mode end to end, started the way a user starts it (`launch CONFIG`, `launch CONFIG --resume
+RUN_DIR`): GRPO on a tiny Qwen2 with a LoRA adapter, samples from tests/openai_server.py --policy
+(a real policy restricted to a menu of three bodies, its token ids and logprobs computed by
+transformers + PEFT under the adapter the learner published), evaluated by the real CPU evaluator.
+
+Checked against references no one here wrote: every published adapter is loaded by PEFT in the
+server, and the learner's recomputed logprobs of the server's tokens match transformers' (the
+importance ratio of every step is 1); the final adapter raises PEFT's probability of the correct
+body; a run killed with SIGKILL between steps and resumed ends with the same adapter as the run
+that was never interrupted (which needs the optimizer state restored) and counts no sample twice.
+"""
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import torch
+from safetensors.torch import load_file
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_policy import train_tokenizer  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
+TASKS = ["06_swish", "07_hardtanh_scale", "09_row_sum"]
+STEPS, BATCH, GROUP = 4, 2, 4
+
+
+def config(tmp, url, model, name):
+    path = os.path.join(tmp, name + ".toml")
+    with open(path, "w") as f:
+        f.write("""
+[cluster]
+name = "train-test"
+[[node]]
+name = "local"
+roles = ["supervisor", "learner", "sampler", "evaluator", "monitor"]
+cpu_slots = 2
+[tasks]
+dir = "%s"
+ids = %s
+[policy]
+model = "%s"
+dtype = "f32"
+template = "plain"
+[sampler]
+backend = "openai"
+url = "%s"
+served_model = "menu"
+temperature = 1.0
+max_tokens = 128
+batch_prompts = 2
+adapter_dir = "%s"
+[reward]
+shape = "none"
+correct_bonus = 1.0
+[learner]
+steps = %d
+batch_size = %d
+group_size = %d
+minibatch_size = 4
+lora_rank = 4
+lora_alpha = 8
+lora_targets = ["q_proj", "v_proj", "down_proj"]
+learning_rate = 0.05
+keep_last = 10
+sync_timeout_s = 60
+[evaluator]
+timeout_s = 60
+compile_workers = 0
+[experiment]
+mode = "train"
+seed = 5
+name = "%s"
+run_root = "%s"
+[monitor]
+progress = false
+""" % (os.path.join(ROOT, "tasks", "bundled"), json.dumps(TASKS), model, url, os.path.join(tmp, "adapters-" + name),
+       STEPS, BATCH, GROUP, name, os.path.join(tmp, "runs")))
+    return path
+
+
+def steps_of(run_dir):
+    db = sqlite3.connect(os.path.join(run_dir, "store.sqlite"))
+    rows = [json.loads(r[0]) for r in db.execute("SELECT stats_json FROM steps ORDER BY step")]
+    samples = db.execute("SELECT step, policy_version, sample_id FROM samples").fetchall()
+    db.close()
+    return rows, samples
+
+
+def adapter(run_dir, step):
+    return load_file(os.path.join(run_dir, "checkpoints", "step-%d" % step, "adapter_model.safetensors"))
+
+
+class TrainRunTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-train-")
+        tok = train_tokenizer("qwen2", os.path.join(cls.tmp, "tokenizer.json"))
+        torch.manual_seed(3)
+        cls.model = os.path.join(cls.tmp, "tiny")
+        m = Qwen2ForCausalLM(Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                         initializer_range=0.05, eos_token_id=tok.token_to_id("<|im_end|>")))
+        m.save_pretrained(cls.model)
+        shutil.copy(os.path.join(cls.tmp, "tokenizer.json"), cls.model)
+        cls.log = os.path.join(cls.tmp, "requests.jsonl")
+        cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "openai_server.py"), cls.log,
+                                       "--policy", cls.model], stdout=subprocess.PIPE, text=True)
+        cls.url = "http://127.0.0.1:%s" % cls.server.stdout.readline().strip()
+        # The uninterrupted run every test compares with.
+        cls.full_dir = os.path.join(cls.tmp, "full")
+        p = subprocess.run([LAUNCH, config(cls.tmp, cls.url, cls.model, "full"), "--run-dir", cls.full_dir],
+                           capture_output=True, text=True, timeout=900)
+        cls.full = p
+        if p.returncode != 0:
+            raise AssertionError("train run failed (%d):\n%s" % (p.returncode, p.stderr[-4000:]))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.kill()
+        cls.server.wait()
+        cls.server.stdout.close()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_every_step_is_sampled_on_policy_and_learned(self):
+        steps, samples = steps_of(self.full_dir)
+        self.assertEqual([s["step"] for s in steps], list(range(STEPS)))
+        for s in steps:
+            self.assertEqual(s["samples"], BATCH * GROUP)
+            self.assertEqual(s["policy_version"], s["step"])
+            learner = s["learner"]
+            # The learner's logprobs of the server's tokens (prompt tokenised by our tokenizer, adapter
+            # published by weight sync, temperature applied) equal transformers + PEFT's.
+            self.assertAlmostEqual(learner["ratio_mean"], 1.0, delta=1e-4, msg=s)
+            self.assertEqual(learner["clip_fraction"], 0.0)
+            self.assertGreater(learner["entropy"], 0.0)
+        self.assertEqual(len(samples), STEPS * BATCH * GROUP)
+        for step, version, _ in samples:
+            self.assertEqual(version, step)
+        # The server loaded each version once, in order, before sampling with it.
+        with open(self.log) as f:
+            loads = [json.loads(line)["body"]["lora_name"] for line in f if "load_lora_adapter" in line
+                     and "unload" not in line]
+        self.assertEqual(loads[:STEPS + 1], ["kernelrl-v%d" % v for v in range(STEPS + 1)])
+        out = self.full.stdout
+        self.assertIn("policy version %d" % STEPS, out)
+        self.assertIn("grad norm", out)
+
+    def test_checkpoints_are_peft_adapters_and_learning_favours_the_correct_body(self):
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        ck = os.path.join(self.full_dir, "checkpoints")
+        self.assertEqual(sorted(os.listdir(ck)), ["step-%d" % i for i in range(STEPS + 1)])
+        for i in range(STEPS):
+            with open(os.path.join(ck, "step-%d" % i, "stats.json")) as f:
+                self.assertEqual(json.load(f)["step"], i)
+        for i in range(STEPS + 1):
+            self.assertTrue(os.path.exists(os.path.join(ck, "step-%d" % i, "optimizer.safetensors")))
+        tok = AutoTokenizer.from_pretrained(self.model)
+        db = sqlite3.connect(os.path.join(self.full_dir, "store.sqlite"))
+        row = db.execute("SELECT prompt, raw_action FROM samples WHERE status = 'ok' LIMIT 1").fetchone()
+        db.close()
+        self.assertIsNotNone(row, "no correct sample in the run")
+        prompt, correct = row
+
+        def mean_logprob(adapter_dir):
+            base = AutoModelForCausalLM.from_pretrained(self.model, dtype=torch.float32)
+            m = PeftModel.from_pretrained(base, adapter_dir).eval()
+            p = tok(prompt, add_special_tokens=False)["input_ids"]
+            c = tok(correct, add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                lp = torch.log_softmax(m(input_ids=torch.tensor([p + c])).logits[0, :-1], -1)
+            return lp[len(p) - 1:].gather(-1, torch.tensor(c)[:, None]).mean().item()
+
+        before, after = mean_logprob(os.path.join(ck, "step-0")), mean_logprob(os.path.join(ck, "step-%d" % STEPS))
+        self.assertGreater(after, before + 0.05, "the correct body's mean logprob: %.4f -> %.4f" % (before, after))
+
+    def test_a_run_killed_between_steps_resumes_to_the_same_adapter(self):
+        run_dir = os.path.join(self.tmp, "killed")
+        # A server that holds version 2's completions: the run is surely killed inside step 2.
+        slow = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "openai_server.py"), self.log + ".slow",
+                                 "--policy", self.model, "--delay", "kernelrl-v2:120"], stdout=subprocess.PIPE, text=True)
+        self.addCleanup(slow.stdout.close)
+        self.addCleanup(slow.wait)
+        self.addCleanup(slow.kill)
+        slow_url = "http://127.0.0.1:%s" % slow.stdout.readline().strip()
+        cfg = config(self.tmp, slow_url, self.model, "killed")
+        p = subprocess.Popen([LAUNCH, cfg, "--run-dir", run_dir], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+        marker = os.path.join(run_dir, "checkpoints", "step-2", "learner.json")
+        deadline = time.time() + 600
+        while not os.path.exists(marker) and p.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        if p.poll() is not None:
+            self.fail("the run ended before its step-2 checkpoint: %s" % p.stderr.read()[-3000:])
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        p.stderr.close()
+        steps, _ = steps_of(run_dir)
+        with open(os.path.join(run_dir, "launch.log")) as f:
+            self.assertEqual(len(steps), 2, f.read()[-5000:])
+        cfg = config(self.tmp, self.url, self.model, "killed")  # the same run, served without the delay
+        r = subprocess.run([LAUNCH, cfg, "--resume", run_dir], capture_output=True, text=True, timeout=900)
+        self.assertEqual(r.returncode, 0, r.stderr[-4000:])
+        self.assertIn("resuming from", r.stderr)
+        steps, samples = steps_of(run_dir)
+        self.assertEqual([s["step"] for s in steps], list(range(STEPS)))
+        for s in steps:
+            self.assertEqual(s["samples"], BATCH * GROUP, s)  # no step counts a sample twice
+        self.assertEqual(len({sid for _, _, sid in samples}), len(samples))
+        # Same data, same updates: the adapter equals the uninterrupted run's (optimizer state restored).
+        a, b = adapter(run_dir, STEPS), adapter(self.full_dir, STEPS)
+        self.assertEqual(sorted(a), sorted(b))
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+        # Resuming a finished run does nothing and says so.
+        r = subprocess.run([LAUNCH, cfg, "--resume", run_dir], capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        self.assertIn("all %d steps are done" % STEPS, r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
