@@ -8,14 +8,16 @@
 namespace kernelrl {
 
 double scheduled_lr(const TrainOptions& o, int64_t step) {
+  // The conventions of transformers' get_{constant,linear,cosine}_schedule_with_warmup.
   const double peak = o.learning_rate;
-  if (o.warmup_steps > 0 && step < o.warmup_steps) return peak * double(step + 1) / double(o.warmup_steps + 1);
+  if (o.schedule != "constant" && o.schedule != "linear" && o.schedule != "cosine")
+    throw std::invalid_argument("trainer: schedule \"" + o.schedule + "\" (expected constant, linear or cosine)");
+  if (step < o.warmup_steps) return peak * double(step) / double(std::max<int64_t>(1, o.warmup_steps));
   if (o.schedule == "constant" || o.total_steps <= 0) return peak;
-  const int64_t decay = std::max<int64_t>(1, o.total_steps - o.warmup_steps);
-  const double frac = std::min(1.0, double(step - o.warmup_steps) / double(decay));
-  if (o.schedule == "linear") return peak * (1.0 - frac);
-  if (o.schedule == "cosine") return peak * 0.5 * (1.0 + std::cos(M_PI * frac));
-  throw std::invalid_argument("trainer: schedule \"" + o.schedule + "\" (expected constant, linear or cosine)");
+  const double span = double(std::max<int64_t>(1, o.total_steps - o.warmup_steps));
+  if (o.schedule == "linear") return peak * std::max(0.0, double(o.total_steps - step) / span);
+  const double progress = double(step - o.warmup_steps) / span;
+  return peak * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * progress)));
 }
 
 LoraTrainer::LoraTrainer(CausalLM& model, const TrainOptions& o) : model_(model), o_(o) {

@@ -19,7 +19,8 @@ struct TrainOptions {
   double beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;
   double max_grad_norm = 1.0;   // total L2 norm of the LoRA gradients is clipped to this (0: off)
   // Learning-rate schedule over `total_steps` optimizer steps: constant, linear (to 0) or cosine
-  // (to 0), each after `warmup_steps` of linear warmup from 0.
+  // (to 0), each after `warmup_steps` of linear warmup from 0 (transformers' conventions: step k
+  // of the warmup uses peak * k / warmup_steps).
   std::string schedule = "constant";
   int64_t warmup_steps = 0;
   int64_t total_steps = 0;      // 0: unknown (linear and cosine then stay at the peak)

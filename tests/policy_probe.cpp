@@ -22,10 +22,15 @@
 //       the GRPO loss of the completion tokens under model + adapter (float32), its LoRA
 //       gradients written under PEFT key names, and "loss"
 //   policy_probe train-step --model DIR --adapter DIR --in FILE --out DIR [--split K] [--steps S]
-//                           [--lr X] [--max-grad-norm X] [--on-policy 1] [loss options]
-//       S AdamW steps on the batch in FILE (as lora-grad), each fed as K minibatches; with
-//       --on-policy 1 old_logp is the current policy's before each step. Saves the adapter to DIR
-//       (PEFT format) with DIR/report.json (each step's loss and gradient norm)
+//                           [--lr X] [--max-grad-norm X] [--weight-decay X] [--temperature T]
+//                           [--schedule constant|linear|cosine --warmup W --total N] [--sft 1]
+//                           [--resume-after K] [--on-policy 1] [loss options]
+//       S AdamW steps on the batch in FILE (as lora-grad; adv [B,L] is per token), each fed as K
+//       minibatches; --sft 1: cross-entropy of the masked tokens instead; with --on-policy 1
+//       old_logp is the current policy's before each step; --resume-after K saves adapter and
+//       optimizer state before step K and continues from them in a fresh trainer (--drop-state 1:
+//       without the optimizer state). Saves the
+//       adapter to DIR (PEFT format) with DIR/report.json (each step's loss, gradient norm, lr, ...)
 //   policy_probe update --model DIR --rank R --alpha A --targets ... --from DIR --ids ... --out FILE
 //       a policy with a fresh adapter takes DIR's adapter as a WeightsUpdate, then writes logits
 #include "actors/sampler_backend.hpp"
@@ -169,29 +174,51 @@ int main(int argc, char** argv) {
       TrainOptions o;
       o.learning_rate = std::stod(get("--lr", "1e-3"));
       o.max_grad_norm = std::stod(get("--max-grad-norm", "1.0"));
+      o.weight_decay = std::stod(get("--weight-decay", "0"));
+      o.temperature = std::stod(get("--temperature", "1"));
+      o.schedule = get("--schedule", "constant");
+      o.warmup_steps = std::stoll(get("--warmup", "0"));
+      o.total_steps = std::stoll(get("--total", "0"));
       o.loss = loss_options(get);
-      LoraTrainer tr(m, o);
+      const bool sft = get("--sft", "0") == "1";
+      auto tr = std::make_unique<LoraTrainer>(m, o);
       auto in = read_tensors(get("--in"));
       auto ids = in.at("ids").to(torch::kInt64);
       const int64_t B = ids.size(0), L = ids.size(1);
       int64_t K = std::stoll(get("--split", "1"));
+      const int resume_after = std::stoi(get("--resume-after", "-1"));
       nlohmann::json report = nlohmann::json::array();
       for (int s = 0, S = std::stoi(get("--steps", "1")); s < S; ++s) {
+        if (s == resume_after) {  // as a resumed run: adapter and optimizer state from disk
+          std::string ck = get("--out") + ".resume";
+          m.save_lora(ck, get("--model"));
+          tr->save_state(ck + "/optimizer.safetensors");
+          tr.reset();
+          m.load_lora(ck);
+          tr = std::make_unique<LoraTrainer>(m, o);
+          if (get("--drop-state", "0") != "1") tr->load_state(ck + "/optimizer.safetensors");
+        }
         auto old = in.at("old_logp");
         if (get("--on-policy", "0") == "1") {
           torch::NoGradGuard ng;
           old = torch::zeros({B, L}, torch::kFloat64);
-          old.narrow(1, 1, L - 1).copy_(m.sequence_logprobs(ids, /*training=*/false));
+          old.narrow(1, 1, L - 1).copy_(m.sequence_logprobs(ids, /*training=*/false, o.temperature));
         }
         for (int64_t k = 0; k < K; ++k) {
           int64_t b0 = B * k / K, b1 = B * (k + 1) / K;
           if (b1 <= b0) continue;
+          if (sft) {
+            tr->accumulate_sft(ids.narrow(0, b0, b1 - b0), in.at("mask").narrow(0, b0, b1 - b0));
+            continue;
+          }
           TrainBatch tb{ids.narrow(0, b0, b1 - b0), in.at("mask").narrow(0, b0, b1 - b0), old.narrow(0, b0, b1 - b0),
                         in.at("adv").narrow(0, b0, b1 - b0), torch::Tensor()};
-          tr.accumulate(tb);
+          tr->accumulate(tb);
         }
-        auto r = tr.step();
-        report.push_back({{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"tokens", r.tokens}});
+        auto r = tr->step();
+        report.push_back({{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"tokens", r.tokens}, {"lr", r.lr},
+                          {"kl", r.kl}, {"entropy", r.entropy}, {"clip_fraction", r.clip_fraction},
+                          {"ratio_mean", r.ratio_mean}, {"pg", r.pg}});
       }
       m.save_lora(get("--out"), get("--model"));
       std::ofstream(get("--out") + "/report.json") << report.dump() << "\n";
