@@ -4,21 +4,88 @@
 //   policy_bench --model DIR --device cuda:0 --dtype bf16 --batch B --prompt-len P --new-tokens N
 //                [--repeats R] [--temperature T] [--top-p P]
 // Prints one JSON object: tokens generated, seconds of each timed repeat, tokens/s (best and mean).
+//
+// With --train BATCH.safetensors (ids, mask, old_logp, adv: bench/learner_step.py writes it): LoRA
+// GRPO steps of the learner's trainer (learner/trainer.hpp) on that batch instead: a fresh adapter
+// (--rank R --alpha A on all seven projections), --minibatch M sequences per forward/backward,
+// AdamW at --lr; one warm-up step, then R timed steps. Prints each step's seconds, loss and
+// tokens/s (tokens: B x L of the batch).
+#include "learner/model.hpp"
 #include "learner/policy.hpp"
+#include "learner/safetensors.hpp"
+#include "learner/trainer.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <map>
 #include <random>
 #include <string>
+
+namespace {
+
+torch::Tensor read_tensor(const kernelrl::SafetensorsFile& f, const std::string& name) {
+  for (auto& v : f.tensors())
+    if (v.name == name) {
+      auto dt = v.dtype == kernelrl::StDtype::I64 ? torch::kInt64 : v.dtype == kernelrl::StDtype::F64 ? torch::kFloat64
+                                                                                                    : torch::kFloat32;
+      return torch::from_blob(const_cast<uint8_t*>(v.data), v.shape, torch::TensorOptions().dtype(dt)).clone();
+    }
+  throw std::runtime_error("no tensor " + name);
+}
+
+int train_bench(const std::function<std::string(const char*, const char*)>& get) {
+  torch::Device dev(get("--device", "cuda:0"));
+  kernelrl::CausalLM m(get("--model", ""), dev, kernelrl::parse_dtype(get("--dtype", "bf16")));
+  kernelrl::LoraSettings ls;
+  ls.r = std::stoll(get("--rank", "16"));
+  ls.alpha = std::stod(get("--alpha", "32"));
+  m.add_lora(ls, 0);
+  kernelrl::TrainOptions o;
+  o.learning_rate = std::stod(get("--lr", "1e-5"));
+  kernelrl::LoraTrainer tr(m, o);
+  auto f = kernelrl::SafetensorsFile::open(get("--train", ""));
+  auto ids = read_tensor(*f, "ids").to(dev), mask = read_tensor(*f, "mask").to(dev);
+  auto old = read_tensor(*f, "old_logp").to(dev), adv = read_tensor(*f, "adv").to(dev);
+  const int64_t B = ids.size(0), L = ids.size(1), M = std::stoll(get("--minibatch", "8"));
+  const int R = std::stoi(get("--repeats", "3"));
+  nlohmann::json runs = nlohmann::json::array();
+  double best = 0, sum = 0, warmup_loss = 0;
+  for (int r = 0; r <= R; ++r) {  // r = 0: warm-up
+    if (dev.is_cuda()) torch::cuda::synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int64_t b0 = 0; b0 < B; b0 += M) {
+      int64_t n = std::min(M, B - b0);
+      tr.accumulate({ids.narrow(0, b0, n), mask.narrow(0, b0, n), old.narrow(0, b0, n), adv.narrow(0, b0, n), {}});
+    }
+    auto rep = tr.step();
+    if (dev.is_cuda()) torch::cuda::synchronize();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r == 0) {
+      warmup_loss = rep.loss;
+      continue;
+    }
+    double tps = double(B * L) / s;
+    best = std::max(best, tps);
+    sum += tps;
+    runs.push_back({{"seconds", s}, {"loss", rep.loss}, {"grad_norm", rep.grad_norm}, {"tokens_per_s", tps}});
+  }
+  nlohmann::json j = {{"batch", B}, {"seq_len", L}, {"minibatch", M}, {"runs", runs},
+                      {"tokens_per_s_best", best}, {"tokens_per_s_mean", sum / R}, {"warmup_loss", warmup_loss}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> a;
   for (int i = 1; i + 1 < argc; i += 2) a[argv[i]] = argv[i + 1];
   auto get = [&](const char* k, const char* d) { return a.count(k) ? a[k] : std::string(d); };
   try {
+    if (a.count("--train")) return train_bench(get);
     kernelrl::PolicyOptions o;
     o.model_dir = get("--model", "");
     o.device = get("--device", "cuda:0");

@@ -68,6 +68,20 @@ int cmd_tokenize(const PolicyCliOptions& o);
 int cmd_merge(const PolicyCliOptions& o);
 
 // launch evaluate --task TASK_FILE --candidate FILE [--candidate FILE ...] [options]
+// launch sft: LoRA supervised fine-tuning on (prompt, completion) demonstrations (warm starts).
+struct SftOptions {
+  std::string model, adapter, data, out;  // base model, adapter to start from, JSONL, output dir
+  std::string device = "cpu", dtype;      // dtype "": bf16 on CUDA, f32 on the CPU
+  uint32_t steps = 100, batch = 8;        // optimizer steps; demonstrations per step
+  double lr = 1e-4;
+  uint32_t rank = 16;
+  double alpha = 32;
+  std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  uint64_t seed = 0;                      // adapter init and demonstration order
+  bool json = false;
+};
+int cmd_sft(const SftOptions& o);
+
 struct EvaluateOptions {
   struct Candidate {
     std::string task;  // KernelBench-format task file

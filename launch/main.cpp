@@ -36,6 +36,9 @@ const char* usage =
     "  launch tokenize --model DIR --prompt TEXT [--json]  token ids of a text\n"
     "  launch merge --model DIR --adapter DIR --out DIR [--dtype T]\n"
     "                                                      fold a LoRA adapter into a plain checkpoint\n"
+    "  launch sft --model DIR --data FILE.jsonl --out DIR [--adapter DIR] [--steps N] [--batch B] [--lr X]\n"
+    "             [--rank R] [--alpha A] [--targets q_proj,...] [--seed S] [--device D] [--dtype T] [--json]\n"
+    "                                                      LoRA SFT on prompt/completion lines (a warm start)\n"
     "  (--prompt-file / --completion-file FILE read the text from a file)\n"
     "  launch version                                      versions of kernelrl and LibTorch\n"
     "LEVEL: trace, debug, info, warn, error, off (default: [cluster] log_level)\n";
@@ -103,6 +106,53 @@ int main(int argc, char** argv) {
     if (task.empty()) return bad("evaluate: --task FILE is required");
     if (o.candidates.empty()) return bad("evaluate: at least one --candidate FILE is required");
     return kernelrl::cmd_evaluate(o);
+  }
+  if (cmd == "sft") {
+    kernelrl::SftOptions o;
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a == "--json") {
+        o.json = true;
+        continue;
+      }
+      if (i + 1 >= args.size()) return bad("sft: " + a + " needs a value");
+      const std::string& v = args[++i];
+      try {
+        auto count = [&](long lo, long hi) {
+          size_t used = 0;
+          long n = std::stol(v, &used);
+          if (used != v.size() || n < lo || n > hi) throw std::invalid_argument(v);
+          return static_cast<uint32_t>(n);
+        };
+        if (a == "--model") o.model = v;
+        else if (a == "--adapter") o.adapter = v;
+        else if (a == "--data") o.data = v;
+        else if (a == "--out") o.out = v;
+        else if (a == "--device") o.device = v;
+        else if (a == "--dtype") o.dtype = v;
+        else if (a == "--steps") o.steps = count(1, 10000000);
+        else if (a == "--batch") o.batch = count(1, 1 << 20);
+        else if (a == "--rank") o.rank = count(1, 4096);
+        else if (a == "--lr") o.lr = std::stod(v);
+        else if (a == "--alpha") o.alpha = std::stod(v);
+        else if (a == "--seed") o.seed = std::stoull(v);
+        else if (a == "--targets") {
+          o.targets.clear();
+          size_t pos = 0;
+          while (pos <= v.size()) {
+            size_t c = v.find(',', pos);
+            o.targets.push_back(v.substr(pos, c == std::string::npos ? std::string::npos : c - pos));
+            if (c == std::string::npos) break;
+            pos = c + 1;
+          }
+        } else return bad("sft: unknown argument \"" + a + "\"");
+      } catch (const std::exception&) {
+        return bad("sft: " + a + ": expected a number in range, got \"" + v + "\"");
+      }
+    }
+    if (o.model.empty() || o.data.empty() || o.out.empty()) return bad("sft: --model DIR, --data FILE and --out DIR are required");
+    if (!(o.lr > 0 && o.lr < 1)) return bad("sft: --lr must be in (0, 1)");
+    return kernelrl::cmd_sft(o);
   }
   if (cmd == "generate" || cmd == "score" || cmd == "tokenize" || cmd == "merge") {
     kernelrl::PolicyCliOptions o;

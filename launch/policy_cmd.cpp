@@ -1,16 +1,20 @@
-// launch generate / score / tokenize / merge: the policy runtime (learner/policy.hpp) from the
-// command line. Errors (a missing file, an unsupported checkpoint) print one line and exit 2.
+// launch generate / score / tokenize / merge / sft: the policy runtime (learner/policy.hpp) and
+// the learner's SFT (learner/lora_learner.hpp) from the command line. Errors (a missing file, an unsupported checkpoint) print one line and exit 2.
 #include "launch/commands.hpp"
 
 #include "actors/sampler_backend.hpp"
+#include "learner/lora_learner.hpp"
 #include "learner/policy.hpp"
 #include "learner/tokenizer.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <random>
 
 namespace kernelrl {
 
@@ -137,6 +141,73 @@ int cmd_merge(const PolicyCliOptions& o) {
     return 0;
   } catch (const std::exception& e) {
     return fail("merge", e.what());
+  }
+}
+
+int cmd_sft(const SftOptions& o) {
+  std::vector<std::pair<std::string, std::string>> demos;
+  {
+    std::ifstream in(o.data);
+    if (!in) return fail("sft", o.data + ": cannot open");
+    std::string line;
+    for (size_t n = 1; std::getline(in, line); ++n) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      std::string where = o.data + ":" + std::to_string(n);
+      try {
+        auto j = nlohmann::json::parse(line);
+        if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string() || !j.contains("completion") ||
+            !j["completion"].is_string())
+          return fail("sft", where + ": expected an object with string fields \"prompt\" and \"completion\"");
+        demos.emplace_back(j["prompt"].get<std::string>(), j["completion"].get<std::string>());
+      } catch (const nlohmann::json::exception& e) {
+        return fail("sft", where + ": not valid JSON: " + e.what());
+      }
+    }
+  }
+  if (demos.empty()) return fail("sft", o.data + ": no demonstrations");
+  try {
+    LearnerOptions lo;
+    lo.model_dir = o.model;
+    lo.adapter_dir = o.adapter;
+    lo.device = o.device;
+    lo.dtype = !o.dtype.empty() ? o.dtype : o.device.rfind("cuda", 0) == 0 ? "bf16" : "f32";
+    lo.lora_rank = o.rank;
+    lo.lora_alpha = o.alpha;
+    lo.lora_targets = o.targets;
+    lo.seed = o.seed;
+    lo.learning_rate = o.lr;
+    lo.minibatch_size = std::max<uint32_t>(1, std::min<uint32_t>(o.batch, 8));
+    auto learner = LoraLearner::create(lo);
+    std::mt19937_64 rng(o.seed);
+    std::vector<size_t> order(demos.size());
+    size_t next = order.size();
+    auto t0 = std::chrono::steady_clock::now();
+    double first = 0, last = 0;
+    for (uint32_t step = 0; step < o.steps; ++step) {
+      std::vector<std::pair<std::string, std::string>> batch;
+      while (batch.size() < std::min<size_t>(o.batch, demos.size())) {
+        if (next == order.size()) {  // a new epoch in a new order
+          for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+          std::shuffle(order.begin(), order.end(), rng);
+          next = 0;
+        }
+        batch.push_back(demos[order[next++]]);
+      }
+      auto u = learner->sft_step(batch);
+      if (step == 0) first = u.loss;
+      last = u.loss;
+      if (o.json)
+        std::printf("%s\n", dump({{"step", step}, {"loss", u.loss}, {"grad_norm", u.grad_norm}, {"tokens", u.tokens}}).c_str());
+      else if (step == 0 || step + 1 == o.steps || (step + 1) % 10 == 0)
+        std::fprintf(stderr, "step %u/%u: loss %.4f, grad norm %.3f\n", step + 1, o.steps, u.loss, u.grad_norm);
+    }
+    learner->save_checkpoint(o.out);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "%u steps on %zu demonstrations in %.1f s: loss %.4f -> %.4f; adapter (PEFT) in %s\n", o.steps,
+                 demos.size(), secs, first, last, o.out.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    return fail("sft", e.what());
   }
 }
 

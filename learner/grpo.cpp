@@ -11,16 +11,13 @@ torch::Tensor aggregate(const torch::Tensor& per_token, const torch::Tensor& m, 
   throw std::invalid_argument("loss: aggregation \"" + how + "\" (expected token_mean or seq_mean)");
 }
 
-// The per-token pieces of the loss, computed once for the loss and for what is reported.
-struct Terms {
-  torch::Tensor ratio, unclipped, clipped, pg, k3;  // k3 undefined without a reference
-};
+}  // namespace
 
-Terms terms(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
-            const torch::Tensor& ref_logp, const LossOptions& o) {
+LossTerms loss_terms(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
+                     const torch::Tensor& ref_logp, const LossOptions& o) {
   auto adv = advantages.dim() == 1 ? advantages.unsqueeze(1).expand_as(logp) : advantages;
   if (adv.sizes() != logp.sizes()) throw std::invalid_argument("loss: advantages must be [B] or [B, T]");
-  Terms t;
+  LossTerms t;
   t.ratio = torch::exp(logp - old_logp);
   t.unclipped = -adv * t.ratio;
   t.clipped = -adv * torch::clamp(t.ratio, 1.0 - o.clip_low, 1.0 + o.clip_high);
@@ -29,18 +26,13 @@ Terms terms(const torch::Tensor& logp, const torch::Tensor& old_logp, const torc
     auto d = ref_logp - logp;
     t.k3 = torch::exp(d) - d - 1;
   }
+  t.per_token = t.k3.defined() && o.kl_coef != 0 ? t.pg + o.kl_coef * t.k3 : t.pg;
   return t;
 }
 
-torch::Tensor with_kl(const Terms& t, const LossOptions& o) {
-  return t.k3.defined() && o.kl_coef != 0 ? t.pg + o.kl_coef * t.k3 : t.pg;
-}
-
-}  // namespace
-
 torch::Tensor per_token_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
                              const torch::Tensor& ref_logp, const LossOptions& o) {
-  return with_kl(terms(logp, old_logp, advantages, ref_logp, o), o);
+  return loss_terms(logp, old_logp, advantages, ref_logp, o).per_token;
 }
 
 LossResult policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
@@ -49,9 +41,9 @@ LossResult policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp,
   if (logp.sizes() != old_logp.sizes() || logp.sizes() != mask.sizes())
     throw std::invalid_argument("loss: logp, old_logp and mask must have the same shape [B, T]");
   auto m = mask.to(logp.scalar_type());
-  const Terms t = terms(logp, old_logp, advantages, ref_logp, o);
+  const LossTerms t = loss_terms(logp, old_logp, advantages, ref_logp, o);
   const auto& pg = t.pg;
-  auto per_token = with_kl(t, o);
+  const auto& per_token = t.per_token;
   LossResult r;
   const double n = std::max(1.0, m.sum().item<double>());
   if (t.k3.defined()) r.kl = ((t.k3 * m).sum().item<double>()) / n;

@@ -32,6 +32,15 @@ struct LossResult {
   double entropy = 0;       // mean entropy over unmasked tokens (when given)
 };
 
+// The per-token pieces, computed once for the loss and for what is reported.
+struct LossTerms {
+  torch::Tensor ratio, unclipped, clipped, pg;  // [B, T]; pg = max(unclipped, clipped)
+  torch::Tensor k3;                             // [B, T], undefined without a reference
+  torch::Tensor per_token;                      // pg + kl_coef * k3
+};
+LossTerms loss_terms(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
+                     const torch::Tensor& ref_logp, const LossOptions& o);
+
 // The per-token loss [B, T] before masking and aggregation (pg + kl_coef * k3).
 torch::Tensor per_token_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
                              const torch::Tensor& ref_logp, const LossOptions& o);

@@ -62,23 +62,20 @@ void LoraTrainer::accumulate(const TrainBatch& b) {
   auto old = b.old_logp.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
   auto adv = b.advantages.to(dev, torch::kFloat32);
   if (adv.dim() == 2) adv = adv.narrow(1, 1, L - 1);
-  auto tok = per_token_loss(lp, old, adv, ref, o_.loss) * m;
+  const LossTerms t = loss_terms(lp, old, adv, ref, o_.loss);
+  auto tok = t.per_token * m;
   torch::Tensor sum;
   if (o_.loss.aggregation == "token_mean") sum = tok.sum();
   else sum = (tok.sum(1) / m.sum(1).clamp_min(1)).sum();
   sum.backward();
-  {
-    torch::NoGradGuard ng;
-    auto r = policy_loss(lp.detach(), old, adv, m, ref, ent, o_.loss);
-    const double n = m.sum().item<double>();
-    pg_sum_ += r.pg * (o_.loss.aggregation == "token_mean" ? n : double(B));
-    kl_sum_ += r.kl * n;
-    clip_sum_ += r.clip_fraction * n;
-    ratio_sum_ += r.ratio_mean * n;
-    entropy_sum_ += r.entropy * n;
-    tokens_ += n;
-  }
-  loss_sum_ += sum.item<double>();
+  // What is reported, summed on the device: nothing here waits for the GPU (one sync per step).
+  torch::NoGradGuard ng;
+  auto pg = t.pg.detach() * m;
+  auto pg_sum = o_.loss.aggregation == "token_mean" ? pg.sum() : (pg.sum(1) / m.sum(1).clamp_min(1)).sum();
+  auto kl = t.k3.defined() ? (t.k3.detach() * m).sum() : torch::zeros({}, m.options());
+  auto stats = torch::stack({sum.detach(), m.sum(), pg_sum, kl, ((t.clipped > t.unclipped).to(m.scalar_type()) * m).sum(),
+                             (t.ratio.detach() * m).sum(), (ent * m).sum()});
+  stats_ = stats_.defined() ? stats_ + stats : stats;
   sequences_ += double(B);
 }
 
@@ -90,45 +87,49 @@ void LoraTrainer::accumulate_sft(const torch::Tensor& ids, const torch::Tensor& 
   auto m = mask.to(model_.device(), torch::kFloat32).narrow(1, 1, L - 1);
   auto sum = -(lp * m).sum();
   sum.backward();
-  loss_sum_ += sum.item<double>();
-  tokens_ += m.sum().item<double>();
+  torch::NoGradGuard ng;
+  auto z = torch::zeros({}, m.options());
+  auto stats = torch::stack({sum.detach(), m.sum(), z, z, z, z, z});
+  stats_ = stats_.defined() ? stats_ + stats : stats;
   sequences_ += double(ids.size(0));
 }
 
 StepReport LoraTrainer::step() {
   StepReport r;
-  r.tokens = tokens_;
-  r.sequences = sequences_;
-  const double norm = (sft_ || o_.loss.aggregation == "token_mean") ? tokens_ : sequences_;
-  if (norm <= 0) throw std::runtime_error("trainer: step without any accumulated tokens");
-  r.loss = loss_sum_ / norm;
-  if (!sft_ && tokens_ > 0) {
-    r.pg = pg_sum_ / norm;
-    r.kl = kl_sum_ / tokens_;
-    r.clip_fraction = clip_sum_ / tokens_;
-    r.ratio_mean = ratio_sum_ / tokens_;
-    r.entropy = entropy_sum_ / tokens_;
-  }
+  if (!stats_.defined()) throw std::runtime_error("trainer: step without any accumulated tokens");
   torch::NoGradGuard ng;
-  double sq = 0;
+  std::vector<torch::Tensor> sq;
   for (auto& p : params_)
-    if (p.grad().defined()) {
-      p.mutable_grad().div_(norm);
-      sq += p.grad().pow(2).sum().item<double>();
-    }
-  r.grad_norm = std::sqrt(sq);
-  if (o_.max_grad_norm > 0 && r.grad_norm > o_.max_grad_norm) {
-    const double s = o_.max_grad_norm / (r.grad_norm + 1e-6);
-    for (auto& p : params_)
-      if (p.grad().defined()) p.mutable_grad().mul_(s);
+    if (p.grad().defined()) sq.push_back(p.grad().pow(2).sum());
+  // One transfer: the step's sums and the squared gradient norm before normalisation.
+  auto host = torch::cat({stats_, sq.empty() ? torch::zeros({1}, stats_.options()) : torch::stack(sq).sum().reshape({1})})
+                  .to(torch::kCPU, torch::kFloat64);
+  auto h = host.accessor<double, 1>();
+  const double loss_sum = h[0], tokens = h[1];
+  r.tokens = tokens;
+  r.sequences = sequences_;
+  const double norm = (sft_ || o_.loss.aggregation == "token_mean") ? tokens : sequences_;
+  if (norm <= 0) throw std::runtime_error("trainer: step without any accumulated tokens");
+  r.loss = loss_sum / norm;
+  if (!sft_ && tokens > 0) {
+    r.pg = h[2] / norm;
+    r.kl = h[3] / tokens;
+    r.clip_fraction = h[4] / tokens;
+    r.ratio_mean = h[5] / tokens;
+    r.entropy = h[6] / tokens;
   }
+  r.grad_norm = std::sqrt(h[7]) / norm;
+  double scale = 1.0 / norm;
+  if (o_.max_grad_norm > 0 && r.grad_norm > o_.max_grad_norm) scale *= o_.max_grad_norm / (r.grad_norm + 1e-6);
+  for (auto& p : params_)
+    if (p.grad().defined()) p.mutable_grad().mul_(scale);
   r.lr = scheduled_lr(o_, steps_);
   for (auto& g : opt_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(r.lr);
   opt_->step();
   opt_->zero_grad();
   ++steps_;
-  loss_sum_ = tokens_ = sequences_ = 0;
-  pg_sum_ = kl_sum_ = clip_sum_ = ratio_sum_ = entropy_sum_ = 0;
+  stats_ = torch::Tensor();
+  sequences_ = 0;
   sft_ = false;
   return r;
 }

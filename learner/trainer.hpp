@@ -62,7 +62,7 @@ class LoraTrainer {
   // rate, clears them.
   StepReport step();
   int64_t steps_done() const { return steps_; }
-  bool pending() const { return sequences_ > 0; }
+  bool pending() const { return stats_.defined(); }
 
   // Optimizer state (AdamW moments and step counts per LoRA tensor, the step counter) as one
   // safetensors file; load_state() restores it onto the same adapter layout.
@@ -77,8 +77,9 @@ class LoraTrainer {
   std::unique_ptr<torch::optim::AdamW> opt_;
   int64_t steps_ = 0;
   bool sft_ = false;
-  double loss_sum_ = 0, tokens_ = 0, sequences_ = 0;
-  double pg_sum_ = 0, kl_sum_ = 0, clip_sum_ = 0, ratio_sum_ = 0, entropy_sum_ = 0;
+  double sequences_ = 0;
+  // Device-side sums since the last step: loss, tokens, pg, k3, clipped tokens, ratio, entropy.
+  torch::Tensor stats_;
 };
 
 }  // namespace kernelrl

@@ -1,4 +1,4 @@
-"""Train mode end to end, started the way a user starts it (`launch CONFIG`, `launch CONFIG --resume
+"""`launch sft`, and train mode end to end, started the way a user starts it (`launch CONFIG`, `launch CONFIG --resume
 RUN_DIR`): GRPO on a tiny Qwen2 with a LoRA adapter, samples from tests/openai_server.py --policy
 (a real policy restricted to a menu of three bodies, its token ids and logprobs computed by
 transformers + PEFT under the adapter the learner published), evaluated by the real CPU evaluator.
@@ -99,18 +99,83 @@ def adapter(run_dir, step):
     return load_file(os.path.join(run_dir, "checkpoints", "step-%d" % step, "adapter_model.safetensors"))
 
 
+def tiny_model(tmp, hidden=32, init=0.05):
+    """A random two-layer Qwen2 with a byte-level BPE tokenizer trained on this repository's text."""
+    tok = train_tokenizer("qwen2", os.path.join(tmp, "tokenizer.json"))
+    torch.manual_seed(3)
+    d = os.path.join(tmp, "tiny")
+    m = Qwen2ForCausalLM(Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=2 * hidden,
+                                     num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                     initializer_range=init, eos_token_id=tok.token_to_id("<|im_end|>")))
+    m.save_pretrained(d)
+    shutil.copy(os.path.join(tmp, "tokenizer.json"), d)
+    return d
+
+
+class SftTest(unittest.TestCase):
+    """`launch sft`: LoRA SFT on prompt/completion lines; PEFT loads the result and finds the
+    demonstrations likelier than before; bad lines are refused with FILE:LINE."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-sft-")
+        cls.model = tiny_model(cls.tmp, hidden=64, init=0.2)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_sft_raises_the_demonstrations_likelihood(self):
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        demos = [{"prompt": "Task: swish.\n", "completion": "return x * torch.sigmoid(x)"},
+                 {"prompt": "Task: row sum.\n", "completion": "return x.sum(dim=1, keepdim=True)"},
+                 {"prompt": "Task: hardtanh.\n", "completion": "return torch.clamp(x, -1.0, 1.0) * self.scale"}]
+        data = os.path.join(self.tmp, "demos.jsonl")
+        with open(data, "w") as f:
+            for d in demos:
+                f.write(json.dumps(d) + "\n")
+        out = os.path.join(self.tmp, "sft-out")
+        p = subprocess.run([LAUNCH, "sft", "--model", self.model, "--data", data, "--out", out, "--steps", "60",
+                            "--batch", "3", "--lr", "0.02", "--rank", "8", "--alpha", "16", "--json"],
+                           capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        losses = [json.loads(line)["loss"] for line in p.stdout.splitlines()]
+        self.assertEqual(len(losses), 60)
+        self.assertLess(losses[-1], 0.5 * losses[0], losses)
+        tok = AutoTokenizer.from_pretrained(self.model)
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+        def nll(model):
+            total = 0.0
+            for d in demos:
+                pi = tok(d["prompt"], add_special_tokens=False)["input_ids"]
+                ci = tok(d["completion"], add_special_tokens=False)["input_ids"] + [eos]
+                with torch.no_grad():
+                    lp = torch.log_softmax(model(input_ids=torch.tensor([pi + ci])).logits[0, :-1], -1)
+                total -= lp[len(pi) - 1:].gather(-1, torch.tensor(ci)[:, None]).sum().item()
+            return total
+
+        base = AutoModelForCausalLM.from_pretrained(self.model, dtype=torch.float32)
+        before = nll(base)
+        after = nll(PeftModel.from_pretrained(base, out).eval())
+        self.assertLess(after, 0.5 * before, (before, after))
+
+    def test_bad_demonstrations_are_refused_with_their_line(self):
+        data = os.path.join(self.tmp, "bad.jsonl")
+        with open(data, "w") as f:
+            f.write(json.dumps({"prompt": "a", "completion": "b"}) + "\n" + json.dumps({"prompt": "a"}) + "\n")
+        p = subprocess.run([LAUNCH, "sft", "--model", self.model, "--data", data, "--out", os.path.join(self.tmp, "x")],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("bad.jsonl:2: expected an object with string fields", p.stderr)
+
+
 class TrainRunTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="kernelrl-train-")
-        tok = train_tokenizer("qwen2", os.path.join(cls.tmp, "tokenizer.json"))
-        torch.manual_seed(3)
-        cls.model = os.path.join(cls.tmp, "tiny")
-        m = Qwen2ForCausalLM(Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                         initializer_range=0.05, eos_token_id=tok.token_to_id("<|im_end|>")))
-        m.save_pretrained(cls.model)
-        shutil.copy(os.path.join(cls.tmp, "tokenizer.json"), cls.model)
+        cls.model = tiny_model(cls.tmp)
         cls.log = os.path.join(cls.tmp, "requests.jsonl")
         cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "openai_server.py"), cls.log,
                                        "--policy", cls.model], stdout=subprocess.PIPE, text=True)
