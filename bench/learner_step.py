@@ -2,13 +2,16 @@
 PyTorch + PEFT doing the same step on the same data in the same run: a Qwen2 model in bf16 (random
 weights), a fresh rank-16 adapter on all seven projections (float32, as PEFT keeps it), the
 clipped GRPO loss of the completion tokens (token mean), gradient-norm clipping and AdamW. Reports
-tokens/s (batch x sequence length per optimizer step, forward + backward + step). Target: >= 1.0x.
+tokens/s (batch x sequence length per optimizer step, forward + backward + step): the median over
+--repeats timed steps after one warm-up step, each side run --rounds times alternately (ours, PEFT,
+ours, PEFT, ...), so the spread between rounds shows what is noise. Target: >= 1.0x.
 
     python3 bench/learner_step.py --bench build/policy_bench [--device cuda:0] [--sizes tiny,small]
-        [--shapes 16x512,64x256] [--minibatch 8] [--repeats 3] [--json out.json]
+        [--shapes 16x512,64x256] [--minibatch 8] [--repeats 10] [--rounds 2] [--json out.json]
 """
 import argparse
 import json
+import statistics
 import os
 import subprocess
 import sys
@@ -71,7 +74,7 @@ def peft_step(d, device, data, minibatch, repeats, lr=1e-5):
             warmup_loss = loss_sum
     del m, base, opt
     torch.cuda.empty_cache()
-    return {"runs": runs, "tokens_per_s_mean": sum(r["tokens_per_s"] for r in runs) / len(runs),
+    return {"runs": runs, "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in runs),
             "warmup_loss": warmup_loss}
 
 
@@ -82,7 +85,8 @@ def main():
     ap.add_argument("--sizes", default="tiny,small")
     ap.add_argument("--shapes", default="16x512,64x256", help="BATCHxSEQLEN, comma separated")
     ap.add_argument("--minibatch", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kernelrl-learner-bench-")
@@ -95,19 +99,27 @@ def main():
             b, l = map(int, shape.split("x"))
             f = os.path.join(tmp, "batch-%s.safetensors" % shape)
             data = batch(f, vocab, b, l)
-            ours = json.loads(subprocess.run(
-                [args.bench, "--model", d, "--device", args.device, "--dtype", "bf16", "--train", f,
-                 "--minibatch", str(args.minibatch), "--repeats", str(args.repeats)],
-                check=True, capture_output=True, text=True).stdout)
-            ref = peft_step(d, args.device, data, args.minibatch, args.repeats)
+            ours_rounds, ref_rounds = [], []
+            for _ in range(args.rounds):
+                o = json.loads(subprocess.run(
+                    [args.bench, "--model", d, "--device", args.device, "--dtype", "bf16", "--train", f,
+                     "--minibatch", str(args.minibatch), "--repeats", str(args.repeats)],
+                    check=True, capture_output=True, text=True).stdout)
+                o["tokens_per_s_median"] = statistics.median(r["tokens_per_s"] for r in o["runs"])
+                ours_rounds.append(o)
+                ref_rounds.append(peft_step(d, args.device, data, args.minibatch, args.repeats))
+            ours_tps = statistics.median(r["tokens_per_s"] for o in ours_rounds for r in o["runs"])
+            ref_tps = statistics.median(r["tokens_per_s"] for o in ref_rounds for r in o["runs"])
             row = {"model": "qwen2-" + size, "batch": b, "seq_len": l, "minibatch": args.minibatch,
-                   "kernelrl_tokens_per_s": ours["tokens_per_s_mean"], "peft_tokens_per_s": ref["tokens_per_s_mean"],
-                   "speedup": ours["tokens_per_s_mean"] / ref["tokens_per_s_mean"],
+                   "kernelrl_tokens_per_s": ours_tps, "peft_tokens_per_s": ref_tps, "speedup": ours_tps / ref_tps,
+                   "rounds": [{"kernelrl": o["tokens_per_s_median"], "peft": r["tokens_per_s_median"]}
+                              for o, r in zip(ours_rounds, ref_rounds)],
                    # The first step's loss: both adapters start with B = 0, so only the base model counts.
-                   "first_loss": {"kernelrl": ours["warmup_loss"], "peft": ref["warmup_loss"]},
-                   "kernelrl": ours, "peft": ref}
-            print("grpo step %s b=%d l=%d: kernelrl %.0f tok/s, PyTorch+PEFT %.0f tok/s, %.2fx (loss %.5f vs %.5f)" % (
-                row["model"], b, l, row["kernelrl_tokens_per_s"], row["peft_tokens_per_s"], row["speedup"],
+                   "first_loss": {"kernelrl": ours_rounds[0]["warmup_loss"], "peft": ref_rounds[0]["warmup_loss"]},
+                   "kernelrl": ours_rounds, "peft": ref_rounds}
+            print("grpo step %s b=%d l=%d: kernelrl %.0f tok/s, PyTorch+PEFT %.0f tok/s, %.2fx (rounds %s; loss %.5f vs %.5f)" % (
+                row["model"], b, l, ours_tps, ref_tps, row["speedup"],
+                ", ".join("%.0f/%.0f" % (x["kernelrl"], x["peft"]) for x in row["rounds"]),
                 row["first_loss"]["kernelrl"], row["first_loss"]["peft"]), flush=True)
             result["rows"].append(row)
     if args.json:

@@ -234,3 +234,34 @@ TEST_CASE("the evaluator backend and the telemetry endpoint are checked", "[conf
   CHECK(std::get<Config>(ok).evaluator.backend == "synthetic");
   CHECK(std::get<Config>(ok).monitor.publish == "tcp://127.0.0.1:47312");
 }
+
+TEST_CASE("the learner's keys and the train mode are checked", "[config][learner]") {
+  Scratch s;
+  auto e = errors_of(base + "[learner]\ngroup_size = 1\nlr_schedule = \"step\"\nlora_targets = [\"qkv\"]\n"
+                            "aggregation = \"sum\"\ndtype = \"f8\"\n[experiment]\nmode = \"train\"\n",
+                     s.cfg());
+  auto has = [&](const std::string& prefix) {
+    for (auto& x : e)
+      if (x.find(prefix) != std::string::npos) return true;
+    return false;
+  };
+  INFO(e.size());
+  CHECK(has("learner.group_size:"));
+  CHECK(has("learner.lr_schedule: expected one of constant, linear, cosine, got \"step\""));
+  CHECK(has("learner.lora_targets: \"qkv\" is not one of q_proj"));
+  CHECK(has("learner.aggregation:"));
+  CHECK(has("learner.dtype: expected f32, f16 or bf16"));
+  // train with the replay sampler and no model: both named
+  CHECK(has("experiment.mode: train needs a model sampler"));
+  CHECK(has("experiment.mode: train needs [policy] model"));
+  fs::create_directories(s.dir / "model");
+  auto ok = parse_config("[tasks]\ndir = \"tasks\"\n[policy]\nmodel = \"model\"\ndevice = \"cuda:1\"\n"
+                         "[sampler]\nbackend = \"libtorch\"\n[learner]\nsteps = 3\nmax_staleness = 1\n"
+                         "[experiment]\nmode = \"train\"\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(ok));
+  auto& c = std::get<Config>(ok);
+  CHECK(c.learner.steps == 3);
+  CHECK(c.learner.max_staleness == 1);
+  CHECK(c.learner.device == "cuda:1");  // defaults to the policy's device
+  CHECK(c.learner.dtype == "bf16");
+}
