@@ -79,7 +79,10 @@ caf::behavior selector_actor(self_ptr self, SelectorArgs args) {
   if (!args.dir.empty() && fs::is_directory(args.dir, ec)) {
     for (auto& d : fs::directory_iterator(args.dir, ec)) {
       auto name = d.path().filename().string();
-      if (name.rfind("step-", 0) != 0 || !fs::exists(d.path() / "learner.json")) continue;
+      // step-N only: a step-N.partial folder is a checkpoint whose writing was interrupted.
+      if (name.size() <= 5 || name.rfind("step-", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos ||
+          !fs::exists(d.path() / "learner.json"))
+        continue;
       try {
         uint32_t step = uint32_t(std::stoul(name.substr(5)));
         Entry e;

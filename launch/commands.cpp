@@ -5,6 +5,7 @@
 #include "actors/dispatcher.hpp"
 #include "actors/evaluator.hpp"
 #include "actors/checkpoint_selector.hpp"
+#include "analysis/analysis.hpp"
 #include "actors/gate.hpp"
 #include "actors/learner.hpp"
 #include "actors/monitor.hpp"
@@ -107,19 +108,104 @@ int cmd_version() {
   return 0;
 }
 
-int cmd_export(const std::string& run_dir) {
+namespace {
+// The store of RUN_DIR (or a store file), read-only; null after printing why, with rc 2 when
+// there is none and 1 when it cannot be read.
+std::unique_ptr<Store> open_run_store(const char* cmd, const std::string& run_dir, int& rc) {
   fs::path p = run_dir;
   if (fs::is_directory(p)) p /= "store.sqlite";
   if (!fs::exists(p)) {
-    std::fprintf(stderr, "launch export: %s: no run store here\n", p.string().c_str());
-    return 2;
+    std::fprintf(stderr, "launch %s: %s: no run store here\n", cmd, p.string().c_str());
+    rc = 2;
+    return nullptr;
   }
   std::string err;
   auto store = Store::open_readonly(p.string(), err);
   if (!store) {
-    std::fprintf(stderr, "launch export: %s\n", err.c_str());
-    return 1;
+    std::fprintf(stderr, "launch %s: %s\n", cmd, err.c_str());
+    rc = 1;
   }
+  return store;
+}
+}  // namespace
+
+int cmd_analyze(const AnalyzeOptions& o) {
+  int rc = 0;
+  auto store = open_run_store("analyze", o.run_dir, rc);
+  if (!store) return rc;
+  std::vector<AnalysisSample> samples;
+  for (auto& r : store->samples())
+    samples.push_back({r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean, r.num_tokens});
+  std::map<uint32_t, std::map<std::string, double>> learner;
+  for (auto& run : store->runs())
+    for (auto& row : store->steps(run))
+      if (!row.learner.empty()) learner[row.stats.step] = row.learner;
+  AnalysisOptions ao;
+  ao.p = o.p;
+  ao.ks = o.ks;
+  ao.bootstrap = o.bootstrap;
+  ao.seed = o.seed;
+  auto j = analyze(samples, ao, learner);
+  j["run_dir"] = fs::absolute(o.run_dir).lexically_normal().string();
+  if (o.json) {
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  auto f = [](const nlohmann::json& v, const char* spec) {
+    return v.is_number() ? fmt::format(fmt::runtime(spec), v.get<double>()) : std::string("-");
+  };
+  std::string fast_cols;
+  for (double t : o.p) fast_cols += fmt::format(" {:>8}", fmt::format("fast_{:g}", t));
+  auto fast_vals = [&](const nlohmann::json& x) {
+    std::string s;
+    for (double t : o.p) s += fmt::format(" {:>8}", f(x[fmt::format("fast_{:g}", t)], "{:.3f}"));
+    return s;
+  };
+  std::string fast_line;
+  for (double t : o.p) fast_line += fmt::format(", fast_{:g} {}", t, f(j[fmt::format("fast_{:g}", t)], "{:.3f}"));
+  std::printf("%s: %llu samples over %llu tasks; correct %.3f%s; mean speedup %s, geomean %s (correct samples)\n",
+              j["run_dir"].get<std::string>().c_str(), (unsigned long long)j["samples"].get<uint64_t>(),
+              (unsigned long long)j["tasks"].get<uint64_t>(), j["correct_rate"].get<double>(), fast_line.c_str(),
+              f(j["mean_speedup"], "{:.2f}x").c_str(), f(j["geomean_speedup"], "{:.2f}x").c_str());
+  if (j["steps"].size() > 1 || !learner.empty()) {
+    std::printf("\n%5s %8s %8s%s %11s %10s\n", "step", "samples", "correct", fast_cols.c_str(), "mean reward", "loss");
+    for (auto& st : j["steps"]) {
+      std::string loss = st.contains("learner") && st["learner"].contains("loss") ? f(st["learner"]["loss"], "{:.4f}") : "-";
+      std::printf("%5u %8llu %8.3f%s %11.3f %10s\n", st["step"].get<uint32_t>(),
+                  (unsigned long long)st["samples"].get<uint64_t>(), st["correct_rate"].get<double>(),
+                  fast_vals(st).c_str(), st["mean_reward"].get<double>(), loss.c_str());
+    }
+  }
+  std::printf("\n%-32s %8s %8s%s %9s %9s\n", "task", "samples", "correct", fast_cols.c_str(), "geomean", "best");
+  for (auto& t : j["per_task"])
+    std::printf("%-32s %8llu %8.3f%s %9s %9s\n", t["task_id"].get<std::string>().c_str(),
+                (unsigned long long)t["samples"].get<uint64_t>(), t["correct_rate"].get<double>(), fast_vals(t).c_str(),
+                f(t["geomean_speedup"], "{:.2f}x").c_str(), f(t["best_speedup"], "{:.2f}x").c_str());
+  std::string fk = fmt::format("fast_{:g}", o.p.empty() ? 1.0 : (std::find(o.p.begin(), o.p.end(), 1.0) != o.p.end() ? 1.0 : o.p[0]));
+  std::printf("\n%5s %6s %8s %19s %8s %19s\n", "k", "tasks", "pass@k", "95% CI", (fk + "@k").c_str(), "95% CI");
+  for (auto& a : j["at_k"]) {
+    auto ci = [&](const char* key) {
+      return a.contains(key) ? fmt::format("[{}, {}]", f(a[key][0], "{:.3f}"), f(a[key][1], "{:.3f}")) : std::string("-");
+    };
+    std::printf("%5u %6llu %8s %19s %8s %19s\n", a["k"].get<uint32_t>(), (unsigned long long)a["tasks"].get<uint64_t>(),
+                f(a["pass"], "{:.3f}").c_str(), ci("pass_ci").c_str(), f(a[fk], "{:.3f}").c_str(),
+                ci((fk + "_ci").c_str()).c_str());
+  }
+  auto& lj = j["logprob_vs_speedup"];
+  std::printf("\nmean logprob vs speedup (%llu correct samples with tokens): Spearman rho %s, partial on length %s\n",
+              (unsigned long long)lj["n"].get<uint64_t>(), f(lj["spearman_rho"], "{:.3f}").c_str(),
+              f(lj["partial_spearman_rho_length"], "{:.3f}").c_str());
+  for (auto& q : lj["surprisal_quartiles"])
+    std::printf("  surprisal Q%d: %llu samples, mean logprob %.3f, mean speedup %.2fx, faster %.2f\n", q["quartile"].get<int>(),
+                (unsigned long long)q["n"].get<uint64_t>(), q["mean_logprob"].get<double>(), q["mean_speedup"].get<double>(),
+                q["faster_share"].get<double>());
+  return 0;
+}
+
+int cmd_export(const std::string& run_dir) {
+  int rc = 0;
+  auto store = open_run_store("export", run_dir, rc);
+  if (!store) return rc;
   for (auto& r : store->samples()) {
     const auto& e = r.record.result;
     nlohmann::json j = result_json(e);

@@ -68,6 +68,17 @@ int cmd_tokenize(const PolicyCliOptions& o);
 int cmd_merge(const PolicyCliOptions& o);
 
 // launch evaluate --task TASK_FILE --candidate FILE [--candidate FILE ...] [options]
+// launch analyze RUN_DIR: analysis/analysis.hpp over the run's store.
+struct AnalyzeOptions {
+  std::string run_dir;
+  bool json = false;
+  std::vector<double> p{1.0, 1.2};  // fast_p thresholds
+  std::vector<uint32_t> ks;         // empty: 1, 2, 4, ...
+  uint32_t bootstrap = 1000;
+  uint64_t seed = 0;
+};
+int cmd_analyze(const AnalyzeOptions& o);
+
 // launch sft: LoRA supervised fine-tuning on (prompt, completion) demonstrations (warm starts).
 struct SftOptions {
   std::string model, adapter, data, out;  // base model, adapter to start from, JSONL, output dir

@@ -20,6 +20,8 @@ const char* usage =
     "                                                      watch a running cluster's telemetry (its head's HOST:PORT)\n"
     "  launch check CONFIG                                 validate CONFIG, print it resolved\n"
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
+    "  launch analyze RUN_DIR [--json] [--p 1.0,1.2] [--k 1,2,4] [--bootstrap N] [--seed S]\n"
+    "                                                      fast_p, pass@k / fast_1@k with CIs, per step and task\n"
     "  launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--task FILE --candidate FILE ...]\n"
     "                  [--action forward_body|full_program]\n"
     "                  [--device cpu|cuda:N] [--mode fast|full] [--timeout SECONDS] [--compile-workers N]\n"
@@ -62,6 +64,56 @@ int main(int argc, char** argv) {
   if (cmd == "check") {
     if (args.size() != 2) return bad("check takes exactly one CONFIG");
     return kernelrl::cmd_check(args[1]);
+  }
+  if (cmd == "analyze") {
+    kernelrl::AnalyzeOptions o;
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a == "--json") o.json = true;
+      else if (a.rfind("--", 0) != 0 && o.run_dir.empty()) o.run_dir = a;
+      else if (i + 1 >= args.size()) return bad("analyze: " + a + (a.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
+      else {
+        const std::string& v = args[++i];
+        try {
+          auto list = [&](auto parse) {
+            size_t pos = 0;
+            while (pos <= v.size()) {
+              size_t c = v.find(',', pos);
+              std::string x = v.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+              size_t used = 0;
+              parse(x, used);
+              if (used != x.size()) throw std::invalid_argument(x);
+              if (c == std::string::npos) break;
+              pos = c + 1;
+            }
+          };
+          if (a == "--p") {
+            o.p.clear();
+            list([&](const std::string& x, size_t& used) { o.p.push_back(std::stod(x, &used)); });
+          } else if (a == "--k") {
+            list([&](const std::string& x, size_t& used) {
+              long k = std::stol(x, &used);
+              if (k < 1) throw std::invalid_argument(x);
+              o.ks.push_back(uint32_t(k));
+            });
+          } else if (a == "--bootstrap") {
+            size_t used = 0;
+            long n = std::stol(v, &used);
+            if (used != v.size() || n < 0 || n > 1000000) throw std::invalid_argument(v);
+            o.bootstrap = uint32_t(n);
+          } else if (a == "--seed") {
+            o.seed = std::stoull(v);
+          } else {
+            return bad("analyze: unknown argument \"" + a + "\"");
+          }
+        } catch (const std::exception&) {
+          return bad("analyze: " + a + ": expected " + (a == "--p" ? "numbers like 1.0,1.2" : "counts like 1,2,4") +
+                     ", got \"" + v + "\"");
+        }
+      }
+    }
+    if (o.run_dir.empty()) return bad("analyze: RUN_DIR is required");
+    return kernelrl::cmd_analyze(o);
   }
   if (cmd == "export") {
     if (args.size() != 3 || args[2] != "--jsonl") return bad("usage: launch export RUN_DIR --jsonl");

@@ -215,6 +215,13 @@ class TrainRunTest(unittest.TestCase):
             loads = [json.loads(line)["body"]["lora_name"] for line in f if "load_lora_adapter" in line
                      and "unload" not in line]
         self.assertEqual(loads[:STEPS + 1], ["kernelrl-v%d" % v for v in range(STEPS + 1)])
+        # launch analyze shows every step's fast_1 and the learner's figures.
+        a = json.loads(subprocess.run([LAUNCH, "analyze", self.full_dir, "--json"], capture_output=True, text=True,
+                                      check=True).stdout)
+        self.assertEqual([s["step"] for s in a["steps"]], list(range(STEPS)))
+        for mine, stored in zip(a["steps"], steps):
+            self.assertAlmostEqual(mine["fast_1"], stored["fast_1"], places=12)
+            self.assertAlmostEqual(mine["learner"]["loss"], stored["learner"]["loss"], places=12)
         out = self.full.stdout
         self.assertIn("policy version %d" % STEPS, out)
         self.assertIn("grad norm", out)

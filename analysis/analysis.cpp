@@ -1,0 +1,234 @@
+#include "analysis/analysis.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+
+namespace kernelrl {
+
+double pass_at_k(uint64_t n, uint64_t c, uint64_t k) {
+  if (k == 0 || k > n) return std::numeric_limits<double>::quiet_NaN();
+  if (n - c < k) return 1.0;
+  // C(n - c, k) / C(n, k) = prod_{i = n - c + 1}^{n} (1 - k / i)
+  double fail = 1.0;
+  for (uint64_t i = n - c + 1; i <= n; ++i) fail *= 1.0 - double(k) / double(i);
+  return 1.0 - fail;
+}
+
+namespace {
+
+std::vector<double> ranks(const std::vector<double>& x) {
+  std::vector<size_t> idx(x.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return x[a] < x[b]; });
+  std::vector<double> r(x.size());
+  for (size_t i = 0; i < idx.size();) {
+    size_t j = i;
+    while (j + 1 < idx.size() && x[idx[j + 1]] == x[idx[i]]) ++j;
+    double avg = (double(i) + double(j)) / 2.0 + 1.0;  // 1-based average rank of the tie
+    for (size_t k = i; k <= j; ++k) r[idx[k]] = avg;
+    i = j + 1;
+  }
+  return r;
+}
+
+double pearson(const std::vector<double>& x, const std::vector<double>& y) {
+  const size_t n = x.size();
+  if (n < 2) return std::numeric_limits<double>::quiet_NaN();
+  double mx = std::accumulate(x.begin(), x.end(), 0.0) / double(n);
+  double my = std::accumulate(y.begin(), y.end(), 0.0) / double(n);
+  double sxy = 0, sxx = 0, syy = 0;
+  for (size_t i = 0; i < n; ++i) {
+    sxy += (x[i] - mx) * (y[i] - my);
+    sxx += (x[i] - mx) * (x[i] - mx);
+    syy += (y[i] - my) * (y[i] - my);
+  }
+  if (sxx == 0 || syy == 0) return std::numeric_limits<double>::quiet_NaN();
+  return sxy / std::sqrt(sxx * syy);
+}
+
+nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
+
+struct Counts {
+  uint64_t n = 0, correct = 0;
+  std::vector<uint64_t> fast;  // per threshold
+  double speedup_sum = 0, log_speedup_sum = 0, reward_sum = 0, best = 0;
+};
+
+void add(Counts& c, const AnalysisSample& s, const std::vector<double>& p) {
+  if (c.fast.empty()) c.fast.assign(p.size(), 0);
+  ++c.n;
+  c.reward_sum += s.reward;
+  if (!s.correct) return;
+  ++c.correct;
+  c.speedup_sum += s.speedup;
+  c.log_speedup_sum += std::log(std::max(s.speedup, 1e-12));
+  c.best = std::max(c.best, s.speedup);
+  for (size_t i = 0; i < p.size(); ++i)
+    if (s.speedup > p[i]) ++c.fast[i];
+}
+
+std::string p_key(double p) { return fmt::format("fast_{:g}", p); }
+
+nlohmann::json summary(const Counts& c, const std::vector<double>& p) {
+  nlohmann::json j = {{"samples", c.n},
+                      {"correct", c.correct},
+                      {"correct_rate", c.n ? double(c.correct) / double(c.n) : 0.0},
+                      {"mean_speedup", c.correct ? num(c.speedup_sum / double(c.correct)) : nullptr},
+                      {"geomean_speedup", c.correct ? num(std::exp(c.log_speedup_sum / double(c.correct))) : nullptr},
+                      {"mean_reward", c.n ? c.reward_sum / double(c.n) : 0.0}};
+  for (size_t i = 0; i < p.size(); ++i)
+    j[p_key(p[i])] = c.n ? double(c.fast.empty() ? 0 : c.fast[i]) / double(c.n) : 0.0;
+  return j;
+}
+
+// Mean over tasks of pass_at_k(n_t, c_t, k) for tasks with n_t >= k.
+double mean_at_k(const std::vector<std::pair<uint64_t, uint64_t>>& tasks, const std::vector<size_t>& pick, uint64_t k) {
+  double sum = 0;
+  size_t used = 0;
+  for (size_t i : pick) {
+    auto [n, c] = tasks[i];
+    if (n < k) continue;
+    sum += pass_at_k(n, c, k);
+    ++used;
+  }
+  return used ? sum / double(used) : std::numeric_limits<double>::quiet_NaN();
+}
+
+double percentile(std::vector<double> xs, double q) {  // linear interpolation, as numpy's default
+  xs.erase(std::remove_if(xs.begin(), xs.end(), [](double v) { return !std::isfinite(v); }), xs.end());
+  if (xs.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(xs.begin(), xs.end());
+  double pos = q * double(xs.size() - 1);
+  size_t lo = size_t(std::floor(pos)), hi = std::min(xs.size() - 1, lo + 1);
+  return xs[lo] + (xs[hi] - xs[lo]) * (pos - double(lo));
+}
+
+}  // namespace
+
+double spearman(const std::vector<double>& x, const std::vector<double>& y) { return pearson(ranks(x), ranks(y)); }
+
+double partial_spearman(const std::vector<double>& x, const std::vector<double>& y, const std::vector<double>& z) {
+  auto rx = ranks(x), ry = ranks(y), rz = ranks(z);
+  double xy = pearson(rx, ry), xz = pearson(rx, rz), yz = pearson(ry, rz);
+  double d = std::sqrt((1 - xz * xz) * (1 - yz * yz));
+  if (!std::isfinite(d) || d == 0) return std::numeric_limits<double>::quiet_NaN();
+  return (xy - xz * yz) / d;
+}
+
+nlohmann::json analyze(const std::vector<AnalysisSample>& samples, const AnalysisOptions& o,
+                       const std::map<uint32_t, std::map<std::string, double>>& learner) {
+  nlohmann::json out;
+  Counts all;
+  std::map<uint32_t, Counts> by_step;
+  std::map<std::string, Counts> by_task;
+  for (auto& s : samples) {
+    add(all, s, o.p);
+    add(by_step[s.step], s, o.p);
+    add(by_task[s.task_id], s, o.p);
+  }
+  out = summary(all, o.p);
+  out["tasks"] = by_task.size();
+  out["thresholds"] = o.p;
+  nlohmann::json steps = nlohmann::json::array();
+  for (auto& [step, c] : by_step) {
+    auto j = summary(c, o.p);
+    j["step"] = step;
+    auto it = learner.find(step);
+    if (it != learner.end()) j["learner"] = it->second;
+    steps.push_back(j);
+  }
+  out["steps"] = steps;
+  nlohmann::json tasks = nlohmann::json::array();
+  for (auto& [id, c] : by_task) {
+    auto j = summary(c, o.p);
+    j["task_id"] = id;
+    j["best_speedup"] = c.correct ? num(c.best) : nullptr;
+    tasks.push_back(j);
+  }
+  out["per_task"] = tasks;
+
+  // pass@k and fast_1@k over tasks (the "1.0" threshold, or the first one given).
+  std::vector<std::pair<uint64_t, uint64_t>> pass, fast;
+  size_t fi = 0;
+  for (size_t i = 0; i < o.p.size(); ++i)
+    if (o.p[i] == 1.0) fi = i;
+  uint64_t min_n = std::numeric_limits<uint64_t>::max();
+  for (auto& [id, c] : by_task) {
+    pass.push_back({c.n, c.correct});
+    fast.push_back({c.n, c.fast.empty() ? 0 : c.fast[fi]});
+    min_n = std::min(min_n, c.n);
+  }
+  std::vector<uint32_t> ks = o.ks;
+  if (ks.empty() && !by_task.empty())
+    for (uint64_t k = 1; k <= min_n; k *= 2) ks.push_back(uint32_t(k));
+  std::vector<size_t> everyone(pass.size());
+  std::iota(everyone.begin(), everyone.end(), 0);
+  std::mt19937_64 rng(o.seed);
+  std::vector<std::vector<size_t>> resamples(o.bootstrap, std::vector<size_t>(pass.size()));
+  for (auto& r : resamples)
+    for (auto& i : r) i = size_t(rng() % pass.size());
+  const double lo_q = (1 - o.confidence) / 2, hi_q = 1 - lo_q;
+  nlohmann::json at_k = nlohmann::json::array();
+  for (uint32_t k : ks) {
+    nlohmann::json j = {{"k", k}};
+    size_t used = 0;
+    for (auto& [n, c] : pass) used += n >= k ? 1 : 0;
+    j["tasks"] = used;
+    const std::string fast_name = p_key(o.p.empty() ? 1.0 : o.p[fi]);  // fast_1: correct and faster
+    for (auto& [name, data] : std::vector<std::pair<std::string, const std::vector<std::pair<uint64_t, uint64_t>>*>>{
+             {"pass", &pass}, {fast_name, &fast}}) {
+      j[name] = num(mean_at_k(*data, everyone, k));
+      if (o.bootstrap > 0 && !pass.empty()) {
+        std::vector<double> boots;
+        boots.reserve(resamples.size());
+        for (auto& r : resamples) boots.push_back(mean_at_k(*data, r, k));
+        j[name + "_ci"] = {num(percentile(boots, lo_q)), num(percentile(boots, hi_q))};
+      }
+    }
+    at_k.push_back(j);
+  }
+  out["at_k"] = at_k;
+  out["bootstrap"] = {{"resamples", o.bootstrap}, {"confidence", o.confidence}, {"seed", o.seed}, {"unit", "task"}};
+
+  // Mean logprob against speedup, over correct samples with tokens.
+  std::vector<double> lp, sp, len;
+  for (auto& s : samples)
+    if (s.correct && s.num_tokens > 0) {
+      lp.push_back(s.logprob_mean);
+      sp.push_back(s.speedup);
+      len.push_back(double(s.num_tokens));
+    }
+  nlohmann::json lj = {{"n", lp.size()}};
+  lj["spearman_rho"] = num(spearman(lp, sp));
+  lj["partial_spearman_rho_length"] = num(partial_spearman(lp, sp, len));
+  // Quartiles of surprisal (-mean logprob): Q1 the most confident quarter, Q4 the most surprising.
+  nlohmann::json quart = nlohmann::json::array();
+  if (lp.size() >= 4) {
+    std::vector<size_t> idx(lp.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return lp[a] > lp[b]; });
+    for (int q = 0; q < 4; ++q) {
+      size_t b = idx.size() * q / 4, e = idx.size() * (q + 1) / 4;
+      double ssum = 0, lsum = 0;
+      uint64_t faster = 0;
+      for (size_t i = b; i < e; ++i) {
+        ssum += sp[idx[i]];
+        lsum += lp[idx[i]];
+        faster += sp[idx[i]] > 1.0 ? 1 : 0;
+      }
+      double n = double(e - b);
+      quart.push_back({{"quartile", q + 1}, {"n", e - b}, {"mean_logprob", lsum / n}, {"mean_speedup", ssum / n},
+                       {"faster_share", double(faster) / n}});
+    }
+  }
+  lj["surprisal_quartiles"] = quart;
+  out["logprob_vs_speedup"] = lj;
+  return out;
+}
+
+}  // namespace kernelrl

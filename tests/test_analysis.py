@@ -1,0 +1,177 @@
+"""`launch analyze RUN_DIR` against an independent numpy computation on the same recorded samples.
+
+The run: the bundled replay candidates of eight tasks (faster, slower, wrong, unparsable and raising
+bodies) evaluated by `launch` on the CPU, each given made-up token ids and logprobs (seeded) so that
+the logprob statistics have data. The reference below is written from the definitions: pass@k and
+fast_1@k as 1 - C(n - c, k) / C(n, k) with exact binomials, Spearman's rho as Pearson's on average
+ranks, the partial rho from the three pairwise rank correlations, quartiles by sorting.
+"""
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
+TASKS = ["01_diag_matmul", "02_gelu_tanh", "06_swish", "07_hardtanh_scale", "09_row_sum", "10_row_max",
+         "12_rms_norm", "14_softmax_manual"]
+
+
+def rankdata(x):
+    x = np.asarray(x, dtype=float)
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x))
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and x[order[j + 1]] == x[order[i]]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def rho(x, y):
+    return float(np.corrcoef(rankdata(x), rankdata(y))[0, 1])
+
+
+class AnalyzeTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-analyze-")
+        rng = random.Random(11)
+        replay = os.path.join(cls.tmp, "replay.jsonl")
+        with open(replay, "w") as out:
+            for t in TASKS:
+                with open(os.path.join(ROOT, "tasks", "replay", t + ".jsonl")) as f:
+                    for line in f:
+                        r = json.loads(line)
+                        n = rng.randint(3, 40)
+                        r["token_ids"] = [rng.randint(5, 500) for _ in range(n)]
+                        r["logprobs"] = [-rng.random() * 3 for _ in range(n)]
+                        out.write(json.dumps(r) + "\n")
+        cfg = os.path.join(cls.tmp, "eval.toml")
+        with open(cfg, "w") as f:
+            f.write("""
+[[node]]
+name = "local"
+roles = ["supervisor", "sampler", "evaluator", "monitor"]
+cpu_slots = 2
+[tasks]
+dir = "%s"
+ids = %s
+[sampler]
+replay = "%s"
+[evaluator]
+timeout_s = 20
+[experiment]
+name = "analyze"
+run_root = "%s"
+[monitor]
+progress = false
+""" % (os.path.join(ROOT, "tasks", "bundled"), json.dumps(TASKS), replay, os.path.join(cls.tmp, "runs")))
+        cls.run_dir = os.path.join(cls.tmp, "run")
+        p = subprocess.run([LAUNCH, cfg, "--run-dir", cls.run_dir], capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            raise AssertionError(p.stderr[-3000:])
+        out = subprocess.run([LAUNCH, "export", cls.run_dir, "--jsonl"], capture_output=True, text=True, check=True).stdout
+        cls.samples = [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def analyze(self, *args):
+        p = subprocess.run([LAUNCH, "analyze", self.run_dir, "--json"] + list(args), capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return json.loads(p.stdout)
+
+    def test_rates_and_speedups_equal_numpy(self):
+        a = self.analyze("--p", "1.0,1.2,2")
+        ok = np.array([s["status"] == "ok" for s in self.samples])
+        sp = np.array([s["speedup"] for s in self.samples])
+        self.assertEqual(a["samples"], len(self.samples))
+        self.assertGreater(ok.sum(), 3)
+        self.assertLess(ok.sum(), len(self.samples))
+        self.assertAlmostEqual(a["correct_rate"], ok.mean(), places=12)
+        for p, key in [(1.0, "fast_1"), (1.2, "fast_1.2"), (2.0, "fast_2")]:
+            self.assertAlmostEqual(a[key], (ok & (sp > p)).mean(), places=12, msg=key)
+        self.assertAlmostEqual(a["mean_speedup"], sp[ok].mean(), places=9)
+        self.assertAlmostEqual(a["geomean_speedup"], float(np.exp(np.log(sp[ok]).mean())), places=9)
+        per_task = {t["task_id"]: t for t in a["per_task"]}
+        self.assertEqual(sorted(per_task), sorted(TASKS))
+        for t in TASKS:
+            m = np.array([s["task_id"] == t for s in self.samples])
+            self.assertEqual(per_task[t]["samples"], m.sum())
+            self.assertAlmostEqual(per_task[t]["fast_1"], (ok & m & (sp > 1)).sum() / m.sum(), places=12)
+            if (ok & m).any():
+                self.assertAlmostEqual(per_task[t]["best_speedup"], sp[ok & m].max(), places=9)
+        self.assertEqual([s["step"] for s in a["steps"]], [0])
+        self.assertAlmostEqual(a["steps"][0]["fast_1"], a["fast_1"], places=12)
+
+    def test_pass_and_fast_at_k_use_the_unbiased_estimator(self):
+        a = self.analyze("--k", "1,2,3,5", "--bootstrap", "400", "--seed", "3")
+        by_task = {}
+        for s in self.samples:
+            n, c, f = by_task.get(s["task_id"], (0, 0, 0))
+            ok = s["status"] == "ok"
+            by_task[s["task_id"]] = (n + 1, c + ok, f + (ok and s["speedup"] > 1.0))
+        for row in a["at_k"]:
+            k = row["k"]
+            used = [(n, c, f) for n, c, f in by_task.values() if n >= k]
+            self.assertEqual(row["tasks"], len(used))
+            ref_pass = np.mean([1 - math.comb(n - c, k) / math.comb(n, k) for n, c, f in used])
+            ref_fast = np.mean([1 - math.comb(n - f, k) / math.comb(n, k) for n, c, f in used])
+            self.assertAlmostEqual(row["pass"], ref_pass, places=12, msg=k)
+            self.assertAlmostEqual(row["fast_1"], ref_fast, places=12, msg=k)
+            for key in ["pass", "fast_1"]:
+                lo, hi = row[key + "_ci"]
+                self.assertLessEqual(lo, row[key] + 1e-12)
+                self.assertGreaterEqual(hi, row[key] - 1e-12)
+                self.assertTrue(0 <= lo <= hi <= 1)
+        self.assertLess(a["at_k"][0]["pass"], a["at_k"][-1]["pass"])  # the scaling curve rises with k
+        # The default curve: k = 1, 2, 4, ... up to the smallest task's sample count.
+        self.assertEqual([r["k"] for r in self.analyze()["at_k"]],
+                         [k for k in [1, 2, 4, 8, 16] if k <= min(n for n, _, _ in by_task.values())])
+        self.assertNotIn("pass_ci", self.analyze("--bootstrap", "0")["at_k"][0])
+
+    def test_logprob_statistics_equal_numpy(self):
+        a = self.analyze()["logprob_vs_speedup"]
+        c = [s for s in self.samples if s["status"] == "ok"]
+        lp = [float(np.mean(s["logprobs"])) for s in c]
+        sp = [s["speedup"] for s in c]
+        ln = [len(s["token_ids"]) for s in c]
+        self.assertEqual(a["n"], len(c))
+        self.assertAlmostEqual(a["spearman_rho"], rho(lp, sp), places=9)
+        rxy, rxz, ryz = rho(lp, sp), rho(lp, ln), rho(sp, ln)
+        self.assertAlmostEqual(a["partial_spearman_rho_length"],
+                               (rxy - rxz * ryz) / math.sqrt((1 - rxz ** 2) * (1 - ryz ** 2)), places=9)
+        order = sorted(range(len(c)), key=lambda i: -lp[i])
+        for q, row in enumerate(a["surprisal_quartiles"]):
+            part = order[len(order) * q // 4: len(order) * (q + 1) // 4]
+            self.assertEqual(row["n"], len(part))
+            self.assertAlmostEqual(row["mean_speedup"], np.mean([sp[i] for i in part]), places=9)
+            self.assertAlmostEqual(row["mean_logprob"], np.mean([lp[i] for i in part]), places=5)
+
+    def test_text_output_and_bad_arguments(self):
+        p = subprocess.run([LAUNCH, "analyze", self.run_dir], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("pass@k", p.stdout)
+        self.assertIn("Spearman rho", p.stdout)
+        p = subprocess.run([LAUNCH, "analyze", self.run_dir, "--k", "0"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("analyze: --k: expected counts like 1,2,4", p.stderr)
+        p = subprocess.run([LAUNCH, "analyze", os.path.join(self.tmp, "nothing")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("no run store here", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
