@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 
@@ -64,6 +65,9 @@ struct supervisor_state {
   uint64_t version = 0;                    // the learner's newest acknowledged version
   uint64_t stale_rejected = 0, groups_replanned = 0, abandoned = 0, resumed_samples = 0;
   double last_step_fast_1 = -1;
+  // compute spent (compute.json)
+  uint64_t student_tokens = 0;
+  double eval_wall_s = 0, eval_device_s = 0, compile_s = 0;
   static inline const char* name = "supervisor";
 };
 
@@ -135,6 +139,29 @@ void count_sample(supervisor_state& st, const ScoredRollout& s) {
   st.stale_sum += stale;
   add_to(st.tasks, s);
   if (s.result.status == EvalStatus::ok) st.speedups.push_back(s.result.speedup);
+  st.student_tokens += s.rollout.token_ids.size();
+  st.eval_wall_s += s.result.wall_s;
+  st.compile_s += s.result.compile_s;
+  if (s.result.device_start > 0 && s.result.device_end > s.result.device_start)
+    st.eval_device_s += s.result.device_end - s.result.device_start;
+}
+
+// The compute a run spent, with the settings that make two runs' budgets comparable.
+nlohmann::json compute_json(const supervisor_state& st, const SupervisorArgs& args) {
+  double learner_s = 0;
+  if (st.store)
+    for (auto& row : st.store->steps(args.run_id)) {
+      auto it = row.learner.find("learner_s");
+      if (it != row.learner.end()) learner_s += it->second;
+    }
+  return {{"rollouts", st.recorded},
+          {"student_tokens", st.student_tokens},
+          {"teacher_tokens", 0},
+          {"eval_seconds", st.eval_wall_s},
+          {"eval_device_seconds", st.eval_device_s},
+          {"compile_seconds", st.compile_s},
+          {"learner_seconds", learner_s},
+          {"settings", args.settings}};
 }
 
 void finish(self_ptr self, const SupervisorArgs& args, const std::string& error) {
@@ -178,6 +205,11 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
                        {"fast_1", 0.0}, {"mean_speedup", 0.0}});
   }
   j["tasks"] = tasks;
+  j["compute"] = compute_json(st, args);
+  if (!args.store_path.empty()) {
+    auto path = std::filesystem::path(args.store_path).parent_path() / "compute.json";
+    std::ofstream(path) << j["compute"].dump(2) << "\n";
+  }
   if (args.mode == "train") {
     nlohmann::json steps = nlohmann::json::array();
     if (st.store)

@@ -1,6 +1,8 @@
 // supervisor: owns one experiment, records every scored sample in the store (idempotent by sample
 // id), aggregates per step and task, and delivers the run summary (JSON) to whoever sent `plan`.
 // If every evaluator is gone with work left, the run ends with an error instead of hanging.
+// Every run ends by writing RUN_DIR/compute.json: rollouts, student and teacher tokens,
+// evaluation seconds (wall, device stage, compile), learner seconds, and `settings`.
 //   eval:  the sampler's rollouts of step 0; done when every sample has a verdict.
 //   train: RLVR. The learner publishes its weights first (sync); then step s asks the sampler for
 //          group_size samples of each of batch_size tasks (a deterministic shuffle of the task
@@ -21,6 +23,7 @@
 
 #include <caf/actor.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -44,6 +47,9 @@ struct SupervisorArgs {
   uint32_t max_staleness = 0;         // [learner] max_staleness
   uint64_t seed = 0;                  // task order
   bool resume = false;                // continue a run from its store and checkpoints
+  // What makes two runs' budgets comparable (K, temperature, max_tokens, eval mode, checkpoint),
+  // written with the run's compute into RUN_DIR/compute.json.
+  std::map<std::string, std::string> settings;
 };
 
 // Task `i` of the endless training sequence: epoch i / n is a shuffle of `n` tasks by `seed`.

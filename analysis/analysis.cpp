@@ -112,6 +112,68 @@ double percentile(std::vector<double> xs, double q) {  // linear interpolation, 
 
 double spearman(const std::vector<double>& x, const std::vector<double>& y) { return pearson(ranks(x), ranks(y)); }
 
+std::map<std::string, Selection> select_group(const std::vector<AnalysisSample>& g, uint32_t m) {
+  std::map<std::string, Selection> out;
+  const uint32_t K = uint32_t(g.size());
+  auto pick = [&](const std::string& name, const AnalysisSample* s, uint32_t evals) {
+    Selection sel;
+    sel.applicable = true;
+    sel.evaluations = evals;
+    if (s) {
+      sel.correct = 1;
+      sel.speedup = s->speedup;
+      sel.fast_1 = s->speedup > 1.0 ? 1 : 0;
+    }
+    out[name] = sel;
+  };
+  std::vector<const AnalysisSample*> correct;
+  for (auto& s : g)
+    if (s.correct) correct.push_back(&s);
+  auto fastest = [](const std::vector<const AnalysisSample*>& xs) {
+    const AnalysisSample* best = nullptr;
+    for (auto* x : xs)
+      if (!best || x->speedup > best->speedup) best = x;
+    return best;
+  };
+  pick("oracle", fastest(correct), K);
+  Selection rc;
+  rc.applicable = true;
+  rc.evaluations = K;
+  if (!correct.empty()) {
+    rc.correct = 1;
+    for (auto* x : correct) {
+      rc.speedup += x->speedup / double(correct.size());
+      rc.fast_1 += (x->speedup > 1.0 ? 1.0 : 0.0) / double(correct.size());
+    }
+  }
+  out["random_correct"] = rc;
+  bool tokens = true;
+  for (auto& s : g) tokens = tokens && s.num_tokens > 0;
+  if (!tokens) return out;
+  // By surprisal: lowest mean logprob first (stable: earlier samples win ties).
+  auto by_surprisal = [](std::vector<const AnalysisSample*> xs) {
+    std::stable_sort(xs.begin(), xs.end(), [](auto* a, auto* b) { return a->logprob_mean < b->logprob_mean; });
+    return xs;
+  };
+  auto sc = by_surprisal(correct);
+  pick("surprisal", sc.empty() ? nullptr : sc.front(), K);
+  const AnalysisSample* conf = nullptr;
+  for (auto* x : correct)
+    if (!conf || x->logprob_mean > conf->logprob_mean) conf = x;
+  pick("confidence", conf, K);
+  sc.resize(std::min<size_t>(sc.size(), m));
+  pick("surprisal_top_m", fastest(sc), K);
+  std::vector<const AnalysisSample*> all;
+  for (auto& s : g) all.push_back(&s);
+  auto sa = by_surprisal(all);
+  sa.resize(std::min<size_t>(sa.size(), m));
+  std::vector<const AnalysisSample*> top_correct;
+  for (auto* x : sa)
+    if (x->correct) top_correct.push_back(x);
+  pick("deployable_top_m", fastest(top_correct), uint32_t(sa.size()));
+  return out;
+}
+
 double partial_spearman(const std::vector<double>& x, const std::vector<double>& y, const std::vector<double>& z) {
   auto rx = ranks(x), ry = ranks(y), rz = ranks(z);
   double xy = pearson(rx, ry), xz = pearson(rx, rz), yz = pearson(ry, rz);
@@ -228,6 +290,35 @@ nlohmann::json analyze(const std::vector<AnalysisSample>& samples, const Analysi
   }
   lj["surprisal_quartiles"] = quart;
   out["logprob_vs_speedup"] = lj;
+
+  // Selection strategies over each (step, task) group of at least two samples.
+  std::map<std::pair<uint32_t, std::string>, std::vector<AnalysisSample>> groups;
+  for (auto& s : samples) groups[{s.step, s.task_id}].push_back(s);
+  std::map<std::string, std::pair<Selection, uint64_t>> totals;  // summed over groups, and the count
+  uint64_t n_groups = 0;
+  for (auto& [key, g] : groups) {
+    if (g.size() < 2) continue;
+    ++n_groups;
+    for (auto& [name, sel] : select_group(g, o.m)) {
+      if (!sel.applicable) continue;
+      auto& t = totals[name];
+      t.first.fast_1 += sel.fast_1;
+      t.first.correct += sel.correct;
+      t.first.speedup += sel.speedup;
+      t.first.evaluations += sel.evaluations;
+      ++t.second;
+    }
+  }
+  nlohmann::json sel = {{"groups", n_groups}, {"m", o.m}, {"strategies", nlohmann::json::object()}};
+  for (auto& [name, t] : totals) {
+    double n = double(t.second);
+    sel["strategies"][name] = {{"groups", t.second},
+                               {"fast_1", t.first.fast_1 / n},
+                               {"correct", t.first.correct / n},
+                               {"mean_speedup", t.first.speedup / n},
+                               {"evaluations_per_group", double(t.first.evaluations) / n}};
+  }
+  out["selection"] = sel;
   return out;
 }
 

@@ -1,7 +1,7 @@
 // Analysis of a run's samples (torch-free): fast_p, correctness, speedups, per step and per task;
 // pass@k and fast_1@k with the unbiased estimator and bootstrap confidence intervals (the scaling
 // curve over k); Spearman's rho of a sample's mean logprob against its speedup, raw and partial on
-// length; surprisal quartiles. `launch analyze RUN_DIR` prints it; tests/test_analysis.py checks
+// length; surprisal quartiles; selection strategies over each task's samples of a step (best-of-N). `launch analyze RUN_DIR` prints it; tests/test_analysis.py checks
 // every figure against an independent numpy computation.
 #pragma once
 
@@ -30,6 +30,7 @@ struct AnalysisOptions {
   uint32_t bootstrap = 1000;        // resamples of the tasks for the confidence intervals (0: none)
   double confidence = 0.95;
   uint64_t seed = 0;
+  uint32_t m = 4;                   // selection strategies' top-m
 };
 
 // 1 - C(n - c, k) / C(n, k): the probability that at least one of k samples drawn without
@@ -40,6 +41,25 @@ double pass_at_k(uint64_t n, uint64_t c, uint64_t k);
 double spearman(const std::vector<double>& x, const std::vector<double>& y);
 // Spearman's rho of x and y with z partialled out (partial correlation of the ranks).
 double partial_spearman(const std::vector<double>& x, const std::vector<double>& y, const std::vector<double>& z);
+
+// Selection strategies over the K samples of one task (one group of a best-of-N step). Each
+// picks one sample, or none:
+//   oracle            the fastest correct sample
+//   random_correct    a correct sample drawn uniformly (its expectation is reported, not a draw)
+//   confidence        the correct sample with the highest mean logprob
+//   surprisal         the correct sample with the lowest mean logprob
+//   surprisal_top_m   the fastest of the m correct samples with the lowest mean logprob
+//   deployable_top_m  ranks all K by mean logprob before any evaluation, evaluates only the m
+//                     lowest, keeps the fastest correct one (needs m evaluations, not K)
+// Logprob strategies are left out of groups where a sample has no tokens.
+struct Selection {
+  double fast_1 = 0;     // chance that the pick is correct and faster than the reference
+  double correct = 0;    // chance that there is a correct pick
+  double speedup = 0;    // expected speedup of the pick (0 when there is none)
+  uint32_t evaluations = 0;  // samples the strategy needs evaluated
+  bool applicable = false;
+};
+std::map<std::string, Selection> select_group(const std::vector<AnalysisSample>& group, uint32_t m);
 
 // Everything above as one JSON object. `learner` maps a step to its learner figures (loss, ...)
 // and is merged into "steps".

@@ -540,7 +540,17 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.integer("keep_last", l.keep_last, 1, 1 << 20);
   });
   section("experiment", [&](TableReader& r) {
-    r.one_of("mode", c.experiment.mode, {"eval", "train"});
+    r.one_of("mode", c.experiment.mode, {"eval", "best_of_n", "train"});
+    r.integer("k", c.experiment.k, 0, 1 << 20);
+    if (c.experiment.mode == "best_of_n") {
+      if (c.experiment.k == 0 && c.sampler.samples_per_task < 2)
+        r.error_here("mode", "best_of_n needs k = K (at least 2 samples per task)");
+      else if (c.experiment.k == 1)
+        r.error_here("k", "best_of_n needs at least 2 samples per task");
+      if (c.experiment.k >= 2) c.sampler.samples_per_task = c.experiment.k;
+    } else if (c.experiment.k != 0) {
+      r.error_here("k", "k is for mode = \"best_of_n\" (train: [learner] group_size; eval: [sampler] samples_per_task)");
+    }
     if (c.experiment.mode == "train") {
       if (c.sampler.backend == "replay")
         r.error_here("mode", "train needs a model sampler: set [sampler] backend = \"libtorch\" or \"openai\"");

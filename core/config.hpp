@@ -159,7 +159,9 @@ struct LearnerConfig {
 };
 
 struct ExperimentConfig {
-  std::string mode = "eval";        // eval or train (RLVR: [learner] steps of GRPO on the tasks)
+  std::string mode = "eval";        // eval; best_of_n (k samples per task, for selection
+                                    // strategies); train (RLVR: [learner] steps of GRPO on the tasks)
+  uint32_t k = 0;                   // best_of_n: samples per task (sets [sampler] samples_per_task)
   std::string name = "run";         // prefix of the run directory name
   std::string run_root = "runs";    // where run directories are created
   uint64_t seed = 0;                // experiment seed

@@ -145,6 +145,7 @@ int cmd_analyze(const AnalyzeOptions& o) {
   ao.ks = o.ks;
   ao.bootstrap = o.bootstrap;
   ao.seed = o.seed;
+  ao.m = o.m;
   auto j = analyze(samples, ao, learner);
   j["run_dir"] = fs::absolute(o.run_dir).lexically_normal().string();
   if (o.json) {
@@ -199,6 +200,96 @@ int cmd_analyze(const AnalyzeOptions& o) {
     std::printf("  surprisal Q%d: %llu samples, mean logprob %.3f, mean speedup %.2fx, faster %.2f\n", q["quartile"].get<int>(),
                 (unsigned long long)q["n"].get<uint64_t>(), q["mean_logprob"].get<double>(), q["mean_speedup"].get<double>(),
                 q["faster_share"].get<double>());
+  auto& sel = j["selection"];
+  if (sel["groups"].get<uint64_t>() > 0) {
+    std::printf("\nselection over %llu groups (a task's samples in one step), m = %u:\n%-18s %7s %8s %13s %12s\n",
+                (unsigned long long)sel["groups"].get<uint64_t>(), o.m, "strategy", "fast_1", "correct", "mean speedup",
+                "evaluations");
+    for (const char* name : {"oracle", "random_correct", "confidence", "surprisal", "surprisal_top_m", "deployable_top_m"}) {
+      if (!sel["strategies"].contains(name)) continue;
+      auto& x = sel["strategies"][name];
+      std::printf("%-18s %7.3f %8.3f %12.2fx %12.1f\n", name, x["fast_1"].get<double>(), x["correct"].get<double>(),
+                  x["mean_speedup"].get<double>(), x["evaluations_per_group"].get<double>());
+    }
+  }
+  return 0;
+}
+
+int cmd_compare(const CompareOptions& o) {
+  // Settings that must be equal for a fair comparison, and the compute figure that must match.
+  static const std::vector<std::string> same = {"temperature", "top_p", "max_tokens", "eval_mode", "model", "checkpoint",
+                                                "tasks"};
+  struct Run {
+    std::string dir;
+    nlohmann::json compute, analysis;
+  };
+  std::vector<Run> runs;
+  for (auto& d : o.run_dirs) {
+    Run r;
+    r.dir = d;
+    std::ifstream in(fs::path(d) / "compute.json");
+    if (!in) {
+      std::fprintf(stderr, "launch compare: %s: no compute.json (a run that did not finish?)\n", d.c_str());
+      return 2;
+    }
+    try {
+      in >> r.compute;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "launch compare: %s/compute.json: %s\n", d.c_str(), e.what());
+      return 2;
+    }
+    int rc = 0;
+    auto store = open_run_store("compare", d, rc);
+    if (!store) return rc;
+    std::vector<AnalysisSample> samples;
+    for (auto& x : store->samples())
+      samples.push_back({x.task_id, x.step, x.status == "ok", x.speedup, x.reward, x.logprob_mean, x.num_tokens});
+    AnalysisOptions ao;
+    ao.bootstrap = 0;
+    r.analysis = analyze(samples, ao);
+    runs.push_back(std::move(r));
+  }
+  std::vector<std::string> differences;
+  const auto& first = runs.front();
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    auto setting = [](const Run& x, const std::string& k) {
+      const auto& st = x.compute.value("settings", nlohmann::json::object());
+      return st.contains(k) ? st[k].get<std::string>() : std::string("(unset)");
+    };
+    // The strategies (modes, K per step) may differ; the settings and the rollouts spent may not.
+    for (auto& k : same)
+      if (setting(first, k) != setting(r, k))
+        differences.push_back(fmt::format("{}: {} in {} but {} in {}", k, setting(first, k), first.dir, setting(r, k), r.dir));
+    auto rollouts = [](const Run& x) { return x.compute.value("rollouts", uint64_t{0}); };
+    if (rollouts(first) != rollouts(r))
+      differences.push_back(fmt::format("rollouts: {} in {} but {} in {}", rollouts(first), first.dir, rollouts(r), r.dir));
+  }
+  if (!differences.empty() && !o.allow_mismatch) {
+    std::fprintf(stderr, "launch compare: the budgets differ, so the comparison is refused (--allow-mismatch compares anyway):\n");
+    for (auto& d : differences) std::fprintf(stderr, "  %s\n", d.c_str());
+    return 3;
+  }
+  for (auto& d : differences) std::fprintf(stderr, "launch compare: warning: %s\n", d.c_str());
+  if (o.json) {
+    nlohmann::json j = {{"differences", differences}, {"runs", nlohmann::json::array()}};
+    for (auto& r : runs) j["runs"].push_back({{"run_dir", r.dir}, {"compute", r.compute}, {"analysis", r.analysis}});
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return 0;
+  }
+  std::printf("%-40s %-10s %9s %14s %9s %9s %8s %8s %8s %8s\n", "run", "mode", "rollouts", "student tok", "eval s", "learner s",
+              "correct", "fast_1", "fast_1.2", "oracle");
+  for (auto& r : runs) {
+    auto& a = r.analysis;
+    auto& sel = a["selection"]["strategies"];
+    std::string oracle = sel.contains("oracle") ? fmt::format("{:.3f}", sel["oracle"]["fast_1"].get<double>()) : "-";
+    std::printf("%-40s %-10s %9llu %14llu %9.1f %9.1f %8.3f %8.3f %8.3f %8s\n", fs::path(r.dir).filename().string().c_str(),
+                r.compute["settings"].value("mode", std::string("?")).c_str(),
+                (unsigned long long)r.compute.value("rollouts", uint64_t{0}),
+                (unsigned long long)r.compute.value("student_tokens", uint64_t{0}), r.compute.value("eval_seconds", 0.0),
+                r.compute.value("learner_seconds", 0.0), a["correct_rate"].get<double>(), a["fast_1"].get<double>(),
+                a["fast_1.2"].get<double>(), oracle.c_str());
+  }
   return 0;
 }
 
@@ -461,6 +552,17 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     sa.mode = cfg.experiment.mode;
     sa.config_toml = cfg.resolved_toml;
     for (auto& t : tasks.tasks()) sa.task_ids.push_back(t.id);
+    sa.settings = {{"mode", cfg.experiment.mode},
+                   {"sampler", cfg.sampler.backend},
+                   {"samples_per_task", std::to_string(train ? cfg.learner.group_size : std::max<uint32_t>(1, cfg.sampler.samples_per_task))},
+                   {"temperature", fmt::format("{:g}", cfg.sampler.temperature)},
+                   {"top_p", fmt::format("{:g}", cfg.sampler.top_p)},
+                   {"max_tokens", std::to_string(cfg.sampler.max_tokens)},
+                   {"eval_mode", cfg.evaluator.mode},
+                   {"model", cfg.sampler.backend == "openai" ? cfg.sampler.served_model : cfg.policy.model},
+                   {"checkpoint", cfg.policy.adapter},
+                   {"replay", cfg.sampler.replay},
+                   {"tasks", std::to_string(tasks.size())}};
 
     DispatcherArgs da;
     for (auto& t : tasks.tasks()) da.task_paths[t.id] = t.path;

@@ -76,8 +76,17 @@ struct AnalyzeOptions {
   std::vector<uint32_t> ks;         // empty: 1, 2, 4, ...
   uint32_t bootstrap = 1000;
   uint64_t seed = 0;
+  uint32_t m = 4;                   // selection strategies' top-m
 };
 int cmd_analyze(const AnalyzeOptions& o);
+
+// launch compare RUN_DIR RUN_DIR ...: runs side by side, refused unless their budgets match.
+struct CompareOptions {
+  std::vector<std::string> run_dirs;
+  bool allow_mismatch = false;  // compare anyway, listing what differs
+  bool json = false;
+};
+int cmd_compare(const CompareOptions& o);
 
 // launch sft: LoRA supervised fine-tuning on (prompt, completion) demonstrations (warm starts).
 struct SftOptions {

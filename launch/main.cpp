@@ -20,8 +20,10 @@ const char* usage =
     "                                                      watch a running cluster's telemetry (its head's HOST:PORT)\n"
     "  launch check CONFIG                                 validate CONFIG, print it resolved\n"
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
-    "  launch analyze RUN_DIR [--json] [--p 1.0,1.2] [--k 1,2,4] [--bootstrap N] [--seed S]\n"
+    "  launch analyze RUN_DIR [--json] [--p 1.0,1.2] [--k 1,2,4] [--bootstrap N] [--seed S] [--m M]\n"
     "                                                      fast_p, pass@k / fast_1@k with CIs, per step and task\n"
+    "  launch compare RUN_DIR RUN_DIR ... [--allow-mismatch] [--json]\n"
+    "                                                      runs side by side; refused when their budgets differ\n"
     "  launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--task FILE --candidate FILE ...]\n"
     "                  [--action forward_body|full_program]\n"
     "                  [--device cpu|cuda:N] [--mode fast|full] [--timeout SECONDS] [--compile-workers N]\n"
@@ -103,6 +105,11 @@ int main(int argc, char** argv) {
             o.bootstrap = uint32_t(n);
           } else if (a == "--seed") {
             o.seed = std::stoull(v);
+          } else if (a == "--m") {
+            size_t used = 0;
+            long n = std::stol(v, &used);
+            if (used != v.size() || n < 1 || n > 1000000) throw std::invalid_argument(v);
+            o.m = uint32_t(n);
           } else {
             return bad("analyze: unknown argument \"" + a + "\"");
           }
@@ -114,6 +121,17 @@ int main(int argc, char** argv) {
     }
     if (o.run_dir.empty()) return bad("analyze: RUN_DIR is required");
     return kernelrl::cmd_analyze(o);
+  }
+  if (cmd == "compare") {
+    kernelrl::CompareOptions o;
+    for (size_t i = 1; i < args.size(); ++i) {
+      if (args[i] == "--allow-mismatch") o.allow_mismatch = true;
+      else if (args[i] == "--json") o.json = true;
+      else if (args[i].rfind("--", 0) == 0) return bad("compare: unknown argument \"" + args[i] + "\"");
+      else o.run_dirs.push_back(args[i]);
+    }
+    if (o.run_dirs.size() < 2) return bad("compare: at least two RUN_DIRs");
+    return kernelrl::cmd_compare(o);
   }
   if (cmd == "export") {
     if (args.size() != 3 || args[2] != "--jsonl") return bad("usage: launch export RUN_DIR --jsonl");

@@ -264,4 +264,14 @@ TEST_CASE("the learner's keys and the train mode are checked", "[config][learner
   CHECK(c.learner.max_staleness == 1);
   CHECK(c.learner.device == "cuda:1");  // defaults to the policy's device
   CHECK(c.learner.dtype == "bf16");
+  // best_of_n: k samples per task
+  auto bon = parse_config(base + "[experiment]\nmode = \"best_of_n\"\nk = 6\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(bon));
+  CHECK(std::get<Config>(bon).sampler.samples_per_task == 6);
+  auto e2 = errors_of(base + "[experiment]\nmode = \"best_of_n\"\n", s.cfg());
+  REQUIRE(e2.size() == 1);
+  CHECK(e2[0].find("experiment.mode: best_of_n needs k = K") != std::string::npos);
+  auto e3 = errors_of(base + "[experiment]\nk = 4\n", s.cfg());
+  REQUIRE(e3.size() == 1);
+  CHECK(e3[0].find("experiment.k: k is for mode = \"best_of_n\"") != std::string::npos);
 }

@@ -160,6 +160,81 @@ progress = false
             self.assertAlmostEqual(row["mean_speedup"], np.mean([sp[i] for i in part]), places=9)
             self.assertAlmostEqual(row["mean_logprob"], np.mean([lp[i] for i in part]), places=5)
 
+    def test_selection_strategies_equal_a_direct_computation(self):
+        m = 2
+        a = self.analyze("--m", str(m))["selection"]
+        groups = {}
+        for s in self.samples:
+            groups.setdefault(s["task_id"], []).append(
+                (s["status"] == "ok", s["speedup"], float(np.mean(s["logprobs"])), len(s["token_ids"])))
+        groups = [g for g in groups.values() if len(g) >= 2]
+        self.assertEqual(a["groups"], len(groups))
+
+        def outcome(pick):
+            return (0.0, 0.0, 0.0) if pick is None else (float(pick[1] > 1), 1.0, pick[1])
+
+        ref = {k: [] for k in ["oracle", "random_correct", "confidence", "surprisal", "surprisal_top_m",
+                               "deployable_top_m"]}
+        evals = {k: [] for k in ref}
+        for g in groups:
+            ok = [x for x in g if x[0]]
+            ref["oracle"].append(outcome(max(ok, key=lambda x: x[1]) if ok else None))
+            ref["random_correct"].append((np.mean([x[1] > 1 for x in ok]), 1.0, np.mean([x[1] for x in ok]))
+                                         if ok else (0.0, 0.0, 0.0))
+            ref["confidence"].append(outcome(max(ok, key=lambda x: x[2]) if ok else None))
+            ref["surprisal"].append(outcome(min(ok, key=lambda x: x[2]) if ok else None))
+            top = sorted(ok, key=lambda x: x[2])[:m]
+            ref["surprisal_top_m"].append(outcome(max(top, key=lambda x: x[1]) if top else None))
+            ranked = sorted(g, key=lambda x: x[2])[:m]  # before evaluation: all samples
+            hit = [x for x in ranked if x[0]]
+            ref["deployable_top_m"].append(outcome(max(hit, key=lambda x: x[1]) if hit else None))
+            for k in evals:
+                evals[k].append(len(ranked) if k == "deployable_top_m" else len(g))
+        for k, rows in ref.items():
+            got = a["strategies"][k]
+            self.assertAlmostEqual(got["fast_1"], np.mean([r[0] for r in rows]), places=12, msg=k)
+            self.assertAlmostEqual(got["correct"], np.mean([r[1] for r in rows]), places=12, msg=k)
+            self.assertAlmostEqual(got["mean_speedup"], np.mean([r[2] for r in rows]), places=9, msg=k)
+            self.assertAlmostEqual(got["evaluations_per_group"], np.mean(evals[k]), places=12, msg=k)
+        self.assertGreaterEqual(a["strategies"]["oracle"]["mean_speedup"], a["strategies"]["surprisal"]["mean_speedup"])
+
+    def test_compute_is_accounted(self):
+        with open(os.path.join(self.run_dir, "compute.json")) as f:
+            c = json.load(f)
+        self.assertEqual(c["rollouts"], len(self.samples))
+        self.assertEqual(c["student_tokens"], sum(len(s["token_ids"]) for s in self.samples))
+        self.assertEqual(c["teacher_tokens"], 0)
+        self.assertAlmostEqual(c["eval_seconds"], sum(s["wall_s"] for s in self.samples), places=6)
+        self.assertGreater(c["eval_seconds"], 0)
+        self.assertEqual(c["learner_seconds"], 0)
+        self.assertEqual(c["settings"]["mode"], "eval")
+        self.assertEqual(c["settings"]["tasks"], str(len(TASKS)))
+
+    def test_compare_refuses_runs_whose_budgets_differ(self):
+        twin = os.path.join(self.tmp, "twin")
+        shutil.copytree(self.run_dir, twin, dirs_exist_ok=True)
+        p = subprocess.run([LAUNCH, "compare", self.run_dir, twin], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("twin", p.stdout)
+        compute = os.path.join(twin, "compute.json")
+        with open(compute) as f:
+            c = json.load(f)
+        c["settings"]["temperature"] = "0.5"
+        c["rollouts"] += 3
+        with open(compute, "w") as f:
+            json.dump(c, f)
+        p = subprocess.run([LAUNCH, "compare", self.run_dir, twin], capture_output=True, text=True, timeout=120)
+        self.assertEqual(p.returncode, 3)
+        self.assertIn("the budgets differ", p.stderr)
+        self.assertIn("temperature: 1 in %s but 0.5 in %s" % (self.run_dir, twin), p.stderr)
+        self.assertIn("rollouts: %d in %s but %d in %s" % (c["rollouts"] - 3, self.run_dir, c["rollouts"], twin), p.stderr)
+        p = subprocess.run([LAUNCH, "compare", self.run_dir, twin, "--allow-mismatch", "--json"], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        j = json.loads(p.stdout)
+        self.assertEqual(len(j["differences"]), 2)
+        self.assertEqual(j["runs"][1]["compute"]["rollouts"], c["rollouts"])
+
     def test_text_output_and_bad_arguments(self):
         p = subprocess.run([LAUNCH, "analyze", self.run_dir], capture_output=True, text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
