@@ -65,6 +65,8 @@ struct supervisor_state {
   uint64_t version = 0;                    // the learner's newest acknowledged version
   uint64_t stale_rejected = 0, groups_replanned = 0, abandoned = 0, resumed_samples = 0;
   double last_step_fast_1 = -1;
+  AdaptationTracker tracker;               // Best-of-Adaptation and early stopping
+  bool stopped_early = false;
   // compute spent (compute.json)
   uint64_t student_tokens = 0;
   double eval_wall_s = 0, eval_device_s = 0, compile_s = 0;
@@ -72,6 +74,9 @@ struct supervisor_state {
 };
 
 using self_ptr = caf::stateful_actor<supervisor_state>*;
+
+// train and ttt: the modes in which a learner updates the policy step by step.
+bool learns(const SupervisorArgs& a) { return a.mode == "train" || a.mode == "ttt"; }
 
 // Reward histogram bins: (-inf, 0], (0, 0.5], (0.5, 1], (1, 1.5], (1.5, 2], (2, 5], (5, inf).
 const std::vector<double> reward_edges = {0, 0.5, 1, 1.5, 2, 5};
@@ -210,7 +215,7 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
     auto path = std::filesystem::path(args.store_path).parent_path() / "compute.json";
     std::ofstream(path) << j["compute"].dump(2) << "\n";
   }
-  if (args.mode == "train") {
+  if (learns(args)) {
     nlohmann::json steps = nlohmann::json::array();
     if (st.store)
       for (auto& row : st.store->steps(args.run_id)) {
@@ -227,9 +232,19 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
     j["groups_replanned"] = st.groups_replanned;
     j["resumed_samples"] = st.resumed_samples;
     j["abandoned_on_resume"] = st.abandoned;
+    if (st.tracker.any) {  // Best-of-Adaptation: the step whose samples scored best, and its weights
+      auto it = st.steps.find(st.tracker.best_step);
+      uint64_t v = it != st.steps.end() ? it->second.version : st.tracker.best_step;
+      j["boa"] = {{"step", st.tracker.best_step},
+                  {"fast_1", st.tracker.best},
+                  {"policy_version", v},
+                  {"checkpoint", (std::filesystem::path(args.store_path).parent_path() / "checkpoints" /
+                                  ("step-" + std::to_string(v))).string()}};
+    }
+    j["stopped_early"] = st.stopped_early;
   }
   if (st.store) {
-    if (args.mode != "train" && s.samples > 0 && !st.store->record_step(args.run_id, s))
+    if (!learns(args) && s.samples > 0 && !st.store->record_step(args.run_id, s))
       lg->error("store: cannot record step 0: {}", st.store->last_error());
     if (!st.store->finish_run(args.run_id, error.empty() ? "completed" : "failed", j.dump()))
       lg->error("store: cannot finish run: {}", st.store->last_error());
@@ -310,6 +325,13 @@ void on_update(self_ptr self, const SupervisorArgs& args, StepUpdate& u) {
         log::get("supervisor")->error("store: cannot record checkpoint {}: {}", c.path, st.store->last_error());
     }
   }
+  if (t.written && st.tracker.record(u.step, t.stats.fast_1)) {
+    st.stopped_early = true;
+    log::get("supervisor")->info("step {}: no better fast_1 than step {} ({:.3f}) for {} steps: stopping early", u.step,
+                                 st.tracker.best_step, st.tracker.best, st.tracker.patience);
+    finish(self, args, "");
+    return;
+  }
   if (u.step + 1 >= args.steps) {
     finish(self, args, "");
     return;
@@ -326,7 +348,10 @@ void plan_step(self_ptr self, const SupervisorArgs& args, uint32_t s) {
   plan.n = args.group_size;
   std::vector<std::vector<ScoredRollout>> reused;
   for (uint32_t k = 0; k < args.batch_size; ++k) {
-    const std::string& task = args.task_ids[train_task_index(args.seed, args.task_ids.size(), uint64_t(s) * args.batch_size + k)];
+    // ttt adapts on the same tasks every step; train walks a shuffled sequence of them.
+    const std::string& task = args.mode == "ttt" ? args.task_ids[k % args.task_ids.size()]
+                                                 : args.task_ids[train_task_index(args.seed, args.task_ids.size(),
+                                                                                  uint64_t(s) * args.batch_size + k)];
     auto r = st.reusable.find(task);
     if (r != st.reusable.end() && !r->second.empty()) {  // resume: this group is already evaluated
       reused.push_back(std::move(r->second.back()));
@@ -369,6 +394,8 @@ void load_resumed(self_ptr self, const SupervisorArgs& args, uint32_t from) {
     else st.abandoned += g.size();
   }
   st.expected = st.recorded;
+  for (auto& row : st.store->steps(args.run_id))  // the scores so far, for BoA and early stopping
+    if (row.stats.step < from) st.tracker.record(row.stats.step, row.stats.fast_1);
   log::get("supervisor")->info("resuming at step {} (policy version {}): {} samples already recorded, {} not reused",
                                from, st.version, st.resumed_samples, st.abandoned);
 }
@@ -451,6 +478,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
                 std::to_string(st.expected - st.recorded) + " samples have no verdict");
   });
   self->state.t_start = mono_s();
+  self->state.tracker.patience = args.patience;
   return {
       [=](plan_atom, caf::actor sampler, std::vector<caf::actor> evaluators) -> caf::response_promise {
         auto& st = self->state;
@@ -465,7 +493,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
           none_left("no evaluator is running (see the errors above)");
           if (st.finished) return st.done;
         }
-        if (args.mode == "train") {
+        if (learns(args)) {
           st.sampler = sampler;
           st.planned = true;
           if (!args.learner || args.task_ids.empty() || args.steps == 0) {
@@ -530,7 +558,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
           case InsertResult::inserted: break;
         }
         count_sample(st, s);
-        if (args.mode == "train") {
+        if (learns(args)) {
           record_train(self, args, s);
           return;
         }
@@ -566,7 +594,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
                     {"staleness_mean", st.recorded ? double(st.stale_sum) / double(st.recorded) : 0.0},
                     {"correct_rate", st.recorded ? double(s.correct) / double(st.recorded) : 0.0}};
         t.step = st.step;
-        if (args.mode == "train") {
+        if (learns(args)) {
           t.values["steps_total"] = double(args.steps);
           t.values["step_fast_1"] = st.last_step_fast_1;
           t.values["stale_rejected"] = double(st.stale_rejected);
@@ -585,6 +613,18 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
 }
 
 }  // namespace
+
+bool AdaptationTracker::record(uint32_t step, double score) {
+  if (!any || score > best) {
+    best = score;
+    best_step = step;
+    since_best = 0;
+  } else {
+    ++since_best;
+  }
+  any = true;
+  return patience > 0 && since_best >= patience;
+}
 
 size_t train_task_index(uint64_t seed, size_t n, uint64_t i) {
   const uint64_t epoch = i / n;

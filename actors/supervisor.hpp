@@ -4,6 +4,9 @@
 // Every run ends by writing RUN_DIR/compute.json: rollouts, student and teacher tokens,
 // evaluation seconds (wall, device stage, compile), learner seconds, and `settings`.
 //   eval:  the sampler's rollouts of step 0; done when every sample has a verdict.
+//   ttt:   test-time adaptation: train's loop on the same tasks every step (batch = the task set),
+//          with Best-of-Adaptation (the step whose samples scored the best fast_1, and its
+//          checkpoint) and early stopping after `patience` steps without improvement.
 //   train: RLVR. The learner publishes its weights first (sync); then step s asks the sampler for
 //          group_size samples of each of batch_size tasks (a deterministic shuffle of the task
 //          set per epoch) and tells the learner how many groups to expect. Each complete group
@@ -47,9 +50,23 @@ struct SupervisorArgs {
   uint32_t max_staleness = 0;         // [learner] max_staleness
   uint64_t seed = 0;                  // task order
   bool resume = false;                // continue a run from its store and checkpoints
+  uint32_t patience = 0;              // early stopping (AdaptationTracker), train and ttt
   // What makes two runs' budgets comparable (K, temperature, max_tokens, eval mode, checkpoint),
   // written with the run's compute into RUN_DIR/compute.json.
   std::map<std::string, std::string> settings;
+};
+
+// Best-of-Adaptation and early stopping over per-step scores (each step's fast_1): the best step
+// is the highest score, the earliest on a tie; with patience P > 0 the run stops once P steps in a
+// row have not beaten it.
+struct AdaptationTracker {
+  uint32_t patience = 0;   // 0: never stop early
+  double best = 0;
+  uint32_t best_step = 0;
+  uint32_t since_best = 0; // steps since the best
+  bool any = false;        // a score was recorded
+  // Records `step`'s score; true when the run should stop.
+  bool record(uint32_t step, double score);
 };
 
 // Task `i` of the endless training sequence: epoch i / n is a shuffle of `n` tasks by `seed`.

@@ -540,7 +540,8 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.integer("keep_last", l.keep_last, 1, 1 << 20);
   });
   section("experiment", [&](TableReader& r) {
-    r.one_of("mode", c.experiment.mode, {"eval", "best_of_n", "train"});
+    r.one_of("mode", c.experiment.mode, {"eval", "best_of_n", "train", "ttt"});
+    r.integer("patience", c.experiment.patience, 0, 1 << 20);
     r.integer("k", c.experiment.k, 0, 1 << 20);
     if (c.experiment.mode == "best_of_n") {
       if (c.experiment.k == 0 && c.sampler.samples_per_task < 2)
@@ -551,11 +552,14 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     } else if (c.experiment.k != 0) {
       r.error_here("k", "k is for mode = \"best_of_n\" (train: [learner] group_size; eval: [sampler] samples_per_task)");
     }
-    if (c.experiment.mode == "train") {
+    const auto& m = c.experiment.mode;
+    if (m == "train" || m == "ttt") {
       if (c.sampler.backend == "replay")
-        r.error_here("mode", "train needs a model sampler: set [sampler] backend = \"libtorch\" or \"openai\"");
+        r.error_here("mode", m + " needs a model sampler: set [sampler] backend = \"libtorch\" or \"openai\"");
       if (c.policy.model.empty())
-        r.error_here("mode", "train needs [policy] model: the learner trains an adapter on that model");
+        r.error_here("mode", m + " needs [policy] model: the learner trains an adapter on that model");
+    } else if (c.experiment.patience != 0) {
+      r.error_here("patience", "patience is for mode = \"train\" or \"ttt\"");
     }
     r.str("name", c.experiment.name);
     r.path("run_root", c.experiment.run_root, PathKind::any);

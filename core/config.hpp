@@ -160,8 +160,11 @@ struct LearnerConfig {
 
 struct ExperimentConfig {
   std::string mode = "eval";        // eval; best_of_n (k samples per task, for selection
-                                    // strategies); train (RLVR: [learner] steps of GRPO on the tasks)
+                                    // strategies); train (RLVR: [learner] steps of GRPO on the tasks);
+                                    // ttt (test-time adaptation: every step on all the tasks)
   uint32_t k = 0;                   // best_of_n: samples per task (sets [sampler] samples_per_task)
+  uint32_t patience = 0;            // train, ttt: stop after this many steps without a better
+                                    // fast_1 (0: run every step); the best step is reported (BoA)
   std::string name = "run";         // prefix of the run directory name
   std::string run_root = "runs";    // where run directories are created
   uint64_t seed = 0;                // experiment seed

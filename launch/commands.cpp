@@ -67,6 +67,10 @@ void print_summary(const nlohmann::json& j, const std::string& run_dir) {
     }
     std::printf("policy version %llu; checkpoints in %s/checkpoints\n",
                 static_cast<unsigned long long>(j.value("policy_version", uint64_t{0})), run_dir.c_str());
+    if (j.contains("boa"))
+      std::printf("best of adaptation: step %u (fast_1 %.3f), %s%s\n", j["boa"]["step"].get<uint32_t>(),
+                  j["boa"]["fast_1"].get<double>(), j["boa"]["checkpoint"].get<std::string>().c_str(),
+                  j.value("stopped_early", false) ? "; stopped early ([experiment] patience)" : "");
   }
   std::printf("\n%-32s %8s %9s %7s %13s\n", "task", "samples", "correct", "fast_1", "mean speedup");
   for (auto& t : j["tasks"]) {
@@ -426,10 +430,10 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     }
   }
 
-  const bool train = cfg.experiment.mode == "train";
+  const bool train = cfg.experiment.mode == "train" || cfg.experiment.mode == "ttt";  // a learner updates the policy
   if (resume) {
     if (!train) {
-      lg->error("--resume {}: only train runs resume ({} has [experiment] mode = \"{}\")", run_dir_arg, config_path,
+      lg->error("--resume {}: only train and ttt runs resume ({} has [experiment] mode = \"{}\")", run_dir_arg, config_path,
                 cfg.experiment.mode);
       return 2;
     }
@@ -457,9 +461,10 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
   if (cfg.sampler.backend == "replay")
     lg->info("run {} ({} mode, {} tasks, {} actions) in {}", run_id, cfg.experiment.mode, tasks.size(),
              records.size(), run_dir);
-  else if (cfg.experiment.mode == "train")
-    lg->info("run {} (train: {} steps of {} tasks x {} samples from the {} sampler, {} tasks in all) in {}", run_id,
-             cfg.learner.steps, cfg.learner.batch_size, cfg.learner.group_size, cfg.sampler.backend, tasks.size(), run_dir);
+  else if (train)
+    lg->info("run {} ({}: {} steps of {} tasks x {} samples from the {} sampler, {} tasks in all) in {}", run_id,
+             cfg.experiment.mode, cfg.learner.steps, cfg.experiment.mode == "ttt" ? tasks.size() : cfg.learner.batch_size,
+             cfg.learner.group_size, cfg.sampler.backend, tasks.size(), run_dir);
   else
     lg->info("run {} ({} mode, {} tasks, {} samples each from the {} sampler) in {}", run_id, cfg.experiment.mode,
              tasks.size(), std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
@@ -597,7 +602,9 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
       supervisor_args.learner = learner;
       supervisor_args.selector = selector;
       supervisor_args.steps = cfg.learner.steps;
-      supervisor_args.batch_size = cfg.learner.batch_size;
+      // ttt adapts on every task of the set each step.
+      supervisor_args.batch_size = cfg.experiment.mode == "ttt" ? uint32_t(tasks.size()) : cfg.learner.batch_size;
+      supervisor_args.patience = cfg.experiment.patience;
       supervisor_args.group_size = cfg.learner.group_size;
       supervisor_args.max_staleness = cfg.learner.max_staleness;
       supervisor_args.seed = cfg.experiment.seed;

@@ -314,3 +314,58 @@ TEST_CASE("the supervisor rejects stale groups, samples the task again and learn
     for (auto& a : {learner, sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
 }
+
+TEST_CASE("Best-of-Adaptation picks the best step, the earliest on a tie; patience stops the run", "[learner]") {
+  AdaptationTracker t;
+  t.patience = 2;
+  const std::vector<double> scores = {0.1, 0.3, 0.2, 0.3, 0.25, 0.5};
+  std::vector<bool> stop;
+  for (uint32_t s = 0; s < scores.size(); ++s) stop.push_back(t.record(s, scores[s]));
+  // 0.3 at step 1; step 2 and step 3 (a tie) do not beat it: stop after step 3.
+  CHECK(stop == std::vector<bool>{false, false, false, true, true, false});
+  AdaptationTracker u;  // patience 0: never stops, keeps the best
+  for (uint32_t s = 0; s < scores.size(); ++s) CHECK_FALSE(u.record(s, scores[s]));
+  CHECK(u.best_step == 5);
+  CHECK(u.best == 0.5);
+  AdaptationTracker v;
+  v.patience = 2;
+  for (uint32_t s = 0; s < 4; ++s) v.record(s, scores[s]);
+  CHECK(v.best_step == 1);  // the earlier of two 0.3s
+}
+
+TEST_CASE("a ttt run adapts on every task each step and stops early without improvement", "[learner]") {
+  System s;
+  TempDir tmp;
+  auto engine = std::make_shared<ScriptedEngine>();
+  LearnerArgs la;
+  la.engine = engine;
+  la.group_size = 2;
+  la.checkpoint_dir = (tmp.path / "checkpoints").string();
+  auto learner = spawn_learner(*s.sys, la);
+  SupervisorArgs sa;
+  sa.run_id = "r";
+  sa.store_path = (tmp.path / "store.sqlite").string();
+  sa.mode = "ttt";
+  sa.task_ids = {"t1", "t2", "t3"};
+  sa.learner = learner;
+  sa.steps = 10;
+  sa.batch_size = 3;
+  sa.group_size = 2;
+  sa.patience = 2;
+  auto sup = spawn_supervisor(*s.sys, sa);
+  auto pipe = s.sys->spawn(fake_pipeline, sup, false);  // the same fast_1 (0.5) every step
+  caf::scoped_actor self{*s.sys};
+  nlohmann::json j;
+  self->request(sup, std::chrono::seconds(20), plan_atom::value, pipe, std::vector<caf::actor>{pipe})
+      .receive([&](std::string& summary) { j = nlohmann::json::parse(summary); }, [](caf::error&) { FAIL("no summary"); });
+  INFO(j.dump());
+  CHECK(j["ok"] == true);
+  CHECK(j["stopped_early"] == true);
+  CHECK(j["steps"].size() == 3);  // step 0 is the best; steps 1 and 2 do not beat it
+  CHECK(j["boa"]["step"] == 0);
+  CHECK(j["boa"]["fast_1"] == 0.5);
+  CHECK(j["boa"]["checkpoint"] == (tmp.path / "checkpoints" / "step-0").string());
+  for (auto& st : j["steps"]) CHECK(st["samples"] == 6);  // all three tasks, every step
+  CHECK(engine->n_groups() == 9);
+  for (auto& a : {learner, sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
+}

@@ -33,7 +33,7 @@ TASKS = ["06_swish", "07_hardtanh_scale", "09_row_sum"]
 STEPS, BATCH, GROUP = 4, 2, 4
 
 
-def config(tmp, url, model, name):
+def config(tmp, url, model, name, mode="train", steps=STEPS):
     path = os.path.join(tmp, name + ".toml")
     with open(path, "w") as f:
         f.write("""
@@ -76,14 +76,14 @@ sync_timeout_s = 60
 timeout_s = 60
 compile_workers = 0
 [experiment]
-mode = "train"
+mode = "%s"
 seed = 5
 name = "%s"
 run_root = "%s"
 [monitor]
 progress = false
 """ % (os.path.join(ROOT, "tasks", "bundled"), json.dumps(TASKS), model, url, os.path.join(tmp, "adapters-" + name),
-       STEPS, BATCH, GROUP, name, os.path.join(tmp, "runs")))
+       steps, BATCH, GROUP, mode, name, os.path.join(tmp, "runs")))
     return path
 
 
@@ -254,6 +254,28 @@ class TrainRunTest(unittest.TestCase):
 
         before, after = mean_logprob(os.path.join(ck, "step-0")), mean_logprob(os.path.join(ck, "step-%d" % STEPS))
         self.assertGreater(after, before + 0.05, "the correct body's mean logprob: %.4f -> %.4f" % (before, after))
+
+    def test_ttt_adapts_on_every_task_and_reports_best_of_adaptation(self):
+        run_dir = os.path.join(self.tmp, "ttt")
+        p = subprocess.run([LAUNCH, config(self.tmp, self.url, self.model, "ttt", mode="ttt", steps=3), "--run-dir",
+                            run_dir], capture_output=True, text=True, timeout=900)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertIn("best of adaptation: step", p.stdout)
+        steps, samples = steps_of(run_dir)
+        self.assertEqual(len(steps), 3)
+        for s in steps:
+            self.assertEqual(s["samples"], len(TASKS) * GROUP)  # every task, every step
+        best = max(range(3), key=lambda i: (steps[i]["fast_1"], -i))
+        with open(os.path.join(run_dir, "compute.json")) as f:
+            compute = json.load(f)
+        self.assertEqual(compute["rollouts"], 3 * len(TASKS) * GROUP)
+        self.assertGreater(compute["learner_seconds"], 0)
+        self.assertEqual(compute["settings"]["mode"], "ttt")
+        db = sqlite3.connect(os.path.join(run_dir, "store.sqlite"))
+        summary = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])
+        db.close()
+        self.assertEqual(summary["boa"]["step"], best)
+        self.assertTrue(os.path.exists(os.path.join(summary["boa"]["checkpoint"], "adapter_model.safetensors")))
 
     def test_a_run_killed_between_steps_resumes_to_the_same_adapter(self):
         run_dir = os.path.join(self.tmp, "killed")
