@@ -262,27 +262,31 @@ caf::behavior fake_pipeline(caf::stateful_actor<pipeline_state>* self, caf::acto
       [=](stats_atom) { return uint64_t(self->state.plans.size()); },
   };
 }
-}  // namespace
 
-TEST_CASE("the supervisor rejects stale groups, samples the task again and learns only fresh samples", "[learner]") {
-  for (bool lie : {false, true}) {
-    System s;
-    TempDir tmp;
-    auto engine = std::make_shared<ScriptedEngine>();
+// A whole train or ttt run: the real learner actor (scripted engine) and supervisor, the fake
+// pipeline as sampler, evaluators and reward. Returns the run summary.
+struct ScriptedRun {
+  System s;
+  TempDir tmp;
+  std::shared_ptr<ScriptedEngine> engine = std::make_shared<ScriptedEngine>();
+  SupervisorArgs sa;
+  ScriptedRun(const std::string& mode, uint32_t steps, uint32_t batch, uint32_t patience) {
+    sa.run_id = "r";
+    sa.store_path = (tmp.path / "store.sqlite").string();
+    sa.mode = mode;
+    sa.task_ids = {"t1", "t2", "t3"};
+    sa.steps = steps;
+    sa.batch_size = batch;
+    sa.group_size = 2;
+    sa.patience = patience;
+  }
+  nlohmann::json run(bool lie) {
     LearnerArgs la;
     la.engine = engine;
     la.group_size = 2;
     la.checkpoint_dir = (tmp.path / "checkpoints").string();
     auto learner = spawn_learner(*s.sys, la);
-    SupervisorArgs sa;
-    sa.run_id = "r";
-    sa.store_path = (tmp.path / "store.sqlite").string();
-    sa.mode = "train";
-    sa.task_ids = {"t1", "t2", "t3"};
     sa.learner = learner;
-    sa.steps = 3;
-    sa.batch_size = 2;
-    sa.group_size = 2;
     auto sup = spawn_supervisor(*s.sys, sa);
     auto pipe = s.sys->spawn(fake_pipeline, sup, lie);
     caf::scoped_actor self{*s.sys};
@@ -290,6 +294,18 @@ TEST_CASE("the supervisor rejects stale groups, samples the task again and learn
     self->request(sup, std::chrono::seconds(20), plan_atom::value, pipe, std::vector<caf::actor>{pipe})
         .receive([&](std::string& summary) { j = nlohmann::json::parse(summary); },
                  [](caf::error&) { FAIL("no summary"); });
+    for (auto& a : {learner, sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
+    return j;
+  }
+};
+}  // namespace
+
+TEST_CASE("the supervisor rejects stale groups, samples the task again and learns only fresh samples", "[learner]") {
+  for (bool lie : {false, true}) {
+    ScriptedRun r("train", 3, 2, 0);
+    auto j = r.run(lie);
+    auto& engine = r.engine;
+    auto& sa = r.sa;
     INFO(j.dump());
     CHECK(j["ok"] == true);
     CHECK(j["policy_version"] == 3);
@@ -311,7 +327,6 @@ TEST_CASE("the supervisor rejects stale groups, samples the task again and learn
     std::set<size_t> epoch0;
     for (uint64_t i = 0; i < 3; ++i) epoch0.insert(train_task_index(7, 3, i));
     CHECK(epoch0 == std::set<size_t>{0, 1, 2});
-    for (auto& a : {learner, sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
 }
 
@@ -334,30 +349,9 @@ TEST_CASE("Best-of-Adaptation picks the best step, the earliest on a tie; patien
 }
 
 TEST_CASE("a ttt run adapts on every task each step and stops early without improvement", "[learner]") {
-  System s;
-  TempDir tmp;
-  auto engine = std::make_shared<ScriptedEngine>();
-  LearnerArgs la;
-  la.engine = engine;
-  la.group_size = 2;
-  la.checkpoint_dir = (tmp.path / "checkpoints").string();
-  auto learner = spawn_learner(*s.sys, la);
-  SupervisorArgs sa;
-  sa.run_id = "r";
-  sa.store_path = (tmp.path / "store.sqlite").string();
-  sa.mode = "ttt";
-  sa.task_ids = {"t1", "t2", "t3"};
-  sa.learner = learner;
-  sa.steps = 10;
-  sa.batch_size = 3;
-  sa.group_size = 2;
-  sa.patience = 2;
-  auto sup = spawn_supervisor(*s.sys, sa);
-  auto pipe = s.sys->spawn(fake_pipeline, sup, false);  // the same fast_1 (0.5) every step
-  caf::scoped_actor self{*s.sys};
-  nlohmann::json j;
-  self->request(sup, std::chrono::seconds(20), plan_atom::value, pipe, std::vector<caf::actor>{pipe})
-      .receive([&](std::string& summary) { j = nlohmann::json::parse(summary); }, [](caf::error&) { FAIL("no summary"); });
+  ScriptedRun r("ttt", 10, 3, 2);
+  auto j = r.run(false);  // the same fast_1 (0.5) every step
+  auto& tmp = r.tmp;
   INFO(j.dump());
   CHECK(j["ok"] == true);
   CHECK(j["stopped_early"] == true);
@@ -366,6 +360,5 @@ TEST_CASE("a ttt run adapts on every task each step and stops early without impr
   CHECK(j["boa"]["fast_1"] == 0.5);
   CHECK(j["boa"]["checkpoint"] == (tmp.path / "checkpoints" / "step-0").string());
   for (auto& st : j["steps"]) CHECK(st["samples"] == 6);  // all three tasks, every step
-  CHECK(engine->n_groups() == 9);
-  for (auto& a : {learner, sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  CHECK(r.engine->n_groups() == 9);
 }

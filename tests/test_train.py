@@ -238,22 +238,33 @@ class TrainRunTest(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(ck, "step-%d" % i, "optimizer.safetensors")))
         tok = AutoTokenizer.from_pretrained(self.model)
         db = sqlite3.connect(os.path.join(self.full_dir, "store.sqlite"))
-        row = db.execute("SELECT prompt, raw_action FROM samples WHERE status = 'ok' LIMIT 1").fetchone()
+        rows = db.execute("SELECT task_id, prompt, raw_action FROM samples WHERE status = 'ok' GROUP BY task_id").fetchall()
         db.close()
-        self.assertIsNotNone(row, "no correct sample in the run")
-        prompt, correct = row
+        self.assertTrue(rows, "no correct sample in the run")
+        wrong = "Here it is.\n```python\nreturn None\n```"  # the server's wrong body
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
 
-        def mean_logprob(adapter_dir):
+        def margins(adapter_dir):
+            # Per task: mean token logprob of the correct body minus that of the wrong one (with eos).
             base = AutoModelForCausalLM.from_pretrained(self.model, dtype=torch.float32)
             m = PeftModel.from_pretrained(base, adapter_dir).eval()
-            p = tok(prompt, add_special_tokens=False)["input_ids"]
-            c = tok(correct, add_special_tokens=False)["input_ids"]
-            with torch.no_grad():
-                lp = torch.log_softmax(m(input_ids=torch.tensor([p + c])).logits[0, :-1], -1)
-            return lp[len(p) - 1:].gather(-1, torch.tensor(c)[:, None]).mean().item()
+            out = []
+            for _, prompt, correct in rows:
+                p = tok(prompt, add_special_tokens=False)["input_ids"]
+                means = []
+                for text in [correct, wrong]:
+                    c = tok(text, add_special_tokens=False)["input_ids"] + [eos]
+                    with torch.no_grad():
+                        lp = torch.log_softmax(m(input_ids=torch.tensor([p + c])).logits[0, :-1], -1)
+                    means.append(lp[len(p) - 1:].gather(-1, torch.tensor(c)[:, None]).mean().item())
+                out.append(means[0] - means[1])
+            return out
 
-        before, after = mean_logprob(os.path.join(ck, "step-0")), mean_logprob(os.path.join(ck, "step-%d" % STEPS))
-        self.assertGreater(after, before + 0.05, "the correct body's mean logprob: %.4f -> %.4f" % (before, after))
+        before, after = margins(os.path.join(ck, "step-0")), margins(os.path.join(ck, "step-%d" % STEPS))
+        # GRPO pushes the rewarded body up and the unrewarded one down, task by task.
+        for b, a, row in zip(before, after, rows):
+            self.assertGreater(a, b, "task %s: correct-minus-wrong logprob margin %.4f -> %.4f" % (row[0], b, a))
+        self.assertGreater(sum(after) - sum(before), 0.1 * len(rows), (before, after))
 
     def test_ttt_adapts_on_every_task_and_reports_best_of_adaptation(self):
         run_dir = os.path.join(self.tmp, "ttt")
