@@ -42,7 +42,9 @@ name = "train-test"
 [[node]]
 name = "local"
 roles = ["supervisor", "learner", "sampler", "evaluator", "monitor"]
-cpu_slots = 2
+# One evaluator: verdicts come back in dispatch order, so groups complete (and their gradients
+# are summed) in the same order in every run, and a resumed run can match bit for bit.
+cpu_slots = 1
 [tasks]
 dir = "%s"
 ids = %s
