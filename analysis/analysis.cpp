@@ -112,6 +112,17 @@ double percentile(std::vector<double> xs, double q) {  // linear interpolation, 
 
 double spearman(const std::vector<double>& x, const std::vector<double>& y) { return pearson(ranks(x), ranks(y)); }
 
+double equivalent_k(const std::vector<std::pair<double, double>>& curve, double target) {
+  for (size_t i = 0; i < curve.size(); ++i) {
+    if (curve[i].second < target) continue;
+    if (i == 0) return curve[0].first;
+    auto [k0, v0] = curve[i - 1];
+    auto [k1, v1] = curve[i];
+    return v1 == v0 ? k1 : k0 + (target - v0) / (v1 - v0) * (k1 - k0);
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
 std::map<std::string, Selection> select_group(const std::vector<AnalysisSample>& g, uint32_t m) {
   std::map<std::string, Selection> out;
   const uint32_t K = uint32_t(g.size());

@@ -61,6 +61,11 @@ struct Selection {
 };
 std::map<std::string, Selection> select_group(const std::vector<AnalysisSample>& group, uint32_t m);
 
+// The k at which a scaling curve (points (k, value) in increasing k, values non-decreasing, e.g.
+// fast_1@k) first reaches `target`, interpolated linearly between points; NaN when the curve never
+// reaches it. At or below the first point: the first point's k.
+double equivalent_k(const std::vector<std::pair<double, double>>& curve, double target);
+
 // Everything above as one JSON object. `learner` maps a step to its learner figures (loss, ...)
 // and is merged into "steps".
 nlohmann::json analyze(const std::vector<AnalysisSample>& samples, const AnalysisOptions& o,

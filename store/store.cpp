@@ -220,6 +220,12 @@ bool Store::record_step(const std::string& run_id, const StepStats& s, const std
   return true;
 }
 
+std::string Store::summary(const std::string& run_id) {
+  Stmt st(db_, "SELECT summary_json FROM runs WHERE run_id = ?1");
+  st.text(1, run_id);
+  return st.step() == SQLITE_ROW ? st.col_text(0) : std::string();
+}
+
 std::vector<Store::StepRow> Store::steps(const std::string& run_id) {
   std::vector<StepRow> out;
   Stmt st(db_, "SELECT stats_json FROM steps WHERE run_id = ?1 ORDER BY step");

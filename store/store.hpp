@@ -61,6 +61,8 @@ class Store {
 
   // Every sample, in insertion order; all runs when run_id is empty.
   std::vector<SampleRow> samples(const std::string& run_id = "");
+  // The summary JSON a finished run was closed with ("" while it runs or when unknown).
+  std::string summary(const std::string& run_id);
   // Ids of the runs in this store, oldest first.
   std::vector<std::string> runs();
   // Result of PRAGMA integrity_check ("ok" when healthy).

@@ -11,6 +11,7 @@ import math
 import os
 import random
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 import unittest
@@ -234,6 +235,39 @@ progress = false
         j = json.loads(p.stdout)
         self.assertEqual(len(j["differences"]), 2)
         self.assertEqual(j["runs"][1]["compute"]["rollouts"], c["rollouts"])
+
+    def test_compare_places_each_run_on_the_best_of_n_curve(self):
+        twin = os.path.join(self.tmp, "twin-k")
+        shutil.copytree(self.run_dir, twin, dirs_exist_ok=True)
+        db = sqlite3.connect(os.path.join(twin, "store.sqlite"))
+        summary = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])
+        for target, expect_none in [(0.3, False), (1.01, True)]:
+            summary["boa"] = {"step": 0, "fast_1": target}  # as an adapted run reports it
+            db.execute("UPDATE runs SET summary_json = ?", (json.dumps(summary),))
+            db.commit()
+            p = subprocess.run([LAUNCH, "compare", self.run_dir, twin, "--json"], capture_output=True, text=True,
+                               timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            j = json.loads(p.stdout)
+            self.assertEqual(j["curve_of"], self.run_dir)
+            curve = [(a["k"], a["fast_1"]) for a in j["runs"][0]["analysis"]["at_k"]]
+            self.assertEqual([k for k, _ in curve], list(range(1, len(curve) + 1)))  # every k, not powers of 2
+            self.assertEqual(j["runs"][1]["score"], target)
+            ks, vs = np.array([k for k, _ in curve], float), np.array([v for _, v in curve])
+            if expect_none:
+                self.assertIsNone(j["runs"][1]["equivalent_k"])
+                continue
+            self.assertTrue(np.all(np.diff(vs) >= -1e-12))  # the curve does not fall
+
+            def crossing(t):  # the first point at or above t, linearly interpolated from the one before
+                i = int(np.argmax(vs >= t))
+                if i == 0:
+                    return ks[0]
+                return float(ks[i - 1] + (t - vs[i - 1]) / (vs[i] - vs[i - 1]) * (ks[i] - ks[i - 1]))
+
+            self.assertAlmostEqual(j["runs"][1]["equivalent_k"], crossing(target), places=9)
+            self.assertAlmostEqual(j["runs"][0]["equivalent_k"], crossing(j["runs"][0]["score"]), places=9)
+        db.close()
 
     def test_text_output_and_bad_arguments(self):
         p = subprocess.run([LAUNCH, "analyze", self.run_dir], capture_output=True, text=True, timeout=120)
