@@ -88,6 +88,15 @@ struct CompareOptions {
 };
 int cmd_compare(const CompareOptions& o);
 
+// launch probe RUN_DIR: fixed samples rescored under every checkpoint of the run (the NLL probe).
+struct ProbeOptions {
+  std::string run_dir;
+  uint32_t samples = 16;   // the first N samples of the first step that have tokens
+  std::string device, dtype;  // "": the run's [policy] device and dtype
+  bool json = false;
+};
+int cmd_probe(const ProbeOptions& o);
+
 // launch sft: LoRA supervised fine-tuning on (prompt, completion) demonstrations (warm starts).
 struct SftOptions {
   std::string model, adapter, data, out;  // base model, adapter to start from, JSONL, output dir

@@ -22,6 +22,8 @@ const char* usage =
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
     "  launch analyze RUN_DIR [--json] [--p 1.0,1.2] [--k 1,2,4] [--bootstrap N] [--seed S] [--m M]\n"
     "                                                      fast_p, pass@k / fast_1@k with CIs, per step and task\n"
+    "  launch probe RUN_DIR [--samples N] [--device D] [--dtype T] [--json]\n"
+    "                                                      NLL of fixed samples under every checkpoint of a run\n"
     "  launch compare RUN_DIR RUN_DIR ... [--allow-mismatch] [--json]\n"
     "                                                      runs side by side; refused when their budgets differ\n"
     "  launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--task FILE --candidate FILE ...]\n"
@@ -121,6 +123,32 @@ int main(int argc, char** argv) {
     }
     if (o.run_dir.empty()) return bad("analyze: RUN_DIR is required");
     return kernelrl::cmd_analyze(o);
+  }
+  if (cmd == "probe") {
+    kernelrl::ProbeOptions o;
+    for (size_t i = 1; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a == "--json") o.json = true;
+      else if (a.rfind("--", 0) != 0 && o.run_dir.empty()) o.run_dir = a;
+      else if (i + 1 >= args.size()) return bad("probe: " + a + (a.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
+      else {
+        const std::string& v = args[++i];
+        if (a == "--device") o.device = v;
+        else if (a == "--dtype") o.dtype = v;
+        else if (a == "--samples") {
+          try {
+            size_t used = 0;
+            long n = std::stol(v, &used);
+            if (used != v.size() || n < 1 || n > 100000) throw std::invalid_argument(v);
+            o.samples = uint32_t(n);
+          } catch (const std::exception&) {
+            return bad("probe: --samples: expected a count from 1, got \"" + v + "\"");
+          }
+        } else return bad("probe: unknown argument \"" + a + "\"");
+      }
+    }
+    if (o.run_dir.empty()) return bad("probe: RUN_DIR is required");
+    return kernelrl::cmd_probe(o);
   }
   if (cmd == "compare") {
     kernelrl::CompareOptions o;

@@ -2,6 +2,9 @@
 // the learner's SFT (learner/lora_learner.hpp) from the command line. Errors (a missing file, an unsupported checkpoint) print one line and exit 2.
 #include "launch/commands.hpp"
 
+#include "core/config.hpp"
+#include "store/store.hpp"
+
 #include "actors/sampler_backend.hpp"
 #include "learner/lora_learner.hpp"
 #include "learner/policy.hpp"
@@ -13,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -142,6 +146,84 @@ int cmd_merge(const PolicyCliOptions& o) {
   } catch (const std::exception& e) {
     return fail("merge", e.what());
   }
+}
+
+int cmd_probe(const ProbeOptions& o) {
+  namespace fs = std::filesystem;
+  const fs::path dir = o.run_dir;
+  auto loaded = load_config((dir / "config.resolved.toml").string());
+  if (auto* errs = std::get_if<std::vector<ConfigError>>(&loaded)) {
+    for (auto& e : *errs) std::fprintf(stderr, "launch probe: %s\n", e.format().c_str());
+    return 2;
+  }
+  const Config& cfg = std::get<Config>(loaded);
+  if (cfg.policy.model.empty()) return fail("probe", o.run_dir + ": the run has no [policy] model to score with");
+  std::string err;
+  auto store = Store::open_readonly((dir / cfg.store.file).string(), err);
+  if (!store) return fail("probe", err);
+  // The fixed samples: the first N of the earliest step that carry tokens.
+  std::vector<SampleRow> picked;
+  {
+    auto rows = store->samples();
+    uint32_t first = UINT32_MAX;
+    for (auto& r : rows)
+      if (!r.record.rollout.token_ids.empty()) first = std::min(first, r.step);
+    for (auto& r : rows)
+      if (r.step == first && !r.record.rollout.token_ids.empty() && picked.size() < o.samples) picked.push_back(r);
+  }
+  if (picked.empty()) return fail("probe", o.run_dir + ": no sample with token ids to rescore");
+  std::vector<std::pair<uint64_t, std::string>> checkpoints;
+  std::error_code ec;
+  for (auto& d : fs::directory_iterator(dir / "checkpoints", ec)) {
+    auto name = d.path().filename().string();
+    if (name.size() > 5 && name.rfind("step-", 0) == 0 && name.find_first_not_of("0123456789", 5) == std::string::npos &&
+        fs::exists(d.path() / "adapter_model.safetensors"))
+      checkpoints.emplace_back(std::stoull(name.substr(5)), d.path().string());
+  }
+  std::sort(checkpoints.begin(), checkpoints.end());
+  if (checkpoints.empty()) return fail("probe", o.run_dir + ": no checkpoints/step-N adapters");
+  const double T = cfg.sampler.temperature > 0 ? cfg.sampler.temperature : 1.0;
+  nlohmann::json out = {{"run_dir", fs::absolute(dir).lexically_normal().string()},
+                        {"temperature", T},
+                        {"samples", nlohmann::json::array()},
+                        {"checkpoints", nlohmann::json::array()}};
+  for (auto& r : picked) out["samples"].push_back({{"sample_id", r.sample_id}, {"tokens", r.record.rollout.token_ids.size()}});
+  try {
+    for (auto& [step, path] : checkpoints) {
+      PolicyOptions po;
+      po.model_dir = cfg.policy.model;
+      po.adapter_dir = path;
+      po.device = o.device.empty() ? cfg.policy.device : o.device;
+      po.dtype = o.dtype.empty() ? cfg.policy.dtype : o.dtype;
+      auto policy = Policy::load(po);
+      std::vector<std::vector<int32_t>> prompts, comps;
+      for (auto& r : picked) {
+        prompts.push_back(policy->tokenizer().encode(r.record.rollout.prompt));
+        comps.push_back(r.record.rollout.token_ids);
+      }
+      auto lps = policy->score_ids(prompts, comps, T);
+      nlohmann::json nll = nlohmann::json::array();
+      double sum = 0;
+      for (auto& lp : lps) {
+        double s = 0;
+        for (float x : lp) s -= x;
+        double mean = lp.empty() ? 0.0 : s / double(lp.size());
+        nll.push_back(mean);
+        sum += mean;
+      }
+      out["checkpoints"].push_back({{"step", step}, {"path", path}, {"mean_nll", sum / double(lps.size())}, {"nll", nll}});
+    }
+  } catch (const std::exception& e) {
+    return fail("probe", e.what());
+  }
+  if (o.json) {
+    std::printf("%s\n", dump(out).c_str());
+    return 0;
+  }
+  std::printf("%zu samples of the first step rescored at temperature %g (mean per-token NLL):\n", picked.size(), T);
+  for (auto& c : out["checkpoints"])
+    std::printf("  step-%llu  %.4f\n", (unsigned long long)c["step"].get<uint64_t>(), c["mean_nll"].get<double>());
+  return 0;
 }
 
 int cmd_sft(const SftOptions& o) {

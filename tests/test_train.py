@@ -20,6 +20,7 @@ import tempfile
 import time
 import unittest
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -267,6 +268,37 @@ class TrainRunTest(unittest.TestCase):
         for b, a, row in zip(before, after, rows):
             self.assertGreater(a, b, "task %s: correct-minus-wrong logprob margin %.4f -> %.4f" % (row[0], b, a))
         self.assertGreater(sum(after) - sum(before), 0.1 * len(rows), (before, after))
+
+    def test_nll_probe_equals_peft_under_every_checkpoint(self):
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        p = subprocess.run([LAUNCH, "probe", self.full_dir, "--samples", "3", "--json"], capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        j = json.loads(p.stdout)
+        self.assertEqual([c["step"] for c in j["checkpoints"]], list(range(STEPS + 1)))
+        ids = [s["sample_id"] for s in j["samples"]]
+        self.assertEqual(len(ids), 3)
+        db = sqlite3.connect(os.path.join(self.full_dir, "store.sqlite"))
+        rows = {r[0]: r for r in db.execute("SELECT sample_id, prompt, step FROM samples")}
+        db.close()
+        export = {json.loads(line)["sample_id"]: json.loads(line) for line in subprocess.run(
+            [LAUNCH, "export", self.full_dir, "--jsonl"], capture_output=True, text=True, check=True).stdout.splitlines()}
+        self.assertTrue(all(rows[i][2] == 0 for i in ids))  # fixed samples from the first step
+        tok = AutoTokenizer.from_pretrained(self.model)
+        for c in j["checkpoints"]:
+            base = AutoModelForCausalLM.from_pretrained(self.model, dtype=torch.float32)
+            m = PeftModel.from_pretrained(base, c["path"]).eval()
+            for i, got in zip(ids, c["nll"]):
+                prompt = tok(rows[i][1], add_special_tokens=False)["input_ids"]
+                comp = export[i]["token_ids"]
+                with torch.no_grad():
+                    lp = torch.log_softmax(m(input_ids=torch.tensor([prompt + comp])).logits[0, :-1] / 1.0, -1)
+                ref = -lp[len(prompt) - 1:].gather(-1, torch.tensor(comp)[:, None]).mean().item()
+                self.assertAlmostEqual(got, ref, delta=1e-4, msg=(c["step"], i))
+        # step-0 is the sampling policy of those samples: its NLL is minus their recorded mean logprob.
+        for i, got in zip(ids, j["checkpoints"][0]["nll"]):
+            self.assertAlmostEqual(got, -float(np.mean(export[i]["logprobs"])), delta=1e-4)
 
     def test_ttt_adapts_on_every_task_and_reports_best_of_adaptation(self):
         run_dir = os.path.join(self.tmp, "ttt")
