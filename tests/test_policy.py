@@ -298,8 +298,12 @@ class PolicyTest(unittest.TestCase):
             self.assertEqual(c["token_ids"], ref[: len(c["token_ids"])], prompt)
             self.assertEqual(c["finish_reason"], "stop" if len(c["token_ids"]) < 12 else "length")
             # Logprobs from sampling equal scoring the same tokens.
+            # Through a file: a random model's text may hold bytes (NUL) no argv can carry.
+            comp = os.path.join(self.tmp, "completion.txt")
+            with open(comp, "w", encoding="utf-8") as f:
+                f.write(tok.decode(c["token_ids"], skip_special_tokens=False))
             s = json.loads(run([LAUNCH, "score", "--model", self.models["qwen2"], "--prompt", prompt,
-                                "--completion", tok.decode(c["token_ids"], skip_special_tokens=False), "--json"]).stdout)
+                                "--completion-file", comp, "--json"]).stdout)
             if s["token_ids"] == c["token_ids"]:
                 for a, b in zip(s["logprobs"], c["logprobs"]):
                     self.assertAlmostEqual(a, b, delta=1e-4)
