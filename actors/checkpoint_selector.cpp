@@ -1,7 +1,9 @@
 #include "actors/checkpoint_selector.hpp"
 
 #include "core/log.hpp"
+#include "core/paths.hpp"
 #include "messages/messages.hpp"
+#include "store/store.hpp"
 
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
@@ -37,12 +39,6 @@ const Entry* best_of(const selector_state& st) {
   return best;
 }
 
-nlohmann::json stats_json(const StepStats& s) {
-  return {{"step", s.step},         {"samples", s.samples},           {"correct", s.correct},
-          {"fast_1", s.fast_1},     {"mean_speedup", s.mean_speedup}, {"mean_reward", s.mean_reward},
-          {"policy_version", s.policy_version}, {"status_counts", s.status_counts}};
-}
-
 void prune(self_ptr self, const SelectorArgs& args) {
   auto& st = self->state;
   if (args.dir.empty()) return;
@@ -68,26 +64,20 @@ void score(self_ptr self, const SelectorArgs& args, Entry& e, const StepStats& s
   e.c.score = s.fast_1;
   if (!e.c.path.empty()) {
     std::ofstream out(fs::path(e.c.path) / "stats.json");
-    out << stats_json(s).dump(2) << "\n";
+    out << step_stats_json(s).dump(2) << "\n";
   }
   prune(self, args);
 }
 
 caf::behavior selector_actor(self_ptr self, SelectorArgs args) {
   // What an earlier run (being resumed) left: step-N folders, scored where stats.json exists.
-  std::error_code ec;
-  if (!args.dir.empty() && fs::is_directory(args.dir, ec)) {
-    for (auto& d : fs::directory_iterator(args.dir, ec)) {
-      auto name = d.path().filename().string();
-      // step-N only: a step-N.partial folder is a checkpoint whose writing was interrupted.
-      if (name.size() <= 5 || name.rfind("step-", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos ||
-          !fs::exists(d.path() / "learner.json"))
-        continue;
+  if (!args.dir.empty()) {
+    for (auto& [n, path] : list_checkpoints(args.dir)) {
       try {
-        uint32_t step = uint32_t(std::stoul(name.substr(5)));
+        const uint32_t step = uint32_t(n);
         Entry e;
-        e.c = Checkpoint{step, step, d.path().string(), -1.0};
-        std::ifstream in(d.path() / "stats.json");
+        e.c = Checkpoint{step, step, path, -1.0};
+        std::ifstream in(fs::path(path) / "stats.json");
         if (in) {
           auto j = nlohmann::json::parse(in);
           e.scored = true;
@@ -97,7 +87,7 @@ caf::behavior selector_actor(self_ptr self, SelectorArgs args) {
         }
         self->state.entries[step] = e;
       } catch (const std::exception& ex) {
-        log::get("checkpoint_selector")->warn("{}: ignored: {}", d.path().string(), ex.what());
+        log::get("checkpoint_selector")->warn("{}: ignored: {}", path, ex.what());
       }
     }
   }

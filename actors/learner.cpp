@@ -37,10 +37,6 @@ struct learner_state {
 
 using self_ptr = caf::stateful_actor<learner_state>*;
 
-std::string checkpoint_path(const LearnerArgs& a, uint64_t version) {
-  return (fs::path(a.checkpoint_dir) / ("step-" + std::to_string(version))).string();
-}
-
 // Publishes the engine's weights as `version` to every sampler; `done(error)` runs once, after
 // every sampler acknowledged (error empty) or one refused or timed out.
 void publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::function<void(std::string)> done) {
@@ -129,7 +125,7 @@ void try_step(self_ptr self, const LearnerArgs& args) {
   UpdateStats r;
   try {
     r = args.engine->step();
-    u.checkpoint = checkpoint_path(args, r.version);
+    u.checkpoint = checkpoint_dir(args.checkpoint_dir, r.version);
     args.engine->save_checkpoint(u.checkpoint);
   } catch (const std::exception& e) {
     u.error = e.what();
@@ -197,7 +193,7 @@ caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
         self->state.samplers = std::move(samplers);
         auto rp = self->make_response_promise<uint64_t>();
         const uint64_t v = args.engine->version();
-        std::string dir = checkpoint_path(args, v);
+        std::string dir = checkpoint_dir(args.checkpoint_dir, v);
         if (!fs::exists(fs::path(dir) / "learner.json")) {
           try {
             args.engine->save_checkpoint(dir);

@@ -152,13 +152,13 @@ void count_sample(supervisor_state& st, const ScoredRollout& s) {
 }
 
 // The compute a run spent, with the settings that make two runs' budgets comparable.
-nlohmann::json compute_json(const supervisor_state& st, const SupervisorArgs& args) {
+nlohmann::json compute_json(const supervisor_state& st, const SupervisorArgs& args,
+                            const std::vector<Store::StepRow>& steps) {
   double learner_s = 0;
-  if (st.store)
-    for (auto& row : st.store->steps(args.run_id)) {
-      auto it = row.learner.find("learner_s");
-      if (it != row.learner.end()) learner_s += it->second;
-    }
+  for (auto& row : steps) {
+    auto it = row.learner.find("learner_s");
+    if (it != row.learner.end()) learner_s += it->second;
+  }
   return {{"rollouts", st.recorded},
           {"student_tokens", st.student_tokens},
           {"teacher_tokens", 0},
@@ -210,22 +210,19 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
                        {"fast_1", 0.0}, {"mean_speedup", 0.0}});
   }
   j["tasks"] = tasks;
-  j["compute"] = compute_json(st, args);
+  const auto step_rows = st.store ? st.store->steps(args.run_id) : std::vector<Store::StepRow>{};
+  j["compute"] = compute_json(st, args, step_rows);
   if (!args.store_path.empty()) {
     auto path = std::filesystem::path(args.store_path).parent_path() / "compute.json";
     std::ofstream(path) << j["compute"].dump(2) << "\n";
   }
   if (learns(args)) {
     nlohmann::json steps = nlohmann::json::array();
-    if (st.store)
-      for (auto& row : st.store->steps(args.run_id)) {
-        nlohmann::json x = {{"step", row.stats.step},         {"samples", row.stats.samples},
-                            {"correct", row.stats.correct},   {"fast_1", row.stats.fast_1},
-                            {"mean_speedup", row.stats.mean_speedup}, {"mean_reward", row.stats.mean_reward},
-                            {"policy_version", row.stats.policy_version}};
-        if (!row.learner.empty()) x["learner"] = row.learner;
-        steps.push_back(x);
-      }
+    for (auto& row : step_rows) {
+      auto x = step_stats_json(row.stats);
+      if (!row.learner.empty()) x["learner"] = row.learner;
+      steps.push_back(x);
+    }
     j["steps"] = steps;
     j["policy_version"] = st.version;
     j["stale_rejected"] = st.stale_rejected;
@@ -238,8 +235,7 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
       j["boa"] = {{"step", st.tracker.best_step},
                   {"fast_1", st.tracker.best},
                   {"policy_version", v},
-                  {"checkpoint", (std::filesystem::path(args.store_path).parent_path() / "checkpoints" /
-                                  ("step-" + std::to_string(v))).string()}};
+                  {"checkpoint", checkpoint_dir((std::filesystem::path(args.store_path).parent_path() / "checkpoints").string(), v)}};
     }
     j["stopped_early"] = st.stopped_early;
   }
@@ -316,11 +312,9 @@ void on_update(self_ptr self, const SupervisorArgs& args, StepUpdate& u) {
     if (t.written && !st.store->record_step(args.run_id, t.stats, u.stats))
       log::get("supervisor")->error("store: cannot record step {}: {}", u.step, st.store->last_error());
     // The checkpoint that sampled step u.step is scored now that both are known.
-    auto prev = st.steps.find(u.step);
-    if (prev != st.steps.end() && prev->second.written) {
-      Checkpoint c{u.step, prev->second.version,
-                   (std::filesystem::path(u.checkpoint).parent_path() / ("step-" + std::to_string(prev->second.version))).string(),
-                   prev->second.stats.fast_1};
+    if (t.written) {
+      Checkpoint c{u.step, t.version, checkpoint_dir(std::filesystem::path(u.checkpoint).parent_path().string(), t.version),
+                   t.stats.fast_1};
       if (!st.store->record_checkpoint(args.run_id, c))
         log::get("supervisor")->error("store: cannot record checkpoint {}: {}", c.path, st.store->last_error());
     }

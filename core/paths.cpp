@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -36,6 +37,25 @@ std::string iso_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
+}
+
+std::string checkpoint_dir(const std::string& checkpoints, uint64_t version) {
+  return (std::filesystem::path(checkpoints) / ("step-" + std::to_string(version))).string();
+}
+
+std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string& checkpoints) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<uint64_t, std::string>> out;
+  std::error_code ec;
+  for (auto& d : fs::directory_iterator(checkpoints, ec)) {
+    auto name = d.path().filename().string();
+    if (name.size() <= 5 || name.rfind("step-", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos ||
+        name.size() > 5 + 18 || !fs::exists(d.path() / "learner.json"))
+      continue;
+    out.emplace_back(std::stoull(name.substr(5)), d.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::string source_dir() {

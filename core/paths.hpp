@@ -1,12 +1,21 @@
 // Small shared helpers: run directories and clocks.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kernelrl {
 
 // Creates ROOT/NAME-YYYYmmdd-HHMMSS[-N] (a fresh directory) and returns its absolute path.
 std::string make_run_dir(const std::string& root, const std::string& name);
+
+// A learner's checkpoint of policy version N: CHECKPOINTS/step-N.
+std::string checkpoint_dir(const std::string& checkpoints, uint64_t version);
+// The complete checkpoints in CHECKPOINTS (step-N folders holding learner.json; an interrupted
+// step-N.partial is not one), as (N, path), N ascending. None when the folder does not exist.
+std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string& checkpoints);
 
 // Seconds since the Unix epoch (wall clock, for timestamps).
 double now_s();

@@ -131,15 +131,21 @@ std::unique_ptr<Store> open_run_store(const char* cmd, const std::string& run_di
   }
   return store;
 }
+
+// Every sample of a store as the analysis reads it.
+std::vector<AnalysisSample> analysis_samples(Store& store) {
+  std::vector<AnalysisSample> out;
+  for (auto& r : store.samples())
+    out.push_back({r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean, r.num_tokens});
+  return out;
+}
 }  // namespace
 
 int cmd_analyze(const AnalyzeOptions& o) {
   int rc = 0;
   auto store = open_run_store("analyze", o.run_dir, rc);
   if (!store) return rc;
-  std::vector<AnalysisSample> samples;
-  for (auto& r : store->samples())
-    samples.push_back({r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean, r.num_tokens});
+  auto samples = analysis_samples(*store);
   std::map<uint32_t, std::map<std::string, double>> learner;
   for (auto& run : store->runs())
     for (auto& row : store->steps(run))
@@ -246,9 +252,7 @@ int cmd_compare(const CompareOptions& o) {
     int rc = 0;
     auto store = open_run_store("compare", d, rc);
     if (!store) return rc;
-    std::vector<AnalysisSample> samples;
-    for (auto& x : store->samples())
-      samples.push_back({x.task_id, x.step, x.status == "ok", x.speedup, x.reward, x.logprob_mean, x.num_tokens});
+    auto samples = analysis_samples(*store);
     AnalysisOptions ao;
     ao.bootstrap = 0;
     uint64_t min_n = 0;  // the full scaling curve: every k up to the smallest task's sample count
@@ -399,22 +403,10 @@ int cmd_join(const std::string& config_path, const JoinOptions& o, const std::st
 }
 
 namespace {
-// The newest complete checkpoint (RUN_DIR/checkpoints/step-N with learner.json), or "".
+// The newest complete checkpoint of RUN_DIR, or "".
 std::string latest_checkpoint(const std::string& run_dir) {
-  std::error_code ec;
-  std::string best;
-  long best_n = -1;
-  for (auto& d : fs::directory_iterator(fs::path(run_dir) / "checkpoints", ec)) {
-    auto name = d.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || !fs::exists(d.path() / "learner.json")) continue;
-    char* end = nullptr;
-    long n = std::strtol(name.c_str() + 5, &end, 10);
-    if (*end == '\0' && n > best_n) {
-      best_n = n;
-      best = d.path().string();
-    }
-  }
-  return best;
+  auto all = list_checkpoints((fs::path(run_dir) / "checkpoints").string());
+  return all.empty() ? std::string() : all.back().second;
 }
 }  // namespace
 

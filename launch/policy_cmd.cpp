@@ -3,6 +3,7 @@
 #include "launch/commands.hpp"
 
 #include "core/config.hpp"
+#include "core/paths.hpp"
 #include "store/store.hpp"
 
 #include "actors/sampler_backend.hpp"
@@ -172,15 +173,7 @@ int cmd_probe(const ProbeOptions& o) {
       if (r.step == first && !r.record.rollout.token_ids.empty() && picked.size() < o.samples) picked.push_back(r);
   }
   if (picked.empty()) return fail("probe", o.run_dir + ": no sample with token ids to rescore");
-  std::vector<std::pair<uint64_t, std::string>> checkpoints;
-  std::error_code ec;
-  for (auto& d : fs::directory_iterator(dir / "checkpoints", ec)) {
-    auto name = d.path().filename().string();
-    if (name.size() > 5 && name.rfind("step-", 0) == 0 && name.find_first_not_of("0123456789", 5) == std::string::npos &&
-        fs::exists(d.path() / "adapter_model.safetensors"))
-      checkpoints.emplace_back(std::stoull(name.substr(5)), d.path().string());
-  }
-  std::sort(checkpoints.begin(), checkpoints.end());
+  auto checkpoints = list_checkpoints((dir / "checkpoints").string());
   if (checkpoints.empty()) return fail("probe", o.run_dir + ": no checkpoints/step-N adapters");
   const double T = cfg.sampler.temperature > 0 ? cfg.sampler.temperature : 1.0;
   nlohmann::json out = {{"run_dir", fs::absolute(dir).lexically_normal().string()},

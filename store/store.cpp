@@ -201,15 +201,19 @@ InsertResult Store::record_sample(const std::string& run_id, const ScoredRollout
   return sqlite3_changes(db_) == 1 ? InsertResult::inserted : InsertResult::duplicate;
 }
 
+nlohmann::json step_stats_json(const StepStats& s) {
+  return {{"step", s.step},
+          {"samples", s.samples},
+          {"correct", s.correct},
+          {"fast_1", s.fast_1},
+          {"mean_speedup", s.mean_speedup},
+          {"mean_reward", s.mean_reward},
+          {"policy_version", s.policy_version},
+          {"status_counts", s.status_counts}};
+}
+
 bool Store::record_step(const std::string& run_id, const StepStats& s, const std::map<std::string, double>& learner) {
-  nlohmann::json j = {{"step", s.step},
-                      {"samples", s.samples},
-                      {"correct", s.correct},
-                      {"fast_1", s.fast_1},
-                      {"mean_speedup", s.mean_speedup},
-                      {"mean_reward", s.mean_reward},
-                      {"policy_version", s.policy_version},
-                      {"status_counts", s.status_counts}};
+  nlohmann::json j = step_stats_json(s);
   if (!learner.empty()) j["learner"] = learner;
   Stmt st(db_, "INSERT OR REPLACE INTO steps (run_id, step, stats_json, created_at) VALUES (?,?,?,?)");
   st.text(1, run_id).i64(2, s.step).text(3, j.dump()).text(4, iso_now());

@@ -7,6 +7,8 @@
 
 #include "messages/messages.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +30,9 @@ struct SampleRow {
   double logprob_mean = 0;
   ScoredRollout record;  // the full message, as recorded
 };
+
+// A StepStats as JSON (the store's steps table, checkpoints' stats.json, run summaries).
+nlohmann::json step_stats_json(const StepStats& s);
 
 enum class InsertResult { inserted, duplicate, failed };
 

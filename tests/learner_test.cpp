@@ -108,6 +108,16 @@ ScoredRollout sample(uint32_t step, uint64_t group, uint32_t i, const std::strin
   return s;
 }
 
+// A learner actor over `engine` with groups of 2, checkpoints under `tmp`.
+caf::actor scripted_learner(System& s, const TempDir& tmp, std::shared_ptr<ScriptedEngine> engine, double sync_timeout_s) {
+  LearnerArgs la;
+  la.engine = std::move(engine);
+  la.group_size = 2;
+  la.checkpoint_dir = (tmp.path / "checkpoints").string();
+  la.sync_timeout_s = sync_timeout_s;
+  return spawn_learner(*s.sys, la);
+}
+
 std::vector<uint64_t> versions_of(caf::scoped_actor& self, const caf::actor& sampler) {
   std::vector<uint64_t> out;
   self->request(sampler, std::chrono::seconds(5), stats_atom::value)
@@ -121,12 +131,7 @@ TEST_CASE("the learner learns each group as it completes and publishes one versi
   System s;
   TempDir tmp;
   auto engine = std::make_shared<ScriptedEngine>();
-  LearnerArgs la;
-  la.engine = engine;
-  la.group_size = 2;
-  la.checkpoint_dir = (tmp.path / "checkpoints").string();
-  la.sync_timeout_s = 5;
-  auto learner = spawn_learner(*s.sys, la);
+  auto learner = scripted_learner(s, tmp, engine, 5);
   auto sampler = s.sys->spawn(fake_sampler, std::string("ok"));
   caf::scoped_actor self{*s.sys};
   self->request(learner, std::chrono::seconds(5), sync_atom::value, std::vector<caf::actor>{sampler})
@@ -170,13 +175,7 @@ TEST_CASE("a weight sync that is not acknowledged stops the step with an error",
   for (std::string behaviour : {"mute", "refuse"}) {
     System s;
     TempDir tmp;
-    auto engine = std::make_shared<ScriptedEngine>();
-    LearnerArgs la;
-    la.engine = engine;
-    la.group_size = 2;
-    la.checkpoint_dir = (tmp.path / "checkpoints").string();
-    la.sync_timeout_s = 0.3;
-    auto learner = spawn_learner(*s.sys, la);
+    auto learner = scripted_learner(s, tmp, std::make_shared<ScriptedEngine>(), 0.3);
     auto good = s.sys->spawn(fake_sampler, std::string("ok"));
     auto bad = s.sys->spawn(fake_sampler, behaviour);
     caf::scoped_actor self{*s.sys};
@@ -281,11 +280,7 @@ struct ScriptedRun {
     sa.patience = patience;
   }
   nlohmann::json run(bool lie) {
-    LearnerArgs la;
-    la.engine = engine;
-    la.group_size = 2;
-    la.checkpoint_dir = (tmp.path / "checkpoints").string();
-    auto learner = spawn_learner(*s.sys, la);
+    auto learner = scripted_learner(s, tmp, engine, 300);
     sa.learner = learner;
     auto sup = spawn_supervisor(*s.sys, sa);
     auto pipe = s.sys->spawn(fake_pipeline, sup, lie);
