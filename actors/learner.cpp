@@ -7,8 +7,10 @@
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 namespace fs = std::filesystem;
@@ -21,6 +23,8 @@ struct StepPlan {
   uint64_t groups = 0;     // groups the supervisor planned
   uint64_t learned = 0;    // groups learned from (including skipped ones)
   uint64_t skipped = 0;    // groups with equal rewards
+  uint64_t teacher_tokens = 0;  // sdpo: tokens the teacher read
+  uint64_t teacher_samples = 0; // sdpo: samples with a teacher signal
   caf::response_promise rp;
 };
 
@@ -77,6 +81,32 @@ void publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::func
 
 void try_step(self_ptr self, const LearnerArgs& args);
 
+// SDPO audit: one JSONL line per sample with its teacher section and what the teacher made of it.
+void write_teacher_log(const LearnerArgs& args, StepPlan& plan, const std::vector<ScoredRollout>& group,
+                       const std::vector<LearnSample>& samples, const GroupOutcome& out) {
+  std::ofstream log;
+  if (!args.teacher_log.empty()) log.open(args.teacher_log, std::ios::app);
+  for (size_t i = 0; i < group.size(); ++i) {
+    const uint64_t tokens = i < out.teacher_tokens.size() ? out.teacher_tokens[i] : 0;
+    plan.teacher_tokens += tokens;
+    if (tokens > 0) ++plan.teacher_samples;
+    if (!log) continue;
+    const size_t n = group[i].rollout.token_ids.size();
+    nlohmann::json j = {{"sample_id", group[i].rollout.sample_id},
+                        {"step", group[i].rollout.step},
+                        {"policy_version", group[i].rollout.policy_version},
+                        {"teacher_prompt", samples[i].teacher_prompt},
+                        {"teacher_tokens", tokens},
+                        {"completion_tokens", n}};
+    if (tokens > 0) {
+      j["teacher_logprob_sum"] = out.teacher_logprob_sum[i];
+      j["student_logprob_sum"] = out.student_logprob_sum[i];
+      j["advantage_mean"] = args.sdpo.beta * (out.teacher_logprob_sum[i] - out.student_logprob_sum[i]) / double(n);
+    }
+    log << j.dump() << "\n";
+  }
+}
+
 // Learns from every complete group of the current step that is waiting, then steps if the
 // step's groups are all in.
 void learn_ready(self_ptr self, const LearnerArgs& args) {
@@ -91,7 +121,13 @@ void learn_ready(self_ptr self, const LearnerArgs& args) {
     }
     std::vector<LearnSample> samples;
     for (auto& s : g->second)
-      samples.push_back({s.rollout.prompt, s.rollout.token_ids, s.rollout.logprobs, s.reward, {}});
+      samples.push_back({s.rollout.prompt, s.rollout.token_ids, s.rollout.logprobs, s.reward, {}, {}});
+    std::vector<std::string> sections;
+    if (args.sdpo_enabled) {
+      sections = teacher_sections(g->second, args.sdpo);
+      for (size_t i = 0; i < samples.size(); ++i)
+        if (!sections[i].empty()) samples[i].teacher_prompt = args.teacher_prompt(g->second[i].rollout.task_id, sections[i]);
+    }
     double t0 = mono_s();
     try {
       auto out = args.engine->add_group(samples);
@@ -99,6 +135,7 @@ void learn_ready(self_ptr self, const LearnerArgs& args) {
         ++it->second.skipped;
         ++st.groups_skipped;
       }
+      if (args.sdpo_enabled) write_teacher_log(args, it->second, g->second, samples, out);
     } catch (const std::exception& e) {  // a malformed sample: the group is reported and left out
       lg->error("step {} group {} ({}): {}; the group is left out of the update", st.current, g->first.second,
                 g->second.front().rollout.task_id, e.what());
@@ -145,6 +182,10 @@ void try_step(self_ptr self, const LearnerArgs& args) {
              {"kl", r.kl},               {"clip_fraction", r.clip_fraction}, {"ratio_mean", r.ratio_mean},
              {"entropy", r.entropy},     {"applied", r.applied ? 1.0 : 0.0}, {"learner_s", r.seconds},
              {"groups", double(plan.groups)}, {"groups_skipped", double(plan.skipped)}};
+  if (args.sdpo_enabled) {
+    u.stats["teacher_tokens"] = double(plan.teacher_tokens);
+    u.stats["teacher_samples"] = double(plan.teacher_samples);
+  }
   lg->info("step {} -> policy version {}: loss {:.4f}, grad norm {:.3f}, lr {:.3g}, {} groups ({} skipped), "
            "clip {:.3f}, entropy {:.3f}, ratio {:.4f}",
            step, r.version, r.loss, r.grad_norm, r.lr, plan.groups, plan.skipped, r.clip_fraction, r.entropy, r.ratio_mean);

@@ -9,6 +9,8 @@
 // to the supervisor only when every sampler has acknowledged V; a sampler that refuses or does
 // not answer within sync_timeout_s makes the answer an error (the run stops; nothing samples
 // with stale weights unnoticed).
+// SDPO: the group's teacher prompts are made here (learner/sdpo.hpp) and scored by the engine;
+// the step's teacher tokens are reported with its stats (teacher_tokens).
 // Messages in:  (sync_atom, vector<actor> samplers) -> uint64_t version: the samplers to serve
 //               from now on; publishes the current weights to them, answered once acked;
 //               (plan_atom, uint32_t step, uint64_t groups) -> StepUpdate: answered when that
@@ -20,7 +22,10 @@
 
 #include <caf/actor.hpp>
 
+#include "learner/sdpo.hpp"
+
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +40,13 @@ struct LearnerArgs {
   caf::actor selector;                  // checkpoint_selector (may be invalid)
   std::string checkpoint_dir;           // RUN_DIR/checkpoints
   double sync_timeout_s = 300;          // per WeightsUpdate acknowledgement
+  // SDPO (the engine's objective is "sdpo"): each sample's teacher prompt is
+  // teacher_prompt(task_id, section) for its section from teacher_sections(group, sdpo); every
+  // sample's teacher context and figures are appended to teacher_log (JSONL) for audit.
+  bool sdpo_enabled = false;
+  SdpoOptions sdpo;
+  std::function<std::string(const std::string& task_id, const std::string& section)> teacher_prompt;
+  std::string teacher_log;              // RUN_DIR/teacher.jsonl
 };
 
 caf::actor spawn_learner(caf::actor_system& sys, LearnerArgs args);

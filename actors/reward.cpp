@@ -19,7 +19,10 @@ double compute_reward(const RewardConfig& cfg, const EvalResult& r, double task_
       if (rejected_as_lazy(cfg, r)) return cfg.lazy_reward;
       double s = std::clamp(r.speedup, 0.0, cfg.max_speedup);
       if (cfg.normalize == "task_mean" && task_mean_speedup > 0) s /= task_mean_speedup;
-      double shaped = cfg.shape == "log_speedup" ? std::log(std::max(s, 1e-9)) : cfg.shape == "none" ? 0.0 : s;
+      double shaped = cfg.shape == "log_speedup" ? std::log(std::max(s, 1e-9))
+                      : cfg.shape == "none"      ? 0.0
+                      : cfg.shape == "threshold" ? (r.speedup > cfg.threshold ? 1.0 : 0.0)
+                                                 : s;
       double coverage = r.kernel_coverage >= 0 ? cfg.coverage_weight * r.kernel_coverage : 0.0;
       return shaped + cfg.correct_bonus + coverage;
     }

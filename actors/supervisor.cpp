@@ -76,7 +76,7 @@ struct supervisor_state {
 using self_ptr = caf::stateful_actor<supervisor_state>*;
 
 // train and ttt: the modes in which a learner updates the policy step by step.
-bool learns(const SupervisorArgs& a) { return a.mode == "train" || a.mode == "ttt"; }
+bool learns(const SupervisorArgs& a) { return a.mode == "train" || a.mode == "ttt" || a.mode == "sdpo"; }
 
 // Reward histogram bins: (-inf, 0], (0, 0.5], (0.5, 1], (1, 1.5], (1.5, 2], (2, 5], (5, inf).
 const std::vector<double> reward_edges = {0, 0.5, 1, 1.5, 2, 5};
@@ -154,14 +154,16 @@ void count_sample(supervisor_state& st, const ScoredRollout& s) {
 // The compute a run spent, with the settings that make two runs' budgets comparable.
 nlohmann::json compute_json(const supervisor_state& st, const SupervisorArgs& args,
                             const std::vector<Store::StepRow>& steps) {
-  double learner_s = 0;
+  double learner_s = 0, teacher_tokens = 0;
   for (auto& row : steps) {
     auto it = row.learner.find("learner_s");
     if (it != row.learner.end()) learner_s += it->second;
+    it = row.learner.find("teacher_tokens");
+    if (it != row.learner.end()) teacher_tokens += it->second;
   }
   return {{"rollouts", st.recorded},
           {"student_tokens", st.student_tokens},
-          {"teacher_tokens", 0},
+          {"teacher_tokens", uint64_t(teacher_tokens)},
           {"eval_seconds", st.eval_wall_s},
           {"eval_device_seconds", st.eval_device_s},
           {"compile_seconds", st.compile_s},
@@ -343,7 +345,7 @@ void plan_step(self_ptr self, const SupervisorArgs& args, uint32_t s) {
   std::vector<std::vector<ScoredRollout>> reused;
   for (uint32_t k = 0; k < args.batch_size; ++k) {
     // ttt adapts on the same tasks every step; train walks a shuffled sequence of them.
-    const std::string& task = args.mode == "ttt" ? args.task_ids[k % args.task_ids.size()]
+    const std::string& task = args.mode != "train" ? args.task_ids[k % args.task_ids.size()]
                                                  : args.task_ids[train_task_index(args.seed, args.task_ids.size(),
                                                                                   uint64_t(s) * args.batch_size + k)];
     auto r = st.reusable.find(task);

@@ -4,6 +4,7 @@
 // Every run ends by writing RUN_DIR/compute.json: rollouts, student and teacher tokens,
 // evaluation seconds (wall, device stage, compile), learner seconds, and `settings`.
 //   eval:  the sampler's rollouts of step 0; done when every sample has a verdict.
+//   sdpo:  ttt's loop; the learner learns by self-distillation (learner/sdpo.hpp).
 //   ttt:   test-time adaptation: train's loop on the same tasks every step (batch = the task set),
 //          with Best-of-Adaptation (the step whose samples scored the best fast_1, and its
 //          checkpoint) and early stopping after `patience` steps without improvement.

@@ -292,13 +292,13 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
   toml::table resolved;
   std::set<std::string> sections = {"cluster", "node",    "tasks",      "policy",
                                     "sampler", "evaluator", "reward",   "learner",
-                                    "experiment", "store", "monitor"};
+                                    "experiment", "sdpo", "store", "monitor"};
   for (auto& [k, n] : root) {
     std::string key(k.str());
     if (!sections.count(key)) {
       errs.push_back({file, n.source().begin.line, n.source().begin.column, key,
                       "unknown section (expected one of cluster, node, tasks, policy, sampler, "
-                      "evaluator, reward, learner, experiment, store, monitor)"});
+                      "evaluator, reward, learner, experiment, sdpo, store, monitor)"});
     } else if (key == "node" ? !n.is_array_of_tables() : !n.is_table()) {
       errs.push_back({file, n.source().begin.line, n.source().begin.column, key,
                       key == "node" ? "expected an array of tables ([[node]])"
@@ -492,7 +492,8 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.number("synthetic_latency_ms", e.synthetic_latency_ms, 0, 3.6e6);
   });
   section("reward", [&](TableReader& r) {
-    r.one_of("shape", c.reward.shape, {"speedup", "log_speedup", "none"});
+    r.one_of("shape", c.reward.shape, {"speedup", "log_speedup", "none", "threshold"});
+    r.number("threshold", c.reward.threshold, 0, 1e6);
     r.number("max_speedup", c.reward.max_speedup, 1, 1e6);
     r.number("correct_bonus", c.reward.correct_bonus, -1e6, 1e6);
     r.number("incorrect_reward", c.reward.incorrect_reward, -1e6, 1e6);
@@ -529,6 +530,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.number("clip_high", l.clip_high, 0, 100);
     r.one_of("aggregation", l.aggregation, {"token_mean", "seq_mean"});
     r.number("kl_coef", l.kl_coef, 0, 1e3);
+    r.number("entropy_coef", l.entropy_coef, 0, 1e3);
     r.str("device", l.device);
     if (l.device.empty()) l.device = c.policy.device;
     r.str("dtype", l.dtype);
@@ -540,7 +542,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.integer("keep_last", l.keep_last, 1, 1 << 20);
   });
   section("experiment", [&](TableReader& r) {
-    r.one_of("mode", c.experiment.mode, {"eval", "best_of_n", "train", "ttt"});
+    r.one_of("mode", c.experiment.mode, {"eval", "best_of_n", "train", "ttt", "sdpo"});
     r.integer("patience", c.experiment.patience, 0, 1 << 20);
     r.integer("k", c.experiment.k, 0, 1 << 20);
     if (c.experiment.mode == "best_of_n") {
@@ -553,18 +555,30 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
       r.error_here("k", "k is for mode = \"best_of_n\" (train: [learner] group_size; eval: [sampler] samples_per_task)");
     }
     const auto& m = c.experiment.mode;
-    if (m == "train" || m == "ttt") {
+    if (m == "train" || m == "ttt" || m == "sdpo") {
       if (c.sampler.backend == "replay")
         r.error_here("mode", m + " needs a model sampler: set [sampler] backend = \"libtorch\" or \"openai\"");
       if (c.policy.model.empty())
         r.error_here("mode", m + " needs [policy] model: the learner trains an adapter on that model");
     } else if (c.experiment.patience != 0) {
-      r.error_here("patience", "patience is for mode = \"train\" or \"ttt\"");
+      r.error_here("patience", "patience is for mode = \"train\", \"ttt\" or \"sdpo\"");
     }
+    if (m != "sdpo" && root.get("sdpo"))
+      r.error_here("mode", "[sdpo] is set but mode is \"" + m + "\" (the [sdpo] settings are for mode = \"sdpo\")");
     r.str("name", c.experiment.name);
     r.path("run_root", c.experiment.run_root, PathKind::any);
     r.integer("seed", c.experiment.seed, 0, std::numeric_limits<int64_t>::max());
   });
+  section("sdpo", [&](TableReader& r) {
+    r.one_of("context", c.sdpo.context, {"feedback", "prompt"});
+    r.boolean("demonstration", c.sdpo.demonstration);
+    r.number("beta", c.sdpo.beta, 0, 1e3);
+    r.integer("max_error_chars", c.sdpo.max_error_chars, 0, 1 << 20);
+    if (c.sdpo.context == "prompt" && !c.sdpo.demonstration)
+      r.error_here("demonstration", "context = \"prompt\" without a demonstration leaves the teacher nothing the "
+                                    "student did not see: set demonstration = true or context = \"feedback\"");
+  });
+  if (c.experiment.mode != "sdpo") resolved.erase("sdpo");  // a resolved config re-reads cleanly
   section("store", [&](TableReader& r) {
     r.str("file", c.store.file);
     r.one_of("synchronous", c.store.synchronous, {"normal", "full"});

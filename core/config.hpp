@@ -113,8 +113,11 @@ struct EvaluatorConfig {
 };
 
 struct RewardConfig {
-  std::string shape = "speedup";   // speedup, log_speedup, or none (correct samples get
-                                   // correct_bonus alone: a reward of correctness only)
+  std::string shape = "speedup";   // speedup, log_speedup, none (correct samples get
+                                   // correct_bonus alone: a reward of correctness only), or
+                                   // threshold (1 when correct and speedup > threshold, else 0:
+                                   // the sparse fast_p reward)
+  double threshold = 1.0;          // shape = "threshold": the speedup to beat
   double max_speedup = 10;         // speedups are clipped to this before shaping (the cap)
   double correct_bonus = 0;        // added to the reward of every correct sample
   std::string normalize = "none";  // none, or task_mean: the speedup term over the running mean
@@ -148,6 +151,8 @@ struct LearnerConfig {
   double clip_high = 0.2;          // PPO clip range above 1 (clip-higher: e.g. 0.28)
   std::string aggregation = "token_mean";  // token_mean or seq_mean
   double kl_coef = 0;              // k3 KL to the base policy (adapter off); 0: none
+  double entropy_coef = 0;         // entropy bonus: the loss minus entropy_coef x the policy's
+                                   // mean token entropy (entropy-regularized training); 0: none
   std::string device;              // where the learner trains ("": [policy] device)
   std::string dtype;               // base weights' dtype ("": [policy] dtype); the adapter is f32
   uint32_t max_staleness = 0;      // samples from a policy this many versions behind the newest
@@ -158,12 +163,22 @@ struct LearnerConfig {
   uint32_t keep_last = 3;          // checkpoints kept besides the best by fast_1 and step 0
 };
 
+// SDPO (mode = "sdpo"): the teacher's context; see learner/sdpo.hpp.
+struct SdpoConfig {
+  std::string context = "feedback";  // feedback (demonstration + execution feedback) or prompt
+                                     // (demonstration only)
+  bool demonstration = true;         // show the teacher the group's best correct sample (another one's)
+  double beta = 1.0;                 // advantage = beta * (teacher - student logprob)
+  uint32_t max_error_chars = 1500;   // error and build output kept in the feedback
+};
+
 struct ExperimentConfig {
   std::string mode = "eval";        // eval; best_of_n (k samples per task, for selection
                                     // strategies); train (RLVR: [learner] steps of GRPO on the tasks);
-                                    // ttt (test-time adaptation: every step on all the tasks)
+                                    // ttt (test-time adaptation: every step on all the tasks);
+                                    // sdpo (ttt's loop, learning by self-distillation: [sdpo])
   uint32_t k = 0;                   // best_of_n: samples per task (sets [sampler] samples_per_task)
-  uint32_t patience = 0;            // train, ttt: stop after this many steps without a better
+  uint32_t patience = 0;            // train, ttt, sdpo: stop after this many steps without a better
                                     // fast_1 (0: run every step); the best step is reported (BoA)
   std::string name = "run";         // prefix of the run directory name
   std::string run_root = "runs";    // where run directories are created
@@ -196,6 +211,7 @@ struct Config {
   RewardConfig reward;
   LearnerConfig learner;
   ExperimentConfig experiment;
+  SdpoConfig sdpo;
   StoreConfig store;
   MonitorConfig monitor;
   std::string resolved_toml;  // the whole config with defaults filled in and paths resolved

@@ -435,6 +435,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
   }
   std::vector<ReplayRecord> records;
   std::vector<SamplerArgs::TaskPrompt> prompts;
+  std::map<std::string, std::string> user_messages;  // by task: what the student was asked (SDPO's teacher sees more)
   if (cfg.sampler.backend == "replay") {
     std::vector<std::string> replay_errors;
     records = load_replay(cfg.sampler.replay, replay_errors);
@@ -457,13 +458,15 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
         return 2;
       }
       prompts.push_back({t.id, render_prompt(cfg.policy, user)});
+      user_messages[t.id] = user;
     }
   }
 
-  const bool train = cfg.experiment.mode == "train" || cfg.experiment.mode == "ttt";  // a learner updates the policy
+  const bool adapts = cfg.experiment.mode == "ttt" || cfg.experiment.mode == "sdpo";  // every task, every step
+  const bool train = cfg.experiment.mode == "train" || adapts;  // a learner updates the policy
   if (resume) {
     if (!train) {
-      lg->error("--resume {}: only train and ttt runs resume ({} has [experiment] mode = \"{}\")", run_dir_arg, config_path,
+      lg->error("--resume {}: only train, ttt and sdpo runs resume ({} has [experiment] mode = \"{}\")", run_dir_arg, config_path,
                 cfg.experiment.mode);
       return 2;
     }
@@ -493,7 +496,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
              records.size(), run_dir);
   else if (train)
     lg->info("run {} ({}: {} steps of {} tasks x {} samples from the {} sampler, {} tasks in all) in {}", run_id,
-             cfg.experiment.mode, cfg.learner.steps, cfg.experiment.mode == "ttt" ? tasks.size() : cfg.learner.batch_size,
+             cfg.experiment.mode, cfg.learner.steps, adapts ? tasks.size() : cfg.learner.batch_size,
              cfg.learner.group_size, cfg.sampler.backend, tasks.size(), run_dir);
   else
     lg->info("run {} ({} mode, {} tasks, {} samples each from the {} sampler) in {}", run_id, cfg.experiment.mode,
@@ -555,6 +558,9 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     lo.clip_low = cfg.learner.clip_low;
     lo.clip_high = cfg.learner.clip_high;
     lo.kl_coef = cfg.learner.kl_coef;
+    lo.entropy_coef = cfg.learner.entropy_coef;
+    lo.objective = cfg.experiment.mode == "sdpo" ? "sdpo" : "grpo";
+    lo.sdpo_beta = cfg.sdpo.beta;
     lo.aggregation = cfg.learner.aggregation;
     lo.minibatch_size = cfg.learner.minibatch_size;
     try {
@@ -598,6 +604,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
                    {"checkpoint", cfg.policy.adapter},
                    {"replay", cfg.sampler.replay},
                    {"tasks", std::to_string(tasks.size())}};
+    if (cfg.experiment.mode == "sdpo") sa.settings["sdpo_context"] = cfg.sdpo.context;
 
     DispatcherArgs da;
     for (auto& t : tasks.tasks()) da.task_paths[t.id] = t.path;
@@ -628,12 +635,24 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
       la.selector = selector;
       la.checkpoint_dir = (fs::path(run_dir) / "checkpoints").string();
       la.sync_timeout_s = cfg.learner.sync_timeout_s;
+      if (cfg.experiment.mode == "sdpo") {
+        la.sdpo_enabled = true;
+        la.sdpo.context = cfg.sdpo.context;
+        la.sdpo.demonstration = cfg.sdpo.demonstration;
+        la.sdpo.beta = cfg.sdpo.beta;
+        la.sdpo.max_error_chars = cfg.sdpo.max_error_chars;
+        la.teacher_log = (fs::path(run_dir) / "teacher.jsonl").string();
+        la.teacher_prompt = [policy = cfg.policy, users = user_messages](const std::string& task, const std::string& section) {
+          auto it = users.find(task);
+          return render_prompt(policy, teacher_user_message(it == users.end() ? std::string() : it->second, section));
+        };
+      }
       learner = spawn_learner(sys, la);
       supervisor_args.learner = learner;
       supervisor_args.selector = selector;
       supervisor_args.steps = cfg.learner.steps;
       // ttt adapts on every task of the set each step.
-      supervisor_args.batch_size = cfg.experiment.mode == "ttt" ? uint32_t(tasks.size()) : cfg.learner.batch_size;
+      supervisor_args.batch_size = adapts ? uint32_t(tasks.size()) : cfg.learner.batch_size;
       supervisor_args.patience = cfg.experiment.patience;
       supervisor_args.group_size = cfg.learner.group_size;
       supervisor_args.max_staleness = cfg.learner.max_staleness;

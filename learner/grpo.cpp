@@ -14,7 +14,7 @@ torch::Tensor aggregate(const torch::Tensor& per_token, const torch::Tensor& m, 
 }  // namespace
 
 LossTerms loss_terms(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
-                     const torch::Tensor& ref_logp, const LossOptions& o) {
+                     const torch::Tensor& ref_logp, const LossOptions& o, const torch::Tensor& entropy) {
   auto adv = advantages.dim() == 1 ? advantages.unsqueeze(1).expand_as(logp) : advantages;
   if (adv.sizes() != logp.sizes()) throw std::invalid_argument("loss: advantages must be [B] or [B, T]");
   LossTerms t;
@@ -27,6 +27,7 @@ LossTerms loss_terms(const torch::Tensor& logp, const torch::Tensor& old_logp, c
     t.k3 = torch::exp(d) - d - 1;
   }
   t.per_token = t.k3.defined() && o.kl_coef != 0 ? t.pg + o.kl_coef * t.k3 : t.pg;
+  if (entropy.defined() && o.entropy_coef != 0) t.per_token = t.per_token - o.entropy_coef * entropy;
   return t;
 }
 
@@ -41,7 +42,7 @@ LossResult policy_loss(const torch::Tensor& logp, const torch::Tensor& old_logp,
   if (logp.sizes() != old_logp.sizes() || logp.sizes() != mask.sizes())
     throw std::invalid_argument("loss: logp, old_logp and mask must have the same shape [B, T]");
   auto m = mask.to(logp.scalar_type());
-  const LossTerms t = loss_terms(logp, old_logp, advantages, ref_logp, o);
+  const LossTerms t = loss_terms(logp, old_logp, advantages, ref_logp, o, entropy);
   const auto& pg = t.pg;
   const auto& per_token = t.per_token;
   LossResult r;

@@ -5,7 +5,7 @@
 //   ratio = exp(l - l_old)
 //   pg    = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high))
 //   kl    = exp(l_ref - l) - (l_ref - l) - 1            (k3 estimator of KL(policy || reference))
-//   per-token loss = pg + kl_coef * kl
+//   per-token loss = pg + kl_coef * kl - entropy_coef * H   (H: the policy's entropy at t)
 // aggregated as token_mean (sum over all unmasked tokens / their count) or seq_mean (each
 // sequence's token mean, then the mean over sequences).
 #pragma once
@@ -21,6 +21,7 @@ struct LossOptions {
   double clip_high = 0.2;             // PPO clip above 1 (DAPO's clip-higher: e.g. 0.28)
   std::string aggregation = "token_mean";  // token_mean or seq_mean
   double kl_coef = 0;                 // weight of the k3 KL to the reference policy (0: none)
+  double entropy_coef = 0;            // weight of the entropy bonus (0: none)
 };
 
 struct LossResult {
@@ -36,10 +37,11 @@ struct LossResult {
 struct LossTerms {
   torch::Tensor ratio, unclipped, clipped, pg;  // [B, T]; pg = max(unclipped, clipped)
   torch::Tensor k3;                             // [B, T], undefined without a reference
-  torch::Tensor per_token;                      // pg + kl_coef * k3
+  torch::Tensor per_token;                      // pg + kl_coef * k3 - entropy_coef * entropy
 };
+// `entropy` [B, T] (differentiable for a bonus) or undefined.
 LossTerms loss_terms(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
-                     const torch::Tensor& ref_logp, const LossOptions& o);
+                     const torch::Tensor& ref_logp, const LossOptions& o, const torch::Tensor& entropy = {});
 
 // The per-token loss [B, T] before masking and aggregation (pg + kl_coef * k3).
 torch::Tensor per_token_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,

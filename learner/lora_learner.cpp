@@ -28,6 +28,7 @@ TrainOptions train_options(const LearnerOptions& o) {
   to.loss.clip_low = o.clip_low;
   to.loss.clip_high = o.clip_high;
   to.loss.kl_coef = o.kl_coef;
+  to.loss.entropy_coef = o.entropy_coef;
   to.loss.aggregation = o.aggregation;
   return to;
 }
@@ -74,6 +75,34 @@ struct LoraLearner::Impl {
     if (sft) trainer->accumulate_sft(ids.to(device), mask);
     else trainer->accumulate(TrainBatch{ids.to(device), mask, old, adv, torch::Tensor()});
   }
+
+
+  // Summed logprobs of each completion after its prompt under the current policy (adapter on,
+  // no dropout, no gradient) at the sampler's temperature; one vector per row.
+  std::vector<std::vector<float>> score(const std::vector<std::vector<int32_t>>& prompts,
+                                        const std::vector<std::vector<int32_t>>& comps) {
+    torch::NoGradGuard ng;
+    const int64_t B = int64_t(prompts.size());
+    int64_t L = 2;
+    for (int64_t i = 0; i < B; ++i) L = std::max<int64_t>(L, int64_t(prompts[i].size() + comps[i].size()));
+    auto ids = torch::zeros({B, L}, torch::kInt64);
+    auto ia = ids.accessor<int64_t, 2>();
+    for (int64_t i = 0; i < B; ++i) {
+      int64_t t = 0;
+      for (auto x : prompts[i]) ia[i][t++] = x;
+      for (auto x : comps[i]) ia[i][t++] = x;
+    }
+    auto lp = model->sequence_logprobs(ids.to(device), /*training=*/false, opt.temperature > 0 ? opt.temperature : 1.0)
+                  .to(torch::kCPU, torch::kFloat32)
+                  .contiguous();
+    auto la = lp.accessor<float, 2>();
+    std::vector<std::vector<float>> out(static_cast<size_t>(B));
+    for (int64_t i = 0; i < B; ++i) {
+      const int64_t p = int64_t(prompts[i].size());
+      for (size_t j = 0; j < comps[i].size(); ++j) out[size_t(i)].push_back(la[i][p - 1 + int64_t(j)]);
+    }
+    return out;
+  }
 };
 
 LoraLearner::LoraLearner(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -102,6 +131,8 @@ std::unique_ptr<LoraLearner> LoraLearner::create(const LearnerOptions& o) {
     }
     TrainOptions to = train_options(o);
     scheduled_lr(to, 0);  // validates the schedule name
+    if (o.objective != "grpo" && o.objective != "sdpo")
+      throw LearnerError("learner: objective \"" + o.objective + "\": expected grpo or sdpo");
     impl->trainer = std::make_unique<LoraTrainer>(*impl->model, to);
   } catch (const LearnerError&) {
     throw;
@@ -130,7 +161,50 @@ GroupOutcome LoraLearner::add_group(const std::vector<LearnSample>& group) {
       per_token = true;
     }
   }
-  if (per_token) {
+  std::vector<std::vector<float>> sdpo_adv;  // objective sdpo: per-token advantages, per sample
+  if (im.opt.objective == "sdpo") {
+    out.teacher_logprob_sum.assign(group.size(), 0.0);
+    out.student_logprob_sum.assign(group.size(), 0.0);
+    out.teacher_tokens.assign(group.size(), 0);
+    sdpo_adv.resize(group.size());
+    double t0 = mono_s();
+    bool any = false;
+    const size_t mb = std::max<uint32_t>(1, im.opt.minibatch_size);
+    std::vector<size_t> rows;
+    for (size_t i = 0; i < group.size(); ++i)
+      if (!group[i].teacher_prompt.empty() && !group[i].token_ids.empty()) rows.push_back(i);
+    for (size_t b0 = 0; b0 < rows.size(); b0 += mb) {
+      std::vector<std::vector<int32_t>> prompts, comps;
+      for (size_t k = b0; k < std::min(rows.size(), b0 + mb); ++k) {
+        prompts.push_back(im.tok->encode(group[rows[k]].teacher_prompt));
+        comps.push_back(group[rows[k]].token_ids);
+      }
+      std::vector<std::vector<float>> t;
+      try {
+        t = im.score(prompts, comps);
+      } catch (const std::exception& e) {
+        throw LearnerError(std::string("learner: teacher scoring failed: ") + e.what());
+      }
+      for (size_t k = b0; k < std::min(rows.size(), b0 + mb); ++k) {
+        const size_t i = rows[k];
+        const auto& tl = t[k - b0];
+        auto& a = sdpo_adv[i];
+        for (size_t j = 0; j < tl.size(); ++j) {
+          a.push_back(float(im.opt.sdpo_beta * (double(tl[j]) - double(group[i].logprobs[j]))));
+          out.teacher_logprob_sum[i] += tl[j];
+          out.student_logprob_sum[i] += group[i].logprobs[j];
+        }
+        out.teacher_tokens[i] = prompts[k - b0].size() + comps[k - b0].size();
+        any = true;
+      }
+    }
+    im.busy_s += mono_s() - t0;
+    if (!any) {
+      out.skipped = true;
+      return out;
+    }
+    per_token = true;
+  } else if (per_token) {
     for (auto& s : group)
       if (s.token_advantages.empty() && !s.token_ids.empty())
         throw LearnerError("learner: a group mixes per-token and per-sequence advantages");
@@ -156,10 +230,12 @@ GroupOutcome LoraLearner::add_group(const std::vector<LearnSample>& group) {
     std::vector<double> seq;
     for (size_t i = b0; i < std::min(group.size(), b0 + mb); ++i) {
       if (group[i].token_ids.empty()) continue;  // nothing generated: nothing to learn from
+      if (!sdpo_adv.empty() && sdpo_adv[i].empty()) continue;  // sdpo: no teacher for this one
       prompts.push_back(im.tok->encode(group[i].prompt));
       comps.push_back(group[i].token_ids);
       logps.push_back(group[i].logprobs);
-      if (per_token) advs.push_back(group[i].token_advantages);
+      if (!sdpo_adv.empty()) advs.push_back(sdpo_adv[i]);
+      else if (per_token) advs.push_back(group[i].token_advantages);
       else seq.push_back(out.advantages[i]);
     }
     if (prompts.empty()) continue;

@@ -39,9 +39,14 @@ struct LearnerOptions {
   std::string schedule = "constant";
   int64_t warmup_steps = 0, total_steps = 0;
   double temperature = 1.0;    // the sampler's temperature: logprobs are recomputed at it
-  double clip_low = 0.2, clip_high = 0.2, kl_coef = 0;
+  double clip_low = 0.2, clip_high = 0.2, kl_coef = 0, entropy_coef = 0;
   std::string aggregation = "token_mean";
   uint32_t minibatch_size = 8;  // sequences per forward/backward
+  // "grpo": group-relative advantages from the rewards; "sdpo": per-token advantages
+  // sdpo_beta * (teacher - student logprob), the teacher being the current policy given each
+  // sample's teacher_prompt (learner/sdpo.hpp).
+  std::string objective = "grpo";
+  double sdpo_beta = 1.0;
 };
 
 // One sample of a group as the learner needs it.
@@ -50,13 +55,19 @@ struct LearnSample {
   std::vector<int32_t> token_ids;    // completion tokens
   std::vector<float> logprobs;       // their logprobs under the sampling policy
   double reward = 0;
-  std::vector<float> token_advantages;  // optional, one per token (SDPO): used instead of the
-                                        // group advantage
+  std::vector<float> token_advantages;  // optional, one per token: used instead of the group
+                                        // advantage
+  std::string teacher_prompt;        // objective "sdpo": the teacher's prompt text ("": this
+                                     // sample carries no signal and is left out)
 };
 
 struct GroupOutcome {
   std::vector<double> advantages;  // per sample
-  bool skipped = false;            // all rewards equal: no gradient
+  bool skipped = false;            // all rewards equal (sdpo: no teacher prompt): no gradient
+  // sdpo, per sample (0 where left out): the teacher's and the student's summed logprobs of the
+  // sample's tokens, and the tokens the teacher read (its prompt and the sample's tokens).
+  std::vector<double> teacher_logprob_sum, student_logprob_sum;
+  std::vector<uint64_t> teacher_tokens;
 };
 
 struct UpdateStats {

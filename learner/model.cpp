@@ -307,7 +307,7 @@ torch::Tensor CausalLM::forward(const torch::Tensor& ids, const torch::Tensor& p
 }
 
 torch::Tensor CausalLM::sequence_logprobs(const torch::Tensor& ids_in, bool training, double temperature,
-                                          torch::Tensor* entropy) const {
+                                          torch::Tensor* entropy, bool entropy_grad) const {
   auto ids = ids_in.to(device_, torch::kInt64);
   const int64_t B = ids.size(0), L = ids.size(1);
   if (L < 2) throw std::invalid_argument("sequence_logprobs: sequences need at least 2 tokens");
@@ -315,7 +315,9 @@ torch::Tensor CausalLM::sequence_logprobs(const torch::Tensor& ids_in, bool trai
   auto logits = forward(ids, pos, torch::Tensor(), nullptr, 0, training).to(torch::kFloat32).narrow(1, 0, L - 1);
   if (temperature > 0 && temperature != 1.0) logits = logits / temperature;
   auto lsm = torch::log_softmax(logits, -1);
-  if (entropy) {
+  if (entropy && entropy_grad) {
+    *entropy = -(lsm.exp() * lsm).sum(-1);
+  } else if (entropy) {
     torch::NoGradGuard ng;
     *entropy = -(lsm.exp() * lsm).sum(-1);
   }

@@ -95,8 +95,9 @@ class CausalLM {
   // over right-padded `ids` [batch, L] (int64, any device); differentiable in the adapter.
   // With temperature T (> 0) the distribution is softmax(logits / T), as the sampler's logprobs;
   // `entropy`, when given, receives that distribution's entropy per position (no gradient).
+  // With `entropy_grad` the entropy is differentiable too (an entropy bonus in the loss).
   torch::Tensor sequence_logprobs(const torch::Tensor& ids, bool training, double temperature = 1.0,
-                                  torch::Tensor* entropy = nullptr) const;
+                                  torch::Tensor* entropy = nullptr, bool entropy_grad = false) const;
   // One decode step in a form a CUDA graph can capture: every shape fixed by the cache. `slot`
   // (int64 [1], on the device) is where the new key and value go; attention covers the whole
   // cache under `mask` (bool [batch, 1, 1, capacity]). Returns hidden states [batch, 1, hidden].

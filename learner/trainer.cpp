@@ -57,12 +57,12 @@ void LoraTrainer::accumulate(const TrainBatch& b) {
     model_.set_lora_enabled(true);
   }
   torch::Tensor ent;
-  auto lp = model_.sequence_logprobs(b.ids, /*training=*/true, o_.temperature, &ent);
+  auto lp = model_.sequence_logprobs(b.ids, /*training=*/true, o_.temperature, &ent, o_.loss.entropy_coef != 0);
   auto m = b.mask.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
   auto old = b.old_logp.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
   auto adv = b.advantages.to(dev, torch::kFloat32);
   if (adv.dim() == 2) adv = adv.narrow(1, 1, L - 1);
-  const LossTerms t = loss_terms(lp, old, adv, ref, o_.loss);
+  const LossTerms t = loss_terms(lp, old, adv, ref, o_.loss, ent);
   auto tok = t.per_token * m;
   torch::Tensor sum;
   if (o_.loss.aggregation == "token_mean") sum = tok.sum();
@@ -74,7 +74,7 @@ void LoraTrainer::accumulate(const TrainBatch& b) {
   auto pg_sum = o_.loss.aggregation == "token_mean" ? pg.sum() : (pg.sum(1) / m.sum(1).clamp_min(1)).sum();
   auto kl = t.k3.defined() ? (t.k3.detach() * m).sum() : torch::zeros({}, m.options());
   auto stats = torch::stack({sum.detach(), m.sum(), pg_sum, kl, ((t.clipped > t.unclipped).to(m.scalar_type()) * m).sum(),
-                             (t.ratio.detach() * m).sum(), (ent * m).sum()});
+                             (t.ratio.detach() * m).sum(), (ent.detach() * m).sum()});
   stats_ = stats_.defined() ? stats_ + stats : stats;
   sequences_ += double(B);
 }

@@ -275,3 +275,42 @@ TEST_CASE("the learner's keys and the train mode are checked", "[config][learner
   REQUIRE(e3.size() == 1);
   CHECK(e3[0].find("experiment.k: k is for mode = \"best_of_n\"") != std::string::npos);
 }
+
+TEST_CASE("sdpo mode, its [sdpo] table, the threshold reward and the entropy bonus are checked", "[config][learner]") {
+  Scratch s;
+  fs::create_directories(s.dir / "model");
+  const std::string model = "[tasks]\ndir = \"tasks\"\n[policy]\nmodel = \"model\"\n[sampler]\nbackend = \"libtorch\"\n";
+  auto ok = parse_config(model + "[experiment]\nmode = \"sdpo\"\npatience = 2\n[sdpo]\ncontext = \"prompt\"\nbeta = 0.5\n"
+                                 "[reward]\nshape = \"threshold\"\nthreshold = 1.2\n[learner]\nentropy_coef = 0.01\n",
+                         s.cfg());
+  REQUIRE(std::holds_alternative<Config>(ok));
+  auto& c = std::get<Config>(ok);
+  CHECK(c.sdpo.context == "prompt");
+  CHECK(c.sdpo.beta == 0.5);
+  CHECK(c.sdpo.demonstration);
+  CHECK(c.reward.threshold == 1.2);
+  CHECK(c.learner.entropy_coef == 0.01);
+  // The resolved config of an sdpo run keeps [sdpo]; another mode's leaves it out and re-reads cleanly.
+  CHECK(c.resolved_toml.find("[sdpo]") != std::string::npos);
+  auto plain = parse_config(model + "[experiment]\nmode = \"ttt\"\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(plain));
+  CHECK(std::get<Config>(plain).resolved_toml.find("[sdpo]") == std::string::npos);
+  CHECK(std::holds_alternative<Config>(parse_config(std::get<Config>(plain).resolved_toml, s.cfg())));
+
+  auto e = errors_of(model + "[experiment]\nmode = \"ttt\"\n[sdpo]\ncontext = \"teacher\"\n", s.cfg());
+  auto has = [&](const std::string& part) {
+    for (auto& x : e)
+      if (x.find(part) != std::string::npos) return true;
+    return false;
+  };
+  CHECK(has("experiment.mode: [sdpo] is set but mode is \"ttt\""));
+  CHECK(has("sdpo.context: expected one of feedback, prompt, got \"teacher\""));
+  e = errors_of(model + "[experiment]\nmode = \"sdpo\"\n[sdpo]\ncontext = \"prompt\"\ndemonstration = false\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(has("sdpo.demonstration: context = \"prompt\" without a demonstration"));
+  e = errors_of(base + "[experiment]\nmode = \"sdpo\"\n", s.cfg());
+  CHECK(has("experiment.mode: sdpo needs a model sampler"));
+  e = errors_of(base + "[reward]\nshape = \"sparse\"\n[learner]\nentropy_coef = -1\n", s.cfg());
+  CHECK(has("reward.shape: expected one of speedup, log_speedup, none, threshold"));
+  CHECK(has("learner.entropy_coef:"));
+}

@@ -84,6 +84,7 @@ LossOptions loss_options(const std::function<std::string(const std::string&, con
   o.clip_high = std::stod(get("--clip-high", "0.2"));
   o.aggregation = get("--agg", "token_mean");
   o.kl_coef = std::stod(get("--kl-coef", "0"));
+  o.entropy_coef = std::stod(get("--entropy-coef", "0"));
   return o;
 }
 

@@ -28,6 +28,19 @@ TEST_CASE("correct samples earn their clipped speedup plus the bonus", "[reward]
   CHECK(compute_reward(c, verdict(EvalStatus::ok, 2.0)) == Approx(std::log(2.0) + 0.25));
 }
 
+TEST_CASE("the threshold shape is the sparse fast_p reward: 1 above the threshold, else 0", "[reward]") {
+  RewardConfig c;
+  c.shape = "threshold";
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 1.01)) == 1.0);
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 1.0)) == 0.0);  // as fast as the reference: not faster
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 0.3)) == 0.0);
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 47.0)) == 1.0);
+  CHECK(compute_reward(c, verdict(EvalStatus::incorrect, 3.0)) == 0.0);
+  c.threshold = 1.2;
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 1.1)) == 0.0);
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 1.3)) == 1.0);
+}
+
 TEST_CASE("failures earn the configured constants, by kind", "[reward]") {
   RewardConfig c;
   c.incorrect_reward = -0.1;

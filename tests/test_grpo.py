@@ -38,13 +38,16 @@ def ref_advantages(rewards, estimator, eps=1e-4):
     return a.tolist(), False
 
 
-def ref_loss(logp, old, adv, mask, ref=None, clip_low=0.2, clip_high=0.2, agg="token_mean", kl_coef=0.0):
+def ref_loss(logp, old, adv, mask, ref=None, clip_low=0.2, clip_high=0.2, agg="token_mean", kl_coef=0.0,
+             entropy=None, entropy_coef=0.0):
     if adv.dim() == 1:
         adv = adv[:, None].expand_as(logp)
     ratio = (logp - old).exp()
     loss_tok = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high))
     if ref is not None and kl_coef:
         loss_tok = loss_tok + kl_coef * ((ref - logp).exp() - (ref - logp) - 1)
+    if entropy is not None and entropy_coef:
+        loss_tok = loss_tok - entropy_coef * entropy
     if agg == "token_mean":
         return (loss_tok * mask).sum() / mask.sum()
     return ((loss_tok * mask).sum(1) / mask.sum(1)).mean()
@@ -239,6 +242,9 @@ class TrainerTest(unittest.TestCase):
                  ("kl", ["--kl-coef", "0.1"], dict(kl=0.1)),
                  ("weight decay", ["--weight-decay", "0.05"], dict(wd=0.05)),
                  ("per-token advantages", [], dict(adv=tok_adv)),
+                 ("entropy bonus", ["--entropy-coef", "0.05"], dict(ent=0.05)),
+                 ("entropy bonus, seq_mean, T", ["--entropy-coef", "0.1", "--agg", "seq_mean", "--temperature", "0.8"],
+                  dict(ent=0.1, agg="seq_mean", T=0.8)),
                  ("everything, seq_mean", ["--temperature", "1.3", "--kl-coef", "0.2", "--weight-decay", "0.01",
                                            "--agg", "seq_mean", "--clip-low", "0.1", "--clip-high", "0.3"],
                   dict(T=1.3, kl=0.2, wd=0.01, agg="seq_mean", lo=0.1, hi=0.3))]
@@ -258,14 +264,16 @@ class TrainerTest(unittest.TestCase):
                         -1, self.ids[:, 1:, None])[..., 0]
             adv = c["adv"][:, 1:] if "adv" in c else self.adv
             m = self.mask[:, 1:]
+            entropy = -(lsm.exp() * lsm).sum(-1)  # differentiable: the bonus's gradient goes through it
             loss = ref_loss(lp, self.old[:, 1:], adv, m, ref=ref, clip_low=c.get("lo", 0.2),
-                            clip_high=c.get("hi", 0.2), agg=c.get("agg", "token_mean"), kl_coef=c.get("kl", 0.0))
+                            clip_high=c.get("hi", 0.2), agg=c.get("agg", "token_mean"), kl_coef=c.get("kl", 0.0),
+                            entropy=entropy, entropy_coef=c.get("ent", 0.0))
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             self.assertAlmostEqual(report[0]["loss"], loss.item(), delta=1e-5, msg=what)
             self.assertAlmostEqual(report[0]["grad_norm"], norm.item(), delta=1e-5 * max(1, norm.item()), msg=what)
-            entropy = -(lsm.exp() * lsm).sum(-1)
+            entropy = entropy.detach()
             self.assertAlmostEqual(report[0]["entropy"], ((entropy * m).sum() / m.sum()).item(), delta=1e-5, msg=what)
             if ref is not None:
                 k3 = ((ref - lp).exp() - (ref - lp) - 1)

@@ -34,7 +34,7 @@ TASKS = ["06_swish", "07_hardtanh_scale", "09_row_sum"]
 STEPS, BATCH, GROUP = 4, 2, 4
 
 
-def config(tmp, url, model, name, mode="train", steps=STEPS):
+def config(tmp, url, model, name, mode="train", steps=STEPS, extra=""):
     path = os.path.join(tmp, name + ".toml")
     with open(path, "w") as f:
         f.write("""
@@ -86,7 +86,7 @@ run_root = "%s"
 [monitor]
 progress = false
 """ % (os.path.join(ROOT, "tasks", "bundled"), json.dumps(TASKS), model, url, os.path.join(tmp, "adapters-" + name),
-       steps, BATCH, GROUP, mode, name, os.path.join(tmp, "runs")))
+       steps, BATCH, GROUP, mode, name, os.path.join(tmp, "runs")) + extra)
     return path
 
 
@@ -321,6 +321,97 @@ class TrainRunTest(unittest.TestCase):
         db.close()
         self.assertEqual(summary["boa"]["step"], best)
         self.assertTrue(os.path.exists(os.path.join(summary["boa"]["checkpoint"], "adapter_model.safetensors")))
+
+    def sdpo_run(self, name, context, steps):
+        run_dir = os.path.join(self.tmp, name)
+        extra = '[sdpo]\ncontext = "%s"\nbeta = 0.5\n' % context
+        p = subprocess.run([LAUNCH, config(self.tmp, self.url, self.model, name, mode="sdpo", steps=steps, extra=extra),
+                            "--run-dir", run_dir], capture_output=True, text=True, timeout=900)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        with open(os.path.join(run_dir, "teacher.jsonl")) as f:
+            log = [json.loads(line) for line in f]
+        export = {}
+        for line in subprocess.run([LAUNCH, "export", run_dir, "--jsonl"], capture_output=True, text=True,
+                                   check=True).stdout.splitlines():
+            x = json.loads(line)
+            export[x["sample_id"]] = x
+        return run_dir, log, export
+
+    def expected_demo(self, export, sample_id):
+        # The fastest correct sample of the same group other than this one (the earliest on a tie).
+        me = export[sample_id]
+        group = sorted((x for x in export.values() if x["group_id"] == me["group_id"]), key=lambda x: x["sample_index"])
+        best = None
+        for x in group:
+            if x["sample_id"] != sample_id and x["status"] == "ok" and (best is None or x["speedup"] > best["speedup"]):
+                best = x
+        return best
+
+    def test_sdpo_teacher_sees_feedback_and_a_demonstration_and_its_logprobs_equal_peft(self):
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        run_dir, log, export = self.sdpo_run("sdpo", "feedback", 2)
+        self.assertEqual(len(log), 2 * len(TASKS) * GROUP)  # every sample of every step
+        self.assertEqual(sorted(x["sample_id"] for x in log), sorted(export))
+        tok = AutoTokenizer.from_pretrained(self.model)
+        models = {}
+        demos = sum(self.expected_demo(export, x["sample_id"]) is not None for x in log)
+        self.assertTrue(0 < demos < len(log), "the run must have samples with and without a demonstration")
+        for x in log:
+            s = export[x["sample_id"]]
+            tp = x["teacher_prompt"]
+            # The student's prompt is a prefix of the teacher's, and the feedback is this sample's own.
+            self.assertTrue(tp.startswith(s["prompt"].rstrip("\n")), x["sample_id"])
+            self.assertIn("Execution feedback on your previous attempt", tp)
+            self.assertIn("- status: %s\n" % s["status"], tp)
+            demo = self.expected_demo(export, x["sample_id"])
+            if demo is None:
+                self.assertNotIn("A correct answer to this task", tp)
+            else:
+                self.assertIn("<answer>\n%s\n</answer>" % demo["completion"].strip(), tp)
+            self.assertAlmostEqual(x["student_logprob_sum"], float(np.sum(s["logprobs"])), delta=1e-3)
+            ids = tok(tp, add_special_tokens=False)["input_ids"]
+            self.assertEqual(x["teacher_tokens"], len(ids) + len(s["token_ids"]))
+            # The teacher is the policy that sampled (on-policy): its logprobs of the sample's tokens
+            # after the teacher's prompt, by transformers + PEFT.
+            v = x["policy_version"]
+            if v not in models:
+                base = AutoModelForCausalLM.from_pretrained(self.model, dtype=torch.float32)
+                models[v] = PeftModel.from_pretrained(base, os.path.join(run_dir, "checkpoints", "step-%d" % v)).eval()
+            with torch.no_grad():
+                lp = torch.log_softmax(models[v](input_ids=torch.tensor([ids + s["token_ids"]])).logits[0, :-1], -1)
+            ref = lp[len(ids) - 1:].gather(-1, torch.tensor(s["token_ids"])[:, None]).sum().item()
+            self.assertAlmostEqual(x["teacher_logprob_sum"], ref, delta=1e-3, msg=x["sample_id"])
+            self.assertAlmostEqual(x["advantage_mean"], 0.5 * (ref - x["student_logprob_sum"]) / len(s["token_ids"]),
+                                   delta=1e-4)
+        steps, _ = steps_of(run_dir)
+        self.assertEqual(len(steps), 2)
+        for st in steps:
+            self.assertAlmostEqual(st["learner"]["ratio_mean"], 1.0, delta=1e-4)
+            self.assertEqual(st["learner"]["teacher_samples"], len(TASKS) * GROUP)
+        with open(os.path.join(run_dir, "compute.json")) as f:
+            compute = json.load(f)
+        self.assertEqual(compute["teacher_tokens"], sum(x["teacher_tokens"] for x in log))
+        self.assertEqual(compute["settings"]["sdpo_context"], "feedback")
+        # The teacher's extra context moved the adapter: SDPO learned something.
+        a0, a2 = adapter(run_dir, 0), adapter(run_dir, 2)
+        self.assertGreater(max((a2[k] - a0[k]).abs().max().item() for k in a0), 1e-4)
+
+    def test_sdpo_prompt_variant_shows_only_a_demonstration(self):
+        run_dir, log, export = self.sdpo_run("sdpo-prompt", "prompt", 1)
+        self.assertEqual(len(log), len(TASKS) * GROUP)
+        self.assertTrue(0 < sum(x["teacher_tokens"] > 0 for x in log) < len(log), "both kinds of sample expected")
+        for x in log:
+            demo = self.expected_demo(export, x["sample_id"])
+            if demo is None:  # nothing the student did not see: no teacher, no signal
+                self.assertEqual(x["teacher_prompt"], "")
+                self.assertEqual(x["teacher_tokens"], 0)
+            else:
+                self.assertIn("<answer>\n%s\n</answer>" % demo["completion"].strip(), x["teacher_prompt"])
+                self.assertNotIn("Execution feedback", x["teacher_prompt"])
+                self.assertGreater(x["teacher_tokens"], 0)
+        with open(os.path.join(run_dir, "compute.json")) as f:
+            self.assertEqual(json.load(f)["teacher_tokens"], sum(x["teacher_tokens"] for x in log))
 
     def test_a_run_killed_between_steps_resumes_to_the_same_adapter(self):
         run_dir = os.path.join(self.tmp, "killed")
