@@ -199,7 +199,9 @@ nlohmann::json analyze(const std::vector<AnalysisSample>& samples, const Analysi
   Counts all;
   std::map<uint32_t, Counts> by_step;
   std::map<std::string, Counts> by_task;
+  std::map<std::pair<uint32_t, std::string>, Counts> by_step_task;
   for (auto& s : samples) {
+    add(by_step_task[{s.step, s.task_id}], s, o.p);
     add(all, s, o.p);
     add(by_step[s.step], s, o.p);
     add(by_task[s.task_id], s, o.p);
@@ -224,6 +226,14 @@ nlohmann::json analyze(const std::vector<AnalysisSample>& samples, const Analysi
     tasks.push_back(j);
   }
   out["per_task"] = tasks;
+  nlohmann::json step_tasks = nlohmann::json::array();  // TTT trajectories: each task's figures per step
+  for (auto& [key, c] : by_step_task) {
+    auto j = summary(c, o.p);
+    j["step"] = key.first;
+    j["task_id"] = key.second;
+    step_tasks.push_back(j);
+  }
+  out["per_step_task"] = step_tasks;
 
   // pass@k and fast_1@k over tasks (the "1.0" threshold, or the first one given).
   std::vector<std::pair<uint64_t, uint64_t>> pass, fast;

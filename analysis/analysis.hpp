@@ -66,7 +66,8 @@ std::map<std::string, Selection> select_group(const std::vector<AnalysisSample>&
 // reaches it. At or below the first point: the first point's k.
 double equivalent_k(const std::vector<std::pair<double, double>>& curve, double target);
 
-// Everything above as one JSON object. `learner` maps a step to its learner figures (loss, ...)
+// Everything above as one JSON object: the run's summary, "steps", "per_task", "per_step_task"
+// (each task's figures per step: TTT trajectories), "at_k", "logprob_vs_speedup", "selection". `learner` maps a step to its learner figures (loss, ...)
 // and is merged into "steps".
 nlohmann::json analyze(const std::vector<AnalysisSample>& samples, const AnalysisOptions& o,
                        const std::map<uint32_t, std::map<std::string, double>>& learner = {});

@@ -6,6 +6,7 @@
 #include "actors/evaluator.hpp"
 #include "actors/checkpoint_selector.hpp"
 #include "analysis/analysis.hpp"
+#include "analysis/report.hpp"
 #include "actors/gate.hpp"
 #include "actors/learner.hpp"
 #include "actors/monitor.hpp"
@@ -141,14 +142,12 @@ std::vector<AnalysisSample> analysis_samples(Store& store) {
 }
 }  // namespace
 
-int cmd_analyze(const AnalyzeOptions& o) {
-  int rc = 0;
-  auto store = open_run_store("analyze", o.run_dir, rc);
-  if (!store) return rc;
-  auto samples = analysis_samples(*store);
+namespace {
+// analyze() over the run's store, with the learner's per-step figures.
+nlohmann::json run_analysis(Store& store, const AnalyzeOptions& o, const std::vector<AnalysisSample>& samples) {
   std::map<uint32_t, std::map<std::string, double>> learner;
-  for (auto& run : store->runs())
-    for (auto& row : store->steps(run))
+  for (auto& run : store.runs())
+    for (auto& row : store.steps(run))
       if (!row.learner.empty()) learner[row.stats.step] = row.learner;
   AnalysisOptions ao;
   ao.p = o.p;
@@ -156,7 +155,49 @@ int cmd_analyze(const AnalyzeOptions& o) {
   ao.bootstrap = o.bootstrap;
   ao.seed = o.seed;
   ao.m = o.m;
-  auto j = analyze(samples, ao, learner);
+  return analyze(samples, ao, learner);
+}
+}  // namespace
+
+int cmd_report(const AnalyzeOptions& o) {
+  int rc = 0;
+  auto store = open_run_store("report", o.run_dir, rc);
+  if (!store) return rc;
+  ReportInputs in;
+  in.samples = analysis_samples(*store);
+  in.analysis = run_analysis(*store, o, in.samples);
+  fs::path dir = fs::is_directory(o.run_dir) ? fs::path(o.run_dir) : fs::path(o.run_dir).parent_path();
+  in.title = fs::absolute(dir).lexically_normal().string();
+  auto runs = store->runs();
+  if (!runs.empty()) {
+    auto s = store->summary(runs.back());
+    if (!s.empty()) in.summary = nlohmann::json::parse(s, nullptr, false);
+  }
+  std::ifstream cj(dir / "compute.json");
+  if (cj) in.compute = nlohmann::json::parse(cj, nullptr, false);
+  if (in.compute.is_discarded()) in.compute = nullptr;
+  if (in.summary.is_discarded()) in.summary = nullptr;
+  std::string out = o.out.empty() ? (dir / "report.html").string() : o.out;
+  std::ofstream f(out);
+  f << render_report(in);
+  f.close();
+  if (!f) {
+    std::fprintf(stderr, "launch report: cannot write %s\n", out.c_str());
+    return 1;
+  }
+  std::printf("%s\n", fs::absolute(out).lexically_normal().string().c_str());
+  return 0;
+}
+
+int cmd_analyze(const AnalyzeOptions& o) {
+  int rc = 0;
+  auto store = open_run_store("analyze", o.run_dir, rc);
+  if (!store) return rc;
+  auto samples = analysis_samples(*store);
+  bool learner = false;
+  for (auto& run : store->runs())
+    for (auto& row : store->steps(run)) learner = learner || !row.learner.empty();
+  auto j = run_analysis(*store, o, samples);
   j["run_dir"] = fs::absolute(o.run_dir).lexically_normal().string();
   if (o.json) {
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -178,7 +219,7 @@ int cmd_analyze(const AnalyzeOptions& o) {
               j["run_dir"].get<std::string>().c_str(), (unsigned long long)j["samples"].get<uint64_t>(),
               (unsigned long long)j["tasks"].get<uint64_t>(), j["correct_rate"].get<double>(), fast_line.c_str(),
               f(j["mean_speedup"], "{:.2f}x").c_str(), f(j["geomean_speedup"], "{:.2f}x").c_str());
-  if (j["steps"].size() > 1 || !learner.empty()) {
+  if (j["steps"].size() > 1 || learner) {
     std::printf("\n%5s %8s %8s%s %11s %10s\n", "step", "samples", "correct", fast_cols.c_str(), "mean reward", "loss");
     for (auto& st : j["steps"]) {
       std::string loss = st.contains("learner") && st["learner"].contains("loss") ? f(st["learner"]["loss"], "{:.4f}") : "-";

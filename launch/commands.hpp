@@ -77,8 +77,11 @@ struct AnalyzeOptions {
   uint32_t bootstrap = 1000;
   uint64_t seed = 0;
   uint32_t m = 4;                   // selection strategies' top-m
+  std::string out;                  // report: the HTML file ("": RUN_DIR/report.html)
 };
 int cmd_analyze(const AnalyzeOptions& o);
+// launch report RUN_DIR [--out FILE]: the analysis as an offline HTML page with plots (analysis/report.hpp).
+int cmd_report(const AnalyzeOptions& o);
 
 // launch compare RUN_DIR RUN_DIR ...: runs side by side, refused unless their budgets match.
 struct CompareOptions {

@@ -22,6 +22,8 @@ const char* usage =
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
     "  launch analyze RUN_DIR [--json] [--p 1.0,1.2] [--k 1,2,4] [--bootstrap N] [--seed S] [--m M]\n"
     "                                                      fast_p, pass@k / fast_1@k with CIs, per step and task\n"
+    "  launch report RUN_DIR [--out FILE] [--p ..] [--k ..] [--bootstrap N] [--seed S] [--m M]\n"
+    "                                                      RUN_DIR/report.html: the analysis with plots, offline\n"
     "  launch probe RUN_DIR [--samples N] [--device D] [--dtype T] [--json]\n"
     "                                                      NLL of fixed samples under every checkpoint of a run\n"
     "  launch compare RUN_DIR RUN_DIR ... [--allow-mismatch] [--json]\n"
@@ -69,13 +71,13 @@ int main(int argc, char** argv) {
     if (args.size() != 2) return bad("check takes exactly one CONFIG");
     return kernelrl::cmd_check(args[1]);
   }
-  if (cmd == "analyze") {
+  if (cmd == "analyze" || cmd == "report") {
     kernelrl::AnalyzeOptions o;
     for (size_t i = 1; i < args.size(); ++i) {
       const std::string& a = args[i];
-      if (a == "--json") o.json = true;
+      if (a == "--json" && cmd == "analyze") o.json = true;
       else if (a.rfind("--", 0) != 0 && o.run_dir.empty()) o.run_dir = a;
-      else if (i + 1 >= args.size()) return bad("analyze: " + a + (a.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
+      else if (i + 1 >= args.size()) return bad(cmd + ": " + a + (a.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
       else {
         const std::string& v = args[++i];
         try {
@@ -105,6 +107,8 @@ int main(int argc, char** argv) {
             long n = std::stol(v, &used);
             if (used != v.size() || n < 0 || n > 1000000) throw std::invalid_argument(v);
             o.bootstrap = uint32_t(n);
+          } else if (a == "--out" && cmd == "report") {
+            o.out = v;
           } else if (a == "--seed") {
             o.seed = std::stoull(v);
           } else if (a == "--m") {
@@ -113,15 +117,16 @@ int main(int argc, char** argv) {
             if (used != v.size() || n < 1 || n > 1000000) throw std::invalid_argument(v);
             o.m = uint32_t(n);
           } else {
-            return bad("analyze: unknown argument \"" + a + "\"");
+            return bad(cmd + ": unknown argument \"" + a + "\"");
           }
         } catch (const std::exception&) {
-          return bad("analyze: " + a + ": expected " + (a == "--p" ? "numbers like 1.0,1.2" : "counts like 1,2,4") +
+          return bad(cmd + ": " + a + ": expected " + (a == "--p" ? "numbers like 1.0,1.2" : "counts like 1,2,4") +
                      ", got \"" + v + "\"");
         }
       }
     }
-    if (o.run_dir.empty()) return bad("analyze: RUN_DIR is required");
+    if (o.run_dir.empty()) return bad(cmd + ": RUN_DIR is required");
+    if (cmd == "report") return kernelrl::cmd_report(o);
     return kernelrl::cmd_analyze(o);
   }
   if (cmd == "probe") {

@@ -6,6 +6,7 @@ the logprob statistics have data. The reference below is written from the defini
 fast_1@k as 1 - C(n - c, k) / C(n, k) with exact binomials, Spearman's rho as Pearson's on average
 ranks, the partial rho from the three pairwise rank correlations, quartiles by sorting.
 """
+import html.parser
 import json
 import math
 import os
@@ -40,6 +41,43 @@ def rankdata(x):
 
 def rho(x, y):
     return float(np.corrcoef(rankdata(x), rankdata(y))[0, 1])
+
+
+class Plotted(html.parser.HTMLParser):
+    """The report's plotted marks (elements with data-series), its tags, and every URL-bearing attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.marks, self.tags, self.urls, self.h2 = [], [], [], []
+        self._in_h2 = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append(tag)
+        self._in_h2 = tag == "h2"
+        for k in ("src", "href", "xlink:href"):
+            if k in a:
+                self.urls.append(a[k])
+        if "data-series" in a:
+            self.marks.append(a)
+
+    def handle_data(self, data):
+        if self._in_h2:
+            self.h2.append(data.strip())
+            self._in_h2 = False
+
+
+def report_marks(run_dir, *args):
+    """Runs `launch report` and returns (path printed, parsed page, raw text)."""
+    p = subprocess.run([LAUNCH, "report", run_dir] + list(args), capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise AssertionError(p.stderr)
+    path = p.stdout.strip()
+    with open(path) as f:
+        text = f.read()
+    page = Plotted()
+    page.feed(text)
+    return path, page, text
 
 
 class AnalyzeTest(unittest.TestCase):
@@ -268,6 +306,52 @@ progress = false
             self.assertAlmostEqual(j["runs"][1]["equivalent_k"], crossing(target), places=9)
             self.assertAlmostEqual(j["runs"][0]["equivalent_k"], crossing(j["runs"][0]["score"]), places=9)
         db.close()
+
+    def test_report_plots_what_analyze_computes_and_opens_offline(self):
+        path, page, text = report_marks(self.run_dir, "--m", "2")
+        self.assertEqual(path, os.path.join(os.path.realpath(self.run_dir), "report.html"))
+        # Offline: no scripts, no external resources (the only URL is the SVG namespace).
+        self.assertNotIn("script", page.tags)
+        self.assertEqual(page.urls, [])
+        self.assertEqual(set(u for u in __import__("re").findall(r"https?://[^\s\"']+", text)),
+                         {"http://www.w3.org/2000/svg"})
+        for section in ["Summary", "Compute (the budget)", "Scaling curve", "Selection strategies", "Per-task scatter",
+                        "Tasks"]:
+            self.assertIn(section, page.h2)
+        a = self.analyze("--m", "2")
+
+        def series(name):
+            return [m for m in page.marks if m["data-series"] == name]
+
+        # The scaling curve: every k's pass@k and fast_1@k, with their intervals.
+        for name, key in [("pass@k", "pass"), ("fast_1@k", "fast_1")]:
+            pts = series(name)
+            self.assertEqual([int(float(m["data-x"])) for m in pts], [p["k"] for p in a["at_k"]])
+            for m, p in zip(pts, a["at_k"]):
+                self.assertAlmostEqual(float(m["data-y"]), p[key], places=12)
+                self.assertAlmostEqual(float(m["data-lo"]), p[key + "_ci"][0], places=12)
+                self.assertAlmostEqual(float(m["data-hi"]), p[key + "_ci"][1], places=12)
+        # The selection strategies' bars.
+        bars = {m["data-x"]: float(m["data-y"]) for m in series("selection fast_1")}
+        self.assertEqual(set(bars), set(a["selection"]["strategies"]))
+        for k, v in bars.items():
+            self.assertAlmostEqual(v, a["selection"]["strategies"][k]["fast_1"], places=12)
+        # The scatter: every correct sample with tokens, at (surprisal, speedup), in its task's series.
+        correct = sorted((s["task_id"], -s["logprob_mean"], s["speedup"]) for s in self.samples
+                         if s["status"] == "ok" and s["num_tokens"] > 0)
+        drawn = sorted((m["data-series"], float(m["data-x"]), float(m["data-y"])) for m in page.marks
+                       if m["data-chart"] == "per-task scatter")
+        self.assertEqual(len(drawn), len(correct))
+        for d, c in zip(drawn, correct):
+            self.assertEqual(d[0], c[0])
+            self.assertAlmostEqual(d[1], c[1], places=9)
+            self.assertAlmostEqual(d[2], c[2], places=9)
+        # --out writes elsewhere; a missing run is an error.
+        other = os.path.join(self.tmp, "r.html")
+        self.assertEqual(report_marks(self.run_dir, "--out", other)[0], other)
+        p = subprocess.run([LAUNCH, "report", os.path.join(self.tmp, "nothing")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("no run store here", p.stderr)
 
     def test_text_output_and_bad_arguments(self):
         p = subprocess.run([LAUNCH, "analyze", self.run_dir], capture_output=True, text=True, timeout=120)

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_analysis import report_marks  # noqa: E402
 from test_policy import train_tokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -321,6 +322,26 @@ class TrainRunTest(unittest.TestCase):
         db.close()
         self.assertEqual(summary["boa"]["step"], best)
         self.assertTrue(os.path.exists(os.path.join(summary["boa"]["checkpoint"], "adapter_model.safetensors")))
+        # The report draws the training curve and each task's trajectory from the stored samples.
+        _, page, text = report_marks(run_dir)
+        self.assertIn("Per-task trajectories", page.h2)
+        self.assertIn("best of adaptation", text)
+        curve = [(float(m["data-x"]), float(m["data-y"])) for m in page.marks if m["data-chart"] == "training curves" and m["data-series"] == "fast_1"]
+        self.assertEqual(curve, [(float(s["step"]), s["fast_1"]) for s in steps])
+        db = sqlite3.connect(os.path.join(run_dir, "store.sqlite"))
+        rows = db.execute("SELECT task_id, step, status, speedup FROM samples").fetchall()
+        db.close()
+        for task in TASKS:
+            drawn = [(float(m["data-x"]), float(m["data-y"])) for m in page.marks
+                     if m["data-chart"] == "trajectories" and m["data-series"] == task]
+            want = []
+            for step in range(3):
+                mine = [r for r in rows if r[0] == task and r[1] == step]
+                want.append((float(step), sum(r[2] == "ok" and r[3] > 1.0 for r in mine) / len(mine)))
+            self.assertEqual(len(drawn), 3, task)
+            for d, w in zip(drawn, want):
+                self.assertAlmostEqual(d[1], w[1], places=12)
+                self.assertEqual(d[0], w[0])
 
     def sdpo_run(self, name, context, steps):
         run_dir = os.path.join(self.tmp, name)

@@ -1,0 +1,383 @@
+#include "analysis/report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+namespace kernelrl {
+
+namespace {
+
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+const char* const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                               "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+const char* color(size_t i) { return palette[i % (sizeof(palette) / sizeof(palette[0]))]; }
+
+double value(const nlohmann::json& j, const std::string& key) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return std::numeric_limits<double>::quiet_NaN();
+  return j[key].get<double>();
+}
+
+std::string fmt_num(double v, const char* spec = "{:.3f}") {
+  return std::isfinite(v) ? fmt::format(fmt::runtime(spec), v) : std::string("-");
+}
+
+struct Series {
+  std::string name;
+  std::vector<double> x, y;
+  std::vector<double> lo, hi;  // optional band, one per point
+  bool line = true;            // join the points
+};
+
+struct Chart {
+  std::string title, xlabel, ylabel;
+  bool log2x = false, log2y = false;
+  double ymin = std::numeric_limits<double>::quiet_NaN(), ymax = std::numeric_limits<double>::quiet_NaN();
+  std::vector<Series> series;
+};
+
+// Round tick step for a range: 1, 2 or 5 times a power of ten.
+double tick_step(double range, int want) {
+  double raw = range / std::max(1, want);
+  double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (m * p >= raw) return m * p;
+  return 10 * p;
+}
+
+std::string svg_chart(const Chart& c) {
+  const double W = 680, H = 320, L = 64, R = 170, T = 16, B = 48;
+  const double pw = W - L - R, ph = H - T - B;
+  auto tx = [&](double x) { return c.log2x ? std::log2(x) : x; };
+  auto ty = [&](double y) { return c.log2y ? std::log2(y) : y; };
+  auto usable = [&](const Series& s, size_t i) {
+    return std::isfinite(s.x[i]) && std::isfinite(s.y[i]) && !(c.log2x && s.x[i] <= 0) && !(c.log2y && s.y[i] <= 0);
+  };
+  double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+  for (auto& s : c.series)
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      if (!usable(s, i)) continue;
+      x0 = std::min(x0, tx(s.x[i]));
+      x1 = std::max(x1, tx(s.x[i]));
+      y0 = std::min(y0, ty(s.y[i]));
+      y1 = std::max(y1, ty(s.y[i]));
+      if (i < s.lo.size() && std::isfinite(s.lo[i])) y0 = std::min(y0, s.lo[i]);
+      if (i < s.hi.size() && std::isfinite(s.hi[i])) y1 = std::max(y1, s.hi[i]);
+    }
+  std::string o = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
+                              "role=\"img\" aria-label=\"{}\">\n", W, H, W, H, esc(c.title));
+  if (!std::isfinite(x0)) {
+    o += fmt::format("<text x=\"{}\" y=\"{}\" class=\"empty\">no data</text>\n</svg>\n", L + 10, T + ph / 2);
+    return o;
+  }
+  if (std::isfinite(c.ymin)) y0 = std::min(y0, ty(c.ymin));
+  if (std::isfinite(c.ymax)) y1 = std::max(y1, ty(c.ymax));
+  if (x1 - x0 < 1e-12) { x0 -= 1; x1 += 1; }
+  if (y1 - y0 < 1e-12) { y0 -= 0.5; y1 += 0.5; }
+  if (!c.series.empty() && !c.series.front().line) {  // scatter: keep edge points off the frame
+    const double xp = (x1 - x0) * 0.03;
+    x0 -= xp;
+    x1 += xp;
+  }
+  const double pad = (y1 - y0) * 0.05;
+  y1 += pad;
+  if (!std::isfinite(c.ymin)) y0 -= pad;
+  auto px = [&](double x) { return L + (tx(x) - x0) / (x1 - x0) * pw; };
+  auto py_t = [&](double v) { return T + ph - (v - y0) / (y1 - y0) * ph; };  // v already on the axis' scale
+  auto py = [&](double y) { return py_t(ty(y)); };
+  // Axes and ticks (colours inline: the SVG reads the same inside the page and cut out of it).
+  o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#ffffff\" stroke=\"#bbbbbb\"/>\n", L, T,
+                   pw, ph);
+  const double ys = c.log2y ? 1.0 : tick_step(y1 - y0, 5);
+  for (double v = std::ceil(y0 / ys) * ys; v <= y1 + 1e-12; v += ys) {
+    double label = c.log2y ? std::exp2(v) : (std::abs(v) < 1e-12 ? 0.0 : v);
+    o += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eeeeee\"/>"
+                     "<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"end\">{}</text>\n",
+                     L, L + pw, py_t(v), py_t(v), L - 6, py_t(v) + 4, esc(fmt::format("{:g}", label)));
+  }
+  if (c.log2x) {
+    for (double e = std::ceil(x0); e <= x1 + 1e-12; e += 1)
+      o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"middle\">{:g}</text>\n",
+                       L + (e - x0) / (x1 - x0) * pw, T + ph + 16, std::exp2(e));
+  } else {
+    const double xs = std::max(tick_step(x1 - x0, 6), 1e-12);
+    for (double x = std::ceil(x0 / xs) * xs; x <= x1 + 1e-12; x += xs)
+      o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"middle\">{:g}</text>\n", px(x),
+                       T + ph + 16, std::abs(x) < 1e-12 ? 0.0 : x);
+  }
+  o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"label\" text-anchor=\"middle\">{}</text>\n", L + pw / 2,
+                   H - 10, esc(c.xlabel));
+  o += fmt::format("<text transform=\"translate(14 {:.1f}) rotate(-90)\" class=\"label\" text-anchor=\"middle\">{}</text>\n",
+                   T + ph / 2, esc(c.ylabel));
+  for (size_t si = 0; si < c.series.size(); ++si) {
+    const auto& s = c.series[si];
+    const char* col = color(si);
+    std::vector<size_t> ok;
+    for (size_t i = 0; i < s.x.size(); ++i)
+      if (usable(s, i)) ok.push_back(i);
+    // The interval band, then the line, then the points.
+    if (!s.lo.empty() && ok.size() > 1) {
+      std::string pts;
+      for (size_t i : ok) pts += fmt::format("{:.1f},{:.1f} ", px(s.x[i]), py(std::isfinite(s.hi[i]) ? s.hi[i] : s.y[i]));
+      for (auto it = ok.rbegin(); it != ok.rend(); ++it)
+        pts += fmt::format("{:.1f},{:.1f} ", px(s.x[*it]), py(std::isfinite(s.lo[*it]) ? s.lo[*it] : s.y[*it]));
+      o += fmt::format("<polygon points=\"{}\" fill=\"{}\" fill-opacity=\"0.15\" stroke=\"none\" data-band=\"{}\"/>\n", pts,
+                       col, esc(s.name));
+    }
+    if (s.line && ok.size() > 1) {
+      std::string pts;
+      for (size_t i : ok) pts += fmt::format("{:.1f},{:.1f} ", px(s.x[i]), py(s.y[i]));
+      o += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\"/>\n", pts, col);
+    }
+    for (size_t i : ok) {
+      std::string band = i < s.lo.size() ? fmt::format(" data-lo=\"{:.17g}\" data-hi=\"{:.17g}\"", s.lo[i], s.hi[i]) : "";
+      o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\" data-chart=\"{}\" data-series=\"{}\" "
+                       "data-x=\"{:.17g}\" data-y=\"{:.17g}\"{}><title>{}: {:g}, {:.4g}</title></circle>\n",
+                       px(s.x[i]), py(s.y[i]), s.line ? 3 : 2.5, col, esc(c.title), esc(s.name), s.x[i], s.y[i], band,
+                       esc(s.name),
+                       s.x[i], s.y[i]);
+    }
+    // Legend on the right.
+    const double ly = T + 10 + 16 * double(si);
+    o += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"10\" height=\"10\" fill=\"{}\"/>"
+                     "<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"legend\">{}</text>\n",
+                     L + pw + 12, ly - 9, col, L + pw + 27, ly, esc(s.name.size() > 24 ? s.name.substr(0, 23) + "…" : s.name));
+  }
+  o += "</svg>\n";
+  return o;
+}
+
+// Horizontal bars, one per (name, value), with a note after each.
+std::string svg_bars(const std::string& series, const std::vector<std::tuple<std::string, double, std::string>>& bars,
+                     const std::string& xlabel) {
+  const double W = 760, row = 24, L = 150, R = 330, T = 10;
+  const double H = T + row * double(bars.size()) + 36, pw = W - L - R;
+  double hi = 0;
+  for (auto& [n, v, note] : bars)
+    if (std::isfinite(v)) hi = std::max(hi, v);
+  if (hi <= 0) hi = 1;
+  std::string o = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
+                              "role=\"img\" aria-label=\"{}\">\n", W, H, W, H, esc(xlabel));
+  for (size_t i = 0; i < bars.size(); ++i) {
+    auto& [name, v, note] = bars[i];
+    const double y = T + row * double(i);
+    const double w = std::isfinite(v) ? v / hi * pw : 0;
+    o += fmt::format("<text x=\"{}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"end\">{}</text>\n", L - 8, y + 15, esc(name));
+    o += fmt::format("<rect x=\"{}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\" data-chart=\"selection\" data-series=\"{}\" "
+                     "data-x=\"{}\" data-y=\"{:.17g}\"><title>{}: {:.4g}</title></rect>\n",
+                     L, y + 3, w, row - 7, color(i), esc(series), esc(name), v, esc(name), v);
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"tick\">{} {}</text>\n", L + w + 6, y + 15, fmt_num(v),
+                     esc(note));
+  }
+  o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"label\" text-anchor=\"middle\">{}</text>\n", L + pw / 2, H - 8,
+                   esc(xlabel));
+  o += "</svg>\n";
+  return o;
+}
+
+std::string table(const std::vector<std::string>& head, const std::vector<std::vector<std::string>>& rows) {
+  std::string o = "<table><tr>";
+  for (auto& h : head) o += "<th>" + esc(h) + "</th>";
+  o += "</tr>\n";
+  for (auto& r : rows) {
+    o += "<tr>";
+    for (auto& x : r) o += "<td>" + esc(x) + "</td>";
+    o += "</tr>\n";
+  }
+  return o + "</table>\n";
+}
+
+const char* const style = R"(body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:920px;color:#222}
+h1{font-size:20px;word-break:break-all}h2{font-size:17px;margin-top:32px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}p.note{color:#555;max-width:760px}
+svg text{font:11px system-ui,sans-serif;fill:#333}
+svg .label{font-size:12px}svg .legend{font-size:11px}svg .empty{fill:#999}
+)";
+
+}  // namespace
+
+std::string render_report(const ReportInputs& in) {
+  const auto& a = in.analysis;
+  const std::string fk = "fast_1";
+  std::string h = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kernelrl report: " +
+                  esc(in.title) + "</title>\n<style>" + style + "</style></head><body>\n";
+  h += "<h1>kernelrl report: " + esc(in.title) + "</h1>\n";
+  // Summary figures.
+  std::string mode = in.summary.is_object() && in.summary.contains("mode") ? in.summary["mode"].get<std::string>() : "";
+  std::vector<std::vector<std::string>> rows = {
+      {"mode", mode.empty() ? "-" : mode},
+      {"samples", a.contains("samples") ? std::to_string(a["samples"].get<uint64_t>()) : "-"},
+      {"tasks", a.contains("tasks") ? std::to_string(a["tasks"].get<uint64_t>()) : "-"},
+      {"correct rate", fmt_num(value(a, "correct_rate"))}};
+  if (a.contains("thresholds"))
+    for (auto& p : a["thresholds"]) {
+      std::string k = fmt::format("fast_{:g}", p.get<double>());
+      rows.push_back({k, fmt_num(value(a, k))});
+    }
+  rows.push_back({"mean speedup (correct)", fmt_num(value(a, "mean_speedup"), "{:.3f}x")});
+  rows.push_back({"geomean speedup (correct)", fmt_num(value(a, "geomean_speedup"), "{:.3f}x")});
+  if (in.summary.is_object() && in.summary.contains("boa"))
+    rows.push_back({"best of adaptation", fmt::format("step {} (fast_1 {:.3f}){}", in.summary["boa"]["step"].get<uint32_t>(),
+                                                      in.summary["boa"]["fast_1"].get<double>(),
+                                                      in.summary.value("stopped_early", false) ? ", stopped early" : "")});
+  h += "<h2>Summary</h2>\n" + table({"figure", "value"}, rows);
+  if (in.compute.is_object()) {
+    std::vector<std::vector<std::string>> cr;
+    for (auto k : {"rollouts", "student_tokens", "teacher_tokens"})
+      if (in.compute.contains(k)) cr.push_back({k, fmt::format("{}", in.compute[k].dump())});
+    for (auto k : {"eval_seconds", "eval_device_seconds", "compile_seconds", "learner_seconds"})
+      if (in.compute.contains(k)) cr.push_back({k, fmt_num(in.compute[k].get<double>(), "{:.1f}")});
+    if (in.compute.contains("settings"))
+      for (auto& [k, v] : in.compute["settings"].items()) cr.push_back({"settings." + k, v.is_string() ? v.get<std::string>() : v.dump()});
+    h += "<h2>Compute (the budget)</h2>\n" + table({"figure", "value"}, cr);
+  }
+
+  // Training curves.
+  const auto& steps = a.value("steps", nlohmann::json::array());
+  if (steps.size() > 1) {
+    Chart c{"training curves", "step", "rate / reward"};
+    Series f1{"fast_1"}, cr{"correct rate"}, rw{"mean reward"};
+    for (auto& s : steps) {
+      double x = s["step"].get<double>();
+      f1.x.push_back(x), f1.y.push_back(value(s, fk));
+      cr.x.push_back(x), cr.y.push_back(value(s, "correct_rate"));
+      rw.x.push_back(x), rw.y.push_back(value(s, "mean_reward"));
+    }
+    c.series = {f1, cr, rw};
+    c.ymin = 0;
+    h += "<h2>Training curves</h2>\n<p class=\"note\">Each step's samples: fast_1 (correct and faster than the "
+         "reference), correct rate and mean reward. A train run's steps are sampled by the policy of that version; a "
+         "ttt/sdpo run's best step is its Best-of-Adaptation.</p>\n" + svg_chart(c);
+    Chart l{"learner", "step", "value"};
+    Series loss{"loss"}, ent{"entropy"}, kl{"kl"};
+    for (auto& s : steps) {
+      if (!s.contains("learner")) continue;
+      double x = s["step"].get<double>();
+      loss.x.push_back(x), loss.y.push_back(value(s["learner"], "loss"));
+      ent.x.push_back(x), ent.y.push_back(value(s["learner"], "entropy"));
+      kl.x.push_back(x), kl.y.push_back(value(s["learner"], "kl"));
+    }
+    if (!loss.x.empty()) {
+      l.series = {loss, ent, kl};
+      h += "<p class=\"note\">The learner's figures of the update made from each step's samples.</p>\n" + svg_chart(l);
+    }
+  }
+
+  // Scaling curve.
+  const auto& at_k = a.value("at_k", nlohmann::json::array());
+  if (!at_k.empty()) {
+    Chart c{"scaling curve", "k (samples per task)", "rate over tasks"};
+    c.log2x = true;
+    c.ymin = 0;
+    Series pass{"pass@k"}, fast{fk + "@k"};
+    for (auto& p : at_k) {
+      double k = p["k"].get<double>();
+      for (auto* s : {&pass, &fast}) {
+        std::string key = s == &pass ? "pass" : fk;
+        s->x.push_back(k);
+        s->y.push_back(value(p, key));
+        if (p.contains(key + "_ci")) {
+          auto& ci = p[key + "_ci"];
+          s->lo.push_back(ci[0].is_number() ? ci[0].get<double>() : NAN);
+          s->hi.push_back(ci[1].is_number() ? ci[1].get<double>() : NAN);
+        }
+      }
+    }
+    for (auto* s : {&pass, &fast})
+      if (s->lo.size() != s->x.size()) s->lo.clear(), s->hi.clear();
+    c.series = {pass, fast};
+    std::string conf = a.contains("bootstrap") ? fmt::format("{:g}%", 100 * a["bootstrap"].value("confidence", 0.95)) : "";
+    h += "<h2>Scaling curve</h2>\n<p class=\"note\">The chance that at least one of k samples of a task is correct "
+         "(pass@k) or correct and faster (" + fk + "@k), by the unbiased estimator, averaged over tasks; the bands are " +
+         conf + " bootstrap intervals over tasks.</p>\n" + svg_chart(c);
+  }
+
+  // TTT trajectories.
+  const auto& pst = a.value("per_step_task", nlohmann::json::array());
+  std::map<std::string, Series> traj;
+  std::set<uint32_t> step_set;
+  for (auto& r : pst) {
+    auto& s = traj[r["task_id"].get<std::string>()];
+    s.name = r["task_id"].get<std::string>();
+    s.x.push_back(r["step"].get<double>());
+    s.y.push_back(value(r, fk));
+    step_set.insert(r["step"].get<uint32_t>());
+  }
+  if (step_set.size() > 1) {
+    Chart c{"trajectories", "step", fk + " of the task's samples"};
+    c.ymin = 0;
+    for (auto& [id, s] : traj) c.series.push_back(s);
+    h += "<h2>Per-task trajectories</h2>\n<p class=\"note\">Each task's " + fk + " step by step (test-time adaptation: "
+         "how each task's samples improve as the adapter learns).</p>\n" + svg_chart(c);
+  }
+
+  // Selection strategies.
+  if (a.contains("selection") && a["selection"].contains("strategies") && !a["selection"]["strategies"].empty()) {
+    const auto& sel = a["selection"];
+    std::vector<std::tuple<std::string, double, std::string>> bars;
+    for (auto name : {"oracle", "random_correct", "confidence", "surprisal", "surprisal_top_m", "deployable_top_m"}) {
+      if (!sel["strategies"].contains(name)) continue;
+      const auto& s = sel["strategies"][name];
+      bars.push_back({name, value(s, "fast_1"),
+                      fmt::format("({:g} evaluations/group, mean speedup {:.2f}x)", value(s, "evaluations_per_group"),
+                                  value(s, "mean_speedup"))});
+    }
+    h += fmt::format("<h2>Selection strategies</h2>\n<p class=\"note\">Over {} groups (a task's samples in one step), the "
+                     "chance that the strategy's pick is correct and faster than the reference; m = {}. Oracle needs every "
+                     "sample evaluated; deployable top-m ranks all samples by surprisal before evaluating any and "
+                     "evaluates only m.</p>\n",
+                     sel.value("groups", 0), sel.value("m", 0)) +
+         svg_bars("selection fast_1", bars, "fast_1 of the selected sample");
+  }
+
+  // Per-task scatter: surprisal against speedup of correct samples.
+  std::map<std::string, Series> by_task;
+  for (auto& s : in.samples) {
+    if (!s.correct || s.num_tokens == 0) continue;
+    auto& x = by_task[s.task_id];
+    x.name = s.task_id;
+    x.line = false;
+    x.x.push_back(-s.logprob_mean);
+    x.y.push_back(s.speedup);
+  }
+  if (!by_task.empty()) {
+    Chart c{"per-task scatter", "surprisal (minus the mean token logprob)", "speedup (log scale)"};
+    c.log2y = true;
+    for (auto& [id, s] : by_task) c.series.push_back(s);
+    auto lv = a.value("logprob_vs_speedup", nlohmann::json::object());
+    h += "<h2>Per-task scatter</h2>\n<p class=\"note\">Every correct sample, coloured by task: its surprisal against "
+         "its speedup. Spearman's rho of mean logprob against speedup: " + fmt_num(value(lv, "spearman_rho")) +
+         " (partial on length: " + fmt_num(value(lv, "partial_spearman_rho_length")) + ").</p>\n" + svg_chart(c);
+  }
+
+  // Per-task table.
+  std::vector<std::vector<std::string>> tr;
+  for (auto& t : a.value("per_task", nlohmann::json::array()))
+    tr.push_back({t["task_id"].get<std::string>(), std::to_string(t["samples"].get<uint64_t>()),
+                  fmt_num(value(t, "correct_rate")), fmt_num(value(t, fk)), fmt_num(value(t, "geomean_speedup"), "{:.2f}x"),
+                  fmt_num(value(t, "best_speedup"), "{:.2f}x")});
+  if (!tr.empty()) h += "<h2>Tasks</h2>\n" + table({"task", "samples", "correct", fk, "geomean", "best"}, tr);
+  h += "<p class=\"note\">Made by <code>launch report</code> from the run's store; the figures are those of "
+       "<code>launch analyze --json</code>.</p>\n</body></html>\n";
+  return h;
+}
+
+}  // namespace kernelrl
