@@ -42,7 +42,7 @@ struct dispatcher_state {
   std::vector<EvaluatorSlot> evaluators;
   std::unordered_set<std::string> completed_ids;  // results are idempotent by sample id
   uint64_t next_dispatch = 0;
-  uint64_t received = 0, dispatched = 0, completed = 0, redispatched = 0, failed = 0;
+  uint64_t received = 0, dispatched = 0, completed = 0, redispatched = 0, failed = 0, skipped = 0;
   uint64_t duplicates = 0, late = 0, foreign = 0, withdrawn = 0;
   std::map<std::string, NodeTotals> nodes;
   std::deque<caf::response_promise> held;  // producers' answers, held while the queue is full
@@ -249,6 +249,21 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
         pump(self, args, reward);
         return rp;
       },
+      // A rollout a selection strategy left out before evaluation: no evaluator sees it; it is
+      // scored and stored with status skipped (kept for audit, never a verdict).
+      [=](skip_atom, Rollout& r, std::string& why) {
+        if (!from_here(self)) return;
+        ++self->state.received;
+        ++self->state.skipped;
+        Pending p;
+        p.rollout = std::move(r);
+        EvalResult res;
+        res.sample_id = p.rollout.sample_id;
+        res.task_id = p.rollout.task_id;
+        res.status = EvalStatus::skipped;
+        res.error = std::move(why);
+        finish(self, reward, std::move(p), std::move(res));
+      },
       [=](register_atom, caf::actor ev, std::string id) {
         if (!from_here(self)) return;
         self->monitor(ev);
@@ -279,6 +294,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
                     {"late_answers", double(st.late)},
                     {"foreign_dropped", double(st.foreign)},
                     {"withdrawn", double(st.withdrawn)},
+                    {"skipped", double(st.skipped)},
                     {"producers_held", double(st.held.size())}};
         // Per node: evaluators, work held, capacity, answers, and utilisation (the share of its
         // evaluators' time spent holding work since the previous answer).

@@ -5,7 +5,8 @@
 // as a runtime_error. No sample is lost; a second verdict for a sample (a late answer) is dropped
 // and counted, never scored twice. Only this process's actors may send it work or evaluators
 // (remote evaluators arrive through the gate).
-// Messages in:  Rollout (sampler); (register_atom, actor, std::string id) (evaluator);
+// Messages in:  Rollout (sampler); (skip_atom, Rollout, std::string why) (sampler: not to be
+//               evaluated, scored as skipped); (register_atom, actor, std::string id) (evaluator);
 //               (stats_atom) -> Telemetry
 // Messages out: (eval_atom, EvalRequest) -> evaluator; (score_atom, Rollout, EvalResult) -> reward
 #pragma once

@@ -28,6 +28,7 @@ double compute_reward(const RewardConfig& cfg, const EvalResult& r, double task_
     }
     case EvalStatus::incorrect: return cfg.incorrect_reward;
     case EvalStatus::hacked: return cfg.hacked_reward;
+    case EvalStatus::skipped: return 0;  // never evaluated: no verdict to reward
     default: return cfg.failure_reward;
   }
 }

@@ -1,11 +1,13 @@
 #include "actors/sampler.hpp"
 
 #include "actors/sampler_backend.hpp"
+#include "analysis/analysis.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "store/store.hpp"
 
 #include <caf/all.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -116,6 +118,8 @@ struct PendingPrompt {
 
 struct sampler_state {
   std::deque<Rollout> to_send;  // planned, not yet handed to the dispatcher
+  std::vector<std::pair<Rollout, std::string>> to_skip;  // left out of evaluation (evaluate_top_m), and why
+  uint64_t skipped = 0;
   std::deque<PendingPrompt> to_generate;  // model backends: planned, not yet generated
   bool generating = false;      // a tick is on its way
   uint32_t failures = 0;        // consecutive failed generations (backoff)
@@ -138,6 +142,7 @@ Telemetry sampler_telemetry(sampler_ptr self) {
               {"tokens", double(st.tokens)},
               {"tokens_per_s", elapsed > 0 ? double(st.tokens) / elapsed : 0.0},
               {"waiting", double(st.to_send.size())},
+              {"skipped", double(st.skipped)},
               {"to_generate", double(st.to_generate.size())}};
   return t;
 }
@@ -146,6 +151,8 @@ Telemetry sampler_telemetry(sampler_ptr self) {
 // answers only once its queue has room, so a full queue holds the sampler back.
 void feed(sampler_ptr self, const SamplerArgs& args, const caf::actor& dispatcher) {
   auto& st = self->state;
+  for (auto& [r, why] : st.to_skip) self->send(dispatcher, skip_atom::value, std::move(r), std::move(why));
+  st.to_skip.clear();
   while (!st.to_send.empty() && st.unanswered < args.window) {
     Rollout r = std::move(st.to_send.front());
     st.to_send.pop_front();
@@ -162,6 +169,31 @@ void feed(sampler_ptr self, const SamplerArgs& args, const caf::actor& dispatche
               log::get("sampler")->error("sample {}: the dispatcher refused it: {}", id, self->system().render(e));
               feed(self, args, dispatcher);
             });
+  }
+}
+
+// One group's rollouts, in sample order: all of them to evaluation, or (evaluate_top_m = m below
+// the group's size) only the m most surprising, ranked before any of them is evaluated.
+void route_group(sampler_state& st, const SamplerArgs& args, std::vector<Rollout>&& group) {
+  const uint32_t m = args.evaluate_top_m;
+  if (m == 0 || group.size() <= m) {
+    for (auto& r : group) st.to_send.push_back(std::move(r));
+    return;
+  }
+  std::vector<double> means;
+  for (auto& r : group) means.push_back(mean_logprob(r.logprobs));
+  auto order = surprisal_order(means);
+  std::vector<bool> keep(group.size(), false);
+  for (size_t k = 0; k < m; ++k) keep[order[k]] = true;
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (keep[i]) {
+      st.to_send.push_back(std::move(group[i]));
+    } else {
+      ++st.skipped;
+      st.to_skip.push_back({std::move(group[i]), fmt::format("not evaluated: mean logprob {:.4f} is not among the {} most "
+                                                            "surprising of the group's {} samples (evaluate_top_m)",
+                                                            means[i], m, group.size())});
+    }
   }
 }
 
@@ -200,6 +232,7 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
     PendingPrompt pp = st.to_generate.front();
     st.to_generate.pop_front();
     const auto& tp = args.prompts[pp.prompt];
+    std::vector<Rollout> group;
     for (uint32_t j = 0; j < p.n; ++j) {
       GenSample& g = out[i * p.n + j];
       Rollout r;
@@ -216,8 +249,9 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
       r.sampler_id = args.id;
       st.tokens += r.logprobs.size();
       ++st.rollouts;
-      st.to_send.push_back(std::move(r));
+      group.push_back(std::move(r));
     }
+    route_group(st, args, std::move(group));
   }
   feed(self, args, dispatcher);
   if (!st.to_generate.empty()) {  // let answers and weight updates in before the next batch
@@ -302,6 +336,7 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispa
         // Groups are tasks in order of first appearance; samples keep their file order.
         std::map<std::string, uint64_t> group_of;
         std::map<std::string, uint32_t> count_of;
+        std::map<uint64_t, std::vector<Rollout>> groups;
         uint64_t sent = 0;
         if (self->state.t_start < 0) self->state.t_start = mono_s();
         for (const auto& rec : args.records) {
@@ -321,9 +356,11 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispa
           r.policy_version = rec.policy_version;
           r.sampler_id = args.id;
           self->state.tokens += r.token_ids.size();
-          self->state.to_send.push_back(std::move(r));
+          if (args.evaluate_top_m > 0) groups[g].push_back(std::move(r));  // ranked once the group is whole
+          else self->state.to_send.push_back(std::move(r));
           ++sent;
         }
+        for (auto& [g, rs] : groups) route_group(self->state, args, std::move(rs));
         lg->info("step {}: replayed {} actions over {} tasks", step, sent, group_of.size());
         self->state.rollouts += sent;
         feed(self, args, dispatcher);

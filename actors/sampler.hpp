@@ -6,7 +6,8 @@
 //               WeightsUpdate -> replies uint64_t (the version now served) or an error;
 //               (stats_atom) -> Telemetry
 // Messages out: Rollout -> dispatcher, as a request answered once its queue has room; at most
-//               `window` unanswered at a time (backpressure)
+//               `window` unanswered at a time (backpressure); (skip_atom, Rollout, why) ->
+//               dispatcher for a sample left out by evaluate_top_m
 #pragma once
 
 #include "learner/policy.hpp"
@@ -50,6 +51,10 @@ struct SamplerArgs {
   std::vector<TaskPrompt> prompts;  // one per task, in group order
   SamplingParams params;            // n is samples_per_task (at least 1)
   uint32_t batch_prompts = 8;       // prompts generated together
+  // Deployable top-m (best_of_n): of each group's samples only the evaluate_top_m most surprising
+  // (lowest mean logprob) go to evaluation; the rest go to the dispatcher as (skip_atom, ...) and
+  // are stored unevaluated. 0: evaluate every sample.
+  uint32_t evaluate_top_m = 0;
 };
 
 caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, caf::actor dispatcher);

@@ -119,6 +119,7 @@ StepStats stats_of(const std::map<std::string, TaskAgg>& tasks, const std::map<s
 StepStats step_stats(const supervisor_state& st, uint32_t step) { return stats_of(st.tasks, st.status_counts, step); }
 
 void add_to(std::map<std::string, TaskAgg>& tasks, const ScoredRollout& s) {
+  if (s.result.status == EvalStatus::skipped) return;  // not evaluated: in no rate
   auto& t = tasks[s.rollout.task_id];
   ++t.samples;
   t.reward_sum += s.reward;
@@ -136,7 +137,7 @@ void count_sample(supervisor_state& st, const ScoredRollout& s) {
   if (st.t_first_record < 0) st.t_first_record = st.t_last_record;
   ++st.status_counts[to_string(s.result.status)];
   if (st.reward_hist.empty()) st.reward_hist.assign(reward_bins.size(), 0);
-  ++st.reward_hist[reward_bin(s.reward)];
+  if (s.result.status != EvalStatus::skipped) ++st.reward_hist[reward_bin(s.reward)];
   st.step = std::max(st.step, s.rollout.step);
   st.policy_version = std::max(st.policy_version, s.rollout.policy_version);
   uint64_t stale = st.policy_version - s.rollout.policy_version;
@@ -161,7 +162,10 @@ nlohmann::json compute_json(const supervisor_state& st, const SupervisorArgs& ar
     it = row.learner.find("teacher_tokens");
     if (it != row.learner.end()) teacher_tokens += it->second;
   }
+  auto skipped = st.status_counts.find("skipped");
+  const uint64_t evaluations = st.recorded - (skipped == st.status_counts.end() ? 0 : skipped->second);
   return {{"rollouts", st.recorded},
+          {"evaluations", evaluations},
           {"student_tokens", st.student_tokens},
           {"teacher_tokens", uint64_t(teacher_tokens)},
           {"eval_seconds", st.eval_wall_s},

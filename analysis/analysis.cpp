@@ -60,6 +60,7 @@ struct Counts {
 };
 
 void add(Counts& c, const AnalysisSample& s, const std::vector<double>& p) {
+  if (!s.evaluated) return;  // no verdict: in no rate
   if (c.fast.empty()) c.fast.assign(p.size(), 0);
   ++c.n;
   c.reward_sum += s.reward;
@@ -125,7 +126,8 @@ double equivalent_k(const std::vector<std::pair<double, double>>& curve, double 
 
 std::map<std::string, Selection> select_group(const std::vector<AnalysisSample>& g, uint32_t m) {
   std::map<std::string, Selection> out;
-  const uint32_t K = uint32_t(g.size());
+  uint32_t K = 0;  // samples evaluated (all of them, unless a deployable run left some out)
+  for (auto& s : g) K += s.evaluated ? 1 : 0;
   auto pick = [&](const std::string& name, const AnalysisSample* s, uint32_t evals) {
     Selection sel;
     sel.applicable = true;
@@ -174,15 +176,31 @@ std::map<std::string, Selection> select_group(const std::vector<AnalysisSample>&
   pick("confidence", conf, K);
   sc.resize(std::min<size_t>(sc.size(), m));
   pick("surprisal_top_m", fastest(sc), K);
-  std::vector<const AnalysisSample*> all;
-  for (auto& s : g) all.push_back(&s);
-  auto sa = by_surprisal(all);
-  sa.resize(std::min<size_t>(sa.size(), m));
+  std::vector<double> means;
+  for (auto& s : g) means.push_back(s.logprob_mean);
+  auto order = surprisal_order(means);
+  order.resize(std::min<size_t>(order.size(), m));
   std::vector<const AnalysisSample*> top_correct;
-  for (auto* x : sa)
-    if (x->correct) top_correct.push_back(x);
-  pick("deployable_top_m", fastest(top_correct), uint32_t(sa.size()));
+  bool known = true;  // every one of the top m was evaluated
+  for (size_t i : order) {
+    known = known && g[i].evaluated;
+    if (g[i].correct) top_correct.push_back(&g[i]);
+  }
+  if (known) pick("deployable_top_m", fastest(top_correct), uint32_t(order.size()));
   return out;
+}
+
+double mean_logprob(const std::vector<float>& logprobs) {
+  double sum = 0;
+  for (float x : logprobs) sum += x;
+  return logprobs.empty() ? 0.0 : sum / double(logprobs.size());
+}
+
+std::vector<size_t> surprisal_order(const std::vector<double>& means) {
+  std::vector<size_t> idx(means.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return means[a] < means[b]; });
+  return idx;
 }
 
 double partial_spearman(const std::vector<double>& x, const std::vector<double>& y, const std::vector<double>& z) {

@@ -15,6 +15,8 @@
 namespace kernelrl {
 
 struct AnalysisSample {
+  bool evaluated = true;      // false: left out before evaluation (status skipped): it counts in
+                              // no rate, only in the deployable top-m's ranking
   std::string task_id;
   uint32_t step = 0;
   bool correct = false;       // status ok
@@ -50,7 +52,9 @@ double partial_spearman(const std::vector<double>& x, const std::vector<double>&
 //   surprisal         the correct sample with the lowest mean logprob
 //   surprisal_top_m   the fastest of the m correct samples with the lowest mean logprob
 //   deployable_top_m  ranks all K by mean logprob before any evaluation, evaluates only the m
-//                     lowest, keeps the fastest correct one (needs m evaluations, not K)
+//                     lowest, keeps the fastest correct one (needs m evaluations, not K). A run
+//                     with [experiment] evaluate_top_m = m did exactly that: its other samples are
+//                     stored unevaluated (status skipped) and only this strategy applies in full.
 // Logprob strategies are left out of groups where a sample has no tokens.
 struct Selection {
   double fast_1 = 0;     // chance that the pick is correct and faster than the reference
@@ -65,6 +69,12 @@ std::map<std::string, Selection> select_group(const std::vector<AnalysisSample>&
 // fast_1@k) first reaches `target`, interpolated linearly between points; NaN when the curve never
 // reaches it. At or below the first point: the first point's k.
 double equivalent_k(const std::vector<std::pair<double, double>>& curve, double target);
+
+// The mean of a sample's token logprobs, summed in double as the store computes it (0 for none).
+double mean_logprob(const std::vector<float>& logprobs);
+// Indices of `means` (mean logprobs) from the most surprising (lowest) to the least; ties keep
+// index order. The deployable top-m ranks a group by this before any evaluation.
+std::vector<size_t> surprisal_order(const std::vector<double>& means);
 
 // Everything above as one JSON object: the run's summary, "steps", "per_task", "per_step_task"
 // (each task's figures per step: TTT trajectories), "at_k", "logprob_vs_speedup", "selection". `learner` maps a step to its learner figures (loss, ...)

@@ -545,6 +545,15 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.one_of("mode", c.experiment.mode, {"eval", "best_of_n", "train", "ttt", "sdpo"});
     r.integer("patience", c.experiment.patience, 0, 1 << 20);
     r.integer("k", c.experiment.k, 0, 1 << 20);
+    r.integer("evaluate_top_m", c.experiment.evaluate_top_m, 0, 1 << 20);
+    if (c.experiment.evaluate_top_m > 0) {
+      if (c.experiment.mode != "best_of_n")
+        r.error_here("evaluate_top_m", "evaluate_top_m is for mode = \"best_of_n\"");
+      else if (c.experiment.k >= 2 && c.experiment.evaluate_top_m >= c.experiment.k)
+        r.error_here("evaluate_top_m", "evaluate_top_m = " + std::to_string(c.experiment.evaluate_top_m) +
+                                           " leaves nothing out of k = " + std::to_string(c.experiment.k) +
+                                           " (expected 1 .. k - 1)");
+    }
     if (c.experiment.mode == "best_of_n") {
       if (c.experiment.k == 0 && c.sampler.samples_per_task < 2)
         r.error_here("mode", "best_of_n needs k = K (at least 2 samples per task)");

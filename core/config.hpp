@@ -178,6 +178,9 @@ struct ExperimentConfig {
                                     // ttt (test-time adaptation: every step on all the tasks);
                                     // sdpo (ttt's loop, learning by self-distillation: [sdpo])
   uint32_t k = 0;                   // best_of_n: samples per task (sets [sampler] samples_per_task)
+  uint32_t evaluate_top_m = 0;      // best_of_n: evaluate only each task's m most surprising samples
+                                    // (ranked by mean logprob before any evaluation; the deployable
+                                    // top-m); the rest are stored unevaluated. 0: evaluate all K
   uint32_t patience = 0;            // train, ttt, sdpo: stop after this many steps without a better
                                     // fast_1 (0: run every step); the best step is reported (BoA)
   std::string name = "run";         // prefix of the run directory name

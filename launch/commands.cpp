@@ -137,7 +137,8 @@ std::unique_ptr<Store> open_run_store(const char* cmd, const std::string& run_di
 std::vector<AnalysisSample> analysis_samples(Store& store) {
   std::vector<AnalysisSample> out;
   for (auto& r : store.samples())
-    out.push_back({r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean, r.num_tokens});
+    out.push_back({r.status != "skipped", r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean,
+                   r.num_tokens});
   return out;
 }
 }  // namespace
@@ -646,6 +647,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
                    {"replay", cfg.sampler.replay},
                    {"tasks", std::to_string(tasks.size())}};
     if (cfg.experiment.mode == "sdpo") sa.settings["sdpo_context"] = cfg.sdpo.context;
+    if (cfg.experiment.evaluate_top_m > 0) sa.settings["evaluate_top_m"] = std::to_string(cfg.experiment.evaluate_top_m);
 
     DispatcherArgs da;
     for (auto& t : tasks.tasks()) da.task_paths[t.id] = t.path;
@@ -716,6 +718,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     sma.params.stop = cfg.sampler.stop;
     sma.params.seed = cfg.sampler.seed;
     sma.batch_prompts = cfg.sampler.batch_prompts;
+    sma.evaluate_top_m = cfg.experiment.evaluate_top_m;
     auto sampler = spawn_sampler(sys, std::move(sma), dispatcher);
     auto stop_all = [&](std::vector<caf::actor> extra) {
       for (auto& a : std::vector<caf::actor>{sampler, dispatcher, reward, supervisor, learner, selector})

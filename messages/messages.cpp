@@ -9,8 +9,8 @@
 namespace kernelrl {
 
 namespace {
-constexpr std::array<const char*, 7> status_names = {
-    "ok", "format_error", "compile_error", "runtime_error", "timeout", "incorrect", "hacked"};
+constexpr std::array<const char*, 8> status_names = {
+    "ok", "format_error", "compile_error", "runtime_error", "timeout", "incorrect", "hacked", "skipped"};
 }
 
 std::string to_string(EvalStatus s) {

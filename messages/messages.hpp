@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 7;
+inline constexpr uint32_t protocol_version = 8;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -32,6 +32,8 @@ enum class EvalStatus : uint8_t {
   timeout = 4,       // exceeded the evaluator's time limit
   incorrect = 5,     // ran but disagreed with the reference (shape, dtype, values, NaN/Inf)
   hacked = 6,        // caught gaming the harness
+  skipped = 7,       // not evaluated: a selection strategy left it out before evaluation
+                     // (best_of_n with evaluate_top_m); kept for audit, never counted as a verdict
 };
 std::string to_string(EvalStatus s);
 // Parses the names above; false when `name` is none of them.
@@ -280,6 +282,9 @@ using done_atom = caf::atom_constant<caf::atom("done")>;          // sampler -> 
 using register_atom = caf::atom_constant<caf::atom("register")>;  // evaluator -> dispatcher
 using eval_atom = caf::atom_constant<caf::atom("eval")>;          // dispatcher -> evaluator
 using score_atom = caf::atom_constant<caf::atom("score")>;        // dispatcher -> reward
+// sampler -> dispatcher: (skip_atom, Rollout): a rollout left out before evaluation; it goes on to
+// the reward and the store with status skipped
+using skip_atom = caf::atom_constant<caf::atom("skip")>;
 using record_atom = caf::atom_constant<caf::atom("record")>;      // reward -> supervisor
 using train_atom = caf::atom_constant<caf::atom("train")>;        // reward -> learner
 using publish_atom = caf::atom_constant<caf::atom("publish")>;    // -> monitor

@@ -271,6 +271,15 @@ TEST_CASE("the learner's keys and the train mode are checked", "[config][learner
   auto e2 = errors_of(base + "[experiment]\nmode = \"best_of_n\"\n", s.cfg());
   REQUIRE(e2.size() == 1);
   CHECK(e2[0].find("experiment.mode: best_of_n needs k = K") != std::string::npos);
+  auto top = parse_config(base + "[experiment]\nmode = \"best_of_n\"\nk = 6\nevaluate_top_m = 2\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(top));
+  CHECK(std::get<Config>(top).experiment.evaluate_top_m == 2);
+  auto e4 = errors_of(base + "[experiment]\nmode = \"best_of_n\"\nk = 6\nevaluate_top_m = 6\n", s.cfg());
+  REQUIRE(e4.size() == 1);
+  CHECK(e4[0].find("experiment.evaluate_top_m: evaluate_top_m = 6 leaves nothing out of k = 6") != std::string::npos);
+  auto e5 = errors_of(base + "[experiment]\nevaluate_top_m = 2\n", s.cfg());
+  REQUIRE(e5.size() == 1);
+  CHECK(e5[0].find("experiment.evaluate_top_m: evaluate_top_m is for mode = \"best_of_n\"") != std::string::npos);
   auto e3 = errors_of(base + "[experiment]\nk = 4\n", s.cfg());
   REQUIRE(e3.size() == 1);
   CHECK(e3[0].find("experiment.k: k is for mode = \"best_of_n\"") != std::string::npos);

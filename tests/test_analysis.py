@@ -115,6 +115,7 @@ run_root = "%s"
 [monitor]
 progress = false
 """ % (os.path.join(ROOT, "tasks", "bundled"), json.dumps(TASKS), replay, os.path.join(cls.tmp, "runs")))
+        cls.cfg = cfg
         cls.run_dir = os.path.join(cls.tmp, "run")
         p = subprocess.run([LAUNCH, cfg, "--run-dir", cls.run_dir], capture_output=True, text=True, timeout=600)
         if p.returncode != 0:
@@ -236,6 +237,64 @@ progress = false
             self.assertAlmostEqual(got["mean_speedup"], np.mean([r[2] for r in rows]), places=9, msg=k)
             self.assertAlmostEqual(got["evaluations_per_group"], np.mean(evals[k]), places=12, msg=k)
         self.assertGreaterEqual(a["strategies"]["oracle"]["mean_speedup"], a["strategies"]["surprisal"]["mean_speedup"])
+
+    def test_deployable_top_m_evaluates_only_the_most_surprising(self):
+        # best_of_n with evaluate_top_m: each task's samples are ranked by mean logprob before any
+        # evaluation; only the m lowest are evaluated, the rest stored as skipped.
+        m, k = 2, 6
+        with open(self.cfg) as f:
+            text = f.read().replace('[experiment]\nname = "analyze"',
+                                    '[experiment]\nmode = "best_of_n"\nk = %d\nevaluate_top_m = %d\nname = "deploy"' % (k, m))
+        cfg = os.path.join(self.tmp, "deploy.toml")
+        with open(cfg, "w") as f:
+            f.write(text)
+        run_dir = os.path.join(self.tmp, "deploy")
+        p = subprocess.run([LAUNCH, cfg, "--run-dir", run_dir], capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        out = subprocess.run([LAUNCH, "export", run_dir, "--jsonl"], capture_output=True, text=True, check=True).stdout
+        samples = [json.loads(line) for line in out.splitlines() if line.strip()]
+        self.assertEqual(len(samples), len(self.samples))  # every rollout is kept, evaluated or not
+        by_task = {}
+        for s in samples:
+            by_task.setdefault(s["task_id"], []).append(s)
+        evaluated = 0
+        for task, g in by_task.items():
+            g.sort(key=lambda s: s["sample_index"])
+            means = [float(np.mean(np.asarray(s["logprobs"], dtype=np.float32).astype(np.float64))) for s in g]
+            top = set(np.argsort(means, kind="stable")[:m].tolist()) if len(g) > m else set(range(len(g)))
+            for i, s in enumerate(g):
+                if i in top:
+                    self.assertNotEqual(s["status"], "skipped", (task, i))
+                    self.assertTrue(s["evaluator_id"], (task, i))
+                    evaluated += 1
+                else:
+                    self.assertEqual(s["status"], "skipped", (task, i))
+                    self.assertIn("evaluate_top_m", s["error"])
+                    self.assertEqual(s["evaluator_id"], "")
+        self.assertLess(evaluated, len(samples))
+        with open(os.path.join(run_dir, "compute.json")) as f:
+            c = json.load(f)
+        self.assertEqual(c["rollouts"], len(samples))
+        self.assertEqual(c["evaluations"], evaluated)
+        self.assertEqual(c["settings"]["evaluate_top_m"], str(m))
+        # Rates count evaluated samples only; the deployable strategy is exactly what the run did.
+        a = json.loads(subprocess.run([LAUNCH, "analyze", run_dir, "--json", "--m", str(m)], capture_output=True,
+                                      text=True, check=True).stdout)
+        ev = [s for s in samples if s["status"] != "skipped"]
+        self.assertEqual(a["samples"], len(ev))
+        self.assertAlmostEqual(a["correct_rate"], np.mean([s["status"] == "ok" for s in ev]), places=12)
+        groups = [g for g in by_task.values() if len(g) >= 2]
+        picks = []
+        for g in groups:
+            ok = [s for s in g if s["status"] == "ok"]
+            picks.append(max((s["speedup"] for s in ok), default=None))
+        dep = a["selection"]["strategies"]["deployable_top_m"]
+        self.assertEqual(dep["groups"], len(groups))
+        self.assertAlmostEqual(dep["fast_1"], np.mean([x is not None and x > 1 for x in picks]), places=12)
+        self.assertAlmostEqual(dep["evaluations_per_group"], np.mean([min(len(g), m) for g in groups]), places=12)
+        # The same verdicts as the full run's simulated deployable top-m (correctness does not vary).
+        full = self.analyze("--m", str(m))["selection"]["strategies"]["deployable_top_m"]
+        self.assertAlmostEqual(dep["correct"], full["correct"], places=12)
 
     def test_compute_is_accounted(self):
         with open(os.path.join(self.run_dir, "compute.json")) as f:
