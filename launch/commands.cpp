@@ -98,6 +98,7 @@ void print_summary(const nlohmann::json& j, const std::string& run_dir) {
 }  // namespace
 
 int cmd_check(const std::string& config_path) {
+  if (is_comparison_config(config_path)) return cmd_check_comparison(config_path);
   auto cfg = load_or_report(config_path);
   if (!cfg) return 2;
   std::printf("# %s: valid\n%s\n", cfg->source_file.c_str(), cfg->resolved_toml.c_str());
@@ -300,7 +301,8 @@ int cmd_compare(const CompareOptions& o) {
     uint64_t min_n = 0;  // the full scaling curve: every k up to the smallest task's sample count
     {
       std::map<std::string, uint64_t> per_task;
-      for (auto& x : samples) ++per_task[x.task_id];
+      for (auto& x : samples)
+        if (x.evaluated) ++per_task[x.task_id];
       for (auto& [t, n] : per_task) min_n = min_n ? std::min(min_n, n) : n;
       for (uint64_t k = 1; k <= min_n; ++k) ao.ks.push_back(uint32_t(k));
     }

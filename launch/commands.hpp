@@ -31,6 +31,11 @@ int cmd_monitor(const MonitorOptions& o);
 
 // launch check CONFIG
 int cmd_check(const std::string& config_path);
+// Comparison configs (launch/comparison.cpp): a [comparison] table lists arms, each the rest of the
+// file with its [arm.NAME] tables merged in; `launch CONFIG` runs every arm, then compares them.
+bool is_comparison_config(const std::string& path);
+int cmd_check_comparison(const std::string& path);
+int cmd_run_comparison(const std::string& path, const std::string& run_dir, const std::string& log_level);
 // launch export RUN_DIR --jsonl
 int cmd_export(const std::string& run_dir);
 // launch version

@@ -416,5 +416,9 @@ int main(int argc, char** argv) {
     if (!run_dir.empty()) return bad("--node: a node keeps no run directory (the head does)");
     return kernelrl::cmd_node(config, node, level);
   }
+  if (kernelrl::is_comparison_config(config)) {
+    if (resume) return bad("--resume: a comparison goes on where it stopped with --run-dir DIR (finished arms are kept)");
+    return kernelrl::cmd_run_comparison(config, run_dir, level);
+  }
   return kernelrl::cmd_run(config, run_dir, level, resume);
 }

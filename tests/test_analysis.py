@@ -238,19 +238,75 @@ progress = false
             self.assertAlmostEqual(got["evaluations_per_group"], np.mean(evals[k]), places=12, msg=k)
         self.assertGreaterEqual(a["strategies"]["oracle"]["mean_speedup"], a["strategies"]["surprisal"]["mean_speedup"])
 
+    COMPARISON = """
+[comparison]
+arms = ["all", "top2"]
+[arm.all.experiment]
+mode = "best_of_n"
+k = 6
+[arm.top2.experiment]
+mode = "best_of_n"
+k = 6
+evaluate_top_m = 2
+"""
+
+    @classmethod
+    def comparison(cls):
+        """A comparison config run once: best-of-6 evaluating everything vs evaluating the top 2 by surprisal."""
+        if not hasattr(cls, "_comparison"):
+            with open(cls.cfg) as f:
+                base = f.read()
+            cfg = os.path.join(cls.tmp, "comparison.toml")
+            with open(cfg, "w") as f:
+                f.write(base + cls.COMPARISON)
+            root = os.path.join(cls.tmp, "comparison")
+            p = subprocess.run([LAUNCH, cfg, "--run-dir", root], capture_output=True, text=True, timeout=900)
+            cls._comparison = (cfg, root, p)
+        return cls._comparison
+
+    def test_a_comparison_config_runs_every_arm_then_compares_them(self):
+        cfg, root, p = self.comparison()
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        self.assertIn("arm all (best_of_n)", p.stdout)
+        self.assertIn("arm top2 (best_of_n)", p.stdout)
+        self.assertIn("comparison: " + os.path.join(root, "comparison.json"), p.stdout)
+        with open(os.path.join(root, "comparison.json")) as f:
+            c = json.load(f)
+        self.assertEqual([os.path.basename(r["run_dir"]) for r in c["runs"]], ["all", "top2"])
+        for arm in ["all", "top2"]:
+            with open(os.path.join(root, arm, "compute.json")) as f:
+                self.assertEqual(json.load(f)["rollouts"], len(self.samples))
+        # Run again into the same folder: finished arms are kept, not run twice.
+        again = subprocess.run([LAUNCH, cfg, "--run-dir", root], capture_output=True, text=True, timeout=300)
+        self.assertEqual(again.returncode, 0, again.stderr[-2000:])
+        self.assertIn("arm all: already done", again.stdout)
+        # check validates every arm; a bad arm is named, and nothing runs.
+        chk = subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True)
+        self.assertEqual(chk.returncode, 0, chk.stderr)
+        self.assertIn("a comparison of 2 arms", chk.stdout)
+        with open(cfg) as f:
+            text = f.read()
+        bad = os.path.join(self.tmp, "bad-comparison.toml")
+        with open(bad, "w") as f:
+            f.write(text.replace("evaluate_top_m = 2", "evaluate_top_m = 6") + "[arm.extra]\n")
+        p = subprocess.run([LAUNCH, bad, "--run-dir", os.path.join(self.tmp, "never")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("arm.extra: not listed in comparison.arms", p.stderr)
+        with open(bad, "w") as f:
+            f.write(text.replace("evaluate_top_m = 2", "evaluate_top_m = 6"))
+        p = subprocess.run([LAUNCH, bad, "--run-dir", os.path.join(self.tmp, "never")], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("arm top2 (the file's settings with [arm.top2] merged in) is not a valid config", p.stderr)
+        self.assertIn("experiment.evaluate_top_m: evaluate_top_m = 6 leaves nothing out of k = 6", p.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "never", "all")))
+
     def test_deployable_top_m_evaluates_only_the_most_surprising(self):
         # best_of_n with evaluate_top_m: each task's samples are ranked by mean logprob before any
-        # evaluation; only the m lowest are evaluated, the rest stored as skipped.
-        m, k = 2, 6
-        with open(self.cfg) as f:
-            text = f.read().replace('[experiment]\nname = "analyze"',
-                                    '[experiment]\nmode = "best_of_n"\nk = %d\nevaluate_top_m = %d\nname = "deploy"' % (k, m))
-        cfg = os.path.join(self.tmp, "deploy.toml")
-        with open(cfg, "w") as f:
-            f.write(text)
-        run_dir = os.path.join(self.tmp, "deploy")
-        p = subprocess.run([LAUNCH, cfg, "--run-dir", run_dir], capture_output=True, text=True, timeout=600)
+        # evaluation; only the m lowest are evaluated, the rest stored as skipped (the comparison's top2 arm).
+        m = 2
+        _, root, p = self.comparison()
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        run_dir = os.path.join(root, "top2")
         out = subprocess.run([LAUNCH, "export", run_dir, "--jsonl"], capture_output=True, text=True, check=True).stdout
         samples = [json.loads(line) for line in out.splitlines() if line.strip()]
         self.assertEqual(len(samples), len(self.samples))  # every rollout is kept, evaluated or not

@@ -1,0 +1,258 @@
+// Comparison configs: one file that runs several strategies on the same base settings.
+//
+//   [comparison]
+//   arms = ["best_of_n", "ttt"]     # run in this order, each in RUN_DIR/ARM
+//   allow_mismatch = false          # compare even when the arms' budgets differ
+//   [arm.best_of_n.experiment]      # overrides merged into the rest of the file
+//   mode = "best_of_n"
+//   k = 64
+//
+// Every arm is the rest of the file with its [arm.NAME] tables merged in, validated like any
+// config before anything runs. Each arm runs as its own `launch ARM.toml --run-dir RUN_DIR/ARM`
+// process (an arm that already finished, i.e. has compute.json, is not run again); then
+// `launch compare` puts the arms side by side (refusing unequal budgets unless allowed) and its
+// JSON goes to RUN_DIR/comparison.json.
+#include "launch/commands.hpp"
+
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "core/paths.hpp"
+
+#include <toml++/toml.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+
+namespace kernelrl {
+
+namespace {
+
+struct Arm {
+  std::string name;
+  Config cfg;
+};
+
+std::string fmt_where(const std::string& file, uint32_t line, uint32_t column) {
+  return file + ":" + std::to_string(line) + ":" + std::to_string(column);
+}
+
+// `over` merged into `base`, tables recursively, anything else replaced.
+void merge(toml::table& base, const toml::table& over) {
+  for (auto& [k, v] : over) {
+    auto* bt = base.get(k) ? base.get(k)->as_table() : nullptr;
+    if (bt && v.is_table()) merge(*bt, *v.as_table());
+    else base.insert_or_assign(k, v);
+  }
+}
+
+// The arms of a comparison config, validated; false after printing every problem.
+bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mismatch) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::fprintf(stderr, "%s:%u:%u: (syntax): %s\n", path.c_str(), e.source().begin.line, e.source().begin.column,
+                 std::string(e.description()).c_str());
+    return false;
+  }
+  auto where = [&](const toml::node& n) {
+    return fmt_where(path, n.source().begin.line, n.source().begin.column);
+  };
+  bool ok = true;
+  if (!root["comparison"].is_table()) {
+    std::fprintf(stderr, "%s: comparison: expected a table ([comparison])\n", path.c_str());
+    return false;
+  }
+  const toml::table& cmp = *root["comparison"].as_table();
+  std::vector<std::string> names;
+  for (auto& [k, v] : cmp) {
+    std::string key(k.str());
+    if (key == "arms") {
+      auto* a = v.as_array();
+      if (!a) {
+        std::fprintf(stderr, "%s: comparison.arms: expected an array of arm names\n", where(v).c_str());
+        ok = false;
+        continue;
+      }
+      for (auto& x : *a) {
+        if (!x.is_string()) {
+          std::fprintf(stderr, "%s: comparison.arms: expected arm names (strings)\n", where(x).c_str());
+          ok = false;
+        } else {
+          names.push_back(x.as_string()->get());
+        }
+      }
+    } else if (key == "allow_mismatch") {
+      if (!v.is_boolean()) {
+        std::fprintf(stderr, "%s: comparison.allow_mismatch: expected true or false\n", where(v).c_str());
+        ok = false;
+      } else {
+        allow_mismatch = v.as_boolean()->get();
+      }
+    } else {
+      std::fprintf(stderr, "%s: comparison.%s: unknown key (expected arms, allow_mismatch)\n", where(v).c_str(), key.c_str());
+      ok = false;
+    }
+  }
+  const toml::table* arm_tables = root["arm"].as_table();
+  std::set<std::string> seen;
+  if (names.size() < 2) {
+    std::fprintf(stderr, "%s: comparison.arms: expected at least two arms, got %zu\n", where(cmp).c_str(), names.size());
+    ok = false;
+  }
+  for (auto& n : names) {
+    if (!seen.insert(n).second) {
+      std::fprintf(stderr, "%s: comparison.arms: \"%s\" is listed twice\n", where(cmp).c_str(), n.c_str());
+      ok = false;
+    }
+    if (n.empty() || n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos) {
+      std::fprintf(stderr, "%s: comparison.arms: \"%s\": arm names use letters, digits, - and _ (each names a folder)\n",
+                   where(cmp).c_str(), n.c_str());
+      ok = false;
+    }
+    if (!arm_tables || !arm_tables->get(n) || !arm_tables->get(n)->is_table()) {
+      std::fprintf(stderr, "%s: comparison.arms: \"%s\" has no [arm.%s] table\n", where(cmp).c_str(), n.c_str(), n.c_str());
+      ok = false;
+    }
+  }
+  if (arm_tables)
+    for (auto& [k, v] : *arm_tables)
+      if (!seen.count(std::string(k.str()))) {
+        std::fprintf(stderr, "%s: arm.%s: not listed in comparison.arms\n", where(v).c_str(), std::string(k.str()).c_str());
+        ok = false;
+      }
+  if (!ok) return false;
+  toml::table base = root;
+  base.erase("comparison");
+  base.erase("arm");
+  for (auto& n : names) {
+    toml::table t = base;
+    merge(t, *arm_tables->get(n)->as_table());
+    std::ostringstream text;
+    text << t;
+    auto r = parse_config(text.str(), path);
+    if (auto* errs = std::get_if<std::vector<ConfigError>>(&r)) {
+      std::fprintf(stderr, "%s: arm %s (the file's settings with [arm.%s] merged in) is not a valid config:\n",
+                   path.c_str(), n.c_str(), n.c_str());
+      for (auto& e : *errs) {
+        ConfigError x = e;
+        x.line = x.column = 0;  // the merged text's lines are not the file's
+        std::fprintf(stderr, "  %s\n", x.format().c_str());
+      }
+      ok = false;
+      continue;
+    }
+    arms.push_back({n, std::get<Config>(std::move(r))});
+  }
+  return ok;
+}
+
+// Runs argv as a child process (stdout to `out` when given); its exit status, or -1.
+int run_child(const std::vector<std::string>& argv, const std::string& out = "") {
+  std::vector<char*> av;
+  for (auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+  av.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (!out.empty()) posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, av[0], &fa, nullptr, av.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("launch") : p.string();
+}
+
+}  // namespace
+
+bool is_comparison_config(const std::string& path) {
+  try {
+    auto root = toml::parse_file(path);
+    return root["comparison"].is_table();
+  } catch (const std::exception&) {
+    return false;  // load_config reports what is wrong with it
+  }
+}
+
+int cmd_check_comparison(const std::string& path) {
+  std::vector<Arm> arms;
+  bool allow = false;
+  if (!load_arms(path, arms, allow)) return 2;
+  std::printf("# %s: a comparison of %zu arms, each valid (budgets %s)\n", path.c_str(), arms.size(),
+              allow ? "may differ: allow_mismatch = true" : "must match");
+  for (auto& a : arms) std::printf("\n# arm %s\n%s\n", a.name.c_str(), a.cfg.resolved_toml.c_str());
+  return 0;
+}
+
+int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, const std::string& log_level) {
+  std::vector<Arm> arms;
+  bool allow = false;
+  if (!load_arms(path, arms, allow)) return 2;
+  const auto& first = arms.front().cfg;
+  std::string root = run_dir_arg.empty() ? make_run_dir(first.experiment.run_root, first.experiment.name)
+                                         : fs::absolute(run_dir_arg).lexically_normal().string();
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) {
+    std::fprintf(stderr, "launch: %s: cannot create the comparison's directory: %s\n", root.c_str(), ec.message().c_str());
+    return 2;
+  }
+  std::printf("comparison of %zu arms in %s\n", arms.size(), root.c_str());
+  std::fflush(stdout);
+  const std::string exe = self_exe();
+  std::vector<std::string> dirs;
+  for (auto& a : arms) {
+    std::string dir = (fs::path(root) / a.name).string();
+    dirs.push_back(dir);
+    if (fs::exists(fs::path(dir) / "compute.json")) {
+      std::printf("arm %s: already done in %s\n", a.name.c_str(), dir.c_str());
+      continue;
+    }
+    std::string cfg = (fs::path(root) / (a.name + ".toml")).string();
+    std::ofstream(cfg) << a.cfg.resolved_toml;
+    std::printf("arm %s (%s): launch %s --run-dir %s\n", a.name.c_str(), a.cfg.experiment.mode.c_str(), cfg.c_str(),
+                dir.c_str());
+    std::fflush(stdout);
+    std::vector<std::string> argv = {exe, cfg, "--run-dir", dir};
+    if (!log_level.empty()) argv.insert(argv.end(), {"--log-level", log_level});
+    int rc = run_child(argv);
+    if (rc != 0) {
+      std::fprintf(stderr, "launch: arm %s failed (exit %d); the arms before it are kept; run the same command with "
+                           "--run-dir %s to go on\n", a.name.c_str(), rc, root.c_str());
+      return rc < 0 ? 1 : rc;
+    }
+  }
+  std::vector<std::string> cmp = {exe, "compare"};
+  cmp.insert(cmp.end(), dirs.begin(), dirs.end());
+  if (allow) cmp.push_back("--allow-mismatch");
+  std::vector<std::string> cmp_json = cmp;
+  cmp_json.push_back("--json");
+  int jrc = run_child(cmp_json, (fs::path(root) / "comparison.json").string());
+  if (jrc != 0) fs::remove(fs::path(root) / "comparison.json", ec);
+  std::printf("\n");
+  std::fflush(stdout);
+  int rc = run_child(cmp);
+  if (rc == 0) std::printf("\ncomparison: %s\n", (fs::path(root) / "comparison.json").string().c_str());
+  return rc < 0 ? 1 : rc;
+}
+
+}  // namespace kernelrl
