@@ -214,6 +214,76 @@ svg .label{font-size:12px}svg .legend{font-size:11px}svg .empty{fill:#999}
 
 }  // namespace
 
+std::string render_comparison_report(const std::string& title, const nlohmann::json& c) {
+  std::string h = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kernelrl comparison: " +
+                  esc(title) + "</title>\n<style>" + style + "</style></head><body>\n";
+  h += "<h1>kernelrl comparison: " + esc(title) + "</h1>\n";
+  auto name = [](const std::string& dir) {
+    auto s = dir;
+    while (!s.empty() && s.back() == '/') s.pop_back();
+    auto p = s.rfind('/');
+    return p == std::string::npos ? s : s.substr(p + 1);
+  };
+  std::vector<std::vector<std::string>> rows;
+  const auto& runs = c.value("runs", nlohmann::json::array());
+  for (auto& r : runs) {
+    const auto& cp = r.value("compute", nlohmann::json::object());
+    const auto& a = r.value("analysis", nlohmann::json::object());
+    auto count = [&](const char* k) { return cp.contains(k) ? cp[k].dump() : std::string("-"); };
+    auto secs = [&](const char* k) { return fmt_num(value(cp, k), "{:.1f}"); };
+    std::string ek = r.contains("equivalent_k") && r["equivalent_k"].is_number() ? fmt_num(r["equivalent_k"].get<double>(), "{:.1f}")
+                     : c.contains("curve_of") && !c["curve_of"].is_null() ? "> K" : "-";
+    rows.push_back({name(r.value("run_dir", std::string())),
+                    cp.contains("settings") ? cp["settings"].value("mode", std::string("?")) : "?", count("rollouts"),
+                    count("evaluations"), count("student_tokens"), count("teacher_tokens"), secs("eval_seconds"),
+                    secs("learner_seconds"), fmt_num(value(a, "correct_rate")), fmt_num(value(a, "fast_1")),
+                    fmt_num(value(r, "score")), ek});
+  }
+  h += "<h2>Arms</h2>\n" + table({"arm", "mode", "rollouts", "evaluations", "student tokens", "teacher tokens", "eval s",
+                                   "learner s", "correct", "fast_1", "score", "equiv K"}, rows);
+  h += "<p class=\"note\">score: fast_1, or the fast_1 of a ttt/sdpo/train arm's Best-of-Adaptation step. equiv K: the k "
+       "at which the reference arm's fast_1@k curve reaches that score (linear between points; &gt; K: never within its "
+       "samples).</p>\n";
+  const auto& diffs = c.value("differences", nlohmann::json::array());
+  if (!diffs.empty()) {
+    h += "<h2>Budget differences (compared anyway)</h2>\n<ul>\n";
+    for (auto& d : diffs) h += "<li>" + esc(d.get<std::string>()) + "</li>\n";
+    h += "</ul>\n";
+  }
+  const nlohmann::json* ref = nullptr;
+  for (auto& r : runs)
+    if (c.contains("curve_of") && c["curve_of"].is_string() && r.value("run_dir", std::string()) == c["curve_of"].get<std::string>())
+      ref = &r;
+  if (ref) {
+    Chart ch{"comparison", "k (samples per task)", "fast_1"};
+    ch.log2x = true;
+    ch.ymin = 0;
+    Series curve{name((*ref)["run_dir"].get<std::string>()) + " fast_1@k"};
+    double kmax = 1;
+    for (auto& p : (*ref)["analysis"].value("at_k", nlohmann::json::array())) {
+      curve.x.push_back(p["k"].get<double>());
+      curve.y.push_back(value(p, "fast_1"));
+      kmax = std::max(kmax, p["k"].get<double>());
+    }
+    ch.series.push_back(curve);
+    for (auto& r : runs) {
+      if (&r == ref) continue;
+      Series s{name(r.value("run_dir", std::string())) + " score"};
+      s.line = false;
+      // At its equivalent K; above the curve's end when the curve never reaches it.
+      s.x.push_back(r.contains("equivalent_k") && r["equivalent_k"].is_number() ? r["equivalent_k"].get<double>() : kmax);
+      s.y.push_back(value(r, "score"));
+      ch.series.push_back(s);
+    }
+    h += "<h2>Scores on the reference's scaling curve</h2>\n<p class=\"note\">The line is " +
+         esc(name((*ref)["run_dir"].get<std::string>())) + "'s fast_1@k; each other arm's score sits at its equivalent K "
+         "(at the curve's last k when it is never reached).</p>\n" + svg_chart(ch);
+  }
+  h += "<p class=\"note\">Made by <code>launch report</code> from comparison.json (<code>launch compare --json</code>); "
+       "each arm has its own report: <code>launch report RUN_DIR/ARM</code>.</p>\n</body></html>\n";
+  return h;
+}
+
 std::string render_report(const ReportInputs& in) {
   const auto& a = in.analysis;
   const std::string fk = "fast_1";

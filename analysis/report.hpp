@@ -27,4 +27,9 @@ struct ReportInputs {
 
 std::string render_report(const ReportInputs& in);
 
+// The page of a comparison (a comparison config's RUN_DIR, from its comparison.json: `launch
+// compare --json`): each arm's budget and figures side by side, and the reference run's fast_1@k
+// curve with every arm's score placed at its equivalent K (data-chart "comparison").
+std::string render_comparison_report(const std::string& title, const nlohmann::json& comparison);
+
 }  // namespace kernelrl

@@ -163,6 +163,27 @@ nlohmann::json run_analysis(Store& store, const AnalyzeOptions& o, const std::ve
 
 int cmd_report(const AnalyzeOptions& o) {
   int rc = 0;
+  // A comparison config's folder: its comparison.json, and the arms side by side.
+  if (fs::is_directory(o.run_dir) && !fs::exists(fs::path(o.run_dir) / "store.sqlite") &&
+      fs::exists(fs::path(o.run_dir) / "comparison.json")) {
+    std::ifstream in(fs::path(o.run_dir) / "comparison.json");
+    auto c = nlohmann::json::parse(in, nullptr, false);
+    if (c.is_discarded() || !c.is_object()) {
+      std::fprintf(stderr, "launch report: %s/comparison.json: not valid JSON\n", o.run_dir.c_str());
+      return 2;
+    }
+    std::string title = fs::absolute(o.run_dir).lexically_normal().string();
+    std::string out = o.out.empty() ? (fs::path(o.run_dir) / "report.html").string() : o.out;
+    std::ofstream f(out);
+    f << render_comparison_report(title, c);
+    f.close();
+    if (!f) {
+      std::fprintf(stderr, "launch report: cannot write %s\n", out.c_str());
+      return 1;
+    }
+    std::printf("%s\n", fs::absolute(out).lexically_normal().string().c_str());
+    return 0;
+  }
   auto store = open_run_store("report", o.run_dir, rc);
   if (!store) return rc;
   ReportInputs in;

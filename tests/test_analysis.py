@@ -276,6 +276,21 @@ evaluate_top_m = 2
         for arm in ["all", "top2"]:
             with open(os.path.join(root, arm, "compute.json")) as f:
                 self.assertEqual(json.load(f)["rollouts"], len(self.samples))
+        # The comparison's own report: the arms' table and each arm's score on the reference curve.
+        path, page, text = report_marks(root)
+        self.assertEqual(path, os.path.join(os.path.realpath(root), "report.html"))
+        self.assertEqual(page.urls, [])
+        self.assertNotIn("script", page.tags)
+        curve = [(float(m["data-x"]), float(m["data-y"])) for m in page.marks
+                 if m["data-chart"] == "comparison" and m["data-series"] == "all fast_1@k"]
+        ref = next(r for r in c["runs"] if r["run_dir"] == c["curve_of"])
+        self.assertEqual(curve, [(float(p["k"]), p["fast_1"]) for p in ref["analysis"]["at_k"]])
+        top2 = [m for m in page.marks if m["data-series"] == "top2 score"]
+        run = next(r for r in c["runs"] if r["run_dir"].endswith("top2"))
+        self.assertEqual(len(top2), 1)
+        self.assertAlmostEqual(float(top2[0]["data-y"]), run["score"], places=12)
+        if run["equivalent_k"] is not None:
+            self.assertAlmostEqual(float(top2[0]["data-x"]), run["equivalent_k"], places=9)
         # Run again into the same folder: finished arms are kept, not run twice.
         again = subprocess.run([LAUNCH, cfg, "--run-dir", root], capture_output=True, text=True, timeout=300)
         self.assertEqual(again.returncode, 0, again.stderr[-2000:])
