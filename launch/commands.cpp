@@ -159,6 +159,19 @@ nlohmann::json run_analysis(Store& store, const AnalyzeOptions& o, const std::ve
   ao.m = o.m;
   return analyze(samples, ao, learner);
 }
+
+// Writes a report page and prints its path; 1 when it cannot be written.
+int write_report(const std::string& out, const std::string& html) {
+  std::ofstream f(out);
+  f << html;
+  f.close();
+  if (!f) {
+    std::fprintf(stderr, "launch report: cannot write %s\n", out.c_str());
+    return 1;
+  }
+  std::printf("%s\n", fs::absolute(out).lexically_normal().string().c_str());
+  return 0;
+}
 }  // namespace
 
 int cmd_report(const AnalyzeOptions& o) {
@@ -172,17 +185,8 @@ int cmd_report(const AnalyzeOptions& o) {
       std::fprintf(stderr, "launch report: %s/comparison.json: not valid JSON\n", o.run_dir.c_str());
       return 2;
     }
-    std::string title = fs::absolute(o.run_dir).lexically_normal().string();
-    std::string out = o.out.empty() ? (fs::path(o.run_dir) / "report.html").string() : o.out;
-    std::ofstream f(out);
-    f << render_comparison_report(title, c);
-    f.close();
-    if (!f) {
-      std::fprintf(stderr, "launch report: cannot write %s\n", out.c_str());
-      return 1;
-    }
-    std::printf("%s\n", fs::absolute(out).lexically_normal().string().c_str());
-    return 0;
+    return write_report(o.out.empty() ? (fs::path(o.run_dir) / "report.html").string() : o.out,
+                        render_comparison_report(fs::absolute(o.run_dir).lexically_normal().string(), c));
   }
   auto store = open_run_store("report", o.run_dir, rc);
   if (!store) return rc;
@@ -200,16 +204,7 @@ int cmd_report(const AnalyzeOptions& o) {
   if (cj) in.compute = nlohmann::json::parse(cj, nullptr, false);
   if (in.compute.is_discarded()) in.compute = nullptr;
   if (in.summary.is_discarded()) in.summary = nullptr;
-  std::string out = o.out.empty() ? (dir / "report.html").string() : o.out;
-  std::ofstream f(out);
-  f << render_report(in);
-  f.close();
-  if (!f) {
-    std::fprintf(stderr, "launch report: cannot write %s\n", out.c_str());
-    return 1;
-  }
-  std::printf("%s\n", fs::absolute(out).lexically_normal().string().c_str());
-  return 0;
+  return write_report(o.out.empty() ? (dir / "report.html").string() : o.out, render_report(in));
 }
 
 int cmd_analyze(const AnalyzeOptions& o) {
