@@ -56,15 +56,15 @@ EXTRA_TESTS = [
 ]
 
 
-def corpus():
+def corpus(files=("README.md", "docs/ARCHITECTURE.md", "gpu/harness.py", "gpu/scaffold.py")):
     lines = []
-    for rel in ["README.md", "docs/ARCHITECTURE.md", "gpu/harness.py", "gpu/scaffold.py"]:
+    for rel in files:
         with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
             lines.extend(f.read().splitlines(keepends=True))
     return lines + UNICODE_LINES * 20
 
 
-def train_tokenizer(style, path):
+def train_tokenizer(style, path, files=None):
     if style == "gpt2":
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -80,7 +80,7 @@ def train_tokenizer(style, path):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus(files) if files else corpus(), trainer=trainer)
     tok.save(path)
     return tok
 

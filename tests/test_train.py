@@ -105,7 +105,11 @@ def adapter(run_dir, step):
 
 def tiny_model(tmp, hidden=32, init=0.05):
     """A random two-layer Qwen2 with a byte-level BPE tokenizer trained on this repository's text."""
-    tok = train_tokenizer("qwen2", os.path.join(tmp, "tokenizer.json"))
+    # Trained on the bundled tasks (what the prompts hold), not on the docs: an edit of the README
+    # must not change what this random model writes, nor so how far a few steps move it.
+    tasks = sorted(os.path.join("tasks", "bundled", f) for f in os.listdir(os.path.join(ROOT, "tasks", "bundled"))
+                   if f.endswith(".py"))
+    tok = train_tokenizer("qwen2", os.path.join(tmp, "tokenizer.json"), files=tasks)
     torch.manual_seed(3)
     d = os.path.join(tmp, "tiny")
     m = Qwen2ForCausalLM(Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=hidden, intermediate_size=2 * hidden,
