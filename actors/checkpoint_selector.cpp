@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 namespace fs = std::filesystem;
 
@@ -27,6 +28,7 @@ struct Entry {
 struct selector_state {
   std::map<uint32_t, Entry> entries;       // by step
   std::map<uint32_t, StepStats> early;     // scores that arrived before their checkpoint
+  std::set<uint32_t> pinned;               // steps never deleted (versions a held-out evaluation scored)
   static inline const char* name = "checkpoint_selector";
 };
 
@@ -49,7 +51,7 @@ void prune(self_ptr self, const SelectorArgs& args) {
   for (size_t i = 0; i < n; ++i) {
     uint32_t s = steps[i];
     auto& e = st.entries[s];
-    bool keep = s == 0 || i + args.keep_last >= n || !e.scored || (best && best->c.step == s);
+    bool keep = s == 0 || i + args.keep_last >= n || !e.scored || (best && best->c.step == s) || st.pinned.count(s);
     if (keep) continue;
     std::error_code ec;
     fs::remove_all(e.c.path, ec);
@@ -112,6 +114,7 @@ caf::behavior selector_actor(self_ptr self, SelectorArgs args) {
         }
         score(self, args, it->second, s);
       },
+      [=](keep_atom, uint32_t step) { self->state.pinned.insert(step); },
       [=](best_atom) -> caf::result<Checkpoint> {
         const Entry* best = best_of(self->state);
         if (!best) return caf::make_error(caf::sec::runtime_error, "checkpoint_selector: no scored checkpoint yet");

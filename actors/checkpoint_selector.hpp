@@ -3,9 +3,11 @@
 // far" (Best-of-Adaptation). Checkpoint step-N holds policy version N, the weights that sampled
 // step N, so its score is step N's fast_1. It writes each StepStats as step-N/stats.json and keeps
 // step 0, the newest `keep_last`, the best by fast_1 (the earlier step on a tie) and any not yet
-// scored; the others are deleted. At start it reads what an earlier run left in the folder.
+// scored, and any pinned; the others are deleted. At start it reads what an earlier run left in
+// the folder.
 // Messages in:  Checkpoint (a new checkpoint, score not known yet);
 //               (record_atom, StepStats) (the score of checkpoint step-N);
+//               (keep_atom, uint32_t step) (pin step-N: a version the held-out evaluation scores);
 //               (best_atom) -> Checkpoint, or an error when none is scored
 #pragma once
 

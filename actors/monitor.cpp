@@ -179,14 +179,20 @@ std::string format_progress(const std::string& label,
   double done = get(m, "supervisor.samples_done"), total = get(m, "supervisor.samples_total");
   double correct = get(m, "supervisor.correct");
   double failed = done - correct;
-  if (m.count("supervisor.steps_total"))  // train: where the run is, what the last step scored, the learner
-    return fmt::format("[{}] step {}/{} | {} samples | fast_1 last step {:.2f} | reward {:.3f} | loss {:.4f} | "
-                       "entropy {:.3f} | policy v{} | {:.2f} samples/s | queue {} | in flight {}",
+  if (m.count("supervisor.steps_total")) {  // train: where the run is, what the last step scored, the learner
+    std::string held;  // the latest periodic evaluation on held-out tasks
+    if (get(m, "supervisor.eval_fast_1", -1) >= 0)
+      held = fmt::format(" | held-out fast_1 {:.2f} (v{})", get(m, "supervisor.eval_fast_1"),
+                         uint64_t(get(m, "supervisor.eval_version")));
+    return fmt::format("[{}] step {}/{} | {} samples | fast_1 last step {:.2f}{} | reward {:.3f} | loss {:.4f} | "
+                       "entropy {:.3f} | policy v{} | {:.2f} samples/s | queue {} | in flight {} | ETA {}",
                        label, uint64_t(get(m, "supervisor.step")) + 1, uint64_t(get(m, "supervisor.steps_total")),
-                       uint64_t(done), std::max(0.0, get(m, "supervisor.step_fast_1")), get(m, "supervisor.mean_reward"),
-                       get(m, "learner.loss"), get(m, "learner.entropy"), uint64_t(get(m, "supervisor.policy_version")),
-                       get(m, "supervisor.samples_per_s"), uint64_t(get(m, "dispatcher.queue_depth")),
-                       uint64_t(get(m, "dispatcher.in_flight")));
+                       uint64_t(done), std::max(0.0, get(m, "supervisor.step_fast_1")), held,
+                       get(m, "supervisor.mean_reward"), get(m, "learner.loss"), get(m, "learner.entropy"),
+                       uint64_t(get(m, "supervisor.policy_version")), get(m, "supervisor.samples_per_s"),
+                       uint64_t(get(m, "dispatcher.queue_depth")), uint64_t(get(m, "dispatcher.in_flight")),
+                       fmt_eta(get(m, "supervisor.eta_s", -1)));
+  }
   return fmt::format("[{}] {}/{} samples | correct {} | failed {} | fast_1 {:.2f} | reward {:.3f} | "
                      "{:.2f} samples/s | queue {} | in flight {} | ETA {}",
                      label, uint64_t(done), uint64_t(total), uint64_t(correct),

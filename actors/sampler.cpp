@@ -114,6 +114,7 @@ struct PendingPrompt {
   uint64_t group;
   size_t prompt;  // index into SamplerArgs::prompts
   uint32_t n;     // samples of it
+  std::string split;  // Rollout::split
 };
 
 struct sampler_state {
@@ -240,6 +241,7 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
       r.group_id = pp.group;
       r.sample_index = j;
       r.step = pp.step;
+      r.split = pp.split;
       r.sample_id = make_sample_id(r.task_id, r.group_id, r.sample_index);
       r.prompt = tp.prompt;
       r.completion = std::move(g.text);
@@ -277,13 +279,14 @@ uint64_t enqueue_plan(sampler_ptr self, const SamplerArgs& args, const SamplePla
       err = "task " + plan.task_ids[i] + " of step " + std::to_string(plan.step) + " has no prompt at this sampler";
       return 0;
     }
-    add.push_back({plan.step, plan.group_ids[i], k, std::max<uint32_t>(1, plan.n)});
+    add.push_back({plan.step, plan.group_ids[i], k, std::max<uint32_t>(1, plan.n), plan.split});
   }
   if (st.t_start < 0) st.t_start = mono_s();
   for (auto& a : add) st.to_generate.push_back(a);
   uint64_t n = uint64_t(add.size()) * std::max<uint32_t>(1, plan.n);
-  log::get("sampler")->info("step {}: sampling {} completions over {} tasks ({} backend, policy version {})", plan.step, n,
-                            add.size(), args.backend->name(), args.backend->version());
+  log::get("sampler")->info("{} {}: sampling {} completions over {} tasks ({} backend, policy version {})",
+                            plan.split.empty() ? "step" : plan.split + " of version", plan.step, n, add.size(),
+                            args.backend->name(), args.backend->version());
   if (!st.generating && !st.to_generate.empty()) {
     st.generating = true;
     self->send(self, tick_atom::value);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 
 namespace kernelrl {
 
@@ -67,6 +68,23 @@ struct supervisor_state {
   double last_step_fast_1 = -1;
   AdaptationTracker tracker;               // Best-of-Adaptation and early stopping
   bool stopped_early = false;
+  // train with eval tasks: one round per evaluated version
+  struct EvalRound {
+    uint64_t expected = 0, recorded = 0;   // samples planned and stored
+    uint64_t next_j = 0;                   // next group number of this round
+    std::map<uint64_t, std::pair<std::string, uint32_t>> groups;  // group id -> task, samples stored
+    std::map<std::string, TaskAgg> tasks;
+    std::map<std::string, uint64_t> status_counts;
+    uint64_t min_version = ~uint64_t(0), max_version = 0;  // versions that actually sampled it
+    bool reported = false;
+  };
+  std::map<uint32_t, EvalRound> evals;     // by the version evaluated
+  bool ending = false;                     // learning is over; the run ends once the evaluations are in
+  double last_eval_fast_1 = -1;
+  uint32_t last_eval_version = 0;
+  uint64_t eval_rollouts = 0;
+  uint64_t first_version = 0;              // the version the run started (or resumed) from
+  double t_synced = -1;                    // mono_s when it started sampling
   // compute spent (compute.json)
   uint64_t student_tokens = 0;
   double eval_wall_s = 0, eval_device_s = 0, compile_s = 0;
@@ -130,11 +148,21 @@ void add_to(std::map<std::string, TaskAgg>& tasks, const ScoredRollout& s) {
   }
 }
 
-// Counts a recorded sample in the run's totals.
+// Counts a recorded sample in the run's totals (its compute always; its scores only when it is a
+// sample of the experiment, not of a periodic evaluation).
 void count_sample(supervisor_state& st, const ScoredRollout& s) {
   ++st.recorded;
   st.t_last_record = mono_s();
   if (st.t_first_record < 0) st.t_first_record = st.t_last_record;
+  st.student_tokens += s.rollout.token_ids.size();
+  st.eval_wall_s += s.result.wall_s;
+  st.compile_s += s.result.compile_s;
+  if (s.result.device_start > 0 && s.result.device_end > s.result.device_start)
+    st.eval_device_s += s.result.device_end - s.result.device_start;
+  if (!s.rollout.split.empty()) {
+    ++st.eval_rollouts;
+    return;
+  }
   ++st.status_counts[to_string(s.result.status)];
   if (st.reward_hist.empty()) st.reward_hist.assign(reward_bins.size(), 0);
   if (s.result.status != EvalStatus::skipped) ++st.reward_hist[reward_bin(s.reward)];
@@ -145,11 +173,42 @@ void count_sample(supervisor_state& st, const ScoredRollout& s) {
   st.stale_sum += stale;
   add_to(st.tasks, s);
   if (s.result.status == EvalStatus::ok) st.speedups.push_back(s.result.speedup);
-  st.student_tokens += s.rollout.token_ids.size();
-  st.eval_wall_s += s.result.wall_s;
-  st.compile_s += s.result.compile_s;
-  if (s.result.device_start > 0 && s.result.device_end > s.result.device_start)
-    st.eval_device_s += s.result.device_end - s.result.device_start;
+}
+
+// A periodic evaluation's sample into its round (the version it evaluates).
+void add_eval(supervisor_state& st, const ScoredRollout& s) {
+  auto& e = st.evals[s.rollout.step];
+  ++e.recorded;
+  add_to(e.tasks, s);
+  ++e.status_counts[to_string(s.result.status)];
+  e.min_version = std::min(e.min_version, s.rollout.policy_version);
+  e.max_version = std::max(e.max_version, s.rollout.policy_version);
+  auto& g = e.groups[s.rollout.group_id];
+  g.first = s.rollout.task_id;
+  ++g.second;
+  e.next_j = std::max(e.next_j, s.rollout.group_id % (uint64_t(1) << 20) + 1);
+}
+
+// One evaluation round as the summary reports it.
+nlohmann::json eval_json(uint32_t version, const supervisor_state::EvalRound& e, const std::string& checkpoints) {
+  StepStats s = stats_of(e.tasks, e.status_counts, version);
+  nlohmann::json tasks = nlohmann::json::array();
+  for (auto& [id, t] : e.tasks)
+    tasks.push_back({{"task_id", id}, {"samples", t.samples}, {"correct", t.correct},
+                     {"fast_1", t.samples ? double(t.faster) / double(t.samples) : 0.0}});
+  nlohmann::json j = {{"policy_version", version},
+                      {"samples", s.samples},
+                      {"correct", s.correct},
+                      {"correct_rate", s.samples ? double(s.correct) / double(s.samples) : 0.0},
+                      {"fast_1", s.fast_1},
+                      {"mean_speedup", s.mean_speedup},
+                      {"mean_reward", s.mean_reward},
+                      {"status_counts", s.status_counts},
+                      {"tasks", tasks}};
+  if (e.recorded > 0) j["sampled_by_versions"] = {e.min_version, e.max_version};
+  auto dir = checkpoint_dir(checkpoints, version);
+  if (std::filesystem::exists(dir)) j["checkpoint"] = dir;
+  return j;
 }
 
 // The compute a run spent, with the settings that make two runs' budgets comparable.
@@ -166,6 +225,7 @@ nlohmann::json compute_json(const supervisor_state& st, const SupervisorArgs& ar
   const uint64_t evaluations = st.recorded - (skipped == st.status_counts.end() ? 0 : skipped->second);
   return {{"rollouts", st.recorded},
           {"evaluations", evaluations},
+          {"eval_split_rollouts", st.eval_rollouts},
           {"student_tokens", st.student_tokens},
           {"teacher_tokens", uint64_t(teacher_tokens)},
           {"eval_seconds", st.eval_wall_s},
@@ -244,6 +304,22 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
                   {"checkpoint", checkpoint_dir((std::filesystem::path(args.store_path).parent_path() / "checkpoints").string(), v)}};
     }
     j["stopped_early"] = st.stopped_early;
+    if (!args.eval_task_ids.empty()) {  // the held-out evaluations, and the best of them
+      const auto ck = (std::filesystem::path(args.store_path).parent_path() / "checkpoints").string();
+      nlohmann::json rounds = nlohmann::json::array();
+      size_t best = 0;
+      for (auto& [v, e] : st.evals) {
+        if (e.recorded == 0) continue;
+        rounds.push_back(eval_json(v, e, ck));
+        if (rounds.back()["fast_1"].get<double>() > rounds[best]["fast_1"].get<double>()) best = rounds.size() - 1;
+      }
+      if (!rounds.empty()) {  // the earliest on a tie
+        j["eval_best"] = {{"policy_version", rounds[best]["policy_version"]}, {"fast_1", rounds[best]["fast_1"]}};
+        if (rounds[best].contains("checkpoint")) j["eval_best"]["checkpoint"] = rounds[best]["checkpoint"];
+      }
+      j["eval"] = rounds;
+      j["eval_tasks"] = args.eval_task_ids;
+    }
   }
   if (st.store) {
     if (!learns(args) && s.samples > 0 && !st.store->record_step(args.run_id, s))
@@ -276,6 +352,66 @@ void request_samples(self_ptr self, const SupervisorArgs& args, SamplePlan plan)
   self->request(self->state.sampler, caf::infinite, std::move(plan))
       .then([=](uint64_t n) { self->state.expected += n; },
             [=](caf::error& e) { finish(self, args, "sampler failed to plan step " + std::to_string(step) + ": " + error_text(self->system(), e)); });
+}
+
+constexpr uint64_t eval_group_base = uint64_t(1) << 62;  // group ids of evaluation rounds: base + v * stride + j
+
+bool evals_done(const supervisor_state& st) {
+  for (auto& [v, e] : st.evals)
+    if (e.recorded < e.expected) return false;
+  return true;
+}
+
+// Reports evaluation round `v` once all its samples are in; ends a run that only waited for it.
+void eval_progress(self_ptr self, const SupervisorArgs& args, uint32_t v) {
+  auto& st = self->state;
+  auto& e = st.evals[v];
+  if (e.expected > 0 && e.recorded >= e.expected && !e.reported) {
+    e.reported = true;
+    StepStats s = stats_of(e.tasks, e.status_counts, v);
+    st.last_eval_fast_1 = s.fast_1;
+    st.last_eval_version = v;
+    log::get("supervisor")->info("eval of policy version {}: {} samples over {} held-out tasks, correct {:.3f}, fast_1 {:.3f}",
+                                 v, s.samples, e.tasks.size(), s.samples ? double(s.correct) / double(s.samples) : 0.0,
+                                 s.fast_1);
+  }
+  if (st.ending && evals_done(st)) finish(self, args, "");
+}
+
+// Plans the evaluation of policy version `v` on the eval tasks, once. A round begun before a
+// restart plans only the tasks that have no complete group yet.
+void plan_eval(self_ptr self, const SupervisorArgs& args, uint32_t v) {
+  auto& st = self->state;
+  if (args.eval_task_ids.empty() || st.finished) return;
+  auto& e = st.evals[v];
+  if (e.expected > 0) return;
+  if (args.selector) self->send(args.selector, keep_atom::value, v);  // its checkpoint stays with its score
+  std::set<std::string> done;
+  for (auto& [gid, g] : e.groups)
+    if (g.second >= args.eval_samples) done.insert(g.first);
+  SamplePlan plan;
+  plan.step = v;
+  plan.n = args.eval_samples;
+  plan.split = "eval";
+  for (auto& t : args.eval_task_ids) {
+    if (done.count(t)) continue;
+    plan.task_ids.push_back(t);
+    plan.group_ids.push_back(eval_group_base + uint64_t(v) * group_stride + e.next_j++);
+  }
+  e.expected = e.recorded + uint64_t(plan.task_ids.size()) * args.eval_samples;
+  log::get("supervisor")->info("eval of policy version {}: {} held-out tasks x {} samples", v, plan.task_ids.size(),
+                               args.eval_samples);
+  if (!plan.task_ids.empty()) request_samples(self, args, std::move(plan));
+  else eval_progress(self, args, v);
+}
+
+// No more learning (the last step, or early stopping): the newest version is evaluated, then the run ends.
+void end_learning(self_ptr self, const SupervisorArgs& args) {
+  auto& st = self->state;
+  st.ending = true;
+  plan_eval(self, args, uint32_t(st.version));
+  if (evals_done(st)) finish(self, args, "");
+  else log::get("supervisor")->info("learning is done; waiting for the evaluation of policy version {}", st.version);
 }
 
 void step_complete(self_ptr self, const SupervisorArgs& args, uint32_t s) {
@@ -329,13 +465,15 @@ void on_update(self_ptr self, const SupervisorArgs& args, StepUpdate& u) {
     st.stopped_early = true;
     log::get("supervisor")->info("step {}: no better fast_1 than step {} ({:.3f}) for {} steps: stopping early", u.step,
                                  st.tracker.best_step, st.tracker.best, st.tracker.patience);
-    finish(self, args, "");
+    end_learning(self, args);
     return;
   }
   if (u.step + 1 >= args.steps) {
-    finish(self, args, "");
+    end_learning(self, args);
     return;
   }
+  // The new version's evaluation is queued before the next step's samples, so the same weights draw it.
+  if (args.eval_every > 0 && st.version % args.eval_every == 0) plan_eval(self, args, uint32_t(st.version));
   plan_more(self, args);
 }
 
@@ -382,6 +520,10 @@ void load_resumed(self_ptr self, const SupervisorArgs& args, uint32_t from) {
     count_sample(st, row.record);
     ++st.resumed_samples;
     const auto& r = row.record.rollout;
+    if (!r.split.empty()) {  // an evaluation round's: its tasks with a complete group are not planned again
+      add_eval(st, row.record);
+      continue;
+    }
     if (r.step == from) by_group[r.group_id].push_back(row.record);
     else if (r.step > from) ++st.abandoned;
     auto& t = st.steps[r.step];
@@ -506,13 +648,16 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
                   [=](uint64_t v) {
                     auto& st = self->state;
                     st.version = v;
+                    st.first_version = v;
+                    st.t_synced = mono_s();
                     st.next_plan = uint32_t(v);
                     if (args.resume) load_resumed(self, args, uint32_t(v));
                     if (v >= args.steps) {
                       lg->info("the checkpoint is at version {}: all {} steps are done", v, args.steps);
-                      finish(self, args, "");
+                      end_learning(self, args);
                       return;
                     }
+                    plan_eval(self, args, uint32_t(v));  // the starting point, before any update
                     lg->info("train: steps {}..{}, {} tasks x {} samples per step, policy version {}", v, args.steps - 1,
                              args.batch_size, args.group_size, v);
                     plan_more(self, args);
@@ -559,6 +704,11 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
         }
         count_sample(st, s);
         if (learns(args)) {
+          if (!s.rollout.split.empty()) {
+            add_eval(st, s);
+            eval_progress(self, args, s.rollout.step);
+            return;
+          }
           record_train(self, args, s);
           return;
         }
@@ -598,7 +748,15 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
           t.values["steps_total"] = double(args.steps);
           t.values["step_fast_1"] = st.last_step_fast_1;
           t.values["stale_rejected"] = double(st.stale_rejected);
-          t.values["eta_s"] = -1.0;  // the sample count of a train run grows as steps are planned
+          if (!args.eval_task_ids.empty()) {
+            t.values["eval_fast_1"] = st.last_eval_fast_1;
+            t.values["eval_version"] = double(st.last_eval_version);
+          }
+          // The sample count grows as steps are planned: the ETA is the pace of the steps done so far.
+          const double done = double(st.version) - double(st.first_version);
+          t.values["eta_s"] = done > 0 && st.t_synced > 0 && !st.finished
+                                  ? (mono_s() - st.t_synced) / done * std::max(0.0, double(args.steps) - double(st.version))
+                                  : -1.0;
         }
         for (auto& [k, v] : st.status_counts) t.values["status." + k] = double(v);
         auto xs = st.speedups;

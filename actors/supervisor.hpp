@@ -17,6 +17,10 @@
 //          acknowledged by every sampler. A learner error (a failed sync included) ends the run.
 //          With `resume`, the run continues from the learner's version: the store's samples of
 //          earlier steps are counted once, complete groups of the resumed step are reused.
+//          With eval tasks, the served policy of the first version, of every eval_every-th and of
+//          the last one samples each eval task (Rollout::split "eval", `step` = the version); those
+//          samples are stored and scored per version ("eval" in the summary) but never learned
+//          from, and the run ends once the last evaluation is in.
 // Messages in:  (plan_atom, actor sampler, vector<actor> evaluators) -> std::string summary JSON; (record_atom, ScoredRollout);
 //               (record_atom, Telemetry) (kept in the store);
 //               (stats_atom) -> Telemetry; down messages of the evaluators it watches
@@ -52,6 +56,11 @@ struct SupervisorArgs {
   uint64_t seed = 0;                  // task order
   bool resume = false;                // continue a run from its store and checkpoints
   uint32_t patience = 0;              // early stopping (AdaptationTracker), train and ttt
+  // train: periodic evaluation on held-out tasks (empty: none). The versions evaluated: the first
+  // one served, every eval_every-th, and the last; each with eval_samples samples per task.
+  std::vector<std::string> eval_task_ids;
+  uint32_t eval_every = 0;
+  uint32_t eval_samples = 1;
   // What makes two runs' budgets comparable (K, temperature, max_tokens, eval mode, checkpoint),
   // written with the run's compute into RUN_DIR/compute.json.
   std::map<std::string, std::string> settings;

@@ -211,9 +211,15 @@ double partial_spearman(const std::vector<double>& x, const std::vector<double>&
   return (xy - xz * yz) / d;
 }
 
-nlohmann::json analyze(const std::vector<AnalysisSample>& samples, const AnalysisOptions& o,
+nlohmann::json analyze(const std::vector<AnalysisSample>& all_samples, const AnalysisOptions& o,
                        const std::map<uint32_t, std::map<std::string, double>>& learner) {
-  nlohmann::json out;
+  std::vector<AnalysisSample> samples, held_out;
+  for (auto& s : all_samples) (s.split.empty() ? samples : held_out).push_back(s);
+  nlohmann::json out, held;
+  if (!held_out.empty()) {
+    for (auto& s : held_out) s.split.clear();
+    held = analyze(held_out, o);
+  }
   Counts all;
   std::map<uint32_t, Counts> by_step;
   std::map<std::string, Counts> by_task;
@@ -358,6 +364,7 @@ nlohmann::json analyze(const std::vector<AnalysisSample>& samples, const Analysi
                                {"evaluations_per_group", double(t.first.evaluations) / n}};
   }
   out["selection"] = sel;
+  if (!held.is_null()) out["eval"] = held;
   return out;
 }
 

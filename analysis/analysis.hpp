@@ -24,6 +24,8 @@ struct AnalysisSample {
   double reward = 0;
   double logprob_mean = 0;    // mean per-token logprob under the sampling policy
   uint32_t num_tokens = 0;    // completion tokens (0: unknown, e.g. replayed text)
+  std::string split;          // "eval": a train run's periodic evaluation on held-out tasks (`step`
+                              // is the policy version evaluated); analysed apart, under "eval"
 };
 
 struct AnalysisOptions {
@@ -78,7 +80,8 @@ std::vector<size_t> surprisal_order(const std::vector<double>& means);
 
 // Everything above as one JSON object: the run's summary, "steps", "per_task", "per_step_task"
 // (each task's figures per step: TTT trajectories), "at_k", "logprob_vs_speedup", "selection". `learner` maps a step to its learner figures (loss, ...)
-// and is merged into "steps".
+// and is merged into "steps". Samples of a periodic evaluation (split "eval") are in none of
+// these: "eval" is the same analysis of them alone, its "steps" being the versions evaluated.
 nlohmann::json analyze(const std::vector<AnalysisSample>& samples, const AnalysisOptions& o,
                        const std::map<uint32_t, std::map<std::string, double>>& learner = {});
 

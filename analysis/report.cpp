@@ -308,6 +308,12 @@ std::string render_report(const ReportInputs& in) {
     rows.push_back({"best of adaptation", fmt::format("step {} (fast_1 {:.3f}){}", in.summary["boa"]["step"].get<uint32_t>(),
                                                       in.summary["boa"]["fast_1"].get<double>(),
                                                       in.summary.value("stopped_early", false) ? ", stopped early" : "")});
+  if (a.contains("eval") && !a["eval"].value("steps", nlohmann::json::array()).empty()) {
+    const auto& ev = a["eval"]["steps"];
+    rows.push_back({"held-out " + fk, fmt::format("{} at version {}, {} at version {}", fmt_num(value(ev.front(), fk)),
+                                                  ev.front()["step"].dump(), fmt_num(value(ev.back(), fk)),
+                                                  ev.back()["step"].dump())});
+  }
   h += "<h2>Summary</h2>\n" + table({"figure", "value"}, rows);
   if (in.compute.is_object()) {
     std::vector<std::vector<std::string>> cr;
@@ -332,10 +338,23 @@ std::string render_report(const ReportInputs& in) {
       rw.x.push_back(x), rw.y.push_back(value(s, "mean_reward"));
     }
     c.series = {f1, cr, rw};
+    std::string held_note;
+    if (a.contains("eval")) {  // the periodic evaluation on held-out tasks, at the versions evaluated
+      Series hf{"held-out fast_1"}, hc{"held-out correct rate"};
+      for (auto& s : a["eval"].value("steps", nlohmann::json::array())) {
+        double x = s["step"].get<double>();
+        hf.x.push_back(x), hf.y.push_back(value(s, fk));
+        hc.x.push_back(x), hc.y.push_back(value(s, "correct_rate"));
+      }
+      c.series.push_back(hf);
+      c.series.push_back(hc);
+      held_note = " The held-out series are the periodic evaluation on the eval tasks, drawn by the policy of each "
+                  "version evaluated (never learned from).";
+    }
     c.ymin = 0;
     h += "<h2>Training curves</h2>\n<p class=\"note\">Each step's samples: fast_1 (correct and faster than the "
          "reference), correct rate and mean reward. A train run's steps are sampled by the policy of that version; a "
-         "ttt/sdpo run's best step is its Best-of-Adaptation.</p>\n" + svg_chart(c);
+         "ttt/sdpo run's best step is its Best-of-Adaptation." + held_note + "</p>\n" + svg_chart(c);
     Chart l{"learner", "step", "value"};
     Series loss{"loss"}, ent{"entropy"}, kl{"kl"};
     for (auto& s : steps) {

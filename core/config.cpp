@@ -572,6 +572,30 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     } else if (c.experiment.patience != 0) {
       r.error_here("patience", "patience is for mode = \"train\", \"ttt\" or \"sdpo\"");
     }
+    r.str("eval_split", c.experiment.eval_split);
+    r.str_array("eval_ids", c.experiment.eval_ids);
+    r.integer("eval_every", c.experiment.eval_every, 0, 1 << 20);
+    r.integer("eval_samples", c.experiment.eval_samples, 0, 1 << 20);
+    const bool has_eval = !c.experiment.eval_split.empty() || !c.experiment.eval_ids.empty();
+    if (has_eval && m != "train") {
+      r.error_here(c.experiment.eval_split.empty() ? "eval_ids" : "eval_split",
+                   "periodic evaluation on held-out tasks is for mode = \"train\" (" + m + " evaluates its own tasks)");
+    } else if (!c.experiment.eval_split.empty() && !c.experiment.eval_ids.empty()) {
+      r.error_here("eval_ids", "set eval_ids or eval_split, not both");
+    } else if (has_eval) {
+      auto& e = c.experiment.eval_tasks;
+      e = c.tasks;
+      e.ids = c.experiment.eval_ids;
+      e.split = c.experiment.eval_split;
+      if (!e.split.empty() && e.split_file.empty()) e.split_file = source_dir() + "/tasks/splits.toml";
+      TaskSet ts;
+      std::string err;
+      if (!c.tasks.folder().empty() && fs::is_directory(c.tasks.folder()) && !ts.load(e, err))
+        r.error_here(c.experiment.eval_split.empty() ? "eval_ids" : "eval_split", err);
+    } else if (c.experiment.eval_every != 0 || c.experiment.eval_samples != 0) {
+      r.error_here(c.experiment.eval_every != 0 ? "eval_every" : "eval_samples",
+                   "set eval_split or eval_ids: the held-out tasks to evaluate on");
+    }
     if (m != "sdpo" && root.get("sdpo"))
       r.error_here("mode", "[sdpo] is set but mode is \"" + m + "\" (the [sdpo] settings are for mode = \"sdpo\")");
     r.str("name", c.experiment.name);

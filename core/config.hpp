@@ -183,6 +183,16 @@ struct ExperimentConfig {
                                     // top-m); the rest are stored unevaluated. 0: evaluate all K
   uint32_t patience = 0;            // train, ttt, sdpo: stop after this many steps without a better
                                     // fast_1 (0: run every step); the best step is reported (BoA)
+  // train: periodic evaluation on held-out tasks (an eval split): the policy of every
+  // eval_every-th version (and the first and the last) samples eval_samples completions of each
+  // eval task; they are evaluated and stored (Rollout::split "eval") but never learned from.
+  std::string eval_split;           // a named split of [tasks] split_file ("": none)
+  std::vector<std::string> eval_ids;  // or task ids, numbers, ranges of [tasks]' folder
+  uint32_t eval_every = 0;          // versions between evaluations (0: only the first and the last)
+  uint32_t eval_samples = 0;        // samples per eval task and evaluation (0: [learner] group_size)
+  TasksConfig eval_tasks;           // filled by load_config: the eval tasks' selection (empty
+                                    // ids and split: no periodic evaluation)
+  bool evaluates() const { return !eval_tasks.ids.empty() || !eval_tasks.split.empty(); }
   std::string name = "run";         // prefix of the run directory name
   std::string run_root = "runs";    // where run directories are created
   uint64_t seed = 0;                // experiment seed

@@ -72,6 +72,21 @@ void print_summary(const nlohmann::json& j, const std::string& run_dir) {
       std::printf("best of adaptation: step %u (fast_1 %.3f), %s%s\n", j["boa"]["step"].get<uint32_t>(),
                   j["boa"]["fast_1"].get<double>(), j["boa"]["checkpoint"].get<std::string>().c_str(),
                   j.value("stopped_early", false) ? "; stopped early ([experiment] patience)" : "");
+    if (j.contains("eval") && !j["eval"].empty()) {  // the held-out tasks, per evaluated version
+      std::printf("\nheld-out evaluation (%zu tasks):\n%8s %8s %8s %7s %13s\n", j["eval_tasks"].size(), "version",
+                  "samples", "correct", "fast_1", "mean speedup");
+      for (auto& e : j["eval"])
+        std::printf("%8llu %8llu %8.3f %7.3f %12.2fx\n", static_cast<unsigned long long>(e["policy_version"].get<uint64_t>()),
+                    static_cast<unsigned long long>(e["samples"].get<uint64_t>()), e["correct_rate"].get<double>(),
+                    e["fast_1"].get<double>(), e["mean_speedup"].get<double>());
+      if (j.contains("eval_best"))
+        std::printf("best held-out: policy version %llu (fast_1 %.3f)%s\n",
+                    static_cast<unsigned long long>(j["eval_best"]["policy_version"].get<uint64_t>()),
+                    j["eval_best"]["fast_1"].get<double>(),
+                    j["eval_best"].contains("checkpoint")
+                        ? (", " + j["eval_best"]["checkpoint"].get<std::string>()).c_str()
+                        : " (its checkpoint was not kept: raise [learner] keep_last)");
+    }
   }
   std::printf("\n%-32s %8s %9s %7s %13s\n", "task", "samples", "correct", "fast_1", "mean speedup");
   for (auto& t : j["tasks"]) {
@@ -139,7 +154,7 @@ std::vector<AnalysisSample> analysis_samples(Store& store) {
   std::vector<AnalysisSample> out;
   for (auto& r : store.samples())
     out.push_back({r.status != "skipped", r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean,
-                   r.num_tokens});
+                   r.num_tokens, r.record.rollout.split});
   return out;
 }
 }  // namespace
@@ -245,6 +260,15 @@ int cmd_analyze(const AnalyzeOptions& o) {
                   (unsigned long long)st["samples"].get<uint64_t>(), st["correct_rate"].get<double>(),
                   fast_vals(st).c_str(), st["mean_reward"].get<double>(), loss.c_str());
     }
+  }
+  if (j.contains("eval")) {  // a train run's periodic evaluation on held-out tasks
+    auto& ev = j["eval"];
+    std::printf("\nheld-out evaluation: %llu samples over %llu tasks\n%8s %8s %8s%s %9s\n",
+                (unsigned long long)ev["samples"].get<uint64_t>(), (unsigned long long)ev["tasks"].get<uint64_t>(),
+                "version", "samples", "correct", fast_cols.c_str(), "geomean");
+    for (auto& st : ev["steps"])
+      std::printf("%8u %8llu %8.3f%s %9s\n", st["step"].get<uint32_t>(), (unsigned long long)st["samples"].get<uint64_t>(),
+                  st["correct_rate"].get<double>(), fast_vals(st).c_str(), f(st["geomean_speedup"], "{:.2f}x").c_str());
   }
   std::printf("\n%-32s %8s %8s%s %9s %9s\n", "task", "samples", "correct", fast_cols.c_str(), "geomean", "best");
   for (auto& t : j["per_task"])
@@ -425,6 +449,7 @@ int cmd_export(const std::string& run_dir) {
         {"token_ids", r.record.rollout.token_ids},
         {"logprobs", r.record.rollout.logprobs},
         {"sampler_id", r.record.rollout.sampler_id},
+        {"split", r.record.rollout.split},
         {"assembled_code", e.assembled_code},
         {"compile_log", e.compile_log},
     });
@@ -493,6 +518,18 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     lg->error("{}", err);
     return 2;
   }
+  TaskSet eval_tasks;  // train: the held-out tasks of the periodic evaluation
+  if (cfg.experiment.evaluates()) {
+    if (!eval_tasks.load(cfg.experiment.eval_tasks, err)) {
+      lg->error("[experiment] eval: {}", err);
+      return 2;
+    }
+    size_t shared = 0;
+    for (auto& t : eval_tasks.tasks()) shared += tasks.find(t.id) ? 1 : 0;
+    if (shared > 0)
+      lg->warn("[experiment] eval: {} of the {} eval tasks are also training tasks: their figures are not held out",
+               shared, eval_tasks.size());
+  }
   std::vector<ReplayRecord> records;
   std::vector<SamplerArgs::TaskPrompt> prompts;
   std::map<std::string, std::string> user_messages;  // by task: what the student was asked (SDPO's teacher sees more)
@@ -511,15 +548,17 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
       return 2;
     }
   } else {
-    for (auto& t : tasks.tasks()) {
-      std::string user;
-      if (!task_user_message(t, cfg.evaluator.action_space, user, err)) {
-        lg->error("{}", err);
-        return 2;
+    for (auto* set : {&tasks, &eval_tasks})
+      for (auto& t : set->tasks()) {
+        if (user_messages.count(t.id)) continue;  // an eval task that is also a training task
+        std::string user;
+        if (!task_user_message(t, cfg.evaluator.action_space, user, err)) {
+          lg->error("{}", err);
+          return 2;
+        }
+        prompts.push_back({t.id, render_prompt(cfg.policy, user)});
+        user_messages[t.id] = user;
       }
-      prompts.push_back({t.id, render_prompt(cfg.policy, user)});
-      user_messages[t.id] = user;
-    }
   }
 
   const bool adapts = cfg.experiment.mode == "ttt" || cfg.experiment.mode == "sdpo";  // every task, every step
@@ -666,9 +705,14 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
                    {"tasks", std::to_string(tasks.size())}};
     if (cfg.experiment.mode == "sdpo") sa.settings["sdpo_context"] = cfg.sdpo.context;
     if (cfg.experiment.evaluate_top_m > 0) sa.settings["evaluate_top_m"] = std::to_string(cfg.experiment.evaluate_top_m);
+    if (eval_tasks.size() > 0) {
+      sa.settings["eval_tasks"] = std::to_string(eval_tasks.size());
+      sa.settings["eval_every"] = std::to_string(cfg.experiment.eval_every);
+    }
 
     DispatcherArgs da;
     for (auto& t : tasks.tasks()) da.task_paths[t.id] = t.path;
+    for (auto& t : eval_tasks.tasks()) da.task_paths[t.id] = t.path;
     da.action_space = cfg.evaluator.action_space;
     da.mode = cfg.evaluator.mode;
     da.seed = cfg.evaluator.seed;
@@ -719,6 +763,9 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
       supervisor_args.max_staleness = cfg.learner.max_staleness;
       supervisor_args.seed = cfg.experiment.seed;
       supervisor_args.resume = resume;
+      for (auto& t : eval_tasks.tasks()) supervisor_args.eval_task_ids.push_back(t.id);
+      supervisor_args.eval_every = cfg.experiment.eval_every;
+      supervisor_args.eval_samples = cfg.experiment.eval_samples ? cfg.experiment.eval_samples : cfg.learner.group_size;
     }
     auto supervisor = spawn_supervisor(sys, supervisor_args);
     auto reward = spawn_reward(sys, cfg.reward, supervisor, caf::actor{});

@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 8;
+inline constexpr uint32_t protocol_version = 9;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -53,9 +53,12 @@ struct Rollout {
   std::vector<float> logprobs;      // per-token logprobs of token_ids under the sampling policy
   uint64_t policy_version = 0;      // version of the weights that produced it
   std::string sampler_id;           // which sampler made it
+  std::string split;                // "": a sample of the experiment; "eval": a train run's periodic
+                                    // evaluation on its eval split (never learned from; `step` is
+                                    // the policy version it evaluates)
   friend bool operator==(const Rollout&, const Rollout&) = default;
   MSGPACK_DEFINE_MAP(sample_id, task_id, group_id, sample_index, step, prompt, completion, token_ids,
-                     logprobs, policy_version, sampler_id);
+                     logprobs, policy_version, sampler_id, split);
 };
 
 // What the dispatcher asks an evaluator to do with one rollout.
@@ -182,8 +185,9 @@ struct SamplePlan {
   std::vector<std::string> task_ids;
   std::vector<uint64_t> group_ids;  // one per task id
   uint32_t n = 1;                   // samples per group
+  std::string split;                // Rollout::split of every sample of the plan
   friend bool operator==(const SamplePlan&, const SamplePlan&) = default;
-  MSGPACK_DEFINE_MAP(step, task_ids, group_ids, n);
+  MSGPACK_DEFINE_MAP(step, task_ids, group_ids, n, split);
 };
 
 // The learner's report of one optimizer step, sent to the supervisor once every sampler has
@@ -291,6 +295,7 @@ using publish_atom = caf::atom_constant<caf::atom("publish")>;    // -> monitor
 using stats_atom = caf::atom_constant<caf::atom("stats")>;        // query counters
 using tick_atom = caf::atom_constant<caf::atom("tick")>;          // self timers
 using best_atom = caf::atom_constant<caf::atom("best")>;          // -> checkpoint_selector
+using keep_atom = caf::atom_constant<caf::atom("keep")>;          // supervisor -> checkpoint_selector: pin a step
 using sync_atom = caf::atom_constant<caf::atom("sync")>;          // supervisor -> learner: publish
                                                                   // the current weights
 using finish_atom = caf::atom_constant<caf::atom("finish")>;      // orderly end of a run

@@ -285,6 +285,52 @@ TEST_CASE("the learner's keys and the train mode are checked", "[config][learner
   CHECK(e3[0].find("experiment.k: k is for mode = \"best_of_n\"") != std::string::npos);
 }
 
+TEST_CASE("a train run's held-out evaluation: its tasks, how often and how many samples", "[config][learner]") {
+  Scratch s;
+  fs::create_directories(s.dir / "model");
+  std::ofstream(s.dir / "tasks" / "02_second.py") << "# task\n";
+  std::ofstream(s.dir / "splits.toml") << "[splits]\ntrain = [\"1\"]\nheld = [\"02_second\"]\n";
+  const std::string train = "[tasks]\ndir = \"tasks\"\nids = [\"1\"]\n[policy]\nmodel = \"model\"\n[sampler]\n"
+                            "backend = \"libtorch\"\n[experiment]\nmode = \"train\"\n";
+  auto ok = parse_config(train + "eval_ids = [\"2\"]\neval_every = 5\neval_samples = 4\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(ok));
+  auto& c = std::get<Config>(ok);
+  CHECK(c.experiment.evaluates());
+  CHECK(c.experiment.eval_tasks.ids == std::vector<std::string>{"2"});
+  CHECK(c.experiment.eval_every == 5);
+  CHECK(c.experiment.eval_samples == 4);
+  // A named split of [tasks] split_file.
+  auto split = parse_config("[tasks]\ndir = \"tasks\"\nsplit = \"train\"\nsplit_file = \"splits.toml\"\n[policy]\n"
+                            "model = \"model\"\n[sampler]\nbackend = \"libtorch\"\n[experiment]\nmode = \"train\"\n"
+                            "eval_split = \"held\"\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(split));
+  CHECK(std::get<Config>(split).experiment.eval_tasks.split == "held");
+  CHECK_FALSE(std::get<Config>(parse_config(train, s.cfg())).experiment.evaluates());
+  auto has = [](const std::vector<std::string>& errs, const std::string& text) {
+    for (auto& e : errs)
+      if (e.find(text) != std::string::npos) return true;
+    return false;
+  };
+  auto e1 = errors_of(train + "eval_ids = [\"7\"]\n", s.cfg());
+  REQUIRE(e1.size() == 1);
+  CHECK(has(e1, "experiment.eval_ids:"));
+  CHECK(has(e1, "7"));
+  auto e2 = errors_of(train + "eval_every = 3\n", s.cfg());
+  REQUIRE(e2.size() == 1);
+  CHECK(has(e2, "experiment.eval_every: set eval_split or eval_ids"));
+  auto e3 = errors_of(base + "[experiment]\nmode = \"eval\"\neval_ids = [\"1\"]\n", s.cfg());
+  REQUIRE(e3.size() == 1);
+  CHECK(has(e3, "experiment.eval_ids: periodic evaluation on held-out tasks is for mode = \"train\""));
+  auto e4 = errors_of(train + "eval_ids = [\"2\"]\neval_split = \"held\"\n", s.cfg());
+  REQUIRE(e4.size() == 1);
+  CHECK(has(e4, "experiment.eval_ids: set eval_ids or eval_split, not both"));
+  auto e5 = errors_of("[tasks]\ndir = \"tasks\"\nsplit_file = \"splits.toml\"\n[policy]\nmodel = \"model\"\n[sampler]\n"
+                      "backend = \"libtorch\"\n[experiment]\nmode = \"train\"\neval_split = \"nope\"\n", s.cfg());
+  REQUIRE(e5.size() == 1);
+  CHECK(has(e5, "experiment.eval_split:"));
+  CHECK(has(e5, "nope"));
+}
+
 TEST_CASE("sdpo mode, its [sdpo] table, the threshold reward and the entropy bonus are checked", "[config][learner]") {
   Scratch s;
   fs::create_directories(s.dir / "model");

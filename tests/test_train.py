@@ -35,7 +35,7 @@ TASKS = ["06_swish", "07_hardtanh_scale", "09_row_sum"]
 STEPS, BATCH, GROUP = 4, 2, 4
 
 
-def config(tmp, url, model, name, mode="train", steps=STEPS, extra=""):
+def config(tmp, url, model, name, mode="train", steps=STEPS, extra="", experiment=""):
     path = os.path.join(tmp, name + ".toml")
     with open(path, "w") as f:
         f.write("""
@@ -84,10 +84,11 @@ mode = "%s"
 seed = 5
 name = "%s"
 run_root = "%s"
+%s
 [monitor]
 progress = false
 """ % (os.path.join(ROOT, "tasks", "bundled"), json.dumps(TASKS), model, url, os.path.join(tmp, "adapters-" + name),
-       steps, BATCH, GROUP, mode, name, os.path.join(tmp, "runs")) + extra)
+       steps, BATCH, GROUP, mode, name, os.path.join(tmp, "runs"), experiment) + extra)
     return path
 
 
@@ -304,6 +305,60 @@ class TrainRunTest(unittest.TestCase):
         # step-0 is the sampling policy of those samples: its NLL is minus their recorded mean logprob.
         for i, got in zip(ids, j["checkpoints"][0]["nll"]):
             self.assertAlmostEqual(got, -float(np.mean(export[i]["logprobs"])), delta=1e-4)
+
+    def test_train_evaluates_held_out_tasks_periodically_and_never_learns_from_them(self):
+        run_dir = os.path.join(self.tmp, "held-out")
+        held_out = ["10_row_max", "12_rms_norm"]
+        p = subprocess.run([LAUNCH, config(self.tmp, self.url, self.model, "held-out", steps=3,
+                                           experiment='eval_ids = %s\neval_every = 2\neval_samples = 3' % json.dumps(held_out)),
+                            "--run-dir", run_dir], capture_output=True, text=True, timeout=900)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        export = [json.loads(line) for line in subprocess.run([LAUNCH, "export", run_dir, "--jsonl"], capture_output=True,
+                                                              text=True, check=True).stdout.splitlines()]
+        train = [x for x in export if x["split"] == ""]
+        held = [x for x in export if x["split"] == "eval"]
+        # Versions 0 (the start), 2 (every second) and 3 (the last) sample every held-out task 3 times,
+        # with the weights of that version; the training steps hold only training tasks.
+        self.assertEqual(sorted({x["step"] for x in held}), [0, 2, 3])
+        for v in (0, 2, 3):
+            mine = [x for x in held if x["step"] == v]
+            self.assertEqual(sorted(x["task_id"] for x in mine), sorted(held_out * 3))
+            self.assertEqual({x["policy_version"] for x in mine}, {v})
+        self.assertEqual(len(train), 3 * BATCH * GROUP)
+        self.assertTrue(all(x["task_id"] in TASKS for x in train))
+        steps, _ = steps_of(run_dir)
+        self.assertEqual([s["samples"] for s in steps], [BATCH * GROUP] * 3)  # the learner's groups: training only
+        with open(os.path.join(run_dir, "compute.json")) as f:
+            compute = json.load(f)
+        self.assertEqual(compute["eval_split_rollouts"], len(held))
+        self.assertEqual(compute["rollouts"], len(export))
+
+        def rates(rows):
+            return (sum(x["status"] == "ok" for x in rows) / len(rows),
+                    sum(x["status"] == "ok" and x["speedup"] > 1.0 for x in rows) / len(rows))
+        db = sqlite3.connect(os.path.join(run_dir, "store.sqlite"))
+        summary = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])
+        db.close()
+        self.assertEqual([e["policy_version"] for e in summary["eval"]], [0, 2, 3])
+        a = json.loads(subprocess.run([LAUNCH, "analyze", run_dir, "--json"], capture_output=True, text=True,
+                                      check=True).stdout)
+        self.assertEqual([s["step"] for s in a["eval"]["steps"]], [0, 2, 3])
+        self.assertEqual(a["samples"], len(train))
+        self.assertAlmostEqual(a["fast_1"], rates(train)[1], places=12)
+        for e, s, v in zip(summary["eval"], a["eval"]["steps"], (0, 2, 3)):
+            correct, fast = rates([x for x in held if x["step"] == v])
+            self.assertAlmostEqual(e["correct_rate"], correct, places=12)
+            self.assertAlmostEqual(e["fast_1"], fast, places=12)
+            self.assertAlmostEqual(s["correct_rate"], correct, places=12)
+            self.assertAlmostEqual(s["fast_1"], fast, places=12)
+        best = max(summary["eval"], key=lambda e: (e["fast_1"], -e["policy_version"]))
+        self.assertEqual(summary["eval_best"]["policy_version"], best["policy_version"])
+        self.assertIn("held-out evaluation (2 tasks)", p.stdout)
+        # The report draws the held-out curve beside the training curve.
+        _, page, _ = report_marks(run_dir)
+        drawn = [(float(m["data-x"]), float(m["data-y"])) for m in page.marks
+                 if m["data-chart"] == "training curves" and m["data-series"] == "held-out fast_1"]
+        self.assertEqual(drawn, [(float(s["step"]), s["fast_1"]) for s in a["eval"]["steps"]])
 
     def test_ttt_adapts_on_every_task_and_reports_best_of_adaptation(self):
         run_dir = os.path.join(self.tmp, "ttt")
