@@ -306,6 +306,31 @@ class TrainRunTest(unittest.TestCase):
         for i, got in zip(ids, j["checkpoints"][0]["nll"]):
             self.assertAlmostEqual(got, -float(np.mean(export[i]["logprobs"])), delta=1e-4)
 
+    def test_best_of_n_with_the_policy_draws_k_per_task_and_selects_among_them(self):
+        run_dir = os.path.join(self.tmp, "bon")
+        k = 6
+        p = subprocess.run([LAUNCH, config(self.tmp, self.url, self.model, "bon", mode="best_of_n", experiment="k = %d" % k),
+                            "--run-dir", run_dir], capture_output=True, text=True, timeout=900)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        export = [json.loads(line) for line in subprocess.run([LAUNCH, "export", run_dir, "--jsonl"], capture_output=True,
+                                                              text=True, check=True).stdout.splitlines()]
+        self.assertEqual(sorted(x["task_id"] for x in export), sorted(TASKS * k))
+        for x in export:  # the base policy's draws, with their tokens and logprobs
+            self.assertEqual(x["policy_version"], 0)
+            self.assertEqual(len(x["token_ids"]), len(x["logprobs"]))
+            self.assertGreater(len(x["token_ids"]), 0)
+        with open(os.path.join(run_dir, "compute.json")) as f:
+            compute = json.load(f)
+        self.assertEqual(compute["rollouts"], len(TASKS) * k)
+        self.assertEqual(compute["settings"]["samples_per_task"], str(k))
+        a = json.loads(subprocess.run([LAUNCH, "analyze", run_dir, "--json"], capture_output=True, text=True,
+                                      check=True).stdout)
+        self.assertEqual(a["selection"]["groups"], len(TASKS))
+        # The oracle keeps a task's fastest correct sample: its fast_1 is the share of tasks with one.
+        tasks_won = sum(any(x["status"] == "ok" and x["speedup"] > 1.0 for x in export if x["task_id"] == t) for t in TASKS)
+        self.assertAlmostEqual(a["selection"]["strategies"]["oracle"]["fast_1"], tasks_won / len(TASKS), places=12)
+        self.assertEqual([x["k"] for x in a["at_k"]], [1, 2, 4])
+
     def test_train_evaluates_held_out_tasks_periodically_and_never_learns_from_them(self):
         run_dir = os.path.join(self.tmp, "held-out")
         held_out = ["10_row_max", "12_rms_norm"]
