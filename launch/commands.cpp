@@ -120,6 +120,30 @@ int cmd_check(const std::string& config_path) {
   return 0;
 }
 
+int cmd_prompts(const std::string& config_path) {
+  auto cfg = load_or_report(config_path);
+  if (!cfg) return 2;
+  TaskSet tasks, eval_tasks;
+  std::string err;
+  if (!tasks.load(cfg->tasks, err) || (cfg->experiment.evaluates() && !eval_tasks.load(cfg->experiment.eval_tasks, err))) {
+    std::fprintf(stderr, "launch prompts: %s\n", err.c_str());
+    return 2;
+  }
+  std::set<std::string> seen;
+  for (auto* set : {&tasks, &eval_tasks})
+    for (auto& t : set->tasks()) {
+      if (!seen.insert(t.id).second) continue;
+      std::string user;
+      if (!task_user_message(t, cfg->evaluator.action_space, user, err)) {
+        std::fprintf(stderr, "launch prompts: %s\n", err.c_str());
+        return 2;
+      }
+      nlohmann::json j = {{"task_id", t.id}, {"split", set == &tasks ? "" : "eval"}, {"prompt", render_prompt(cfg->policy, user)}};
+      std::printf("%s\n", j.dump().c_str());
+    }
+  return 0;
+}
+
 int cmd_version() {
   auto info = torch_runtime_info();
   std::printf("kernelrl %s (protocol %u)\n", KERNELRL_VERSION, protocol_version);

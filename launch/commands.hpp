@@ -31,6 +31,9 @@ int cmd_monitor(const MonitorOptions& o);
 
 // launch check CONFIG
 int cmd_check(const std::string& config_path);
+// Prints, one JSON object per line, each task's prompt as the sampler renders it ([tasks], then
+// [experiment] eval tasks): task_id, split ("" or "eval"), prompt.
+int cmd_prompts(const std::string& config_path);
 // Comparison configs (launch/comparison.cpp): a [comparison] table lists arms, each the rest of the
 // file with its [arm.NAME] tables merged in; `launch CONFIG` runs every arm, then compares them.
 bool is_comparison_config(const std::string& path);

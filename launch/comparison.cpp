@@ -1,11 +1,18 @@
 // Comparison configs: one file that runs several strategies on the same base settings.
 //
 //   [comparison]
-//   arms = ["best_of_n", "ttt"]     # run in this order, each in RUN_DIR/ARM
-//   allow_mismatch = false          # compare even when the arms' budgets differ
-//   [arm.best_of_n.experiment]      # overrides merged into the rest of the file
+//   arms = ["rl", "best_of_n", "ttt"]  # run in this order, each in RUN_DIR/ARM
+//   compare = ["best_of_n", "ttt"]     # the arms put side by side (default: all)
+//   allow_mismatch = false             # compare even when the arms' budgets differ
+//   [arm.best_of_n.experiment]         # overrides merged into the rest of the file
 //   mode = "best_of_n"
 //   k = 64
+//   [arm.best_of_n.policy]
+//   adapter = "arm:rl"                 # start from what an earlier arm learned
+//
+// `adapter = "arm:NAME"` names an earlier train/ttt/sdpo arm: when this arm starts, it becomes that
+// arm's best checkpoint (its best held-out version, else its Best-of-Adaptation step, else its
+// newest checkpoint).
 //
 // Every arm is the rest of the file with its [arm.NAME] tables merged in, validated like any
 // config before anything runs. Each arm runs as its own `launch ARM.toml --run-dir RUN_DIR/ARM`
@@ -17,7 +24,9 @@
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
+#include "store/store.hpp"
 
+#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include <spawn.h>
@@ -25,6 +34,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +52,7 @@ namespace {
 struct Arm {
   std::string name;
   Config cfg;
+  std::string adapter_from;  // "arm:NAME": the arm whose best checkpoint this one starts from
 };
 
 std::string fmt_where(const std::string& file, uint32_t line, uint32_t column) {
@@ -58,7 +69,7 @@ void merge(toml::table& base, const toml::table& over) {
 }
 
 // The arms of a comparison config, validated; false after printing every problem.
-bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mismatch) {
+bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mismatch, std::vector<std::string>& compare) {
   toml::table root;
   try {
     root = toml::parse_file(path);
@@ -94,6 +105,14 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
           names.push_back(x.as_string()->get());
         }
       }
+    } else if (key == "compare") {
+      auto* a = v.as_array();
+      for (size_t i = 0; a && i < a->size(); ++i)
+        if ((*a)[i].is_string()) compare.push_back((*a)[i].as_string()->get());
+      if (!a || compare.size() != a->size()) {
+        std::fprintf(stderr, "%s: comparison.compare: expected an array of arm names\n", where(v).c_str());
+        ok = false;
+      }
     } else if (key == "allow_mismatch") {
       if (!v.is_boolean()) {
         std::fprintf(stderr, "%s: comparison.allow_mismatch: expected true or false\n", where(v).c_str());
@@ -102,7 +121,8 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
         allow_mismatch = v.as_boolean()->get();
       }
     } else {
-      std::fprintf(stderr, "%s: comparison.%s: unknown key (expected arms, allow_mismatch)\n", where(v).c_str(), key.c_str());
+      std::fprintf(stderr, "%s: comparison.%s: unknown key (expected arms, compare, allow_mismatch)\n", where(v).c_str(),
+                   key.c_str());
       ok = false;
     }
   }
@@ -133,13 +153,53 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
         std::fprintf(stderr, "%s: arm.%s: not listed in comparison.arms\n", where(v).c_str(), std::string(k.str()).c_str());
         ok = false;
       }
+  std::set<std::string> compared;
+  for (auto& c : compare) {
+    if (!seen.count(c)) {
+      std::fprintf(stderr, "%s: comparison.compare: \"%s\" is not one of comparison.arms\n", where(cmp).c_str(), c.c_str());
+      ok = false;
+    } else if (!compared.insert(c).second) {
+      std::fprintf(stderr, "%s: comparison.compare: \"%s\" is listed twice\n", where(cmp).c_str(), c.c_str());
+      ok = false;
+    }
+  }
+  if (cmp.get("compare") && compare.size() < 2 && ok) {
+    std::fprintf(stderr, "%s: comparison.compare: expected at least two arms, got %zu\n", where(cmp).c_str(), compare.size());
+    ok = false;
+  }
   if (!ok) return false;
+  if (compare.empty()) compare = names;
   toml::table base = root;
   base.erase("comparison");
   base.erase("arm");
   for (auto& n : names) {
     toml::table t = base;
     merge(t, *arm_tables->get(n)->as_table());
+    // adapter = "arm:NAME": an earlier learning arm's best checkpoint, known once that arm has run.
+    std::string from;
+    if (auto* pol = t["policy"].as_table(); pol && pol->get("adapter") && pol->get("adapter")->is_string()) {
+      std::string ad = pol->get("adapter")->as_string()->get();
+      if (ad.rfind("arm:", 0) == 0) {
+        from = ad.substr(4);
+        const Arm* earlier = nullptr;
+        for (auto& a : arms)
+          if (a.name == from) earlier = &a;
+        if (!earlier) {
+          std::fprintf(stderr, "%s: arm %s: policy.adapter = \"%s\": expected an arm listed before \"%s\" in comparison.arms\n",
+                       path.c_str(), n.c_str(), ad.c_str(), n.c_str());
+          ok = false;
+          continue;
+        }
+        const auto& m = earlier->cfg.experiment.mode;
+        if (m != "train" && m != "ttt" && m != "sdpo") {
+          std::fprintf(stderr, "%s: arm %s: policy.adapter = \"%s\": arm %s (mode %s) learns nothing (expected a train, "
+                               "ttt or sdpo arm)\n", path.c_str(), n.c_str(), ad.c_str(), from.c_str(), m.c_str());
+          ok = false;
+          continue;
+        }
+        pol->erase("adapter");  // validated without it; set when the arm starts
+      }
+    }
     std::ostringstream text;
     text << t;
     auto r = parse_config(text.str(), path);
@@ -154,7 +214,7 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
       ok = false;
       continue;
     }
-    arms.push_back({n, std::get<Config>(std::move(r))});
+    arms.push_back({n, std::get<Config>(std::move(r)), from});
   }
   return ok;
 }
@@ -195,18 +255,45 @@ bool is_comparison_config(const std::string& path) {
 
 int cmd_check_comparison(const std::string& path) {
   std::vector<Arm> arms;
+  std::vector<std::string> compare;
   bool allow = false;
-  if (!load_arms(path, arms, allow)) return 2;
-  std::printf("# %s: a comparison of %zu arms, each valid (budgets %s)\n", path.c_str(), arms.size(),
-              allow ? "may differ: allow_mismatch = true" : "must match");
-  for (auto& a : arms) std::printf("\n# arm %s\n%s\n", a.name.c_str(), a.cfg.resolved_toml.c_str());
+  if (!load_arms(path, arms, allow, compare)) return 2;
+  std::string list;
+  for (auto& c : compare) list += (list.empty() ? "" : ", ") + c;
+  std::printf("# %s: a comparison of %zu arms, each valid (budgets %s); compared: %s\n", path.c_str(), arms.size(),
+              allow ? "may differ: allow_mismatch = true" : "must match", list.c_str());
+  for (auto& a : arms)
+    std::printf("\n# arm %s%s\n%s\n", a.name.c_str(),
+                a.adapter_from.empty() ? "" : (" (policy.adapter: arm " + a.adapter_from + "'s best checkpoint)").c_str(),
+                a.cfg.resolved_toml.c_str());
   return 0;
 }
 
+namespace {
+// The checkpoint an arm that learned hands on: its best held-out version, else its
+// Best-of-Adaptation step, else its newest checkpoint; "" and `err` when there is none.
+std::string best_checkpoint(const std::string& run_dir, std::string& err) {
+  auto store = Store::open_readonly((fs::path(run_dir) / "store.sqlite").string(), err);
+  if (store) {
+    for (auto& id : store->runs()) {
+      auto j = nlohmann::json::parse(store->summary(id), nullptr, false);
+      if (!j.is_object()) continue;
+      for (const char* k : {"eval_best", "boa"})
+        if (j.contains(k) && j[k].contains("checkpoint") && fs::is_directory(j[k]["checkpoint"].get<std::string>()))
+          return j[k]["checkpoint"].get<std::string>();
+    }
+  }
+  auto all = list_checkpoints((fs::path(run_dir) / "checkpoints").string());
+  if (all.empty()) err = run_dir + ": no checkpoints/step-N";
+  return all.empty() ? std::string() : all.back().second;
+}
+}  // namespace
+
 int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, const std::string& log_level) {
   std::vector<Arm> arms;
+  std::vector<std::string> compare;
   bool allow = false;
-  if (!load_arms(path, arms, allow)) return 2;
+  if (!load_arms(path, arms, allow, compare)) return 2;
   const auto& first = arms.front().cfg;
   std::string root = run_dir_arg.empty() ? make_run_dir(first.experiment.run_root, first.experiment.name)
                                          : fs::absolute(run_dir_arg).lexically_normal().string();
@@ -222,13 +309,30 @@ int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, 
   std::vector<std::string> dirs;
   for (auto& a : arms) {
     std::string dir = (fs::path(root) / a.name).string();
-    dirs.push_back(dir);
+    if (std::find(compare.begin(), compare.end(), a.name) != compare.end()) dirs.push_back(dir);
     if (fs::exists(fs::path(dir) / "compute.json")) {
       std::printf("arm %s: already done in %s\n", a.name.c_str(), dir.c_str());
       continue;
     }
     std::string cfg = (fs::path(root) / (a.name + ".toml")).string();
-    std::ofstream(cfg) << a.cfg.resolved_toml;
+    std::string text = a.cfg.resolved_toml;
+    if (!a.adapter_from.empty()) {  // the earlier arm's best checkpoint
+      std::string err;
+      std::string ck = best_checkpoint((fs::path(root) / a.adapter_from).string(), err);
+      if (ck.empty()) {
+        std::fprintf(stderr, "launch: arm %s starts from arm %s's best checkpoint, but %s\n", a.name.c_str(),
+                     a.adapter_from.c_str(), err.c_str());
+        return 2;
+      }
+      auto t = toml::parse(text);
+      if (!t["policy"].is_table()) t.insert("policy", toml::table{});
+      t["policy"].as_table()->insert_or_assign("adapter", ck);
+      std::ostringstream out;
+      out << t;
+      text = out.str();
+      std::printf("arm %s starts from arm %s's best checkpoint: %s\n", a.name.c_str(), a.adapter_from.c_str(), ck.c_str());
+    }
+    std::ofstream(cfg) << text;
     std::printf("arm %s (%s): launch %s --run-dir %s\n", a.name.c_str(), a.cfg.experiment.mode.c_str(), cfg.c_str(),
                 dir.c_str());
     std::fflush(stdout);
@@ -251,7 +355,11 @@ int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, 
   std::printf("\n");
   std::fflush(stdout);
   int rc = run_child(cmp);
-  if (rc == 0) std::printf("\ncomparison: %s\n", (fs::path(root) / "comparison.json").string().c_str());
+  if (rc == 0) {
+    std::printf("\ncomparison: %s\nreport: ", (fs::path(root) / "comparison.json").string().c_str());
+    std::fflush(stdout);
+    run_child({exe, "report", root});  // prints the page's path
+  }
   return rc < 0 ? 1 : rc;
 }
 

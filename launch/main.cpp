@@ -19,6 +19,7 @@ const char* usage =
     "  launch monitor HOST:PORT [--once] [--json] [--interval S] [--secret-file FILE] [--wait S]\n"
     "                                                      watch a running cluster's telemetry (its head's HOST:PORT)\n"
     "  launch check CONFIG                                 validate CONFIG, print it resolved\n"
+    "  launch prompts CONFIG                               print each task's prompt (JSON lines)\n"
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
     "  launch analyze RUN_DIR [--json] [--p 1.0,1.2] [--k 1,2,4] [--bootstrap N] [--seed S] [--m M]\n"
     "                                                      fast_p, pass@k / fast_1@k with CIs, per step and task\n"
@@ -67,6 +68,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "version") return kernelrl::cmd_version();
+  if (cmd == "prompts") {
+    if (args.size() != 2) return bad("prompts takes exactly one CONFIG");
+    return kernelrl::cmd_prompts(args[1]);
+  }
   if (cmd == "check") {
     if (args.size() != 2) return bad("check takes exactly one CONFIG");
     return kernelrl::cmd_check(args[1]);

@@ -331,6 +331,86 @@ class TrainRunTest(unittest.TestCase):
         self.assertAlmostEqual(a["selection"]["strategies"]["oracle"]["fast_1"], tasks_won / len(TASKS), places=12)
         self.assertEqual([x["k"] for x in a["at_k"]], [1, 2, 4])
 
+    def test_a_comparison_starts_its_arms_from_what_an_earlier_arm_learned(self):
+        # RL first, then best-of-N and TTT from its best checkpoint, compared at equal budgets (the
+        # pipeline of configs/local.toml); the in-process sampler, so the adapter is loaded here.
+        root = os.path.join(self.tmp, "pipeline")
+        cfg = os.path.join(self.tmp, "pipeline.toml")
+        with open(cfg, "w") as f:
+            f.write("""
+[[node]]
+name = "local"
+roles = ["supervisor", "learner", "sampler", "evaluator", "monitor"]
+cpu_slots = 1
+[tasks]
+dir = "%s"
+ids = ["06_swish", "07_hardtanh_scale"]
+[policy]
+model = "%s"
+dtype = "f32"
+template = "plain"
+[sampler]
+backend = "libtorch"
+max_tokens = 8
+[learner]
+steps = 2
+batch_size = 2
+group_size = 2
+lora_rank = 4
+lora_alpha = 8
+learning_rate = 0.05
+[experiment]
+name = "pipeline"
+run_root = "%s"
+[monitor]
+progress = false
+[comparison]
+arms = ["rl", "bon", "ttt"]
+compare = ["bon", "ttt"]
+[arm.rl.experiment]
+mode = "train"
+[arm.bon.experiment]
+mode = "best_of_n"
+k = 4
+[arm.bon.policy]
+adapter = "arm:rl"
+[arm.ttt.experiment]
+mode = "ttt"
+[arm.ttt.policy]
+adapter = "arm:rl"
+""" % (os.path.join(ROOT, "tasks", "bundled"), self.model, os.path.join(self.tmp, "runs")))
+        chk = subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True)
+        self.assertEqual(chk.returncode, 0, chk.stderr)
+        self.assertIn("compared: bon, ttt", chk.stdout)
+        self.assertIn("# arm bon (policy.adapter: arm rl's best checkpoint)", chk.stdout)
+        p = subprocess.run([LAUNCH, cfg, "--run-dir", root], capture_output=True, text=True, timeout=900)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        db = sqlite3.connect(os.path.join(root, "rl", "store.sqlite"))
+        boa = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])["boa"]["checkpoint"]
+        db.close()
+        for arm in ("bon", "ttt"):
+            with open(os.path.join(root, arm + ".toml")) as f:
+                self.assertIn("adapter = '%s'" % boa, f.read())
+            with open(os.path.join(root, arm, "compute.json")) as f:
+                compute = json.load(f)
+            self.assertEqual(compute["settings"]["checkpoint"], boa)
+            self.assertEqual(compute["rollouts"], 2 * 4)  # equal budgets: 4 per task
+        self.assertIn("arm bon starts from arm rl's best checkpoint: " + boa, p.stdout)
+        with open(os.path.join(root, "comparison.json")) as f:
+            c = json.load(f)
+        self.assertEqual([os.path.basename(r["run_dir"]) for r in c["runs"]], ["bon", "ttt"])
+        self.assertIn("report: " + os.path.join(os.path.realpath(root), "report.html"), p.stdout)
+        self.assertTrue(os.path.exists(os.path.join(root, "report.html")))
+        # A reference to an arm that is not earlier, or that learns nothing, is refused before anything runs.
+        with open(cfg) as f:
+            text = f.read()
+        bad = os.path.join(self.tmp, "bad-pipeline.toml")
+        with open(bad, "w") as f:
+            f.write(text.replace('adapter = "arm:rl"\n[arm.ttt', 'adapter = "arm:ttt"\n[arm.ttt'))
+        p = subprocess.run([LAUNCH, "check", bad], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn('arm bon: policy.adapter = "arm:ttt": expected an arm listed before "bon"', p.stderr)
+
     def test_train_evaluates_held_out_tasks_periodically_and_never_learns_from_them(self):
         run_dir = os.path.join(self.tmp, "held-out")
         held_out = ["10_row_max", "12_rms_norm"]
