@@ -53,9 +53,8 @@ void prune(self_ptr self, const SelectorArgs& args) {
     auto& e = st.entries[s];
     bool keep = s == 0 || i + args.keep_last >= n || !e.scored || (best && best->c.step == s) || st.pinned.count(s);
     if (keep) continue;
-    std::error_code ec;
-    fs::remove_all(e.c.path, ec);
-    if (ec) log::get("checkpoint_selector")->warn("cannot delete {}: {}", e.c.path, ec.message());
+    std::string err;
+    if (!remove_tree(e.c.path, err)) log::get("checkpoint_selector")->warn("cannot delete {}: {}", e.c.path, err);
     st.entries.erase(s);
   }
 }

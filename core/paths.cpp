@@ -1,11 +1,16 @@
 #include "core/paths.hpp"
 
 #include <cstdlib>
+#include <cerrno>
+#include <cstring>
+#include <ftw.h>
 
 #include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <mutex>
+#include <sys/stat.h>
 
 namespace fs = std::filesystem;
 
@@ -61,6 +66,28 @@ std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string
 std::string source_dir() {
   const char* env = std::getenv("KERNELRL_ROOT");
   return env && *env ? std::string(env) : std::string(KERNELRL_SOURCE_DIR);
+}
+
+namespace {
+std::string remove_error;  // the first failure of one remove_tree walk (nftw takes no context)
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  if (::remove(path) != 0 && errno != ENOENT && remove_error.empty())
+    remove_error = std::string(path) + ": " + std::strerror(errno);
+  return 0;
+}
+}  // namespace
+
+bool remove_tree(const std::string& path, std::string& err) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return true;  // nothing there
+  static std::mutex mu;  // remove_error is shared
+  std::lock_guard<std::mutex> lock(mu);
+  remove_error.clear();
+  if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && remove_error.empty())
+    remove_error = path + ": " + std::strerror(errno);
+  if (remove_error.empty() && ::lstat(path.c_str(), &st) == 0) remove_error = path + ": still there";
+  err = remove_error;
+  return err.empty();
 }
 
 }  // namespace kernelrl

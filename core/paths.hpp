@@ -17,6 +17,12 @@ std::string checkpoint_dir(const std::string& checkpoints, uint64_t version);
 // step-N.partial is not one), as (N, path), N ascending. None when the folder does not exist.
 std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string& checkpoints);
 
+// Deletes `path` and everything under it (symlinks are removed, not followed); true when nothing
+// is left, else false and `err` says what could not be removed. A missing path is not an error.
+// Use it instead of std::filesystem::remove_all, which crashes in binaries that link LibTorch
+// (libtorch.so exports a broken copy of that symbol, and it wins the lookup).
+bool remove_tree(const std::string& path, std::string& err);
+
 // Seconds since the Unix epoch (wall clock, for timestamps).
 double now_s();
 // Seconds on a monotonic clock (for durations and rates).

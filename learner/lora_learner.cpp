@@ -324,7 +324,8 @@ void LoraLearner::save_checkpoint(const std::string& dir) const {
   auto& im = *impl_;
   try {
     fs::path tmp = fs::path(dir).string() + ".partial";
-    fs::remove_all(tmp);
+    std::string err;
+    if (!remove_tree(tmp.string(), err)) throw std::runtime_error(err);
     fs::create_directories(tmp);
     im.model->save_lora(tmp.string(), fs::absolute(im.opt.model_dir).string());
     im.trainer->save_state((tmp / "optimizer.safetensors").string());
@@ -333,7 +334,7 @@ void LoraLearner::save_checkpoint(const std::string& dir) const {
                                                            {"base_model", fs::absolute(im.opt.model_dir).string()}}
                                                .dump(2)
                                         << "\n";
-    fs::remove_all(dir);
+    if (!remove_tree(dir, err)) throw std::runtime_error(err);
     fs::rename(tmp, dir);  // a checkpoint directory is complete or absent
   } catch (const std::exception& e) {
     throw LearnerError("learner: cannot write checkpoint " + dir + ": " + e.what());
