@@ -11,8 +11,12 @@
 2. The prompts the sampler renders for those tasks (`launch prompts` on a config with
    configs/local.toml's [policy] template and system message).
 3. A byte-level BPE tokenizer (the Qwen2 pre-tokenizer) trained on the prompts and the corpus.
-4. A random Qwen2 with that vocabulary (transformers), warm-started by the learner's SFT on every
-   (prompt, demonstration) pair (`launch sft`), folded into its weights (`launch merge`), in rounds.
+4. The base model: a random Qwen2 with that vocabulary (transformers), pretrained (every weight,
+   AdamW, PyTorch) on the (prompt, demonstration) pairs: a stand-in for the pretraining a real
+   checkpoint comes with, enough to write the corpus' code.
+5. The warm start: the learner's LoRA SFT on the same pairs (`launch sft`), folded into the
+   weights (`launch merge`). Each task's bodies are equally likely in the corpus, so the policy
+   writes a mix of fast, baseline, slow and wrong bodies, and some that are not code at all.
 
 The result (config.json, model.safetensors, tokenizer.json) is written to --out (default
 policies/local). Every step is seeded: the same command on the same LibTorch gives the same model.
@@ -99,6 +103,32 @@ def build_corpus(tasks_dir, replay_dir):
     return demos
 
 
+def pretrain(model, tok, pairs, steps, lr, batch, seed):
+    """Every weight of `model`, AdamW, cross-entropy on the completion tokens (and the end token)."""
+    import random
+    import torch
+    eos = tok.token_to_id("<|im_end|>")
+    data = [(tok.encode(p).ids, tok.encode(c).ids + [eos]) for p, c in pairs]
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    for step in range(steps):
+        chosen = rng.sample(data, batch)
+        width = max(len(p) + len(c) for p, c in chosen)
+        ids = torch.zeros(batch, width, dtype=torch.long)
+        labels = torch.full((batch, width), -100, dtype=torch.long)
+        for i, (p, c) in enumerate(chosen):
+            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if step == 0 or step + 1 == steps:
+            print("pretraining step %d/%d: loss %.3f" % (step + 1, steps, loss.item()), flush=True)
+    model.eval()
+
+
 def run(args):
     p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode != 0:
@@ -115,8 +145,10 @@ def main():
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=3000)
-    ap.add_argument("--rounds", type=int, default=2, help="SFT rounds, each merged into the weights")
-    ap.add_argument("--steps", type=int, default=300, help="SFT steps per round")
+    ap.add_argument("--pretrain-steps", type=int, default=300, help="full-parameter steps of the base model")
+    ap.add_argument("--pretrain-lr", type=float, default=2e-3)
+    ap.add_argument("--rounds", type=int, default=1, help="SFT rounds, each merged into the weights")
+    ap.add_argument("--steps", type=int, default=150, help="SFT steps per round")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--rank", type=int, default=32)
@@ -169,12 +201,14 @@ def main():
             num_hidden_layers=a.layers, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
             max_position_embeddings=4096, rope_theta=10000.0, initializer_range=0.05,
             bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>")))
+        lengths = [len(tok.encode(p).ids) for p in prompts.values()]
+        print("tokenizer: %d tokens; prompts %d..%d tokens; model: %d parameters" %
+              (tok.get_vocab_size(), min(lengths), max(lengths), sum(p.numel() for p in model.parameters())), flush=True)
+        pretrain(model, tok, [(prompts[d["task_id"]], d["completion"]) for d in demos], a.pretrain_steps,
+                 a.pretrain_lr, a.batch, a.seed)
         base = os.path.join(tmp, "round-0")
         model.save_pretrained(base)
         tok.save(os.path.join(base, "tokenizer.json"))
-        lengths = [len(tok.encode(p).ids) for p in prompts.values()]
-        print("tokenizer: %d tokens; prompts %d..%d tokens; model: %d parameters" %
-              (tok.get_vocab_size(), min(lengths), max(lengths), sum(p.numel() for p in model.parameters())))
 
         targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
         for r in range(1, a.rounds + 1):
@@ -183,7 +217,7 @@ def main():
                        "--batch", str(a.batch), "--lr", str(a.lr), "--rank", str(a.rank), "--alpha", str(a.rank),
                        "--targets", targets, "--seed", str(a.seed + r), "--dtype", "f32", "--json"])
             losses = [json.loads(line)["loss"] for line in out.splitlines()]
-            print("sft round %d: loss %.3f -> %.3f over %d steps" % (r, losses[0], losses[-1], len(losses)))
+            print("sft round %d: loss %.3f -> %.3f over %d steps" % (r, losses[0], losses[-1], len(losses)), flush=True)
             merged = os.path.join(tmp, "round-%d" % r)
             run([a.launch, "merge", "--model", base, "--adapter", adapter, "--out", merged])
             base = merged

@@ -62,7 +62,7 @@ def replay_expectations():
 
 class CheckTest(unittest.TestCase):
     def test_valid_config_prints_resolved_config_and_exits_0(self):
-        out = run("check", os.path.join(ROOT, "configs", "local.toml"))
+        out = run("check", os.path.join(ROOT, "configs", "replay.toml"))
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertIn("valid", out.stdout)
         self.assertIn("correctness_trials = 5", out.stdout)
@@ -82,7 +82,7 @@ class CheckTest(unittest.TestCase):
 
     def test_unknown_arguments_are_refused(self):
         self.assertEqual(run("export", "somewhere").returncode, 2)
-        self.assertEqual(run(os.path.join(ROOT, "configs", "local.toml"), "--bogus").returncode, 2)
+        self.assertEqual(run(os.path.join(ROOT, "configs", "replay.toml"), "--bogus").returncode, 2)
         with tempfile.TemporaryDirectory() as d:
             out = run(write_config(d, REPLAY), "--log-level", "loud", "--run-dir", d + "/r")
             self.assertEqual(out.returncode, 2)
