@@ -347,14 +347,20 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
       r.str_array("roles", nc.roles,
                   {"supervisor", "learner", "sampler", "evaluator", "monitor"});
       r.integer("cpu_slots", nc.cpu_slots, 0, 1024);
-      r.int_array("gpus", nc.gpus, 0, 1023);
+      if (const toml::node* g = r.raw("gpus"); g && g->is_string()) {
+        if (g->as_string()->get() == "auto") nc.gpus_auto = true;
+        else r.error_at(*g, "gpus", "expected an array of CUDA device ids or \"auto\", got \"" + g->as_string()->get() + "\"");
+        out.insert_or_assign("gpus", "auto");
+      } else {
+        r.int_array("gpus", nc.gpus, 0, 1023);
+      }
       r.finish();
       if (!nc.name.empty() && !names.insert(nc.name).second)
         r.error_at(*t->get("name"), "name", "duplicate node name \"" + nc.name + "\"");
       bool evaluator = false;
       for (auto& role : nc.roles) evaluator = evaluator || role == "evaluator";
-      if (evaluator && nc.cpu_slots == 0 && nc.gpus.empty())
-        r.error_here("cpu_slots", "an evaluator node needs cpu_slots > 0 or a non-empty gpus");
+      if (evaluator && nc.cpu_slots == 0 && nc.gpus.empty() && !nc.gpus_auto)
+        r.error_here("cpu_slots", "an evaluator node needs cpu_slots > 0, a non-empty gpus or gpus = \"auto\"");
       c.nodes.push_back(nc);
       nodes_out.push_back(std::move(out));
     }
@@ -427,9 +433,9 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.one_of("dtype", c.policy.dtype, {"f32", "f16", "bf16"});
     r.str("device", c.policy.device);
     auto& d = c.policy.device;
-    if (d != "cpu" && d != "cuda" && !(d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
+    if (d != "cpu" && d != "cuda" && d != "auto" && !(d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
                                        d.find_first_not_of("0123456789", 5) == std::string::npos))
-      r.error_here("device", "expected \"cpu\", \"cuda\" or \"cuda:N\", got \"" + d + "\"");
+      r.error_here("device", "expected \"cpu\", \"cuda\", \"cuda:N\" or \"auto\", got \"" + d + "\"");
     r.str("template", c.policy.template_);
     auto& t = c.policy.template_;
     if (t != "chatml" && t != "llama3" && t != "plain" && t.find("{user}") == std::string::npos)

@@ -32,6 +32,9 @@ struct NodeConfig {
   std::vector<std::string> roles;   // supervisor, learner, sampler, evaluator, monitor
   uint32_t cpu_slots = 0;           // CPU evaluators on this node (one worker process each)
   std::vector<int64_t> gpus;        // CUDA device ids, one evaluator each
+  bool gpus_auto = false;           // gpus = "auto": every GPU this node's process sees, one
+                                    // evaluator each; the cpu_slots CPU evaluators only when it sees
+                                    // none (resolved when the node starts: resolve_auto_devices)
 };
 
 struct TasksConfig {
@@ -49,7 +52,8 @@ struct PolicyConfig {
   std::string model;   // Hugging Face model directory (the libtorch sampler's model)
   std::string adapter; // PEFT adapter directory to start from (optional)
   std::string dtype = "bf16";  // f32, f16, bf16
-  std::string device = "cpu";  // where the libtorch sampler runs the model: cpu or cuda[:N]
+  std::string device = "cpu";  // where the libtorch sampler runs the model: cpu, cuda[:N], or auto
+                               // (cuda:0 when this process sees a GPU, else cpu)
   // Prompt template: "chatml" (Qwen2), "llama3", "plain", or a string holding {system} and {user}
   // (the assistant's turn starts where the string ends).
   std::string template_ = "chatml";

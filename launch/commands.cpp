@@ -483,6 +483,35 @@ int cmd_export(const std::string& run_dir) {
 }
 
 // Loads CONFIG and sets the log level (the command line's, else [cluster] log_level).
+// gpus = "auto" and device = "auto", for this process: every GPU LibTorch sees (the cpu_slots
+// CPU evaluators only when there is none), and cuda:0 or cpu. False after printing why not.
+bool resolve_auto_devices(Config& cfg) {
+  bool any = cfg.policy.device == "auto" || cfg.learner.device == "auto";
+  for (auto& n : cfg.nodes) any = any || n.gpus_auto;
+  if (!any) return true;
+  const auto info = torch_runtime_info();
+  const int gpus = info.cuda_available ? info.cuda_devices : 0;
+  for (auto& n : cfg.nodes) {
+    if (!n.gpus_auto) continue;
+    n.gpus.clear();
+    for (int g = 0; g < gpus; ++g) n.gpus.push_back(g);
+    if (gpus > 0) n.cpu_slots = 0;  // evaluations on one kind of device: their timings compare
+    bool evaluator = false;
+    for (auto& r : n.roles) evaluator = evaluator || r == "evaluator";
+    if (evaluator && n.gpus.empty() && n.cpu_slots == 0) {
+      std::fprintf(stderr, "launch: %s: node %s: gpus = \"auto\" found no GPU here and cpu_slots is 0: nothing would "
+                           "evaluate (set cpu_slots for machines without a GPU)\n", cfg.source_file.c_str(), n.name.c_str());
+      return false;
+    }
+    log::get("launch")->info("node {}: gpus = \"auto\": {}", n.name,
+                             gpus > 0 ? fmt::format("{} GPU evaluator(s)", gpus)
+                                      : fmt::format("no GPU here, {} CPU evaluator(s)", n.cpu_slots));
+  }
+  for (std::string* d : {&cfg.policy.device, &cfg.learner.device})
+    if (*d == "auto") *d = gpus > 0 ? "cuda:0" : "cpu";
+  return true;
+}
+
 std::optional<Config> load_with_level(const std::string& config_path, const std::string& log_level) {
   auto loaded = load_or_report(config_path);
   if (!loaded) return std::nullopt;
@@ -492,6 +521,7 @@ std::optional<Config> load_with_level(const std::string& config_path, const std:
                  level.c_str());
     return std::nullopt;
   }
+  if (!resolve_auto_devices(*loaded)) return std::nullopt;
   return loaded;
 }
 

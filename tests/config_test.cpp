@@ -194,7 +194,7 @@ TEST_CASE("unknown sections, bad [[node]] entries and syntax errors are rejected
   CHECK(e[0] == s.cfg() + ":7:35: node[0].roles[2]: expected one of supervisor, learner, sampler, "
                           "evaluator, monitor, got \"evaluater\"");
   CHECK(e[1] == s.cfg() + ":10:8: node[1].name: duplicate node name \"a\"");
-  CHECK(e[2] == s.cfg() + ":9:1: node[1].cpu_slots: an evaluator node needs cpu_slots > 0 or a non-empty gpus");
+  CHECK(e[2] == s.cfg() + ":9:1: node[1].cpu_slots: an evaluator node needs cpu_slots > 0, a non-empty gpus or gpus = \"auto\"");
 
   e = errors_of(base + "[[node]]\nname = \"solo\"\nroles = [\"evaluator\"]\ncpu_slots = 1\n", s.cfg());
   REQUIRE(e.size() == 2);
@@ -283,6 +283,23 @@ TEST_CASE("the learner's keys and the train mode are checked", "[config][learner
   auto e3 = errors_of(base + "[experiment]\nk = 4\n", s.cfg());
   REQUIRE(e3.size() == 1);
   CHECK(e3[0].find("experiment.k: k is for mode = \"best_of_n\"") != std::string::npos);
+}
+
+TEST_CASE("gpus = \"auto\" and device = \"auto\" are kept for the node's process to resolve", "[config]") {
+  Scratch s;
+  auto ok = parse_config(base + "[[node]]\nname = \"a\"\nroles = [\"supervisor\", \"sampler\", \"evaluator\"]\ngpus = \"auto\"\n"
+                                "[policy]\ndevice = \"auto\"\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(ok));
+  auto& c = std::get<Config>(ok);
+  CHECK(c.nodes[0].gpus_auto);
+  CHECK(c.nodes[0].gpus.empty());
+  CHECK(c.policy.device == "auto");
+  CHECK(c.learner.device == "auto");  // follows the policy's
+  CHECK(c.resolved_toml.find("gpus = 'auto'") != std::string::npos);
+  auto e = errors_of(base + "[[node]]\nname = \"a\"\nroles = [\"supervisor\", \"evaluator\"]\ngpus = \"all\"\n", s.cfg());
+  bool named = false;
+  for (auto& x : e) named = named || x.find("node[0].gpus: expected an array of CUDA device ids or \"auto\", got \"all\"") != std::string::npos;
+  CHECK(named);
 }
 
 TEST_CASE("a train run's held-out evaluation: its tasks, how often and how many samples", "[config][learner]") {
