@@ -93,6 +93,9 @@ struct supervisor_state {
 
 using self_ptr = caf::stateful_actor<supervisor_state>*;
 
+constexpr uint64_t group_stride = uint64_t(1) << 20;     // group ids of step s: s * stride + j
+constexpr uint64_t eval_group_base = uint64_t(1) << 62;  // group ids of evaluation rounds: base + v * stride + j
+
 // train and ttt: the modes in which a learner updates the policy step by step.
 bool learns(const SupervisorArgs& a) { return a.mode == "train" || a.mode == "ttt" || a.mode == "sdpo"; }
 
@@ -186,7 +189,7 @@ void add_eval(supervisor_state& st, const ScoredRollout& s) {
   auto& g = e.groups[s.rollout.group_id];
   g.first = s.rollout.task_id;
   ++g.second;
-  e.next_j = std::max(e.next_j, s.rollout.group_id % (uint64_t(1) << 20) + 1);
+  e.next_j = std::max(e.next_j, s.rollout.group_id % group_stride + 1);
 }
 
 // One evaluation round as the summary reports it.
@@ -283,6 +286,7 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
     std::ofstream(path) << j["compute"].dump(2) << "\n";
   }
   if (learns(args)) {
+    const auto checkpoints = (std::filesystem::path(args.store_path).parent_path() / "checkpoints").string();
     nlohmann::json steps = nlohmann::json::array();
     for (auto& row : step_rows) {
       auto x = step_stats_json(row.stats);
@@ -301,16 +305,15 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
       j["boa"] = {{"step", st.tracker.best_step},
                   {"fast_1", st.tracker.best},
                   {"policy_version", v},
-                  {"checkpoint", checkpoint_dir((std::filesystem::path(args.store_path).parent_path() / "checkpoints").string(), v)}};
+                  {"checkpoint", checkpoint_dir(checkpoints, v)}};
     }
     j["stopped_early"] = st.stopped_early;
     if (!args.eval_task_ids.empty()) {  // the held-out evaluations, and the best of them
-      const auto ck = (std::filesystem::path(args.store_path).parent_path() / "checkpoints").string();
       nlohmann::json rounds = nlohmann::json::array();
       size_t best = 0;
       for (auto& [v, e] : st.evals) {
         if (e.recorded == 0) continue;
-        rounds.push_back(eval_json(v, e, ck));
+        rounds.push_back(eval_json(v, e, checkpoints));
         if (rounds.back()["fast_1"].get<double>() > rounds[best]["fast_1"].get<double>()) best = rounds.size() - 1;
       }
       if (!rounds.empty()) {  // the earliest on a tie
@@ -334,8 +337,6 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
   if (st.done.pending()) st.done.deliver(j.dump());
 }
 
-constexpr uint64_t group_stride = uint64_t(1) << 20;  // group ids of step s: s * stride + j
-
 void plan_step(self_ptr self, const SupervisorArgs& args, uint32_t s);
 
 // Plans every step the staleness bound allows: step s once version >= s - max_staleness.
@@ -354,7 +355,6 @@ void request_samples(self_ptr self, const SupervisorArgs& args, SamplePlan plan)
             [=](caf::error& e) { finish(self, args, "sampler failed to plan step " + std::to_string(step) + ": " + error_text(self->system(), e)); });
 }
 
-constexpr uint64_t eval_group_base = uint64_t(1) << 62;  // group ids of evaluation rounds: base + v * stride + j
 
 bool evals_done(const supervisor_state& st) {
   for (auto& [v, e] : st.evals)

@@ -30,13 +30,13 @@ std::string sanitize_id(std::string s) {
   return s;
 }
 
+}  // namespace
+
 bool has_role(const NodeConfig& n, const std::string& role) {
   for (auto& r : n.roles)
     if (r == role) return true;
   return false;
 }
-
-}  // namespace
 
 bool is_cluster(const Config& cfg) {
   for (auto& n : cfg.nodes)

@@ -14,6 +14,8 @@
 
 namespace kernelrl {
 
+// Whether `n` has `role` (supervisor, learner, sampler, evaluator, monitor).
+bool has_role(const NodeConfig& n, const std::string& role);
 // A cluster: some node publishes a port (else everything runs in one process).
 bool is_cluster(const Config& cfg);
 // The node with the supervisor role (config validation guarantees one).

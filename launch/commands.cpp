@@ -120,27 +120,50 @@ int cmd_check(const std::string& config_path) {
   return 0;
 }
 
+namespace {
+// The config's tasks, and the eval tasks of its periodic evaluation (none without one).
+bool load_experiment_tasks(const Config& cfg, TaskSet& tasks, TaskSet& eval_tasks, std::string& err) {
+  if (!tasks.load(cfg.tasks, err)) return false;
+  if (cfg.experiment.evaluates() && !eval_tasks.load(cfg.experiment.eval_tasks, err)) {
+    err = "[experiment] eval: " + err;
+    return false;
+  }
+  return true;
+}
+
+struct RenderedPrompt {
+  std::string task_id, split;  // split: "" for [tasks], "eval" for an eval task
+  std::string user, prompt;    // the user message, and the prompt the sampler sends
+};
+
+// Each task's prompt as the sampler renders it: the tasks, then the eval tasks not among them.
+bool render_task_prompts(const Config& cfg, const TaskSet& tasks, const TaskSet& eval_tasks,
+                         std::vector<RenderedPrompt>& out, std::string& err) {
+  std::set<std::string> seen;
+  for (auto* set : {&tasks, &eval_tasks})
+    for (auto& t : set->tasks()) {
+      if (!seen.insert(t.id).second) continue;  // an eval task that is also a training task
+      RenderedPrompt p{t.id, set == &tasks ? "" : "eval", "", ""};
+      if (!task_user_message(t, cfg.evaluator.action_space, p.user, err)) return false;
+      p.prompt = render_prompt(cfg.policy, p.user);
+      out.push_back(std::move(p));
+    }
+  return true;
+}
+}  // namespace
+
 int cmd_prompts(const std::string& config_path) {
   auto cfg = load_or_report(config_path);
   if (!cfg) return 2;
   TaskSet tasks, eval_tasks;
+  std::vector<RenderedPrompt> prompts;
   std::string err;
-  if (!tasks.load(cfg->tasks, err) || (cfg->experiment.evaluates() && !eval_tasks.load(cfg->experiment.eval_tasks, err))) {
+  if (!load_experiment_tasks(*cfg, tasks, eval_tasks, err) || !render_task_prompts(*cfg, tasks, eval_tasks, prompts, err)) {
     std::fprintf(stderr, "launch prompts: %s\n", err.c_str());
     return 2;
   }
-  std::set<std::string> seen;
-  for (auto* set : {&tasks, &eval_tasks})
-    for (auto& t : set->tasks()) {
-      if (!seen.insert(t.id).second) continue;
-      std::string user;
-      if (!task_user_message(t, cfg->evaluator.action_space, user, err)) {
-        std::fprintf(stderr, "launch prompts: %s\n", err.c_str());
-        return 2;
-      }
-      nlohmann::json j = {{"task_id", t.id}, {"split", set == &tasks ? "" : "eval"}, {"prompt", render_prompt(cfg->policy, user)}};
-      std::printf("%s\n", j.dump().c_str());
-    }
+  for (auto& p : prompts)
+    std::printf("%s\n", nlohmann::json{{"task_id", p.task_id}, {"split", p.split}, {"prompt", p.prompt}}.dump().c_str());
   return 0;
 }
 
@@ -482,7 +505,6 @@ int cmd_export(const std::string& run_dir) {
   return 0;
 }
 
-// Loads CONFIG and sets the log level (the command line's, else [cluster] log_level).
 // gpus = "auto" and device = "auto", for this process: every GPU LibTorch sees (the cpu_slots
 // CPU evaluators only when there is none), and cuda:0 or cpu. False after printing why not.
 bool resolve_auto_devices(Config& cfg) {
@@ -496,9 +518,7 @@ bool resolve_auto_devices(Config& cfg) {
     n.gpus.clear();
     for (int g = 0; g < gpus; ++g) n.gpus.push_back(g);
     if (gpus > 0) n.cpu_slots = 0;  // evaluations on one kind of device: their timings compare
-    bool evaluator = false;
-    for (auto& r : n.roles) evaluator = evaluator || r == "evaluator";
-    if (evaluator && n.gpus.empty() && n.cpu_slots == 0) {
+    if (has_role(n, "evaluator") && n.gpus.empty() && n.cpu_slots == 0) {
       std::fprintf(stderr, "launch: %s: node %s: gpus = \"auto\" found no GPU here and cpu_slots is 0: nothing would "
                            "evaluate (set cpu_slots for machines without a GPU)\n", cfg.source_file.c_str(), n.name.c_str());
       return false;
@@ -512,6 +532,8 @@ bool resolve_auto_devices(Config& cfg) {
   return true;
 }
 
+// Loads CONFIG, sets the log level (the command line's, else [cluster] log_level) and resolves
+// its "auto" devices for this process.
 std::optional<Config> load_with_level(const std::string& config_path, const std::string& log_level) {
   auto loaded = load_or_report(config_path);
   if (!loaded) return std::nullopt;
@@ -566,18 +588,13 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     }
   }
 
-  TaskSet tasks;
+  TaskSet tasks, eval_tasks;  // eval_tasks: train's held-out tasks of the periodic evaluation
   std::string err;
-  if (!tasks.load(cfg.tasks, err)) {
+  if (!load_experiment_tasks(cfg, tasks, eval_tasks, err)) {
     lg->error("{}", err);
     return 2;
   }
-  TaskSet eval_tasks;  // train: the held-out tasks of the periodic evaluation
-  if (cfg.experiment.evaluates()) {
-    if (!eval_tasks.load(cfg.experiment.eval_tasks, err)) {
-      lg->error("[experiment] eval: {}", err);
-      return 2;
-    }
+  if (eval_tasks.size() > 0) {
     size_t shared = 0;
     for (auto& t : eval_tasks.tasks()) shared += tasks.find(t.id) ? 1 : 0;
     if (shared > 0)
@@ -602,17 +619,15 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
       return 2;
     }
   } else {
-    for (auto* set : {&tasks, &eval_tasks})
-      for (auto& t : set->tasks()) {
-        if (user_messages.count(t.id)) continue;  // an eval task that is also a training task
-        std::string user;
-        if (!task_user_message(t, cfg.evaluator.action_space, user, err)) {
-          lg->error("{}", err);
-          return 2;
-        }
-        prompts.push_back({t.id, render_prompt(cfg.policy, user)});
-        user_messages[t.id] = user;
-      }
+    std::vector<RenderedPrompt> rendered;
+    if (!render_task_prompts(cfg, tasks, eval_tasks, rendered, err)) {
+      lg->error("{}", err);
+      return 2;
+    }
+    for (auto& p : rendered) {
+      prompts.push_back({p.task_id, p.prompt});
+      user_messages[p.task_id] = p.user;
+    }
   }
 
   const bool adapts = cfg.experiment.mode == "ttt" || cfg.experiment.mode == "sdpo";  // every task, every step

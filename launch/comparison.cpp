@@ -87,32 +87,29 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
     return false;
   }
   const toml::table& cmp = *root["comparison"].as_table();
+  // comparison.arms and comparison.compare: arrays of arm names; false after printing what is wrong.
+  auto read_names = [&](const toml::node& v, const std::string& key, std::vector<std::string>& out) {
+    auto* a = v.as_array();
+    if (!a) {
+      std::fprintf(stderr, "%s: comparison.%s: expected an array of arm names\n", where(v).c_str(), key.c_str());
+      return false;
+    }
+    bool good = true;
+    for (auto& x : *a) {
+      if (!x.is_string()) {
+        std::fprintf(stderr, "%s: comparison.%s: expected arm names (strings)\n", where(x).c_str(), key.c_str());
+        good = false;
+      } else {
+        out.push_back(x.as_string()->get());
+      }
+    }
+    return good;
+  };
   std::vector<std::string> names;
   for (auto& [k, v] : cmp) {
     std::string key(k.str());
-    if (key == "arms") {
-      auto* a = v.as_array();
-      if (!a) {
-        std::fprintf(stderr, "%s: comparison.arms: expected an array of arm names\n", where(v).c_str());
-        ok = false;
-        continue;
-      }
-      for (auto& x : *a) {
-        if (!x.is_string()) {
-          std::fprintf(stderr, "%s: comparison.arms: expected arm names (strings)\n", where(x).c_str());
-          ok = false;
-        } else {
-          names.push_back(x.as_string()->get());
-        }
-      }
-    } else if (key == "compare") {
-      auto* a = v.as_array();
-      for (size_t i = 0; a && i < a->size(); ++i)
-        if ((*a)[i].is_string()) compare.push_back((*a)[i].as_string()->get());
-      if (!a || compare.size() != a->size()) {
-        std::fprintf(stderr, "%s: comparison.compare: expected an array of arm names\n", where(v).c_str());
-        ok = false;
-      }
+    if (key == "arms" || key == "compare") {
+      ok = read_names(v, key, key == "arms" ? names : compare) && ok;
     } else if (key == "allow_mismatch") {
       if (!v.is_boolean()) {
         std::fprintf(stderr, "%s: comparison.allow_mismatch: expected true or false\n", where(v).c_str());
