@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import torch
 import torch.nn.functional as F
@@ -148,15 +149,22 @@ class Watch:
 
 
 class ReferenceGuard:
-    """While active, any Python call into one of `codes` (reference forward code objects) is a
-    violation. Uses sys.setprofile, so it sees calls through any alias of the function."""
+    """While active, any Python call into one of `codes` (the reference's forward code objects) is a
+    violation. Uses sys.setprofile, so it sees calls through any alias of the function (a saved
+    bound method, a `globals()` lookup, an instance found through the garbage collector).
+
+    Code objects are matched by identity, never by equality: two code objects compiled from the
+    same text at the same line numbers compare equal (CPython compares bytecode, constants, names
+    and line table, not the file name), so a candidate that copies the reference and renames the
+    class would otherwise be taken for the reference itself."""
 
     def __init__(self, codes):
-        self.codes = {c for c in codes if c is not None}
+        self._codes = [c for c in codes if c is not None]  # kept alive: their ids stay theirs
+        self._ids = frozenset(id(c) for c in self._codes)
         self.hit = None
 
     def _hook(self, frame, event, arg):
-        if event == "call" and frame.f_code in self.codes and self.hit is None:
+        if event == "call" and id(frame.f_code) in self._ids and self.hit is None:
             self.hit = f"called the reference Model.forward (line {frame.f_lineno})"
 
     def __enter__(self):
@@ -171,11 +179,36 @@ class ReferenceGuard:
         return False
 
 
-def static_reference_use(policy_code: str):
-    """The policy-written code naming the reference class `Model` (in load context), or None."""
+def embedded_reference_codes(module_code, first_line: int, last_line: int):
+    """The code objects of ``Model.forward`` that a module compiled from the lines
+    [first_line, last_line] of its source: the reference the forward_body scaffold embeds in the
+    candidate's program. Found in the compiled module itself, so a policy that rebinds the name
+    ``Model`` later in the program cannot hide the embedded reference (nor pass its own class
+    off as it)."""
+    found, stack = [], [module_code]
+    while stack:
+        code = stack.pop()
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                stack.append(c)
+                if (getattr(c, "co_qualname", c.co_name) == "Model.forward"
+                        and first_line <= c.co_firstlineno <= last_line):
+                    found.append(c)
+    return found
+
+
+def static_reference_use(policy_code: str, action_space: str = "forward_body"):
+    """The policy-written code naming the reference class `Model` (in load context), or None.
+
+    In the forward_body space the scaffold puts the task's reference ``Model`` in the candidate's
+    program, so naming it reaches the reference. A full program is the policy's own module: a
+    ``Model`` it defines or imports itself is its own code (a baseline that copies the reference
+    file and subclasses or renames it is legitimate); only a name it never binds points elsewhere."""
     try:
         tree = ast.parse(policy_code)
     except SyntaxError:
+        return None
+    if action_space == "full_program" and _binds_name(tree, "Model"):
         return None
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "Model" and isinstance(node.ctx, ast.Load):
@@ -183,6 +216,18 @@ def static_reference_use(policy_code: str):
         if isinstance(node, ast.Attribute) and node.attr == "Model" and isinstance(node.ctx, ast.Load):
             return f"refers to the reference class Model (line {node.lineno})"
     return None
+
+
+def _binds_name(tree, name: str) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return True
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (a.asname or a.name.split(".")[0]) == name for a in node.names):
+            return True
+    return False
 
 
 _GLOBAL = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)")

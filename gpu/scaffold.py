@@ -120,6 +120,12 @@ def assemble_forward_body(action: str, task_source: str, task_id: str) -> str:
     return program
 
 
+def embedded_task_lines(task_source: str):
+    """The first and last line numbers of the task's own source inside a forward_body program
+    (after the header line and the task banner), where its reference Model is compiled."""
+    return 3, 2 + task_source.rstrip("\n").count("\n") + 1
+
+
 def assemble_full_program(action: str, task_id: str) -> str:
     code = extract_code(action).replace("\r\n", "\n")
     if not code.strip():

@@ -192,6 +192,33 @@ class IsolationTest(Base):
         self.assertStatus(self.evaluate(GOOD), "ok")
 
 
+with open(SWISH) as _f:
+    SWISH_SRC = _f.read()
+
+
+class ReferenceCopyTest(Base):
+    """Programs that copy the reference are the policy's own code: ok, at about the reference's
+    speed. Two code objects compiled from the same text at the same lines compare equal; the
+    guard must tell them apart by identity."""
+
+    def test_the_reference_renamed_at_its_own_lines_is_ok(self):
+        prog = SWISH_SRC.replace("class Model(", "class ModelNew(").replace("super(Model,", "super(ModelNew,")
+        self.assertEqual(prog.count("\n"), SWISH_SRC.count("\n"))  # forward at the same line
+        r = self.evaluate(prog, space="full_program")
+        self.assertStatus(r, "ok")
+        self.assertGreater(r["speedup"], 0.0)
+
+    def test_a_subclass_calling_its_parents_forward_is_ok(self):
+        # The whole reference file, unchanged (its Model.forward at the reference's own lines),
+        # and a ModelNew that inherits it.
+        prog = SWISH_SRC + ("\n\nclass ModelNew(Model):\n"
+                            "    def forward(self, x):\n        return super().forward(x)\n")
+        self.assertStatus(self.evaluate(prog, space="full_program"), "ok")
+        renamed = SWISH_SRC.replace("Model", "Base") + (
+            "\n\nclass ModelNew(Base):\n    def forward(self, x):\n        return super().forward(x)\n")
+        self.assertStatus(self.evaluate(renamed, space="full_program"), "ok")
+
+
 class HackTest(Base):
     def test_reaching_the_reference_model_by_name(self):
         self.assertStatus(self.evaluate("return Model()(x)"), "hacked", "reference class Model")
@@ -199,6 +226,23 @@ class HackTest(Base):
     def test_reaching_the_reference_forward_through_an_alias(self):
         r = self.evaluate("ref = globals()['Mo' + 'del']\nreturn ref.forward(self, x)")
         self.assertStatus(r, "hacked", "called the reference Model.forward")
+
+    def test_reaching_the_reference_through_a_saved_bound_method(self):
+        body = ("_saved = globals()['Mo' + 'del']().forward\n# --- forward ---\nreturn _saved(x)")
+        self.assertStatus(self.evaluate(body), "hacked", "called the reference Model.forward")
+
+    def test_a_full_program_reaching_the_harness_reference_is_hacked(self):
+        # No name to scan for: the task's own reference instance, found in the process.
+        header = "import gc\nimport sys\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+        bodies = {"gc": ("        ref = [o for o in gc.get_objects() if type(o).__name__ == 'Model'][0]\n"
+                         "        return ref(x)\n"),
+                  "frames": ("        f = sys._getframe(1)\n"
+                             "        while 'ref_model' not in f.f_locals:\n            f = f.f_back\n"
+                             "        return f.f_locals['ref_model'].forward(x)\n")}
+        for how, body in bodies.items():
+            with self.subTest(through=how):
+                self.assertStatus(self.evaluate(header + body, space="full_program"), "hacked",
+                                  "called the reference Model.forward")
 
     def test_patching_the_clock(self):
         body = "import time\ntime.perf_counter_ns = lambda: 0\n# --- forward ---\n" + GOOD
@@ -237,6 +281,70 @@ class HackTest(Base):
 with open(os.path.join(ROOT, "tests", "cpu_candidates", "swish_cpp.txt")) as _f:
     CPP_OK = _f.read()  # a C++ load_inline extension (g++ only: no GPU needed)
 CPP_BAD = CPP_OK.replace("return x * torch::sigmoid(x);", "return x * undefined_symbol(x);")
+
+
+class MemoryTest(Base):
+    """An evaluation too large for its device is its own status naming the peak, not the
+    candidate's runtime_error; the harness's own checks keep bounded temporaries."""
+
+    def test_inputs_larger_than_the_limit_are_out_of_memory_not_the_candidates_fault(self):
+        with tempfile.TemporaryDirectory() as d:
+            task = os.path.join(d, "big.py")
+            with open(task, "w") as f:
+                f.write(SWISH_SRC.replace("batch_size = 64\ndim = 4096", "batch_size = 8192\ndim = 32768"))
+            r = self.evaluate(GOOD, task=task, memory_limit_mb=512)
+        self.assertStatus(r, "out_of_memory", "needs more memory than", "generating inputs",
+                          "no verdict on the candidate")
+        # The candidate's own blow-up stays the candidate's fault.
+        r = self.evaluate("big = torch.ones(1 << 31)\nreturn x", memory_limit_mb=2048)
+        self.assertStatus(r, "runtime_error", "allocate")
+
+
+class CheckTest(unittest.TestCase):
+    """The harness's comparison and digests in chunks agree with whole-tensor torch."""
+
+    def setUp(self):
+        import harness
+        self.h = harness
+        self.saved = harness.CHUNK
+        harness.CHUNK = 1000  # many chunks, a ragged last one
+
+    def tearDown(self):
+        self.h.CHUNK = self.saved
+
+    def test_chunked_comparison_equals_torch_allclose(self):
+        import torch
+        s = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2}
+        g = torch.Generator().manual_seed(0)
+        ref = torch.randn(37, 411, generator=g)
+        cases = {"equal": ref.clone(), "within": ref + 5e-5, "outside": ref + 1e-3 * (ref > 2),
+                 "one far": ref.clone().index_put_((torch.tensor([36]), torch.tensor([410])), torch.tensor(9.0))}
+        for name, out in cases.items():
+            acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
+            why = self.h.compare(ref, out, s, 0, acc)
+            self.assertEqual(why == "", bool(torch.allclose(out, ref, atol=1e-4, rtol=1e-4)), name)
+            self.assertAlmostEqual(acc["max_abs_diff"], float((out.double() - ref.double()).abs().max()), 12)
+        inf_ref = ref.clone()
+        inf_ref[3, 3] = float("inf")
+        acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
+        self.assertEqual(self.h.compare(inf_ref, inf_ref.clone(), s, 0, acc), "")  # as allclose: equal infs
+        bad = ref.clone()
+        bad[20, 7] = float("nan")
+        self.assertIn("NaN or Inf", self.h.compare(ref, bad, s, 0, acc))
+
+    def test_digest_sees_one_changed_bit_and_fingerprints_match_only_their_output(self):
+        import torch
+        x = torch.randn(5000, 3)
+        d = self.h.digest(x)
+        y = x.clone()
+        y.view(-1).view(torch.int32)[4321] ^= 1  # one bit of one float
+        self.assertNotEqual(self.h.digest(y), d)
+        self.assertEqual(self.h.digest(x.clone()), d)
+        s = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2}
+        fp = self.h.fingerprint(x)
+        self.assertTrue(self.h.matches_fingerprint(x.clone(), fp, s))
+        self.assertFalse(self.h.matches_fingerprint(torch.randn(5000, 3), fp, s))
+        self.assertFalse(self.h.matches_fingerprint(x.t(), fp, s))
 
 
 class BuildCacheTest(Base):
