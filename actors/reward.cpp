@@ -28,7 +28,9 @@ double compute_reward(const RewardConfig& cfg, const EvalResult& r, double task_
     }
     case EvalStatus::incorrect: return cfg.incorrect_reward;
     case EvalStatus::hacked: return cfg.hacked_reward;
-    case EvalStatus::skipped: return 0;  // never evaluated: no verdict to reward
+    case EvalStatus::skipped:        // never evaluated: no verdict to reward
+    case EvalStatus::out_of_memory:  // the evaluation did not fit the device: no verdict either
+      return 0;
     default: return cfg.failure_reward;
   }
 }

@@ -140,7 +140,7 @@ StepStats stats_of(const std::map<std::string, TaskAgg>& tasks, const std::map<s
 StepStats step_stats(const supervisor_state& st, uint32_t step) { return stats_of(st.tasks, st.status_counts, step); }
 
 void add_to(std::map<std::string, TaskAgg>& tasks, const ScoredRollout& s) {
-  if (s.result.status == EvalStatus::skipped) return;  // not evaluated: in no rate
+  if (!is_verdict(s.result.status)) return;  // skipped, or too large for the device: in no rate
   auto& t = tasks[s.rollout.task_id];
   ++t.samples;
   t.reward_sum += s.reward;
@@ -168,7 +168,7 @@ void count_sample(supervisor_state& st, const ScoredRollout& s) {
   }
   ++st.status_counts[to_string(s.result.status)];
   if (st.reward_hist.empty()) st.reward_hist.assign(reward_bins.size(), 0);
-  if (s.result.status != EvalStatus::skipped) ++st.reward_hist[reward_bin(s.reward)];
+  if (is_verdict(s.result.status)) ++st.reward_hist[reward_bin(s.reward)];
   st.step = std::max(st.step, s.rollout.step);
   st.policy_version = std::max(st.policy_version, s.rollout.policy_version);
   uint64_t stale = st.policy_version - s.rollout.policy_version;

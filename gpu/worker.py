@@ -37,6 +37,11 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 
+# Device memory a replied candidate's process may still hold (its allocator's bookkeeping) for
+# its exit to overlap the next candidate; above it the worker waits for the exit first.
+HELD_AFTER_REPLY = 64 << 20
+
+
 def default_cache_root():
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "kernelrl", "build-cache")
@@ -194,8 +199,10 @@ class ForkServer:
         else:
             reply, failure = spare.collect(self._limits(req, s, False), on_poll=self._reap,
                                            defer_exit=self._defer_exit)
-            if reply and reply.get("gpu_reserved_bytes", 0) > self.device_memory // 4:
-                # It held much of the GPU's memory: let the next candidate find it free.
+            if reply and not cpu and not 0 <= reply.get("gpu_held_bytes", -1) <= HELD_AFTER_REPLY:
+                # Its process still holds device memory after freeing what the evaluation
+                # allocated (a candidate's global tensors, a faulted context): the next candidate
+                # must find the GPU's memory free, so wait for this one's exit.
                 self._reap(block=True)
         if self.spare is None:
             self.spare = self._spawn(key, env, mem, cpu)  # ready for the next candidate

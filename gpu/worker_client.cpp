@@ -311,6 +311,7 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
     read(m, "compile_s", res.compile_s);
     read(m, "compile_cached", res.compile_cached);
     read(m, "reverified", res.reverified);
+    read(m, "gpu_peak_bytes", res.device_peak_bytes);
     if (auto* iso = field(m, "isolation")) read(*iso, "child_start_s", res.isolation_s);
   } catch (const std::exception& e) {
     res = EvalResult{};

@@ -199,9 +199,12 @@ std::unique_ptr<Store> open_run_store(const char* cmd, const std::string& run_di
 // Every sample of a store as the analysis reads it.
 std::vector<AnalysisSample> analysis_samples(Store& store) {
   std::vector<AnalysisSample> out;
-  for (auto& r : store.samples())
-    out.push_back({r.status != "skipped", r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean,
+  for (auto& r : store.samples()) {
+    EvalStatus status = EvalStatus::runtime_error;
+    const bool verdict = !from_string(r.status, status) || is_verdict(status);
+    out.push_back({verdict, r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean,
                    r.num_tokens, r.record.rollout.split});
+  }
   return out;
 }
 }  // namespace

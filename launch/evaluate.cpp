@@ -57,6 +57,7 @@ nlohmann::json result_json(const EvalResult& r) {
           {"ready_at", r.ready_at},
           {"device_start", r.device_start},
           {"device_end", r.device_end},
+          {"device_peak_bytes", r.device_peak_bytes},
           {"wall_s", r.wall_s},
           {"device", r.device},
           {"evaluator_id", r.evaluator_id}};

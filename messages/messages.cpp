@@ -9,8 +9,9 @@
 namespace kernelrl {
 
 namespace {
-constexpr std::array<const char*, 8> status_names = {
-    "ok", "format_error", "compile_error", "runtime_error", "timeout", "incorrect", "hacked", "skipped"};
+constexpr std::array<const char*, 9> status_names = {
+    "ok", "format_error", "compile_error", "runtime_error", "timeout", "incorrect", "hacked", "skipped",
+    "out_of_memory"};
 }
 
 std::string to_string(EvalStatus s) {
@@ -27,6 +28,8 @@ bool from_string(const std::string& name, EvalStatus& out) {
   }
   return false;
 }
+
+bool is_verdict(EvalStatus s) { return s != EvalStatus::skipped && s != EvalStatus::out_of_memory; }
 
 void add_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<Rollout>("kernelrl.Rollout");

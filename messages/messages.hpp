@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 9;
+inline constexpr uint32_t protocol_version = 10;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -34,10 +34,16 @@ enum class EvalStatus : uint8_t {
   hacked = 6,        // caught gaming the harness
   skipped = 7,       // not evaluated: a selection strategy left it out before evaluation
                      // (best_of_n with evaluate_top_m); kept for audit, never counted as a verdict
+  out_of_memory = 8, // the evaluation itself (the task's inputs and reference at its sizes, the
+                     // harness's checks) needed more memory than the device has: no verdict on
+                     // the candidate, never counted as one; the error names the peak
 };
 std::string to_string(EvalStatus s);
 // Parses the names above; false when `name` is none of them.
 bool from_string(const std::string& name, EvalStatus& out);
+// Whether a status is a verdict on the candidate (false for skipped and out_of_memory: such a
+// sample is stored, rewarded 0 and left out of every rate).
+bool is_verdict(EvalStatus s);
 
 // ---------------------------------------------------------------------------------------------
 // A sample made by a sampler: the policy's action for one task.
@@ -119,11 +125,12 @@ struct EvalResult {
   // When (Unix seconds) the evaluator had the candidate ready for its device stage (built, when
   // it builds anything), handed it to the device stage, and got the verdict back; 0: never.
   double ready_at = 0, device_start = 0, device_end = 0;
+  uint64_t device_peak_bytes = 0; // the evaluation's peak device memory (GPU; 0: CPU or unknown)
   friend bool operator==(const EvalResult&, const EvalResult&) = default;
   MSGPACK_DEFINE_MAP(sample_id, task_id, status, error, assembled_code, compile_log, correctness,
                      runtime, ref_runtime, speedup, evaluator_id, device, wall_s, kernel_coverage,
                      compile_s, compile_cached, reverified, isolation_s, ready_at, device_start,
-                     device_end);
+                     device_end, device_peak_bytes);
 };
 
 // A rollout with its verdict and reward: what the store and the learner receive.
@@ -240,7 +247,8 @@ typename Inspector::result_type inspect(Inspector& f, EvalResult& x) {
   return f(caf::meta::type_name("kernelrl.EvalResult"), x.sample_id, x.task_id, x.status, x.error,
            x.assembled_code, x.compile_log, x.correctness, x.runtime, x.ref_runtime, x.speedup,
            x.evaluator_id, x.device, x.wall_s, x.kernel_coverage, x.compile_s, x.compile_cached,
-           x.reverified, x.isolation_s, x.ready_at, x.device_start, x.device_end);
+           x.reverified, x.isolation_s, x.ready_at, x.device_start, x.device_end,
+           x.device_peak_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ScoredRollout& x) {

@@ -50,6 +50,7 @@ inline EvalResult sample_result() {
   e.ready_at = 1795000000.5;
   e.device_start = 1795000001.25;
   e.device_end = 1795000004.75;
+  e.device_peak_bytes = 31ull << 30;
   return e;
 }
 

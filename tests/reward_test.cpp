@@ -53,6 +53,17 @@ TEST_CASE("failures earn the configured constants, by kind", "[reward]") {
     CHECK(compute_reward(c, verdict(s, 3.0)) == -0.5);
 }
 
+TEST_CASE("an evaluation too large for its device is no verdict: 0, not the failure reward", "[reward]") {
+  RewardConfig c;
+  c.failure_reward = -0.5;
+  CHECK(compute_reward(c, verdict(EvalStatus::out_of_memory)) == 0.0);
+  CHECK(compute_reward(c, verdict(EvalStatus::runtime_error)) == -0.5);
+  CHECK_FALSE(is_verdict(EvalStatus::out_of_memory));
+  CHECK_FALSE(is_verdict(EvalStatus::skipped));
+  CHECK(is_verdict(EvalStatus::runtime_error));
+  CHECK(is_verdict(EvalStatus::ok));
+}
+
 TEST_CASE("hacked samples earn 0 by default, whatever speedup they claimed", "[reward]") {
   RewardConfig c;
   CHECK(compute_reward(c, verdict(EvalStatus::hacked, 50.0)) == 0.0);
