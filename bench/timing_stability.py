@@ -1,22 +1,31 @@
-"""Timing stability of the evaluator's GPU timing protocol, against the common harness's.
+"""Timing stability of the evaluator's GPU timing protocol, against the common harness's and
+KernelBench's own.
 
-The same one-kernel operation (SiLU over a 4096 x 16384 fp32 tensor, memory-bound, ~0.2 ms on an
-H100) is timed in N separate processes, each forked from a parent that imported torch without
-initialising CUDA, exactly as the evaluation worker forks a candidate (gpu/sandbox.py). In each
-process every protocol times it three times (50 trials, median), protocols interleaved:
+The operation timed is SiLU over a 4096 x 16384 fp32 tensor (memory-bound, ~0.2 ms on an H100),
+or with --kernelbench DIR --problems 1/12,1/7,... the reference Model of those KernelBench
+problems at their own sizes. It is timed in N separate processes, each forked from a parent that
+imported torch without initialising CUDA, exactly as the evaluation worker forks a candidate
+(gpu/sandbox.py). In each process every protocol times it REPEATS times (50 trials, median),
+protocols interleaved:
 
-  harness  gpu/harness.py's Timer as the evaluator runs it (events on the stream, the device-wide
-           synchronize's tail counted only when work outlasts the stream)
-  sync     the Timer's earlier protocol: the end event recorded after a device-wide synchronize
+  head     gpu/harness.py's Timer as the evaluator runs it: flush, a spin kernel as head start,
+           events on the stream, the device-wide synchronize's tail counted only when work
+           outlasts the stream
+  notail   the same without the tail rule (start->end always): what the tail rule costs
+  presync  the Timer's previous protocol: a synchronize between the flush and the start event, so
+           the host's launch latency lands inside every trial
+  sync     the end event recorded after a device-wide synchronize
   events   the common harness: L2 flush, synchronize, event, forward, event, synchronize
+  kb       KernelBench's time_execution_with_cuda_event from the checkout given (--kernelbench)
 
-While the harness protocol runs, NVML is sampled every 5 ms (SM and memory clocks, temperature,
+While the head protocol runs, NVML is sampled every 5 ms (SM and memory clocks, temperature,
 power, clock-event reasons), so a drift can be put down to the GPU's clocks or not.
 
-Printed: each protocol's coefficient of variation of the median across processes (the figure the
-issue's target is about: <= 0.5%), and within a process.
+Printed: each protocol's coefficient of variation of the median across processes, within a
+process, and its mean median; with the problems, one table per problem.
 
 Usage: python bench/timing_stability.py [--device cuda:0] [--processes 10] [--json OUT.json]
+                                        [--kernelbench DIR --problems 1/12,1/7]
 """
 
 import argparse
@@ -38,9 +47,10 @@ import torch  # noqa: E402
 import harness  # noqa: E402
 import sandbox  # noqa: E402
 from baseline_eval import time_events  # noqa: E402  (the common harness's protocol)
+from kb_import import import_kernelbench, problem_file  # noqa: E402
 
 TRIALS, WARMUP, REPEATS = 50, 3, 3
-PROTOCOLS = ("harness", "sync", "events")
+PROTOCOLS = ("head", "notail", "presync", "sync", "events")
 
 
 class Nvml:
@@ -95,38 +105,64 @@ class Nvml:
         return result, summ
 
 
-def one_process(device_name):
+def load_problem(kb_dir, problem):
+    """(name, model, inputs) of a KernelBench problem "LEVEL/NUMBER" at its own sizes, on the GPU."""
+    level, number = problem.split("/")
+    path = problem_file(kb_dir, int(level), int(number))
+    ns = {}
+    with open(path) as f:
+        exec(compile(f.read(), path, "exec"), ns)
+    torch.manual_seed(42)
+    with torch.device("cuda"):
+        model = ns["Model"](*ns["get_init_inputs"]()).eval()
+        inputs = ns["get_inputs"]()
+    return os.path.basename(path)[:-3], model.cuda(), [x.cuda() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def kb_timer(kb_dir):
+    """KernelBench's own per-trial timing function, imported from the checkout."""
+    return import_kernelbench(kb_dir)[1].time_execution_with_cuda_event
+
+
+def one_process(device_name, kb_dir="", problem=""):
     device = torch.device(device_name)
     torch.cuda.set_device(device)
     torch.manual_seed(0)
-    x = torch.randn(4096, 16384, device=device)
-    model = torch.nn.SiLU()
-    timer = harness.Timer(device)
-    sync_timer = harness.Timer(device, protocol="sync")
-    out = {k: [] for k in PROTOCOLS}
-    out["tail_trials"], out["gpu"] = [], []
+    if problem:
+        _, model, inputs = load_problem(kb_dir, problem)
+    else:
+        model, inputs = torch.nn.SiLU(), [torch.randn(4096, 16384, device=device)]
+    timers = {"head": harness.Timer(device), "notail": harness.Timer(device, count_tail=False),
+              "presync": harness.Timer(device, protocol="presync"),
+              "sync": harness.Timer(device, protocol="sync")}
+    kb = kb_timer(kb_dir) if kb_dir else None
+    protocols = PROTOCOLS + (("kb",) if kb else ())
+    out = {k: [] for k in protocols}
+    out["tail_trials"], out["tails"], out["gpu"] = [], [], []
     try:
         nvml = Nvml(device.index or 0)
     except OSError:
         nvml = None
-    for _ in range(REPEATS):
-        if nvml is not None:
-            stats, gpu = nvml.during(lambda: timer.run(model, [x], WARMUP, TRIALS))
-            out["gpu"].append(gpu)
-        else:
-            stats = timer.run(model, [x], WARMUP, TRIALS)
-        out["harness"].append(stats["median_ms"])
-        out["tail_trials"].append(timer.tail_trials)
-        out["sync"].append(sync_timer.run(model, [x], WARMUP, TRIALS)["median_ms"])
-        out["events"].append(time_events(model, [x], TRIALS, device, flush=timer.flush_buf))
-    out["idle_tail_ms"] = timer.idle_tail_ms
-    # The same operation on other allocations of the input, all alive at once, interleaved: if
-    # the medians follow the allocation rather than the time, placement in memory is the cause.
-    xs = [x] + [torch.randn(4096, 16384, device=device) for _ in range(3)]
-    out["placement"] = [[], [], [], []]
-    for _ in range(2):
-        for j, xj in enumerate(xs):
-            out["placement"][j].append(timer.run(model, [xj], WARMUP, TRIALS)["median_ms"])
+    with torch.no_grad():
+        for _ in range(REPEATS):
+            for name, timer in timers.items():
+                if name == "head" and nvml is not None:
+                    stats, gpu = nvml.during(lambda: timer.run(model, inputs, WARMUP, TRIALS))
+                    out["gpu"].append(gpu)
+                else:
+                    stats = timer.run(model, inputs, WARMUP, TRIALS)
+                out[name].append(stats["median_ms"])
+                if name == "head":
+                    out["tail_trials"].append(timer.tail_trials)
+                    out["tails"].append({"median_ms": statistics.median(timer.tails), "max_ms": max(timer.tails),
+                                         "busy_ms": timer.busy_tail_ms, "counted": timer.tail_counted})
+            out["events"].append(time_events(model, inputs, TRIALS, device, flush=timers["head"].flush_buf))
+            if kb:
+                times = kb(model, inputs, num_warmup=3, num_trials=TRIALS, discard_first=1,
+                           verbose=False, device=device)
+                out["kb"].append(statistics.median(times))
+    out["idle_tail_ms"] = timers["head"].idle_tail_ms
+    out["protocols"] = list(protocols)
     out["device"] = torch.cuda.get_device_name(device)
     return out
 
@@ -139,33 +175,42 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--processes", type=int, default=10)
+    ap.add_argument("--kernelbench", default="", help="a KernelBench checkout (its problems, its timing)")
+    ap.add_argument("--problems", default="", help="LEVEL/NUMBER,... of KernelBench problems to time")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    runs = []
-    for i in range(args.processes):
-        reply, failure = sandbox.run_isolated(lambda: one_process(args.device), timeout_s=300,
-                                              memory_limit_mb=1 << 20, env={}, isolate_net=False,
-                                              address_space_limit=False, tmp_root="/tmp")
-        if failure:
-            raise SystemExit(f"process {i}: {failure}")
-        runs.append(reply)
-        print(f"process {i}: " + "  ".join(f"{k} {[round(v, 4) for v in reply[k]]}"
-                                           for k in PROTOCOLS)
-              + f"  idle tail {reply['idle_tail_ms']:.4f} ms, tail-counted trials {reply['tail_trials']}"
-              + f"  by allocation {[[round(v, 4) for v in p] for p in reply['placement']]}"
-              + (f"  GPU during the harness's runs {reply['gpu']}" if reply["gpu"] else ""),
-              flush=True)
-    summary = {"device": runs[0]["device"], "processes": args.processes, "trials": TRIALS}
-    for k in PROTOCOLS:
-        first = [r[k][0] for r in runs]
-        within = statistics.fmean(cv(r[k]) for r in runs)
-        summary[k] = {"medians_first_ms": first, "cv_across": cv(first), "cv_within_mean": within,
-                      "mean_ms": statistics.fmean(first)}
-        print(f"{k:8} mean median {statistics.fmean(first):.4f} ms  CV across processes "
-              f"{100 * cv(first):.3f}%  CV within a process {100 * within:.3f}%")
+    problems = [p for p in args.problems.split(",") if p] or [""]
+    if problems != [""] and not args.kernelbench:
+        raise SystemExit("--problems needs --kernelbench DIR")
+    report = {}
+    for problem in problems:
+        runs = []
+        for i in range(args.processes):
+            reply, failure = sandbox.run_isolated(lambda: one_process(args.device, args.kernelbench, problem),
+                                                  timeout_s=300, memory_limit_mb=1 << 20, env={},
+                                                  isolate_net=False, address_space_limit=False, tmp_root="/tmp")
+            if failure:
+                raise SystemExit(f"{problem or 'silu'} process {i}: {failure}")
+            runs.append(reply)
+            print(f"{problem or 'silu'} process {i}: "
+                  + "  ".join(f"{k} {[round(v, 4) for v in reply[k]]}" for k in reply["protocols"])
+                  + f"  idle tail {reply['idle_tail_ms']:.4f} ms, trials over the busy tail {reply['tail_trials']}, "
+                    f"tails (median/max/busy ms, counted) "
+                    f"{[(round(t['median_ms'], 4), round(t['max_ms'], 4), round(t['busy_ms'], 4), t['counted']) for t in reply['tails']]}"
+                  + (f"  GPU during head {reply['gpu'][0]}" if reply["gpu"] else ""), flush=True)
+        summary = {"device": runs[0]["device"], "processes": args.processes, "trials": TRIALS}
+        print(f"== {problem or 'silu 4096x16384'} on {runs[0]['device']}")
+        for k in runs[0]["protocols"]:
+            first = [r[k][0] for r in runs]
+            within = statistics.fmean(cv(r[k]) for r in runs)
+            summary[k] = {"medians_first_ms": first, "cv_across": cv(first), "cv_within_mean": within,
+                          "mean_ms": statistics.fmean(first)}
+            print(f"{k:8} mean median {statistics.fmean(first):.4f} ms  CV across processes "
+                  f"{100 * cv(first):.3f}%  CV within a process {100 * within:.3f}%")
+        report[problem or "silu"] = {"summary": summary, "runs": runs}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"summary": summary, "runs": runs}, f, indent=1)
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
