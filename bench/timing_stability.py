@@ -5,8 +5,8 @@ The operation timed is SiLU over a 4096 x 16384 fp32 tensor (memory-bound, ~0.2 
 or with --kernelbench DIR --problems 1/12,1/7,... the reference Model of those KernelBench
 problems at their own sizes. It is timed in N separate processes, each forked from a parent that
 imported torch without initialising CUDA, exactly as the evaluation worker forks a candidate
-(gpu/sandbox.py). In each process every protocol times it REPEATS times (50 trials, median),
-protocols interleaved:
+(gpu/sandbox.py). In each process every protocol times it once in every position of the order
+(50 trials, median; a Latin square shifted per process, since the GPU warms over a process's runs):
 
   head     gpu/harness.py's Timer as the evaluator runs it: flush, a spin kernel as head start,
            events on the stream, the device-wide synchronize's tail counted only when work
@@ -21,8 +21,8 @@ protocols interleaved:
 While the head protocol runs, NVML is sampled every 5 ms (SM and memory clocks, temperature,
 power, clock-event reasons), so a drift can be put down to the GPU's clocks or not.
 
-Printed: each protocol's coefficient of variation of the median across processes, within a
-process, and its mean median; with the problems, one table per problem.
+Printed: per protocol, the coefficient of variation across processes of each process's mean
+median, the mean CV within a process, and the mean median; with the problems, one table each.
 
 Usage: python bench/timing_stability.py [--device cuda:0] [--processes 10] [--json OUT.json]
                                         [--kernelbench DIR --problems 1/12,1/7]
@@ -49,7 +49,7 @@ import sandbox  # noqa: E402
 from baseline_eval import time_events  # noqa: E402  (the common harness's protocol)
 from kb_import import import_kernelbench, problem_file  # noqa: E402
 
-TRIALS, WARMUP, REPEATS = 50, 3, 3
+TRIALS, WARMUP = 50, 3
 PROTOCOLS = ("head", "notail", "presync", "sync", "events")
 
 
@@ -124,7 +124,7 @@ def kb_timer(kb_dir):
     return import_kernelbench(kb_dir)[1].time_execution_with_cuda_event
 
 
-def one_process(device_name, kb_dir="", problem=""):
+def one_process(device_name, kb_dir="", problem="", rotation=0):
     device = torch.device(device_name)
     torch.cuda.set_device(device)
     torch.manual_seed(0)
@@ -143,24 +143,30 @@ def one_process(device_name, kb_dir="", problem=""):
         nvml = Nvml(device.index or 0)
     except OSError:
         nvml = None
+    runners = {name: (lambda t=timer: t.run(model, inputs, WARMUP, TRIALS)["median_ms"])
+               for name, timer in timers.items()}
+    runners["events"] = lambda: time_events(model, inputs, TRIALS, device, flush=timers["head"].flush_buf)
+    if kb:
+        runners["kb"] = lambda: statistics.median(kb(model, inputs, num_warmup=3, num_trials=TRIALS,
+                                                     discard_first=1, verbose=False, device=device))
     with torch.no_grad():
-        for _ in range(REPEATS):
-            for name, timer in timers.items():
+        # Each protocol takes every position of the order once (a Latin square, shifted per
+        # process): the GPU warms over a process's runs, and a fixed order would credit the
+        # protocols that run first with its cooler state.
+        for r in range(len(protocols)):
+            for j in range(len(protocols)):
+                name = protocols[(j + r + rotation) % len(protocols)]
                 if name == "head" and nvml is not None:
-                    stats, gpu = nvml.during(lambda: timer.run(model, inputs, WARMUP, TRIALS))
+                    median, gpu = nvml.during(runners[name])
                     out["gpu"].append(gpu)
                 else:
-                    stats = timer.run(model, inputs, WARMUP, TRIALS)
-                out[name].append(stats["median_ms"])
+                    median = runners[name]()
+                out[name].append(median)
                 if name == "head":
-                    out["tail_trials"].append(timer.tail_trials)
-                    out["tails"].append({"median_ms": statistics.median(timer.tails), "max_ms": max(timer.tails),
-                                         "busy_ms": timer.busy_tail_ms, "counted": timer.tail_counted})
-            out["events"].append(time_events(model, inputs, TRIALS, device, flush=timers["head"].flush_buf))
-            if kb:
-                times = kb(model, inputs, num_warmup=3, num_trials=TRIALS, discard_first=1,
-                           verbose=False, device=device)
-                out["kb"].append(statistics.median(times))
+                    t = timers["head"]
+                    out["tail_trials"].append(t.tail_trials)
+                    out["tails"].append({"median_ms": statistics.median(t.tails), "max_ms": max(t.tails),
+                                         "busy_ms": t.busy_tail_ms, "counted": t.tail_counted})
     out["idle_tail_ms"] = timers["head"].idle_tail_ms
     out["protocols"] = list(protocols)
     out["device"] = torch.cuda.get_device_name(device)
@@ -186,7 +192,7 @@ def main():
     for problem in problems:
         runs = []
         for i in range(args.processes):
-            reply, failure = sandbox.run_isolated(lambda: one_process(args.device, args.kernelbench, problem),
+            reply, failure = sandbox.run_isolated(lambda: one_process(args.device, args.kernelbench, problem, i),
                                                   timeout_s=300, memory_limit_mb=1 << 20, env={},
                                                   isolate_net=False, address_space_limit=False, tmp_root="/tmp")
             if failure:
@@ -201,12 +207,12 @@ def main():
         summary = {"device": runs[0]["device"], "processes": args.processes, "trials": TRIALS}
         print(f"== {problem or 'silu 4096x16384'} on {runs[0]['device']}")
         for k in runs[0]["protocols"]:
-            first = [r[k][0] for r in runs]
+            per_process = [statistics.fmean(r[k]) for r in runs]  # over every position of the order
             within = statistics.fmean(cv(r[k]) for r in runs)
-            summary[k] = {"medians_first_ms": first, "cv_across": cv(first), "cv_within_mean": within,
-                          "mean_ms": statistics.fmean(first)}
-            print(f"{k:8} mean median {statistics.fmean(first):.4f} ms  CV across processes "
-                  f"{100 * cv(first):.3f}%  CV within a process {100 * within:.3f}%")
+            summary[k] = {"process_means_ms": per_process, "cv_across": cv(per_process),
+                          "cv_within_mean": within, "mean_ms": statistics.fmean(per_process)}
+            print(f"{k:8} mean median {statistics.fmean(per_process):.4f} ms  CV across processes "
+                  f"{100 * cv(per_process):.3f}%  CV within a process {100 * within:.3f}%")
         report[problem or "silu"] = {"summary": summary, "runs": runs}
     if args.json:
         with open(args.json, "w") as f:

@@ -59,6 +59,11 @@ def _precision_flags():
     return flags
 
 
+# Entries Python itself adds to or changes in a module's dictionary (a warning raised from the
+# task's code records itself in __warningregistry__).
+_MUTABLE_DUNDERS = frozenset({"__warningregistry__"})
+
+
 class Watch:
     """Records process/thread starts and snapshots everything a candidate must leave alone."""
 
@@ -91,7 +96,18 @@ class Watch:
             ("sys", sys, _callables(sys, ["setprofile", "settrace", "getprofile"])),
         ]
         self.snapshot = {(name, k): id(v) for name, obj, fns in self.targets for k, v in fns.items()}
+        # Classes whose dictionaries must not grow either: a method added to torch.Tensor (say
+        # `all` or `tolist`) shadows the C implementation every tensor inherits.
+        self.closed = [(name, obj, set(vars(obj))) for name, obj in
+                       (("torch.Tensor", torch.Tensor), ("torch.nn.Module", torch.nn.Module))]
+        self.frozen = []  # (name, obj, {key: id}) whose every entry must stay: see freeze()
         self.flags = _precision_flags()
+
+    def freeze(self, name, obj):
+        """Every entry of obj's dictionary (the task module, its reference Model) must stay the
+        object it is now: a candidate that finds the task through the garbage collector and
+        replaces the reference's forward, its input generator or a size is caught."""
+        self.frozen.append((name, obj, {k: id(v) for k, v in vars(obj).items() if k not in _MUTABLE_DUNDERS}))
 
     # -- thread and process starts -------------------------------------------------------------
     def _note_start(self, what):
@@ -135,6 +151,18 @@ class Watch:
             for k in fns:
                 if id(d.get(k)) != self.snapshot[(name, k)]:
                     msg = f"replaced {name}.{k} ({where})"
+                    if msg not in self.violations:
+                        self.violations.append(msg)
+        for name, obj, keys in self.closed:
+            for k in sorted(set(vars(obj)) - keys):
+                msg = f"added {name}.{k} ({where})"
+                if msg not in self.violations:
+                    self.violations.append(msg)
+        for name, obj, ids in self.frozen:
+            now_d = vars(obj)
+            for k in sorted((set(ids) | set(now_d)) - _MUTABLE_DUNDERS):
+                if id(now_d.get(k)) != ids.get(k):
+                    msg = f"changed the task's {name}.{k} ({where})"
                     if msg not in self.violations:
                         self.violations.append(msg)
         now = _precision_flags()

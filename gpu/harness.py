@@ -50,6 +50,16 @@ _Event = torch.cuda.Event
 _cuda_sync = torch.cuda.synchronize
 _current_stream = torch.cuda.current_stream
 _spin = torch.cuda._sleep
+_bump_version = torch.autograd.graph.increment_version
+
+
+def _fresh_versions(inputs):
+    """Marks the input tensors as written (their version counters move on) before each timed
+    call: a candidate that caches its output keyed by (data pointer, version) recomputes, as it
+    would for a caller that refilled the tensors."""
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            _bump_version(x)
 
 LOG_LIMIT = 64 * 1024
 
@@ -133,6 +143,11 @@ def _flatten(out):
     raise TypeError(f"output of type {type(out).__name__} (expected tensors)")
 
 
+def _shapes(xs):
+    """Shapes and strides of the tensors among xs (None for the rest)."""
+    return [(tuple(x.shape), tuple(x.stride())) if isinstance(x, torch.Tensor) else None for x in xs]
+
+
 def _clone(xs):
     return [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
 
@@ -150,12 +165,18 @@ def _tolerance(dtype, s):
 # temporaries stay under a few hundred MB whatever the output's size (KernelBench's level-1
 # problems have outputs of up to 7.5 GB; a whole-tensor float64 difference would need 15 GB).
 CHUNK = 1 << 24
+# Share of the device's memory the candidate's program and ModelNew may hold before an
+# out-of-memory in the harness's own work is put down to the candidate (runtime_error).
+CANDIDATE_HELD_LIMIT = 0.25
 
 
 def _chunks(t):
     flat = t.reshape(-1)
     for i in range(0, flat.numel(), CHUNK):
         yield flat[i:i + CHUNK]
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def compare(ref_out, out, s, trial, acc):
@@ -175,6 +196,9 @@ def compare(ref_out, out, s, trial, acc):
         return f"trial {trial}: {len(outs)} output tensors, reference has {len(refs)}"
     for i, (r, o) in enumerate(zip(refs, outs)):
         where = f"trial {trial}" + (f", output {i}" if len(refs) > 1 else "")
+        if type(o) not in _PLAIN_TENSORS:
+            # A subclass's methods are the candidate's code, run by the comparison itself.
+            return f"{where}: candidate returned a {type(o).__name__} (expected a plain torch.Tensor)"
         if tuple(o.shape) != tuple(r.shape):
             return f"{where}: shape {list(o.shape)} != reference {list(r.shape)}"
         if o.dtype != r.dtype:
@@ -387,6 +411,7 @@ class Timer:
             t0 = _clock_ns()
             runs = 0
             while runs < warmup or (cuda and _clock_ns() - t0 < 100_000_000 and runs < 10_000):
+                _fresh_versions(inputs)
                 model(*inputs)
                 runs += 1
                 if cuda and runs % 8 == 0:
@@ -394,6 +419,7 @@ class Timer:
             if not cuda:
                 times = []
                 for _ in range(trials):
+                    _fresh_versions(inputs)
                     t0 = _clock_ns()
                     model(*inputs)
                     t1 = _clock_ns()
@@ -421,6 +447,7 @@ class Timer:
     def _cuda_trial(self, model, inputs):
         """(start->end, start->after) of one trial, ms."""
         start, end, after = (_Event(enable_timing=True) for _ in range(3))
+        _fresh_versions(inputs)
         _cuda_sync(self.device)
         self.flush_buf.zero_()
         if self.protocol == "head":
@@ -513,6 +540,8 @@ class Harness:
         res["phases"] = {}
         self._phase_t = _clock_ns()
         self._ref_peak = None
+        self._candidate_bytes = 0
+        self._ref_bytes = 0
         self.memory_limit_mb = int(s.get("memory_limit_mb", 0))
         try:
             res["device"] = self.device_name = self._setup_device()
@@ -570,6 +599,8 @@ class Harness:
         import compile_cache  # the worker imported it already (ForkServer), else here
         rec = compile_cache.install(self.cache_root)
         watch = defenses.Watch()
+        watch.freeze("module", task)
+        watch.freeze("Model", task.Model)
         self._phase(res, "watch")
 
         def hacked_check(where):
@@ -580,6 +611,7 @@ class Harness:
         # Load the candidate program: module-level errors (imports, kernel builds) are compile errors.
         mod = types.ModuleType("kernelrl_candidate")
         mod.__dict__["__file__"] = f"<candidate {req['sample_id']}>"
+        allocated_before = self._allocated()
         captured = io.StringIO()
         try:
             compiled = compile(code, f"<candidate {req['sample_id']}>", "exec")
@@ -628,7 +660,9 @@ class Harness:
                 init_inputs = task.get_init_inputs()
                 try:
                     with step("building the reference Model"):
+                        before = self._allocated()
                         ref_model = self._build(task.Model, init_inputs, seed)
+                        self._ref_bytes = self._allocated() - before
                 except Verdict:
                     raise
                 except Exception as e:
@@ -640,6 +674,7 @@ class Harness:
                     raise Verdict("runtime_error", f"ModelNew() raised {self._candidate_exc(e)}", _tb(e))
                 finally:
                     watch.in_candidate = False
+                self._candidate_bytes = max(0, self._allocated() - allocated_before - self._ref_bytes)
 
                 # Fingerprints of earlier reference outputs (a few thousand values each, never the
                 # outputs), to recognise a candidate that hands back an earlier call's output.
@@ -698,11 +733,12 @@ class Harness:
                     with step("generating inputs"):
                         inputs = self._inputs(task, trial_seed) if spare is None else spare
                         del spare
-                        if into is not None:
+                        if into is not None and _shapes(into) == _shapes(inputs):
                             for old, new in zip(into, inputs):
                                 if isinstance(old, torch.Tensor):
                                     old.copy_(new)
                             inputs = into
+                    state["given_shapes"] = _shapes(inputs)
                     out = run_candidate(inputs)
                     with step("comparing outputs"):
                         why = compare(ref_out, out, s, i, acc)
@@ -710,7 +746,10 @@ class Harness:
                         corr.update({k: acc[k] for k in acc})
                         if why:
                             corr["detail"] = why
-                            if any(matches_fingerprint(out, prev, s) for prev in state["prev_refs"]):
+                            # An earlier call's output, not merely one that looks like every output
+                            # (a nearly constant output agrees with all of them at the samples).
+                            if (any(matches_fingerprint(out, prev, s) for prev in state["prev_refs"])
+                                    and not matches_fingerprint(out, fingerprint(ref_out), s)):
                                 raise Verdict("hacked", "the candidate returned the output of an earlier call "
                                                         f"(outputs cached across calls; {why})")
                             raise Verdict("incorrect", why if on_fail is None else on_fail(why))
@@ -728,6 +767,7 @@ class Harness:
                     timer = Timer(dev)
                 if cuda:
                     self._side_stream_check(task, seed, run_candidate, timer)
+                    self._ordering_check(task, seed, run_reference, run_candidate, timer, s)
                 self._phase(res, "checks")
                 trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
                 ref_stats, cand_stats = self._time_both(timer, task, task_path, size, mode, trials, warmup,
@@ -746,11 +786,11 @@ class Harness:
                 # candidate was given with new values and call it on them again: an output cached
                 # by input identity shows up as a stale result.
                 given = trial(n, seed * 1000 + 10_000 + 1)
-                shapes = [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in given]
-                fresh = self._inputs(task, seed * 1000 + 10_000 + 2)
-                same = shapes == [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in fresh]
-                del fresh
-                if same and any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in given):
+                if _shapes(given) != state["given_shapes"]:
+                    raise Verdict("incorrect", f"trial {n}: the candidate changed the shape or strides of its "
+                                               f"input tensors (a caller's tensors are not its to resize)")
+                if any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in given):
+                    # (a task whose inputs change shape with the seed is refilled into fresh tensors)
                     trial(n + 1, seed * 1000 + 10_000 + 2, into=given)
                 del given
                 hacked_check("after timing")
@@ -789,7 +829,7 @@ class Harness:
                     self._phase(res, "profile")
         except Verdict as v:
             # A candidate that gamed the harness is hacked even when it was also wrong.
-            if v.status not in ("hacked", "out_of_memory"):
+            if v.status != "hacked":
                 watch.check("before failing")
                 if watch.violations:
                     raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]), v.log)
@@ -810,8 +850,18 @@ class Harness:
             return ""
         note = f"peak {peak:.2f} GiB allocated by this evaluation of the device's {total:.2f} GiB"
         if self._ref_peak is not None:
-            note += f"; the reference alone peaked at {self._ref_peak / 2**30:.2f} GiB"
+            note += (f"; {self._ref_peak / 2**30:.2f} GiB at the peak of the reference's first run "
+                     f"(inputs, both models and its temporaries)")
         return note
+
+    def _device_total(self):
+        try:
+            return torch.cuda.get_device_properties(self.device).total_memory
+        except Exception:  # noqa: BLE001
+            return 0
+
+    def _allocated(self):
+        return int(torch.cuda.memory_allocated(self.device)) if self.device.type == "cuda" else 0
 
     def _candidate_exc(self, e):
         """_short_exc, with the memory figures when the candidate ran out of memory."""
@@ -834,6 +884,14 @@ class Harness:
         except BaseException as e:
             if not _is_oom(e):
                 raise
+            held = self._candidate_bytes
+            if self.device.type == "cuda" and held > CANDIDATE_HELD_LIMIT * self._device_total():
+                # The candidate's module and model hold much of the device: its doing, not the
+                # evaluation's size.
+                raise Verdict("runtime_error",
+                              f"out of memory while {what}: the candidate's program and ModelNew hold "
+                              f"{held / 2**30:.2f} GiB of the device's {self._device_total() / 2**30:.2f} GiB "
+                              f"({self._memory_note()})", _tb(e))
             where = (f"the candidate memory limit ({self.memory_limit_mb} MB)"
                      if self.device.type == "cpu" else self.device_name)
             note = self._memory_note()
@@ -892,6 +950,38 @@ class Harness:
         res["runtime"] = cand_stats
         return ref_stats, cand_stats
 
+    ORDER_SPIN_MS = 2.0
+
+    def _ordering_check(self, task, seed, run_reference, run_candidate, timer, s):
+        """The candidate's work must come after what the caller's stream did before the call, as
+        every CUDA caller assumes: its input tensors are written on the caller's stream behind a
+        spin of ORDER_SPIN_MS, and forward is called at once. A forward whose work runs on a stream
+        that does not wait for the caller's reads the tensors before they are written. (The
+        timing's head start would otherwise let such work run, unseen, before the start event.)"""
+        with self._harness_step("generating inputs"):
+            values = self._inputs(task, seed * 1000 + 556)
+        ref_out = run_reference(values)
+        del values
+        with self._harness_step("generating inputs"):
+            given = self._inputs(task, seed * 1000 + 557)  # what the tensors hold before the write
+            values = self._inputs(task, seed * 1000 + 556)
+        if _shapes(given) != _shapes(values):
+            return  # a task whose inputs change shape with the seed: nothing to overwrite in place
+        timer._calibrate_spin()
+        _cuda_sync(self.device)
+        _spin(int(timer.cycles_per_ms * self.ORDER_SPIN_MS))
+        for old, new in zip(given, values):
+            if isinstance(old, torch.Tensor):
+                old.copy_(new)  # on the caller's stream, behind the spin
+        del values
+        out = run_candidate(given)
+        acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
+        with self._harness_step("comparing outputs"):
+            why = compare(ref_out, out, s, "ordering", acc)
+        if why:
+            raise Verdict("incorrect", f"the candidate's work is not ordered after the caller's stream: it read "
+                                       f"its inputs before the caller's stream had written them ({why})")
+
     SIDE_WORK_CALLS = 3
     SIDE_WORK_MIN_MS = 0.05
     SIDE_WORK_FRACTION = 0.1
@@ -949,7 +1039,8 @@ class Harness:
         """One profiled forward: kernel-time coverage of the candidate's own kernels, and the
         check that a candidate declaring custom kernels runs at least one of them."""
         declared = defenses.declared_kernels(code)
-        inputs = self._inputs(task, seed * 1000 + 777)
+        with self._harness_step("generating inputs"):
+            inputs = self._inputs(task, seed * 1000 + 777)
         from torch.profiler import ProfilerActivity, profile
         watch.in_candidate = True
         try:

@@ -244,6 +244,25 @@ class HackTest(Base):
                 self.assertStatus(self.evaluate(header + body, space="full_program"), "hacked",
                                   "called the reference Model.forward")
 
+    def test_adding_a_tensor_method_that_shadows_the_comparisons_is_hacked(self):
+        body = ("torch.Tensor.all = lambda self, *a, **k: torch.ones((), dtype=torch.bool)\n"
+                "# --- forward ---\nreturn x")
+        self.assertStatus(self.evaluate(body), "hacked", "added torch.Tensor.all")
+
+    def test_rewriting_the_task_through_the_garbage_collector_is_hacked(self):
+        body = ("import gc\n"
+                "task = [m for m in gc.get_objects() if type(m).__name__ == 'module'\n"
+                "        and getattr(m, '__name__', '').startswith('kernelrl_task_')][0]\n"
+                "task.get_inputs = lambda: [torch.zeros(1, 1)]\n# --- forward ---\nreturn x")
+        self.assertStatus(self.evaluate(body), "hacked", "changed the task's module.get_inputs")
+
+    def test_resizing_its_inputs_or_returning_a_tensor_subclass_is_incorrect(self):
+        self.assertStatus(self.evaluate("y = x * torch.sigmoid(x)\nx.unsqueeze_(0)\nreturn y"),
+                          "incorrect", "changed the shape or strides of its input")
+        sub = ("class Sneaky(torch.Tensor):\n    pass\n# --- forward ---\n"
+               "return (x * torch.sigmoid(x)).as_subclass(Sneaky)")
+        self.assertStatus(self.evaluate(sub), "incorrect", "candidate returned a Sneaky")
+
     def test_patching_the_clock(self):
         body = "import time\ntime.perf_counter_ns = lambda: 0\n# --- forward ---\n" + GOOD
         self.assertStatus(self.evaluate(body), "hacked", "replaced time.perf_counter_ns")
@@ -331,6 +350,20 @@ class CheckTest(unittest.TestCase):
         bad = ref.clone()
         bad[20, 7] = float("nan")
         self.assertIn("NaN or Inf", self.h.compare(ref, bad, s, 0, acc))
+
+    def test_every_timed_call_sees_its_inputs_as_freshly_written(self):
+        # A cache keyed by (data pointer, version counter) recomputes on every timed call.
+        import torch
+        seen = []
+
+        class Probe(torch.nn.Module):
+            def forward(self, x):
+                seen.append((x.data_ptr(), x._version))
+                return x
+
+        self.h.Timer(torch.device("cpu")).run(Probe(), [torch.ones(4)], 2, 5)
+        self.assertEqual(len(seen), 7)
+        self.assertEqual(len(set(seen)), 7, seen)
 
     def test_digest_sees_one_changed_bit_and_fingerprints_match_only_their_output(self):
         import torch
