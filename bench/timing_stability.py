@@ -167,7 +167,7 @@ def one_process(device_name, kb_dir="", problem="", rotation=0):
                     out["tail_trials"].append(t.tail_trials)
                     out["tails"].append({"median_ms": statistics.median(t.tails), "max_ms": max(t.tails),
                                          "busy_ms": t.busy_tail_ms, "counted": t.tail_counted})
-    out["idle_tail_ms"] = timers["head"].idle_tail_ms
+    out["idle_tail_ms"] = statistics.median(timers["head"]._tail_after(0) for _ in range(21))
     out["protocols"] = list(protocols)
     out["device"] = torch.cuda.get_device_name(device)
     return out

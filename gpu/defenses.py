@@ -109,12 +109,14 @@ class Watch:
         replaces the reference's forward, its input generator or a size is caught."""
         self.frozen.append((name, obj, {k: id(v) for k, v in vars(obj).items() if k not in _MUTABLE_DUNDERS}))
 
+    def _violation(self, msg):
+        if msg not in self.violations:
+            self.violations.append(msg)
+
     # -- thread and process starts -------------------------------------------------------------
     def _note_start(self, what):
         if self.in_candidate and not self.exempt:
-            msg = f"started {what} while being checked or timed"
-            if msg not in self.violations:
-                self.violations.append(msg)
+            self._violation(f"started {what} while being checked or timed")
 
     def _wrap_starts(self):
         watch = self
@@ -150,27 +152,19 @@ class Watch:
             d = vars(obj)
             for k in fns:
                 if id(d.get(k)) != self.snapshot[(name, k)]:
-                    msg = f"replaced {name}.{k} ({where})"
-                    if msg not in self.violations:
-                        self.violations.append(msg)
+                    self._violation(f"replaced {name}.{k} ({where})")
         for name, obj, keys in self.closed:
             for k in sorted(set(vars(obj)) - keys):
-                msg = f"added {name}.{k} ({where})"
-                if msg not in self.violations:
-                    self.violations.append(msg)
+                self._violation(f"added {name}.{k} ({where})")
         for name, obj, ids in self.frozen:
             now_d = vars(obj)
             for k in sorted((set(ids) | set(now_d)) - _MUTABLE_DUNDERS):
                 if id(now_d.get(k)) != ids.get(k):
-                    msg = f"changed the task's {name}.{k} ({where})"
-                    if msg not in self.violations:
-                        self.violations.append(msg)
+                    self._violation(f"changed the task's {name}.{k} ({where})")
         now = _precision_flags()
         for k, v in self.flags.items():
             if now.get(k) != v:
-                msg = f"changed the global setting {k} from {v!r} to {now.get(k)!r} ({where})"
-                if msg not in self.violations:
-                    self.violations.append(msg)
+                self._violation(f"changed the global setting {k} from {v!r} to {now.get(k)!r} ({where})")
 
     def live_threads(self):
         return {t.ident for t in threading.enumerate()}

@@ -41,7 +41,6 @@ from scaffold import FormatError, assemble, embedded_task_lines, extract_code, F
 # Captured before any candidate runs: a candidate that rebinds time.perf_counter_ns or
 # torch.allclose cannot change what the harness uses.
 _clock_ns = time.perf_counter_ns
-_allclose = torch.allclose
 _isclose = torch.isclose
 _isfinite = torch.isfinite
 _manual_seed = torch.manual_seed
@@ -152,7 +151,8 @@ def _clone(xs):
     return [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
 
 
-SETTINGS_EXACT = ("atol_half", "rtol_half", "atol_fp32", "rtol_fp32")
+# Tolerance settings that ask for exact equality.
+_EXACT = dict.fromkeys(("atol_half", "rtol_half", "atol_fp32", "rtol_fp32"), 0)
 
 
 def _tolerance(dtype, s):
@@ -361,7 +361,6 @@ class Timer:
         self.protocol = protocol
         self.count_tail = count_tail
         self.flush_buf = None
-        self.idle_tail_ms = 0.0
         self.busy_tail_ms = 0.0
         self.tail_trials = 0    # trials of the last run() whose tail exceeded the busy tail + slack
         self.tail_counted = False  # the last run() counted start->after for every trial
@@ -374,7 +373,6 @@ class Timer:
             self.stream = _current_stream(device)
             l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or (64 << 20)
             self.flush_buf = torch.empty(max(2 * l2, 16 << 20), dtype=torch.int8, device=device)
-            self.idle_tail_ms = statistics.median(self._tail_after(0) for _ in range(21))
 
     def _tail_after(self, cycles):
         """end->after of the trial sequence (record, device-wide synchronize, record) after a
@@ -387,6 +385,16 @@ class Timer:
         e2.record(self.stream)
         e2.synchronize()
         return e1.elapsed_time(e2)
+
+    def spin(self, ms):
+        """Keeps the current stream busy for about `ms` (after _calibrate_spin)."""
+        _spin(int(self.cycles_per_ms * ms))
+
+    def busy_tail(self, ms):
+        """The host's wake-up after waiting `ms` (capped at BUSY_CAP_MS) for a spin: the median
+        end->after of BUSY_ROUNDS such waits."""
+        cycles = int(self.cycles_per_ms * min(ms, self.BUSY_CAP_MS))
+        return statistics.median(self._tail_after(cycles) for _ in range(self.BUSY_ROUNDS))
 
     def _calibrate_spin(self):
         """Spin-kernel cycles per millisecond at the clocks of now (after warm-up)."""
@@ -433,8 +441,7 @@ class Timer:
             return stats(times)
         self.tails = [b - a for a, b in spans]
         med = statistics.median(times)
-        spin = int(self.cycles_per_ms * min(med, self.BUSY_CAP_MS))
-        self.busy_tail_ms = statistics.median(self._tail_after(spin) for _ in range(self.BUSY_ROUNDS))
+        self.busy_tail_ms = self.busy_tail(med)
         slack = max(self.TAIL_SLACK_MS, self.TAIL_SLACK_FRACTION * med)
         self.tail_trials = sum(t > self.busy_tail_ms + slack for t in self.tails)
         if self.count_tail and statistics.median(self.tails) > self.busy_tail_ms + slack:
@@ -451,7 +458,7 @@ class Timer:
         _cuda_sync(self.device)
         self.flush_buf.zero_()
         if self.protocol == "head":
-            _spin(int(self.cycles_per_ms * self.HEAD_START_MS))
+            self.spin(self.HEAD_START_MS)
         else:
             _cuda_sync(self.device)
         start.record(self.stream)
@@ -686,7 +693,7 @@ class Harness:
                     tensors = lambda xs: [x for x in xs if isinstance(x, torch.Tensor)]  # noqa: E731
                     probe = fingerprint(tensors(self._inputs(task, seed * 1000 + 1)))
                     state["reproducible"] = matches_fingerprint(
-                        tensors(self._inputs(task, seed * 1000 + 1)), probe, {k: 0 for k in SETTINGS_EXACT})
+                        tensors(self._inputs(task, seed * 1000 + 1)), probe, _EXACT)
                     del probe
 
                 def run_reference(inputs, what="running the reference Model"):
@@ -766,6 +773,7 @@ class Harness:
                 with step("allocating the L2 flush buffer"):
                     timer = Timer(dev)
                 if cuda:
+                    timer._calibrate_spin()  # for both checks' spins
                     self._side_stream_check(task, seed, run_candidate, timer)
                     self._ordering_check(task, seed, run_reference, run_candidate, timer, s)
                 self._phase(res, "checks")
@@ -845,7 +853,7 @@ class Harness:
             return ""
         try:
             peak = torch.cuda.max_memory_allocated(self.device) / 2**30
-            total = torch.cuda.get_device_properties(self.device).total_memory / 2**30
+            total = self._device_total() / 2**30
         except Exception:  # noqa: BLE001 - a faulted context
             return ""
         note = f"peak {peak:.2f} GiB allocated by this evaluation of the device's {total:.2f} GiB"
@@ -967,9 +975,8 @@ class Harness:
             values = self._inputs(task, seed * 1000 + 556)
         if _shapes(given) != _shapes(values):
             return  # a task whose inputs change shape with the seed: nothing to overwrite in place
-        timer._calibrate_spin()
         _cuda_sync(self.device)
-        _spin(int(timer.cycles_per_ms * self.ORDER_SPIN_MS))
+        timer.spin(self.ORDER_SPIN_MS)
         for old, new in zip(given, values):
             if isinstance(old, torch.Tensor):
                 old.copy_(new)  # on the caller's stream, behind the spin
@@ -1010,7 +1017,6 @@ class Harness:
         if early != late:
             raise Verdict("hacked", "the candidate's output was still being written on another CUDA stream "
                                     "after forward returned (work hidden from the caller's stream)")
-        timer._calibrate_spin()
         own, tails = [], []
         for _ in range(self.SIDE_WORK_CALLS):
             start, end, after = (_Event(enable_timing=True) for _ in range(3))
@@ -1026,9 +1032,7 @@ class Harness:
             tails.append(end.elapsed_time(after))
             del out
         own_ms = statistics.median(own)
-        busy = statistics.median(timer._tail_after(int(timer.cycles_per_ms * min(own_ms, timer.BUSY_CAP_MS)))
-                                 for _ in range(timer.BUSY_ROUNDS))
-        hidden = min(tails) - busy
+        hidden = min(tails) - timer.busy_tail(own_ms)
         if hidden > max(self.SIDE_WORK_MIN_MS, self.SIDE_WORK_FRACTION * own_ms):
             raise Verdict("hacked", f"the candidate left work running on another CUDA stream after forward "
                                     f"returned: the device stayed busy {hidden:.3f} ms after the caller's "

@@ -68,7 +68,6 @@ class ForkServer:
         self.tmp_root = tmp_root or os.environ.get("TMPDIR", "/tmp")
         self.isolate_net = isolate_net
         self.spare = None
-        self.device_memory = 0
         self.warm_lock = os.path.join(self.tmp_root, f"kernelrl-warm-{os.getpid()}-{id(self)}.lock")
         # Held while a candidate's process that already replied is still exiting (see _defer_exit).
         self.exit_lock = os.path.join(self.tmp_root, f"kernelrl-exit-{os.getpid()}-{id(self)}.lock")
@@ -92,8 +91,7 @@ class ForkServer:
                 torch.empty(1, device=d)
                 cap = torch.cuda.get_device_capability(d)
                 return {"status": "ok", "device": torch.cuda.get_device_name(d),
-                        "capability": f"{cap[0]}.{cap[1]}", "cuda_init_s": time.monotonic() - t0,
-                        "total_memory": torch.cuda.get_device_properties(d).total_memory}
+                        "capability": f"{cap[0]}.{cap[1]}", "cuda_init_s": time.monotonic() - t0}
             return {"status": "ok", "device": "cpu", "capability": "", "cuda_init_s": 0.0}
 
         reply, failure = self.sandbox.run_isolated(
@@ -104,7 +102,6 @@ class ForkServer:
             raise RuntimeError(f"device probe on {dev} failed: {why} {(reply or {}).get('compile_log', '')}")
         self.info = {k: reply[k] for k in ("device", "capability", "cuda_init_s")}
         self.info["network"] = reply.get("isolation", {}).get("network", "")
-        self.device_memory = int(reply.get("total_memory", 0))
         self.harness.device_name = self.info["device"]
         if self.info["capability"]:
             # Builds target exactly this GPU (and the compile key records it).
