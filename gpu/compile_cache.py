@@ -1,5 +1,12 @@
 """Content-addressed build cache for candidates that compile kernels (torch.utils.cpp_extension).
 
+Written only by trusted code: inside a candidate's (confined) process, ``install(cache_root,
+builder=sandbox.ask)`` makes ``load_inline``/``load`` send their arguments (sources included) to
+the worker, which computes the key itself, builds in a confined builder process whose only
+writable folder is a fresh staging folder (``build_into``), and installs the result under the key
+with a manifest naming the library's SHA-256 (``install_entry``); candidates see the cache read-only
+and every library is checked against its manifest before it is imported (``verified_library``).
+
 Inside an evaluation process, ``install(cache_root)`` replaces ``load_inline`` and ``load`` with
 wrappers that hash everything that decides the binary (sources, function list, compiler and linker
 flags, include paths, torch and CUDA versions, target architectures, Python version) and build into
@@ -36,11 +43,75 @@ def _norm(x):
     return str(x)
 
 
-def build_key(kind: str, payload: dict) -> str:
+MANIFEST = "manifest.json"
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verified_library(entry: str):
+    """(module name, library path) of a finished cache entry whose library matches its manifest,
+    or None (absent, unfinished, or altered since it was built)."""
+    try:
+        with open(os.path.join(entry, MANIFEST)) as f:
+            m = json.load(f)
+        path = os.path.join(entry, os.path.basename(m["library"]))
+        if _sha256(path) != m["sha256"]:
+            return None
+        return m["module"], path
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def install_entry(root: str, key: str, module: str, staging: str) -> str:
+    """Trusted side: moves a finished build from its staging folder to root/<key>, with a
+    manifest naming its library's hash. Returns the entry's folder."""
+    entry = os.path.join(root, key[:32])
+    lib = os.path.join(staging, module + ".so")
+    manifest = {"key": key, "module": module, "library": module + ".so", "sha256": _sha256(lib)}
+    with open(os.path.join(staging, MANIFEST), "w") as f:
+        json.dump(manifest, f)
+    if os.path.isdir(entry):  # an earlier, unverifiable entry (older layout, or altered): replace it
+        import shutil
+        shutil.rmtree(entry, ignore_errors=True)
+    os.rename(staging, entry)
+    return entry
+
+
+def build_into(kind: str, module: str, payload: dict, staging: str):
+    """In the confined builder process (trusted code, the candidate's sources as data): builds
+    the library into ``staging`` without loading it."""
+    cpp_ext._import_module_from_library = lambda *a, **k: None
+    torch.ops.load_library = lambda *a, **k: None
+    kw = dict(payload.get("kw") or {})
+    kw["build_directory"] = staging
+    if kind == "load_inline":
+        _orig_load_inline(module, payload["cpp"], payload.get("cuda"), *payload.get("args", []), **kw)
+    elif kind == "load":
+        srcs = []
+        os.makedirs(os.path.join(staging, "src"), exist_ok=True)
+        for i, src in enumerate(payload["files"]):
+            path = os.path.join(staging, "src", f"{i}_{os.path.basename(src['name'])}")
+            with open(path, "w") as f:
+                f.write(src["text"])
+            srcs.append(path)
+        _orig_load(module, srcs, *payload.get("args", []), **kw)
+    else:
+        raise ValueError(f"unknown build kind {kind!r}")
+    if not os.path.exists(os.path.join(staging, module + ".so")):
+        raise RuntimeError(f"the build left no {module}.so")
+
+
+def build_key(kind: str, payload: dict, arch=None) -> str:
     env = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "arch": os.environ.get("TORCH_CUDA_ARCH_LIST", ""),
+        "arch": os.environ.get("TORCH_CUDA_ARCH_LIST", "") if arch is None else arch,
         "python": sys.version.split()[0],
         "cxx": os.environ.get("CXX", ""),
     }
@@ -49,8 +120,9 @@ def build_key(kind: str, payload: dict) -> str:
 
 
 class BuildRecorder:
-    def __init__(self, cache_root: str):
+    def __init__(self, cache_root: str, builder=None):
         self.root = cache_root
+        self.builder = builder
         self.builds = []  # {"name", "key", "cached", "seconds", "ok", "log"}
 
     def _import_built(self, mod_name, build_dir, kw):
@@ -67,7 +139,31 @@ class BuildRecorder:
         spec.loader.exec_module(mod)
         return mod
 
+    def _ask(self, kind, name, payload, kw):
+        """Has the trusted worker build (or find) it; imports the verified library."""
+        rec = {"name": name, "key": "", "cached": False, "seconds": 0.0, "ok": False, "log": ""}
+        self.builds.append(rec)
+        t0 = time.monotonic()
+        try:
+            reply = self.builder({"op": "build", "kind": kind, "name": name, "payload": payload})
+            rec["key"], rec["cached"] = str(reply.get("key", ""))[:32], bool(reply.get("cached"))
+            rec["log"] = str(reply.get("log", ""))[-LOG_LIMIT:]
+            if not reply.get("ok"):
+                rec["log"] = (rec["log"] + str(reply.get("error", "")))[-LOG_LIMIT:]
+                raise RuntimeError(f"Error building extension '{name}': {reply.get('error', '')}\n{rec['log']}"[-LOG_LIMIT:])
+            found = verified_library(reply["dir"])
+            if found is None:
+                raise RuntimeError(f"the cache entry for extension '{name}' does not match its manifest")
+            module, path = found
+            result = self._import_built(module, os.path.dirname(path), kw or {})
+            rec["ok"] = True
+            return result
+        finally:
+            rec["seconds"] = time.monotonic() - t0
+
     def _run(self, kind, name, payload, call, kw=None):
+        if self.builder is not None:
+            return self._ask(kind, name, payload, kw)
         key = build_key(kind, payload)
         build_dir = os.path.join(self.root, key[:32])
         os.makedirs(build_dir, exist_ok=True)
@@ -127,6 +223,13 @@ class BuildRecorder:
                 contents.append(f"missing:{path}")
         payload = {"sources": srcs, "contents": contents, "args": list(args),
                    "kw": {k: v for k, v in kw.items() if k != "verbose"}}
+        if self.builder is not None:  # the builder cannot see this process's files: send them
+            files = []
+            for path in srcs:
+                with open(path, encoding="utf-8") as f:
+                    files.append({"name": path, "text": f.read()})
+            payload = {"files": files, "args": list(args),
+                       "kw": {k: v for k, v in kw.items() if k != "verbose"}}
         return self._run("load", name, payload,
                          lambda n, d: _orig_load(n, sources, *args, build_directory=d, **kw), kw)
 
@@ -140,11 +243,19 @@ class BuildRecorder:
         }
 
 
-def install(cache_root: str) -> BuildRecorder:
-    os.makedirs(cache_root, exist_ok=True)
-    rec = BuildRecorder(cache_root)
+def install(cache_root: str, builder=None) -> BuildRecorder:
+    """Routes the process's extension builds through the cache: through ``builder`` (a
+    candidate's process: see the module's docstring) or built here (a process that may write
+    the cache). Triton's cache is the process's own where builds go through the builder (a
+    shared one would be written by candidates)."""
+    rec = BuildRecorder(cache_root, builder)
     cpp_ext.load_inline = rec.load_inline
     cpp_ext.load = rec.load
-    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(cache_root, "triton"))
+    if builder is None:
+        os.makedirs(cache_root, exist_ok=True)
+        os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(cache_root, "triton"))
+    else:
+        import tempfile
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), "triton")
     return rec
 

@@ -160,7 +160,7 @@ class Watch:
             now_d = vars(obj)
             for k in sorted((set(ids) | set(now_d)) - _MUTABLE_DUNDERS):
                 if id(now_d.get(k)) != ids.get(k):
-                    self._violation(f"changed the task's {name}.{k} ({where})")
+                    self._violation(f"changed {name}.{k} ({where})")
         now = _precision_flags()
         for k, v in self.flags.items():
             if now.get(k) != v:

@@ -50,6 +50,7 @@ _cuda_sync = torch.cuda.synchronize
 _current_stream = torch.cuda.current_stream
 _spin = torch.cuda._sleep
 _bump_version = torch.autograd.graph.increment_version
+_watch_check = defenses.Watch.check  # a candidate replacing Watch.check does not silence it
 
 
 def _fresh_versions(inputs):
@@ -101,17 +102,21 @@ class TaskCache:
     def __init__(self):
         self._mods = {}
 
-    def load(self, path: str):
-        mtime = os.stat(path).st_mtime_ns
+    def load(self, path: str, source=None):
+        """The task module at path; given its source (read by the worker: a candidate's process
+        may not see the task's folder), from that text."""
+        mtime = os.stat(path).st_mtime_ns if source is None else hashlib.sha1(source.encode()).hexdigest()
         hit = self._mods.get(path)
         if hit and hit[0] == mtime:
             return hit[1], hit[2]
-        with open(path, "r", encoding="utf-8") as f:
-            source = f.read()
+        if source is None:
+            with open(path, "r", encoding="utf-8") as f:
+                source = f.read()
         name = "kernelrl_task_" + hashlib.sha1(path.encode()).hexdigest()[:12]
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = types.ModuleType(name)
+        mod.__file__ = path
+        sys.modules[name] = mod  # as an import would (dataclasses and pickling look it up)
+        exec(compile(source, path, "exec"), mod.__dict__)
         for attr in ("Model", "get_inputs", "get_init_inputs"):
             if not hasattr(mod, attr):
                 raise ValueError(f"task file {path} defines no {attr}")
@@ -476,6 +481,16 @@ class Timer:
         return start.elapsed_time(end), start.elapsed_time(after)
 
 
+def _builder():
+    """Kernel builds go to the trusted worker when this process has a channel to it."""
+    return sandbox.ask if sandbox._SERVICE is not None else None
+
+
+def _lock_fds():
+    """The worker's warm-up and exit locks, as descriptors gpu/sandbox.py opened for this process."""
+    return [int(os.environ[k]) for k in ("KERNELRL_WARM_LOCK_FD", "KERNELRL_EXIT_LOCK_FD") if os.environ.get(k)]
+
+
 def policy_code(action: str, action_space: str) -> str:
     """The part of the program the policy wrote (for static checks)."""
     code = extract_code(action)
@@ -501,7 +516,8 @@ class Harness:
         self.threads = max(1, threads)
         self.cache_root = cache_root
         self.tasks = TaskCache()
-        self.ref_cache = {}   # key -> stats, filled from children's replies
+        self.ref_cache = {}   # (worker) key -> the reference's timing, measured by trusted processes
+        self.given_ref = {}   # (candidate's process) mode -> the reference's timing the worker gave
         self.device_name = "cpu" if self.device.type == "cpu" else device
 
     # ---- runs in the candidate's process -------------------------------------------------------
@@ -517,13 +533,13 @@ class Harness:
         Returns status ok or compile_error with the build log."""
         res = {"status": "ok", "error": "", "compile_log": "", "compile_s": 0.0, "compile_cached": False}
         try:
-            task, source = self.tasks.load(req["task_path"])
+            task, source = self.tasks.load(req["task_path"], req.get("task_source"))
             code = assemble(req["action"], req["action_space"], source, req["task_id"])
         except Exception as e:  # FormatError included: the timing stage reports these properly
             res["error"] = f"not prepared: {e}"
             return res
         import compile_cache  # the worker imported it already (ForkServer), else here
-        rec = compile_cache.install(self.cache_root)
+        rec = compile_cache.install(self.cache_root, _builder())
         mod = types.ModuleType("kernelrl_candidate")
         captured = io.StringIO()
         try:
@@ -584,7 +600,7 @@ class Harness:
     def _evaluate(self, req, s, res):
         task_path = req["task_path"]
         try:
-            task, source = self.tasks.load(task_path)
+            task, source = self.tasks.load(task_path, req.get("task_source"))
         except Exception as e:  # a broken task is the harness's problem, never the candidate's
             raise Verdict("runtime_error", f"task {req['task_id']} ({task_path}) failed to load: {_short_exc(e)}", _tb(e))
         size = apply_size(task, s.get("size", "cpu"))
@@ -604,14 +620,21 @@ class Harness:
         for name in [n for n in sys.modules if n.startswith("kernelrl_task_")]:
             del sys.modules[name]
         import compile_cache  # the worker imported it already (ForkServer), else here
-        rec = compile_cache.install(self.cache_root)
+        rec = compile_cache.install(self.cache_root, _builder())
         watch = defenses.Watch()
-        watch.freeze("module", task)
-        watch.freeze("Model", task.Model)
+        watch.freeze("the task's module", task)
+        watch.freeze("the task's Model", task.Model)
+        # The judge's own code: its modules and classes stay as they are (a candidate replacing
+        # the comparison or the clock is caught here; gpu/worker.py computes the speedup itself).
+        for name in (__name__, "defenses", "sandbox", "compile_cache", "scaffold"):
+            if name in sys.modules:
+                watch.freeze(f"the harness module {name}", sys.modules[name])
+        for cls in (Harness, Timer, defenses.Watch, defenses.ReferenceGuard):
+            watch.freeze(f"the harness class {cls.__name__}", cls)
         self._phase(res, "watch")
 
         def hacked_check(where):
-            watch.check(where)
+            _watch_check(watch, where)
             if watch.violations:
                 raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]))
 
@@ -838,7 +861,7 @@ class Harness:
         except Verdict as v:
             # A candidate that gamed the harness is hacked even when it was also wrong.
             if v.status != "hacked":
-                watch.check("before failing")
+                _watch_check(watch, "before failing")
                 if watch.violations:
                     raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]), v.log)
             raise
@@ -929,11 +952,11 @@ class Harness:
                    watch, res, use_cache=True):
         # The next candidate's process may be starting up (gpu/sandbox.py Spare), the previous one
         # still exiting: not while timing.
-        sandbox.wait_for_warming(os.environ.get("KERNELRL_WARM_LOCK", ""),
-                                 os.environ.get("KERNELRL_EXIT_LOCK", ""))
-        key = "|".join(str(x) for x in (task_path, os.stat(task_path).st_mtime_ns, size, self.device_name,
-                                        torch.get_default_dtype(), torch.__version__, mode, trials, warmup))
-        ref_stats = self.ref_cache.get(key) if use_cache else None
+        sandbox.wait_for_warming(*_lock_fds())
+        # The reference's timing comes from the worker (measured by a process that runs no
+        # candidate code; time_reference); timed here only for re-verification, and then the
+        # worker replaces it with its own before computing the speedup.
+        ref_stats = self.given_ref.get(mode) if use_cache else None
         if ref_stats is None:
             with self._harness_step("generating inputs"):
                 inputs = self._inputs(task, seed * 1000 + 999)
@@ -941,9 +964,6 @@ class Harness:
                 ref_stats = timer.run(ref_model, inputs, warmup, trials)
             ref_stats["tail_trials"] = timer.tail_trials
             del inputs
-            if use_cache:
-                self.ref_cache[key] = ref_stats
-                res.setdefault("ref_cache_put", {})[key] = ref_stats
         res["ref_runtime"] = ref_stats
         with self._harness_step("generating inputs"):
             inputs = self._inputs(task, seed * 1000 + 999)  # the same values, generated again
@@ -957,6 +977,46 @@ class Harness:
         cand_stats["tail_trials"] = timer.tail_trials
         res["runtime"] = cand_stats
         return ref_stats, cand_stats
+
+    def time_reference(self, req, s, mode):
+        """In a process of its own that runs no candidate code: the reference's timing under the
+        same protocol the candidate gets (the worker caches it per task, size, mode and trials)."""
+        res = {"status": "ok", "error": "", "compile_log": ""}
+        self._ref_peak, self._candidate_bytes, self.memory_limit_mb = None, 0, int(s.get("memory_limit_mb", 0))
+        try:
+            self.device_name = self._setup_device()
+            try:
+                task, _ = self.tasks.load(req["task_path"], req.get("task_source"))
+            except Exception as e:  # noqa: BLE001
+                raise Verdict("runtime_error", f"task {req['task_id']} ({req['task_path']}) failed to load: "
+                                               f"{_short_exc(e)}", _tb(e))
+            apply_size(task, s.get("size", "cpu"))
+            seed = int(req["seed"])
+            trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
+            with _no_grad():
+                _manual_seed(seed)
+                init_inputs = task.get_init_inputs()
+                try:
+                    with self._harness_step("building the reference Model"):
+                        ref_model = self._build(task.Model, init_inputs, seed)
+                except Verdict:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    raise Verdict("runtime_error", f"reference Model failed to build: {_short_exc(e)}", _tb(e))
+                with self._harness_step("allocating the L2 flush buffer"):
+                    timer = Timer(self.device)
+                sandbox.wait_for_warming(*_lock_fds())
+                with self._harness_step("generating inputs"):
+                    inputs = self._inputs(task, seed * 1000 + 999)
+                with self._harness_step("timing the reference Model"):
+                    stats_ = timer.run(ref_model, inputs, int(s["warmup"]), trials)
+                stats_["tail_trials"] = timer.tail_trials
+                res["stats"] = stats_
+        except Verdict as v:
+            res["status"], res["error"] = v.status, v.error
+            res["compile_log"] = v.log[-LOG_LIMIT:]
+        self._release(res)
+        return res
 
     ORDER_SPIN_MS = 2.0
 

@@ -10,6 +10,7 @@ child's whole process group when either is passed. Whatever the candidate does t
 """
 
 import ctypes
+import re
 import fcntl
 import os
 import resource
@@ -42,6 +43,233 @@ def isolate_network() -> str:
     return "netns"
 
 
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWPID = 0x20000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_NOATIME, _MS_NODIRATIME, _MS_BIND = 32, 1024, 2048, 4096
+_MS_REC, _MS_PRIVATE, _MS_RELATIME, _MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
+_MOUNT_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
+                "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME, "strictatime": _MS_STRICTATIME}
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAPBSET_DROP = 24
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+
+# The unprivileged uid a candidate runs as when the worker runs as root (nobody): it owns
+# nothing, so it can write none of the worker's files, read none of root's private ones, and
+# signal none of the worker's processes.
+NOBODY = 65534
+# Processes (threads included) a candidate may have: torch's thread pools and a build's compilers
+# fit; a fork bomb does not.
+PROCESS_LIMIT = 1024
+# Environment variables a candidate's process keeps (names, or prefixes ending in "_"); every
+# other one (secrets, API keys, the cluster's key) is removed.
+ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "TZ", "LC_", "CUDA_", "NVIDIA_", "TORCH_CUDA_ARCH_LIST",
+             "PYTORCH_", "LD_LIBRARY_PATH", "CC", "CXX", "NVCC_", "MAX_JOBS", "OMP_NUM_THREADS",
+             "MKL_NUM_THREADS", "VIRTUAL_ENV", "PYTHONHASHSEED")
+
+
+class Confinement:
+    """What every candidate's process is confined to (decided once by the worker).
+
+    hide: folders covered by an empty read-only tmpfs (the home folder, root's, the build cache,
+    the worker's scratch folder with its locks and socket, the run folder and the store);
+    expose: folders put back, read-only, even under a hidden one (the Python installation, the
+    harness's own code, the build cache for the timing stage); writable: folders bound
+    read-write (a trusted builder's staging folder only). Everything else is read-only; /tmp and
+    /dev/shm are private and empty; /proc shows only the candidate's own processes."""
+
+    def __init__(self, enabled=True, hide=(), expose=(), writable=(), tmp_size_mb=2048):
+        self.enabled = enabled
+        self.hide = [os.path.abspath(p) for p in hide if p]
+        self.expose = [os.path.abspath(p) for p in expose if p]
+        self.writable = [os.path.abspath(p) for p in writable if p]
+        self.tmp_size_mb = tmp_size_mb
+
+    def but(self, **changes):
+        c = Confinement(self.enabled, self.hide, self.expose, self.writable, self.tmp_size_mb)
+        for k, v in changes.items():
+            setattr(c, k, [os.path.abspath(p) for p in v] if isinstance(v, (list, tuple)) else v)
+        return c
+
+
+def _mount(src, target, fstype, flags, data=None):
+    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
+    if _libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _mounts():
+    """(mount point, flags to keep) of every mount this process sees, from /proc/self/mountinfo."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
+            keep = 0
+            for opt in parts[5].split(","):
+                keep |= _MOUNT_FLAGS.get(opt, 0)
+            out.append((point, keep))
+    return out
+
+
+def _under(path, folder):
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _scrub_environment(env):
+    keep = {k: v for k, v in os.environ.items()
+            if any(k == a or (a.endswith("_") and k.startswith(a)) for a in ENV_ALLOW)}
+    os.environ.clear()
+    os.environ.update(keep)
+    os.environ.update(env)
+
+
+def _outer_wait(pid):
+    """The process outside the candidate's PID namespace: waits for the candidate (PID 1 in it,
+    whose end ends every process in the namespace) and ends with its status."""
+    os.closerange(3, 1 << 16)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            os._exit(1)
+    if os.WIFSIGNALED(status):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _drop_privileges(root):
+    """No way back: an unprivileged uid (root) or no capabilities (user namespace), no new
+    privileges through exec, a cap on the number of processes."""
+    resource.setrlimit(resource.RLIMIT_NPROC, (PROCESS_LIMIT, PROCESS_LIMIT))
+    _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if root:
+        os.setgroups([])
+        os.setresgid(NOBODY, NOBODY, NOBODY)
+        os.setresuid(NOBODY, NOBODY, NOBODY)
+        return f"uid {NOBODY}"
+    for cap in range(64):
+        _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+    data = (Data * 2)()
+    if _libc.capset(ctypes.byref(Header(0x20080522, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+    return "no capabilities"
+
+
+def _confine_files(conf):
+    """In the new mount namespace: hides, exposes, makes everything else read-only, gives a
+    private /tmp and /dev/shm and a /proc of the new PID namespace. Returns what it could not do."""
+    problems = []
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host
+    keep_fds = {}
+    for p in conf.expose + conf.writable:
+        try:
+            keep_fds[p] = os.open(p, os.O_PATH | os.O_DIRECTORY)
+        except OSError:
+            pass  # absent: nothing to put back
+    # Private /tmp and /dev/shm, hidden folders, then what is put back inside them, parents first.
+    covers = {"/tmp": f"mode=1777,size={conf.tmp_size_mb}m"}
+    if os.path.isdir("/dev/shm"):
+        covers["/dev/shm"] = "mode=1777,size=1024m"
+    for h in conf.hide:
+        if os.path.isdir(h) and not any(_under(h, w) for w in conf.writable):
+            covers.setdefault(h, "mode=755,size=64k")
+    steps = [(h, "cover") for h in covers] + [(p, "bind") for p in keep_fds]
+    for p, what in sorted(steps, key=lambda x: (len(x[0]), x[1] == "bind")):
+        if what == "cover":
+            if os.path.isdir(p):  # (not when an earlier cover already took it out of sight)
+                _mount("tmpfs", p, "tmpfs", _MS_NOSUID | _MS_NODEV, covers[p])
+            continue
+        if p in conf.writable or any(_under(p, h) for h in covers):
+            try:
+                os.makedirs(p, exist_ok=True)  # inside the tmpfs over a hidden parent
+            except OSError as e:
+                problems.append(f"cannot put back {p} ({e.strerror})")
+                continue
+            _mount(f"/proc/self/fd/{keep_fds[p]}", p, None, _MS_BIND | _MS_REC)
+    # Everything read-only but the kernel's own file systems, the private /tmp and /dev/shm and
+    # what is writable on purpose.
+    for point, keep in _mounts():
+        if point in ("/proc", "/dev", "/sys", "/tmp", "/dev/shm") or any(_under(point, d) for d in ("/proc",)):
+            continue
+        if any(_under(point, w) for w in conf.writable) or (_under(point, "/dev") and point != "/dev/shm"):
+            continue
+        try:
+            _mount(None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | keep)
+        except OSError as e:
+            problems.append(f"{point} stays writable ({e.strerror})")
+    for fd in keep_fds.values():
+        os.close(fd)
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    return problems
+
+
+def confine(conf, env):
+    """Confines this freshly forked (single-threaded) process; returns a dict describing its
+    isolation. With ``conf.enabled``: new user (unless root), PID, mount, network, IPC and UTS
+    namespaces; this process stays outside as the candidate's parent, and the call returns in
+    the candidate, PID 1 of its namespace (every process it starts ends with it, setsid or not).
+    Whatever the kernel refuses is said in the result ("none: why"), never skipped silently."""
+    iso = {"namespaces": "none: disabled", "network": "none: disabled", "files": "none: disabled",
+           "user": "none: disabled"}
+    os.setpgid(0, 0)
+    die_with_parent()
+    _scrub_environment(env)
+    os.environ["HOME"] = "/tmp"
+    if not conf.enabled:
+        return iso
+    root = os.geteuid() == 0
+    uid, gid = os.getuid(), os.getgid()
+    flags = _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS
+    if not root:
+        flags |= _CLONE_NEWUSER
+    if _libc.unshare(flags) != 0:
+        err = os.strerror(ctypes.get_errno())
+        iso["namespaces"] = f"none: unshare refused ({err})"
+        iso["network"] = isolate_network()
+        iso["files"] = "none: no mount namespace"
+        try:
+            iso["user"] = _drop_privileges(root)
+        except OSError as e:
+            iso["user"] = f"none: {e}"
+        return iso
+    if not root:
+        for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"0 {uid} 1"),
+                           ("/proc/self/gid_map", f"0 {gid} 1")):
+            with open(path, "w") as f:
+                f.write(text)
+    pid = os.fork()
+    if pid:
+        _outer_wait(pid)
+    die_with_parent()
+    iso["namespaces"] = "pid,mount,net,ipc,uts" + ("" if root else ",user")
+    iso["network"] = "netns"
+    try:
+        problems = _confine_files(conf)
+        iso["files"] = "private" + (f" ({'; '.join(problems)})" if problems else "")
+    except OSError as e:
+        iso["files"] = f"none: {e}"
+    try:
+        iso["user"] = _drop_privileges(root)
+    except OSError as e:
+        iso["user"] = f"none: {e}"
+    return iso
+
+
 def _address_space_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
@@ -54,6 +282,29 @@ def rss_bytes(pid: int) -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants (the candidate runs as a child of
+    the process the worker forked, in its own PID namespace)."""
+    def children(p):
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                return [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            return []
+
+    # The process the worker forked only waits for the candidate: counting it too would count the
+    # pages both inherited from the worker twice.
+    todo, seen, total = children(pid) or [pid], set(), 0
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += rss_bytes(p)
+        todo.extend(children(p))
+    return total
 
 
 def describe_status(status: int) -> str:
@@ -69,14 +320,21 @@ def describe_status(status: int) -> str:
     return f"ended (status {status})"
 
 
-def _child_setup(env, isolate_net, address_space_limit, memory_limit_mb, tmpdir):
-    """First steps of a candidate's process: own process group, death with the parent, no
-    network, the environment, a private temp dir, the address-space limit. Returns the network
-    state."""
-    os.setpgid(0, 0)
-    die_with_parent()
-    net = isolate_network() if isolate_net else "none: disabled"
-    os.environ.update(env)
+def _child_setup(conf, env, address_space_limit, memory_limit_mb, tmpdir):
+    """First steps of a candidate's process: confinement (see confine), the environment, a
+    private temp dir, the address-space limit. Returns the isolation it got."""
+    env = dict(env)
+    for name in ("KERNELRL_WARM_LOCK", "KERNELRL_EXIT_LOCK"):
+        # The worker's locks are reached through descriptors opened now: their folder is hidden.
+        path = env.pop(name, "")
+        if path:
+            try:
+                env[name + "_FD"] = str(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
+            except OSError:
+                pass
+    iso = confine(conf, env)
+    if iso["files"].startswith("private"):
+        tmpdir = "/tmp"  # the private one
     os.environ["TMPDIR"] = tmpdir
     tempfile.tempdir = tmpdir
     os.chdir(tmpdir)
@@ -85,7 +343,7 @@ def _child_setup(env, isolate_net, address_space_limit, memory_limit_mb, tmpdir)
         # gigabytes of address space): the candidate gets memory_limit_mb more.
         lim = _address_space_bytes() + memory_limit_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-    return net
+    return iso
 
 
 def _write_all(fd, data: bytes):
@@ -93,6 +351,93 @@ def _write_all(fd, data: bytes):
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+# In a candidate's process: the descriptors of its channel to the worker (see ask()).
+_SERVICE = None
+SERVICE_FRAME_LIMIT = 64 << 20
+
+
+def ask(request: dict) -> dict:
+    """From inside a candidate's process: one request to the trusted worker (a kernel build) and
+    its answer. Raises RuntimeError when this process has no channel."""
+    if _SERVICE is None:
+        raise RuntimeError("no channel to the worker in this process")
+    wfd, rfd = _SERVICE
+    data = msgpack.packb(request, use_bin_type=True)
+    _write_all(wfd, len(data).to_bytes(4, "little") + data)
+    head = _read_exact(rfd, 4)
+    return msgpack.unpackb(_read_exact(rfd, int.from_bytes(head, "little")), raw=False)
+
+
+def _read_exact(fd, n):
+    chunks, left = [], n
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise RuntimeError("the worker closed the channel")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+class _Service:
+    """The worker's end of a candidate's channel: frames (4-byte length, msgpack) read without
+    ever blocking on a candidate, answered by ``handler(request) -> dict``."""
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.from_child, self.child_w = os.pipe()
+        self.child_r, self.to_child = os.pipe()
+        self.buf = b""
+
+    def child_side(self):
+        global _SERVICE
+        os.close(self.from_child)
+        os.close(self.to_child)
+        _SERVICE = (self.child_w, self.child_r)
+
+    def parent_side(self):
+        os.close(self.child_w)
+        os.close(self.child_r)
+
+    def pump(self):
+        """Reads what the candidate wrote; answers each complete request. False once the
+        candidate closed its end or broke the framing."""
+        try:
+            chunk = os.read(self.from_child, 1 << 20)
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        self.buf += chunk
+        while len(self.buf) >= 4:
+            n = int.from_bytes(self.buf[:4], "little")
+            if n > SERVICE_FRAME_LIMIT:
+                return False
+            if len(self.buf) < 4 + n:
+                break
+            frame, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
+            try:
+                req = msgpack.unpackb(frame, raw=False)
+                reply = self.handler(req) if isinstance(req, dict) else {"ok": False, "error": "not a map"}
+            except Exception as e:  # noqa: BLE001 - a malformed request: answered, never fatal
+                reply = {"ok": False, "error": f"bad request: {type(e).__name__}: {e}"}
+            data = msgpack.packb(reply, use_bin_type=True)
+            try:
+                _write_all(self.to_child, len(data).to_bytes(4, "little") + data)
+            except OSError:
+                return False
+        return True
+
+    def close(self):
+        for fd in (self.from_child, self.to_child):
+            try:
+                if fd >= 0:
+                    os.close(fd)
+            except OSError:
+                pass
+        self.from_child = self.to_child = -1
 
 
 def _child_run(fn, wfd, memory_limit_mb, t0, net):
@@ -106,7 +451,7 @@ def _child_run(fn, wfd, memory_limit_mb, t0, net):
             reply = {"status": "runtime_error",
                      "error": f"candidate exceeded the memory limit ({memory_limit_mb} MB)"}
         reply.setdefault("isolation", {})
-        reply["isolation"].update({"child_start_s": started - t0, "network": net})
+        reply["isolation"].update({"child_start_s": started - t0, **net})
         data = msgpack.packb(reply, use_bin_type=True)
     except BaseException as e:  # noqa: BLE001 - the child reports everything
         data = msgpack.packb({"status": "runtime_error",
@@ -121,26 +466,43 @@ def _child_run(fn, wfd, memory_limit_mb, t0, net):
         os._exit(code)
 
 
-def run_isolated(fn, *, timeout_s: float, memory_limit_mb: int, env: dict, isolate_net: bool,
-                 address_space_limit: bool, tmp_root: str):
+def _refuse(why):
+    """What a process whose confinement failed runs instead of the candidate."""
+    return lambda: {"status": "runtime_error", "error": f"the candidate's sandbox could not be set up ({why}); "
+                                                         f"the candidate was not run"}
+
+
+def run_isolated(fn, *, timeout_s: float, memory_limit_mb: int, env: dict, isolate_net: bool = True,
+                 address_space_limit: bool, tmp_root: str, conf=None, service=None):
     """Runs ``fn()`` (which returns a msgpack-able dict) in a forked child.
 
     Returns (reply, failure): reply is fn's dict when the child reported one; otherwise failure is
     {"status": "timeout"|"runtime_error", "error": why}. Also returns the child's overhead timings
     in reply["isolation"] (fork to first instruction, and exit)."""
     rfd, wfd = os.pipe()
+    conf = conf or Confinement(enabled=isolate_net)
+    svc = _Service(service) if service else None
     tmpdir = tempfile.mkdtemp(prefix="cand-", dir=tmp_root)
     t_fork = time.monotonic()
     pid = os.fork()
     if pid == 0:  # child
         try:
             os.close(rfd)
-            net = _child_setup(env, isolate_net, address_space_limit, memory_limit_mb, tmpdir)
+            if svc:
+                svc.child_side()
+            net = _child_setup(conf, env, address_space_limit, memory_limit_mb, tmpdir)
         except BaseException as e:  # noqa: BLE001
-            net = f"setup failed: {e}"
+            net = {"setup": f"failed: {type(e).__name__}: {e}"}
+            fn = _refuse(net["setup"])
         _child_run(fn, wfd, memory_limit_mb, t_fork, net)
     os.close(wfd)
-    return _collect(pid, rfd, t_fork, timeout_s, memory_limit_mb, tmpdir)
+    if svc:
+        svc.parent_side()
+    try:
+        return _collect(pid, rfd, t_fork, timeout_s, memory_limit_mb, tmpdir, service=svc)
+    finally:
+        if svc:
+            svc.close()
 
 
 class Spare:
@@ -151,8 +513,10 @@ class Spare:
     exclusive lock on ``lock_path``; a running candidate takes that lock (shared) before it times
     anything, so another process's start-up never overlaps a timed region."""
 
-    def __init__(self, *, handler, warm, key, env, isolate_net, address_space_limit,
-                 memory_limit_mb, tmp_root, lock_path, close_fds=()):
+    def __init__(self, *, handler, warm, key, env, isolate_net=True, address_space_limit,
+                 memory_limit_mb, tmp_root, lock_path, close_fds=(), conf=None, service=None):
+        conf = conf or Confinement(enabled=isolate_net)
+        self.svc = _Service(service) if service else None
         self.key = key
         self.memory_limit_mb = memory_limit_mb
         self.tmpdir = tempfile.mkdtemp(prefix="cand-", dir=tmp_root)
@@ -164,11 +528,13 @@ class Spare:
             os.close(self.rep_r)
             for fd in close_fds:  # the worker's locks: held by the worker, not by this process
                 os.close(fd)
-            net = "setup failed"
+            if self.svc:
+                self.svc.child_side()
+            net = {"setup": "failed"}
             try:
                 with open(lock_path, "w") as lock:  # first, before the running candidate can time
                     fcntl.flock(lock, fcntl.LOCK_EX)
-                    net = _child_setup(env, isolate_net, address_space_limit, memory_limit_mb, self.tmpdir)
+                    net = _child_setup(conf, env, address_space_limit, memory_limit_mb, self.tmpdir)
                     try:
                         warm()
                     except Exception:  # noqa: BLE001 - the evaluation meets it again and reports it
@@ -184,12 +550,15 @@ class Spare:
                 request = msgpack.unpackb(b"".join(chunks), raw=False) if chunks else None
             except BaseException as e:  # noqa: BLE001
                 request, t0 = None, time.monotonic()
-                net = f"{net}; {type(e).__name__}: {e}"
+                net = {**net, "setup": f"failed: {type(e).__name__}: {e}"}
             if request is None:
                 os._exit(0)  # discarded before it got a request
-            _child_run(lambda: handler(request), rep_w, memory_limit_mb, t0, net)
+            run = _refuse(net["setup"]) if "setup" in net else (lambda: handler(request))
+            _child_run(run, rep_w, memory_limit_mb, t0, net)
         os.close(req_r)
         os.close(rep_w)
+        if self.svc:
+            self.svc.parent_side()
 
     def alive(self) -> bool:
         try:
@@ -219,8 +588,12 @@ class Spare:
         waiting; given ``defer_exit(pid, tmpdir)``, a process that replied is killed but not
         waited for (its exit, CUDA context teardown included, overlaps the next candidate):
         the caller reaps it and removes its temp dir."""
-        return _collect(self.pid, self.rep_r, self.t0, timeout_s, self.memory_limit_mb, self.tmpdir,
-                        on_poll, defer_exit)
+        try:
+            return _collect(self.pid, self.rep_r, self.t0, timeout_s, self.memory_limit_mb, self.tmpdir,
+                            on_poll, defer_exit, self.svc)
+        finally:
+            if self.svc:
+                self.svc.close()
 
     def discard(self):
         for fd in (self.req_w, self.rep_r):
@@ -229,6 +602,8 @@ class Spare:
                     os.close(fd)
             except OSError:
                 pass
+        if self.svc:
+            self.svc.close()
         _kill_group(self.pid)
         try:
             os.waitpid(self.pid, 0)
@@ -239,8 +614,16 @@ class Spare:
 
 def wait_for_warming(*lock_paths):
     """Blocks while another candidate's process is starting up (see Spare) or still exiting
-    (the worker holds the exit lock until it has reaped it); a no-op when none is."""
+    (the worker holds the exit lock until it has reaped it); a no-op when none is. Takes paths
+    or, inside a confined process, open descriptors (ints)."""
     for path in lock_paths:
+        if isinstance(path, int):
+            try:
+                fcntl.flock(path, fcntl.LOCK_SH)
+                fcntl.flock(path, fcntl.LOCK_UN)
+            except OSError:
+                pass
+            continue
         if not path:
             continue
         try:
@@ -250,7 +633,7 @@ def wait_for_warming(*lock_paths):
             pass
 
 
-def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, defer_exit=None):
+def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, defer_exit=None, service=None):
     chunks = []
     failure = None
     deadline = t0 + timeout_s
@@ -262,17 +645,23 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
                 failure = {"status": "timeout",
                            "error": f"candidate exceeded the {timeout_s:g} s limit; its process group was killed"}
                 break
-            ready, _, _ = select.select([rfd], [], [], min(left, 0.05))
+            watch = [rfd] + ([service.from_child] if service is not None else [])
+            ready, _, _ = select.select(watch, [], [], min(left, 0.05))
             if on_poll is not None:
                 on_poll()
-            if ready:
+            if service is not None and service.from_child in ready:
+                if not service.pump():
+                    service.close()
+                    service = None
+                continue
+            if rfd in ready:
                 chunk = os.read(rfd, 1 << 20)
                 if not chunk:
                     break  # child closed the pipe: done (or died)
                 chunks.append(chunk)
                 continue
             if limit > 0:
-                rss = rss_bytes(pid)
+                rss = tree_rss_bytes(pid)
                 if rss > limit:
                     failure = {"status": "runtime_error",
                                "error": f"candidate exceeded the memory limit: resident {rss >> 20} MB > "

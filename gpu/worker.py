@@ -10,18 +10,25 @@ a REP socket and answers one request at a time:
   {"op": "exit"}                                   -> {"ok": true}, then the process ends
 
 This process imports torch and loads task files but never initialises CUDA: every candidate runs
-in a child forked from it (gpu/sandbox.py), which initialises CUDA for itself, so a crash, a hang,
-a memory blow-up, a CUDA fault or a monkeypatched torch ends with that child. Reference timings
-measured by children are kept here and inherited by later children. The "compile" op runs the
-candidate's module with CUDA hidden so its kernels build into the content-addressed cache
-(gpu/compile_cache.py) on a CPU while the GPU stage times another candidate.
+in a child forked from it (gpu/sandbox.py), confined (namespaces, a read-only view of the files
+with the home folder, the cache and this worker's scratch hidden, an unprivileged uid, a scrubbed
+environment), which initialises CUDA for itself, so a crash, a hang, a memory blow-up, a CUDA
+fault or a monkeypatched torch ends with that child. Only trusted code decides: the reference is
+timed in a process of its own that runs no candidate code (cached here per task, size, mode and
+trials), and the speedup is computed here from that timing and the candidate's own measurements;
+nothing a candidate's process replies reaches another candidate. Kernel builds are asked of this
+process over a channel and run in a confined builder (gpu/compile_cache.py). The "compile" op runs
+the candidate's module with CUDA hidden so its kernels build on a CPU while the GPU stage times
+another candidate.
 """
 
 import argparse
 import fcntl
+import math
 import os
 import shutil
 import sys
+import tempfile
 import time
 import traceback
 
@@ -50,7 +57,7 @@ def default_cache_root():
 class ForkServer:
     """The worker's logic without the socket: usable from Python tests and benchmarks."""
 
-    def __init__(self, device="cpu", threads=1, cache_root=None, tmp_root=None, isolate_net=True):
+    def __init__(self, device="cpu", threads=1, cache_root=None, tmp_root=None, isolate_net=True, hide=()):
         import torch  # noqa: F401  (imported once here, inherited by every child)
         import sandbox
         from harness import Harness
@@ -67,6 +74,15 @@ class ForkServer:
         self.cache_root = cache_root or default_cache_root()
         self.tmp_root = tmp_root or os.environ.get("TMPDIR", "/tmp")
         self.isolate_net = isolate_net
+        # What candidates may see: the Python installation, this code and the build cache,
+        # read-only; not the home folder, this worker's scratch folder (locks, socket) or the
+        # run's folders (hide).
+        home = os.path.expanduser("~")
+        keep = [sys.prefix, sys.base_prefix, HERE, self.cache_root] + [p for p in sys.path if p and os.path.isdir(p)]
+        hidden = [home, "/root", self.tmp_root] + list(hide)
+        self.conf = sandbox.Confinement(enabled=isolate_net, hide=hidden,
+                                        expose=sorted(set(os.path.abspath(p) for p in keep)))
+        os.makedirs(os.path.join(self.cache_root, ".staging"), exist_ok=True)
         self.spare = None
         self.warm_lock = os.path.join(self.tmp_root, f"kernelrl-warm-{os.getpid()}-{id(self)}.lock")
         # Held while a candidate's process that already replied is still exiting (see _defer_exit).
@@ -74,7 +90,8 @@ class ForkServer:
         self.exit_lock_file = None
         self.exiting = []  # (pid, tmpdir) killed after their reply, not yet reaped
         self.harness = Harness(device, threads, self.cache_root)
-        self.info = {"device": "cpu", "capability": "", "cuda_init_s": 0.0, "network": ""}
+        self.build_timeout_s = 600.0
+        self.info = {"device": "cpu", "capability": "", "cuda_init_s": 0.0, "network": "", "sandbox": ""}
         self.env = {}
         self._probe()
 
@@ -95,13 +112,15 @@ class ForkServer:
             return {"status": "ok", "device": "cpu", "capability": "", "cuda_init_s": 0.0}
 
         reply, failure = self.sandbox.run_isolated(
-            probe, timeout_s=120, memory_limit_mb=0, env={}, isolate_net=self.isolate_net,
+            probe, timeout_s=120, memory_limit_mb=0, env={}, conf=self.conf,
             address_space_limit=False, tmp_root=self.tmp_root)
         if failure or "device" not in reply:
             why = (failure or reply).get("error", "no reply")
             raise RuntimeError(f"device probe on {dev} failed: {why} {(reply or {}).get('compile_log', '')}")
         self.info = {k: reply[k] for k in ("device", "capability", "cuda_init_s")}
-        self.info["network"] = reply.get("isolation", {}).get("network", "")
+        iso = reply.get("isolation", {})
+        self.info["network"] = iso.get("network", "")
+        self.info["sandbox"] = ", ".join(f"{k}: {iso.get(k, '?')}" for k in ("namespaces", "files", "user"))
         self.harness.device_name = self.info["device"]
         if self.info["capability"]:
             # Builds target exactly this GPU (and the compile key records it).
@@ -125,14 +144,111 @@ class ForkServer:
             self.harness._setup_device()
 
         def handler(msg):
-            self.harness.ref_cache.update(msg.get("ref_cache") or {})
+            self.harness.given_ref = msg.get("ref") or {}
             return self.harness.evaluate(msg["request"], msg["settings"])
 
         return self.sandbox.Spare(handler=handler, warm=warm, key=key, env=env,
-                                  isolate_net=self.isolate_net, address_space_limit=cpu,
+                                  conf=self.conf, service=lambda r: self._serve(r, env),
+                                  address_space_limit=cpu,
                                   memory_limit_mb=memory_limit_mb, tmp_root=self.tmp_root,
                                   lock_path=self.warm_lock,
                                   close_fds=[self.exit_lock_file.fileno()] if self.exit_lock_file else [])
+
+    BUILD_NAME = __import__("re").compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+    def _serve(self, req, env):
+        """A confined candidate's request (the only one there is: build a kernel library).
+        The key is computed here from the sources received; the build runs in a confined process
+        that can write only its staging folder; the entry is installed with its library's hash."""
+        import compile_cache
+        if req.get("op") != "build":
+            return {"ok": False, "error": f"unknown request {req.get('op')!r}"}
+        kind, name, payload = req.get("kind"), req.get("name"), req.get("payload")
+        if kind not in ("load_inline", "load") or not isinstance(payload, dict) \
+                or not isinstance(name, str) or not self.BUILD_NAME.fullmatch(name):
+            return {"ok": False, "error": "malformed build request (kind, name or arguments)"}
+        key = compile_cache.build_key(kind, payload, arch=env.get("TORCH_CUDA_ARCH_LIST", ""))
+        entry = os.path.join(self.cache_root, key[:32])
+        module = f"{name}_{key[:12]}"
+        lock = open(os.path.join(self.cache_root, ".staging", key[:32] + ".lock"), "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one build per entry across this machine's workers
+            found = compile_cache.verified_library(entry)
+            if found is not None and found[0] == module:
+                return {"ok": True, "dir": entry, "key": key, "cached": True}
+            staging = tempfile.mkdtemp(prefix=key[:12] + "-", dir=os.path.join(self.cache_root, ".staging"))
+            if os.geteuid() == 0:
+                os.chown(staging, self.sandbox.NOBODY, self.sandbox.NOBODY)  # the builder's only writable folder
+            benv = dict(env)
+            benv["CUDA_VISIBLE_DEVICES"] = ""
+            t0 = time.monotonic()
+            reply, failure = self.sandbox.run_isolated(
+                lambda: (compile_cache.build_into(kind, module, payload, staging) or {"status": "ok"}),
+                timeout_s=float(self.build_timeout_s), memory_limit_mb=0, env=benv,
+                conf=self.conf.but(writable=[staging]), address_space_limit=False, tmp_root=self.tmp_root)
+            if failure or reply.get("status") != "ok":
+                why = (failure or reply).get("error", "") + "\n" + (reply or {}).get("compile_log", "")
+                shutil.rmtree(staging, ignore_errors=True)
+                return {"ok": False, "key": key, "error": why[-(64 << 10):], "log": ""}
+            compile_cache.install_entry(self.cache_root, key, module, staging)
+            return {"ok": True, "dir": entry, "key": key, "cached": False,
+                    "log": f"[built by the worker's builder in {time.monotonic() - t0:.1f}s]\n"}
+        except OSError as e:
+            return {"ok": False, "key": key, "error": f"build cache: {e}"}
+        finally:
+            lock.close()
+
+    def _reference(self, req, s, mode, env):
+        """The reference's timing for this request's task, size and mode: measured once per
+        worker in a process that runs no candidate code. Returns (stats, failure reply)."""
+        trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
+        key = "|".join(str(x) for x in (req["task_path"], req.get("task_source_hash", ""), s.get("size", "cpu"),
+                                        self.info["device"], mode, trials, int(s["warmup"])))
+        hit = self.harness.ref_cache.get(key)
+        if hit is not None:
+            return hit, None
+        self._reap(block=True)  # the previous candidate's exit holds the exit lock timing waits for
+        reply, failure = self.sandbox.run_isolated(
+            lambda: self.harness.time_reference(req, s, mode),
+            timeout_s=float(s.get("timeout_s", 60)) * 4, memory_limit_mb=int(s.get("memory_limit_mb", 0)),
+            env=env, conf=self.conf, address_space_limit=self.device == "cpu", tmp_root=self.tmp_root)
+        if failure or reply.get("status") != "ok" or "stats" not in reply:
+            why = (failure or reply)
+            status = why.get("status", "runtime_error")
+            if "exceeded the memory limit" in why.get("error", ""):
+                status = "out_of_memory"
+            return None, {"status": status if status == "out_of_memory" else "runtime_error",
+                          "error": f"timing the reference failed (no verdict on the candidate): {why.get('error', '')}",
+                          "compile_log": (reply or {}).get("compile_log", "")}
+        self.harness.ref_cache[key] = reply["stats"]
+        return reply["stats"], None
+
+    def _judge(self, reply, req, s, env, ref):
+        """The speedup, from the reference's trusted timing and the candidate's own measurement
+        (its process's figures for the reference, if any, are ignored)."""
+        if reply.get("status") != "ok":
+            return reply
+        cand = reply.get("runtime") or {}
+        mode = "full" if reply.get("reverified") else (req.get("mode") or "fast")
+        if reply.get("reverified"):
+            ref, failure = self._reference(req, s, "full", env)
+            if failure:
+                reply.update(failure)
+                reply["speedup"] = 0.0
+                return reply
+        try:
+            cand_ms = float(cand.get("median_ms", 0.0))
+        except (TypeError, ValueError):
+            cand_ms = 0.0
+        speedup = ref["median_ms"] / cand_ms if cand_ms > 0 and math.isfinite(cand_ms) else 0.0
+        reply["ref_runtime"] = ref
+        reply["speedup"] = speedup if math.isfinite(speedup) else 0.0
+        threshold = float(s.get("reverify_speedup", 10.0))
+        if mode != "full" and threshold > 0 and speedup > threshold:
+            reply.update({"status": "hacked", "speedup": 0.0,
+                          "error": f"the candidate's process reported a {speedup:.1f}x speedup without the "
+                                   f"re-verification every speedup above {threshold:g}x gets"})
+        return reply
 
     def _defer_exit(self, pid, tmpdir):
         """The candidate replied: its process exits (tearing its CUDA context down) while the
@@ -170,6 +286,7 @@ class ForkServer:
         (CUDA context) while the previous candidate ran; the next spare is forked as soon as this
         one has its request."""
         t0 = time.monotonic()
+        self.build_timeout_s = float(s.get("compile_timeout_s", 600))
         env = dict(self.env)
         if s.get("cuda_arch"):
             env["TORCH_CUDA_ARCH_LIST"] = s["cuda_arch"]
@@ -179,7 +296,21 @@ class ForkServer:
         cpu = not self.device.startswith("cuda")
         mem = int(s.get("memory_limit_mb", 0))
         key = (tuple(sorted(env.items())), mem, cpu)
-        msg = {"request": req, "settings": s, "ref_cache": self.harness.ref_cache}
+        try:
+            with open(req["task_path"], encoding="utf-8") as f:
+                req = dict(req, task_source=f.read())
+            req["task_source_hash"] = __import__("hashlib").sha1(req["task_source"].encode()).hexdigest()
+        except OSError:
+            pass  # the candidate's process reports the task that does not load
+        mode = req.get("mode") or "fast"
+        ref, ref_failure = self._reference(req, s, mode, env)
+        if ref_failure:
+            from harness import empty_result
+            full = empty_result(self.info["device"])
+            full.update(ref_failure)
+            full["wall_s"] = time.monotonic() - t0
+            return full
+        msg = {"request": req, "settings": s, "ref": {mode: ref}}
         spare, self.spare = self.spare, None
         warm = spare is not None and spare.key == key and spare.send(msg)
         if spare is not None and not warm:
@@ -210,9 +341,7 @@ class ForkServer:
             full["isolation"] = failure.get("isolation", {})
         else:
             full.update(reply)  # a reply from the child's last-resort handler lacks most fields
-        reply = full
-        for k, v in (reply.pop("ref_cache_put", None) or {}).items():
-            self.harness.ref_cache[k] = v
+        reply = self._judge(full, req, s, env, ref)
         reply["wall_s"] = time.monotonic() - t0
         return reply
 
@@ -234,10 +363,17 @@ class ForkServer:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the compile stage never touches a GPU
         if s.get("cuda_arch"):
             env["TORCH_CUDA_ARCH_LIST"] = s["cuda_arch"]
+        try:
+            with open(req["task_path"], encoding="utf-8") as f:
+                req = dict(req, task_source=f.read())
+        except OSError:
+            pass
+        self.build_timeout_s = float(s.get("compile_timeout_s", 600))
         reply, failure = self.sandbox.run_isolated(
             lambda: self.harness.prepare(req, s),
             timeout_s=self._limits(req, s, True), memory_limit_mb=int(s.get("memory_limit_mb", 0)),
-            env=env, isolate_net=self.isolate_net, address_space_limit=False, tmp_root=self.tmp_root)
+            env=env, conf=self.conf, service=lambda r: self._serve(r, env),
+            address_space_limit=False, tmp_root=self.tmp_root)
         if failure:
             reply = {"status": "compile_error" if failure["status"] == "timeout" else "ok",
                      "error": "build " + failure["error"], "compile_log": ""}
@@ -252,12 +388,16 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads on CPU")
     ap.add_argument("--parent", type=int, default=0, help="pid to watch; exit when it is gone")
     ap.add_argument("--cache", default="", help="build cache folder (default ~/.cache/kernelrl/build-cache)")
-    ap.add_argument("--no-netns", action="store_true", help="do not isolate candidates' network")
+    ap.add_argument("--no-netns", action="store_true",
+                    help="do not confine candidates (no namespaces, no private file view): for debugging only")
+    ap.add_argument("--hide", action="append", default=[],
+                    help="a folder candidates must not see (the run folder, the store); repeatable")
     args = ap.parse_args()
     import sandbox
     sandbox.die_with_parent()
 
-    server = ForkServer(args.device, args.threads, args.cache or None, isolate_net=not args.no_netns)
+    server = ForkServer(args.device, args.threads, args.cache or None, isolate_net=not args.no_netns,
+                        hide=args.hide)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.REP)
     sock.setsockopt(zmq.LINGER, 0)

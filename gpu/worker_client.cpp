@@ -8,10 +8,12 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <filesystem>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,14 +68,50 @@ std::string describe_exit(int status) {
 
 }  // namespace
 
+// Environment variables the worker keeps: names, or prefixes ending in '_'. Everything else
+// (KERNELRL_CLUSTER_SECRET, API keys, tokens) stays with launch.
+const char* const kWorkerEnvAllow[] = {
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "XDG_CACHE_HOME",
+    "LC_", "CUDA_", "NVIDIA_", "TORCH_CUDA_ARCH_LIST", "TORCH_EXTENSIONS_DIR", "PYTORCH_",
+    "TRITON_", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "VIRTUAL_ENV",
+    "CC", "CXX", "NVCC_", "MAX_JOBS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "KERNELRL_PYTHON"};
+
+static std::vector<std::string> worker_environment() {
+  std::vector<std::string> out;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    std::string name = kv.substr(0, eq);
+    for (const char* a : kWorkerEnvAllow) {
+      std::string allow = a;
+      bool prefix = !allow.empty() && allow.back() == '_';
+      if (prefix ? name.rfind(allow, 0) == 0 : name == allow) {
+        out.push_back(kv);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 struct WorkerClient::Impl {
   std::unique_ptr<zmq::socket_t> sock;
 };
 
 WorkerClient::WorkerClient(WorkerOptions opts) : opts_(std::move(opts)), impl_(new Impl) {
-  endpoint_ = "ipc://" + (std::filesystem::temp_directory_path() /
-                          ("kernelrl-" + std::to_string(getpid()) + "-" +
-                           std::to_string(next_endpoint++) + ".sock")).string();
+  // The socket lives in a folder only this user can enter (candidates run as another uid, in a
+  // mount namespace where the temp folder is their own).
+  std::string dir = (std::filesystem::temp_directory_path() /
+                     ("kernelrl-" + std::to_string(getpid()) + "-" + std::to_string(next_endpoint++) +
+                      "-XXXXXX")).string();
+  if (mkdtemp(dir.data()) != nullptr) {
+    chmod(dir.c_str(), 0700);
+    socket_dir_ = dir;
+  } else {
+    dir = std::filesystem::temp_directory_path().string();
+  }
+  endpoint_ = "ipc://" + (std::filesystem::path(dir) / "worker.sock").string();
 }
 
 WorkerClient::~WorkerClient() { stop(); }
@@ -97,6 +135,7 @@ void WorkerClient::stop() {
   kill_worker();
   std::error_code ec;
   std::filesystem::remove(endpoint_.substr(6), ec);
+  if (!socket_dir_.empty()) std::filesystem::remove(socket_dir_, ec);
 }
 
 bool WorkerClient::ensure_started(std::string& err) {
@@ -121,6 +160,11 @@ bool WorkerClient::ensure_started(std::string& err) {
     args.push_back(opts_.cache_dir);
   }
   if (!opts_.isolate_network) args.push_back("--no-netns");
+  for (auto& h : opts_.hide) {
+    if (h.empty()) continue;
+    args.push_back("--hide");
+    args.push_back(std::filesystem::absolute(h).string());
+  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -136,7 +180,13 @@ bool WorkerClient::ensure_started(std::string& err) {
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = -1;
-  int rc = posix_spawn(&pid, opts_.python.c_str(), &fa, &attr, argv.data(), environ);
+  // The worker gets an allow-listed environment: no cluster key, no API keys reach it or the
+  // candidates it forks (a forked process can read the environment it was started with).
+  std::vector<std::string> env_store = worker_environment();
+  std::vector<char*> envp;
+  for (auto& e : env_store) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  int rc = posix_spawn(&pid, opts_.python.c_str(), &fa, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 #include <sys/types.h>
 
 namespace kernelrl {
@@ -21,7 +22,8 @@ struct WorkerOptions {
   std::string log_path;          // the worker's stdout/stderr go here ("" : /dev/null)
   double startup_timeout_s = 120;  // time allowed for start-up (torch import, CUDA init)
   std::string cache_dir;         // build cache ("": the worker's default)
-  bool isolate_network = true;   // candidates get a network namespace of their own
+  bool isolate_network = true;   // candidates are confined (namespaces, private file view); false: debugging only
+  std::vector<std::string> hide;  // folders candidates must not see (the run root with its stores)
 };
 
 // What one request to the worker adds to the evaluator's settings.
@@ -72,6 +74,7 @@ class WorkerClient {
   pid_t pid_ = -1;
   uint32_t starts_ = 0;
   std::string endpoint_;
+  std::string socket_dir_;  // private folder holding the endpoint's socket
   std::string torch_version_, device_name_, capability_, network_;
   EvalResult call(const char* op, const EvalRequest& req, const EvaluatorConfig& settings,
                   const StageOptions& stage);

@@ -81,6 +81,7 @@ std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& 
     ea.worker.log_path = (fs::path(log_dir) / (sanitize_id(ea.id) + ".log")).string();
     ea.worker.cache_dir = cfg.evaluator.cache_dir;
     ea.worker.isolate_network = cfg.evaluator.isolate_network;
+    ea.worker.hide = {cfg.experiment.run_root};  // every run's folder and store
     out.push_back(ea);
   }
   return out;

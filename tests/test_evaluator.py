@@ -380,6 +380,133 @@ class CheckTest(unittest.TestCase):
         self.assertFalse(self.h.matches_fingerprint(x.t(), fp, s))
 
 
+class SandboxTest(Base):
+    """Issue 19's findings, one adversarial candidate each (and more of the same families): each
+    is hacked, fails, or keeps its honest verdict, and honest candidates after it keep theirs."""
+
+    SECRET = "kernelrl-test-secret-8f2c"
+
+    @classmethod
+    def setUpClass(cls):
+        os.environ["KERNELRL_CLUSTER_SECRET"] = cls.SECRET  # as launch has it
+        cls.private = tempfile.TemporaryDirectory()  # stands for the run folder and its store
+        with open(os.path.join(cls.private.name, "store.sqlite"), "w") as f:
+            f.write(cls.SECRET)
+        super().setUpClass()
+        cls.server.close()
+        cls.server = ForkServer("cpu", 1, cls.cache, tmp_root=cls.tmp_root, hide=[cls.private.name])
+        if not cls.server.info["sandbox"].startswith("namespaces: pid"):
+            raise unittest.SkipTest(f"no sandbox on this kernel: {cls.server.info['sandbox']}")
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        cls.private.cleanup()
+        os.environ.pop("KERNELRL_CLUSTER_SECRET", None)
+
+    def honest(self):
+        r = self.evaluate(GOOD)
+        self.assertStatus(r, "ok")
+        return r
+
+    def test_patching_the_judge_from_inside_is_hacked(self):
+        # The judge's live modules, as a candidate finds them.
+        find = "import sys\nharness, defenses = sys.modules['harness'], sys.modules['defenses']\n"
+        for patch in ("harness.compare = lambda *a, **k: None",
+                      "harness._clock_ns = lambda: 0",
+                      "harness.Timer.run = lambda *a, **k: {'median_ms': 1e-6}",
+                      "defenses.Watch.check = lambda *a, **k: None"):
+            r = self.evaluate(find + patch + "\nreturn torch.zeros_like(x)")
+            self.assertStatus(r, "hacked", "changed the harness")
+        # Both at once: the check runs through the function captured before any candidate.
+        r = self.evaluate(find + "defenses.Watch.check = lambda *a, **k: None\n"
+                                 "harness.compare = lambda *a, **k: None\nreturn torch.zeros_like(x)")
+        self.assertStatus(r, "hacked", "changed the harness")
+        self.honest()
+
+    def test_reference_timings_from_a_candidate_reach_no_one(self):
+        before = self.honest()["ref_runtime"]
+        # Scales every timing figure it can find in its process, the reference's included.
+        body = ("import gc\nfor o in gc.get_objects():\n"
+                "    if isinstance(o, dict) and 'median_ms' in o:\n        o['median_ms'] = o['median_ms'] * 8\n"
+                "return torch.nn.functional.silu(x)")
+        r = self.evaluate(body)
+        self.assertEqual(r["ref_runtime"]["median_ms"], before["median_ms"], "the worker's own reference timing")
+        for _ in range(2):
+            self.assertEqual(self.honest()["ref_runtime"], before)
+
+    def test_the_build_cache_is_read_only_to_candidates_and_verified_on_read(self):
+        body = ("import os, harness\nroot = harness.Harness.__init__.__defaults__ or ()\n"
+                f"for d in [{self.cache!r}, os.path.join({self.cache!r}, 'poison')]:\n"
+                "    try:\n        os.makedirs(d, exist_ok=True)\n"
+                "        open(os.path.join(d, 'x.built'), 'w').write('hostile')\n"
+                "    except OSError:\n        pass\n"
+                "return torch.nn.functional.silu(x)")
+        self.assertStatus(self.evaluate(body), "ok")
+        for dirpath, _, files in os.walk(self.cache):
+            self.assertNotIn("x.built", files, f"a candidate wrote into the build cache ({dirpath})")
+        first = self.evaluate(CPP_OK)
+        self.assertStatus(first, "ok")
+        # An entry altered after its build (here by the test, standing in for any writer) is
+        # rejected on read and built again.
+        import compile_cache
+        entries = [os.path.join(self.cache, e) for e in os.listdir(self.cache) if len(e) == 32]
+        libs = [compile_cache.verified_library(e) for e in entries]
+        self.assertTrue(all(libs), "every entry matches its manifest")
+        for _, lib in libs:
+            with open(lib, "ab") as f:
+                f.write(b"tampered")
+        again = self.evaluate(CPP_OK)
+        self.assertStatus(again, "ok")
+        self.assertFalse(again["compile_cached"], "the altered entry was built again, not imported")
+        self.assertTrue(all(compile_cache.verified_library(e) for e in entries))
+
+    def test_no_process_outlives_its_candidate(self):
+        body = ("import subprocess\nsubprocess.Popen(['setsid', 'sleep', '4242.5'], start_new_session=True)\n"
+                "subprocess.Popen(['sh', '-c', 'sleep 4242.5 & exit 0'])\n"
+                "return torch.nn.functional.silu(x)")
+        r = self.evaluate(body)
+        self.assertIn(r["status"], ("hacked", "ok"))
+        self.server._reap(block=True)
+        time.sleep(0.5)
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"4242.5" in f.read():
+                        left.append(pid)
+            except OSError:
+                pass
+        self.assertEqual(left, [], "a process the candidate started is still running")
+        self.honest()
+
+    def test_secrets_files_and_other_processes_are_out_of_reach(self):
+        probe = ("import os\nfound = []\n"
+                 "for path in ['/proc/self/environ', '/proc/1/environ', "
+                 f"{os.path.join(self.private.name, 'store.sqlite')!r}, os.path.expanduser('~/.bashrc'), '/etc/shadow']:\n"
+                 "    try:\n        found.append(path + ': ' + open(path, 'rb').read()[:4000].decode('latin-1'))\n"
+                 "    except OSError as e:\n        found.append(path + ': ' + type(e).__name__)\n"
+                 "found.append(repr(dict(os.environ)))\n"
+                 "found.append('procs ' + ' '.join(p for p in os.listdir('/proc') if p.isdigit()))\n"
+                 f"found.append('scratch ' + str(os.path.exists({self.tmp_root!r})))\n"
+                 "raise RuntimeError(' | '.join(found))\nreturn x")
+        r = self.evaluate(probe)
+        self.assertStatus(r, "runtime_error")
+        text = r["error"] + r.get("compile_log", "")
+        self.assertNotIn(self.SECRET, text)
+        self.assertIn("store.sqlite: FileNotFoundError", text)
+        self.assertIn("procs 1 ", text + " ", "the candidate sees only its own processes")
+        self.assertIn("scratch False", text)
+        if os.geteuid() == 0:
+            self.assertIn("/etc/shadow: PermissionError", text)
+        # Signals reach nothing outside: not this process (the worker's parent), not the worker.
+        kill = (f"import os, signal\nfor pid in ({os.getpid()}, {os.getppid()}, -1):\n"
+                "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
+                "return torch.nn.functional.silu(x)")
+        self.evaluate(kill)
+        self.honest()
+
+
 class BuildCacheTest(Base):
     def test_an_identical_candidate_builds_once_and_a_bad_build_is_a_compile_error(self):
         first = self.evaluate(CPP_OK)
