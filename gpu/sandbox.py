@@ -139,9 +139,35 @@ def _outer_wait(pid):
             continue
         except ChildProcessError:
             os._exit(1)
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+    if not sig and code > 128 and code - 128 in _FATAL:  # the namespace's init passes a signal on
+        sig = code - 128
+    if sig:
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(code)
+
+
+_FATAL = {int(s) for s in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE,
+                           signal.SIGILL, signal.SIGTERM, signal.SIGXCPU)}
+
+
+def _init_wait(pid):
+    """PID 1 of the candidate's namespace: reaps whatever ends there until the candidate does,
+    then ends (and with it every process left in the namespace), passing its status on."""
+    os.closerange(3, 1 << 16)
+    while True:
+        try:
+            done, status = os.wait()
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            os._exit(1)
+        if done == pid:
+            break
     if os.WIFSIGNALED(status):
-        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-        os.kill(os.getpid(), os.WTERMSIG(status))
+        os._exit(128 + os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
@@ -263,6 +289,12 @@ def confine(conf, env):
         iso["files"] = "private" + (f" ({'; '.join(problems)})" if problems else "")
     except OSError as e:
         iso["files"] = f"none: {e}"
+    # The candidate is PID 2: PID 1 (trusted, waiting) ends the namespace when it ends, and the
+    # candidate's own signals (a deliberate crash) act on it as on any process.
+    pid = os.fork()
+    if pid:
+        _init_wait(pid)
+    die_with_parent()
     try:
         iso["user"] = _drop_privileges(root)
     except OSError as e:

@@ -254,7 +254,7 @@ class EvaluateCommandTest(unittest.TestCase):
                 self.assertNotIn("the timing stage builds it", r["compile_log"])
             cache = os.path.join(d, "kernelrl", "build-cache")
             built = [e for e in os.listdir(cache)
-                     if any(n.endswith(".built") for n in os.listdir(os.path.join(cache, e)))]
+                     if any(n == "manifest.json" for n in os.listdir(os.path.join(cache, e)))]
             self.assertEqual(len(built), 1)
             # The device stage imported that build: nothing was built twice (ninja logs one entry
             # for the object and one for the library).
