@@ -597,12 +597,26 @@ class Harness:
             m = cls(*init_inputs)
         return m.to(self.device).eval()
 
-    def _evaluate(self, req, s, res):
-        task_path = req["task_path"]
+    def _load_task(self, req):
+        """The request's task module and source; a broken task is the harness's problem, never the
+        candidate's."""
         try:
-            task, source = self.tasks.load(task_path, req.get("task_source"))
-        except Exception as e:  # a broken task is the harness's problem, never the candidate's
-            raise Verdict("runtime_error", f"task {req['task_id']} ({task_path}) failed to load: {_short_exc(e)}", _tb(e))
+            return self.tasks.load(req["task_path"], req.get("task_source"))
+        except Exception as e:  # noqa: BLE001
+            raise Verdict("runtime_error", f"task {req['task_id']} ({req['task_path']}) failed to load: "
+                                           f"{_short_exc(e)}", _tb(e))
+
+    def _build_reference(self, task, init_inputs, seed):
+        try:
+            with self._harness_step("building the reference Model"):
+                return self._build(task.Model, init_inputs, seed)
+        except Verdict:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise Verdict("runtime_error", f"reference Model failed to build: {_short_exc(e)}", _tb(e))
+
+    def _evaluate(self, req, s, res):
+        task, source = self._load_task(req)
         size = apply_size(task, s.get("size", "cpu"))
 
         try:
@@ -688,15 +702,9 @@ class Harness:
             with _no_grad():
                 _manual_seed(seed)
                 init_inputs = task.get_init_inputs()
-                try:
-                    with step("building the reference Model"):
-                        before = self._allocated()
-                        ref_model = self._build(task.Model, init_inputs, seed)
-                        self._ref_bytes = self._allocated() - before
-                except Verdict:
-                    raise
-                except Exception as e:
-                    raise Verdict("runtime_error", f"reference Model failed to build: {_short_exc(e)}", _tb(e))
+                before = self._allocated()
+                ref_model = self._build_reference(task, init_inputs, seed)
+                self._ref_bytes = self._allocated() - before
                 try:
                     watch.in_candidate, watch.exempt = True, True
                     new_model = self._build(mod.ModelNew, init_inputs, seed)
@@ -801,8 +809,13 @@ class Harness:
                     self._ordering_check(task, seed, run_reference, run_candidate, timer, s)
                 self._phase(res, "checks")
                 trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
-                ref_stats, cand_stats = self._time_both(timer, task, task_path, size, mode, trials, warmup,
-                                                        seed, ref_model, new_model, watch, res)
+                # The reference's timing comes from the worker, measured by a process that runs
+                # no candidate code (time_reference).
+                ref_stats = self.given_ref.get(mode)
+                if not ref_stats:
+                    raise Verdict("runtime_error", f"the worker gave no timing of the reference in {mode} mode")
+                res["ref_runtime"] = ref_stats
+                cand_stats = self._time_candidate(timer, task, trials, warmup, seed, new_model, watch, res)
                 hacked_check("while being timed")
                 self._phase(res, "timing")
                 # The timing inputs' true output, too: a candidate may hand that back later.
@@ -840,12 +853,11 @@ class Harness:
                     for i in range(4 * n):
                         trial(n + 2 + i, rs * 1000 + i + 1, on_fail=on_fail)
                     full = int(s["full_trials"])
-                    ref_stats, cand_stats = self._time_both(timer, task, task_path, size, "full", full, warmup,
-                                                            rs, ref_model, new_model, watch, res,
-                                                            use_cache=False)
+                    # Timed again in full mode; the worker divides the reference's trusted
+                    # full-mode timing by it (the speedup reported from here is the fast one).
+                    self._time_candidate(timer, task, full, warmup, rs, new_model, watch, res)
                     hacked_check("during re-verification")
                     self._phase(res, "reverify")
-                    speedup = ref_stats["median_ms"] / cand_stats["median_ms"] if cand_stats["median_ms"] > 0 else 0.0
 
                 if cuda:
                     # Kernel coverage, last: once CUPTI has been active in a process, later kernel
@@ -948,35 +960,29 @@ class Harness:
         except Exception:  # noqa: BLE001 - a faulted context: unknown, the worker waits
             res["gpu_held_bytes"] = -1
 
-    def _time_both(self, timer, task, task_path, size, mode, trials, warmup, seed, ref_model, new_model,
-                   watch, res, use_cache=True):
-        # The next candidate's process may be starting up (gpu/sandbox.py Spare), the previous one
-        # still exiting: not while timing.
+    def _time_model(self, timer, task, model, trials, warmup, seed):
+        """model's timing on the timing inputs of seed (the reference's, or a candidate's). The
+        next candidate's process may be starting up (gpu/sandbox.py Spare), the previous one still
+        exiting: not while timing."""
         sandbox.wait_for_warming(*_lock_fds())
-        # The reference's timing comes from the worker (measured by a process that runs no
-        # candidate code; time_reference); timed here only for re-verification, and then the
-        # worker replaces it with its own before computing the speedup.
-        ref_stats = self.given_ref.get(mode) if use_cache else None
-        if ref_stats is None:
-            with self._harness_step("generating inputs"):
-                inputs = self._inputs(task, seed * 1000 + 999)
-            with self._harness_step("timing the reference Model"):
-                ref_stats = timer.run(ref_model, inputs, warmup, trials)
-            ref_stats["tail_trials"] = timer.tail_trials
-            del inputs
-        res["ref_runtime"] = ref_stats
         with self._harness_step("generating inputs"):
-            inputs = self._inputs(task, seed * 1000 + 999)  # the same values, generated again
+            inputs = self._inputs(task, seed * 1000 + 999)
+        out = timer.run(model, inputs, warmup, trials)
+        out["tail_trials"] = timer.tail_trials
+        return out
+
+    def _time_candidate(self, timer, task, trials, warmup, seed, new_model, watch, res):
         watch.in_candidate = True
         try:
-            cand_stats = timer.run(new_model, inputs, warmup, trials)
+            cand_stats = self._time_model(timer, task, new_model, trials, warmup, seed)
+        except Verdict:
+            raise
         except BaseException as e:
             raise Verdict("runtime_error", self._candidate_exc(e), _tb(e))
         finally:
             watch.in_candidate = False
-        cand_stats["tail_trials"] = timer.tail_trials
         res["runtime"] = cand_stats
-        return ref_stats, cand_stats
+        return cand_stats
 
     def time_reference(self, req, s, mode):
         """In a process of its own that runs no candidate code: the reference's timing under the
@@ -985,33 +991,17 @@ class Harness:
         self._ref_peak, self._candidate_bytes, self.memory_limit_mb = None, 0, int(s.get("memory_limit_mb", 0))
         try:
             self.device_name = self._setup_device()
-            try:
-                task, _ = self.tasks.load(req["task_path"], req.get("task_source"))
-            except Exception as e:  # noqa: BLE001
-                raise Verdict("runtime_error", f"task {req['task_id']} ({req['task_path']}) failed to load: "
-                                               f"{_short_exc(e)}", _tb(e))
+            task, _ = self._load_task(req)
             apply_size(task, s.get("size", "cpu"))
             seed = int(req["seed"])
             trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
             with _no_grad():
                 _manual_seed(seed)
-                init_inputs = task.get_init_inputs()
-                try:
-                    with self._harness_step("building the reference Model"):
-                        ref_model = self._build(task.Model, init_inputs, seed)
-                except Verdict:
-                    raise
-                except Exception as e:  # noqa: BLE001
-                    raise Verdict("runtime_error", f"reference Model failed to build: {_short_exc(e)}", _tb(e))
+                ref_model = self._build_reference(task, task.get_init_inputs(), seed)
                 with self._harness_step("allocating the L2 flush buffer"):
                     timer = Timer(self.device)
-                sandbox.wait_for_warming(*_lock_fds())
-                with self._harness_step("generating inputs"):
-                    inputs = self._inputs(task, seed * 1000 + 999)
                 with self._harness_step("timing the reference Model"):
-                    stats_ = timer.run(ref_model, inputs, int(s["warmup"]), trials)
-                stats_["tail_trials"] = timer.tail_trials
-                res["stats"] = stats_
+                    res["stats"] = self._time_model(timer, task, ref_model, trials, int(s["warmup"]), seed)
         except Verdict as v:
             res["status"], res["error"] = v.status, v.error
             res["compile_log"] = v.log[-LOG_LIMIT:]

@@ -10,9 +10,9 @@ child's whole process group when either is passed. Whatever the candidate does t
 """
 
 import ctypes
-import re
 import fcntl
 import os
+import re
 import resource
 import select
 import shutil
@@ -127,24 +127,33 @@ def _scrub_environment(env):
     os.environ.update(env)
 
 
-def _outer_wait(pid):
-    """The process outside the candidate's PID namespace: waits for the candidate (PID 1 in it,
-    whose end ends every process in the namespace) and ends with its status."""
+def _wait_for(pid, reap_others):
+    """(Only trusted code runs here, every descriptor closed.) Waits until pid ends, reaping any
+    other child that ends meanwhile when reap_others (PID 1 of a namespace inherits orphans);
+    returns its status. A process left with nothing to wait for ends."""
     os.closerange(3, 1 << 16)
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
-            break
+            done, status = os.wait() if reap_others else os.waitpid(pid, 0)
         except InterruptedError:
             continue
         except ChildProcessError:
             os._exit(1)
+        if done == pid:
+            return status
+
+
+def _outer_wait(pid):
+    """The process outside the candidate's PID namespace: waits for its init (PID 1 in it, whose
+    end ends every process in the namespace) and ends with the candidate's status."""
+    status = _wait_for(pid, reap_others=False)
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
     if not sig and code > 128 and code - 128 in _FATAL:  # the namespace's init passes a signal on
         sig = code - 128
     if sig:
-        signal.signal(sig, signal.SIG_DFL)
+        if sig != signal.SIGKILL:  # (SIGKILL's action cannot be set, and needs no reset)
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     os._exit(code)
 
@@ -156,16 +165,7 @@ _FATAL = {int(s) for s in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signa
 def _init_wait(pid):
     """PID 1 of the candidate's namespace: reaps whatever ends there until the candidate does,
     then ends (and with it every process left in the namespace), passing its status on."""
-    os.closerange(3, 1 << 16)
-    while True:
-        try:
-            done, status = os.wait()
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            os._exit(1)
-        if done == pid:
-            break
+    status = _wait_for(pid, reap_others=True)
     if os.WIFSIGNALED(status):
         os._exit(128 + os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
@@ -280,7 +280,10 @@ def confine(conf, env):
                 f.write(text)
     pid = os.fork()
     if pid:
-        _outer_wait(pid)
+        try:
+            _outer_wait(pid)
+        finally:  # never returns into the caller's code, whatever happens
+            os._exit(1)
     die_with_parent()
     iso["namespaces"] = "pid,mount,net,ipc,uts" + ("" if root else ",user")
     iso["network"] = "netns"
@@ -293,7 +296,10 @@ def confine(conf, env):
     # candidate's own signals (a deliberate crash) act on it as on any process.
     pid = os.fork()
     if pid:
-        _init_wait(pid)
+        try:
+            _init_wait(pid)
+        finally:
+            os._exit(1)
     die_with_parent()
     try:
         iso["user"] = _drop_privileges(root)
@@ -326,17 +332,31 @@ def tree_rss_bytes(pid: int) -> int:
         except (OSError, ValueError):
             return []
 
-    # The process the worker forked only waits for the candidate: counting it too would count the
-    # pages both inherited from the worker twice.
+    # The process the worker forked and the namespace's init only wait for the candidate:
+    # counting them too would count the pages all of them inherited from the worker three times.
     todo, seen, total = children(pid) or [pid], set(), 0
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
-        total += rss_bytes(p)
+        if not _namespace_init(p):
+            total += rss_bytes(p)
         todo.extend(children(p))
     return total
+
+
+def _namespace_init(pid: int) -> bool:
+    """Whether pid is PID 1 of a PID namespace below this one (confine's waiting init)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    ids = line.split()[1:]
+                    return len(ids) > 1 and ids[-1] == "1"
+    except OSError:
+        pass
+    return False
 
 
 def describe_status(status: int) -> str:
@@ -463,13 +483,18 @@ class _Service:
         return True
 
     def close(self):
-        for fd in (self.from_child, self.to_child):
-            try:
-                if fd >= 0:
-                    os.close(fd)
-            except OSError:
-                pass
+        _close_fds(self.from_child, self.to_child)
         self.from_child = self.to_child = -1
+
+
+def _close_fds(*fds):
+    """Closes the open ones (-1: already closed)."""
+    for fd in fds:
+        try:
+            if fd >= 0:
+                os.close(fd)
+        except OSError:
+            pass
 
 
 def _child_run(fn, wfd, memory_limit_mb, t0, net):
@@ -628,12 +653,7 @@ class Spare:
                 self.svc.close()
 
     def discard(self):
-        for fd in (self.req_w, self.rep_r):
-            try:
-                if fd >= 0:
-                    os.close(fd)
-            except OSError:
-                pass
+        _close_fds(self.req_w, self.rep_r)
         if self.svc:
             self.svc.close()
         _kill_group(self.pid)

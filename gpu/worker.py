@@ -24,8 +24,10 @@ another candidate.
 
 import argparse
 import fcntl
+import hashlib
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -154,7 +156,7 @@ class ForkServer:
                                   lock_path=self.warm_lock,
                                   close_fds=[self.exit_lock_file.fileno()] if self.exit_lock_file else [])
 
-    BUILD_NAME = __import__("re").compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+    BUILD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
     def _serve(self, req, env):
         """A confined candidate's request (the only one there is: build a kernel library).
@@ -198,6 +200,18 @@ class ForkServer:
         finally:
             lock.close()
 
+    @staticmethod
+    def _with_task_source(req):
+        """The request with its task's source (and its hash, for the reference-timing cache):
+        read here, since a candidate's process may not see the task's folder. A task that cannot
+        be read is reported by the process that loads it."""
+        try:
+            with open(req["task_path"], encoding="utf-8") as f:
+                source = f.read()
+        except OSError:
+            return req
+        return dict(req, task_source=source, task_source_hash=hashlib.sha1(source.encode()).hexdigest())
+
     def _reference(self, req, s, mode, env):
         """The reference's timing for this request's task, size and mode: measured once per
         worker in a process that runs no candidate code. Returns (stats, failure reply)."""
@@ -214,10 +228,8 @@ class ForkServer:
             env=env, conf=self.conf, address_space_limit=self.device == "cpu", tmp_root=self.tmp_root)
         if failure or reply.get("status") != "ok" or "stats" not in reply:
             why = (failure or reply)
-            status = why.get("status", "runtime_error")
-            if "exceeded the memory limit" in why.get("error", ""):
-                status = "out_of_memory"
-            return None, {"status": status if status == "out_of_memory" else "runtime_error",
+            oom = why.get("status") == "out_of_memory" or "exceeded the memory limit" in why.get("error", "")
+            return None, {"status": "out_of_memory" if oom else "runtime_error",
                           "error": f"timing the reference failed (no verdict on the candidate): {why.get('error', '')}",
                           "compile_log": (reply or {}).get("compile_log", "")}
         self.harness.ref_cache[key] = reply["stats"]
@@ -229,7 +241,6 @@ class ForkServer:
         if reply.get("status") != "ok":
             return reply
         cand = reply.get("runtime") or {}
-        mode = "full" if reply.get("reverified") else (req.get("mode") or "fast")
         if reply.get("reverified"):
             ref, failure = self._reference(req, s, "full", env)
             if failure:
@@ -244,7 +255,7 @@ class ForkServer:
         reply["ref_runtime"] = ref
         reply["speedup"] = speedup if math.isfinite(speedup) else 0.0
         threshold = float(s.get("reverify_speedup", 10.0))
-        if mode != "full" and threshold > 0 and speedup > threshold:
+        if not reply.get("reverified") and threshold > 0 and speedup > threshold:
             reply.update({"status": "hacked", "speedup": 0.0,
                           "error": f"the candidate's process reported a {speedup:.1f}x speedup without the "
                                    f"re-verification every speedup above {threshold:g}x gets"})
@@ -296,12 +307,7 @@ class ForkServer:
         cpu = not self.device.startswith("cuda")
         mem = int(s.get("memory_limit_mb", 0))
         key = (tuple(sorted(env.items())), mem, cpu)
-        try:
-            with open(req["task_path"], encoding="utf-8") as f:
-                req = dict(req, task_source=f.read())
-            req["task_source_hash"] = __import__("hashlib").sha1(req["task_source"].encode()).hexdigest()
-        except OSError:
-            pass  # the candidate's process reports the task that does not load
+        req = self._with_task_source(req)
         mode = req.get("mode") or "fast"
         ref, ref_failure = self._reference(req, s, mode, env)
         if ref_failure:
@@ -363,11 +369,7 @@ class ForkServer:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the compile stage never touches a GPU
         if s.get("cuda_arch"):
             env["TORCH_CUDA_ARCH_LIST"] = s["cuda_arch"]
-        try:
-            with open(req["task_path"], encoding="utf-8") as f:
-                req = dict(req, task_source=f.read())
-        except OSError:
-            pass
+        req = self._with_task_source(req)
         self.build_timeout_s = float(s.get("compile_timeout_s", 600))
         reply, failure = self.sandbox.run_isolated(
             lambda: self.harness.prepare(req, s),
