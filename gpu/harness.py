@@ -415,15 +415,19 @@ class Timer:
         ms = statistics.median(times)
         self.cycles_per_ms = probe / ms if ms > 0 else probe / 0.1
 
+    WARM_UP_MS = 100  # the least warm-up before timed runs
+
     def run(self, model, inputs, warmup, trials):
         cuda = self.device.type == "cuda"
         self.tail_trials, self.tail_counted, self.tails = 0, False, []
         with _no_grad():
-            # Warm-up: at least `warmup` runs and, on a GPU, at least 100 ms of them, so clocks
-            # have ramped up from idle in this fresh process before the first timed run.
+            # Warm-up: at least `warmup` runs and at least 100 ms of them, so clocks have ramped
+            # up from idle in this fresh process before the first timed run (on a CPU too: the
+            # reference is timed in a process of its own that ran it only here, the candidate
+            # after its correctness trials; a single warm-up run timed the reference colder).
             t0 = _clock_ns()
             runs = 0
-            while runs < warmup or (cuda and _clock_ns() - t0 < 100_000_000 and runs < 10_000):
+            while runs < warmup or (_clock_ns() - t0 < self.WARM_UP_MS * 1e6 and runs < 10_000):
                 _fresh_versions(inputs)
                 model(*inputs)
                 runs += 1
