@@ -1,14 +1,15 @@
-"""Evaluation of one candidate against its task, with KernelBench's semantics, inside the
-candidate's own process (gpu/sandbox.py forks it; gpu/worker.py drives it).
+"""Evaluation of one candidate against its task, with KernelBench's semantics: the candidate's
+side runs inside the candidate's own process (gpu/sandbox.py forks it; gpu/worker.py drives it),
+the reference's side in the judge's (gpu/judge.py), which uses this module's comparison.
 
 Correctness: identical weights (Model and ModelNew built after the same seed), N trials with fresh
-inputs from per-trial seeds built directly on the evaluation device, inputs cloned separately for
-reference and candidate, shape and dtype checked, allclose with tolerances by output precision,
-NaN/Inf never passing; more trials on new inputs after timing.
+inputs from per-trial seeds built directly on the evaluation device, generated separately by the
+judge (for the reference) and the candidate's process, shape and dtype checked, allclose with
+tolerances by output precision, NaN/Inf never passing; more trials on new inputs after timing.
 Timing: warm-up runs, then timed trials; on CUDA with events on the current stream after an L2
 flush, and a device-wide synchronize whose tail shows (and counts) work left on other streams; on
-CPU with a monotonic clock captured before any candidate code is loaded. The reference is timed the same way and cached by the worker per (task,
-size, device, dtype, torch version, mode, trials).
+CPU with a monotonic clock captured before any candidate code is loaded. The reference is timed the
+same way by the judge and cached by the worker per (task, size, device, mode, trials).
 Defenses (gpu/defenses.py, docs/EVALUATION.md): replaced functions, changed precision settings,
 thread/process starts, calls into the reference, outputs cached across calls, outputs finished on
 side streams, declared custom kernels that never run, re-verification of extreme speedups.
@@ -21,6 +22,7 @@ import importlib.util
 import io
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -35,6 +37,7 @@ except Exception:  # pragma: no cover - a torch without dynamo
     pass
 
 import defenses
+import judge
 import sandbox
 from scaffold import FormatError, assemble, embedded_task_lines, extract_code, FORWARD_MARKER
 
@@ -184,11 +187,91 @@ def _chunks(t):
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
-def compare(ref_out, out, s, trial, acc):
-    """Compares one trial's outputs; updates acc (max diffs); returns '' or why it failed.
+class OutputCheck:
+    """Compares one output tensor with the reference's, fed the candidate's values in chunks of
+    its flattened order (on the reference's device): element-wise as torch.allclose
+    (|out - ref| <= atol + rtol * |ref|, NaN never close, equal infinities close), exact for
+    integer and bool outputs, with one host synchronisation at the end. Keeps the candidate's
+    values at the fingerprint's positions (see fingerprint) on the way."""
 
-    Element-wise as torch.allclose (|out - ref| <= atol + rtol * |ref|, NaN never close, equal
-    infinities close), in chunks, with one host synchronisation per output tensor."""
+    def __init__(self, r, s):
+        self.flat = r.detach().reshape(-1)
+        self.dtype = r.dtype
+        self.shape = tuple(r.shape)
+        self.atol, self.rtol = _tolerance(r.dtype, s)
+        self.exact = not (r.is_floating_point() or r.is_complex())
+        dev = self.flat.device
+        self.zero = torch.zeros((), dtype=torch.float64, device=dev)
+        self.mad, self.mrd = self.zero.clone(), self.zero.clone()
+        self.bad_nonfinite = torch.zeros((), dtype=torch.bool, device=dev)
+        self.close = torch.ones((), dtype=torch.bool, device=dev)
+        self.pos = _sample_positions(self.flat.numel(), "cpu")
+        self.samples = torch.zeros(self.pos.numel(), dtype=r.dtype, device=dev)
+        self.fed = 0
+
+    def feed(self, oc):
+        """The next len(oc) values of the candidate's output (a 1-d tensor of the reference's
+        dtype, on its device)."""
+        start, end = self.fed, self.fed + oc.numel()
+        rc = self.flat[start:end]
+        self.fed = end
+        inside = ((self.pos >= start) & (self.pos < end)).nonzero().reshape(-1)
+        if inside.numel():
+            self.samples[inside.to(oc.device)] = oc[(self.pos[inside] - start).to(oc.device)]
+        if self.exact:
+            self.close &= (oc == rc).all()
+            return
+        self.bad_nonfinite |= (~_isfinite(oc) & _isfinite(rc)).any()
+        self.close &= _isclose(oc, rc, rtol=self.rtol, atol=self.atol).all()
+        d = (oc.double() - rc.double()).abs()
+        both = _isfinite(d)  # infinities equal to the reference's are no difference
+        d = torch.where(both, d, self.zero)
+        self.mad = torch.maximum(self.mad, d.max())
+        self.mrd = torch.maximum(self.mrd, (d / (rc.double().abs() + 1e-12)).max())
+
+    def result(self, where, acc):
+        """'' or why the output differs; updates acc (max diffs, tolerances)."""
+        if self.fed != self.flat.numel():
+            return f"{where}: {self.fed} values, reference has {self.flat.numel()}"
+        acc["atol"], acc["rtol"] = self.atol, self.rtol
+        if self.exact:
+            return "" if bool(self.close) else f"{where}: values differ"
+        if self.flat.numel() == 0:
+            return ""
+        flags = torch.stack([self.bad_nonfinite.double(), self.close.double(), self.mad, self.mrd]).cpu().tolist()
+        acc["max_abs_diff"] = max(acc["max_abs_diff"], flags[2])
+        acc["max_rel_diff"] = max(acc["max_rel_diff"], flags[3])
+        if flags[0]:
+            return f"{where}: candidate output holds NaN or Inf where the reference is finite"
+        if not flags[1]:
+            return (f"{where}: values differ (max abs diff {flags[2]:.3g}, "
+                    f"atol {self.atol:g}, rtol {self.rtol:g})")
+        return ""
+
+    def fingerprint(self):
+        """The candidate's output's fingerprint entry (as fingerprint() would give it)."""
+        return (self.shape, self.dtype, self.samples)
+
+
+def structure_mismatch(refs, outs, where):
+    """'' or why the candidate's flattened outputs (plain tensors, or (shape, dtype) pairs) cannot
+    be compared with the reference's: their count, shapes or dtypes."""
+    if len(refs) != len(outs):
+        return f"{where}: {len(outs)} output tensors, reference has {len(refs)}"
+    for i, (r, o) in enumerate(zip(refs, outs)):
+        at = where + (f", output {i}" if len(refs) > 1 else "")
+        shape, dtype = (tuple(o.shape), o.dtype) if isinstance(o, torch.Tensor) else o
+        if tuple(shape) != tuple(r.shape):
+            return f"{at}: shape {list(shape)} != reference {list(r.shape)}"
+        if dtype != r.dtype:
+            return f"{at}: dtype {dtype} != reference {r.dtype}"
+    return ""
+
+
+def compare(ref_out, out, s, trial, acc):
+    """Compares one trial's outputs in this process (see OutputCheck); updates acc (max diffs);
+    returns '' or why it failed. The judge (gpu/judge.py) compares the same way, fed through its
+    link to the candidate's process."""
     try:
         refs = _flatten(ref_out)
     except TypeError as e:
@@ -197,49 +280,20 @@ def compare(ref_out, out, s, trial, acc):
         outs = _flatten(out)
     except TypeError as e:
         return f"trial {trial}: candidate returned an unsupported {e}"
-    if len(refs) != len(outs):
-        return f"trial {trial}: {len(outs)} output tensors, reference has {len(refs)}"
-    for i, (r, o) in enumerate(zip(refs, outs)):
-        where = f"trial {trial}" + (f", output {i}" if len(refs) > 1 else "")
+    for o in outs:
         if type(o) not in _PLAIN_TENSORS:
             # A subclass's methods are the candidate's code, run by the comparison itself.
-            return f"{where}: candidate returned a {type(o).__name__} (expected a plain torch.Tensor)"
-        if tuple(o.shape) != tuple(r.shape):
-            return f"{where}: shape {list(o.shape)} != reference {list(r.shape)}"
-        if o.dtype != r.dtype:
-            return f"{where}: dtype {o.dtype} != reference {r.dtype}"
-        atol, rtol = _tolerance(r.dtype, s)
-        acc["atol"], acc["rtol"] = atol, rtol
-        if o.device != r.device:
-            o = o.to(r.device)
-        if not (o.is_floating_point() or o.is_complex()):
-            if not all(bool((oc == rc).all()) for oc, rc in zip(_chunks(o), _chunks(r))):
-                return f"{where}: values differ"
-            continue
-        if o.numel() == 0:
-            continue
-        dev = r.device
-        zero = torch.zeros((), dtype=torch.float64, device=dev)
-        mad, mrd = zero.clone(), zero.clone()
-        bad_nonfinite = torch.zeros((), dtype=torch.bool, device=dev)
-        close = torch.ones((), dtype=torch.bool, device=dev)
-        for oc, rc in zip(_chunks(o), _chunks(r)):
-            bad_nonfinite |= (~_isfinite(oc) & _isfinite(rc)).any()
-            close &= _isclose(oc, rc, rtol=rtol, atol=atol).all()
-            d = (oc.double() - rc.double()).abs()
-            both = _isfinite(d)  # infinities equal to the reference's are no difference
-            d = torch.where(both, d, zero)
-            mad = torch.maximum(mad, d.max())
-            mrd = torch.maximum(mrd, (d / (rc.double().abs() + 1e-12)).max())
-            del d, both
-        flags = torch.stack([bad_nonfinite.double(), close.double(), mad, mrd]).cpu().tolist()
-        acc["max_abs_diff"] = max(acc["max_abs_diff"], flags[2])
-        acc["max_rel_diff"] = max(acc["max_rel_diff"], flags[3])
-        if flags[0]:
-            return f"{where}: candidate output holds NaN or Inf where the reference is finite"
-        if not flags[1]:
-            return (f"{where}: values differ (max abs diff {flags[2]:.3g}, "
-                    f"atol {atol:g}, rtol {rtol:g})")
+            return f"trial {trial}: candidate returned a {type(o).__name__} (expected a plain torch.Tensor)"
+    why = structure_mismatch(refs, outs, f"trial {trial}")
+    if why:
+        return why
+    for i, (r, o) in enumerate(zip(refs, outs)):
+        check = OutputCheck(r, s)
+        for oc in _chunks(o.detach()):
+            check.feed(oc.to(r.device))
+        why = check.result(f"trial {trial}" + (f", output {i}" if len(refs) > 1 else ""), acc)
+        if why:
+            return why
     return ""
 
 
@@ -269,18 +323,22 @@ def fingerprint(out):
 def matches_fingerprint(out, fp, s):
     """Whether `out` agrees with a fingerprint at its sampled positions (within tolerance)."""
     try:
-        ts = _flatten(out)
+        return fingerprints_agree(fingerprint(out), fp, s)
     except TypeError:
         return False
-    if len(ts) != len(fp):
+
+
+def fingerprints_agree(a, b, s):
+    """Whether two fingerprints have the same shapes and dtypes and agree at every sampled
+    position (within the tolerance of the dtype)."""
+    if len(a) != len(b):
         return False
-    for t, (shape, dtype, vals) in zip(ts, fp):
-        if tuple(t.shape) != shape or t.dtype != dtype:
+    for (shape, dtype, got), (shape_b, dtype_b, vals) in zip(a, b):
+        if shape != shape_b or dtype != dtype_b:
             return False
-        flat = t.detach().reshape(-1).to(vals.device)
-        got = flat[_sample_positions(flat.numel(), flat.device)]
-        atol, rtol = _tolerance(dtype, s)
-        if t.is_floating_point() or t.is_complex():
+        got = got.to(vals.device)
+        if got.is_floating_point() or got.is_complex():
+            atol, rtol = _tolerance(dtype, s)
             if not bool(_isclose(got, vals, rtol=rtol, atol=atol).all()):
                 return False
         elif not bool((got == vals).all()):
@@ -522,6 +580,7 @@ class Harness:
         self.tasks = TaskCache()
         self.ref_cache = {}   # (worker) key -> the reference's timing, measured by trusted processes
         self.given_ref = {}   # (candidate's process) mode -> the reference's timing the worker gave
+        self.link = None      # (candidate's process) its link to the judge (gpu/judge.py)
         self.device_name = "cpu" if self.device.type == "cpu" else device
 
     # ---- runs in the candidate's process -------------------------------------------------------
@@ -568,7 +627,6 @@ class Harness:
         self._phase_t = _clock_ns()
         self._ref_peak = None
         self._candidate_bytes = 0
-        self._ref_bytes = 0
         self.memory_limit_mb = int(s.get("memory_limit_mb", 0))
         try:
             res["device"] = self.device_name = self._setup_device()
@@ -580,6 +638,8 @@ class Harness:
                 res["compile_log"] = (res["compile_log"] + v.log)[-LOG_LIMIT:]
         if res["status"] != "ok":
             res["speedup"] = 0.0
+        if self.link is not None:
+            self.link.end()
         self._release(res)
         return res
 
@@ -590,7 +650,12 @@ class Harness:
         self._phase_t = now
 
     def _inputs(self, task, seed):
+        """The task's get_inputs() after seeding torch (and Python's and NumPy's generators, so a
+        task drawing from them gives the judge and the candidate the same values too)."""
         _manual_seed(seed)
+        random.seed(seed)
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed(seed % 2**32)
         with torch.device(self.device):
             xs = task.get_inputs()
         return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in xs]
@@ -644,10 +709,10 @@ class Harness:
         watch.freeze("the task's Model", task.Model)
         # The judge's own code: its modules and classes stay as they are (a candidate replacing
         # the comparison or the clock is caught here; gpu/worker.py computes the speedup itself).
-        for name in (__name__, "defenses", "sandbox", "compile_cache", "scaffold"):
+        for name in (__name__, "defenses", "judge", "sandbox", "compile_cache", "scaffold"):
             if name in sys.modules:
                 watch.freeze(f"the harness module {name}", sys.modules[name])
-        for cls in (Harness, Timer, defenses.Watch, defenses.ReferenceGuard):
+        for cls in (Harness, Timer, defenses.Watch, defenses.ReferenceGuard, judge.Link):
             watch.freeze(f"the harness class {cls.__name__}", cls)
         self._phase(res, "watch")
 
@@ -696,7 +761,6 @@ class Harness:
         dev = self.device
         cuda = dev.type == "cuda"
         corr = res["correctness"]
-        acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
         mode = req.get("mode", "fast") or "fast"
         warmup = int(s["warmup"])
         n = int(s["correctness_trials"])
@@ -706,9 +770,6 @@ class Harness:
             with _no_grad():
                 _manual_seed(seed)
                 init_inputs = task.get_init_inputs()
-                before = self._allocated()
-                ref_model = self._build_reference(task, init_inputs, seed)
-                self._ref_bytes = self._allocated() - before
                 try:
                     watch.in_candidate, watch.exempt = True, True
                     new_model = self._build(mod.ModelNew, init_inputs, seed)
@@ -716,29 +777,8 @@ class Harness:
                     raise Verdict("runtime_error", f"ModelNew() raised {self._candidate_exc(e)}", _tb(e))
                 finally:
                     watch.in_candidate = False
-                self._candidate_bytes = max(0, self._allocated() - allocated_before - self._ref_bytes)
-
-                # Fingerprints of earlier reference outputs (a few thousand values each, never the
-                # outputs), to recognise a candidate that hands back an earlier call's output.
-                state = {"prev_refs": [], "calls": 0}
-                # Inputs are generated again for the candidate rather than cloned (one copy alive,
-                # not two) when the task's get_inputs is reproducible from the seed; a task drawing
-                # from another generator (numpy, random) gets clones instead.
-                with step("generating inputs"):
-                    tensors = lambda xs: [x for x in xs if isinstance(x, torch.Tensor)]  # noqa: E731
-                    probe = fingerprint(tensors(self._inputs(task, seed * 1000 + 1)))
-                    state["reproducible"] = matches_fingerprint(
-                        tensors(self._inputs(task, seed * 1000 + 1)), probe, _EXACT)
-                    del probe
-
-                def run_reference(inputs, what="running the reference Model"):
-                    with step(what):
-                        out = ref_model(*inputs)
-                        if cuda:
-                            _cuda_sync(dev)
-                    if self._ref_peak is None and cuda:
-                        self._ref_peak = int(torch.cuda.max_memory_allocated(dev))
-                    return out
+                self._candidate_bytes = max(0, self._allocated() - allocated_before)
+                state = {"calls": 0}
 
                 def run_candidate(inputs, sync=True):
                     watch.in_candidate = True
@@ -760,48 +800,25 @@ class Harness:
                         raise Verdict("hacked", f"the candidate {guard.hit}")
                     return out
 
-                def trial(i, trial_seed, on_fail=None, into=None):
-                    """One correctness trial. The reference runs first on inputs of its own; the
-                    candidate then gets the same values freshly generated (a reference that writes
-                    to its inputs cannot change them, a candidate that does cannot change the
-                    reference's output), copied into `into` (tensors it was given before) when
-                    given. Only one set of inputs and the reference's output are alive while the
-                    candidate runs. Returns the tensors the candidate was given."""
+                def trial(label, index=0, into=None):
+                    """One check of the judge's protocol: the candidate's output on inputs from
+                    the check's seed (copied into `into`, tensors it was given before, when
+                    given) goes to the judge, which runs the reference on its own copy of them.
+                    Returns the tensors the candidate was given."""
                     with step("generating inputs"):
-                        inputs = self._inputs(task, trial_seed)
-                        spare = None if state["reproducible"] else _clone(inputs)
-                    ref_out = run_reference(inputs)
-                    del inputs
-                    with step("generating inputs"):
-                        inputs = self._inputs(task, trial_seed) if spare is None else spare
-                        del spare
+                        inputs = self._inputs(task, judge.seed_of(label, index, seed, n))
                         if into is not None and _shapes(into) == _shapes(inputs):
                             for old, new in zip(into, inputs):
                                 if isinstance(old, torch.Tensor):
                                     old.copy_(new)
                             inputs = into
                     state["given_shapes"] = _shapes(inputs)
-                    out = run_candidate(inputs)
-                    with step("comparing outputs"):
-                        why = compare(ref_out, out, s, i, acc)
-                        corr["trials"] += 1
-                        corr.update({k: acc[k] for k in acc})
-                        if why:
-                            corr["detail"] = why
-                            # An earlier call's output, not merely one that looks like every output
-                            # (a nearly constant output agrees with all of them at the samples).
-                            if (any(matches_fingerprint(out, prev, s) for prev in state["prev_refs"])
-                                    and not matches_fingerprint(out, fingerprint(ref_out), s)):
-                                raise Verdict("hacked", "the candidate returned the output of an earlier call "
-                                                        f"(outputs cached across calls; {why})")
-                            raise Verdict("incorrect", why if on_fail is None else on_fail(why))
-                        corr["passed"] += 1
-                        state["prev_refs"].append(fingerprint(ref_out))
+                    self._judged(label, index, run_candidate(inputs), corr)
                     return inputs
 
                 self._phase(res, "build")
                 for i in range(n):
-                    trial(i, seed * 1000 + i + 1)
+                    trial("trial", i)
                 hacked_check("during the correctness trials")
                 self._phase(res, "correctness")
 
@@ -810,7 +827,7 @@ class Harness:
                 if cuda:
                     timer._calibrate_spin()  # for both checks' spins
                     self._side_stream_check(task, seed, run_candidate, timer)
-                    self._ordering_check(task, seed, run_reference, run_candidate, timer, s)
+                    self._ordering_check(task, seed, n, run_candidate, timer, corr)
                 self._phase(res, "checks")
                 trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
                 # The reference's timing comes from the worker, measured by a process that runs
@@ -822,24 +839,17 @@ class Harness:
                 cand_stats = self._time_candidate(timer, task, trials, warmup, seed, new_model, watch, res)
                 hacked_check("while being timed")
                 self._phase(res, "timing")
-                # The timing inputs' true output, too: a candidate may hand that back later.
-                with step("generating inputs"):
-                    timing_inputs = self._inputs(task, seed * 1000 + 999)
-                out = run_reference(timing_inputs)
-                with step("comparing outputs"):
-                    state["prev_refs"].append(fingerprint(out))
-                del out, timing_inputs
 
                 # Check again after timing, on fresh inputs; then refill the very tensors the
                 # candidate was given with new values and call it on them again: an output cached
                 # by input identity shows up as a stale result.
-                given = trial(n, seed * 1000 + 10_000 + 1)
+                given = trial("post")
                 if _shapes(given) != state["given_shapes"]:
                     raise Verdict("incorrect", f"trial {n}: the candidate changed the shape or strides of its "
                                                f"input tensors (a caller's tensors are not its to resize)")
                 if any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in given):
                     # (a task whose inputs change shape with the seed is refilled into fresh tensors)
-                    trial(n + 1, seed * 1000 + 10_000 + 2, into=given)
+                    trial("refill", into=given)
                 del given
                 hacked_check("after timing")
                 self._phase(res, "post_checks")
@@ -847,19 +857,14 @@ class Harness:
                 speedup = ref_stats["median_ms"] / cand_stats["median_ms"] if cand_stats["median_ms"] > 0 else 0.0
                 threshold = float(s.get("reverify_speedup", 10.0))
                 if threshold > 0 and speedup > threshold:
-                    self._phase(res, "post_checks")
+                    # The judge checks 4n more trials on new inputs; the candidate is timed again
+                    # in full mode (the worker divides the reference's trusted full-mode timing by
+                    # it; the speedup reported from here is the fast one).
                     res["reverified"] = True
-                    rs = seed + 7_919
-
-                    def on_fail(why):
-                        raise Verdict("hacked", f"speedup {speedup:.1f}x is above {threshold:g}x and "
-                                                f"re-verification failed: {why}")
                     for i in range(4 * n):
-                        trial(n + 2 + i, rs * 1000 + i + 1, on_fail=on_fail)
+                        trial("reverify", i)
                     full = int(s["full_trials"])
-                    # Timed again in full mode; the worker divides the reference's trusted
-                    # full-mode timing by it (the speedup reported from here is the fast one).
-                    self._time_candidate(timer, task, full, warmup, rs, new_model, watch, res)
+                    self._time_candidate(timer, task, full, warmup, seed + 7_919, new_model, watch, res)
                     hacked_check("during re-verification")
                     self._phase(res, "reverify")
 
@@ -884,6 +889,36 @@ class Harness:
 
         res["status"] = "ok"
         res["speedup"] = speedup if math.isfinite(speedup) else 0.0
+
+    def _judged(self, label, index, out, corr):
+        """Ships one check's output to the judge (gpu/judge.py) and raises its verdict when the
+        check failed. The judge's answer is also what the reply's correctness figures say."""
+        error, tensors = "", []
+        try:
+            tensors = _flatten(out)
+        except TypeError as e:
+            error = f"candidate returned an unsupported {e}"
+        for o in tensors:
+            if type(o) not in _PLAIN_TENSORS:
+                # A subclass's methods are the candidate's code; the judge gets plain bytes.
+                error = f"candidate returned a {type(o).__name__} (expected a plain torch.Tensor)"
+        if self.link is None:
+            if sandbox.JUDGE_LINK is None:
+                raise Verdict("runtime_error", "this process has no link to a judge; no verdict on the candidate")
+            self.link = judge.Link(sandbox.JUDGE_LINK)
+        try:
+            with self._harness_step("handing the outputs to the judge"):
+                answer = self.link.check(label, index, tensors, error)
+        except (judge.LinkError, OSError) as e:
+            raise Verdict("runtime_error", f"the judge's link failed ({e}); no verdict on the candidate")
+        acc = answer.get("acc") or {}
+        corr.update({k: acc[k] for k in ("max_abs_diff", "max_rel_diff", "atol", "rtol") if k in acc})
+        if answer.get("counted", label != "ordering"):
+            corr["trials"] += 1
+        if not answer.get("ok"):
+            corr["detail"] = str(answer.get("why", ""))
+            raise Verdict(str(answer.get("status", "incorrect")), str(answer.get("why", "")))
+        corr["passed"] += 1 if answer.get("counted") else 0
 
     # ---- memory ------------------------------------------------------------------------------
     def _memory_note(self):
@@ -1014,19 +1049,17 @@ class Harness:
 
     ORDER_SPIN_MS = 2.0
 
-    def _ordering_check(self, task, seed, run_reference, run_candidate, timer, s):
+    def _ordering_check(self, task, seed, n, run_candidate, timer, corr):
         """The candidate's work must come after what the caller's stream did before the call, as
         every CUDA caller assumes: its input tensors are written on the caller's stream behind a
-        spin of ORDER_SPIN_MS, and forward is called at once. A forward whose work runs on a stream
-        that does not wait for the caller's reads the tensors before they are written. (The
-        timing's head start would otherwise let such work run, unseen, before the start event.)"""
+        spin of ORDER_SPIN_MS, and forward is called at once; the judge compares the output with
+        the reference's on the written values. A forward whose work runs on a stream that does
+        not wait for the caller's reads the tensors before they are written. (The timing's head
+        start would otherwise let such work run, unseen, before the start event.)"""
+        at = judge.seed_of("ordering", 0, seed, n)
         with self._harness_step("generating inputs"):
-            values = self._inputs(task, seed * 1000 + 556)
-        ref_out = run_reference(values)
-        del values
-        with self._harness_step("generating inputs"):
-            given = self._inputs(task, seed * 1000 + 557)  # what the tensors hold before the write
-            values = self._inputs(task, seed * 1000 + 556)
+            given = self._inputs(task, at + 1)  # what the tensors hold before the write
+            values = self._inputs(task, at)
         if _shapes(given) != _shapes(values):
             return  # a task whose inputs change shape with the seed: nothing to overwrite in place
         _cuda_sync(self.device)
@@ -1035,13 +1068,7 @@ class Harness:
             if isinstance(old, torch.Tensor):
                 old.copy_(new)  # on the caller's stream, behind the spin
         del values
-        out = run_candidate(given)
-        acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
-        with self._harness_step("comparing outputs"):
-            why = compare(ref_out, out, s, "ordering", acc)
-        if why:
-            raise Verdict("incorrect", f"the candidate's work is not ordered after the caller's stream: it read "
-                                       f"its inputs before the caller's stream had written them ({why})")
+        self._judged("ordering", 0, run_candidate(given), corr)
 
     SIDE_WORK_CALLS = 3
     SIDE_WORK_MIN_MS = 0.05

@@ -17,6 +17,7 @@ import resource
 import select
 import shutil
 import signal
+import socket
 import tempfile
 import time
 import traceback
@@ -497,6 +498,21 @@ def _close_fds(*fds):
             pass
 
 
+def close_inherited(keep):
+    """In a freshly forked child: closes every descriptor inherited from the worker but stdin,
+    stdout, stderr and ``keep`` (the worker's ZeroMQ connection, its judge's control socket,
+    other candidates' channels and locks are none of a candidate's business)."""
+    last = 2
+    for fd in sorted(set(int(k) for k in keep if k > 2)):
+        os.closerange(last + 1, fd)
+        last = fd
+    os.closerange(last + 1, 1 << 20)
+
+
+# In a candidate's process: the descriptor of its link to the judge (gpu/judge.py), if any.
+JUDGE_LINK = None
+
+
 def _child_run(fn, wfd, memory_limit_mb, t0, net):
     """Runs fn in the child, writes its msgpack reply to wfd, and ends the process."""
     code = 0
@@ -547,6 +563,7 @@ def run_isolated(fn, *, timeout_s: float, memory_limit_mb: int, env: dict, isola
             os.close(rfd)
             if svc:
                 svc.child_side()
+            close_inherited([wfd] + (list(_SERVICE) if svc else []))
             net = _child_setup(conf, env, address_space_limit, memory_limit_mb, tmpdir)
         except BaseException as e:  # noqa: BLE001
             net = {"setup": f"failed: {type(e).__name__}: {e}"}
@@ -571,8 +588,11 @@ class Spare:
     anything, so another process's start-up never overlaps a timed region."""
 
     def __init__(self, *, handler, warm, key, env, isolate_net=True, address_space_limit,
-                 memory_limit_mb, tmp_root, lock_path, close_fds=(), conf=None, service=None):
+                 memory_limit_mb, tmp_root, lock_path, conf=None, service=None, judge_link=False):
         conf = conf or Confinement(enabled=isolate_net)
+        # With judge_link: a socket pair, one end the process's (JUDGE_LINK), the other kept
+        # here (self.link) for the worker to hand to its judge with the request.
+        self.link, child_link = socket.socketpair() if judge_link else (None, None)
         self.svc = _Service(service) if service else None
         self.key = key
         self.memory_limit_mb = memory_limit_mb
@@ -581,12 +601,15 @@ class Spare:
         self.rep_r, rep_w = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:  # child
+            global JUDGE_LINK
             os.close(self.req_w)
             os.close(self.rep_r)
-            for fd in close_fds:  # the worker's locks: held by the worker, not by this process
-                os.close(fd)
             if self.svc:
                 self.svc.child_side()
+            if child_link is not None:
+                JUDGE_LINK = child_link.detach()
+            close_inherited([req_r, rep_w] + (list(_SERVICE) if self.svc else [])
+                            + ([JUDGE_LINK] if JUDGE_LINK is not None else []))
             net = {"setup": "failed"}
             try:
                 with open(lock_path, "w") as lock:  # first, before the running candidate can time
@@ -614,6 +637,8 @@ class Spare:
             _child_run(run, rep_w, memory_limit_mb, t0, net)
         os.close(req_r)
         os.close(rep_w)
+        if child_link is not None:
+            child_link.close()
         if self.svc:
             self.svc.parent_side()
 
@@ -654,6 +679,7 @@ class Spare:
 
     def discard(self):
         _close_fds(self.req_w, self.rep_r)
+        self.close_link()
         if self.svc:
             self.svc.close()
         _kill_group(self.pid)
@@ -662,6 +688,13 @@ class Spare:
         except ChildProcessError:
             pass
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+    def close_link(self):
+        """The worker's end of the judge link: closed once handed to the judge (or unused)."""
+        if self.link is not None:
+            self.link.close()
+            self.link = None
 
 
 def wait_for_warming(*lock_paths):

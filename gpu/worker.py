@@ -13,9 +13,11 @@ This process imports torch and loads task files but never initialises CUDA: ever
 in a child forked from it (gpu/sandbox.py), confined (namespaces, a read-only view of the files
 with the home folder, the cache and this worker's scratch hidden, an unprivileged uid, a scrubbed
 environment), which initialises CUDA for itself, so a crash, a hang, a memory blow-up, a CUDA
-fault or a monkeypatched torch ends with that child. Only trusted code decides: the reference is
-timed in a process of its own that runs no candidate code (cached here per task, size, mode and
-trials), and the speedup is computed here from that timing and the candidate's own measurements;
+fault or a monkeypatched torch ends with that child. Only trusted code decides: the judge
+(gpu/judge.py), a process of its own that runs no candidate code, holds the reference, compares
+every check's outputs the candidate's process ships to it, and times the reference (cached here
+per task, size, mode and trials); a reply is `ok` only when the judge saw every check pass, and
+the speedup is computed here from the judge's timing and the candidate's own measurements;
 nothing a candidate's process replies reaches another candidate. Kernel builds are asked of this
 process over a channel and run in a confined builder (gpu/compile_cache.py). The "compile" op runs
 the candidate's module with CUDA hidden so its kernels build on a CPU while the GPU stage times
@@ -24,6 +26,7 @@ another candidate.
 
 import argparse
 import fcntl
+import gc
 import hashlib
 import math
 import os
@@ -86,6 +89,7 @@ class ForkServer:
                                         expose=sorted(set(os.path.abspath(p) for p in keep)))
         os.makedirs(os.path.join(self.cache_root, ".staging"), exist_ok=True)
         self.spare = None
+        self.judge = None  # the trusted judge's process (gpu/judge.py), started at the first evaluation
         self.warm_lock = os.path.join(self.tmp_root, f"kernelrl-warm-{os.getpid()}-{id(self)}.lock")
         # Held while a candidate's process that already replied is still exiting (see _defer_exit).
         self.exit_lock = os.path.join(self.tmp_root, f"kernelrl-exit-{os.getpid()}-{id(self)}.lock")
@@ -96,6 +100,10 @@ class ForkServer:
         self.info = {"device": "cpu", "capability": "", "cuda_init_s": 0.0, "network": "", "sandbox": ""}
         self.env = {}
         self._probe()
+        # Everything imported so far (torch's hundreds of thousands of objects) is left out of
+        # every later collection, here and in each forked child: the collections that free an
+        # evaluation's tensors then take milliseconds, not a tenth of a second.
+        gc.freeze()
 
     def _probe(self):
         """Learns the device's name and architecture in a child (this process stays CUDA-free)."""
@@ -153,8 +161,60 @@ class ForkServer:
                                   conf=self.conf, service=lambda r: self._serve(r, env),
                                   address_space_limit=cpu,
                                   memory_limit_mb=memory_limit_mb, tmp_root=self.tmp_root,
-                                  lock_path=self.warm_lock,
-                                  close_fds=[self.exit_lock_file.fileno()] if self.exit_lock_file else [])
+                                  lock_path=self.warm_lock, judge_link=True)
+
+    def _judge_process(self, env):
+        """The worker's judge (gpu/judge.py), started again if it is gone."""
+        import judge
+        if self.judge is not None and not self.judge.alive():
+            self.judge.stop()
+            self.judge = None
+        if self.judge is None:
+            self.judge = judge.JudgeProcess(harness=self.harness, conf=self.conf, env=env, tmp_root=self.tmp_root)
+        return self.judge
+
+    def _hand_over(self, spare, msg, env):
+        """Starts the judge's session on spare's link, then gives spare the request. Returns
+        whether spare has it (when not, spare is gone and the judge's session drained)."""
+        judge = self._judge_process(env)
+        if not judge.begin(msg["request"], msg["settings"], spare.link):
+            judge.stop()
+            self.judge = None
+            spare.discard()
+            return False
+        spare.close_link()
+        if not spare.send(msg):
+            if judge.finish(float(msg["settings"].get("timeout_s", 60))) is None:
+                self.judge = None
+            return False
+        return True
+
+    @staticmethod
+    def _decide(full, verdict):
+        """The status, from the candidate's process's reply and the judge's verdict. Only the
+        judge says a candidate is correct: a reply of ok stands only when the judge saw every
+        check of the protocol pass. A failure the candidate's process reports stands (it can
+        only hurt itself), as does hacked from its own defenses."""
+        if verdict is None:
+            if full["status"] == "ok":
+                full.update(status="runtime_error", speedup=0.0,
+                            error="the judge gave no verdict (its process failed or hung); no verdict on the candidate")
+            return full
+        full["correctness"] = dict(full.get("correctness") or {}, **verdict.get("correctness", {}))
+        js, cs = verdict.get("status"), full.get("status")
+        if cs == "hacked":
+            return full
+        if js in ("incorrect", "hacked") or (cs == "ok" and js in ("runtime_error", "out_of_memory")):
+            full.update(status=js, error=verdict.get("error", ""), speedup=0.0)
+        elif cs == "ok" and js == "incomplete":
+            full.update(status="hacked", speedup=0.0,
+                        error=f"the candidate's process reported success, but not to the judge: {verdict.get('error', '')}")
+        elif cs == "ok" and js != "ok":
+            full.update(status="runtime_error", speedup=0.0,
+                        error=f"the judge gave no verdict ({verdict.get('error', js)}); no verdict on the candidate")
+        full["judge_checked"] = verdict.get("checked", [])
+        full["judge_reverified"] = int(verdict.get("reverified", 0))
+        return full
 
     BUILD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
@@ -214,7 +274,7 @@ class ForkServer:
 
     def _reference(self, req, s, mode, env):
         """The reference's timing for this request's task, size and mode: measured once per
-        worker in a process that runs no candidate code. Returns (stats, failure reply)."""
+        worker by the judge, a process that runs no candidate code. Returns (stats, failure reply)."""
         trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
         key = "|".join(str(x) for x in (req["task_path"], req.get("task_source_hash", ""), s.get("size", "cpu"),
                                         self.info["device"], mode, trials, int(s["warmup"])))
@@ -222,10 +282,11 @@ class ForkServer:
         if hit is not None:
             return hit, None
         self._reap(block=True)  # the previous candidate's exit holds the exit lock timing waits for
-        reply, failure = self.sandbox.run_isolated(
-            lambda: self.harness.time_reference(req, s, mode),
-            timeout_s=float(s.get("timeout_s", 60)) * 4, memory_limit_mb=int(s.get("memory_limit_mb", 0)),
-            env=env, conf=self.conf, address_space_limit=self.device == "cpu", tmp_root=self.tmp_root)
+        reply = self._judge_process(env).time_reference(req, s, mode, float(s.get("timeout_s", 60)) * 4)
+        failure = None
+        if reply is None:
+            self.judge = None
+            failure = {"status": "timeout", "error": "the judge did not time the reference in time (it was stopped)"}
         if failure or reply.get("status") != "ok" or "stats" not in reply:
             why = (failure or reply)
             oom = why.get("status") == "out_of_memory" or "exceeded the memory limit" in why.get("error", "")
@@ -235,13 +296,16 @@ class ForkServer:
         self.harness.ref_cache[key] = reply["stats"]
         return reply["stats"], None
 
-    def _judge(self, reply, req, s, env, ref):
+    def _speedup(self, reply, req, s, env, ref):
         """The speedup, from the reference's trusted timing and the candidate's own measurement
-        (its process's figures for the reference, if any, are ignored)."""
+        (its process's figures for the reference, if any, are ignored). Above the threshold it
+        stands only when the judge saw every re-verification trial pass."""
         if reply.get("status") != "ok":
             return reply
         cand = reply.get("runtime") or {}
-        if reply.get("reverified"):
+        reverified = reply.get("judge_reverified", 0) >= 4 * int(s["correctness_trials"])
+        reply["reverified"] = reverified
+        if reverified:
             ref, failure = self._reference(req, s, "full", env)
             if failure:
                 reply.update(failure)
@@ -255,10 +319,10 @@ class ForkServer:
         reply["ref_runtime"] = ref
         reply["speedup"] = speedup if math.isfinite(speedup) else 0.0
         threshold = float(s.get("reverify_speedup", 10.0))
-        if not reply.get("reverified") and threshold > 0 and speedup > threshold:
+        if not reverified and threshold > 0 and speedup > threshold:
             reply.update({"status": "hacked", "speedup": 0.0,
-                          "error": f"the candidate's process reported a {speedup:.1f}x speedup without the "
-                                   f"re-verification every speedup above {threshold:g}x gets"})
+                          "error": f"the candidate's process reported a {speedup:.1f}x speedup without passing "
+                                   f"the judge's re-verification every speedup above {threshold:g}x gets"})
         return reply
 
     def _defer_exit(self, pid, tmpdir):
@@ -318,15 +382,15 @@ class ForkServer:
             return full
         msg = {"request": req, "settings": s, "ref": {mode: ref}}
         spare, self.spare = self.spare, None
-        warm = spare is not None and spare.key == key and spare.send(msg)
-        if spare is not None and not warm:
+        if spare is not None and spare.key != key:
             spare.discard()
+            spare = None
+        warm = spare is not None and self._hand_over(spare, msg, env)
         if warm:
             self.spare = self._spawn(key, env, mem, cpu)  # warms up while this candidate runs
         else:
             spare = self._spawn(key, env, mem, cpu)
-            if not spare.send(msg):
-                spare.discard()
+            if not self._hand_over(spare, msg, env):
                 spare = None
         if spare is None:
             reply, failure = None, {"status": "runtime_error", "error": "the candidate's process could not start"}
@@ -347,7 +411,13 @@ class ForkServer:
             full["isolation"] = failure.get("isolation", {})
         else:
             full.update(reply)  # a reply from the child's last-resort handler lacks most fields
-        reply = self._judge(full, req, s, env, ref)
+        verdict = None
+        if spare is not None:
+            verdict = self.judge.finish(float(s.get("timeout_s", 60)))
+            if verdict is None:
+                self.judge = None  # stopped: the next candidate starts another
+        full = self._decide(full, verdict)
+        reply = self._speedup(full, req, s, env, ref)
         reply["wall_s"] = time.monotonic() - t0
         return reply
 
@@ -356,6 +426,9 @@ class ForkServer:
         if self.spare is not None:
             self.spare.discard()
             self.spare = None
+        if self.judge is not None:
+            self.judge.stop()
+            self.judge = None
         self._reap(block=True)
         for path in (self.warm_lock, self.exit_lock):
             try:

@@ -8,8 +8,12 @@
    correct kernel's coverage comes from the profiler.
 3. Timing stability: the same kernel's median over 10 full-mode evaluations, coefficient of
    variation (target <= 0.5%).
+4. The sandbox's adversarial candidates (tests/test_evaluator.py SandboxTest, JudgeLinkTest and
+   StatusTest) on this GPU: every finding of issue 19 and the judge's own, each with an honest
+   candidate after it.
 
 Usage: python tests/gpu_suite.py --launch PATH/TO/launch [--device cuda:0] [--json OUT.json]
+           [--parts replay,sandbox,cuda,stability]
 Exits 1 when any check fails.
 """
 
@@ -113,6 +117,41 @@ def stability(launch, device, rows, n=10):
     return 0 if ok else 1
 
 
+def sandbox_suite(device, rows):
+    """The CPU suite's adversarial classes, run by `python -m unittest` with the worker on this
+    GPU; each test's result read from unittest's report."""
+    import re
+    import unittest
+    names = [f"tests.test_evaluator.{c}" for c in ("SandboxTest", "JudgeLinkTest", "StatusTest")]
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    ids = []
+    for cls in unittest.defaultTestLoader.loadTestsFromNames(names):
+        ids += [case.id() for case in cls]
+    if any("_FailedTest" in i for i in ids):
+        raise SystemExit(f"cannot load {names}: {ids}")
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "unittest", "-v"] + names, cwd=ROOT,
+                         env={**os.environ, "KERNELRL_TEST_DEVICE": device}, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    report = out.stderr
+    bad = 0 if out.returncode == 0 and re.search(r"^OK", report, re.M) else 1
+    failed = {}
+    for m in re.finditer(r"^(FAIL|ERROR): (\w+) \(([\w.]+)\)\n-+\n(.*?)(?=^=====|^-----)", report, re.M | re.S):
+        failed[m.group(3)] = (m.group(1), m.group(4).strip())
+    skipped = set(re.findall(r"\(([\w.]+)\) \.\.\. skipped", report))
+    for test in ids:
+        kind, detail = failed.get(test, ("skipped", "") if test in skipped else ("ok", ""))
+        ok = kind == "ok"
+        rows.append({"suite": "sandbox", "test": test, "result": kind, "detail": detail[-2000:], "ok": ok})
+        print(f"{'ok ' if ok else 'BAD'} sandbox {test.split('.', 2)[-1]}: {kind} {detail[-600:]}", flush=True)
+    bad = max(bad, sum(1 for r in rows if r["suite"] == "sandbox" and not r["ok"]))
+    if bad and not failed:
+        print(report[-6000:], flush=True)
+    print(f"sandbox suite: {len(ids)} tests in {wall:.1f} s on {device}")
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launch", required=True)
@@ -120,14 +159,24 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--skip-replay", action="store_true")
     ap.add_argument("--only-stability", action="store_true", help="the timing-stability check alone")
+    ap.add_argument("--parts", default="replay,sandbox,cuda,stability", help="which parts, comma-separated")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if args.skip_replay:
+        parts.discard("replay")
+    if args.only_stability:
+        parts = {"stability"}
     rows = []
     server = ForkServer(args.device, 1)
     print(f"device {server.info}", flush=True)
-    bad = 0 if args.skip_replay or args.only_stability else replay_suite(server, rows)
-    if not args.only_stability:
+    bad = replay_suite(server, rows) if "replay" in parts else 0
+    server.close()
+    if "sandbox" in parts:
+        bad += sandbox_suite(args.device, rows)
+    if "cuda" in parts:
         bad += cuda_suite(args.launch, args.device, rows)
-    bad += stability(args.launch, args.device, rows)
+    if "stability" in parts:
+        bad += stability(args.launch, args.device, rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": server.info, "rows": rows}, f, indent=1)

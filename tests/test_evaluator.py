@@ -18,6 +18,8 @@ import sandbox  # noqa: E402
 SWISH = os.path.join(ROOT, "tasks", "bundled", "06_swish.py")
 MATMUL = os.path.join(ROOT, "tasks", "bundled", "03_matmul_rowsum.py")
 GOOD = "return torch.nn.functional.silu(x)"
+# The worker's device: cpu here; tests/gpu_suite.py runs some classes on a GPU (cuda:0).
+DEVICE = os.environ.get("KERNELRL_TEST_DEVICE", "cpu")
 
 SETTINGS = {"correctness_trials": 5, "warmup": 1, "fast_trials": 3, "full_trials": 10,
             "atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2,
@@ -32,7 +34,7 @@ class Base(unittest.TestCase):
         cls.cache = os.path.join(cls.tmp.name, "cache")
         cls.tmp_root = os.path.join(cls.tmp.name, "scratch")
         os.makedirs(cls.tmp_root)
-        cls.server = ForkServer("cpu", 1, cls.cache, tmp_root=cls.tmp_root)
+        cls.server = ForkServer(DEVICE, 1, cls.cache, tmp_root=cls.tmp_root)
         cls.n = 0
 
     @classmethod
@@ -65,7 +67,7 @@ class StatusTest(Base):
             self.assertLessEqual(st["min_ms"], st["median_ms"])
             self.assertLessEqual(st["median_ms"], st["max_ms"])
         self.assertAlmostEqual(r["speedup"], r["ref_runtime"]["median_ms"] / r["runtime"]["median_ms"])
-        self.assertEqual(r["kernel_coverage"], -1.0)  # measured on GPU only
+        self.assertEqual(r["kernel_coverage"], -1.0 if DEVICE == "cpu" else 0.0)  # measured on GPU only
         self.assertLess(r["isolation"]["child_start_s"], 0.5)
 
     def test_a_whole_program_is_accepted_in_the_full_program_space(self):
@@ -145,12 +147,13 @@ class IsolationTest(Base):
                           "open('left-behind.txt', 'w').write('x')\nreturn torch.nn.functional.silu(x)")
         self.assertStatus(r, "ok")
         # What is left once the last candidate's process is reaped: the next candidate's process,
-        # already started (its temp dir), and the locks.
+        # already started (its temp dir), the judge's and the locks.
         self.server._reap(block=True)
         spare = self.server.spare
         self.assertIsNotNone(spare, "a process waits for the next candidate")
         left = set(os.listdir(self.tmp_root)) - {os.path.basename(self.server.exit_lock)}
-        self.assertEqual(left, {os.path.basename(spare.tmpdir), os.path.basename(self.server.warm_lock)},
+        self.assertEqual(left, {os.path.basename(spare.tmpdir), os.path.basename(self.server.warm_lock),
+                                os.path.basename(self.server.judge.tmpdir)},
                          "each finished candidate's temp dir is removed")
         self.assertTrue(spare.alive())
 
@@ -231,18 +234,22 @@ class HackTest(Base):
         body = ("_saved = globals()['Mo' + 'del']().forward\n# --- forward ---\nreturn _saved(x)")
         self.assertStatus(self.evaluate(body), "hacked", "called the reference Model.forward")
 
-    def test_a_full_program_reaching_the_harness_reference_is_hacked(self):
-        # No name to scan for: the task's own reference instance, found in the process.
+    def test_a_full_program_finds_no_reference_in_its_process(self):
+        # No name to scan for: a reference instance or the judge's outputs, searched for in the
+        # process. The judge holds them in a process of its own: there is nothing to find.
         header = "import gc\nimport sys\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
         bodies = {"gc": ("        ref = [o for o in gc.get_objects() if type(o).__name__ == 'Model'][0]\n"
                          "        return ref(x)\n"),
                   "frames": ("        f = sys._getframe(1)\n"
                              "        while 'ref_model' not in f.f_locals:\n            f = f.f_back\n"
-                             "        return f.f_locals['ref_model'].forward(x)\n")}
+                             "        return f.f_locals['ref_model'].forward(x)\n"),
+                  "outputs": ("        import harness\n"
+                              "        outs = [o for o in gc.get_objects() if isinstance(o, harness.OutputCheck)]\n"
+                              "        return outs[0].flat.reshape(x.shape)\n")}
         for how, body in bodies.items():
             with self.subTest(through=how):
-                self.assertStatus(self.evaluate(header + body, space="full_program"), "hacked",
-                                  "called the reference Model.forward")
+                self.assertStatus(self.evaluate(header + body, space="full_program"), "runtime_error",
+                                  "line")
 
     def test_adding_a_tensor_method_that_shadows_the_comparisons_is_hacked(self):
         body = ("torch.Tensor.all = lambda self, *a, **k: torch.ones((), dtype=torch.bool)\n"
@@ -396,7 +403,7 @@ class SandboxTest(Base):
             f.write(cls.SECRET)
         super().setUpClass()
         cls.server.close()
-        cls.server = ForkServer("cpu", 1, cls.cache, tmp_root=cls.tmp_root, hide=[cls.private.name])
+        cls.server = ForkServer(DEVICE, 1, cls.cache, tmp_root=cls.tmp_root, hide=[cls.private.name])
         if not cls.server.info["sandbox"].startswith("namespaces: pid"):
             raise unittest.SkipTest(f"no sandbox on this kernel: {cls.server.info['sandbox']}")
 
@@ -424,6 +431,34 @@ class SandboxTest(Base):
         r = self.evaluate(find + "defenses.Watch.check = lambda *a, **k: None\n"
                                  "harness.compare = lambda *a, **k: None\nreturn torch.zeros_like(x)")
         self.assertStatus(r, "hacked", "changed the harness")
+        self.honest()
+
+    def test_a_forged_reply_is_not_a_verdict(self):
+        # The whole process is the candidate's: it writes the reply a passing, re-verified, fast
+        # candidate would get, into every pipe it may write to, and ends before any check.
+        body = ("import os, stat, fcntl, msgpack\n"
+                "fake = msgpack.packb({'status': 'ok', 'error': '', 'speedup': 50.0, 'reverified': True,\n"
+                "    'runtime': {'median_ms': 1e-4, 'mean_ms': 1e-4, 'std_ms': 0.0, 'min_ms': 1e-4,\n"
+                "                'max_ms': 1e-4, 'trials': 3},\n"
+                "    'correctness': {'trials': 25, 'passed': 25}})\n"
+                "for fd in range(3, 256):\n"
+                "    try:\n"
+                "        if stat.S_ISFIFO(os.fstat(fd).st_mode) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:\n"
+                "            os.write(fd, fake)\n"
+                "    except OSError:\n        pass\n"
+                "os._exit(0)\nreturn x")
+        r = self.evaluate(body, reverify_speedup=10)
+        self.assertStatus(r, "hacked", "reported success, but not to the judge")
+        self.honest()
+
+    def test_a_candidate_speaking_to_the_judge_out_of_protocol_is_hacked(self):
+        # It finds its link to the judge and asks for a check the protocol has no place for.
+        body = ("import sandbox, judge, socket\n"
+                "s = socket.socket(fileno=sandbox.JUDGE_LINK)\n"
+                "judge.send_frame(s, {'op': 'check', 'label': 'trial', 'index': 99, 'tensors': []})\n"
+                "judge.recv_frame(s)\ns.detach()\n"
+                "return torch.nn.functional.silu(x)")
+        self.assertStatus(self.evaluate(body), "hacked", "outside the protocol")
         self.honest()
 
     def test_reference_timings_from_a_candidate_reach_no_one(self):
@@ -507,6 +542,32 @@ class SandboxTest(Base):
                 "return torch.nn.functional.silu(x)")
         self.evaluate(kill)
         self.honest()
+
+
+class JudgeLinkTest(Base):
+    """Outputs cross the link to the judge in many ragged pieces (a link chunk of 1000 bytes:
+    250 float32 values), as KernelBench's largest outputs do in 64 MB ones."""
+
+    @classmethod
+    def setUpClass(cls):
+        import judge
+        cls.saved = judge.LINK_CHUNK_BYTES
+        judge.LINK_CHUNK_BYTES = 1000  # inherited by the judge's and the candidates' processes
+        super().setUpClass()
+
+    @classmethod
+    def tearDownClass(cls):
+        import judge
+        super().tearDownClass()
+        judge.LINK_CHUNK_BYTES = cls.saved
+
+    def test_every_piece_is_compared(self):
+        self.assertStatus(self.evaluate(GOOD), "ok")
+        last = "y = torch.nn.functional.silu(x)\ny.view(-1)[-1] += 1\nreturn y"
+        self.assertStatus(self.evaluate(last), "incorrect", "values differ")
+        r = self.evaluate("return torch.nn.functional.silu(x), x")
+        self.assertStatus(r, "incorrect", "2 output tensors, reference has 1")
+        self.assertStatus(self.evaluate(GOOD), "ok")
 
 
 class BuildCacheTest(Base):

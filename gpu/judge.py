@@ -1,0 +1,556 @@
+"""The judge: the trusted side of every evaluation, in a process of its own that never runs
+candidate code.
+
+A candidate's process (gpu/harness.py) runs only the candidate: for each check of the protocol it
+generates its inputs from the check's seed, calls ModelNew, and ships the outputs, byte for byte,
+over a socket pair (its ``Link``) to the judge. The judge builds the reference from the same seed,
+generates the same inputs itself, runs the reference, and compares (gpu/harness.py OutputCheck, the
+same comparison KernelBench's allclose makes) as the bytes arrive. The seeds come from the label
+of the check (``seed_of``), never from the candidate, and the judge says which checks a candidate
+passed: the worker (gpu/worker.py) accepts `ok` only when every check of the protocol passed here,
+whatever the candidate's process replies.
+
+Wire format on a link (both directions): frames of a 4-byte little-endian length and a msgpack map,
+and after a ``check`` header the judge accepted, each output's raw bytes in flattened order.
+
+  candidate -> {"op": "check", "label": L, "index": i, "tensors": [{"dtype", "shape"}]}  (or "error")
+  judge     -> {"go": true} | {"ok": false, "status", "why"}
+  candidate -> the bytes of every tensor
+  judge     -> {"ok", "status", "why", "acc", "counted"}
+  candidate -> {"op": "end"}                      (or it closes the link)
+
+The judge process itself (``JudgeProcess``) is forked from the worker, confined like a candidate
+(gpu/sandbox.py: it sees what a candidate sees), keeps its CUDA context between candidates, and
+takes one session at a time over a control socket that carries the link's descriptor.
+"""
+
+import ctypes
+import os
+import select
+import shutil
+import signal
+import socket
+import tempfile
+import time
+import traceback
+
+import msgpack
+
+FRAME_LIMIT = 1 << 20
+# Bytes per piece of an output on the link: one pinned staging buffer this size on each side.
+LINK_CHUNK_BYTES = 64 << 20
+
+LABELS = ("trial", "ordering", "post", "refill", "reverify")
+
+
+def seed_of(label, index, seed, n):
+    """The inputs' seed of a check of the protocol (None for a check that is not in it):
+    n correctness trials, the ordering check (CUDA), one trial after timing and one on the same
+    tensors refilled, and 4n trials on re-verification."""
+    if not isinstance(index, int) or isinstance(index, bool):
+        return None
+    if label == "trial" and 0 <= index < n:
+        return seed * 1000 + index + 1
+    if label == "ordering" and index == 0:
+        return seed * 1000 + 556
+    if label == "post" and index == 0:
+        return seed * 1000 + 10_001
+    if label == "refill" and index == 0:
+        return seed * 1000 + 10_002
+    if label == "reverify" and 0 <= index < 4 * n:
+        return (seed + 7_919) * 1000 + index + 1
+    return None
+
+
+def trial_name(label, index, n):
+    """How messages name a check: trials are numbered as they run."""
+    number = {"trial": index, "post": n, "refill": n + 1, "reverify": n + 2 + index}.get(label)
+    return f"trial {number}" if number is not None else label
+
+
+TIMING_SEED = 999  # seed * 1000 + this: the timing inputs (their output is remembered too)
+
+
+class LinkError(Exception):
+    pass
+
+
+def _recv_exact_into(sock, view):
+    while len(view):
+        got = sock.recv_into(view)
+        if not got:
+            raise LinkError("the other side closed the link")
+        view = view[got:]
+
+
+def _recv_exact(sock, n):
+    buf = bytearray(n)
+    _recv_exact_into(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def send_frame(sock, obj):
+    data = msgpack.packb(obj, use_bin_type=True)
+    sock.sendall(len(data).to_bytes(4, "little") + data)
+
+
+def recv_frame(sock):
+    n = int.from_bytes(_recv_exact(sock, 4), "little")
+    if n > FRAME_LIMIT:
+        raise LinkError(f"a frame of {n} bytes (the limit is {FRAME_LIMIT})")
+    try:
+        obj = msgpack.unpackb(_recv_exact(sock, n), raw=False)
+    except Exception as e:  # noqa: BLE001
+        raise LinkError(f"an unreadable frame ({type(e).__name__})")
+    if not isinstance(obj, dict):
+        raise LinkError("a frame that is not a map")
+    return obj
+
+
+def _memory(t, nbytes):
+    """A writable view of the first nbytes of a contiguous CPU tensor's memory."""
+    return memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")
+
+
+def _staging(torch, cuda):
+    return torch.empty(LINK_CHUNK_BYTES, dtype=torch.uint8, pin_memory=cuda)
+
+
+class Link:
+    """The candidate's process's end of its link to the judge."""
+
+    def __init__(self, fd):
+        self.sock = socket.socket(fileno=fd)
+        self.buf = None
+
+    def check(self, label, index, tensors, error=""):
+        """Ships one check's outputs (plain tensors, flattened) or why they cannot be shipped;
+        returns the judge's answer."""
+        import torch
+        if error:
+            send_frame(self.sock, {"op": "check", "label": label, "index": index, "error": error})
+            return recv_frame(self.sock)
+        send_frame(self.sock, {"op": "check", "label": label, "index": index,
+                               "tensors": [{"dtype": str(t.dtype), "shape": list(t.shape)} for t in tensors]})
+        answer = recv_frame(self.sock)
+        if not answer.get("go"):
+            return answer
+        for t in tensors:
+            flat = t.detach().reshape(-1)
+            size = t.element_size()
+            per = max(1, LINK_CHUNK_BYTES // size)
+            for a in range(0, flat.numel(), per):
+                c = flat[a:a + per]
+                nbytes = c.numel() * size
+                if c.device.type == "cpu":
+                    c = c.contiguous()
+                    self.sock.sendall(_memory(c, nbytes))
+                    continue
+                if self.buf is None:
+                    self.buf = _staging(torch, True)
+                self.buf[:nbytes].view(t.dtype).copy_(c)
+                self.sock.sendall(_memory(self.buf, nbytes))
+        return recv_frame(self.sock)
+
+    def end(self):
+        try:
+            send_frame(self.sock, {"op": "end"})
+        except OSError:
+            pass
+
+
+class _Failed(Exception):
+    """The session's verdict is decided (status, why): later checks are refused with it."""
+
+    def __init__(self, status, why):
+        super().__init__(why)
+        self.status, self.why = status, why
+
+
+class Judge:
+    """The judge's logic, in its own process: a Harness (gpu/harness.py) for the device, the task
+    and the reference; one session per candidate."""
+
+    def __init__(self, harness):
+        self.h = harness
+        self.buf = None
+        self.reproducible = {}  # task source hash -> whether get_inputs is reproducible from a seed
+
+    def session(self, req, s, sock, ctl=None):
+        """Judges one candidate over its link until it ends the session, closes the link, or
+        the worker says on ``ctl`` that the candidate's process replied; returns the verdict
+        (see worker.py _decide)."""
+        import harness as H
+        self.req, self.s, self.sock = req, s, sock
+        self.seed, self.n = int(req["seed"]), int(s["correctness_trials"])
+        self.task = self.model = None
+        self.passed, self.prev = set(), []
+        self.acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
+        self.corr = {"trials": 0, "passed": 0, "detail": ""}
+        failed = None
+        with H._no_grad():
+            while True:
+                if ctl is not None:
+                    ready, _, _ = select.select([sock, ctl], [], [])
+                    if ctl in ready:
+                        break  # the worker's "done": nothing the candidate sends now counts
+                try:
+                    frame = recv_frame(sock)
+                except (LinkError, OSError):
+                    break  # the candidate's process ended (or broke the framing)
+                if frame.get("op") == "end":
+                    break
+                try:
+                    if failed is not None:
+                        raise failed
+                    self._check(frame)
+                except _Failed as f:
+                    failed = f
+                    try:
+                        send_frame(sock, {"ok": False, "status": f.status, "why": f.why, "acc": self.acc})
+                    except OSError:
+                        break
+                except (LinkError, OSError):
+                    break
+                finally:
+                    self._tidy()
+            verdict = {"status": "ok", "error": "", "correctness": {**self.corr, **self.acc},
+                       "checked": sorted(f"{label}:{i}" for label, i in self.passed),
+                       "reverified": sum(1 for label, _ in self.passed if label == "reverify")}
+            if failed is not None:
+                verdict.update(status=failed.status, error=failed.why)
+            else:
+                missing = self._missing()
+                if missing:
+                    verdict.update(status="incomplete",
+                                   error=f"the judge saw {len(self.passed)} checks pass; missing: {', '.join(missing)}")
+        self.task = self.model = None
+        return verdict
+
+    # ---- one check ---------------------------------------------------------------------------
+    def _check(self, frame):
+        import harness as H
+        label, index = frame.get("label"), frame.get("index")
+        if frame.get("op") != "check" or label not in LABELS:
+            raise _Failed("hacked", f"the candidate's process sent the judge an unknown request {str(frame)[:200]!r}")
+        trial_seed = seed_of(label, index, self.seed, self.n)
+        if trial_seed is None or (label, index) in self.passed:
+            raise _Failed("hacked", f"the candidate's process asked for a check outside the protocol "
+                                    f"({label} {index!r}, or one already passed)")
+        where = trial_name(label, index, self.n)
+        counted = label != "ordering"
+        if counted:
+            self.corr["trials"] += 1
+        if frame.get("error"):
+            self._fail("incorrect", f"{where}: {str(frame['error'])[:500]}", label)
+        self._load()
+        if label == "post" and not self.prev_timing:
+            self.prev_timing = True  # the timing inputs' true output: a candidate may hand that back later
+            self.prev.append(H.fingerprint(self._reference(self.seed * 1000 + TIMING_SEED)))
+        ref_out = self._reference(trial_seed)
+        try:
+            refs = H._flatten(ref_out)
+        except TypeError as e:
+            raise _Failed("runtime_error", f"the reference returned an unsupported {e} (no verdict on the candidate)")
+        header = frame.get("tensors")
+        if not isinstance(header, list) or len(header) > 4096:
+            raise _Failed("hacked", "the candidate's process sent the judge a malformed check")
+        outs = []
+        for t in header:
+            shape, dtype = (t.get("shape"), t.get("dtype")) if isinstance(t, dict) else (None, None)
+            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape) \
+                    or not isinstance(dtype, str):
+                raise _Failed("hacked", "the candidate's process sent the judge a malformed check")
+            outs.append((tuple(shape), dtype))
+        why = H.structure_mismatch(refs, [(shape, _dtype(dtype)) for shape, dtype in outs], where)
+        if why:
+            self._fail("incorrect", why, label)
+        send_frame(self.sock, {"go": True})
+        checks = self._receive(refs)
+        for i, check in enumerate(checks):
+            why = check.result(where + (f", output {i}" if len(refs) > 1 else ""), self.acc)
+            if why:
+                cand = [c.fingerprint() for c in checks]
+                if (any(H.fingerprints_agree(cand, prev, self.s) for prev in self.prev)
+                        and not H.fingerprints_agree(cand, H.fingerprint(ref_out), self.s)):
+                    raise _Failed("hacked", "the candidate returned the output of an earlier call "
+                                            f"(outputs cached across calls; {why})")
+                self._fail("incorrect", why, label)
+        if counted:
+            self.corr["passed"] += 1
+            self.prev.append(H.fingerprint(ref_out))
+        self.passed.add((label, index))
+        send_frame(self.sock, {"ok": True, "status": "ok", "why": "", "acc": self.acc, "counted": counted})
+
+    def _fail(self, status, why, label):
+        self.corr["detail"] = why
+        if label == "ordering":
+            why = (f"the candidate's work is not ordered after the caller's stream: it read its inputs "
+                   f"before the caller's stream had written them ({why})")
+        elif label == "reverify":
+            status, why = "hacked", f"the speedup was above the re-verification threshold and re-verification failed: {why}"
+        raise _Failed(status, why)
+
+    def _receive(self, refs):
+        """Reads the candidate's outputs off the link, feeding one OutputCheck per tensor. A
+        failure here (the judge's own memory) still reads every byte, so the link stays framed."""
+        import harness as H
+        import torch
+        h = self.h
+        cuda = h.device.type == "cuda"
+        if self.buf is None:
+            self.buf = _staging(torch, cuda)
+        checks, failure = [], None
+        for r in refs:
+            check = None
+            if failure is None:
+                try:
+                    with h._harness_step("comparing outputs"):
+                        check = H.OutputCheck(r, self.s)
+                except H.Verdict as v:
+                    failure = v
+            size = r.element_size()
+            per = max(1, LINK_CHUNK_BYTES // size)
+            for a in range(0, r.numel(), per):
+                nbytes = min(per, r.numel() - a) * size
+                _recv_exact_into(self.sock, _memory(self.buf, nbytes))
+                if check is None:
+                    continue
+                try:
+                    with h._harness_step("comparing outputs"):
+                        check.feed(self.buf[:nbytes].view(r.dtype).to(r.device))
+                except H.Verdict as v:
+                    failure, check = v, None
+            checks.append(check)
+        if failure is not None:
+            raise _Failed(failure.status, failure.error)
+        return checks
+
+    def _tidy(self):
+        """Gives the device memory of a check's inputs and outputs back at once: the candidate's
+        process, timing next, must find it free (this process's allocator would keep it)."""
+        if self.h.device.type == "cuda":
+            import torch
+            torch.cuda.empty_cache()
+
+    # ---- the reference -----------------------------------------------------------------------
+    def _load(self):
+        """The task and the reference Model, built (from the request's seed, as the candidate's
+        ModelNew) at the session's first check."""
+        import harness as H
+        if self.model is not None:
+            return
+        h = self.h
+        try:
+            task, _ = h._load_task(self.req)
+            H.apply_size(task, self.s.get("size", "cpu"))
+            H._manual_seed(self.seed)
+            init_inputs = task.get_init_inputs()
+            self.model = h._build_reference(task, init_inputs, self.seed)
+            self.task = task
+            self.prev_timing = False
+            key = self.req.get("task_source_hash") or self.req["task_path"]
+            if key not in self.reproducible:
+                tensors = lambda xs: [x for x in xs if isinstance(x, torch_tensor())]  # noqa: E731
+                with h._harness_step("generating inputs"):
+                    probe = H.fingerprint(tensors(h._inputs(task, self.seed * 1000 + 1)))
+                    again = tensors(h._inputs(task, self.seed * 1000 + 1))
+                    self.reproducible[key] = H.matches_fingerprint(again, probe, H._EXACT)
+                del probe, again
+            if not self.reproducible[key]:
+                raise H.Verdict("runtime_error", f"task {self.req['task_id']}: get_inputs() gives different "
+                                                 f"inputs for the same seed, so the judge cannot give a candidate "
+                                                 f"the reference's inputs (no verdict on the candidate)")
+        except H.Verdict as v:
+            self.model = None
+            raise _Failed(v.status, v.error)
+
+    def _reference(self, trial_seed):
+        import harness as H
+        h = self.h
+        try:
+            with h._harness_step("generating inputs"):
+                inputs = h._inputs(self.task, trial_seed)
+            with h._harness_step("running the reference Model"):
+                out = self.model(*inputs)
+                if h.device.type == "cuda":
+                    H._cuda_sync(h.device)
+            return out
+        except H.Verdict as v:
+            raise _Failed(v.status, v.error)
+        except Exception as e:  # noqa: BLE001
+            raise _Failed("runtime_error", f"the reference Model failed: {H._short_exc(e)} (no verdict on the candidate)")
+
+    def _missing(self):
+        """The checks of the protocol this candidate did not pass. The ordering check applies on
+        CUDA to tasks whose inputs keep their shapes across seeds; the refill check to tasks with
+        floating-point inputs (as the candidate's process runs them)."""
+        import harness as H
+        need = [("trial", i) for i in range(self.n)] + [("post", 0)]
+        missing = [trial_name(label, i, self.n) for label, i in need if (label, i) not in self.passed]
+        if missing or self.task is None:
+            return missing or ["every check"]
+        h = self.h
+        post = h._inputs(self.task, seed_of("post", 0, self.seed, self.n))
+        floats = any(isinstance(x, torch_tensor()) and x.is_floating_point() for x in post)
+        if floats and ("refill", 0) not in self.passed:
+            missing.append("the refill trial")
+        if h.device.type == "cuda" and ("ordering", 0) not in self.passed:
+            values = h._inputs(self.task, seed_of("ordering", 0, self.seed, self.n))
+            given = h._inputs(self.task, seed_of("ordering", 0, self.seed, self.n) + 1)
+            if H._shapes(values) == H._shapes(given):
+                missing.append("the ordering check")
+        return missing
+
+
+def torch_tensor():
+    import torch
+    return torch.Tensor
+
+
+def _dtype(name):
+    """A torch dtype from its str() ('torch.float32'); None for anything else."""
+    import torch
+    if not name.startswith("torch."):
+        return None
+    dt = getattr(torch, name[len("torch."):], None)
+    return dt if isinstance(dt, torch.dtype) else None
+
+
+# ---- the judge's process -------------------------------------------------------------------------
+def _serve(ctl, harness):
+    """The judge process's loop: a link descriptor and a request per session, a verdict back."""
+    judge = Judge(harness)
+    setup = ""
+    try:
+        harness._setup_device()
+    except Exception as e:  # noqa: BLE001 - said in every reply: sessions meet it again
+        setup = f"the judge's device set-up failed: {type(e).__name__}: {e}"
+    while True:
+        try:
+            what, fds, _, _ = socket.recv_fds(ctl, 1, 1)
+            msg = recv_frame(ctl) if what else None
+        except (LinkError, OSError):
+            os._exit(0)
+        if what == b"T":  # the reference's timing (harness.Harness.time_reference)
+            try:
+                reply = harness.time_reference(msg["request"], msg["settings"], msg["mode"])
+            except BaseException as e:  # noqa: BLE001
+                reply = {"status": "runtime_error",
+                         "error": f"the judge failed: {type(e).__name__}: {e}" + (f" ({setup})" if setup else ""),
+                         "compile_log": traceback.format_exc()[-65536:]}
+            try:
+                send_frame(ctl, reply)
+                continue
+            except OSError:
+                os._exit(0)
+        if what != b"J" or not fds:
+            os._exit(0)  # the worker closed the control socket
+        link = socket.socket(fileno=fds[0])
+        t0 = time.monotonic()
+        try:
+            verdict = judge.session(msg["request"], msg["settings"], link, ctl)
+        except BaseException as e:  # noqa: BLE001 - a judge bug: no verdict on the candidate
+            verdict = {"status": "judge_error", "error": f"the judge failed: {type(e).__name__}: {e}",
+                       "log": traceback.format_exc()[-65536:]}
+        link.close()
+        try:
+            if ctl.recv(1) != b"D":  # the worker's "done" (which may have ended the session)
+                os._exit(0)
+        except OSError:
+            os._exit(0)
+        harness._release(verdict)
+        verdict["judge_s"] = time.monotonic() - t0
+        try:
+            send_frame(ctl, verdict)
+        except OSError:
+            os._exit(0)
+
+
+class JudgeProcess:
+    """The worker's handle on its judge: forked from the worker (torch imported, CUDA not yet
+    initialised), confined like a candidate's process, warm between candidates."""
+
+    def __init__(self, *, harness, conf, env, tmp_root):
+        import sandbox
+        self.sandbox = sandbox
+        self.tmpdir = tempfile.mkdtemp(prefix="judge-", dir=tmp_root)
+        self.ctl, child = socket.socketpair()
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                self.ctl.close()
+                sandbox.close_inherited([child.fileno()])
+                sandbox._child_setup(conf, env, False, 0, self.tmpdir)
+                _serve(child, harness)
+            finally:
+                os._exit(code)
+        child.close()
+        self.busy = False
+
+    def alive(self):
+        try:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return pid == 0
+
+    def begin(self, request, settings, link):
+        """Hands the judge one candidate's link; False when the judge is gone."""
+        try:
+            socket.send_fds(self.ctl, [b"J"], [link.fileno()])
+            send_frame(self.ctl, {"request": request, "settings": settings})
+        except OSError:
+            return False
+        self.busy = True
+        return True
+
+    def time_reference(self, request, settings, mode, timeout_s):
+        """The reference's timing, measured here (a process that runs no candidate code, its
+        CUDA context warm); None when the judge gave none in time (it is then stopped)."""
+        try:
+            socket.send_fds(self.ctl, [b"T"], [])
+            send_frame(self.ctl, {"request": request, "settings": settings, "mode": mode})
+        except OSError:
+            self.stop()
+            return None
+        return self._answer(timeout_s)
+
+    def finish(self, timeout_s):
+        """Tells the judge the candidate's process replied (its session ends once the check in
+        hand, if any, is answered) and returns the session's verdict, or None when the judge gave
+        none in time (it is then stopped)."""
+        try:
+            self.ctl.sendall(b"D")
+        except OSError:
+            self.stop()
+            return None
+        return self._answer(timeout_s)
+
+    def _answer(self, timeout_s):
+        ready, _, _ = select.select([self.ctl], [], [], timeout_s)
+        if ready:
+            try:
+                verdict = recv_frame(self.ctl)
+                self.busy = False
+                return verdict
+            except (LinkError, OSError):
+                pass
+        self.stop()
+        return None
+
+    def stop(self):
+        try:
+            self.ctl.close()
+        except OSError:
+            pass
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
