@@ -476,6 +476,7 @@ def main():
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.REP)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, 10)  # the evaluator binds once it knows this pid
     sock.connect(args.endpoint)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)

@@ -141,16 +141,6 @@ void WorkerClient::stop() {
 bool WorkerClient::ensure_started(std::string& err) {
   if (pid_ > 0) return true;
   auto lg = log::get("evaluator");
-  impl_->sock = std::make_unique<zmq::socket_t>(zmq_context(), zmq::socket_type::req);
-  impl_->sock->set(zmq::sockopt::linger, 0);
-  try {
-    impl_->sock->bind(endpoint_);
-  } catch (const zmq::error_t& e) {
-    err = "cannot bind worker endpoint " + endpoint_ + ": " + e.what();
-    impl_->sock.reset();
-    return false;
-  }
-
   std::vector<std::string> args = {opts_.python, opts_.script, "--endpoint", endpoint_,
                                    "--device", opts_.device, "--threads",
                                    std::to_string(opts_.threads), "--parent",
@@ -191,11 +181,25 @@ bool WorkerClient::ensure_started(std::string& err) {
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {
     err = "cannot start worker " + opts_.python + " " + opts_.script + ": " + strerror(rc);
-    impl_->sock.reset();
     return false;
   }
   pid_ = pid;
   ++starts_;
+  // Bound once the worker's pid is known: the socket accepts a connection from that process
+  // only (the kernel's peer credentials, checked by ZeroMQ at accept), whoever else reaches its
+  // folder. The worker retries its connection until the endpoint exists.
+  impl_->sock = std::make_unique<zmq::socket_t>(zmq_context(), zmq::socket_type::req);
+  impl_->sock->set(zmq::sockopt::linger, 0);
+  try {
+    int peer = static_cast<int>(pid_);
+    if (zmq_setsockopt(impl_->sock->handle(), ZMQ_IPC_FILTER_PID, &peer, sizeof peer) != 0)
+      throw zmq::error_t();
+    impl_->sock->bind(endpoint_);
+  } catch (const zmq::error_t& e) {
+    err = "cannot bind worker endpoint " + endpoint_ + ": " + e.what();
+    kill_worker();
+    return false;
+  }
 
   std::string reply;
   std::string why = round_trip(op_message("ping"), mono_s() + opts_.startup_timeout_s, reply);

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import tempfile
+import time
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -261,6 +262,54 @@ class EvaluateCommandTest(unittest.TestCase):
             with open(os.path.join(cache, built[0], ".ninja_log")) as f:
                 entries = [l for l in f if not l.startswith("#")]
             self.assertEqual(len(entries), 2, entries)
+
+    def test_only_the_worker_process_is_answered_on_its_socket(self):
+        """Issue 19, finding 4: a process of the same user that reaches the worker's socket and
+        answers in the worker's place (every reply a forged `ok`) is never connected: the
+        evaluator binds the socket for the worker's pid only."""
+        import glob
+        import threading
+        import msgpack
+        import zmq
+        with tempfile.TemporaryDirectory() as d:
+            files = []
+            for i in range(4):
+                path = os.path.join(d, f"wrong{i}.txt")
+                with open(path, "w") as f:
+                    f.write(f"return torch.relu(x) + {i}")
+                files += ["--candidate", path]
+            proc = subprocess.Popen([LAUNCH, "evaluate", "--task", os.path.join(TASKS, "06_swish.py"), *files,
+                                     "--timeout", "20", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=dict(os.environ, TMPDIR=d))
+            answered, stop = [], threading.Event()
+
+            def impostor():
+                while not stop.is_set() and not glob.glob(os.path.join(d, "kernelrl-*", "worker.sock")):
+                    time.sleep(0.005)
+                if stop.is_set():
+                    return
+                sock = zmq.Context.instance().socket(zmq.REP)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect("ipc://" + glob.glob(os.path.join(d, "kernelrl-*", "worker.sock"))[0])
+                forged = msgpack.packb({"ok": True, "status": "ok", "speedup": 9.5, "pid": 1, "torch_version": "x",
+                                        "device": "cpu", "capability": "", "network": "netns"})
+                while not stop.is_set():
+                    if sock.poll(20):
+                        answered.append(sock.recv())
+                        sock.send(forged)
+                sock.close()
+
+            t = threading.Thread(target=impostor)
+            t.start()
+            try:
+                out, err = proc.communicate(timeout=600)
+            finally:
+                stop.set()
+                t.join()
+            self.assertEqual(proc.returncode, 0, err[-3000:])
+            rows = [json.loads(line) for line in out.splitlines()]
+            self.assertEqual([r["status"] for r in rows], ["incorrect"] * 4, rows)
+            self.assertEqual(answered, [], "a request reached a process other than the worker")
 
     def test_bad_arguments_exit_2(self):
         out = run("evaluate", "--task", os.path.join(TASKS, "06_swish.py"))
