@@ -17,7 +17,7 @@ struct stage_state {
   static inline const char* name = "evaluator_stage";
 };
 
-// (stats_atom) -> [error, torch version, device name, capability]
+// (stats_atom) -> [error, torch version, device name, capability, network, sandbox]
 // (eval_atom, req, precompiled, cuda_arch) -> EvalResult
 // (compile_atom, req, cuda_arch) -> EvalResult
 caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, WorkerOptions opts,
@@ -28,7 +28,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, WorkerOptions 
         auto& w = *self->state.worker;
         std::string err;
         w.ensure_started(err);
-        return {err, w.torch_version(), w.device_name(), w.capability(), w.network()};
+        return {err, w.torch_version(), w.device_name(), w.capability(), w.network(), w.sandbox()};
       },
       [=](eval_atom, EvalRequest& req, bool precompiled, std::string& arch) -> EvalResult {
         return self->state.worker->evaluate(req, settings, StageOptions{precompiled, arch});
@@ -172,6 +172,10 @@ caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor disp
             lg->info("evaluator {} ready: torch {}, device {}{}, {} compile worker(s), candidate network: {}",
                      args.id, hello[1], hello[2], hello[3].empty() ? "" : " (sm " + hello[3] + ")",
                      args.settings.compile_workers, hello[4]);
+            // Whatever the kernel refused (a namespace, the control group, the filter) is said here.
+            auto sandbox_log = hello.at(5).find("none:") == std::string::npos ? spdlog::level::info
+                                                                               : spdlog::level::warn;
+            lg->log(sandbox_log, "evaluator {} candidate sandbox: {}", args.id, hello[5]);
             if (dispatcher)
               self->send(dispatcher, register_atom::value, caf::actor_cast<caf::actor>(self), args.id);
             pump(self, args);

@@ -553,4 +553,5 @@ class JudgeProcess:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+        self.sandbox.cgroups.release(self.pid)
         shutil.rmtree(self.tmpdir, ignore_errors=True)

@@ -5,7 +5,9 @@ in a forked child: a ``Spare`` started ahead of it, or one ``run_isolated`` fork
 runs in a private temporary directory, without network (a fresh network namespace where the kernel
 allows one), under an address-space limit on CPU, and hands back one msgpack reply through a pipe.
 The parent enforces the wall-clock limit and a resident-memory limit by polling, and kills the
-child's whole process group when either is passed. Whatever the candidate does to its interpreter
+child's whole process group when either is passed; the kernel enforces the memory and task limits
+of the child's control group (cgroups.py) over its whole tree, and a seccomp filter (seccomp.py)
+refuses the system calls that would widen what it reaches. Whatever the candidate does to its interpreter
 (monkeypatching torch, a poisoned CUDA context, a segfault) ends with the child.
 """
 
@@ -23,6 +25,9 @@ import time
 import traceback
 
 import msgpack
+
+import cgroups
+import seccomp
 
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 _PR_SET_PDEATHSIG = 1
@@ -48,6 +53,7 @@ _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUTS = 0x04000000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWPID = 0x20000000
+_CLONE_NEWCGROUP = 0x02000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_NOATIME, _MS_NODIRATIME, _MS_BIND = 32, 1024, 2048, 4096
 _MS_REC, _MS_PRIVATE, _MS_RELATIME, _MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
@@ -252,7 +258,7 @@ def confine(conf, env):
     the candidate, PID 1 of its namespace (every process it starts ends with it, setsid or not).
     Whatever the kernel refuses is said in the result ("none: why"), never skipped silently."""
     iso = {"namespaces": "none: disabled", "network": "none: disabled", "files": "none: disabled",
-           "user": "none: disabled"}
+           "user": "none: disabled", "seccomp": "none: disabled"}
     os.setpgid(0, 0)
     die_with_parent()
     _scrub_environment(env)
@@ -261,7 +267,7 @@ def confine(conf, env):
         return iso
     root = os.geteuid() == 0
     uid, gid = os.getuid(), os.getgid()
-    flags = _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS
+    flags = _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWCGROUP
     if not root:
         flags |= _CLONE_NEWUSER
     if _libc.unshare(flags) != 0:
@@ -273,6 +279,7 @@ def confine(conf, env):
             iso["user"] = _drop_privileges(root)
         except OSError as e:
             iso["user"] = f"none: {e}"
+        iso["seccomp"] = seccomp.install()
         return iso
     if not root:
         for path, text in (("/proc/self/setgroups", "deny"), ("/proc/self/uid_map", f"0 {uid} 1"),
@@ -286,7 +293,7 @@ def confine(conf, env):
         finally:  # never returns into the caller's code, whatever happens
             os._exit(1)
     die_with_parent()
-    iso["namespaces"] = "pid,mount,net,ipc,uts" + ("" if root else ",user")
+    iso["namespaces"] = "pid,mount,net,ipc,uts,cgroup" + ("" if root else ",user")
     iso["network"] = "netns"
     try:
         problems = _confine_files(conf)
@@ -306,6 +313,7 @@ def confine(conf, env):
         iso["user"] = _drop_privileges(root)
     except OSError as e:
         iso["user"] = f"none: {e}"
+    iso["seccomp"] = seccomp.install()
     return iso
 
 
@@ -385,7 +393,11 @@ def _child_setup(conf, env, address_space_limit, memory_limit_mb, tmpdir):
                 env[name + "_FD"] = str(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
             except OSError:
                 pass
+    # Its own control group first (the worker's rights are still its own): every process the
+    # candidate starts is counted against its memory and task limits, and removed with it.
+    group = cgroups.enter(memory_limit_mb, PROCESS_LIMIT)
     iso = confine(conf, env)
+    iso["cgroup"] = group
     if iso["files"].startswith("private"):
         tmpdir = "/tmp"  # the private one
     os.environ["TMPDIR"] = tmpdir
@@ -687,6 +699,7 @@ class Spare:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+        cgroups.release(self.pid)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
@@ -763,6 +776,11 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
                 _kill_group(pid)
             _, status = os.waitpid(pid, 0)
             _kill_group(pid)  # anything the candidate left behind in its group
+            if failure is None and not chunks and cgroups.oom_killed(pid):
+                failure = {"status": "runtime_error",
+                           "error": f"candidate exceeded the memory limit: its processes together passed "
+                                    f"{memory_limit_mb} MB and the kernel killed them"}
+            cgroups.release(pid)
             shutil.rmtree(tmpdir, ignore_errors=True)
     wall = time.monotonic() - t0
     if failure is not None:

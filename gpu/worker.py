@@ -99,6 +99,7 @@ class ForkServer:
         self.build_timeout_s = 600.0
         self.info = {"device": "cpu", "capability": "", "cuda_init_s": 0.0, "network": "", "sandbox": ""}
         self.env = {}
+        sandbox.cgroups.setup()
         self._probe()
         # Everything imported so far (torch's hundreds of thousands of objects) is left out of
         # every later collection, here and in each forked child: the collections that free an
@@ -130,7 +131,8 @@ class ForkServer:
         self.info = {k: reply[k] for k in ("device", "capability", "cuda_init_s")}
         iso = reply.get("isolation", {})
         self.info["network"] = iso.get("network", "")
-        self.info["sandbox"] = ", ".join(f"{k}: {iso.get(k, '?')}" for k in ("namespaces", "files", "user"))
+        self.info["sandbox"] = ", ".join(f"{k}: {iso.get(k, '?')}"
+                                         for k in ("namespaces", "files", "user", "cgroup", "seccomp"))
         self.harness.device_name = self.info["device"]
         if self.info["capability"]:
             # Builds target exactly this GPU (and the compile key records it).
@@ -348,6 +350,7 @@ class ForkServer:
             except ChildProcessError:
                 done = pid
             if done:
+                self.sandbox.cgroups.release(pid)
                 shutil.rmtree(tmpdir, ignore_errors=True)
             else:
                 left.append((pid, tmpdir))
@@ -430,6 +433,7 @@ class ForkServer:
             self.judge.stop()
             self.judge = None
         self._reap(block=True)
+        self.sandbox.cgroups.close()
         for path in (self.warm_lock, self.exit_lock):
             try:
                 os.remove(path)

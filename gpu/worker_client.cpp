@@ -215,6 +215,7 @@ bool WorkerClient::ensure_started(std::string& err) {
     read(h.get(), "device", device_name_);
     read(h.get(), "capability", capability_);
     read(h.get(), "network", network_);
+    read(h.get(), "sandbox", sandbox_);
   } catch (const std::exception& e) {
     err = std::string("worker sent an unreadable hello: ") + e.what();
     kill_worker();

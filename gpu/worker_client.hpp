@@ -61,6 +61,7 @@ class WorkerClient {
   const std::string& device_name() const { return device_name_; }
   const std::string& capability() const { return capability_; }  // "9.0" on an H100; "" on CPU
   const std::string& network() const { return network_; }        // candidates' network isolation
+  const std::string& sandbox() const { return sandbox_; }        // namespaces, files, user, cgroup, seccomp
 
  private:
   struct Impl;
@@ -75,7 +76,7 @@ class WorkerClient {
   uint32_t starts_ = 0;
   std::string endpoint_;
   std::string socket_dir_;  // private folder holding the endpoint's socket
-  std::string torch_version_, device_name_, capability_, network_;
+  std::string torch_version_, device_name_, capability_, network_, sandbox_;
   EvalResult call(const char* op, const EvalRequest& req, const EvaluatorConfig& settings,
                   const StageOptions& stage);
 };

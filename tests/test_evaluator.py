@@ -544,6 +544,46 @@ class SandboxTest(Base):
         self.honest()
 
 
+    def test_the_kernel_refuses_new_namespaces_ptrace_mounts_and_keyrings(self):
+        if "seccomp: filter" not in self.server.info["sandbox"]:
+            self.skipTest(f"no seccomp filter here: {self.server.info['sandbox']}")
+        probe = ("import ctypes, errno, os, subprocess, threading\nlib = ctypes.CDLL(None, use_errno=True)\n"
+                 "got = []\n"
+                 "for name, call in (('unshare', lambda: lib.unshare(0x10000000)), "
+                 "('ptrace', lambda: lib.ptrace(0, 0, 0, 0)), "
+                 "('mount', lambda: lib.mount(b'none', b'/tmp', b'tmpfs', 0, None)), "
+                 "('keyctl', lambda: lib.syscall(250, 0, 0, 0, 0, 0))):\n"
+                 "    got.append(f'{name}={call()}/{errno.errorcode.get(ctypes.get_errno())}')\n"
+                 "got.append('sub=' + subprocess.run(['echo', 'yes'], capture_output=True, text=True).stdout.strip())\n"
+                 "t = threading.Thread(target=lambda: got.append('thread=yes'))\nt.start()\nt.join()\n"
+                 "raise RuntimeError(' '.join(got))\nreturn x")
+        r = self.evaluate(probe)
+        self.assertStatus(r, "runtime_error", "unshare=-1/EPERM", "ptrace=-1/EPERM", "mount=-1/EPERM",
+                          "keyctl=-1/EPERM", "sub=yes", "thread=yes")
+        self.honest()
+
+    def test_files_in_its_private_temp_folder_count_against_its_memory(self):
+        if not sandbox.cgroups.limits_memory():
+            self.skipTest(f"no memory control group here: {sandbox.cgroups.status}")
+        # 1.8 GB into the private /tmp (memory, resident in no process): the group's limit, which
+        # counts what no process's resident size shows, ends it.
+        body = ("with open('/tmp/fill', 'wb') as f:\n    for _ in range(30):\n        f.write(b'x' * (60 << 20))\n"
+                "return torch.nn.functional.silu(x)")
+        r = self.evaluate(body, memory_limit_mb=1536)
+        self.assertStatus(r, "runtime_error", "memory limit", "the kernel killed them")
+        self.honest()
+
+    def test_each_processs_control_group_is_removed_with_it(self):
+        if sandbox.cgroups.status.startswith("none"):
+            self.skipTest(f"no control groups here: {sandbox.cgroups.status}")
+        for _ in range(3):
+            self.honest()
+        self.server._reap(block=True)
+        live = {f"p{self.server.spare.pid}", f"p{self.server.judge.pid}"}
+        for base in sandbox.cgroups._base.values():
+            self.assertEqual({n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n))}, live, base)
+
+
 class JudgeLinkTest(Base):
     """Outputs cross the link to the judge in many ragged pieces (a link chunk of 1000 bytes:
     250 float32 values), as KernelBench's largest outputs do in 64 MB ones."""
