@@ -1,6 +1,6 @@
 #include "actors/sampler.hpp"
 
-#include "actors/sampler_backend.hpp"
+#include "policy/sampler_backend.hpp"
 #include "analysis/analysis.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"

@@ -1,6 +1,6 @@
 // sampler: turns the experiment's plan for a step into Rollouts and sends them to the dispatcher.
 // Backends: replay (actions recorded in JSONL files or in an earlier run's store), libtorch and
-// openai (actors/sampler_backend.hpp; the actor then runs detached, on a thread of its own,
+// openai (policy/sampler_backend.hpp; the actor then runs detached, on a thread of its own,
 // generating batch_prompts prompts at a time so rollouts stream out while later ones generate).
 // Messages in:  (plan_atom, uint32_t step) -> replies uint64_t (rollouts that step will send);
 //               WeightsUpdate -> replies uint64_t (the version now served) or an error;
@@ -10,7 +10,7 @@
 //               dispatcher for a sample left out by evaluate_top_m
 #pragma once
 
-#include "learner/policy.hpp"
+#include "policy/policy.hpp"
 #include "messages/messages.hpp"
 
 #include <caf/fwd.hpp>

@@ -1,4 +1,4 @@
-// policy_bench: sampling throughput of the built-in policy (learner/policy.hpp) on fixed-length
+// policy_bench: sampling throughput of the built-in policy (policy/policy.hpp) on fixed-length
 // work, for bench/policy_throughput.py. Prompts are random token ids; nothing stops a sequence
 // early unless the model's config names an eos token.
 //   policy_bench --model DIR --device cuda:0 --dtype bf16 --batch B --prompt-len P --new-tokens N
@@ -10,9 +10,9 @@
 // (--rank R --alpha A on all seven projections), --minibatch M sequences per forward/backward,
 // AdamW at --lr; one warm-up step, then R timed steps. Prints each step's seconds, loss and
 // tokens/s (tokens: B x L of the batch).
-#include "learner/model.hpp"
-#include "learner/policy.hpp"
-#include "learner/safetensors.hpp"
+#include "policy/model.hpp"
+#include "policy/policy.hpp"
+#include "policy/safetensors.hpp"
 #include "learner/trainer.hpp"
 
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-// launch generate / score / tokenize / merge / sft: the policy runtime (learner/policy.hpp) and
+// launch generate / score / tokenize / merge / sft: the policy runtime (policy/policy.hpp) and
 // the learner's SFT (learner/lora_learner.hpp) from the command line. Errors (a missing file, an unsupported checkpoint) print one line and exit 2.
 #include "launch/commands.hpp"
 
@@ -6,10 +6,10 @@
 #include "core/paths.hpp"
 #include "store/store.hpp"
 
-#include "actors/sampler_backend.hpp"
+#include "policy/sampler_backend.hpp"
 #include "learner/lora_learner.hpp"
-#include "learner/policy.hpp"
-#include "learner/tokenizer.hpp"
+#include "policy/policy.hpp"
+#include "policy/tokenizer.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -2,8 +2,8 @@
 
 #include "core/paths.hpp"
 #include "learner/advantages.hpp"
-#include "learner/model.hpp"
-#include "learner/tokenizer.hpp"
+#include "policy/model.hpp"
+#include "policy/tokenizer.hpp"
 #include "learner/trainer.hpp"
 
 #include <nlohmann/json.hpp>

@@ -1,6 +1,6 @@
 #include "learner/trainer.hpp"
 
-#include "learner/safetensors.hpp"
+#include "policy/safetensors.hpp"
 
 #include <cmath>
 #include <stdexcept>

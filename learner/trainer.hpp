@@ -6,7 +6,7 @@
 #pragma once
 
 #include "learner/grpo.hpp"
-#include "learner/model.hpp"
+#include "policy/model.hpp"
 
 #include <memory>
 #include <string>

@@ -33,14 +33,14 @@
 //       adapter to DIR (PEFT format) with DIR/report.json (each step's loss, gradient norm, lr, ...)
 //   policy_probe update --model DIR --rank R --alpha A --targets ... --from DIR --ids ... --out FILE
 //       a policy with a fresh adapter takes DIR's adapter as a WeightsUpdate, then writes logits
-#include "actors/sampler_backend.hpp"
+#include "policy/sampler_backend.hpp"
 #include "learner/advantages.hpp"
 #include "learner/grpo.hpp"
-#include "learner/model.hpp"
+#include "policy/model.hpp"
 #include "learner/trainer.hpp"
-#include "learner/policy.hpp"
-#include "learner/safetensors.hpp"
-#include "learner/tokenizer.hpp"
+#include "policy/policy.hpp"
+#include "policy/safetensors.hpp"
+#include "policy/tokenizer.hpp"
 #include "messages/messages.hpp"
 
 #include <nlohmann/json.hpp>

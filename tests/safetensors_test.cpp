@@ -1,5 +1,5 @@
-#include "learner/safetensors.hpp"
-#include "learner/tokenizer.hpp"
+#include "policy/safetensors.hpp"
+#include "policy/tokenizer.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -2,7 +2,7 @@
 // logprobs and policy version; weight updates are applied and acknowledged with the version; a
 // failing backend is retried, and nothing planned is lost.
 #include "actors/sampler.hpp"
-#include "actors/sampler_backend.hpp"
+#include "policy/sampler_backend.hpp"
 #include "messages/messages.hpp"
 #include "actor_system.hpp"
 

@@ -1,6 +1,6 @@
 // Decoder-only transformers of the Qwen2 and Llama families in LibTorch, loaded from a Hugging
 // Face directory, with LoRA adapters in PEFT's format. Includes <torch/torch.h>: only learner/
-// sources include this header; actors and messages reach the model through learner/policy.hpp.
+// sources include this header; actors and messages reach the model through policy/policy.hpp.
 //
 // The arithmetic follows transformers' modeling_llama / modeling_qwen2 step by step (RMSNorm in
 // float32 then cast, rotary tables in float32 cast to the model dtype, SDPA attention, SwiGLU), so

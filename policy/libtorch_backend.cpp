@@ -1,5 +1,5 @@
 // The `libtorch` sampler backend: the in-process Policy.
-#include "actors/sampler_backend.hpp"
+#include "policy/sampler_backend.hpp"
 
 namespace kernelrl {
 

@@ -1,8 +1,8 @@
-#include "learner/policy.hpp"
+#include "policy/policy.hpp"
 
-#include "learner/model.hpp"
-#include "learner/safetensors.hpp"
-#include "learner/tokenizer.hpp"
+#include "policy/model.hpp"
+#include "policy/safetensors.hpp"
+#include "policy/tokenizer.hpp"
 #include "messages/messages.hpp"
 
 #include <ATen/cuda/CUDAGraph.h>

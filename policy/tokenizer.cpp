@@ -1,4 +1,4 @@
-#include "learner/tokenizer.hpp"
+#include "policy/tokenizer.hpp"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -16,7 +16,7 @@
 namespace kernelrl {
 
 namespace {
-#include "nfc_tables.inc"  // generated at build time by learner/gen_nfc_tables.py
+#include "nfc_tables.inc"  // generated at build time by policy/gen_nfc_tables.py
 }  // namespace
 
 // ---------------------------------------------------------------- UTF-8

@@ -5,7 +5,7 @@
 // server or file and what went wrong.
 #pragma once
 
-#include "learner/policy.hpp"
+#include "policy/policy.hpp"
 #include "messages/messages.hpp"
 
 #include <memory>
@@ -38,7 +38,7 @@ class SamplerBackend {
   virtual uint64_t version() const = 0;
 };
 
-// In-process model (LibTorch); see learner/policy.hpp for the logprobs' distribution.
+// In-process model (LibTorch); see policy/policy.hpp for the logprobs' distribution.
 std::unique_ptr<SamplerBackend> make_libtorch_backend(const PolicyOptions& o);
 
 struct OpenAIOptions {

@@ -1,4 +1,4 @@
-#include "learner/safetensors.hpp"
+#include "policy/safetensors.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,10 +1,10 @@
 // The `openai` sampler backend: batched /v1/completions against vLLM, SGLang or any
 // OpenAI-compatible server, with retries and LoRA hot-loading through /v1/load_lora_adapter.
-#include "actors/sampler_backend.hpp"
+#include "policy/sampler_backend.hpp"
 
 #include "core/http.hpp"
 #include "core/log.hpp"
-#include "learner/safetensors.hpp"
+#include "policy/safetensors.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,6 +1,6 @@
-#include "learner/model.hpp"
+#include "policy/model.hpp"
 
-#include "learner/safetensors.hpp"
+#include "policy/safetensors.hpp"
 #include "messages/messages.hpp"
 
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-#include "learner/runtime_info.hpp"
+#include "policy/runtime_info.hpp"
 
 #include <torch/torch.h>
 
