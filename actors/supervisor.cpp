@@ -97,7 +97,7 @@ constexpr uint64_t group_stride = uint64_t(1) << 20;     // group ids of step s:
 constexpr uint64_t eval_group_base = uint64_t(1) << 62;  // group ids of evaluation rounds: base + v * stride + j
 
 // train and ttt: the modes in which a learner updates the policy step by step.
-bool learns(const SupervisorArgs& a) { return a.mode == "train" || a.mode == "ttt" || a.mode == "sdpo"; }
+bool learns(const SupervisorArgs& a) { return traits(a.mode).learns; }
 
 // Reward histogram bins: (-inf, 0], (0, 0.5], (0.5, 1], (1, 1.5], (1.5, 2], (2, 5], (5, inf).
 const std::vector<double> reward_edges = {0, 0.5, 1, 1.5, 2, 5};
@@ -246,7 +246,7 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
   StepStats s = step_stats(st, 0);
   nlohmann::json j;
   j["run_id"] = args.run_id;
-  j["mode"] = args.mode;
+  j["mode"] = name(args.mode);
   j["ok"] = error.empty();
   j["error"] = error;
   j["expected"] = st.expected;
@@ -487,7 +487,7 @@ void plan_step(self_ptr self, const SupervisorArgs& args, uint32_t s) {
   std::vector<std::vector<ScoredRollout>> reused;
   for (uint32_t k = 0; k < args.batch_size; ++k) {
     // ttt adapts on the same tasks every step; train walks a shuffled sequence of them.
-    const std::string& task = args.mode != "train" ? args.task_ids[k % args.task_ids.size()]
+    const std::string& task = traits(args.mode).adapts ? args.task_ids[k % args.task_ids.size()]
                                                  : args.task_ids[train_task_index(args.seed, args.task_ids.size(),
                                                                                   uint64_t(s) * args.batch_size + k)];
     auto r = st.reusable.find(task);
@@ -595,7 +595,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
   self->state.store = Store::open(args.store_path, args.synchronous, err);
   if (!self->state.store) {
     lg->error("{}", err);
-  } else if (!self->state.store->begin_run(args.run_id, args.mode, args.config_toml)) {
+  } else if (!self->state.store->begin_run(args.run_id, name(args.mode), args.config_toml)) {
     lg->error("store: cannot begin run: {}", self->state.store->last_error());
   }
   // No evaluator running: a single node fails at once; a cluster waits join_wait_s for one to

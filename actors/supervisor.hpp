@@ -41,7 +41,7 @@ struct SupervisorArgs {
   std::string run_id;                 // id of the run in the store
   std::string store_path;             // RUN_DIR/store.sqlite
   std::string synchronous = "normal"; // StoreConfig::synchronous
-  std::string mode = "eval";          // ExperimentConfig::mode
+  Mode mode = Mode::eval;             // ExperimentConfig::mode
   std::string config_toml;            // resolved config, kept with the run
   std::vector<std::string> task_ids;  // tasks of the experiment, in order
   double join_wait_s = 0;             // cluster: how long to wait for an evaluator to join when

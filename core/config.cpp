@@ -548,19 +548,23 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.integer("keep_last", l.keep_last, 1, 1 << 20);
   });
   section("experiment", [&](TableReader& r) {
-    r.one_of("mode", c.experiment.mode, {"eval", "best_of_n", "train", "ttt", "sdpo"});
+    std::string mode_name = name(c.experiment.mode);
+    r.one_of("mode", mode_name, {"eval", "best_of_n", "train", "ttt", "sdpo"});
+    if (auto parsed = parse_mode(mode_name)) c.experiment.mode = *parsed;
+    const ModeTraits& mode = traits(c.experiment.mode);
+    const std::string m = mode.name;
     r.integer("patience", c.experiment.patience, 0, 1 << 20);
     r.integer("k", c.experiment.k, 0, 1 << 20);
     r.integer("evaluate_top_m", c.experiment.evaluate_top_m, 0, 1 << 20);
     if (c.experiment.evaluate_top_m > 0) {
-      if (c.experiment.mode != "best_of_n")
+      if (!mode.selects)
         r.error_here("evaluate_top_m", "evaluate_top_m is for mode = \"best_of_n\"");
       else if (c.experiment.k >= 2 && c.experiment.evaluate_top_m >= c.experiment.k)
         r.error_here("evaluate_top_m", "evaluate_top_m = " + std::to_string(c.experiment.evaluate_top_m) +
                                            " leaves nothing out of k = " + std::to_string(c.experiment.k) +
                                            " (expected 1 .. k - 1)");
     }
-    if (c.experiment.mode == "best_of_n") {
+    if (mode.selects) {
       if (c.experiment.k == 0 && c.sampler.samples_per_task < 2)
         r.error_here("mode", "best_of_n needs k = K (at least 2 samples per task)");
       else if (c.experiment.k == 1)
@@ -569,8 +573,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     } else if (c.experiment.k != 0) {
       r.error_here("k", "k is for mode = \"best_of_n\" (train: [learner] group_size; eval: [sampler] samples_per_task)");
     }
-    const auto& m = c.experiment.mode;
-    if (m == "train" || m == "ttt" || m == "sdpo") {
+    if (mode.learns) {
       if (c.sampler.backend == "replay")
         r.error_here("mode", m + " needs a model sampler: set [sampler] backend = \"libtorch\" or \"openai\"");
       if (c.policy.model.empty())
@@ -583,7 +586,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     r.integer("eval_every", c.experiment.eval_every, 0, 1 << 20);
     r.integer("eval_samples", c.experiment.eval_samples, 0, 1 << 20);
     const bool has_eval = !c.experiment.eval_split.empty() || !c.experiment.eval_ids.empty();
-    if (has_eval && m != "train") {
+    if (has_eval && !mode.holds_out) {
       r.error_here(c.experiment.eval_split.empty() ? "eval_ids" : "eval_split",
                    "periodic evaluation on held-out tasks is for mode = \"train\" (" + m + " evaluates its own tasks)");
     } else if (!c.experiment.eval_split.empty() && !c.experiment.eval_ids.empty()) {
@@ -602,7 +605,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
       r.error_here(c.experiment.eval_every != 0 ? "eval_every" : "eval_samples",
                    "set eval_split or eval_ids: the held-out tasks to evaluate on");
     }
-    if (m != "sdpo" && root.get("sdpo"))
+    if (c.experiment.mode != Mode::sdpo && root.get("sdpo"))
       r.error_here("mode", "[sdpo] is set but mode is \"" + m + "\" (the [sdpo] settings are for mode = \"sdpo\")");
     r.str("name", c.experiment.name);
     r.path("run_root", c.experiment.run_root, PathKind::any);
@@ -617,7 +620,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
       r.error_here("demonstration", "context = \"prompt\" without a demonstration leaves the teacher nothing the "
                                     "student did not see: set demonstration = true or context = \"feedback\"");
   });
-  if (c.experiment.mode != "sdpo") resolved.erase("sdpo");  // a resolved config re-reads cleanly
+  if (c.experiment.mode != Mode::sdpo) resolved.erase("sdpo");  // a resolved config re-reads cleanly
   section("store", [&](TableReader& r) {
     r.str("file", c.store.file);
     r.one_of("synchronous", c.store.synchronous, {"normal", "full"});

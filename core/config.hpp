@@ -3,6 +3,7 @@
 // Relative paths in a config file are resolved against the directory of that file.
 #pragma once
 
+#include "core/mode.hpp"
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -177,7 +178,7 @@ struct SdpoConfig {
 };
 
 struct ExperimentConfig {
-  std::string mode = "eval";        // eval; best_of_n (k samples per task, for selection
+  Mode mode = Mode::eval;           // eval; best_of_n (k samples per task, for selection
                                     // strategies); train (RLVR: [learner] steps of GRPO on the tasks);
                                     // ttt (test-time adaptation: every step on all the tasks);
                                     // sdpo (ttt's loop, learning by self-distillation: [sdpo])

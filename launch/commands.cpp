@@ -633,12 +633,13 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     }
   }
 
-  const bool adapts = cfg.experiment.mode == "ttt" || cfg.experiment.mode == "sdpo";  // every task, every step
-  const bool train = cfg.experiment.mode == "train" || adapts;  // a learner updates the policy
+  const ModeTraits& mode = traits(cfg.experiment.mode);
+  const bool adapts = mode.adapts;  // every task, every step
+  const bool train = mode.learns;   // a learner updates the policy
   if (resume) {
     if (!train) {
       lg->error("--resume {}: only train, ttt and sdpo runs resume ({} has [experiment] mode = \"{}\")", run_dir_arg, config_path,
-                cfg.experiment.mode);
+                mode.name);
       return 2;
     }
     if (!fs::exists(fs::path(run_dir_arg) / cfg.store.file) || latest_checkpoint(run_dir_arg).empty()) {
@@ -663,14 +664,14 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
   log::add_run_file((fs::path(run_dir) / "launch.log").string());
   std::string run_id = fs::path(run_dir).filename().string();
   if (cfg.sampler.backend == "replay")
-    lg->info("run {} ({} mode, {} tasks, {} actions) in {}", run_id, cfg.experiment.mode, tasks.size(),
+    lg->info("run {} ({} mode, {} tasks, {} actions) in {}", run_id, mode.name, tasks.size(),
              records.size(), run_dir);
   else if (train)
     lg->info("run {} ({}: {} steps of {} tasks x {} samples from the {} sampler, {} tasks in all) in {}", run_id,
-             cfg.experiment.mode, cfg.learner.steps, adapts ? tasks.size() : cfg.learner.batch_size,
+             mode.name, cfg.learner.steps, adapts ? tasks.size() : cfg.learner.batch_size,
              cfg.learner.group_size, cfg.sampler.backend, tasks.size(), run_dir);
   else
-    lg->info("run {} ({} mode, {} tasks, {} samples each from the {} sampler) in {}", run_id, cfg.experiment.mode,
+    lg->info("run {} ({} mode, {} tasks, {} samples each from the {} sampler) in {}", run_id, mode.name,
              tasks.size(), std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
   // The model backend is made before the actor system: a model that does not load is a clear
   // error here, not a dead actor later.
@@ -730,7 +731,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     lo.clip_high = cfg.learner.clip_high;
     lo.kl_coef = cfg.learner.kl_coef;
     lo.entropy_coef = cfg.learner.entropy_coef;
-    lo.objective = cfg.experiment.mode == "sdpo" ? "sdpo" : "grpo";
+    lo.objective = mode.objective;
     lo.sdpo_beta = cfg.sdpo.beta;
     lo.aggregation = cfg.learner.aggregation;
     lo.minibatch_size = cfg.learner.minibatch_size;
@@ -764,7 +765,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     sa.mode = cfg.experiment.mode;
     sa.config_toml = cfg.resolved_toml;
     for (auto& t : tasks.tasks()) sa.task_ids.push_back(t.id);
-    sa.settings = {{"mode", cfg.experiment.mode},
+    sa.settings = {{"mode", mode.name},
                    {"sampler", cfg.sampler.backend},
                    {"samples_per_task", std::to_string(train ? cfg.learner.group_size : std::max<uint32_t>(1, cfg.sampler.samples_per_task))},
                    {"temperature", fmt::format("{:g}", cfg.sampler.temperature)},
@@ -775,7 +776,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
                    {"checkpoint", cfg.policy.adapter},
                    {"replay", cfg.sampler.replay},
                    {"tasks", std::to_string(tasks.size())}};
-    if (cfg.experiment.mode == "sdpo") sa.settings["sdpo_context"] = cfg.sdpo.context;
+    if (cfg.experiment.mode == Mode::sdpo) sa.settings["sdpo_context"] = cfg.sdpo.context;
     if (cfg.experiment.evaluate_top_m > 0) sa.settings["evaluate_top_m"] = std::to_string(cfg.experiment.evaluate_top_m);
     if (eval_tasks.size() > 0) {
       sa.settings["eval_tasks"] = std::to_string(eval_tasks.size());
@@ -812,7 +813,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
       la.selector = selector;
       la.checkpoint_dir = (fs::path(run_dir) / "checkpoints").string();
       la.sync_timeout_s = cfg.learner.sync_timeout_s;
-      if (cfg.experiment.mode == "sdpo") {
+      if (cfg.experiment.mode == Mode::sdpo) {
         la.sdpo_enabled = true;
         la.sdpo.context = cfg.sdpo.context;
         la.sdpo.demonstration = cfg.sdpo.demonstration;
@@ -867,7 +868,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     ma.progress = cfg.monitor.progress;
     ma.interval_s = cfg.monitor.interval_s;
     ma.metrics_path = (fs::path(run_dir) / cfg.monitor.metrics_file).string();
-    ma.label = cfg.experiment.mode;
+    ma.label = mode.name;
     if (!cfg.monitor.publish.empty()) {
       std::string perr;
       ma.publisher = TelemetryPublisher::bind(cfg.monitor.publish, perr);

@@ -187,10 +187,10 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
           ok = false;
           continue;
         }
-        const auto& m = earlier->cfg.experiment.mode;
-        if (m != "train" && m != "ttt" && m != "sdpo") {
+        const char* m = name(earlier->cfg.experiment.mode);
+        if (!traits(earlier->cfg.experiment.mode).learns) {
           std::fprintf(stderr, "%s: arm %s: policy.adapter = \"%s\": arm %s (mode %s) learns nothing (expected a train, "
-                               "ttt or sdpo arm)\n", path.c_str(), n.c_str(), ad.c_str(), from.c_str(), m.c_str());
+                               "ttt or sdpo arm)\n", path.c_str(), n.c_str(), ad.c_str(), from.c_str(), m);
           ok = false;
           continue;
         }
@@ -330,7 +330,7 @@ int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, 
       std::printf("arm %s starts from arm %s's best checkpoint: %s\n", a.name.c_str(), a.adapter_from.c_str(), ck.c_str());
     }
     std::ofstream(cfg) << text;
-    std::printf("arm %s (%s): launch %s --run-dir %s\n", a.name.c_str(), a.cfg.experiment.mode.c_str(), cfg.c_str(),
+    std::printf("arm %s (%s): launch %s --run-dir %s\n", a.name.c_str(), name(a.cfg.experiment.mode), cfg.c_str(),
                 dir.c_str());
     std::fflush(stdout);
     std::vector<std::string> argv = {exe, cfg, "--run-dir", dir};

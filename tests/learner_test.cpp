@@ -272,7 +272,7 @@ struct ScriptedRun {
   ScriptedRun(const std::string& mode, uint32_t steps, uint32_t batch, uint32_t patience) {
     sa.run_id = "r";
     sa.store_path = (tmp.path / "store.sqlite").string();
-    sa.mode = mode;
+    sa.mode = *parse_mode(mode);
     sa.task_ids = {"t1", "t2", "t3"};
     sa.steps = steps;
     sa.batch_size = batch;
