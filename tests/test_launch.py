@@ -179,6 +179,31 @@ class EvalPipelineTest(unittest.TestCase):
         self.assertEqual({s["completion"]: s["status"] for s in again}, before)
 
 
+class HelpTest(unittest.TestCase):
+    """Every subcommand answers --help with its own arguments and exit 0; --version prints the
+    versions; an unknown option is exit 2 with the usage."""
+
+    SUBCOMMANDS = ["check", "prompts", "export", "analyze", "report", "probe", "compare", "evaluate", "generate",
+                   "score", "tokenize", "merge", "sft", "monitor", "version"]
+
+    def test_each_subcommand_has_its_help_and_the_program_its_version(self):
+        for sub in self.SUBCOMMANDS:
+            out = run(sub, "--help")
+            self.assertEqual(out.returncode, 0, (sub, out.stderr))
+            self.assertTrue(out.stdout.startswith(f"launch {sub} "), (sub, out.stdout))
+        out = run(os.path.join(ROOT, "configs", "local.toml"), "--help")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("--resume RUN_DIR", out.stdout)
+        for flag in ("--version", "version"):
+            out = run(flag)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertRegex(out.stdout, r"^kernelrl \d+\.\d+\.\d+ \(protocol \d+\)\nLibTorch 2\.11\.0")
+        out = run("--bogus")
+        self.assertEqual(out.returncode, 2)
+        self.assertIn('unknown option "--bogus"', out.stderr)
+        self.assertIn("usage:", out.stderr)
+
+
 class EvaluateCommandTest(unittest.TestCase):
     """`launch evaluate`: one evaluator, candidates in order, one JSON line each, exit 0."""
 
