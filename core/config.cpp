@@ -271,66 +271,8 @@ class TableReader {
 
 const char* const all_roles[] = {"supervisor", "learner", "sampler", "evaluator", "monitor"};
 
-}  // namespace
-
-ConfigResult parse_config(const std::string& text, const std::string& path) {
-  std::vector<ConfigError> errs;
-  Config c;
-  c.source_file = fs::absolute(path).lexically_normal().string();
-  c.base_dir = fs::path(c.source_file).parent_path().string();
-  const std::string& file = path;
-
-  toml::table root;
-  try {
-    root = toml::parse(text, path);
-  } catch (const toml::parse_error& e) {
-    errs.push_back({file, e.source().begin.line, e.source().begin.column, "(syntax)",
-                    std::string(e.description())});
-    return errs;
-  }
-
-  toml::table resolved;
-  std::set<std::string> sections = {"cluster", "node",    "tasks",      "policy",
-                                    "sampler", "evaluator", "reward",   "learner",
-                                    "experiment", "sdpo", "store", "monitor"};
-  for (auto& [k, n] : root) {
-    std::string key(k.str());
-    if (!sections.count(key)) {
-      errs.push_back({file, n.source().begin.line, n.source().begin.column, key,
-                      "unknown section (expected one of cluster, node, tasks, policy, sampler, "
-                      "evaluator, reward, learner, experiment, sdpo, store, monitor)"});
-    } else if (key == "node" ? !n.is_array_of_tables() : !n.is_table()) {
-      errs.push_back({file, n.source().begin.line, n.source().begin.column, key,
-                      key == "node" ? "expected an array of tables ([[node]])"
-                                    : "expected a table ([" + key + "])"});
-    }
-  }
-
-  // Reads one [section] table through a TableReader; `body` reads its keys.
-  auto section = [&](const char* name, auto&& body) {
-    const toml::table* t = root.get(name) ? root.get(name)->as_table() : nullptr;
-    toml::table out;
-    TableReader r(t, name, file, c.base_dir, out, errs);
-    body(r);
-    r.finish();
-    resolved.insert_or_assign(name, std::move(out));
-  };
-
-  section("cluster", [&](TableReader& r) {
-    r.str("name", c.cluster.name);
-    r.one_of("log_level", c.cluster.log_level, {"trace", "debug", "info", "warn", "error", "off"});
-    r.str("head", c.cluster.head);
-    r.path("secret_file", c.cluster.secret_file, PathKind::file);
-    r.number("heartbeat_s", c.cluster.heartbeat_s, 0.05, 3600);
-    r.number("peer_timeout_s", c.cluster.peer_timeout_s, 0.1, 86400);
-    r.number("join_wait_s", c.cluster.join_wait_s, 0, 86400);
-    std::string head_host;
-    uint16_t head_port = 0;
-    if (!c.cluster.head.empty() && !parse_host_port(c.cluster.head, head_host, head_port))
-      r.error_here("head", "expected \"HOST:PORT\", got \"" + c.cluster.head + "\"");
-  });
-
-  // [[node]]
+// [[node]]: each machine of the cluster and its roles (one node with every role when none is given).
+toml::array read_nodes(const toml::table& root, Config& c, const std::string& file, std::vector<ConfigError>& errs) {
   toml::array nodes_out;
   if (auto* arr = root.get("node") ? root.get("node")->as_array() : nullptr;
       arr && arr->is_array_of_tables()) {
@@ -380,260 +322,355 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
     out.insert("gpus", toml::array{});
     nodes_out.push_back(std::move(out));
   }
-  resolved.insert_or_assign("node", std::move(nodes_out));
+  return nodes_out;
+}
 
-  section("tasks", [&](TableReader& r) {
-    r.path("dir", c.tasks.dir, PathKind::dir);
-    r.path("kernelbench_dir", c.tasks.kernelbench_dir, PathKind::dir);
-    r.integer("level", c.tasks.level, 1, 100);
-    r.str_array("ids", c.tasks.ids);
-    r.str("split", c.tasks.split);
-    if (!r.raw("split_file") && !c.tasks.split.empty())
-      c.tasks.split_file = source_dir() + "/tasks/splits.toml";
-    r.path("split_file", c.tasks.split_file, PathKind::file);
-    if (c.tasks.dir.empty() == c.tasks.kernelbench_dir.empty()) {
-      r.error_here("dir", c.tasks.dir.empty()
-                              ? "missing required key (or kernelbench_dir)"
-                              : "set dir or kernelbench_dir, not both");
-      return;
+// [cluster]: the cluster's name, secret, head and log level.
+void read_cluster(TableReader& r, Config& c, const toml::table& root) {
+  r.str("name", c.cluster.name);
+  r.one_of("log_level", c.cluster.log_level, {"trace", "debug", "info", "warn", "error", "off"});
+  r.str("head", c.cluster.head);
+  r.path("secret_file", c.cluster.secret_file, PathKind::file);
+  r.number("heartbeat_s", c.cluster.heartbeat_s, 0.05, 3600);
+  r.number("peer_timeout_s", c.cluster.peer_timeout_s, 0.1, 86400);
+  r.number("join_wait_s", c.cluster.join_wait_s, 0, 86400);
+  std::string head_host;
+  uint16_t head_port = 0;
+  if (!c.cluster.head.empty() && !parse_host_port(c.cluster.head, head_host, head_port))
+    r.error_here("head", "expected \"HOST:PORT\", got \"" + c.cluster.head + "\"");
+}
+
+// [tasks]: where the tasks are and which of them run.
+void read_tasks(TableReader& r, Config& c, const toml::table& root) {
+  r.path("dir", c.tasks.dir, PathKind::dir);
+  r.path("kernelbench_dir", c.tasks.kernelbench_dir, PathKind::dir);
+  r.integer("level", c.tasks.level, 1, 100);
+  r.str_array("ids", c.tasks.ids);
+  r.str("split", c.tasks.split);
+  if (!r.raw("split_file") && !c.tasks.split.empty())
+    c.tasks.split_file = source_dir() + "/tasks/splits.toml";
+  r.path("split_file", c.tasks.split_file, PathKind::file);
+  if (c.tasks.dir.empty() == c.tasks.kernelbench_dir.empty()) {
+    r.error_here("dir", c.tasks.dir.empty()
+                            ? "missing required key (or kernelbench_dir)"
+                            : "set dir or kernelbench_dir, not both");
+    return;
+  }
+  if (!c.tasks.split.empty() && !c.tasks.ids.empty()) {
+    r.error_here("split", "set ids or split, not both");
+    return;
+  }
+  std::error_code ec;
+  if (!fs::is_directory(c.tasks.folder(), ec)) {
+    if (!c.tasks.kernelbench_dir.empty())
+      r.error_here("level", "no level folder " + c.tasks.folder());
+    return;
+  }
+  // Every id (or range, or split) must resolve to task files.
+  TaskSet ts;
+  std::string err;
+  if (!ts.load(c.tasks, err)) {
+    auto* ids = r.raw("ids") ? r.raw("ids")->as_array() : nullptr;
+    if (ids && !c.tasks.ids.empty()) {
+      for (size_t i = 0; i < ids->size(); ++i) {
+        std::optional<std::string> id = (*ids)[i].value<std::string>();
+        std::string one_err;
+        TaskSet one;
+        TasksConfig single = c.tasks;
+        single.ids = {id.value_or("")};
+        if (id && !one.load(single, one_err))
+          r.error_at((*ids)[i], ("ids[" + std::to_string(i) + "]").c_str(), one_err);
+      }
+    } else {
+      r.error_here(c.tasks.split.empty() ? "dir" : "split", err);
     }
-    if (!c.tasks.split.empty() && !c.tasks.ids.empty()) {
-      r.error_here("split", "set ids or split, not both");
-      return;
-    }
-    std::error_code ec;
-    if (!fs::is_directory(c.tasks.folder(), ec)) {
-      if (!c.tasks.kernelbench_dir.empty())
-        r.error_here("level", "no level folder " + c.tasks.folder());
-      return;
-    }
-    // Every id (or range, or split) must resolve to task files.
+  }
+}
+
+// [policy]: the model, its adapter, dtype, device and prompt template.
+void read_policy(TableReader& r, Config& c, const toml::table& root) {
+  r.path("model", c.policy.model, PathKind::dir);
+  r.path("adapter", c.policy.adapter, PathKind::dir);
+  r.one_of("dtype", c.policy.dtype, {"f32", "f16", "bf16"});
+  r.str("device", c.policy.device);
+  auto& d = c.policy.device;
+  if (d != "cpu" && d != "cuda" && d != "auto" && !(d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
+                                     d.find_first_not_of("0123456789", 5) == std::string::npos))
+    r.error_here("device", "expected \"cpu\", \"cuda\", \"cuda:N\" or \"auto\", got \"" + d + "\"");
+  r.str("template", c.policy.template_);
+  auto& t = c.policy.template_;
+  if (t != "chatml" && t != "llama3" && t != "plain" && t.find("{user}") == std::string::npos)
+    r.error_here("template", "expected chatml, llama3, plain or a string containing {user}");
+  r.str("system", c.policy.system);
+}
+
+// [sampler]: the backend and its sampling settings.
+void read_sampler(TableReader& r, Config& c, const toml::table& root) {
+  r.one_of("backend", c.sampler.backend, {"replay", "libtorch", "openai"});
+  r.path("replay", c.sampler.replay, PathKind::file_or_dir, c.sampler.backend == "replay");
+  if (c.sampler.backend == "libtorch" && c.policy.model.empty())
+    r.error_here("backend", "the libtorch backend needs [policy] model (a Hugging Face directory)");
+  r.integer("samples_per_task", c.sampler.samples_per_task, 0, 1 << 20);
+  r.number("temperature", c.sampler.temperature, 0, 10);
+  r.number("top_p", c.sampler.top_p, 1e-6, 1);
+  r.str_array("stop", c.sampler.stop);
+  r.integer("batch_prompts", c.sampler.batch_prompts, 1, 4096);
+  r.str("url", c.sampler.url);
+  r.str("served_model", c.sampler.served_model);
+  r.str("api_key_env", c.sampler.api_key_env);
+  r.number("timeout_s", c.sampler.timeout_s, 0.1, 86400);
+  r.integer("max_retries", c.sampler.max_retries, 0, 100);
+  r.path("adapter_dir", c.sampler.adapter_dir, PathKind::any);
+  if (c.sampler.backend == "openai") {
+    if (c.sampler.url.empty()) r.error_here("url", "the openai backend needs url = \"http://HOST:PORT\"");
+    else if (c.sampler.url.rfind("http://", 0) != 0)
+      r.error_here("url", "expected \"http://HOST:PORT[/PATH]\" (https: put a TLS proxy in front), got \"" + c.sampler.url + "\"");
+    if (c.sampler.served_model.empty()) r.error_here("served_model", "the openai backend needs the served model's name");
+  }
+  r.integer("max_tokens", c.sampler.max_tokens, 1, 1 << 20);
+  r.integer("seed", c.sampler.seed, 0, std::numeric_limits<int64_t>::max());
+  r.integer("max_pending", c.sampler.max_pending, 1, 1 << 24);
+}
+
+// [evaluator]: the evaluation protocol and the sandbox's limits.
+void read_evaluator(TableReader& r, Config& c, const toml::table& root) {
+  auto& e = c.evaluator;
+  r.one_of("action_space", e.action_space, {"forward_body", "full_program"});
+  r.one_of("mode", e.mode, {"fast", "full"});
+  r.integer("correctness_trials", e.correctness_trials, 1, 1000);
+  r.integer("warmup", e.warmup, 0, 1000);
+  r.integer("fast_trials", e.fast_trials, 1, 10000);
+  r.integer("full_trials", e.full_trials, 1, 10000);
+  r.number("timeout_s", e.timeout_s, 0.1, 86400);
+  r.number("atol_fp32", e.atol_fp32, 0, 1);
+  r.number("rtol_fp32", e.rtol_fp32, 0, 1);
+  r.number("atol_half", e.atol_half, 0, 1);
+  r.number("rtol_half", e.rtol_half, 0, 1);
+  r.integer("max_in_flight", e.max_in_flight, 0, 1024);
+  r.integer("max_attempts", e.max_attempts, 1, 100);
+  r.integer("torch_threads", e.torch_threads, 1, 1024);
+  r.integer("seed", e.seed, 0, std::numeric_limits<int64_t>::max());
+  if (!r.raw("python")) e.python = source_dir() + "/scripts/python";
+  r.path("python", e.python, PathKind::file);
+  r.one_of("task_size", e.task_size, {"auto", "cpu", "gpu"});
+  r.integer("compile_workers", e.compile_workers, 0, 1024);
+  r.number("compile_timeout_s", e.compile_timeout_s, 1, 86400);
+  r.integer("memory_limit_mb", e.memory_limit_mb, 0, 1 << 30);
+  r.number("reverify_speedup", e.reverify_speedup, 0, 1e9);
+  r.boolean("isolate_network", e.isolate_network);
+  r.path("cache_dir", e.cache_dir, PathKind::any);
+  r.one_of("backend", e.backend, {"worker", "synthetic"});
+  r.number("synthetic_latency_ms", e.synthetic_latency_ms, 0, 3.6e6);
+}
+
+// [reward]: how an evaluation becomes a reward.
+void read_reward(TableReader& r, Config& c, const toml::table& root) {
+  r.one_of("shape", c.reward.shape, {"speedup", "log_speedup", "none", "threshold"});
+  r.number("threshold", c.reward.threshold, 0, 1e6);
+  r.number("max_speedup", c.reward.max_speedup, 1, 1e6);
+  r.number("correct_bonus", c.reward.correct_bonus, -1e6, 1e6);
+  r.number("incorrect_reward", c.reward.incorrect_reward, -1e6, 1e6);
+  r.number("failure_reward", c.reward.failure_reward, -1e6, 1e6);
+  r.number("hacked_reward", c.reward.hacked_reward, -1e6, 1e6);
+  r.one_of("normalize", c.reward.normalize, {"none", "task_mean"});
+  r.number("coverage_weight", c.reward.coverage_weight, -1e6, 1e6);
+  r.number("min_coverage", c.reward.min_coverage, 0, 1);
+  r.number("lazy_reward", c.reward.lazy_reward, -1e6, 1e6);
+}
+
+// [learner]: the GRPO/SDPO learner.
+void read_learner(TableReader& r, Config& c, const toml::table& root) {
+  auto& l = c.learner;
+  r.one_of("algorithm", l.algorithm, {"grpo", "dr_grpo", "rloo"});
+  r.number("adv_eps", l.adv_eps, 0, 1);
+  r.integer("steps", l.steps, 1, 1 << 24);
+  r.integer("batch_size", l.batch_size, 1, 1 << 20);
+  r.integer("group_size", l.group_size, 2, 1 << 20);
+  r.integer("minibatch_size", l.minibatch_size, 1, 1 << 20);
+  r.integer("lora_rank", l.lora_rank, 1, 4096);
+  r.number("lora_alpha", l.lora_alpha, 0, 1e6);
+  r.number("lora_dropout", l.lora_dropout, 0, 0.99);
+  r.str_array("lora_targets", l.lora_targets);
+  static const std::set<std::string> known_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  for (auto& t : l.lora_targets)
+    if (!known_targets.count(t))
+      r.error_here("lora_targets", "\"" + t + "\" is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
+  if (l.lora_targets.empty()) r.error_here("lora_targets", "expected at least one module");
+  r.number("learning_rate", l.learning_rate, 0, 1);
+  r.number("weight_decay", l.weight_decay, 0, 10);
+  r.number("max_grad_norm", l.max_grad_norm, 0, 1e6);
+  r.one_of("lr_schedule", l.lr_schedule, {"constant", "linear", "cosine"});
+  r.integer("warmup_steps", l.warmup_steps, 0, 1 << 24);
+  r.number("clip_low", l.clip_low, 0, 1);
+  r.number("clip_high", l.clip_high, 0, 100);
+  r.one_of("aggregation", l.aggregation, {"token_mean", "seq_mean"});
+  r.number("kl_coef", l.kl_coef, 0, 1e3);
+  r.number("entropy_coef", l.entropy_coef, 0, 1e3);
+  r.str("device", l.device);
+  if (l.device.empty()) l.device = c.policy.device;
+  r.str("dtype", l.dtype);
+  if (l.dtype.empty()) l.dtype = c.policy.dtype;
+  else if (l.dtype != "f32" && l.dtype != "f16" && l.dtype != "bf16")
+    r.error_here("dtype", "expected f32, f16 or bf16, got \"" + l.dtype + "\"");
+  r.integer("max_staleness", l.max_staleness, 0, 1 << 20);
+  r.number("sync_timeout_s", l.sync_timeout_s, 0.1, 86400);
+  r.integer("keep_last", l.keep_last, 1, 1 << 20);
+}
+
+// [experiment]: the mode and its settings.
+void read_experiment(TableReader& r, Config& c, const toml::table& root) {
+  std::string mode_name = name(c.experiment.mode);
+  r.one_of("mode", mode_name, {"eval", "best_of_n", "train", "ttt", "sdpo"});
+  if (auto parsed = parse_mode(mode_name)) c.experiment.mode = *parsed;
+  const ModeTraits& mode = traits(c.experiment.mode);
+  const std::string m = mode.name;
+  r.integer("patience", c.experiment.patience, 0, 1 << 20);
+  r.integer("k", c.experiment.k, 0, 1 << 20);
+  r.integer("evaluate_top_m", c.experiment.evaluate_top_m, 0, 1 << 20);
+  if (c.experiment.evaluate_top_m > 0) {
+    if (!mode.selects)
+      r.error_here("evaluate_top_m", "evaluate_top_m is for mode = \"best_of_n\"");
+    else if (c.experiment.k >= 2 && c.experiment.evaluate_top_m >= c.experiment.k)
+      r.error_here("evaluate_top_m", "evaluate_top_m = " + std::to_string(c.experiment.evaluate_top_m) +
+                                         " leaves nothing out of k = " + std::to_string(c.experiment.k) +
+                                         " (expected 1 .. k - 1)");
+  }
+  if (mode.selects) {
+    if (c.experiment.k == 0 && c.sampler.samples_per_task < 2)
+      r.error_here("mode", "best_of_n needs k = K (at least 2 samples per task)");
+    else if (c.experiment.k == 1)
+      r.error_here("k", "best_of_n needs at least 2 samples per task");
+    if (c.experiment.k >= 2) c.sampler.samples_per_task = c.experiment.k;
+  } else if (c.experiment.k != 0) {
+    r.error_here("k", "k is for mode = \"best_of_n\" (train: [learner] group_size; eval: [sampler] samples_per_task)");
+  }
+  if (mode.learns) {
+    if (c.sampler.backend == "replay")
+      r.error_here("mode", m + " needs a model sampler: set [sampler] backend = \"libtorch\" or \"openai\"");
+    if (c.policy.model.empty())
+      r.error_here("mode", m + " needs [policy] model: the learner trains an adapter on that model");
+  } else if (c.experiment.patience != 0) {
+    r.error_here("patience", "patience is for mode = \"train\", \"ttt\" or \"sdpo\"");
+  }
+  r.str("eval_split", c.experiment.eval_split);
+  r.str_array("eval_ids", c.experiment.eval_ids);
+  r.integer("eval_every", c.experiment.eval_every, 0, 1 << 20);
+  r.integer("eval_samples", c.experiment.eval_samples, 0, 1 << 20);
+  const bool has_eval = !c.experiment.eval_split.empty() || !c.experiment.eval_ids.empty();
+  if (has_eval && !mode.holds_out) {
+    r.error_here(c.experiment.eval_split.empty() ? "eval_ids" : "eval_split",
+                 "periodic evaluation on held-out tasks is for mode = \"train\" (" + m + " evaluates its own tasks)");
+  } else if (!c.experiment.eval_split.empty() && !c.experiment.eval_ids.empty()) {
+    r.error_here("eval_ids", "set eval_ids or eval_split, not both");
+  } else if (has_eval) {
+    auto& e = c.experiment.eval_tasks;
+    e = c.tasks;
+    e.ids = c.experiment.eval_ids;
+    e.split = c.experiment.eval_split;
+    if (!e.split.empty() && e.split_file.empty()) e.split_file = source_dir() + "/tasks/splits.toml";
     TaskSet ts;
     std::string err;
-    if (!ts.load(c.tasks, err)) {
-      auto* ids = r.raw("ids") ? r.raw("ids")->as_array() : nullptr;
-      if (ids && !c.tasks.ids.empty()) {
-        for (size_t i = 0; i < ids->size(); ++i) {
-          std::optional<std::string> id = (*ids)[i].value<std::string>();
-          std::string one_err;
-          TaskSet one;
-          TasksConfig single = c.tasks;
-          single.ids = {id.value_or("")};
-          if (id && !one.load(single, one_err))
-            r.error_at((*ids)[i], ("ids[" + std::to_string(i) + "]").c_str(), one_err);
-        }
-      } else {
-        r.error_here(c.tasks.split.empty() ? "dir" : "split", err);
-      }
+    if (!c.tasks.folder().empty() && fs::is_directory(c.tasks.folder()) && !ts.load(e, err))
+      r.error_here(c.experiment.eval_split.empty() ? "eval_ids" : "eval_split", err);
+  } else if (c.experiment.eval_every != 0 || c.experiment.eval_samples != 0) {
+    r.error_here(c.experiment.eval_every != 0 ? "eval_every" : "eval_samples",
+                 "set eval_split or eval_ids: the held-out tasks to evaluate on");
+  }
+  if (c.experiment.mode != Mode::sdpo && root.get("sdpo"))
+    r.error_here("mode", "[sdpo] is set but mode is \"" + m + "\" (the [sdpo] settings are for mode = \"sdpo\")");
+  r.str("name", c.experiment.name);
+  r.path("run_root", c.experiment.run_root, PathKind::any);
+  r.integer("seed", c.experiment.seed, 0, std::numeric_limits<int64_t>::max());
+}
+
+// [sdpo]: the teacher's context.
+void read_sdpo(TableReader& r, Config& c, const toml::table& root) {
+  r.one_of("context", c.sdpo.context, {"feedback", "prompt"});
+  r.boolean("demonstration", c.sdpo.demonstration);
+  r.number("beta", c.sdpo.beta, 0, 1e3);
+  r.integer("max_error_chars", c.sdpo.max_error_chars, 0, 1 << 20);
+  if (c.sdpo.context == "prompt" && !c.sdpo.demonstration)
+    r.error_here("demonstration", "context = \"prompt\" without a demonstration leaves the teacher nothing the "
+                                  "student did not see: set demonstration = true or context = \"feedback\"");
+}
+
+// [store]: the run store.
+void read_store(TableReader& r, Config& c, const toml::table& root) {
+  r.str("file", c.store.file);
+  r.one_of("synchronous", c.store.synchronous, {"normal", "full"});
+}
+
+// [monitor]: progress, metrics and the telemetry endpoint.
+void read_monitor(TableReader& r, Config& c, const toml::table& root) {
+  r.boolean("progress", c.monitor.progress);
+  r.number("interval_s", c.monitor.interval_s, 0.05, 3600);
+  r.str("metrics_file", c.monitor.metrics_file);
+  r.str("publish", c.monitor.publish);
+  auto& pub = c.monitor.publish;
+  if (!pub.empty() && pub.rfind("tcp://", 0) != 0 && pub.rfind("ipc://", 0) != 0)
+    r.error_here("publish", "expected \"tcp://HOST:PORT\" or \"ipc://PATH\", got \"" + pub + "\"");
+}
+
+}  // namespace
+
+ConfigResult parse_config(const std::string& text, const std::string& path) {
+  std::vector<ConfigError> errs;
+  Config c;
+  c.source_file = fs::absolute(path).lexically_normal().string();
+  c.base_dir = fs::path(c.source_file).parent_path().string();
+  const std::string& file = path;
+
+  toml::table root;
+  try {
+    root = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    errs.push_back({file, e.source().begin.line, e.source().begin.column, "(syntax)",
+                    std::string(e.description())});
+    return errs;
+  }
+
+  toml::table resolved;
+  std::set<std::string> sections = {"cluster", "node",    "tasks",      "policy",
+                                    "sampler", "evaluator", "reward",   "learner",
+                                    "experiment", "sdpo", "store", "monitor"};
+  for (auto& [k, n] : root) {
+    std::string key(k.str());
+    if (!sections.count(key)) {
+      errs.push_back({file, n.source().begin.line, n.source().begin.column, key,
+                      "unknown section (expected one of cluster, node, tasks, policy, sampler, "
+                      "evaluator, reward, learner, experiment, sdpo, store, monitor)"});
+    } else if (key == "node" ? !n.is_array_of_tables() : !n.is_table()) {
+      errs.push_back({file, n.source().begin.line, n.source().begin.column, key,
+                      key == "node" ? "expected an array of tables ([[node]])"
+                                    : "expected a table ([" + key + "])"});
     }
-  });
-  section("policy", [&](TableReader& r) {
-    r.path("model", c.policy.model, PathKind::dir);
-    r.path("adapter", c.policy.adapter, PathKind::dir);
-    r.one_of("dtype", c.policy.dtype, {"f32", "f16", "bf16"});
-    r.str("device", c.policy.device);
-    auto& d = c.policy.device;
-    if (d != "cpu" && d != "cuda" && d != "auto" && !(d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
-                                       d.find_first_not_of("0123456789", 5) == std::string::npos))
-      r.error_here("device", "expected \"cpu\", \"cuda\", \"cuda:N\" or \"auto\", got \"" + d + "\"");
-    r.str("template", c.policy.template_);
-    auto& t = c.policy.template_;
-    if (t != "chatml" && t != "llama3" && t != "plain" && t.find("{user}") == std::string::npos)
-      r.error_here("template", "expected chatml, llama3, plain or a string containing {user}");
-    r.str("system", c.policy.system);
-  });
-  section("sampler", [&](TableReader& r) {
-    r.one_of("backend", c.sampler.backend, {"replay", "libtorch", "openai"});
-    r.path("replay", c.sampler.replay, PathKind::file_or_dir, c.sampler.backend == "replay");
-    if (c.sampler.backend == "libtorch" && c.policy.model.empty())
-      r.error_here("backend", "the libtorch backend needs [policy] model (a Hugging Face directory)");
-    r.integer("samples_per_task", c.sampler.samples_per_task, 0, 1 << 20);
-    r.number("temperature", c.sampler.temperature, 0, 10);
-    r.number("top_p", c.sampler.top_p, 1e-6, 1);
-    r.str_array("stop", c.sampler.stop);
-    r.integer("batch_prompts", c.sampler.batch_prompts, 1, 4096);
-    r.str("url", c.sampler.url);
-    r.str("served_model", c.sampler.served_model);
-    r.str("api_key_env", c.sampler.api_key_env);
-    r.number("timeout_s", c.sampler.timeout_s, 0.1, 86400);
-    r.integer("max_retries", c.sampler.max_retries, 0, 100);
-    r.path("adapter_dir", c.sampler.adapter_dir, PathKind::any);
-    if (c.sampler.backend == "openai") {
-      if (c.sampler.url.empty()) r.error_here("url", "the openai backend needs url = \"http://HOST:PORT\"");
-      else if (c.sampler.url.rfind("http://", 0) != 0)
-        r.error_here("url", "expected \"http://HOST:PORT[/PATH]\" (https: put a TLS proxy in front), got \"" + c.sampler.url + "\"");
-      if (c.sampler.served_model.empty()) r.error_here("served_model", "the openai backend needs the served model's name");
-    }
-    r.integer("max_tokens", c.sampler.max_tokens, 1, 1 << 20);
-    r.integer("seed", c.sampler.seed, 0, std::numeric_limits<int64_t>::max());
-    r.integer("max_pending", c.sampler.max_pending, 1, 1 << 24);
-  });
-  section("evaluator", [&](TableReader& r) {
-    auto& e = c.evaluator;
-    r.one_of("action_space", e.action_space, {"forward_body", "full_program"});
-    r.one_of("mode", e.mode, {"fast", "full"});
-    r.integer("correctness_trials", e.correctness_trials, 1, 1000);
-    r.integer("warmup", e.warmup, 0, 1000);
-    r.integer("fast_trials", e.fast_trials, 1, 10000);
-    r.integer("full_trials", e.full_trials, 1, 10000);
-    r.number("timeout_s", e.timeout_s, 0.1, 86400);
-    r.number("atol_fp32", e.atol_fp32, 0, 1);
-    r.number("rtol_fp32", e.rtol_fp32, 0, 1);
-    r.number("atol_half", e.atol_half, 0, 1);
-    r.number("rtol_half", e.rtol_half, 0, 1);
-    r.integer("max_in_flight", e.max_in_flight, 0, 1024);
-    r.integer("max_attempts", e.max_attempts, 1, 100);
-    r.integer("torch_threads", e.torch_threads, 1, 1024);
-    r.integer("seed", e.seed, 0, std::numeric_limits<int64_t>::max());
-    if (!r.raw("python")) e.python = source_dir() + "/scripts/python";
-    r.path("python", e.python, PathKind::file);
-    r.one_of("task_size", e.task_size, {"auto", "cpu", "gpu"});
-    r.integer("compile_workers", e.compile_workers, 0, 1024);
-    r.number("compile_timeout_s", e.compile_timeout_s, 1, 86400);
-    r.integer("memory_limit_mb", e.memory_limit_mb, 0, 1 << 30);
-    r.number("reverify_speedup", e.reverify_speedup, 0, 1e9);
-    r.boolean("isolate_network", e.isolate_network);
-    r.path("cache_dir", e.cache_dir, PathKind::any);
-    r.one_of("backend", e.backend, {"worker", "synthetic"});
-    r.number("synthetic_latency_ms", e.synthetic_latency_ms, 0, 3.6e6);
-  });
-  section("reward", [&](TableReader& r) {
-    r.one_of("shape", c.reward.shape, {"speedup", "log_speedup", "none", "threshold"});
-    r.number("threshold", c.reward.threshold, 0, 1e6);
-    r.number("max_speedup", c.reward.max_speedup, 1, 1e6);
-    r.number("correct_bonus", c.reward.correct_bonus, -1e6, 1e6);
-    r.number("incorrect_reward", c.reward.incorrect_reward, -1e6, 1e6);
-    r.number("failure_reward", c.reward.failure_reward, -1e6, 1e6);
-    r.number("hacked_reward", c.reward.hacked_reward, -1e6, 1e6);
-    r.one_of("normalize", c.reward.normalize, {"none", "task_mean"});
-    r.number("coverage_weight", c.reward.coverage_weight, -1e6, 1e6);
-    r.number("min_coverage", c.reward.min_coverage, 0, 1);
-    r.number("lazy_reward", c.reward.lazy_reward, -1e6, 1e6);
-  });
-  section("learner", [&](TableReader& r) {
-    auto& l = c.learner;
-    r.one_of("algorithm", l.algorithm, {"grpo", "dr_grpo", "rloo"});
-    r.number("adv_eps", l.adv_eps, 0, 1);
-    r.integer("steps", l.steps, 1, 1 << 24);
-    r.integer("batch_size", l.batch_size, 1, 1 << 20);
-    r.integer("group_size", l.group_size, 2, 1 << 20);
-    r.integer("minibatch_size", l.minibatch_size, 1, 1 << 20);
-    r.integer("lora_rank", l.lora_rank, 1, 4096);
-    r.number("lora_alpha", l.lora_alpha, 0, 1e6);
-    r.number("lora_dropout", l.lora_dropout, 0, 0.99);
-    r.str_array("lora_targets", l.lora_targets);
-    static const std::set<std::string> known_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    for (auto& t : l.lora_targets)
-      if (!known_targets.count(t))
-        r.error_here("lora_targets", "\"" + t + "\" is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
-    if (l.lora_targets.empty()) r.error_here("lora_targets", "expected at least one module");
-    r.number("learning_rate", l.learning_rate, 0, 1);
-    r.number("weight_decay", l.weight_decay, 0, 10);
-    r.number("max_grad_norm", l.max_grad_norm, 0, 1e6);
-    r.one_of("lr_schedule", l.lr_schedule, {"constant", "linear", "cosine"});
-    r.integer("warmup_steps", l.warmup_steps, 0, 1 << 24);
-    r.number("clip_low", l.clip_low, 0, 1);
-    r.number("clip_high", l.clip_high, 0, 100);
-    r.one_of("aggregation", l.aggregation, {"token_mean", "seq_mean"});
-    r.number("kl_coef", l.kl_coef, 0, 1e3);
-    r.number("entropy_coef", l.entropy_coef, 0, 1e3);
-    r.str("device", l.device);
-    if (l.device.empty()) l.device = c.policy.device;
-    r.str("dtype", l.dtype);
-    if (l.dtype.empty()) l.dtype = c.policy.dtype;
-    else if (l.dtype != "f32" && l.dtype != "f16" && l.dtype != "bf16")
-      r.error_here("dtype", "expected f32, f16 or bf16, got \"" + l.dtype + "\"");
-    r.integer("max_staleness", l.max_staleness, 0, 1 << 20);
-    r.number("sync_timeout_s", l.sync_timeout_s, 0.1, 86400);
-    r.integer("keep_last", l.keep_last, 1, 1 << 20);
-  });
-  section("experiment", [&](TableReader& r) {
-    std::string mode_name = name(c.experiment.mode);
-    r.one_of("mode", mode_name, {"eval", "best_of_n", "train", "ttt", "sdpo"});
-    if (auto parsed = parse_mode(mode_name)) c.experiment.mode = *parsed;
-    const ModeTraits& mode = traits(c.experiment.mode);
-    const std::string m = mode.name;
-    r.integer("patience", c.experiment.patience, 0, 1 << 20);
-    r.integer("k", c.experiment.k, 0, 1 << 20);
-    r.integer("evaluate_top_m", c.experiment.evaluate_top_m, 0, 1 << 20);
-    if (c.experiment.evaluate_top_m > 0) {
-      if (!mode.selects)
-        r.error_here("evaluate_top_m", "evaluate_top_m is for mode = \"best_of_n\"");
-      else if (c.experiment.k >= 2 && c.experiment.evaluate_top_m >= c.experiment.k)
-        r.error_here("evaluate_top_m", "evaluate_top_m = " + std::to_string(c.experiment.evaluate_top_m) +
-                                           " leaves nothing out of k = " + std::to_string(c.experiment.k) +
-                                           " (expected 1 .. k - 1)");
-    }
-    if (mode.selects) {
-      if (c.experiment.k == 0 && c.sampler.samples_per_task < 2)
-        r.error_here("mode", "best_of_n needs k = K (at least 2 samples per task)");
-      else if (c.experiment.k == 1)
-        r.error_here("k", "best_of_n needs at least 2 samples per task");
-      if (c.experiment.k >= 2) c.sampler.samples_per_task = c.experiment.k;
-    } else if (c.experiment.k != 0) {
-      r.error_here("k", "k is for mode = \"best_of_n\" (train: [learner] group_size; eval: [sampler] samples_per_task)");
-    }
-    if (mode.learns) {
-      if (c.sampler.backend == "replay")
-        r.error_here("mode", m + " needs a model sampler: set [sampler] backend = \"libtorch\" or \"openai\"");
-      if (c.policy.model.empty())
-        r.error_here("mode", m + " needs [policy] model: the learner trains an adapter on that model");
-    } else if (c.experiment.patience != 0) {
-      r.error_here("patience", "patience is for mode = \"train\", \"ttt\" or \"sdpo\"");
-    }
-    r.str("eval_split", c.experiment.eval_split);
-    r.str_array("eval_ids", c.experiment.eval_ids);
-    r.integer("eval_every", c.experiment.eval_every, 0, 1 << 20);
-    r.integer("eval_samples", c.experiment.eval_samples, 0, 1 << 20);
-    const bool has_eval = !c.experiment.eval_split.empty() || !c.experiment.eval_ids.empty();
-    if (has_eval && !mode.holds_out) {
-      r.error_here(c.experiment.eval_split.empty() ? "eval_ids" : "eval_split",
-                   "periodic evaluation on held-out tasks is for mode = \"train\" (" + m + " evaluates its own tasks)");
-    } else if (!c.experiment.eval_split.empty() && !c.experiment.eval_ids.empty()) {
-      r.error_here("eval_ids", "set eval_ids or eval_split, not both");
-    } else if (has_eval) {
-      auto& e = c.experiment.eval_tasks;
-      e = c.tasks;
-      e.ids = c.experiment.eval_ids;
-      e.split = c.experiment.eval_split;
-      if (!e.split.empty() && e.split_file.empty()) e.split_file = source_dir() + "/tasks/splits.toml";
-      TaskSet ts;
-      std::string err;
-      if (!c.tasks.folder().empty() && fs::is_directory(c.tasks.folder()) && !ts.load(e, err))
-        r.error_here(c.experiment.eval_split.empty() ? "eval_ids" : "eval_split", err);
-    } else if (c.experiment.eval_every != 0 || c.experiment.eval_samples != 0) {
-      r.error_here(c.experiment.eval_every != 0 ? "eval_every" : "eval_samples",
-                   "set eval_split or eval_ids: the held-out tasks to evaluate on");
-    }
-    if (c.experiment.mode != Mode::sdpo && root.get("sdpo"))
-      r.error_here("mode", "[sdpo] is set but mode is \"" + m + "\" (the [sdpo] settings are for mode = \"sdpo\")");
-    r.str("name", c.experiment.name);
-    r.path("run_root", c.experiment.run_root, PathKind::any);
-    r.integer("seed", c.experiment.seed, 0, std::numeric_limits<int64_t>::max());
-  });
-  section("sdpo", [&](TableReader& r) {
-    r.one_of("context", c.sdpo.context, {"feedback", "prompt"});
-    r.boolean("demonstration", c.sdpo.demonstration);
-    r.number("beta", c.sdpo.beta, 0, 1e3);
-    r.integer("max_error_chars", c.sdpo.max_error_chars, 0, 1 << 20);
-    if (c.sdpo.context == "prompt" && !c.sdpo.demonstration)
-      r.error_here("demonstration", "context = \"prompt\" without a demonstration leaves the teacher nothing the "
-                                    "student did not see: set demonstration = true or context = \"feedback\"");
-  });
+  }
+
+  // Reads one [section] table through a TableReader; `body` reads its keys.
+  auto section = [&](const char* name, void (*read)(TableReader&, Config&, const toml::table&)) {
+    const toml::table* t = root.get(name) ? root.get(name)->as_table() : nullptr;
+    toml::table out;
+    TableReader r(t, name, file, c.base_dir, out, errs);
+    read(r, c, root);
+    r.finish();
+    resolved.insert_or_assign(name, std::move(out));
+  };
+
+  section("cluster", read_cluster);
+
+  resolved.insert_or_assign("node", read_nodes(root, c, file, errs));
+
+  section("tasks", read_tasks);
+  section("policy", read_policy);
+  section("sampler", read_sampler);
+  section("evaluator", read_evaluator);
+  section("reward", read_reward);
+  section("learner", read_learner);
+  section("experiment", read_experiment);
+  section("sdpo", read_sdpo);
   if (c.experiment.mode != Mode::sdpo) resolved.erase("sdpo");  // a resolved config re-reads cleanly
-  section("store", [&](TableReader& r) {
-    r.str("file", c.store.file);
-    r.one_of("synchronous", c.store.synchronous, {"normal", "full"});
-  });
-  section("monitor", [&](TableReader& r) {
-    r.boolean("progress", c.monitor.progress);
-    r.number("interval_s", c.monitor.interval_s, 0.05, 3600);
-    r.str("metrics_file", c.monitor.metrics_file);
-    r.str("publish", c.monitor.publish);
-    auto& pub = c.monitor.publish;
-    if (!pub.empty() && pub.rfind("tcp://", 0) != 0 && pub.rfind("ipc://", 0) != 0)
-      r.error_here("publish", "expected \"tcp://HOST:PORT\" or \"ipc://PATH\", got \"" + pub + "\"");
-  });
+  section("store", read_store);
+  section("monitor", read_monitor);
 
   // Whole-config checks.
   std::set<std::string> roles;
