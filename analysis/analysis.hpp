@@ -1,7 +1,7 @@
 // Analysis of a run's samples (torch-free): fast_p, correctness, speedups, per step and per task;
 // pass@k and fast_1@k with the unbiased estimator and bootstrap confidence intervals (the scaling
 // curve over k); Spearman's rho of a sample's mean logprob against its speedup, raw and partial on
-// length; surprisal quartiles; selection strategies over each task's samples of a step (best-of-N). `launch analyze RUN_DIR` prints it; tests/test_analysis.py checks
+// length; surprisal quartiles; selection strategies over each task's samples of a step (best-of-N). `launch analyze RUN_DIR` prints it; tests/e2e/test_analysis.py checks
 // every figure against an independent numpy computation.
 #pragma once
 

@@ -9,7 +9,7 @@ Both run the tasks' GPU sizes, 5 correctness trials and 50 timed trials. Verdict
 incorrect, or an error of any kind); candidates per hour and their ratio are printed.
 
 Part `inline` (load_inline CUDA candidates): K distinct one-kernel extensions (the swish kernel of
-tests/gpu_candidates with a variant number in it, so each builds on its own), evaluated
+tests/fixtures/gpu_candidates with a variant number in it, so each builds on its own), evaluated
   cold      `launch evaluate` with an empty build cache and --compile-workers W;
   warm      the same again with the cache now full;
   baseline  the first B of them, a fresh process each with a fresh extension directory.
@@ -197,7 +197,7 @@ INLINE_TASK = os.path.join(TASKS, "06_swish.py")
 
 
 def inline_variants(work, k):
-    with open(os.path.join(ROOT, "tests", "gpu_candidates", "swish_cuda.txt")) as f:
+    with open(os.path.join(ROOT, "tests", "fixtures", "gpu_candidates", "swish_cuda.txt")) as f:
         text = f.read()
     assert "swish_kernel" in text
     paths = []

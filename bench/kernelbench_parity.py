@@ -12,7 +12,7 @@ Parts (--parts, default all of them):
                KernelBench's eval_kernel_against_ref (its own process) to set the two side by side.
   adversarial  KernelBench's unit-test adversarial kernels (src/kernelbench/unit_tests/
                test_kernels) against level1/1, as its unit tests run them, and ours
-               (tests/gpu_candidates/unordered_side_stream_matmul.py): none may be ok.
+               (tests/fixtures/gpu_candidates/unordered_side_stream_matmul.py): none may be ok.
   timing       per problem of --timing: the candidate evaluated --repeats times by kernelrl (one
                `launch evaluate`, a process per evaluation, as in a run) and --repeats times by
                KernelBench's eval_kernel_against_ref in one process (5 correctness trials, 50
@@ -199,7 +199,7 @@ def part_adversarial(args, report):
     folder = os.path.join(args.kernelbench, "src", "kernelbench", "unit_tests", "test_kernels")
     paths = [os.path.join(folder, f) for f in sorted(os.listdir(folder)) if f.endswith(".py")]
     # and ours for the same problem: work on a stream that does not wait for the caller's
-    paths.append(os.path.join(ROOT, "tests", "gpu_candidates", "unordered_side_stream_matmul.py"))
+    paths.append(os.path.join(ROOT, "tests", "fixtures", "gpu_candidates", "unordered_side_stream_matmul.py"))
     kernels = [os.path.basename(p) for p in paths]
     task = problem_file(args.kernelbench, 1, 1)
     results, wall = launch_evaluate(args, [(task, p) for p in paths])

@@ -1,4 +1,4 @@
-// policy_probe: test tool for tests/test_policy.py. Exposes what the CLI does not, so the Python
+// policy_probe: test tool for tests/e2e/test_policy.py. Exposes what the CLI does not, so the Python
 // test can compare against transformers / PEFT / tokenizers:
 //   policy_probe logits --model DIR [--adapter DIR] [--device D] [--dtype T] --ids 1,2,3 --out FILE
 //       float32 logits [T, vocab] of the ids, written as FILE (safetensors, tensor "logits")

@@ -8,11 +8,11 @@
    correct kernel's coverage comes from the profiler.
 3. Timing stability: the same kernel's median over 10 full-mode evaluations, coefficient of
    variation (target <= 0.5%).
-4. The sandbox's adversarial candidates (tests/test_evaluator.py SandboxTest, JudgeLinkTest and
+4. The sandbox's adversarial candidates (tests/e2e/test_evaluator.py SandboxTest, JudgeLinkTest and
    StatusTest) on this GPU: every finding of issue 19 and the judge's own, each with an honest
    candidate after it.
 
-Usage: python tests/gpu_suite.py --launch PATH/TO/launch [--device cuda:0] [--json OUT.json]
+Usage: python tests/e2e/gpu_suite.py --launch PATH/TO/launch [--device cuda:0] [--json OUT.json]
            [--parts replay,sandbox,cuda,stability]
 Exits 1 when any check fails.
 """
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "gpu"))
 
 from worker import ForkServer  # noqa: E402
@@ -34,7 +34,7 @@ SETTINGS = {"correctness_trials": 5, "warmup": 3, "fast_trials": 20, "full_trial
             "atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2,
             "timeout_s": 120, "compile_timeout_s": 600, "memory_limit_mb": 65536,
             "reverify_speedup": 10.0, "size": "gpu"}
-CANDS = os.path.join(ROOT, "tests", "gpu_candidates")
+CANDS = os.path.join(ROOT, "tests", "fixtures", "gpu_candidates")
 
 
 def replay_suite(server, rows):
@@ -122,7 +122,7 @@ def sandbox_suite(device, rows):
     GPU; each test's result read from unittest's report."""
     import re
     import unittest
-    names = [f"tests.test_evaluator.{c}" for c in ("SandboxTest", "JudgeLinkTest", "StatusTest")]
+    names = [f"tests.e2e.test_evaluator.{c}" for c in ("SandboxTest", "JudgeLinkTest", "StatusTest")]
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     ids = []

@@ -32,7 +32,7 @@ import tempfile
 import time
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 TASKS = os.path.join(ROOT, "tasks", "bundled")
 REPLAY = os.path.join(ROOT, "tasks", "replay")

@@ -19,7 +19,7 @@ import unittest
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 TASKS = ["01_diag_matmul", "02_gelu_tanh", "06_swish", "07_hardtanh_scale", "09_row_sum", "10_row_max",
          "12_rms_norm", "14_softmax_manual"]

@@ -5,7 +5,7 @@ import os
 import sys
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "gpu"))
 
 from scaffold import FORWARD_MARKER, FormatError, assemble, extract_code  # noqa: E402

@@ -1,5 +1,5 @@
 """`launch sft`, and train mode end to end, started the way a user starts it (`launch CONFIG`, `launch CONFIG --resume
-RUN_DIR`): GRPO on a tiny Qwen2 with a LoRA adapter, samples from tests/openai_server.py --policy
+RUN_DIR`): GRPO on a tiny Qwen2 with a LoRA adapter, samples from tests/fixtures/openai_server.py --policy
 (a real policy restricted to a menu of three bodies, its token ids and logprobs computed by
 transformers + PEFT under the adapter the learner published), evaluated by the real CPU evaluator.
 
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_analysis import report_marks  # noqa: E402
 from test_policy import train_tokenizer  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 TASKS = ["06_swish", "07_hardtanh_scale", "09_row_sum"]
 STEPS, BATCH, GROUP = 4, 2, 4
@@ -186,7 +186,7 @@ class TrainRunTest(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="kernelrl-train-")
         cls.model = tiny_model(cls.tmp)
         cls.log = os.path.join(cls.tmp, "requests.jsonl")
-        cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "openai_server.py"), cls.log,
+        cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "fixtures", "openai_server.py"), cls.log,
                                        "--policy", cls.model], stdout=subprocess.PIPE, text=True)
         cls.url = "http://127.0.0.1:%s" % cls.server.stdout.readline().strip()
         # The uninterrupted run every test compares with.
@@ -609,7 +609,7 @@ adapter = "arm:rl"
     def test_a_run_killed_between_steps_resumes_to_the_same_adapter(self):
         run_dir = os.path.join(self.tmp, "killed")
         # A server that holds version 2's completions: the run is surely killed inside step 2.
-        slow = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "openai_server.py"), self.log + ".slow",
+        slow = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "fixtures", "openai_server.py"), self.log + ".slow",
                                  "--policy", self.model, "--delay", "kernelrl-v2:120"], stdout=subprocess.PIPE, text=True)
         self.addCleanup(slow.stdout.close)
         self.addCleanup(slow.wait)

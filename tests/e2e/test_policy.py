@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 PROBE = os.environ.get("KERNELRL_POLICY_PROBE", os.path.join(ROOT, "build", "tests", "policy_probe"))
 
@@ -380,14 +380,14 @@ if __name__ == "__main__":
 
 
 class ServerTestCase(unittest.TestCase):
-    """A class of tests sharing one tests/openai_server.py on loopback: cls.url, its request log
+    """A class of tests sharing one tests/fixtures/openai_server.py on loopback: cls.url, its request log
     cls.log, and a scratch folder cls.tmp."""
 
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="kernelrl-%s-" % cls.__name__)
         cls.log = os.path.join(cls.tmp, "requests.jsonl")
-        cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "openai_server.py"), cls.log],
+        cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "fixtures", "openai_server.py"), cls.log],
                                       stdout=subprocess.PIPE, text=True)
         cls.url = "http://127.0.0.1:%s" % cls.server.stdout.readline().strip()
 
@@ -400,7 +400,7 @@ class ServerTestCase(unittest.TestCase):
 
 
 class OpenAIBackendTest(ServerTestCase):
-    """`launch generate --server` against tests/openai_server.py on loopback."""
+    """`launch generate --server` against tests/fixtures/openai_server.py on loopback."""
 
     def gen(self, model, *extra, check=True):
         return run([LAUNCH, "generate", "--server", self.url, "--served-model", model, "--json",

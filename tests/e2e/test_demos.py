@@ -14,7 +14,7 @@ import sys
 import tempfile
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 CORPUS = os.path.join(ROOT, "tasks", "demos.jsonl")
 TASKS = os.path.join(ROOT, "tasks", "bundled")

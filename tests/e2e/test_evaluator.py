@@ -9,7 +9,7 @@ import tempfile
 import time
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "gpu"))
 
 from worker import ForkServer  # noqa: E402
@@ -18,7 +18,7 @@ import sandbox  # noqa: E402
 SWISH = os.path.join(ROOT, "tasks", "bundled", "06_swish.py")
 MATMUL = os.path.join(ROOT, "tasks", "bundled", "03_matmul_rowsum.py")
 GOOD = "return torch.nn.functional.silu(x)"
-# The worker's device: cpu here; tests/gpu_suite.py runs some classes on a GPU (cuda:0).
+# The worker's device: cpu here; tests/e2e/gpu_suite.py runs some classes on a GPU (cuda:0).
 DEVICE = os.environ.get("KERNELRL_TEST_DEVICE", "cpu")
 
 SETTINGS = {"correctness_trials": 5, "warmup": 1, "fast_trials": 3, "full_trials": 10,
@@ -304,7 +304,7 @@ class HackTest(Base):
                           "hacked", "replaced time.monotonic")
 
 
-with open(os.path.join(ROOT, "tests", "cpu_candidates", "swish_cpp.txt")) as _f:
+with open(os.path.join(ROOT, "tests", "fixtures", "cpu_candidates", "swish_cpp.txt")) as _f:
     CPP_OK = _f.read()  # a C++ load_inline extension (g++ only: no GPU needed)
 CPP_BAD = CPP_OK.replace("return x * torch::sigmoid(x);", "return x * undefined_symbol(x);")
 

@@ -10,7 +10,7 @@ import tempfile
 import tomllib
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "experiments", "*.toml")))
 

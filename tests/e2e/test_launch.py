@@ -10,7 +10,7 @@ import tempfile
 import time
 import unittest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 TASKS = os.path.join(ROOT, "tasks", "bundled")
 REPLAY = os.path.join(ROOT, "tasks", "replay")
@@ -255,7 +255,7 @@ class EvaluateCommandTest(unittest.TestCase):
             self.assertLessEqual(rows[0]["device_end"], rows[1]["device_start"])
 
     def test_the_compile_stage_builds_once_and_the_timing_stage_uses_that_build(self):
-        with open(os.path.join(ROOT, "tests", "cpu_candidates", "swish_cpp.txt")) as f:
+        with open(os.path.join(ROOT, "tests", "fixtures", "cpu_candidates", "swish_cpp.txt")) as f:
             good = f.read()
         with tempfile.TemporaryDirectory() as d:
             files = []
