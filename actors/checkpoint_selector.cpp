@@ -26,9 +26,9 @@ struct Entry {
 };
 
 struct selector_state {
-  std::map<uint32_t, Entry> entries;       // by step
-  std::map<uint32_t, StepStats> early;     // scores that arrived before their checkpoint
-  std::set<uint32_t> pinned;               // steps never deleted (versions a held-out evaluation scored)
+  std::map<uint32_t, Entry> entries;    // by step
+  std::map<uint32_t, StepStats> early;  // scores that arrived before their checkpoint
+  std::set<uint32_t> pinned;            // steps never deleted (versions a held-out evaluation scored)
   static inline const char* name = "checkpoint_selector";
 };
 

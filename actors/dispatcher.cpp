@@ -28,7 +28,7 @@ struct EvaluatorSlot {
   std::string node;                       // the part of id before '/'
   std::map<uint64_t, Pending> in_flight;  // dispatch number -> the work it carries
   uint64_t done = 0;
-  double busy_since = -1;                 // holding work since (mono_s), -1: idle
+  double busy_since = -1;  // holding work since (mono_s), -1: idle
 };
 
 // Per node: busy evaluator-seconds and answers, kept when its evaluators go away.
@@ -46,7 +46,7 @@ struct dispatcher_state {
   uint64_t duplicates = 0, late = 0, foreign = 0, withdrawn = 0;
   std::map<std::string, NodeTotals> nodes;
   std::deque<caf::response_promise> held;  // producers' answers, held while the queue is full
-  double last_stats = -1;  // mono_s of the last telemetry answer (utilisation is over the interval)
+  double last_stats = -1;                  // mono_s of the last telemetry answer (utilisation is over the interval)
   static inline const char* name = "dispatcher";
 };
 
@@ -95,12 +95,12 @@ void finish(self_ptr self, const caf::actor& reward, Pending&& p, EvalResult&& r
 
 // A dispatch failed or its evaluator went away: back to the queue, or recorded as a
 // runtime_error after max_attempts.
-void retry(self_ptr self, const DispatcherArgs& args, const caf::actor& reward, Pending&& p,
-           const std::string& why) {
+void retry(self_ptr self, const DispatcherArgs& args, const caf::actor& reward, Pending&& p, const std::string& why) {
   p.last_error = why;
   if (++p.request.attempt >= args.max_attempts) {
-    log::get("dispatcher")->error("sample {}: evaluation failed on {} dispatches ({}); recorded as runtime_error",
-                                  p.rollout.sample_id, p.request.attempt, p.last_error);
+    log::get("dispatcher")
+        ->error("sample {}: evaluation failed on {} dispatches ({}); recorded as runtime_error", p.rollout.sample_id,
+                p.request.attempt, p.last_error);
     EvalResult r;
     r.sample_id = p.rollout.sample_id;
     r.task_id = p.rollout.task_id;
@@ -119,8 +119,7 @@ void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward) {
   while (!st.queue.empty()) {
     EvaluatorSlot* best = nullptr;
     for (auto& e : st.evaluators)
-      if (e.in_flight.size() < args.max_in_flight && (!best || e.in_flight.size() < best->in_flight.size()))
-        best = &e;
+      if (e.in_flight.size() < args.max_in_flight && (!best || e.in_flight.size() < best->in_flight.size())) best = &e;
     if (!best) return;
     Pending p = std::move(st.queue.front());
     st.queue.pop_front();
@@ -221,8 +220,10 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
         if (!from_here(self)) return caf::make_error(caf::sec::runtime_error, "rollouts come from this process only");
         auto rp = self->make_response_promise<bool>();
         auto& st = self->state;
-        if (st.queue.size() >= args.max_queue) st.held.push_back(rp);
-        else rp.deliver(true);
+        if (st.queue.size() >= args.max_queue)
+          st.held.push_back(rp);
+        else
+          rp.deliver(true);
         ++self->state.received;
         Pending p;
         p.request.sample_id = r.sample_id;

@@ -20,8 +20,7 @@ struct stage_state {
 // (stats_atom) -> [error, torch version, device name, capability, network, sandbox]
 // (eval_atom, req, precompiled, cuda_arch) -> EvalResult
 // (compile_atom, req, cuda_arch) -> EvalResult
-caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, WorkerOptions opts,
-                          EvaluatorConfig settings) {
+caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, WorkerOptions opts, EvaluatorConfig settings) {
   self->state.worker = std::make_unique<WorkerClient>(opts);
   return {
       [=](stats_atom) -> std::vector<std::string> {
@@ -50,12 +49,12 @@ struct Job {
 };
 
 struct evaluator_state {
-  caf::actor timing;                      // the device stage
-  std::vector<caf::actor> compilers;      // the compile stage
+  caf::actor timing;                  // the device stage
+  std::vector<caf::actor> compilers;  // the compile stage
   std::vector<bool> compiler_busy;
   std::deque<std::shared_ptr<Job>> compile_queue, timing_queue;
   bool timing_ready = false, timing_busy = false;
-  std::string arch;                       // the timing device's architecture, for builds
+  std::string arch;  // the timing device's architecture, for builds
   uint64_t evaluated = 0;
   static inline const char* name = "evaluator";
 };
@@ -67,8 +66,9 @@ void pump(self_ptr self, const EvaluatorArgs& args);
 void finish(self_ptr self, const EvaluatorArgs& args, Job& job, EvalResult r) {
   r.evaluator_id = args.id;
   ++self->state.evaluated;
-  log::get("evaluator")->debug("{} {} -> {}{}{} ({:.2f} s)", args.id, job.req.sample_id,
-                               to_string(r.status), r.error.empty() ? "" : ": ", r.error, r.wall_s);
+  log::get("evaluator")
+      ->debug("{} {} -> {}{}{} ({:.2f} s)", args.id, job.req.sample_id, to_string(r.status),
+              r.error.empty() ? "" : ": ", r.error, r.wall_s);
   job.rp.deliver(std::move(r));
 }
 
@@ -102,8 +102,8 @@ void pump(self_ptr self, const EvaluatorArgs& args) {
             },
             [=](caf::error& e) {  // the compile stage is an optimisation: time it anyway
               self->state.compiler_busy[i] = false;
-              job->compile_log = "[compile stage failed: " + self->system().render(e) +
-                                 "; the timing stage builds it]\n";
+              job->compile_log =
+                  "[compile stage failed: " + self->system().render(e) + "; the timing stage builds it]\n";
               job->ready_at = now_s();
               self->state.timing_queue.push_back(job);
               pump(self, args);
@@ -169,20 +169,19 @@ caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor disp
             }
             self->state.arch = hello.at(3);
             self->state.timing_ready = true;
-            lg->info("evaluator {} ready: torch {}, device {}{}, {} compile worker(s), candidate network: {}",
-                     args.id, hello[1], hello[2], hello[3].empty() ? "" : " (sm " + hello[3] + ")",
+            lg->info("evaluator {} ready: torch {}, device {}{}, {} compile worker(s), candidate network: {}", args.id,
+                     hello[1], hello[2], hello[3].empty() ? "" : " (sm " + hello[3] + ")",
                      args.settings.compile_workers, hello[4]);
             // Whatever the kernel refused (a namespace, the control group, the filter) is said here.
-            auto sandbox_log = hello.at(5).find("none:") == std::string::npos ? spdlog::level::info
-                                                                               : spdlog::level::warn;
+            auto sandbox_log =
+                hello.at(5).find("none:") == std::string::npos ? spdlog::level::info : spdlog::level::warn;
             lg->log(sandbox_log, "evaluator {} candidate sandbox: {}", args.id, hello[5]);
-            if (dispatcher)
-              self->send(dispatcher, register_atom::value, caf::actor_cast<caf::actor>(self), args.id);
+            if (dispatcher) self->send(dispatcher, register_atom::value, caf::actor_cast<caf::actor>(self), args.id);
             pump(self, args);
           },
           [=](caf::error& e) {
-            self->quit(caf::make_error(caf::sec::runtime_error,
-                                       "evaluator " + args.id + ": " + self->system().render(e)));
+            self->quit(
+                caf::make_error(caf::sec::runtime_error, "evaluator " + args.id + ": " + self->system().render(e)));
           });
   return {
       [=](eval_atom, EvalRequest& req) {
@@ -266,8 +265,9 @@ void synth_next(synth_ptr self, const EvaluatorArgs& args) {
 }
 
 caf::behavior synthetic_actor(synth_ptr self, EvaluatorArgs args, caf::actor dispatcher) {
-  log::get("evaluator")->info("evaluator {} ready: synthetic, {:g} ms per request (verdicts are not measurements)",
-                              args.id, args.settings.synthetic_latency_ms);
+  log::get("evaluator")
+      ->info("evaluator {} ready: synthetic, {:g} ms per request (verdicts are not measurements)", args.id,
+             args.settings.synthetic_latency_ms);
   if (dispatcher) self->send(dispatcher, register_atom::value, caf::actor_cast<caf::actor>(self), args.id);
   return {
       [=](eval_atom, EvalRequest& req) {
@@ -306,8 +306,7 @@ caf::behavior synthetic_actor(synth_ptr self, EvaluatorArgs args, caf::actor dis
 }  // namespace
 
 caf::actor spawn_evaluator(caf::actor_system& sys, EvaluatorArgs args, caf::actor dispatcher) {
-  if (args.settings.backend == "synthetic")
-    return sys.spawn(synthetic_actor, std::move(args), std::move(dispatcher));
+  if (args.settings.backend == "synthetic") return sys.spawn(synthetic_actor, std::move(args), std::move(dispatcher));
   return sys.spawn(evaluator_actor, std::move(args), std::move(dispatcher));
 }
 

@@ -18,9 +18,9 @@
 namespace kernelrl {
 
 struct EvaluatorArgs {
-  std::string id;              // "node/cpu-0", "node/cuda:1"
-  WorkerOptions worker;        // how to start its timing worker (compile workers: same, on CPU)
-  EvaluatorConfig settings;    // trials, tolerances, limits, compile_workers
+  std::string id;            // "node/cpu-0", "node/cuda:1"
+  WorkerOptions worker;      // how to start its timing worker (compile workers: same, on CPU)
+  EvaluatorConfig settings;  // trials, tolerances, limits, compile_workers
 };
 
 // `dispatcher` may be invalid (launch evaluate): then nothing is registered.

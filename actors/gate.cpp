@@ -13,8 +13,8 @@ namespace kernelrl {
 namespace {
 
 struct gate_state {
-  std::map<caf::node_id, std::string> nonces;  // one outstanding challenge per peer
-  std::map<caf::node_id, std::string> joined;  // peer -> node name
+  std::map<caf::node_id, std::string> nonces;       // one outstanding challenge per peer
+  std::map<caf::node_id, std::string> joined;       // peer -> node name
   std::map<caf::actor_addr, caf::node_id> joiners;  // the actor that joined, watched: its
                                                     // connection dropping ends the membership
   uint64_t refused = 0;
@@ -56,8 +56,7 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
   self->set_default_handler([=](caf::scheduled_actor* s, caf::message_view& m) -> caf::result<caf::message> {
     auto sender = s->current_sender();
     lg->warn("dropped an unexpected message from {}: {}",
-             sender ? caf::to_string(sender->node()) : std::string("an anonymous sender"),
-             m.content().stringify());
+             sender ? caf::to_string(sender->node()) : std::string("an anonymous sender"), m.content().stringify());
     return caf::sec::unexpected_message;
   });
   return {
@@ -75,10 +74,10 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
         auto nid = sender->node();
         std::string peer = "\"" + node + "\" (" + caf::to_string(nid) + ")";
         if (protocol != protocol_version)
-          return refuse(self, peer, "protocol version mismatch: the head runs protocol " +
-                                        std::to_string(protocol_version) + ", node \"" + node +
-                                        "\" runs " + std::to_string(protocol) +
-                                        "; run the same kernelrl build on every node");
+          return refuse(self, peer,
+                        "protocol version mismatch: the head runs protocol " + std::to_string(protocol_version) +
+                            ", node \"" + node + "\" runs " + std::to_string(protocol) +
+                            "; run the same kernelrl build on every node");
         if (cluster != args.cluster)
           return refuse(self, peer, "this is cluster \"" + args.cluster + "\", not \"" + cluster + "\"");
         auto it = self->state.nonces.find(nid);
@@ -89,7 +88,8 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
           return refuse(self, peer, "authentication failed (wrong cluster secret)");
         for (auto& [other, other_name] : self->state.joined)
           if (other_name == node && other != nid)
-            return refuse(self, peer, "a peer named \"" + node + "\" has already joined; give each machine its own name");
+            return refuse(self, peer,
+                          "a peer named \"" + node + "\" has already joined; give each machine its own name");
         self->state.joined[nid] = node;
         self->state.joiners[sender->address()] = nid;
         self->monitor(caf::actor_cast<caf::actor_addr>(sender));

@@ -20,18 +20,18 @@ namespace kernelrl {
 namespace {
 
 struct StepPlan {
-  uint64_t groups = 0;     // groups the supervisor planned
-  uint64_t learned = 0;    // groups learned from (including skipped ones)
-  uint64_t skipped = 0;    // groups with equal rewards
-  uint64_t teacher_tokens = 0;  // sdpo: tokens the teacher read
-  uint64_t teacher_samples = 0; // sdpo: samples with a teacher signal
+  uint64_t groups = 0;           // groups the supervisor planned
+  uint64_t learned = 0;          // groups learned from (including skipped ones)
+  uint64_t skipped = 0;          // groups with equal rewards
+  uint64_t teacher_tokens = 0;   // sdpo: tokens the teacher read
+  uint64_t teacher_samples = 0;  // sdpo: samples with a teacher signal
   caf::response_promise rp;
 };
 
 struct learner_state {
   std::vector<caf::actor> samplers;  // every sampler serving the policy (from sync)
-  uint32_t current = 0;    // the step whose groups are being learned from
-  bool started = false;    // `current` is set (by the first plan)
+  uint32_t current = 0;              // the step whose groups are being learned from
+  bool started = false;              // `current` is set (by the first plan)
   std::map<uint32_t, StepPlan> steps;
   std::map<std::pair<uint32_t, uint64_t>, std::vector<ScoredRollout>> groups;  // (step, group) -> samples
   uint64_t received = 0, groups_learned = 0, groups_skipped = 0, updates = 0, sync_failures = 0;
@@ -71,9 +71,10 @@ void publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::func
               if (*failed) return;
               *failed = true;
               ++self->state.sync_failures;
-              std::string why = e == caf::sec::request_timeout
-                                    ? fmt::format("no acknowledgement within {:g} s ([learner] sync_timeout_s)", args.sync_timeout_s)
-                                    : error_text(self->system(), e);
+              std::string why =
+                  e == caf::sec::request_timeout
+                      ? fmt::format("no acknowledgement within {:g} s ([learner] sync_timeout_s)", args.sync_timeout_s)
+                      : error_text(self->system(), e);
               done(fmt::format("sampler {} did not take policy version {}: {}", i, version, why));
             });
   }
@@ -126,7 +127,8 @@ void learn_ready(self_ptr self, const LearnerArgs& args) {
     if (args.sdpo_enabled) {
       sections = teacher_sections(g->second, args.sdpo);
       for (size_t i = 0; i < samples.size(); ++i)
-        if (!sections[i].empty()) samples[i].teacher_prompt = args.teacher_prompt(g->second[i].rollout.task_id, sections[i]);
+        if (!sections[i].empty())
+          samples[i].teacher_prompt = args.teacher_prompt(g->second[i].rollout.task_id, sections[i]);
     }
     double t0 = mono_s();
     try {
@@ -177,18 +179,28 @@ void try_step(self_ptr self, const LearnerArgs& args) {
   st.last_clip = r.clip_fraction;
   st.last_lr = r.lr;
   u.policy_version = r.version;
-  u.stats = {{"loss", r.loss},           {"grad_norm", r.grad_norm},   {"lr", r.lr},
-             {"tokens", r.tokens},       {"sequences", r.sequences},   {"pg", r.pg},
-             {"kl", r.kl},               {"clip_fraction", r.clip_fraction}, {"ratio_mean", r.ratio_mean},
-             {"entropy", r.entropy},     {"applied", r.applied ? 1.0 : 0.0}, {"learner_s", r.seconds},
-             {"groups", double(plan.groups)}, {"groups_skipped", double(plan.skipped)}};
+  u.stats = {{"loss", r.loss},
+             {"grad_norm", r.grad_norm},
+             {"lr", r.lr},
+             {"tokens", r.tokens},
+             {"sequences", r.sequences},
+             {"pg", r.pg},
+             {"kl", r.kl},
+             {"clip_fraction", r.clip_fraction},
+             {"ratio_mean", r.ratio_mean},
+             {"entropy", r.entropy},
+             {"applied", r.applied ? 1.0 : 0.0},
+             {"learner_s", r.seconds},
+             {"groups", double(plan.groups)},
+             {"groups_skipped", double(plan.skipped)}};
   if (args.sdpo_enabled) {
     u.stats["teacher_tokens"] = double(plan.teacher_tokens);
     u.stats["teacher_samples"] = double(plan.teacher_samples);
   }
-  lg->info("step {} -> policy version {}: loss {:.4f}, grad norm {:.3f}, lr {:.3g}, {} groups ({} skipped), "
-           "clip {:.3f}, entropy {:.3f}, ratio {:.4f}",
-           step, r.version, r.loss, r.grad_norm, r.lr, plan.groups, plan.skipped, r.clip_fraction, r.entropy, r.ratio_mean);
+  lg->info(
+      "step {} -> policy version {}: loss {:.4f}, grad norm {:.3f}, lr {:.3g}, {} groups ({} skipped), "
+      "clip {:.3f}, entropy {:.3f}, ratio {:.4f}",
+      step, r.version, r.loss, r.grad_norm, r.lr, plan.groups, plan.skipped, r.clip_fraction, r.entropy, r.ratio_mean);
   if (args.selector) {
     Checkpoint c;
     c.step = uint32_t(r.version);
@@ -281,11 +293,17 @@ caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
         t.ts = now_s();
         t.source = "learner";
         t.step = st.current;
-        t.values = {{"samples_received", double(st.received)}, {"updates", double(st.updates)},
-                    {"groups_learned", double(st.groups_learned)}, {"groups_skipped", double(st.groups_skipped)},
-                    {"policy_version", double(args.engine->version())}, {"loss", st.last_loss},
-                    {"grad_norm", st.last_grad_norm}, {"entropy", st.last_entropy},
-                    {"clip_fraction", st.last_clip}, {"lr", st.last_lr}, {"busy_s", st.busy_s},
+        t.values = {{"samples_received", double(st.received)},
+                    {"updates", double(st.updates)},
+                    {"groups_learned", double(st.groups_learned)},
+                    {"groups_skipped", double(st.groups_skipped)},
+                    {"policy_version", double(args.engine->version())},
+                    {"loss", st.last_loss},
+                    {"grad_norm", st.last_grad_norm},
+                    {"entropy", st.last_entropy},
+                    {"clip_fraction", st.last_clip},
+                    {"lr", st.last_lr},
+                    {"busy_s", st.busy_s},
                     {"sync_failures", double(st.sync_failures)}};
         return t;
       },

@@ -36,17 +36,17 @@ class LearnerEngine;
 
 struct LearnerArgs {
   std::shared_ptr<LearnerEngine> engine;  // null: every step request is refused with an error
-  uint32_t group_size = 8;              // samples per group
-  caf::actor selector;                  // checkpoint_selector (may be invalid)
-  std::string checkpoint_dir;           // RUN_DIR/checkpoints
-  double sync_timeout_s = 300;          // per WeightsUpdate acknowledgement
+  uint32_t group_size = 8;                // samples per group
+  caf::actor selector;                    // checkpoint_selector (may be invalid)
+  std::string checkpoint_dir;             // RUN_DIR/checkpoints
+  double sync_timeout_s = 300;            // per WeightsUpdate acknowledgement
   // SDPO (the engine's objective is "sdpo"): each sample's teacher prompt is
   // teacher_prompt(task_id, section) for its section from teacher_sections(group, sdpo); every
   // sample's teacher context and figures are appended to teacher_log (JSONL) for audit.
   bool sdpo_enabled = false;
   SdpoOptions sdpo;
   std::function<std::string(const std::string& task_id, const std::string& section)> teacher_prompt;
-  std::string teacher_log;              // RUN_DIR/teacher.jsonl
+  std::string teacher_log;  // RUN_DIR/teacher.jsonl
 };
 
 caf::actor spawn_learner(caf::actor_system& sys, LearnerArgs args);

@@ -82,13 +82,11 @@ void poll(self_ptr self, const std::vector<caf::actor>& sources) {
   auto timeout = std::chrono::seconds(2);
   for (auto& src : sources) {
     self->request(src, timeout, stats_atom::value)
-        .then([=](Telemetry& t) { merge(self, t); },
-              [](caf::error&) { /* busy or gone: skip this tick */ });
+        .then([=](Telemetry& t) { merge(self, t); }, [](caf::error&) { /* busy or gone: skip this tick */ });
   }
 }
 
-caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::actor> sources,
-                            caf::actor recorder) {
+caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::actor> sources, caf::actor recorder) {
   self->state.tty = isatty(STDERR_FILENO) == 1;
   if (!args.metrics_path.empty())
     self->state.metrics = std::make_unique<std::ofstream>(args.metrics_path, std::ios::app);
@@ -124,11 +122,12 @@ caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::ac
         }
         for (auto& src : sources) {
           self->request(src, std::chrono::seconds(2), stats_atom::value)
-              .then([=](Telemetry& t) mutable {
-                      merge(self, t);
-                      done();
-                    },
-                    [=](caf::error&) mutable { done(); });
+              .then(
+                  [=](Telemetry& t) mutable {
+                    merge(self, t);
+                    done();
+                  },
+                  [=](caf::error&) mutable { done(); });
         }
         return rp;
       },
@@ -166,55 +165,53 @@ void TelemetryPublisher::publish(const Telemetry& t) {
   msgpack::sbuffer buf;
   msgpack::pack(buf, t);
   try {
-    impl_->sock.send(zmq::buffer(std::string_view(telemetry_topic)), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    impl_->sock.send(zmq::buffer(std::string_view(telemetry_topic)),
+                     zmq::send_flags::sndmore | zmq::send_flags::dontwait);
     impl_->sock.send(zmq::buffer(buf.data(), buf.size()), zmq::send_flags::dontwait);
   } catch (const zmq::error_t&) {
     // PUB never blocks; an error here only loses this snapshot for subscribers.
   }
 }
 
-std::string format_progress(const std::string& label,
-                            const std::vector<std::pair<std::string, double>>& values) {
+std::string format_progress(const std::string& label, const std::vector<std::pair<std::string, double>>& values) {
   std::map<std::string, double> m(values.begin(), values.end());
   double done = get(m, "supervisor.samples_done"), total = get(m, "supervisor.samples_total");
   double correct = get(m, "supervisor.correct");
   double failed = done - correct;
   if (m.count("supervisor.steps_total")) {  // train: where the run is, what the last step scored, the learner
-    std::string held;  // the latest periodic evaluation on held-out tasks
+    std::string held;                       // the latest periodic evaluation on held-out tasks
     if (get(m, "supervisor.eval_fast_1", -1) >= 0)
       held = fmt::format(" | held-out fast_1 {:.2f} (v{})", get(m, "supervisor.eval_fast_1"),
                          uint64_t(get(m, "supervisor.eval_version")));
-    return fmt::format("[{}] step {}/{} | {} samples | fast_1 last step {:.2f}{} | reward {:.3f} | loss {:.4f} | "
-                       "entropy {:.3f} | policy v{} | {:.2f} samples/s | queue {} | in flight {} | ETA {}",
-                       label, uint64_t(get(m, "supervisor.step")) + 1, uint64_t(get(m, "supervisor.steps_total")),
-                       uint64_t(done), std::max(0.0, get(m, "supervisor.step_fast_1")), held,
-                       get(m, "supervisor.mean_reward"), get(m, "learner.loss"), get(m, "learner.entropy"),
-                       uint64_t(get(m, "supervisor.policy_version")), get(m, "supervisor.samples_per_s"),
-                       uint64_t(get(m, "dispatcher.queue_depth")), uint64_t(get(m, "dispatcher.in_flight")),
-                       fmt_eta(get(m, "supervisor.eta_s", -1)));
+    return fmt::format(
+        "[{}] step {}/{} | {} samples | fast_1 last step {:.2f}{} | reward {:.3f} | loss {:.4f} | "
+        "entropy {:.3f} | policy v{} | {:.2f} samples/s | queue {} | in flight {} | ETA {}",
+        label, uint64_t(get(m, "supervisor.step")) + 1, uint64_t(get(m, "supervisor.steps_total")), uint64_t(done),
+        std::max(0.0, get(m, "supervisor.step_fast_1")), held, get(m, "supervisor.mean_reward"), get(m, "learner.loss"),
+        get(m, "learner.entropy"), uint64_t(get(m, "supervisor.policy_version")), get(m, "supervisor.samples_per_s"),
+        uint64_t(get(m, "dispatcher.queue_depth")), uint64_t(get(m, "dispatcher.in_flight")),
+        fmt_eta(get(m, "supervisor.eta_s", -1)));
   }
-  return fmt::format("[{}] {}/{} samples | correct {} | failed {} | fast_1 {:.2f} | reward {:.3f} | "
-                     "{:.2f} samples/s | queue {} | in flight {} | ETA {}",
-                     label, uint64_t(done), uint64_t(total), uint64_t(correct),
-                     uint64_t(failed < 0 ? 0 : failed), get(m, "supervisor.fast_1"),
-                     get(m, "supervisor.mean_reward"), get(m, "supervisor.samples_per_s"),
-                     uint64_t(get(m, "dispatcher.queue_depth")),
-                     uint64_t(get(m, "dispatcher.in_flight")),
-                     fmt_eta(get(m, "supervisor.eta_s", -1)));
+  return fmt::format(
+      "[{}] {}/{} samples | correct {} | failed {} | fast_1 {:.2f} | reward {:.3f} | "
+      "{:.2f} samples/s | queue {} | in flight {} | ETA {}",
+      label, uint64_t(done), uint64_t(total), uint64_t(correct), uint64_t(failed < 0 ? 0 : failed),
+      get(m, "supervisor.fast_1"), get(m, "supervisor.mean_reward"), get(m, "supervisor.samples_per_s"),
+      uint64_t(get(m, "dispatcher.queue_depth")), uint64_t(get(m, "dispatcher.in_flight")),
+      fmt_eta(get(m, "supervisor.eta_s", -1)));
 }
 
-std::string format_snapshot(const std::string& label,
-                            const std::vector<std::pair<std::string, double>>& values) {
+std::string format_snapshot(const std::string& label, const std::vector<std::pair<std::string, double>>& values) {
   std::map<std::string, double> m(values.begin(), values.end());
   std::string out = format_progress(label, values) + "\n";
   out += fmt::format("step {} | policy version {} | staleness max {} mean {:.2f} | correct rate {:.2f}\n",
                      uint64_t(get(m, "supervisor.step")), uint64_t(get(m, "supervisor.policy_version")),
                      uint64_t(get(m, "supervisor.staleness_max")), get(m, "supervisor.staleness_mean"),
                      get(m, "supervisor.correct_rate"));
-  out += fmt::format("speedup (correct samples) p10 {:.2f} | p25 {:.2f} | p50 {:.2f} | p75 {:.2f} | p90 {:.2f} | max {:.2f}\n",
-                     get(m, "supervisor.speedup.p10"), get(m, "supervisor.speedup.p25"),
-                     get(m, "supervisor.speedup.p50"), get(m, "supervisor.speedup.p75"),
-                     get(m, "supervisor.speedup.p90"), get(m, "supervisor.speedup.max"));
+  out += fmt::format(
+      "speedup (correct samples) p10 {:.2f} | p25 {:.2f} | p50 {:.2f} | p75 {:.2f} | p90 {:.2f} | max {:.2f}\n",
+      get(m, "supervisor.speedup.p10"), get(m, "supervisor.speedup.p25"), get(m, "supervisor.speedup.p50"),
+      get(m, "supervisor.speedup.p75"), get(m, "supervisor.speedup.p90"), get(m, "supervisor.speedup.max"));
   out += "reward histogram";
   for (auto& bin : reward_histogram_bins())
     out += fmt::format(" | {} {}", bin, uint64_t(get(m, "supervisor.reward_hist." + bin)));

@@ -37,10 +37,10 @@ class TelemetryPublisher {
 inline const char* telemetry_topic = "kernelrl.telemetry";
 
 struct MonitorArgs {
-  bool progress = true;            // draw the progress line
-  double interval_s = 1.0;         // refresh interval
-  std::string metrics_path;        // metrics.jsonl ("" : none)
-  std::string label = "eval";      // shown at the start of the progress line
+  bool progress = true;                           // draw the progress line
+  double interval_s = 1.0;                        // refresh interval
+  std::string metrics_path;                       // metrics.jsonl ("" : none)
+  std::string label = "eval";                     // shown at the start of the progress line
   std::shared_ptr<TelemetryPublisher> publisher;  // each snapshot also published here (may be null)
 };
 

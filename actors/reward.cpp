@@ -26,12 +26,15 @@ double compute_reward(const RewardConfig& cfg, const EvalResult& r, double task_
       double coverage = r.kernel_coverage >= 0 ? cfg.coverage_weight * r.kernel_coverage : 0.0;
       return shaped + cfg.correct_bonus + coverage;
     }
-    case EvalStatus::incorrect: return cfg.incorrect_reward;
-    case EvalStatus::hacked: return cfg.hacked_reward;
+    case EvalStatus::incorrect:
+      return cfg.incorrect_reward;
+    case EvalStatus::hacked:
+      return cfg.hacked_reward;
     case EvalStatus::skipped:        // never evaluated: no verdict to reward
     case EvalStatus::out_of_memory:  // the evaluation did not fit the device: no verdict either
       return 0;
-    default: return cfg.failure_reward;
+    default:
+      return cfg.failure_reward;
   }
 }
 
@@ -42,8 +45,8 @@ struct reward_state {
   static inline const char* name = "reward";
 };
 
-caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig cfg,
-                           caf::actor recorder, caf::actor learner) {
+caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig cfg, caf::actor recorder,
+                           caf::actor learner) {
   return {
       [=](score_atom, Rollout& ro, EvalResult& res) {
         auto& acc = self->state.task_speedups[res.task_id];
@@ -64,8 +67,7 @@ caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig
 
 }  // namespace
 
-caf::actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder,
-                        caf::actor learner) {
+caf::actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder, caf::actor learner) {
   return sys.spawn(reward_actor, std::move(cfg), std::move(recorder), std::move(learner));
 }
 

@@ -25,7 +25,6 @@ double compute_reward(const RewardConfig& cfg, const EvalResult& r, double task_
 bool rejected_as_lazy(const RewardConfig& cfg, const EvalResult& r);
 
 // `learner` may be a default (invalid) actor: then nothing is sent to it.
-caf::actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder,
-                        caf::actor learner);
+caf::actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder, caf::actor learner);
 
 }  // namespace kernelrl

@@ -22,8 +22,7 @@ namespace kernelrl {
 
 namespace {
 
-void load_jsonl(const std::string& file, std::vector<ReplayRecord>& out,
-                std::vector<std::string>& errors) {
+void load_jsonl(const std::string& file, std::vector<ReplayRecord>& out, std::vector<std::string>& errors) {
   std::ifstream in(file);
   if (!in) {
     errors.push_back(file + ": cannot open replay file");
@@ -66,8 +65,8 @@ void load_jsonl(const std::string& file, std::vector<ReplayRecord>& out,
       continue;
     }
     if (!r.token_ids.empty() && r.logprobs.size() != r.token_ids.size()) {
-      errors.push_back(where + ": logprobs has " + std::to_string(r.logprobs.size()) +
-                       " entries, token_ids has " + std::to_string(r.token_ids.size()));
+      errors.push_back(where + ": logprobs has " + std::to_string(r.logprobs.size()) + " entries, token_ids has " +
+                       std::to_string(r.token_ids.size()));
       continue;
     }
     out.push_back(std::move(r));
@@ -90,8 +89,8 @@ std::vector<ReplayRecord> load_replay(const std::string& path, std::vector<std::
       }
       for (auto& row : s->samples()) {
         const Rollout& r = row.record.rollout;
-        out.push_back({r.task_id, r.prompt, r.completion, r.token_ids, r.logprobs,
-                       r.policy_version, store.string() + ":" + r.sample_id});
+        out.push_back({r.task_id, r.prompt, r.completion, r.token_ids, r.logprobs, r.policy_version,
+                       store.string() + ":" + r.sample_id});
       }
       return out;
     }
@@ -112,20 +111,20 @@ namespace {
 struct PendingPrompt {
   uint32_t step;
   uint64_t group;
-  size_t prompt;  // index into SamplerArgs::prompts
-  uint32_t n;     // samples of it
+  size_t prompt;      // index into SamplerArgs::prompts
+  uint32_t n;         // samples of it
   std::string split;  // Rollout::split
 };
 
 struct sampler_state {
-  std::deque<Rollout> to_send;  // planned, not yet handed to the dispatcher
+  std::deque<Rollout> to_send;                           // planned, not yet handed to the dispatcher
   std::vector<std::pair<Rollout, std::string>> to_skip;  // left out of evaluation (evaluate_top_m), and why
   uint64_t skipped = 0;
   std::deque<PendingPrompt> to_generate;  // model backends: planned, not yet generated
-  bool generating = false;      // a tick is on its way
-  uint32_t failures = 0;        // consecutive failed generations (backoff)
+  bool generating = false;                // a tick is on its way
+  uint32_t failures = 0;                  // consecutive failed generations (backoff)
   uint64_t batches = 0;
-  uint32_t unanswered = 0;      // handed over, the dispatcher's answer not yet back
+  uint32_t unanswered = 0;  // handed over, the dispatcher's answer not yet back
   uint64_t rollouts = 0, tokens = 0;
   double t_start = -1;  // mono_s of the first plan
   static inline const char* name = "sampler";
@@ -191,9 +190,10 @@ void route_group(sampler_state& st, const SamplerArgs& args, std::vector<Rollout
       st.to_send.push_back(std::move(group[i]));
     } else {
       ++st.skipped;
-      st.to_skip.push_back({std::move(group[i]), fmt::format("not evaluated: mean logprob {:.4f} is not among the {} most "
-                                                            "surprising of the group's {} samples (evaluate_top_m)",
-                                                            means[i], m, group.size())});
+      st.to_skip.push_back(
+          {std::move(group[i]), fmt::format("not evaluated: mean logprob {:.4f} is not among the {} most "
+                                            "surprising of the group's {} samples (evaluate_top_m)",
+                                            means[i], m, group.size())});
     }
   }
 }
@@ -210,7 +210,8 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
   // group), so a run resumed from a checkpoint draws what the uninterrupted run would have.
   const auto& first = st.to_generate.front();
   size_t take = 0;
-  while (take < std::min<size_t>(args.batch_prompts, st.to_generate.size()) && st.to_generate[take].n == first.n) ++take;
+  while (take < std::min<size_t>(args.batch_prompts, st.to_generate.size()) && st.to_generate[take].n == first.n)
+    ++take;
   std::vector<std::string> prompts;
   for (size_t i = 0; i < take; ++i) prompts.push_back(args.prompts[st.to_generate[i].prompt].prompt);
   SamplingParams p = args.params;
@@ -222,7 +223,8 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
   } catch (const std::exception& e) {
     double wait = std::min(30.0, 0.5 * double(1u << std::min<uint32_t>(st.failures, 6)));
     ++st.failures;
-    lg->error("generation of {} prompts failed ({} in a row): {}; retrying in {:.1f} s", take, st.failures, e.what(), wait);
+    lg->error("generation of {} prompts failed ({} in a row): {}; retrying in {:.1f} s", take, st.failures, e.what(),
+              wait);
     st.generating = true;
     self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(wait * 1000)), tick_atom::value);
     return;
@@ -332,8 +334,10 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispa
   }
   return {
       [=](WeightsUpdate& u) -> caf::result<uint64_t> {
-        return caf::make_error(caf::sec::runtime_error, "sampler " + args.id + ": the replay backend serves recorded "
-                               "actions and cannot take weights update " + std::to_string(u.version));
+        return caf::make_error(caf::sec::runtime_error, "sampler " + args.id +
+                                                            ": the replay backend serves recorded "
+                                                            "actions and cannot take weights update " +
+                                                            std::to_string(u.version));
       },
       [=](plan_atom, uint32_t step) -> uint64_t {
         // Groups are tasks in order of first appearance; samples keep their file order.
@@ -359,8 +363,10 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispa
           r.policy_version = rec.policy_version;
           r.sampler_id = args.id;
           self->state.tokens += r.token_ids.size();
-          if (args.evaluate_top_m > 0) groups[g].push_back(std::move(r));  // ranked once the group is whole
-          else self->state.to_send.push_back(std::move(r));
+          if (args.evaluate_top_m > 0)
+            groups[g].push_back(std::move(r));  // ranked once the group is whole
+          else
+            self->state.to_send.push_back(std::move(r));
           ++sent;
         }
         for (auto& [g, rs] : groups) route_group(self->state, args, std::move(rs));

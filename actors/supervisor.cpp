@@ -35,11 +35,11 @@ struct supervisor_state {
   uint64_t waits = 0;  // join deadlines started (a deadline only counts if it is the latest)
   double t_start = 0;
   double t_first_record = -1, t_last_record = -1;  // mono_s of the first and last stored sample
-  std::vector<double> speedups;              // of correct samples (the speedup distribution)
-  std::vector<uint64_t> reward_hist;         // counts per reward_edges bin
-  uint32_t step = 0;                         // latest step a recorded sample belongs to
-  uint64_t policy_version = 0;               // newest policy version seen in a sample
-  uint64_t stale_max = 0, stale_sum = 0;     // policy_version - sample's version, at record time
+  std::vector<double> speedups;                    // of correct samples (the speedup distribution)
+  std::vector<uint64_t> reward_hist;               // counts per reward_edges bin
+  uint32_t step = 0;                               // latest step a recorded sample belongs to
+  uint64_t policy_version = 0;                     // newest policy version seen in a sample
+  uint64_t stale_max = 0, stale_sum = 0;           // policy_version - sample's version, at record time
   // train mode
   struct GroupTrack {
     std::string task_id;
@@ -50,41 +50,41 @@ struct supervisor_state {
     uint32_t replans = 0;        // how often this task was sampled again in this step
   };
   struct StepTrack {
-    uint64_t groups = 0, accepted = 0;   // planned, and complete and accepted
-    uint64_t next_j = 0;                 // next group number in this step
+    uint64_t groups = 0, accepted = 0;  // planned, and complete and accepted
+    uint64_t next_j = 0;                // next group number in this step
     std::map<std::string, TaskAgg> tasks;
     std::map<std::string, uint64_t> status_counts;
-    uint64_t version = 0;                // newest version among its accepted samples
+    uint64_t version = 0;  // newest version among its accepted samples
     bool written = false;
     StepStats stats;
   };
   caf::actor sampler;
-  std::map<uint64_t, GroupTrack> groups;   // open groups by group id
+  std::map<uint64_t, GroupTrack> groups;  // open groups by group id
   std::map<uint32_t, StepTrack> steps;
   std::map<std::string, std::vector<std::vector<ScoredRollout>>> reusable;  // resume: complete groups by task
-  uint32_t next_plan = 0;                  // next step to plan
-  uint64_t version = 0;                    // the learner's newest acknowledged version
+  uint32_t next_plan = 0;                                                   // next step to plan
+  uint64_t version = 0;                                                     // the learner's newest acknowledged version
   uint64_t stale_rejected = 0, groups_replanned = 0, abandoned = 0, resumed_samples = 0;
   double last_step_fast_1 = -1;
-  AdaptationTracker tracker;               // Best-of-Adaptation and early stopping
+  AdaptationTracker tracker;  // Best-of-Adaptation and early stopping
   bool stopped_early = false;
   // train with eval tasks: one round per evaluated version
   struct EvalRound {
-    uint64_t expected = 0, recorded = 0;   // samples planned and stored
-    uint64_t next_j = 0;                   // next group number of this round
+    uint64_t expected = 0, recorded = 0;                          // samples planned and stored
+    uint64_t next_j = 0;                                          // next group number of this round
     std::map<uint64_t, std::pair<std::string, uint32_t>> groups;  // group id -> task, samples stored
     std::map<std::string, TaskAgg> tasks;
     std::map<std::string, uint64_t> status_counts;
     uint64_t min_version = ~uint64_t(0), max_version = 0;  // versions that actually sampled it
     bool reported = false;
   };
-  std::map<uint32_t, EvalRound> evals;     // by the version evaluated
-  bool ending = false;                     // learning is over; the run ends once the evaluations are in
+  std::map<uint32_t, EvalRound> evals;  // by the version evaluated
+  bool ending = false;                  // learning is over; the run ends once the evaluations are in
   double last_eval_fast_1 = -1;
   uint32_t last_eval_version = 0;
   uint64_t eval_rollouts = 0;
-  uint64_t first_version = 0;              // the version the run started (or resumed) from
-  double t_synced = -1;                    // mono_s when it started sampling
+  uint64_t first_version = 0;  // the version the run started (or resumed) from
+  double t_synced = -1;        // mono_s when it started sampling
   // compute spent (compute.json)
   uint64_t student_tokens = 0;
   double eval_wall_s = 0, eval_device_s = 0, compile_s = 0;
@@ -197,7 +197,9 @@ nlohmann::json eval_json(uint32_t version, const supervisor_state::EvalRound& e,
   StepStats s = stats_of(e.tasks, e.status_counts, version);
   nlohmann::json tasks = nlohmann::json::array();
   for (auto& [id, t] : e.tasks)
-    tasks.push_back({{"task_id", id}, {"samples", t.samples}, {"correct", t.correct},
+    tasks.push_back({{"task_id", id},
+                     {"samples", t.samples},
+                     {"correct", t.correct},
                      {"fast_1", t.samples ? double(t.faster) / double(t.samples) : 0.0}});
   nlohmann::json j = {{"policy_version", version},
                       {"samples", s.samples},
@@ -275,8 +277,8 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
     bool known = false;
     for (auto& k : args.task_ids) known = known || k == id;
     if (!known)
-      tasks.push_back({{"task_id", id}, {"samples", t.samples}, {"correct", t.correct},
-                       {"fast_1", 0.0}, {"mean_speedup", 0.0}});
+      tasks.push_back(
+          {{"task_id", id}, {"samples", t.samples}, {"correct", t.correct}, {"fast_1", 0.0}, {"mean_speedup", 0.0}});
   }
   j["tasks"] = tasks;
   const auto step_rows = st.store ? st.store->steps(args.run_id) : std::vector<Store::StepRow>{};
@@ -352,9 +354,11 @@ void request_samples(self_ptr self, const SupervisorArgs& args, SamplePlan plan)
   uint32_t step = plan.step;
   self->request(self->state.sampler, caf::infinite, std::move(plan))
       .then([=](uint64_t n) { self->state.expected += n; },
-            [=](caf::error& e) { finish(self, args, "sampler failed to plan step " + std::to_string(step) + ": " + error_text(self->system(), e)); });
+            [=](caf::error& e) {
+              finish(self, args,
+                     "sampler failed to plan step " + std::to_string(step) + ": " + error_text(self->system(), e));
+            });
 }
-
 
 bool evals_done(const supervisor_state& st) {
   for (auto& [v, e] : st.evals)
@@ -371,9 +375,9 @@ void eval_progress(self_ptr self, const SupervisorArgs& args, uint32_t v) {
     StepStats s = stats_of(e.tasks, e.status_counts, v);
     st.last_eval_fast_1 = s.fast_1;
     st.last_eval_version = v;
-    log::get("supervisor")->info("eval of policy version {}: {} samples over {} held-out tasks, correct {:.3f}, fast_1 {:.3f}",
-                                 v, s.samples, e.tasks.size(), s.samples ? double(s.correct) / double(s.samples) : 0.0,
-                                 s.fast_1);
+    log::get("supervisor")
+        ->info("eval of policy version {}: {} samples over {} held-out tasks, correct {:.3f}, fast_1 {:.3f}", v,
+               s.samples, e.tasks.size(), s.samples ? double(s.correct) / double(s.samples) : 0.0, s.fast_1);
   }
   if (st.ending && evals_done(st)) finish(self, args, "");
 }
@@ -399,10 +403,12 @@ void plan_eval(self_ptr self, const SupervisorArgs& args, uint32_t v) {
     plan.group_ids.push_back(eval_group_base + uint64_t(v) * group_stride + e.next_j++);
   }
   e.expected = e.recorded + uint64_t(plan.task_ids.size()) * args.eval_samples;
-  log::get("supervisor")->info("eval of policy version {}: {} held-out tasks x {} samples", v, plan.task_ids.size(),
-                               args.eval_samples);
-  if (!plan.task_ids.empty()) request_samples(self, args, std::move(plan));
-  else eval_progress(self, args, v);
+  log::get("supervisor")
+      ->info("eval of policy version {}: {} held-out tasks x {} samples", v, plan.task_ids.size(), args.eval_samples);
+  if (!plan.task_ids.empty())
+    request_samples(self, args, std::move(plan));
+  else
+    eval_progress(self, args, v);
 }
 
 // No more learning (the last step, or early stopping): the newest version is evaluated, then the run ends.
@@ -410,8 +416,10 @@ void end_learning(self_ptr self, const SupervisorArgs& args) {
   auto& st = self->state;
   st.ending = true;
   plan_eval(self, args, uint32_t(st.version));
-  if (evals_done(st)) finish(self, args, "");
-  else log::get("supervisor")->info("learning is done; waiting for the evaluation of policy version {}", st.version);
+  if (evals_done(st))
+    finish(self, args, "");
+  else
+    log::get("supervisor")->info("learning is done; waiting for the evaluation of policy version {}", st.version);
 }
 
 void step_complete(self_ptr self, const SupervisorArgs& args, uint32_t s) {
@@ -424,8 +432,9 @@ void step_complete(self_ptr self, const SupervisorArgs& args, uint32_t s) {
   if (st.store && !st.store->record_step(args.run_id, t.stats))
     log::get("supervisor")->error("store: cannot record step {}: {}", s, st.store->last_error());
   if (args.selector) self->send(args.selector, record_atom::value, t.stats);
-  log::get("supervisor")->info("step {}: {} samples, fast_1 {:.3f}, mean reward {:.3f} (policy version {})", s,
-                               t.stats.samples, t.stats.fast_1, t.stats.mean_reward, t.version);
+  log::get("supervisor")
+      ->info("step {}: {} samples, fast_1 {:.3f}, mean reward {:.3f} (policy version {})", s, t.stats.samples,
+             t.stats.fast_1, t.stats.mean_reward, t.version);
 }
 
 // A complete group within the staleness bound: counted in its step and handed to the learner.
@@ -455,7 +464,8 @@ void on_update(self_ptr self, const SupervisorArgs& args, StepUpdate& u) {
       log::get("supervisor")->error("store: cannot record step {}: {}", u.step, st.store->last_error());
     // The checkpoint that sampled step u.step is scored now that both are known.
     if (t.written) {
-      Checkpoint c{u.step, t.version, checkpoint_dir(std::filesystem::path(u.checkpoint).parent_path().string(), t.version),
+      Checkpoint c{u.step, t.version,
+                   checkpoint_dir(std::filesystem::path(u.checkpoint).parent_path().string(), t.version),
                    t.stats.fast_1};
       if (!st.store->record_checkpoint(args.run_id, c))
         log::get("supervisor")->error("store: cannot record checkpoint {}: {}", c.path, st.store->last_error());
@@ -463,8 +473,9 @@ void on_update(self_ptr self, const SupervisorArgs& args, StepUpdate& u) {
   }
   if (t.written && st.tracker.record(u.step, t.stats.fast_1)) {
     st.stopped_early = true;
-    log::get("supervisor")->info("step {}: no better fast_1 than step {} ({:.3f}) for {} steps: stopping early", u.step,
-                                 st.tracker.best_step, st.tracker.best, st.tracker.patience);
+    log::get("supervisor")
+        ->info("step {}: no better fast_1 than step {} ({:.3f}) for {} steps: stopping early", u.step,
+               st.tracker.best_step, st.tracker.best, st.tracker.patience);
     end_learning(self, args);
     return;
   }
@@ -487,9 +498,10 @@ void plan_step(self_ptr self, const SupervisorArgs& args, uint32_t s) {
   std::vector<std::vector<ScoredRollout>> reused;
   for (uint32_t k = 0; k < args.batch_size; ++k) {
     // ttt adapts on the same tasks every step; train walks a shuffled sequence of them.
-    const std::string& task = traits(args.mode).adapts ? args.task_ids[k % args.task_ids.size()]
-                                                 : args.task_ids[train_task_index(args.seed, args.task_ids.size(),
-                                                                                  uint64_t(s) * args.batch_size + k)];
+    const std::string& task =
+        traits(args.mode).adapts
+            ? args.task_ids[k % args.task_ids.size()]
+            : args.task_ids[train_task_index(args.seed, args.task_ids.size(), uint64_t(s) * args.batch_size + k)];
     auto r = st.reusable.find(task);
     if (r != st.reusable.end() && !r->second.empty()) {  // resume: this group is already evaluated
       reused.push_back(std::move(r->second.back()));
@@ -503,7 +515,9 @@ void plan_step(self_ptr self, const SupervisorArgs& args, uint32_t s) {
   }
   self->request(args.learner, caf::infinite, plan_atom::value, s, uint64_t(args.batch_size))
       .then([=](StepUpdate& u) { on_update(self, args, u); },
-            [=](caf::error& e) { finish(self, args, "learner failed at step " + std::to_string(s) + ": " + error_text(self->system(), e)); });
+            [=](caf::error& e) {
+              finish(self, args, "learner failed at step " + std::to_string(s) + ": " + error_text(self->system(), e));
+            });
   if (!reused.empty())
     log::get("supervisor")->info("step {}: {} groups evaluated before the restart are reused", s, reused.size());
   for (auto& g : reused) accept_group(self, args, s, g);
@@ -524,22 +538,27 @@ void load_resumed(self_ptr self, const SupervisorArgs& args, uint32_t from) {
       add_eval(st, row.record);
       continue;
     }
-    if (r.step == from) by_group[r.group_id].push_back(row.record);
-    else if (r.step > from) ++st.abandoned;
+    if (r.step == from)
+      by_group[r.group_id].push_back(row.record);
+    else if (r.step > from)
+      ++st.abandoned;
     auto& t = st.steps[r.step];
     t.next_j = std::max(t.next_j, r.group_id % group_stride + 1);
   }
   for (auto& [gid, g] : by_group) {
     bool fresh = true;
     for (auto& x : g) fresh = fresh && st.version <= x.rollout.policy_version + args.max_staleness;
-    if (g.size() == args.group_size && fresh) st.reusable[g.front().rollout.task_id].push_back(std::move(g));
-    else st.abandoned += g.size();
+    if (g.size() == args.group_size && fresh)
+      st.reusable[g.front().rollout.task_id].push_back(std::move(g));
+    else
+      st.abandoned += g.size();
   }
   st.expected = st.recorded;
   for (auto& row : st.store->steps(args.run_id))  // the scores so far, for BoA and early stopping
     if (row.stats.step < from) st.tracker.record(row.stats.step, row.stats.fast_1);
-  log::get("supervisor")->info("resuming at step {} (policy version {}): {} samples already recorded, {} not reused",
-                               from, st.version, st.resumed_samples, st.abandoned);
+  log::get("supervisor")
+      ->info("resuming at step {} (policy version {}): {} samples already recorded, {} not reused", from, st.version,
+             st.resumed_samples, st.abandoned);
 }
 
 // A recorded sample in train mode: into its group; a complete group is accepted or rejected.
@@ -566,13 +585,15 @@ void record_train(self_ptr self, const SupervisorArgs& args, ScoredRollout& s) {
     return;
   }
   st.stale_rejected += g.samples.size();
-  lg->warn("step {}: group {} of task {} rejected: sampled by policy version {} while the learner is at {} "
-           "(max_staleness {}); {} samples stay in the store, the task is sampled again",
-           step, it->first, g.task_id, g.stale_version, st.version, args.max_staleness, g.samples.size());
+  lg->warn(
+      "step {}: group {} of task {} rejected: sampled by policy version {} while the learner is at {} "
+      "(max_staleness {}); {} samples stay in the store, the task is sampled again",
+      step, it->first, g.task_id, g.stale_version, st.version, args.max_staleness, g.samples.size());
   if (g.replans >= 3) {
-    finish(self, args, fmt::format("task {} of step {} came back stale {} times: a sampler keeps serving policy "
-                                   "version {} while the learner is at {}", g.task_id, step, g.replans + 1,
-                                   g.stale_version, st.version));
+    finish(self, args,
+           fmt::format("task {} of step {} came back stale {} times: a sampler keeps serving policy "
+                       "version {} while the learner is at {}",
+                       g.task_id, step, g.replans + 1, g.stale_version, st.version));
     return;
   }
   auto& t = st.steps[step];
@@ -609,15 +630,15 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
     }
     uint64_t n = ++st.waits;
     lg->warn("no evaluator is running; waiting up to {:g} s for one to join", args.join_wait_s);
-    self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(args.join_wait_s * 1000)),
-                       tick_atom::value, n);
+    self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(args.join_wait_s * 1000)), tick_atom::value,
+                       n);
   };
   self->set_down_handler([=](caf::down_msg&) {
     auto& st = self->state;
     if (st.evaluators_alive > 0) --st.evaluators_alive;
     if (st.evaluators_alive == 0)
-      none_left("no evaluator is running (see the errors above); " +
-                std::to_string(st.expected - st.recorded) + " samples have no verdict");
+      none_left("no evaluator is running (see the errors above); " + std::to_string(st.expected - st.recorded) +
+                " samples have no verdict");
   });
   self->state.t_start = mono_s();
   self->state.tracker.patience = args.patience;
@@ -658,11 +679,13 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
                       return;
                     }
                     plan_eval(self, args, uint32_t(v));  // the starting point, before any update
-                    lg->info("train: steps {}..{}, {} tasks x {} samples per step, policy version {}", v, args.steps - 1,
-                             args.batch_size, args.group_size, v);
+                    lg->info("train: steps {}..{}, {} tasks x {} samples per step, policy version {}", v,
+                             args.steps - 1, args.batch_size, args.group_size, v);
                     plan_more(self, args);
                   },
-                  [=](caf::error& e) { finish(self, args, "learner could not publish its weights: " + error_text(self->system(), e)); });
+                  [=](caf::error& e) {
+                    finish(self, args, "learner could not publish its weights: " + error_text(self->system(), e));
+                  });
           return st.done;
         }
         self->request(sampler, caf::infinite, plan_atom::value, uint32_t{0})
@@ -685,8 +708,9 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
       [=](tick_atom, uint64_t n) {  // a join deadline
         auto& st = self->state;
         if (n == st.waits && st.evaluators_alive == 0 && !st.finished)
-          finish(self, args, "no evaluator joined within " + fmt::format("{:g}", args.join_wait_s) + " s; " +
-                                 std::to_string(st.expected - st.recorded) + " samples have no verdict");
+          finish(self, args,
+                 "no evaluator joined within " + fmt::format("{:g}", args.join_wait_s) + " s; " +
+                     std::to_string(st.expected - st.recorded) + " samples have no verdict");
       },
       [=](record_atom, ScoredRollout& s) {
         auto& st = self->state;
@@ -697,10 +721,10 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
             return;
           case InsertResult::failed:
             ++st.store_failures;
-            lg->error("store: cannot record sample {}: {}", s.rollout.sample_id,
-                      st.store->last_error());
+            lg->error("store: cannot record sample {}: {}", s.rollout.sample_id, st.store->last_error());
             break;
-          case InsertResult::inserted: break;
+          case InsertResult::inserted:
+            break;
         }
         count_sample(st, s);
         if (learns(args)) {
@@ -754,9 +778,10 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
           }
           // The sample count grows as steps are planned: the ETA is the pace of the steps done so far.
           const double done = double(st.version) - double(st.first_version);
-          t.values["eta_s"] = done > 0 && st.t_synced > 0 && !st.finished
-                                  ? (mono_s() - st.t_synced) / done * std::max(0.0, double(args.steps) - double(st.version))
-                                  : -1.0;
+          t.values["eta_s"] =
+              done > 0 && st.t_synced > 0 && !st.finished
+                  ? (mono_s() - st.t_synced) / done * std::max(0.0, double(args.steps) - double(st.version))
+                  : -1.0;
         }
         for (auto& [k, v] : st.status_counts) t.values["status." + k] = double(v);
         auto xs = st.speedups;

@@ -38,24 +38,24 @@
 namespace kernelrl {
 
 struct SupervisorArgs {
-  std::string run_id;                 // id of the run in the store
-  std::string store_path;             // RUN_DIR/store.sqlite
-  std::string synchronous = "normal"; // StoreConfig::synchronous
-  Mode mode = Mode::eval;             // ExperimentConfig::mode
-  std::string config_toml;            // resolved config, kept with the run
-  std::vector<std::string> task_ids;  // tasks of the experiment, in order
-  double join_wait_s = 0;             // cluster: how long to wait for an evaluator to join when
-                                      // none is running (0: single node, fail at once)
+  std::string run_id;                  // id of the run in the store
+  std::string store_path;              // RUN_DIR/store.sqlite
+  std::string synchronous = "normal";  // StoreConfig::synchronous
+  Mode mode = Mode::eval;              // ExperimentConfig::mode
+  std::string config_toml;             // resolved config, kept with the run
+  std::vector<std::string> task_ids;   // tasks of the experiment, in order
+  double join_wait_s = 0;              // cluster: how long to wait for an evaluator to join when
+                                       // none is running (0: single node, fail at once)
   // train mode
-  caf::actor learner;                 // the learner actor
-  caf::actor selector;                // checkpoint_selector (StepStats score its checkpoints)
-  uint32_t steps = 0;                 // [learner] steps
-  uint32_t batch_size = 8;            // tasks per step
-  uint32_t group_size = 8;            // samples per task per step
-  uint32_t max_staleness = 0;         // [learner] max_staleness
-  uint64_t seed = 0;                  // task order
-  bool resume = false;                // continue a run from its store and checkpoints
-  uint32_t patience = 0;              // early stopping (AdaptationTracker), train and ttt
+  caf::actor learner;          // the learner actor
+  caf::actor selector;         // checkpoint_selector (StepStats score its checkpoints)
+  uint32_t steps = 0;          // [learner] steps
+  uint32_t batch_size = 8;     // tasks per step
+  uint32_t group_size = 8;     // samples per task per step
+  uint32_t max_staleness = 0;  // [learner] max_staleness
+  uint64_t seed = 0;           // task order
+  bool resume = false;         // continue a run from its store and checkpoints
+  uint32_t patience = 0;       // early stopping (AdaptationTracker), train and ttt
   // train: periodic evaluation on held-out tasks (empty: none). The versions evaluated: the first
   // one served, every eval_every-th, and the last; each with eval_samples samples per task.
   std::vector<std::string> eval_task_ids;
@@ -70,11 +70,11 @@ struct SupervisorArgs {
 // is the highest score, the earliest on a tie; with patience P > 0 the run stops once P steps in a
 // row have not beaten it.
 struct AdaptationTracker {
-  uint32_t patience = 0;   // 0: never stop early
+  uint32_t patience = 0;  // 0: never stop early
   double best = 0;
   uint32_t best_step = 0;
-  uint32_t since_best = 0; // steps since the best
-  bool any = false;        // a score was recorded
+  uint32_t since_best = 0;  // steps since the best
+  bool any = false;         // a score was recorded
   // Records `step`'s score; true when the run should stop.
   bool record(uint32_t step, double score);
 };

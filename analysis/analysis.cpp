@@ -329,7 +329,10 @@ nlohmann::json analyze(const std::vector<AnalysisSample>& all_samples, const Ana
         faster += sp[idx[i]] > 1.0 ? 1 : 0;
       }
       double n = double(e - b);
-      quart.push_back({{"quartile", q + 1}, {"n", e - b}, {"mean_logprob", lsum / n}, {"mean_speedup", ssum / n},
+      quart.push_back({{"quartile", q + 1},
+                       {"n", e - b},
+                       {"mean_logprob", lsum / n},
+                       {"mean_speedup", ssum / n},
                        {"faster_share", double(faster) / n}});
     }
   }

@@ -15,17 +15,17 @@
 namespace kernelrl {
 
 struct AnalysisSample {
-  bool evaluated = true;      // false: left out before evaluation (status skipped): it counts in
-                              // no rate, only in the deployable top-m's ranking
+  bool evaluated = true;  // false: left out before evaluation (status skipped): it counts in
+                          // no rate, only in the deployable top-m's ranking
   std::string task_id;
   uint32_t step = 0;
-  bool correct = false;       // status ok
-  double speedup = 0;         // 0 unless correct
+  bool correct = false;  // status ok
+  double speedup = 0;    // 0 unless correct
   double reward = 0;
-  double logprob_mean = 0;    // mean per-token logprob under the sampling policy
-  uint32_t num_tokens = 0;    // completion tokens (0: unknown, e.g. replayed text)
-  std::string split;          // "eval": a train run's periodic evaluation on held-out tasks (`step`
-                              // is the policy version evaluated); analysed apart, under "eval"
+  double logprob_mean = 0;  // mean per-token logprob under the sampling policy
+  uint32_t num_tokens = 0;  // completion tokens (0: unknown, e.g. replayed text)
+  std::string split;        // "eval": a train run's periodic evaluation on held-out tasks (`step`
+                            // is the policy version evaluated); analysed apart, under "eval"
 };
 
 struct AnalysisOptions {
@@ -34,7 +34,7 @@ struct AnalysisOptions {
   uint32_t bootstrap = 1000;        // resamples of the tasks for the confidence intervals (0: none)
   double confidence = 0.95;
   uint64_t seed = 0;
-  uint32_t m = 4;                   // selection strategies' top-m
+  uint32_t m = 4;  // selection strategies' top-m
 };
 
 // 1 - C(n - c, k) / C(n, k): the probability that at least one of k samples drawn without
@@ -59,9 +59,9 @@ double partial_spearman(const std::vector<double>& x, const std::vector<double>&
 //                     stored unevaluated (status skipped) and only this strategy applies in full.
 // Logprob strategies are left out of groups where a sample has no tokens.
 struct Selection {
-  double fast_1 = 0;     // chance that the pick is correct and faster than the reference
-  double correct = 0;    // chance that there is a correct pick
-  double speedup = 0;    // expected speedup of the pick (0 when there is none)
+  double fast_1 = 0;         // chance that the pick is correct and faster than the reference
+  double correct = 0;        // chance that there is a correct pick
+  double speedup = 0;        // expected speedup of the pick (0 when there is none)
   uint32_t evaluations = 0;  // samples the strategy needs evaluated
   bool applicable = false;
 };

@@ -16,11 +16,20 @@ std::string esc(const std::string& s) {
   std::string o;
   for (char c : s) {
     switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
     }
   }
   return o;
@@ -81,16 +90,24 @@ std::string svg_chart(const Chart& c) {
       if (i < s.lo.size() && std::isfinite(s.lo[i])) y0 = std::min(y0, s.lo[i]);
       if (i < s.hi.size() && std::isfinite(s.hi[i])) y1 = std::max(y1, s.hi[i]);
     }
-  std::string o = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
-                              "role=\"img\" aria-label=\"{}\">\n", W, H, W, H, esc(c.title));
+  std::string o = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
+      "role=\"img\" aria-label=\"{}\">\n",
+      W, H, W, H, esc(c.title));
   if (!std::isfinite(x0)) {
     o += fmt::format("<text x=\"{}\" y=\"{}\" class=\"empty\">no data</text>\n</svg>\n", L + 10, T + ph / 2);
     return o;
   }
   if (std::isfinite(c.ymin)) y0 = std::min(y0, ty(c.ymin));
   if (std::isfinite(c.ymax)) y1 = std::max(y1, ty(c.ymax));
-  if (x1 - x0 < 1e-12) { x0 -= 1; x1 += 1; }
-  if (y1 - y0 < 1e-12) { y0 -= 0.5; y1 += 0.5; }
+  if (x1 - x0 < 1e-12) {
+    x0 -= 1;
+    x1 += 1;
+  }
+  if (y1 - y0 < 1e-12) {
+    y0 -= 0.5;
+    y1 += 0.5;
+  }
   if (!c.series.empty() && !c.series.front().line) {  // scatter: keep edge points off the frame
     const double xp = (x1 - x0) * 0.03;
     x0 -= xp;
@@ -108,9 +125,10 @@ std::string svg_chart(const Chart& c) {
   const double ys = c.log2y ? 1.0 : tick_step(y1 - y0, 5);
   for (double v = std::ceil(y0 / ys) * ys; v <= y1 + 1e-12; v += ys) {
     double label = c.log2y ? std::exp2(v) : (std::abs(v) < 1e-12 ? 0.0 : v);
-    o += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eeeeee\"/>"
-                     "<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"end\">{}</text>\n",
-                     L, L + pw, py_t(v), py_t(v), L - 6, py_t(v) + 4, esc(fmt::format("{:g}", label)));
+    o += fmt::format(
+        "<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eeeeee\"/>"
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"end\">{}</text>\n",
+        L, L + pw, py_t(v), py_t(v), L - 6, py_t(v) + 4, esc(fmt::format("{:g}", label)));
   }
   if (c.log2x) {
     for (double e = std::ceil(x0); e <= x1 + 1e-12; e += 1)
@@ -124,8 +142,9 @@ std::string svg_chart(const Chart& c) {
   }
   o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"label\" text-anchor=\"middle\">{}</text>\n", L + pw / 2,
                    H - 10, esc(c.xlabel));
-  o += fmt::format("<text transform=\"translate(14 {:.1f}) rotate(-90)\" class=\"label\" text-anchor=\"middle\">{}</text>\n",
-                   T + ph / 2, esc(c.ylabel));
+  o += fmt::format(
+      "<text transform=\"translate(14 {:.1f}) rotate(-90)\" class=\"label\" text-anchor=\"middle\">{}</text>\n",
+      T + ph / 2, esc(c.ylabel));
   for (size_t si = 0; si < c.series.size(); ++si) {
     const auto& s = c.series[si];
     const char* col = color(si);
@@ -135,11 +154,12 @@ std::string svg_chart(const Chart& c) {
     // The interval band, then the line, then the points.
     if (!s.lo.empty() && ok.size() > 1) {
       std::string pts;
-      for (size_t i : ok) pts += fmt::format("{:.1f},{:.1f} ", px(s.x[i]), py(std::isfinite(s.hi[i]) ? s.hi[i] : s.y[i]));
+      for (size_t i : ok)
+        pts += fmt::format("{:.1f},{:.1f} ", px(s.x[i]), py(std::isfinite(s.hi[i]) ? s.hi[i] : s.y[i]));
       for (auto it = ok.rbegin(); it != ok.rend(); ++it)
         pts += fmt::format("{:.1f},{:.1f} ", px(s.x[*it]), py(std::isfinite(s.lo[*it]) ? s.lo[*it] : s.y[*it]));
-      o += fmt::format("<polygon points=\"{}\" fill=\"{}\" fill-opacity=\"0.15\" stroke=\"none\" data-band=\"{}\"/>\n", pts,
-                       col, esc(s.name));
+      o += fmt::format("<polygon points=\"{}\" fill=\"{}\" fill-opacity=\"0.15\" stroke=\"none\" data-band=\"{}\"/>\n",
+                       pts, col, esc(s.name));
     }
     if (s.line && ok.size() > 1) {
       std::string pts;
@@ -147,18 +167,20 @@ std::string svg_chart(const Chart& c) {
       o += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\"/>\n", pts, col);
     }
     for (size_t i : ok) {
-      std::string band = i < s.lo.size() ? fmt::format(" data-lo=\"{:.17g}\" data-hi=\"{:.17g}\"", s.lo[i], s.hi[i]) : "";
-      o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\" data-chart=\"{}\" data-series=\"{}\" "
-                       "data-x=\"{:.17g}\" data-y=\"{:.17g}\"{}><title>{}: {:g}, {:.4g}</title></circle>\n",
-                       px(s.x[i]), py(s.y[i]), s.line ? 3 : 2.5, col, esc(c.title), esc(s.name), s.x[i], s.y[i], band,
-                       esc(s.name),
-                       s.x[i], s.y[i]);
+      std::string band =
+          i < s.lo.size() ? fmt::format(" data-lo=\"{:.17g}\" data-hi=\"{:.17g}\"", s.lo[i], s.hi[i]) : "";
+      o += fmt::format(
+          "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\" data-chart=\"{}\" data-series=\"{}\" "
+          "data-x=\"{:.17g}\" data-y=\"{:.17g}\"{}><title>{}: {:g}, {:.4g}</title></circle>\n",
+          px(s.x[i]), py(s.y[i]), s.line ? 3 : 2.5, col, esc(c.title), esc(s.name), s.x[i], s.y[i], band, esc(s.name),
+          s.x[i], s.y[i]);
     }
     // Legend on the right.
     const double ly = T + 10 + 16 * double(si);
-    o += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"10\" height=\"10\" fill=\"{}\"/>"
-                     "<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"legend\">{}</text>\n",
-                     L + pw + 12, ly - 9, col, L + pw + 27, ly, esc(s.name.size() > 24 ? s.name.substr(0, 23) + "…" : s.name));
+    o += fmt::format(
+        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"10\" height=\"10\" fill=\"{}\"/>"
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"legend\">{}</text>\n",
+        L + pw + 12, ly - 9, col, L + pw + 27, ly, esc(s.name.size() > 24 ? s.name.substr(0, 23) + "…" : s.name));
   }
   o += "</svg>\n";
   return o;
@@ -173,21 +195,26 @@ std::string svg_bars(const std::string& series, const std::vector<std::tuple<std
   for (auto& [n, v, note] : bars)
     if (std::isfinite(v)) hi = std::max(hi, v);
   if (hi <= 0) hi = 1;
-  std::string o = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
-                              "role=\"img\" aria-label=\"{}\">\n", W, H, W, H, esc(xlabel));
+  std::string o = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
+      "role=\"img\" aria-label=\"{}\">\n",
+      W, H, W, H, esc(xlabel));
   for (size_t i = 0; i < bars.size(); ++i) {
     auto& [name, v, note] = bars[i];
     const double y = T + row * double(i);
     const double w = std::isfinite(v) ? v / hi * pw : 0;
-    o += fmt::format("<text x=\"{}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"end\">{}</text>\n", L - 8, y + 15, esc(name));
-    o += fmt::format("<rect x=\"{}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\" data-chart=\"selection\" data-series=\"{}\" "
-                     "data-x=\"{}\" data-y=\"{:.17g}\"><title>{}: {:.4g}</title></rect>\n",
-                     L, y + 3, w, row - 7, color(i), esc(series), esc(name), v, esc(name), v);
+    o += fmt::format("<text x=\"{}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"end\">{}</text>\n", L - 8, y + 15,
+                     esc(name));
+    o += fmt::format(
+        "<rect x=\"{}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\" data-chart=\"selection\" "
+        "data-series=\"{}\" "
+        "data-x=\"{}\" data-y=\"{:.17g}\"><title>{}: {:.4g}</title></rect>\n",
+        L, y + 3, w, row - 7, color(i), esc(series), esc(name), v, esc(name), v);
     o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"tick\">{} {}</text>\n", L + w + 6, y + 15, fmt_num(v),
                      esc(note));
   }
-  o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"label\" text-anchor=\"middle\">{}</text>\n", L + pw / 2, H - 8,
-                   esc(xlabel));
+  o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"label\" text-anchor=\"middle\">{}</text>\n", L + pw / 2,
+                   H - 8, esc(xlabel));
   o += "</svg>\n";
   return o;
 }
@@ -204,7 +231,8 @@ std::string table(const std::vector<std::string>& head, const std::vector<std::v
   return o + "</table>\n";
 }
 
-const char* const style = R"(body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:920px;color:#222}
+const char* const style =
+    R"(body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:920px;color:#222}
 h1{font-size:20px;word-break:break-all}h2{font-size:17px;margin-top:32px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
 th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}p.note{color:#555;max-width:760px}
@@ -215,8 +243,9 @@ svg .label{font-size:12px}svg .legend{font-size:11px}svg .empty{fill:#999}
 }  // namespace
 
 std::string render_comparison_report(const std::string& title, const nlohmann::json& c) {
-  std::string h = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kernelrl comparison: " +
-                  esc(title) + "</title>\n<style>" + style + "</style></head><body>\n";
+  std::string h =
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kernelrl comparison: " + esc(title) +
+      "</title>\n<style>" + style + "</style></head><body>\n";
   h += "<h1>kernelrl comparison: " + esc(title) + "</h1>\n";
   auto name = [](const std::string& dir) {
     auto s = dir;
@@ -231,19 +260,24 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
     const auto& a = r.value("analysis", nlohmann::json::object());
     auto count = [&](const char* k) { return cp.contains(k) ? cp[k].dump() : std::string("-"); };
     auto secs = [&](const char* k) { return fmt_num(value(cp, k), "{:.1f}"); };
-    std::string ek = r.contains("equivalent_k") && r["equivalent_k"].is_number() ? fmt_num(r["equivalent_k"].get<double>(), "{:.1f}")
-                     : c.contains("curve_of") && !c["curve_of"].is_null() ? "> K" : "-";
+    std::string ek = r.contains("equivalent_k") && r["equivalent_k"].is_number()
+                         ? fmt_num(r["equivalent_k"].get<double>(), "{:.1f}")
+                     : c.contains("curve_of") && !c["curve_of"].is_null() ? "> K"
+                                                                          : "-";
     rows.push_back({name(r.value("run_dir", std::string())),
                     cp.contains("settings") ? cp["settings"].value("mode", std::string("?")) : "?", count("rollouts"),
                     count("evaluations"), count("student_tokens"), count("teacher_tokens"), secs("eval_seconds"),
                     secs("learner_seconds"), fmt_num(value(a, "correct_rate")), fmt_num(value(a, "fast_1")),
                     fmt_num(value(r, "score")), ek});
   }
-  h += "<h2>Arms</h2>\n" + table({"arm", "mode", "rollouts", "evaluations", "student tokens", "teacher tokens", "eval s",
-                                   "learner s", "correct", "fast_1", "score", "equiv K"}, rows);
-  h += "<p class=\"note\">score: fast_1, or the fast_1 of a ttt/sdpo/train arm's Best-of-Adaptation step. equiv K: the k "
-       "at which the reference arm's fast_1@k curve reaches that score (linear between points; &gt; K: never within its "
-       "samples).</p>\n";
+  h += "<h2>Arms</h2>\n" + table({"arm", "mode", "rollouts", "evaluations", "student tokens", "teacher tokens",
+                                  "eval s", "learner s", "correct", "fast_1", "score", "equiv K"},
+                                 rows);
+  h +=
+      "<p class=\"note\">score: fast_1, or the fast_1 of a ttt/sdpo/train arm's Best-of-Adaptation step. equiv K: the "
+      "k "
+      "at which the reference arm's fast_1@k curve reaches that score (linear between points; &gt; K: never within its "
+      "samples).</p>\n";
   const auto& diffs = c.value("differences", nlohmann::json::array());
   if (!diffs.empty()) {
     h += "<h2>Budget differences (compared anyway)</h2>\n<ul>\n";
@@ -252,7 +286,8 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
   }
   const nlohmann::json* ref = nullptr;
   for (auto& r : runs)
-    if (c.contains("curve_of") && c["curve_of"].is_string() && r.value("run_dir", std::string()) == c["curve_of"].get<std::string>())
+    if (c.contains("curve_of") && c["curve_of"].is_string() &&
+        r.value("run_dir", std::string()) == c["curve_of"].get<std::string>())
       ref = &r;
   if (ref) {
     Chart ch{"comparison", "k (samples per task)", "fast_1"};
@@ -271,24 +306,29 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
       Series s{name(r.value("run_dir", std::string())) + " score"};
       s.line = false;
       // At its equivalent K; above the curve's end when the curve never reaches it.
-      s.x.push_back(r.contains("equivalent_k") && r["equivalent_k"].is_number() ? r["equivalent_k"].get<double>() : kmax);
+      s.x.push_back(r.contains("equivalent_k") && r["equivalent_k"].is_number() ? r["equivalent_k"].get<double>()
+                                                                                : kmax);
       s.y.push_back(value(r, "score"));
       ch.series.push_back(s);
     }
     h += "<h2>Scores on the reference's scaling curve</h2>\n<p class=\"note\">The line is " +
-         esc(name((*ref)["run_dir"].get<std::string>())) + "'s fast_1@k; each other arm's score sits at its equivalent K "
-         "(at the curve's last k when it is never reached).</p>\n" + svg_chart(ch);
+         esc(name((*ref)["run_dir"].get<std::string>())) +
+         "'s fast_1@k; each other arm's score sits at its equivalent K "
+         "(at the curve's last k when it is never reached).</p>\n" +
+         svg_chart(ch);
   }
-  h += "<p class=\"note\">Made by <code>launch report</code> from comparison.json (<code>launch compare --json</code>); "
-       "each arm has its own report: <code>launch report RUN_DIR/ARM</code>.</p>\n</body></html>\n";
+  h +=
+      "<p class=\"note\">Made by <code>launch report</code> from comparison.json (<code>launch compare --json</code>); "
+      "each arm has its own report: <code>launch report RUN_DIR/ARM</code>.</p>\n</body></html>\n";
   return h;
 }
 
 std::string render_report(const ReportInputs& in) {
   const auto& a = in.analysis;
   const std::string fk = "fast_1";
-  std::string h = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kernelrl report: " +
-                  esc(in.title) + "</title>\n<style>" + style + "</style></head><body>\n";
+  std::string h =
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kernelrl report: " + esc(in.title) +
+      "</title>\n<style>" + style + "</style></head><body>\n";
   h += "<h1>kernelrl report: " + esc(in.title) + "</h1>\n";
   // Summary figures.
   std::string mode = in.summary.is_object() && in.summary.contains("mode") ? in.summary["mode"].get<std::string>() : "";
@@ -305,14 +345,15 @@ std::string render_report(const ReportInputs& in) {
   rows.push_back({"mean speedup (correct)", fmt_num(value(a, "mean_speedup"), "{:.3f}x")});
   rows.push_back({"geomean speedup (correct)", fmt_num(value(a, "geomean_speedup"), "{:.3f}x")});
   if (in.summary.is_object() && in.summary.contains("boa"))
-    rows.push_back({"best of adaptation", fmt::format("step {} (fast_1 {:.3f}){}", in.summary["boa"]["step"].get<uint32_t>(),
-                                                      in.summary["boa"]["fast_1"].get<double>(),
-                                                      in.summary.value("stopped_early", false) ? ", stopped early" : "")});
+    rows.push_back(
+        {"best of adaptation", fmt::format("step {} (fast_1 {:.3f}){}", in.summary["boa"]["step"].get<uint32_t>(),
+                                           in.summary["boa"]["fast_1"].get<double>(),
+                                           in.summary.value("stopped_early", false) ? ", stopped early" : "")});
   if (a.contains("eval") && !a["eval"].value("steps", nlohmann::json::array()).empty()) {
     const auto& ev = a["eval"]["steps"];
-    rows.push_back({"held-out " + fk, fmt::format("{} at version {}, {} at version {}", fmt_num(value(ev.front(), fk)),
-                                                  ev.front()["step"].dump(), fmt_num(value(ev.back(), fk)),
-                                                  ev.back()["step"].dump())});
+    rows.push_back({"held-out " + fk,
+                    fmt::format("{} at version {}, {} at version {}", fmt_num(value(ev.front(), fk)),
+                                ev.front()["step"].dump(), fmt_num(value(ev.back(), fk)), ev.back()["step"].dump())});
   }
   h += "<h2>Summary</h2>\n" + table({"figure", "value"}, rows);
   if (in.compute.is_object()) {
@@ -322,7 +363,8 @@ std::string render_report(const ReportInputs& in) {
     for (auto k : {"eval_seconds", "eval_device_seconds", "compile_seconds", "learner_seconds"})
       if (in.compute.contains(k)) cr.push_back({k, fmt_num(in.compute[k].get<double>(), "{:.1f}")});
     if (in.compute.contains("settings"))
-      for (auto& [k, v] : in.compute["settings"].items()) cr.push_back({"settings." + k, v.is_string() ? v.get<std::string>() : v.dump()});
+      for (auto& [k, v] : in.compute["settings"].items())
+        cr.push_back({"settings." + k, v.is_string() ? v.get<std::string>() : v.dump()});
     h += "<h2>Compute (the budget)</h2>\n" + table({"figure", "value"}, cr);
   }
 
@@ -348,13 +390,15 @@ std::string render_report(const ReportInputs& in) {
       }
       c.series.push_back(hf);
       c.series.push_back(hc);
-      held_note = " The held-out series are the periodic evaluation on the eval tasks, drawn by the policy of each "
-                  "version evaluated (never learned from).";
+      held_note =
+          " The held-out series are the periodic evaluation on the eval tasks, drawn by the policy of each "
+          "version evaluated (never learned from).";
     }
     c.ymin = 0;
     h += "<h2>Training curves</h2>\n<p class=\"note\">Each step's samples: fast_1 (correct and faster than the "
          "reference), correct rate and mean reward. A train run's steps are sampled by the policy of that version; a "
-         "ttt/sdpo run's best step is its Best-of-Adaptation." + held_note + "</p>\n" + svg_chart(c);
+         "ttt/sdpo run's best step is its Best-of-Adaptation." +
+         held_note + "</p>\n" + svg_chart(c);
     Chart l{"learner", "step", "value"};
     Series loss{"loss"}, ent{"entropy"}, kl{"kl"};
     for (auto& s : steps) {
@@ -393,10 +437,12 @@ std::string render_report(const ReportInputs& in) {
     for (auto* s : {&pass, &fast})
       if (s->lo.size() != s->x.size()) s->lo.clear(), s->hi.clear();
     c.series = {pass, fast};
-    std::string conf = a.contains("bootstrap") ? fmt::format("{:g}%", 100 * a["bootstrap"].value("confidence", 0.95)) : "";
+    std::string conf =
+        a.contains("bootstrap") ? fmt::format("{:g}%", 100 * a["bootstrap"].value("confidence", 0.95)) : "";
     h += "<h2>Scaling curve</h2>\n<p class=\"note\">The chance that at least one of k samples of a task is correct "
-         "(pass@k) or correct and faster (" + fk + "@k), by the unbiased estimator, averaged over tasks; the bands are " +
-         conf + " bootstrap intervals over tasks.</p>\n" + svg_chart(c);
+         "(pass@k) or correct and faster (" +
+         fk + "@k), by the unbiased estimator, averaged over tasks; the bands are " + conf +
+         " bootstrap intervals over tasks.</p>\n" + svg_chart(c);
   }
 
   // TTT trajectories.
@@ -414,8 +460,10 @@ std::string render_report(const ReportInputs& in) {
     Chart c{"trajectories", "step", fk + " of the task's samples"};
     c.ymin = 0;
     for (auto& [id, s] : traj) c.series.push_back(s);
-    h += "<h2>Per-task trajectories</h2>\n<p class=\"note\">Each task's " + fk + " step by step (test-time adaptation: "
-         "how each task's samples improve as the adapter learns).</p>\n" + svg_chart(c);
+    h += "<h2>Per-task trajectories</h2>\n<p class=\"note\">Each task's " + fk +
+         " step by step (test-time adaptation: "
+         "how each task's samples improve as the adapter learns).</p>\n" +
+         svg_chart(c);
   }
 
   // Selection strategies.
@@ -429,11 +477,12 @@ std::string render_report(const ReportInputs& in) {
                       fmt::format("({:g} evaluations/group, mean speedup {:.2f}x)", value(s, "evaluations_per_group"),
                                   value(s, "mean_speedup"))});
     }
-    h += fmt::format("<h2>Selection strategies</h2>\n<p class=\"note\">Over {} groups (a task's samples in one step), the "
-                     "chance that the strategy's pick is correct and faster than the reference; m = {}. Oracle needs every "
-                     "sample evaluated; deployable top-m ranks all samples by surprisal before evaluating any and "
-                     "evaluates only m.</p>\n",
-                     sel.value("groups", 0), sel.value("m", 0)) +
+    h += fmt::format(
+             "<h2>Selection strategies</h2>\n<p class=\"note\">Over {} groups (a task's samples in one step), the "
+             "chance that the strategy's pick is correct and faster than the reference; m = {}. Oracle needs every "
+             "sample evaluated; deployable top-m ranks all samples by surprisal before evaluating any and "
+             "evaluates only m.</p>\n",
+             sel.value("groups", 0), sel.value("m", 0)) +
          svg_bars("selection fast_1", bars, "fast_1 of the selected sample");
   }
 
@@ -453,7 +502,8 @@ std::string render_report(const ReportInputs& in) {
     for (auto& [id, s] : by_task) c.series.push_back(s);
     auto lv = a.value("logprob_vs_speedup", nlohmann::json::object());
     h += "<h2>Per-task scatter</h2>\n<p class=\"note\">Every correct sample, coloured by task: its surprisal against "
-         "its speedup. Spearman's rho of mean logprob against speedup: " + fmt_num(value(lv, "spearman_rho")) +
+         "its speedup. Spearman's rho of mean logprob against speedup: " +
+         fmt_num(value(lv, "spearman_rho")) +
          " (partial on length: " + fmt_num(value(lv, "partial_spearman_rho_length")) + ").</p>\n" + svg_chart(c);
   }
 
@@ -461,8 +511,8 @@ std::string render_report(const ReportInputs& in) {
   std::vector<std::vector<std::string>> tr;
   for (auto& t : a.value("per_task", nlohmann::json::array()))
     tr.push_back({t["task_id"].get<std::string>(), std::to_string(t["samples"].get<uint64_t>()),
-                  fmt_num(value(t, "correct_rate")), fmt_num(value(t, fk)), fmt_num(value(t, "geomean_speedup"), "{:.2f}x"),
-                  fmt_num(value(t, "best_speedup"), "{:.2f}x")});
+                  fmt_num(value(t, "correct_rate")), fmt_num(value(t, fk)),
+                  fmt_num(value(t, "geomean_speedup"), "{:.2f}x"), fmt_num(value(t, "best_speedup"), "{:.2f}x")});
   if (!tr.empty()) h += "<h2>Tasks</h2>\n" + table({"task", "samples", "correct", fk, "geomean", "best"}, tr);
   h += "<p class=\"note\">Made by <code>launch report</code> from the run's store; the figures are those of "
        "<code>launch analyze --json</code>.</p>\n</body></html>\n";

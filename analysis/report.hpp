@@ -18,11 +18,11 @@
 namespace kernelrl {
 
 struct ReportInputs {
-  std::string title;                   // the run directory
-  nlohmann::json analysis;             // analyze()'s output
-  std::vector<AnalysisSample> samples; // for the per-task scatter
-  nlohmann::json summary;              // the run's summary (store), or null
-  nlohmann::json compute;              // RUN_DIR/compute.json, or null
+  std::string title;                    // the run directory
+  nlohmann::json analysis;              // analyze()'s output
+  std::vector<AnalysisSample> samples;  // for the per-task scatter
+  nlohmann::json summary;               // the run's summary (store), or null
+  nlohmann::json compute;               // RUN_DIR/compute.json, or null
 };
 
 std::string render_report(const ReportInputs& in);

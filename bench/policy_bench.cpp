@@ -29,8 +29,9 @@ namespace {
 torch::Tensor read_tensor(const kernelrl::SafetensorsFile& f, const std::string& name) {
   for (auto& v : f.tensors())
     if (v.name == name) {
-      auto dt = v.dtype == kernelrl::StDtype::I64 ? torch::kInt64 : v.dtype == kernelrl::StDtype::F64 ? torch::kFloat64
-                                                                                                    : torch::kFloat32;
+      auto dt = v.dtype == kernelrl::StDtype::I64   ? torch::kInt64
+                : v.dtype == kernelrl::StDtype::F64 ? torch::kFloat64
+                                                    : torch::kFloat32;
       return torch::from_blob(const_cast<uint8_t*>(v.data), v.shape, torch::TensorOptions().dtype(dt)).clone();
     }
   throw std::runtime_error("no tensor " + name);
@@ -72,8 +73,13 @@ int train_bench(const std::function<std::string(const char*, const char*)>& get)
     sum += tps;
     runs.push_back({{"seconds", s}, {"loss", rep.loss}, {"grad_norm", rep.grad_norm}, {"tokens_per_s", tps}});
   }
-  nlohmann::json j = {{"batch", B}, {"seq_len", L}, {"minibatch", M}, {"runs", runs},
-                      {"tokens_per_s_best", best}, {"tokens_per_s_mean", sum / R}, {"warmup_loss", warmup_loss}};
+  nlohmann::json j = {{"batch", B},
+                      {"seq_len", L},
+                      {"minibatch", M},
+                      {"runs", runs},
+                      {"tokens_per_s_best", best},
+                      {"tokens_per_s_mean", sum / R},
+                      {"warmup_loss", warmup_loss}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
@@ -119,8 +125,8 @@ int main(int argc, char** argv) {
       sum += tps;
       runs.push_back({{"seconds", s}, {"tokens", tokens}, {"tokens_per_s", tps}});
     }
-    nlohmann::json j = {{"batch", B}, {"prompt_len", P}, {"new_tokens", N}, {"runs", runs},
-                        {"tokens_per_s_best", best}, {"tokens_per_s_mean", sum / R}};
+    nlohmann::json j = {{"batch", B},   {"prompt_len", P},           {"new_tokens", N},
+                        {"runs", runs}, {"tokens_per_s_best", best}, {"tokens_per_s_mean", sum / R}};
     std::printf("%s\n", j.dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "policy_bench: %s\n", e.what());

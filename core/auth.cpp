@@ -45,8 +45,9 @@ std::optional<std::string> read_cluster_secret(const ClusterConfig& cluster, std
     secret = env;
     from = "$KERNELRL_CLUSTER_SECRET";
   } else {
-    err = "this cluster needs a secret: set [cluster] secret_file or $KERNELRL_CLUSTER_SECRET "
-          "(e.g. `openssl rand -hex 32 > cluster.secret`)";
+    err =
+        "this cluster needs a secret: set [cluster] secret_file or $KERNELRL_CLUSTER_SECRET "
+        "(e.g. `openssl rand -hex 32 > cluster.secret`)";
     return std::nullopt;
   }
   while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) secret.pop_back();
@@ -69,8 +70,8 @@ std::string join_proof(const std::string& secret, const std::string& nonce, cons
   std::string msg = "kernelrl-join\n" + nonce + "\n" + node + "\n" + cluster + "\n" + std::to_string(protocol);
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len);
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(msg.data()),
+       msg.size(), out, &len);
   return hex(out, len);
 }
 

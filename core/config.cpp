@@ -50,16 +50,26 @@ namespace {
 
 const char* type_name(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-    default: return "nothing";
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::date:
+      return "a date";
+    case toml::node_type::time:
+      return "a time";
+    case toml::node_type::date_time:
+      return "a date-time";
+    default:
+      return "nothing";
   }
 }
 
@@ -70,10 +80,9 @@ enum class PathKind { any, file, dir, file_or_dir };
 // choices checked) and written, resolved, into `out`; finish() reports the keys nobody asked for.
 class TableReader {
  public:
-  TableReader(const toml::table* t, std::string prefix, const std::string& file,
-              const std::string& base_dir, toml::table& out, std::vector<ConfigError>& errs)
-      : t_(t), prefix_(std::move(prefix)), file_(file), base_dir_(base_dir), out_(out),
-        errs_(errs) {}
+  TableReader(const toml::table* t, std::string prefix, const std::string& file, const std::string& base_dir,
+              toml::table& out, std::vector<ConfigError>& errs)
+      : t_(t), prefix_(std::move(prefix)), file_(file), base_dir_(base_dir), out_(out), errs_(errs) {}
 
   void str(const char* key, std::string& v, bool required = false) {
     if (auto* n = get(key, required)) read_string(*n, key, {}, v);
@@ -112,23 +121,23 @@ class TableReader {
 
   void boolean(const char* key, bool& v) {
     if (auto* n = get(key, false)) {
-      if (n->is_boolean()) v = *n->value<bool>();
-      else wrong_type(*n, key, "a boolean (true or false)");
+      if (n->is_boolean())
+        v = *n->value<bool>();
+      else
+        wrong_type(*n, key, "a boolean (true or false)");
     }
     out_.insert_or_assign(key, v);
   }
 
-  void str_array(const char* key, std::vector<std::string>& v,
-                 std::initializer_list<const char*> choices = {}) {
+  void str_array(const char* key, std::vector<std::string>& v, std::initializer_list<const char*> choices = {}) {
     array(key, v, "an array of strings", [&](const toml::node& e, const std::string& k, std::string& x) {
       return read_string(e, k.c_str(), choices, x);
     });
   }
 
   void int_array(const char* key, std::vector<int64_t>& v, int64_t lo, int64_t hi) {
-    array(key, v, "an array of integers", [&](const toml::node& e, const std::string& k, int64_t& x) {
-      return read_integer(e, k.c_str(), lo, hi, x);
-    });
+    array(key, v, "an array of integers",
+          [&](const toml::node& e, const std::string& k, int64_t& x) { return read_integer(e, k.c_str(), lo, hi, x); });
   }
 
   // A path, resolved against the config file's directory and checked to exist as `kind`.
@@ -194,8 +203,7 @@ class TableReader {
 
  private:
   // A string, from `choices` when that is not empty; false (error reported) otherwise.
-  bool read_string(const toml::node& n, const char* key, std::initializer_list<const char*> choices,
-                   std::string& out) {
+  bool read_string(const toml::node& n, const char* key, std::initializer_list<const char*> choices, std::string& out) {
     if (!n.is_string()) {
       wrong_type(n, key, "a string");
       return false;
@@ -223,8 +231,9 @@ class TableReader {
     }
     int64_t x = *n.value<int64_t>();
     if (x < lo || x > hi) {
-      error_at(n, key, "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                           "], got " + std::to_string(x));
+      error_at(
+          n, key,
+          "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(x));
       return false;
     }
     out = x;
@@ -274,8 +283,7 @@ const char* const all_roles[] = {"supervisor", "learner", "sampler", "evaluator"
 // [[node]]: each machine of the cluster and its roles (one node with every role when none is given).
 toml::array read_nodes(const toml::table& root, Config& c, const std::string& file, std::vector<ConfigError>& errs) {
   toml::array nodes_out;
-  if (auto* arr = root.get("node") ? root.get("node")->as_array() : nullptr;
-      arr && arr->is_array_of_tables()) {
+  if (auto* arr = root.get("node") ? root.get("node")->as_array() : nullptr; arr && arr->is_array_of_tables()) {
     std::set<std::string> names;
     for (size_t i = 0; i < arr->size(); ++i) {
       const toml::table* t = (*arr)[i].as_table();
@@ -286,12 +294,14 @@ toml::array read_nodes(const toml::table& root, Config& c, const std::string& fi
       r.str("name", nc.name, true);
       r.str("host", nc.host);
       r.integer("port", nc.port, 0, 65535);
-      r.str_array("roles", nc.roles,
-                  {"supervisor", "learner", "sampler", "evaluator", "monitor"});
+      r.str_array("roles", nc.roles, {"supervisor", "learner", "sampler", "evaluator", "monitor"});
       r.integer("cpu_slots", nc.cpu_slots, 0, 1024);
       if (const toml::node* g = r.raw("gpus"); g && g->is_string()) {
-        if (g->as_string()->get() == "auto") nc.gpus_auto = true;
-        else r.error_at(*g, "gpus", "expected an array of CUDA device ids or \"auto\", got \"" + g->as_string()->get() + "\"");
+        if (g->as_string()->get() == "auto")
+          nc.gpus_auto = true;
+        else
+          r.error_at(*g, "gpus",
+                     "expected an array of CUDA device ids or \"auto\", got \"" + g->as_string()->get() + "\"");
         out.insert_or_assign("gpus", "auto");
       } else {
         r.int_array("gpus", nc.gpus, 0, 1023);
@@ -347,13 +357,11 @@ void read_tasks(TableReader& r, Config& c, const toml::table& root) {
   r.integer("level", c.tasks.level, 1, 100);
   r.str_array("ids", c.tasks.ids);
   r.str("split", c.tasks.split);
-  if (!r.raw("split_file") && !c.tasks.split.empty())
-    c.tasks.split_file = source_dir() + "/tasks/splits.toml";
+  if (!r.raw("split_file") && !c.tasks.split.empty()) c.tasks.split_file = source_dir() + "/tasks/splits.toml";
   r.path("split_file", c.tasks.split_file, PathKind::file);
   if (c.tasks.dir.empty() == c.tasks.kernelbench_dir.empty()) {
-    r.error_here("dir", c.tasks.dir.empty()
-                            ? "missing required key (or kernelbench_dir)"
-                            : "set dir or kernelbench_dir, not both");
+    r.error_here("dir", c.tasks.dir.empty() ? "missing required key (or kernelbench_dir)"
+                                            : "set dir or kernelbench_dir, not both");
     return;
   }
   if (!c.tasks.split.empty() && !c.tasks.ids.empty()) {
@@ -362,8 +370,7 @@ void read_tasks(TableReader& r, Config& c, const toml::table& root) {
   }
   std::error_code ec;
   if (!fs::is_directory(c.tasks.folder(), ec)) {
-    if (!c.tasks.kernelbench_dir.empty())
-      r.error_here("level", "no level folder " + c.tasks.folder());
+    if (!c.tasks.kernelbench_dir.empty()) r.error_here("level", "no level folder " + c.tasks.folder());
     return;
   }
   // Every id (or range, or split) must resolve to task files.
@@ -394,8 +401,8 @@ void read_policy(TableReader& r, Config& c, const toml::table& root) {
   r.one_of("dtype", c.policy.dtype, {"f32", "f16", "bf16"});
   r.str("device", c.policy.device);
   auto& d = c.policy.device;
-  if (d != "cpu" && d != "cuda" && d != "auto" && !(d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
-                                     d.find_first_not_of("0123456789", 5) == std::string::npos))
+  if (d != "cpu" && d != "cuda" && d != "auto" &&
+      !(d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.find_first_not_of("0123456789", 5) == std::string::npos))
     r.error_here("device", "expected \"cpu\", \"cuda\", \"cuda:N\" or \"auto\", got \"" + d + "\"");
   r.str("template", c.policy.template_);
   auto& t = c.policy.template_;
@@ -422,10 +429,13 @@ void read_sampler(TableReader& r, Config& c, const toml::table& root) {
   r.integer("max_retries", c.sampler.max_retries, 0, 100);
   r.path("adapter_dir", c.sampler.adapter_dir, PathKind::any);
   if (c.sampler.backend == "openai") {
-    if (c.sampler.url.empty()) r.error_here("url", "the openai backend needs url = \"http://HOST:PORT\"");
+    if (c.sampler.url.empty())
+      r.error_here("url", "the openai backend needs url = \"http://HOST:PORT\"");
     else if (c.sampler.url.rfind("http://", 0) != 0)
-      r.error_here("url", "expected \"http://HOST:PORT[/PATH]\" (https: put a TLS proxy in front), got \"" + c.sampler.url + "\"");
-    if (c.sampler.served_model.empty()) r.error_here("served_model", "the openai backend needs the served model's name");
+      r.error_here("url", "expected \"http://HOST:PORT[/PATH]\" (https: put a TLS proxy in front), got \"" +
+                              c.sampler.url + "\"");
+    if (c.sampler.served_model.empty())
+      r.error_here("served_model", "the openai backend needs the served model's name");
   }
   r.integer("max_tokens", c.sampler.max_tokens, 1, 1 << 20);
   r.integer("seed", c.sampler.seed, 0, std::numeric_limits<int64_t>::max());
@@ -491,10 +501,12 @@ void read_learner(TableReader& r, Config& c, const toml::table& root) {
   r.number("lora_alpha", l.lora_alpha, 0, 1e6);
   r.number("lora_dropout", l.lora_dropout, 0, 0.99);
   r.str_array("lora_targets", l.lora_targets);
-  static const std::set<std::string> known_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  static const std::set<std::string> known_targets = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                      "gate_proj", "up_proj", "down_proj"};
   for (auto& t : l.lora_targets)
     if (!known_targets.count(t))
-      r.error_here("lora_targets", "\"" + t + "\" is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
+      r.error_here("lora_targets",
+                   "\"" + t + "\" is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj");
   if (l.lora_targets.empty()) r.error_here("lora_targets", "expected at least one module");
   r.number("learning_rate", l.learning_rate, 0, 1);
   r.number("weight_decay", l.weight_decay, 0, 10);
@@ -509,7 +521,8 @@ void read_learner(TableReader& r, Config& c, const toml::table& root) {
   r.str("device", l.device);
   if (l.device.empty()) l.device = c.policy.device;
   r.str("dtype", l.dtype);
-  if (l.dtype.empty()) l.dtype = c.policy.dtype;
+  if (l.dtype.empty())
+    l.dtype = c.policy.dtype;
   else if (l.dtype != "f32" && l.dtype != "f16" && l.dtype != "bf16")
     r.error_here("dtype", "expected f32, f16 or bf16, got \"" + l.dtype + "\"");
   r.integer("max_staleness", l.max_staleness, 0, 1 << 20);
@@ -590,8 +603,9 @@ void read_sdpo(TableReader& r, Config& c, const toml::table& root) {
   r.number("beta", c.sdpo.beta, 0, 1e3);
   r.integer("max_error_chars", c.sdpo.max_error_chars, 0, 1 << 20);
   if (c.sdpo.context == "prompt" && !c.sdpo.demonstration)
-    r.error_here("demonstration", "context = \"prompt\" without a demonstration leaves the teacher nothing the "
-                                  "student did not see: set demonstration = true or context = \"feedback\"");
+    r.error_here("demonstration",
+                 "context = \"prompt\" without a demonstration leaves the teacher nothing the "
+                 "student did not see: set demonstration = true or context = \"feedback\"");
 }
 
 // [store]: the run store.
@@ -624,15 +638,13 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
   try {
     root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
-    errs.push_back({file, e.source().begin.line, e.source().begin.column, "(syntax)",
-                    std::string(e.description())});
+    errs.push_back({file, e.source().begin.line, e.source().begin.column, "(syntax)", std::string(e.description())});
     return errs;
   }
 
   toml::table resolved;
-  std::set<std::string> sections = {"cluster", "node",    "tasks",      "policy",
-                                    "sampler", "evaluator", "reward",   "learner",
-                                    "experiment", "sdpo", "store", "monitor"};
+  std::set<std::string> sections = {"cluster", "node",    "tasks",      "policy", "sampler", "evaluator",
+                                    "reward",  "learner", "experiment", "sdpo",   "store",   "monitor"};
   for (auto& [k, n] : root) {
     std::string key(k.str());
     if (!sections.count(key)) {
@@ -641,8 +653,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
                       "evaluator, reward, learner, experiment, sdpo, store, monitor)"});
     } else if (key == "node" ? !n.is_array_of_tables() : !n.is_table()) {
       errs.push_back({file, n.source().begin.line, n.source().begin.column, key,
-                      key == "node" ? "expected an array of tables ([[node]])"
-                                    : "expected a table ([" + key + "])"});
+                      key == "node" ? "expected an array of tables ([[node]])" : "expected a table ([" + key + "])"});
     }
   }
 
@@ -677,8 +688,7 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
   for (auto& n : c.nodes)
     for (auto& r : n.roles) roles.insert(r);
   for (auto* need : {"supervisor", "sampler", "evaluator"}) {
-    if (!roles.count(need))
-      errs.push_back({file, 1, 1, "node", std::string("no node has the role \"") + need + "\""});
+    if (!roles.count(need)) errs.push_back({file, 1, 1, "node", std::string("no node has the role \"") + need + "\""});
   }
 
   if (!errs.empty()) return errs;

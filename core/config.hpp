@@ -15,43 +15,43 @@ namespace kernelrl {
 bool parse_host_port(const std::string& s, std::string& host, uint16_t& port);
 
 struct ClusterConfig {
-  std::string name = "local";       // cluster name, shown in logs and the store; peers must match
-  std::string log_level = "info";   // trace, debug, info, warn, error, off
-  std::string head;                 // "HOST:PORT" nodes reach the head at ("": the supervisor
-                                    // node's host and port)
-  std::string secret_file;          // file holding the cluster secret (or $KERNELRL_CLUSTER_SECRET);
-                                    // required once a node publishes a port
-  double heartbeat_s = 1.0;         // middleman heartbeat interval
-  double peer_timeout_s = 5.0;      // a peer silent this long is taken as gone
-  double join_wait_s = 120.0;       // how long the head waits for its first evaluator
+  std::string name = "local";      // cluster name, shown in logs and the store; peers must match
+  std::string log_level = "info";  // trace, debug, info, warn, error, off
+  std::string head;                // "HOST:PORT" nodes reach the head at ("": the supervisor
+                                   // node's host and port)
+  std::string secret_file;         // file holding the cluster secret (or $KERNELRL_CLUSTER_SECRET);
+                                   // required once a node publishes a port
+  double heartbeat_s = 1.0;        // middleman heartbeat interval
+  double peer_timeout_s = 5.0;     // a peer silent this long is taken as gone
+  double join_wait_s = 120.0;      // how long the head waits for its first evaluator
 };
 
 struct NodeConfig {
-  std::string name = "local";       // unique node name
-  std::string host = "127.0.0.1";   // interface to bind / address to reach it
-  uint16_t port = 0;                // middleman port (0: not published; single node)
-  std::vector<std::string> roles;   // supervisor, learner, sampler, evaluator, monitor
-  uint32_t cpu_slots = 0;           // CPU evaluators on this node (one worker process each)
-  std::vector<int64_t> gpus;        // CUDA device ids, one evaluator each
-  bool gpus_auto = false;           // gpus = "auto": every GPU this node's process sees, one
-                                    // evaluator each; the cpu_slots CPU evaluators only when it sees
-                                    // none (resolved when the node starts: resolve_auto_devices)
+  std::string name = "local";      // unique node name
+  std::string host = "127.0.0.1";  // interface to bind / address to reach it
+  uint16_t port = 0;               // middleman port (0: not published; single node)
+  std::vector<std::string> roles;  // supervisor, learner, sampler, evaluator, monitor
+  uint32_t cpu_slots = 0;          // CPU evaluators on this node (one worker process each)
+  std::vector<int64_t> gpus;       // CUDA device ids, one evaluator each
+  bool gpus_auto = false;          // gpus = "auto": every GPU this node's process sees, one
+                                   // evaluator each; the cpu_slots CPU evaluators only when it sees
+                                   // none (resolved when the node starts: resolve_auto_devices)
 };
 
 struct TasksConfig {
-  std::string dir;              // folder of KernelBench-format task files (bundled: tasks/bundled)
-  std::string kernelbench_dir;  // or a KernelBench checkout, used as it is (instead of dir)
-  uint32_t level = 1;           // with kernelbench_dir: the level folder (KernelBench/levelN)
-  std::vector<std::string> ids; // file stems, problem numbers "7" or ranges "1-10"; empty: all
-  std::string split;            // a named split of split_file (e.g. "train", "eval"); "": none
-  std::string split_file;       // TOML file with [splits] name = [ids...] (default: tasks/splits.toml)
+  std::string dir;               // folder of KernelBench-format task files (bundled: tasks/bundled)
+  std::string kernelbench_dir;   // or a KernelBench checkout, used as it is (instead of dir)
+  uint32_t level = 1;            // with kernelbench_dir: the level folder (KernelBench/levelN)
+  std::vector<std::string> ids;  // file stems, problem numbers "7" or ranges "1-10"; empty: all
+  std::string split;             // a named split of split_file (e.g. "train", "eval"); "": none
+  std::string split_file;        // TOML file with [splits] name = [ids...] (default: tasks/splits.toml)
   // The folder the tasks come from: dir, or kernelbench_dir's level folder.
   std::string folder() const;
 };
 
 struct PolicyConfig {
-  std::string model;   // Hugging Face model directory (the libtorch sampler's model)
-  std::string adapter; // PEFT adapter directory to start from (optional)
+  std::string model;           // Hugging Face model directory (the libtorch sampler's model)
+  std::string adapter;         // PEFT adapter directory to start from (optional)
   std::string dtype = "bf16";  // f32, f16, bf16
   std::string device = "cpu";  // where the libtorch sampler runs the model: cpu, cuda[:N], or auto
                                // (cuda:0 when this process sees a GPU, else cpu)
@@ -62,57 +62,57 @@ struct PolicyConfig {
 };
 
 struct SamplerConfig {
-  std::string backend = "replay";  // replay, libtorch (the in-process [policy] model) or openai (a
-                                   // vLLM/SGLang server speaking /v1/completions)
-  std::string replay;              // JSONL file, a folder of *.jsonl, or an earlier run directory
-  uint32_t samples_per_task = 0;   // replay: at most this many actions per task (0: all);
-                                   // libtorch/openai: samples per task and step (0: 1)
-  double temperature = 1.0;        // sampling temperature (model backends)
-  double top_p = 1.0;              // nucleus sampling (model backends)
-  uint32_t max_tokens = 1024;      // completion length limit (model backends)
-  std::vector<std::string> stop;   // stop strings (model backends)
-  uint64_t seed = 0;               // sampling seed
-  uint32_t batch_prompts = 8;      // prompts generated together; their rollouts leave as a batch
-  std::string url;                 // openai: server root, e.g. "http://10.0.0.5:8000"
-  std::string served_model;        // openai: the served model name
+  std::string backend = "replay";              // replay, libtorch (the in-process [policy] model) or openai (a
+                                               // vLLM/SGLang server speaking /v1/completions)
+  std::string replay;                          // JSONL file, a folder of *.jsonl, or an earlier run directory
+  uint32_t samples_per_task = 0;               // replay: at most this many actions per task (0: all);
+                                               // libtorch/openai: samples per task and step (0: 1)
+  double temperature = 1.0;                    // sampling temperature (model backends)
+  double top_p = 1.0;                          // nucleus sampling (model backends)
+  uint32_t max_tokens = 1024;                  // completion length limit (model backends)
+  std::vector<std::string> stop;               // stop strings (model backends)
+  uint64_t seed = 0;                           // sampling seed
+  uint32_t batch_prompts = 8;                  // prompts generated together; their rollouts leave as a batch
+  std::string url;                             // openai: server root, e.g. "http://10.0.0.5:8000"
+  std::string served_model;                    // openai: the served model name
   std::string api_key_env = "OPENAI_API_KEY";  // openai: environment variable holding the key
-  double timeout_s = 600;          // openai: limit for one HTTP exchange
-  uint32_t max_retries = 4;        // openai: extra attempts after 5xx, 429, timeouts
-  std::string adapter_dir;         // openai: where weight updates are written for the server to
-                                   // load (a path it can read; default RUN_DIR/adapters)
-  uint32_t max_pending = 256;      // rollouts waiting in the dispatcher's queue before samplers
-                                   // are held back (backpressure)
+  double timeout_s = 600;                      // openai: limit for one HTTP exchange
+  uint32_t max_retries = 4;                    // openai: extra attempts after 5xx, 429, timeouts
+  std::string adapter_dir;                     // openai: where weight updates are written for the server to
+                                               // load (a path it can read; default RUN_DIR/adapters)
+  uint32_t max_pending = 256;                  // rollouts waiting in the dispatcher's queue before samplers
+                                               // are held back (backpressure)
 };
 
 struct EvaluatorConfig {
   std::string action_space = "forward_body";  // forward_body or full_program
-  std::string mode = "fast";        // timing protocol: fast or full
-  uint32_t correctness_trials = 5;  // trials with fresh inputs before timing
-  uint32_t warmup = 2;              // untimed runs before timing
-  uint32_t fast_trials = 5;         // timed runs in fast mode
-  uint32_t full_trials = 50;        // timed runs in full mode
-  double timeout_s = 60;            // wall-clock limit for one evaluation (worker is killed)
-  double atol_fp32 = 1e-4;          // tolerances for float32 outputs
+  std::string mode = "fast";                  // timing protocol: fast or full
+  uint32_t correctness_trials = 5;            // trials with fresh inputs before timing
+  uint32_t warmup = 2;                        // untimed runs before timing
+  uint32_t fast_trials = 5;                   // timed runs in fast mode
+  uint32_t full_trials = 50;                  // timed runs in full mode
+  double timeout_s = 60;                      // wall-clock limit for one evaluation (worker is killed)
+  double atol_fp32 = 1e-4;                    // tolerances for float32 outputs
   double rtol_fp32 = 1e-4;
-  double atol_half = 1e-2;          // tolerances for float16 / bfloat16 outputs
+  double atol_half = 1e-2;  // tolerances for float16 / bfloat16 outputs
   double rtol_half = 1e-2;
-  uint32_t max_in_flight = 0;       // requests queued at one evaluator (0: compile_workers + 2)
-  uint32_t max_attempts = 2;        // dispatches of one sample before it is recorded as failed
-  uint32_t torch_threads = 1;       // intra-op threads of a CPU worker
-  uint64_t seed = 42;               // base seed for weights and inputs
-  std::string python;               // interpreter for workers (default: scripts/python)
-  std::string task_size = "auto";   // task sizes: cpu, gpu (a task's GPU_SIZES), auto (by device)
-  uint32_t compile_workers = 2;     // CPU processes building kernels ahead of the timing stage
-                                    // (0: candidates build in the timing stage)
-  double compile_timeout_s = 600;   // wall-clock limit for building one candidate's kernels
-  uint32_t memory_limit_mb = 16384; // host memory of one candidate's process (0: no limit)
-  double reverify_speedup = 10;     // speedups above this are re-verified in full (0: never)
-  bool isolate_network = true;      // candidates run in a network namespace of their own
-  std::string cache_dir;            // build cache (default ~/.cache/kernelrl/build-cache)
-  std::string backend = "worker";   // worker: real evaluation; synthetic: answers after
-                                    // synthetic_latency_ms without running anything (benchmarks
-                                    // of dispatch and scale-out; its verdicts are not measurements)
-  double synthetic_latency_ms = 0;  // per-request latency of a synthetic evaluator
+  uint32_t max_in_flight = 0;        // requests queued at one evaluator (0: compile_workers + 2)
+  uint32_t max_attempts = 2;         // dispatches of one sample before it is recorded as failed
+  uint32_t torch_threads = 1;        // intra-op threads of a CPU worker
+  uint64_t seed = 42;                // base seed for weights and inputs
+  std::string python;                // interpreter for workers (default: scripts/python)
+  std::string task_size = "auto";    // task sizes: cpu, gpu (a task's GPU_SIZES), auto (by device)
+  uint32_t compile_workers = 2;      // CPU processes building kernels ahead of the timing stage
+                                     // (0: candidates build in the timing stage)
+  double compile_timeout_s = 600;    // wall-clock limit for building one candidate's kernels
+  uint32_t memory_limit_mb = 16384;  // host memory of one candidate's process (0: no limit)
+  double reverify_speedup = 10;      // speedups above this are re-verified in full (0: never)
+  bool isolate_network = true;       // candidates run in a network namespace of their own
+  std::string cache_dir;             // build cache (default ~/.cache/kernelrl/build-cache)
+  std::string backend = "worker";    // worker: real evaluation; synthetic: answers after
+                                     // synthetic_latency_ms without running anything (benchmarks
+                                     // of dispatch and scale-out; its verdicts are not measurements)
+  double synthetic_latency_ms = 0;   // per-request latency of a synthetic evaluator
   // Requests one evaluator may hold (queued, compiling or timing).
   uint32_t in_flight() const { return max_in_flight ? max_in_flight : compile_workers + 2; }
 };
@@ -147,25 +147,25 @@ struct LearnerConfig {
   double lora_alpha = 32;          //   alpha,
   double lora_dropout = 0;         //   dropout on the adapter input while training,
   std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  double learning_rate = 1e-5;     // AdamW peak learning rate
-  double weight_decay = 0;         // AdamW weight decay
-  double max_grad_norm = 1.0;      // gradient-norm clipping (0: off)
-  std::string lr_schedule = "constant";  // constant, linear or cosine (to 0 at the last step)
-  uint32_t warmup_steps = 0;       // linear warmup steps before the schedule
-  double clip_low = 0.2;           // PPO clip range below 1
-  double clip_high = 0.2;          // PPO clip range above 1 (clip-higher: e.g. 0.28)
+  double learning_rate = 1e-5;             // AdamW peak learning rate
+  double weight_decay = 0;                 // AdamW weight decay
+  double max_grad_norm = 1.0;              // gradient-norm clipping (0: off)
+  std::string lr_schedule = "constant";    // constant, linear or cosine (to 0 at the last step)
+  uint32_t warmup_steps = 0;               // linear warmup steps before the schedule
+  double clip_low = 0.2;                   // PPO clip range below 1
+  double clip_high = 0.2;                  // PPO clip range above 1 (clip-higher: e.g. 0.28)
   std::string aggregation = "token_mean";  // token_mean or seq_mean
-  double kl_coef = 0;              // k3 KL to the base policy (adapter off); 0: none
-  double entropy_coef = 0;         // entropy bonus: the loss minus entropy_coef x the policy's
-                                   // mean token entropy (entropy-regularized training); 0: none
-  std::string device;              // where the learner trains ("": [policy] device)
-  std::string dtype;               // base weights' dtype ("": [policy] dtype); the adapter is f32
-  uint32_t max_staleness = 0;      // samples from a policy this many versions behind the newest
-                                   // are still learned from (0: strictly on-policy); older ones
-                                   // are rejected, reported and their group sampled again
-  double sync_timeout_s = 300;     // a sampler must acknowledge new weights within this; if it
-                                   // does not, the run stops with an error
-  uint32_t keep_last = 3;          // checkpoints kept besides the best by fast_1 and step 0
+  double kl_coef = 0;                      // k3 KL to the base policy (adapter off); 0: none
+  double entropy_coef = 0;                 // entropy bonus: the loss minus entropy_coef x the policy's
+                                           // mean token entropy (entropy-regularized training); 0: none
+  std::string device;                      // where the learner trains ("": [policy] device)
+  std::string dtype;                       // base weights' dtype ("": [policy] dtype); the adapter is f32
+  uint32_t max_staleness = 0;              // samples from a policy this many versions behind the newest
+                                           // are still learned from (0: strictly on-policy); older ones
+                                           // are rejected, reported and their group sampled again
+  double sync_timeout_s = 300;             // a sampler must acknowledge new weights within this; if it
+                                           // does not, the run stops with an error
+  uint32_t keep_last = 3;                  // checkpoints kept besides the best by fast_1 and step 0
 };
 
 // SDPO (mode = "sdpo"): the teacher's context; see learner/sdpo.hpp.
@@ -178,43 +178,43 @@ struct SdpoConfig {
 };
 
 struct ExperimentConfig {
-  Mode mode = Mode::eval;           // eval; best_of_n (k samples per task, for selection
-                                    // strategies); train (RLVR: [learner] steps of GRPO on the tasks);
-                                    // ttt (test-time adaptation: every step on all the tasks);
-                                    // sdpo (ttt's loop, learning by self-distillation: [sdpo])
-  uint32_t k = 0;                   // best_of_n: samples per task (sets [sampler] samples_per_task)
-  uint32_t evaluate_top_m = 0;      // best_of_n: evaluate only each task's m most surprising samples
-                                    // (ranked by mean logprob before any evaluation; the deployable
-                                    // top-m); the rest are stored unevaluated. 0: evaluate all K
-  uint32_t patience = 0;            // train, ttt, sdpo: stop after this many steps without a better
-                                    // fast_1 (0: run every step); the best step is reported (BoA)
+  Mode mode = Mode::eval;       // eval; best_of_n (k samples per task, for selection
+                                // strategies); train (RLVR: [learner] steps of GRPO on the tasks);
+                                // ttt (test-time adaptation: every step on all the tasks);
+                                // sdpo (ttt's loop, learning by self-distillation: [sdpo])
+  uint32_t k = 0;               // best_of_n: samples per task (sets [sampler] samples_per_task)
+  uint32_t evaluate_top_m = 0;  // best_of_n: evaluate only each task's m most surprising samples
+                                // (ranked by mean logprob before any evaluation; the deployable
+                                // top-m); the rest are stored unevaluated. 0: evaluate all K
+  uint32_t patience = 0;        // train, ttt, sdpo: stop after this many steps without a better
+                                // fast_1 (0: run every step); the best step is reported (BoA)
   // train: periodic evaluation on held-out tasks (an eval split): the policy of every
   // eval_every-th version (and the first and the last) samples eval_samples completions of each
   // eval task; they are evaluated and stored (Rollout::split "eval") but never learned from.
-  std::string eval_split;           // a named split of [tasks] split_file ("": none)
+  std::string eval_split;             // a named split of [tasks] split_file ("": none)
   std::vector<std::string> eval_ids;  // or task ids, numbers, ranges of [tasks]' folder
-  uint32_t eval_every = 0;          // versions between evaluations (0: only the first and the last)
-  uint32_t eval_samples = 0;        // samples per eval task and evaluation (0: [learner] group_size)
-  TasksConfig eval_tasks;           // filled by load_config: the eval tasks' selection (empty
-                                    // ids and split: no periodic evaluation)
+  uint32_t eval_every = 0;            // versions between evaluations (0: only the first and the last)
+  uint32_t eval_samples = 0;          // samples per eval task and evaluation (0: [learner] group_size)
+  TasksConfig eval_tasks;             // filled by load_config: the eval tasks' selection (empty
+                                      // ids and split: no periodic evaluation)
   bool evaluates() const { return !eval_tasks.ids.empty() || !eval_tasks.split.empty(); }
-  std::string name = "run";         // prefix of the run directory name
-  std::string run_root = "runs";    // where run directories are created
-  uint64_t seed = 0;                // experiment seed
+  std::string name = "run";       // prefix of the run directory name
+  std::string run_root = "runs";  // where run directories are created
+  uint64_t seed = 0;              // experiment seed
 };
 
 struct StoreConfig {
-  std::string file = "store.sqlite";  // file name inside the run directory
-  std::string synchronous = "normal"; // SQLite synchronous level under WAL: normal or full
+  std::string file = "store.sqlite";   // file name inside the run directory
+  std::string synchronous = "normal";  // SQLite synchronous level under WAL: normal or full
 };
 
 struct MonitorConfig {
-  bool progress = true;                     // live progress line on the terminal
-  double interval_s = 1.0;                  // refresh interval of progress and metrics
+  bool progress = true;                        // live progress line on the terminal
+  double interval_s = 1.0;                     // refresh interval of progress and metrics
   std::string metrics_file = "metrics.jsonl";  // inside the run directory
-  std::string publish;  // ZeroMQ PUB endpoint for telemetry snapshots (msgpack), e.g.
-                        // "tcp://127.0.0.1:47312" ("": none). Anyone who can reach it can read
-                        // the telemetry: bind it to an interface only trusted hosts reach.
+  std::string publish;                         // ZeroMQ PUB endpoint for telemetry snapshots (msgpack), e.g.
+                                               // "tcp://127.0.0.1:47312" ("": none). Anyone who can reach it can read
+                                               // the telemetry: bind it to an interface only trusted hosts reach.
 };
 
 struct Config {

@@ -9,9 +9,9 @@
 namespace kernelrl {
 
 struct HttpResponse {
-  int status = 0;       // 0: no response (error says why)
+  int status = 0;  // 0: no response (error says why)
   std::string body;
-  std::string error;    // connect/timeout/protocol failure; empty when a response arrived
+  std::string error;  // connect/timeout/protocol failure; empty when a response arrived
 };
 
 // Splits "http://host:port/base" into its parts; false (and `err`) for anything else.

@@ -18,12 +18,12 @@ enum class Mode {
 };
 
 struct ModeTraits {
-  const char* name;        // as written in the config
-  bool learns;             // a learner updates the policy step by step
-  bool adapts;             // every step samples every task (ttt's loop), not a batch of them
-  bool holds_out;          // may evaluate held-out tasks periodically ([experiment] eval_split, eval_ids)
-  bool selects;            // K samples per task for selection ([experiment] k, evaluate_top_m)
-  const char* objective;   // the learner's objective: "grpo" or "sdpo" ("" when it does not learn)
+  const char* name;       // as written in the config
+  bool learns;            // a learner updates the policy step by step
+  bool adapts;            // every step samples every task (ttt's loop), not a batch of them
+  bool holds_out;         // may evaluate held-out tasks periodically ([experiment] eval_split, eval_ids)
+  bool selects;           // K samples per task for selection ([experiment] k, evaluate_top_m)
+  const char* objective;  // the learner's objective: "grpo" or "sdpo" ("" when it does not learn)
 };
 
 const ModeTraits& traits(Mode m);

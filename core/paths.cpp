@@ -54,8 +54,9 @@ std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string
   std::error_code ec;
   for (auto& d : fs::directory_iterator(checkpoints, ec)) {
     auto name = d.path().filename().string();
-    if (name.size() <= 5 || name.rfind("step-", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos ||
-        name.size() > 5 + 18 || !fs::exists(d.path() / "learner.json"))
+    if (name.size() <= 5 || name.rfind("step-", 0) != 0 ||
+        name.find_first_not_of("0123456789", 5) != std::string::npos || name.size() > 5 + 18 ||
+        !fs::exists(d.path() / "learner.json"))
       continue;
     out.emplace_back(std::stoull(name.substr(5)), d.path().string());
   }
@@ -80,7 +81,7 @@ int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
 bool remove_tree(const std::string& path, std::string& err) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return true;  // nothing there
-  static std::mutex mu;  // remove_error is shared
+  static std::mutex mu;                              // remove_error is shared
   std::lock_guard<std::mutex> lock(mu);
   remove_error.clear();
   if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && remove_error.empty())

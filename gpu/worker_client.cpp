@@ -35,8 +35,7 @@ const msgpack::object* field(const msgpack::object& map, const char* key) {
   if (map.type != msgpack::type::MAP) return nullptr;
   for (uint32_t i = 0; i < map.via.map.size; ++i) {
     const auto& kv = map.via.map.ptr[i];
-    if (kv.key.type == msgpack::type::STR &&
-        std::string_view(kv.key.via.str.ptr, kv.key.via.str.size) == key)
+    if (kv.key.type == msgpack::type::STR && std::string_view(kv.key.via.str.ptr, kv.key.via.str.size) == key)
       return &kv.val;
   }
   return nullptr;
@@ -70,11 +69,34 @@ std::string describe_exit(int status) {
 
 // Environment variables the worker keeps: names, or prefixes ending in '_'. Everything else
 // (KERNELRL_CLUSTER_SECRET, API keys, tokens) stays with launch.
-const char* const kWorkerEnvAllow[] = {
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "XDG_CACHE_HOME",
-    "LC_", "CUDA_", "NVIDIA_", "TORCH_CUDA_ARCH_LIST", "TORCH_EXTENSIONS_DIR", "PYTORCH_",
-    "TRITON_", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "VIRTUAL_ENV",
-    "CC", "CXX", "NVCC_", "MAX_JOBS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "KERNELRL_PYTHON"};
+const char* const kWorkerEnvAllow[] = {"PATH",
+                                       "HOME",
+                                       "USER",
+                                       "LOGNAME",
+                                       "LANG",
+                                       "LANGUAGE",
+                                       "TZ",
+                                       "TMPDIR",
+                                       "XDG_CACHE_HOME",
+                                       "LC_",
+                                       "CUDA_",
+                                       "NVIDIA_",
+                                       "TORCH_CUDA_ARCH_LIST",
+                                       "TORCH_EXTENSIONS_DIR",
+                                       "PYTORCH_",
+                                       "TRITON_",
+                                       "LD_LIBRARY_PATH",
+                                       "PYTHONPATH",
+                                       "PYTHONHOME",
+                                       "PYTHONHASHSEED",
+                                       "VIRTUAL_ENV",
+                                       "CC",
+                                       "CXX",
+                                       "NVCC_",
+                                       "MAX_JOBS",
+                                       "OMP_NUM_THREADS",
+                                       "MKL_NUM_THREADS",
+                                       "KERNELRL_PYTHON"};
 
 static std::vector<std::string> worker_environment() {
   std::vector<std::string> out;
@@ -103,8 +125,8 @@ WorkerClient::WorkerClient(WorkerOptions opts) : opts_(std::move(opts)), impl_(n
   // The socket lives in a folder only this user can enter (candidates run as another uid, in a
   // mount namespace where the temp folder is their own).
   std::string dir = (std::filesystem::temp_directory_path() /
-                     ("kernelrl-" + std::to_string(getpid()) + "-" + std::to_string(next_endpoint++) +
-                      "-XXXXXX")).string();
+                     ("kernelrl-" + std::to_string(getpid()) + "-" + std::to_string(next_endpoint++) + "-XXXXXX"))
+                        .string();
   if (mkdtemp(dir.data()) != nullptr) {
     chmod(dir.c_str(), 0700);
     socket_dir_ = dir;
@@ -141,10 +163,11 @@ void WorkerClient::stop() {
 bool WorkerClient::ensure_started(std::string& err) {
   if (pid_ > 0) return true;
   auto lg = log::get("evaluator");
-  std::vector<std::string> args = {opts_.python, opts_.script, "--endpoint", endpoint_,
-                                   "--device", opts_.device, "--threads",
-                                   std::to_string(opts_.threads), "--parent",
-                                   std::to_string(getpid())};
+  std::vector<std::string> args = {opts_.python, opts_.script,
+                                   "--endpoint", endpoint_,
+                                   "--device",   opts_.device,
+                                   "--threads",  std::to_string(opts_.threads),
+                                   "--parent",   std::to_string(getpid())};
   if (!opts_.cache_dir.empty()) {
     args.push_back("--cache");
     args.push_back(opts_.cache_dir);
@@ -192,8 +215,7 @@ bool WorkerClient::ensure_started(std::string& err) {
   impl_->sock->set(zmq::sockopt::linger, 0);
   try {
     int peer = static_cast<int>(pid_);
-    if (zmq_setsockopt(impl_->sock->handle(), ZMQ_IPC_FILTER_PID, &peer, sizeof peer) != 0)
-      throw zmq::error_t();
+    if (zmq_setsockopt(impl_->sock->handle(), ZMQ_IPC_FILTER_PID, &peer, sizeof peer) != 0) throw zmq::error_t();
     impl_->sock->bind(endpoint_);
   } catch (const zmq::error_t& e) {
     err = "cannot bind worker endpoint " + endpoint_ + ": " + e.what();
@@ -221,13 +243,11 @@ bool WorkerClient::ensure_started(std::string& err) {
     kill_worker();
     return false;
   }
-  lg->debug("worker pid {} on {} ready (torch {}, {})", pid_, opts_.device, torch_version_,
-            device_name_);
+  lg->debug("worker pid {} on {} ready (torch {}, {})", pid_, opts_.device, torch_version_, device_name_);
   return true;
 }
 
-std::string WorkerClient::round_trip(const std::string& payload, double deadline,
-                                     std::string& reply) {
+std::string WorkerClient::round_trip(const std::string& payload, double deadline, std::string& reply) {
   auto& sock = *impl_->sock;
   // Waits until `events` is ready on the socket, the worker dies, or the deadline passes.
   // (A REQ socket cannot send before its peer connects: a worker that dies during start-up
@@ -266,13 +286,11 @@ bool declares_build(const std::string& action) {
   return false;
 }
 
-EvalResult WorkerClient::evaluate(const EvalRequest& req, const EvaluatorConfig& s,
-                                  const StageOptions& stage) {
+EvalResult WorkerClient::evaluate(const EvalRequest& req, const EvaluatorConfig& s, const StageOptions& stage) {
   return call("eval", req, s, stage);
 }
 
-EvalResult WorkerClient::compile(const EvalRequest& req, const EvaluatorConfig& s,
-                                 const StageOptions& stage) {
+EvalResult WorkerClient::compile(const EvalRequest& req, const EvaluatorConfig& s, const StageOptions& stage) {
   return call("compile", req, s, stage);
 }
 
@@ -294,9 +312,9 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
   std::string size = s.task_size;
   if (size == "auto") size = opts_.device.rfind("cuda", 0) == 0 ? "gpu" : "cpu";
   // The worker enforces these limits on the candidate's process; we add a grace period.
-  double limit = compile_op ? s.compile_timeout_s
-                            : s.timeout_s + (declares_build(req.action) && !stage.precompiled
-                                                 ? s.compile_timeout_s : 0.0);
+  double limit = compile_op
+                     ? s.compile_timeout_s
+                     : s.timeout_s + (declares_build(req.action) && !stage.precompiled ? s.compile_timeout_s : 0.0);
   constexpr double grace_s = 30;
 
   msgpack::sbuffer buf;
@@ -308,22 +326,38 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
   pk.pack(req);
   pk.pack("settings");
   pk.pack_map(16);
-  pk.pack("correctness_trials"); pk.pack(s.correctness_trials);
-  pk.pack("warmup"); pk.pack(s.warmup);
-  pk.pack("fast_trials"); pk.pack(s.fast_trials);
-  pk.pack("full_trials"); pk.pack(s.full_trials);
-  pk.pack("atol_fp32"); pk.pack(s.atol_fp32);
-  pk.pack("rtol_fp32"); pk.pack(s.rtol_fp32);
-  pk.pack("atol_half"); pk.pack(s.atol_half);
-  pk.pack("rtol_half"); pk.pack(s.rtol_half);
-  pk.pack("timeout_s"); pk.pack(s.timeout_s);
-  pk.pack("compile_timeout_s"); pk.pack(s.compile_timeout_s);
-  pk.pack("memory_limit_mb"); pk.pack(s.memory_limit_mb);
-  pk.pack("reverify_speedup"); pk.pack(s.reverify_speedup);
-  pk.pack("size"); pk.pack(size);
-  pk.pack("precompiled"); pk.pack(stage.precompiled);
-  pk.pack("cuda_arch"); pk.pack(stage.cuda_arch);
-  pk.pack("mode"); pk.pack(req.mode);
+  pk.pack("correctness_trials");
+  pk.pack(s.correctness_trials);
+  pk.pack("warmup");
+  pk.pack(s.warmup);
+  pk.pack("fast_trials");
+  pk.pack(s.fast_trials);
+  pk.pack("full_trials");
+  pk.pack(s.full_trials);
+  pk.pack("atol_fp32");
+  pk.pack(s.atol_fp32);
+  pk.pack("rtol_fp32");
+  pk.pack(s.rtol_fp32);
+  pk.pack("atol_half");
+  pk.pack(s.atol_half);
+  pk.pack("rtol_half");
+  pk.pack(s.rtol_half);
+  pk.pack("timeout_s");
+  pk.pack(s.timeout_s);
+  pk.pack("compile_timeout_s");
+  pk.pack(s.compile_timeout_s);
+  pk.pack("memory_limit_mb");
+  pk.pack(s.memory_limit_mb);
+  pk.pack("reverify_speedup");
+  pk.pack(s.reverify_speedup);
+  pk.pack("size");
+  pk.pack(size);
+  pk.pack("precompiled");
+  pk.pack(stage.precompiled);
+  pk.pack("cuda_arch");
+  pk.pack(stage.cuda_arch);
+  pk.pack("mode");
+  pk.pack(req.mode);
 
   std::string reply;
   std::string why = round_trip(std::string(buf.data(), buf.size()), t0 + limit + grace_s, reply);

@@ -15,21 +15,21 @@
 namespace kernelrl {
 
 struct WorkerOptions {
-  std::string python;            // interpreter (scripts/python)
-  std::string script;            // gpu/worker.py
-  std::string device = "cpu";    // torch device: cpu or cuda:N
-  uint32_t threads = 1;          // intra-op threads on CPU
-  std::string log_path;          // the worker's stdout/stderr go here ("" : /dev/null)
+  std::string python;              // interpreter (scripts/python)
+  std::string script;              // gpu/worker.py
+  std::string device = "cpu";      // torch device: cpu or cuda:N
+  uint32_t threads = 1;            // intra-op threads on CPU
+  std::string log_path;            // the worker's stdout/stderr go here ("" : /dev/null)
   double startup_timeout_s = 120;  // time allowed for start-up (torch import, CUDA init)
-  std::string cache_dir;         // build cache ("": the worker's default)
-  bool isolate_network = true;   // candidates are confined (namespaces, private file view); false: debugging only
-  std::vector<std::string> hide;  // folders candidates must not see (the run root with its stores)
+  std::string cache_dir;           // build cache ("": the worker's default)
+  bool isolate_network = true;     // candidates are confined (namespaces, private file view); false: debugging only
+  std::vector<std::string> hide;   // folders candidates must not see (the run root with its stores)
 };
 
 // What one request to the worker adds to the evaluator's settings.
 struct StageOptions {
-  bool precompiled = false;      // the candidate's kernels were built by the compile stage
-  std::string cuda_arch;         // TORCH_CUDA_ARCH_LIST for builds ("" : the worker's own GPU)
+  bool precompiled = false;  // the candidate's kernels were built by the compile stage
+  std::string cuda_arch;     // TORCH_CUDA_ARCH_LIST for builds ("" : the worker's own GPU)
 };
 
 // Whether an action builds native code or Triton kernels (and so goes through the compile stage).
@@ -46,12 +46,10 @@ class WorkerClient {
   bool ensure_started(std::string& err);
   // Evaluates one request under `settings` (the worker enforces the time limit in the candidate's
   // process; this side allows a grace period and kills the whole worker if it passes).
-  EvalResult evaluate(const EvalRequest& req, const EvaluatorConfig& settings,
-                      const StageOptions& stage = {});
+  EvalResult evaluate(const EvalRequest& req, const EvaluatorConfig& settings, const StageOptions& stage = {});
   // Compile stage: builds the candidate's kernels into the cache, without a GPU. Returns status
   // ok (built, cached, or nothing to build) or compile_error with the log.
-  EvalResult compile(const EvalRequest& req, const EvaluatorConfig& settings,
-                     const StageOptions& stage = {});
+  EvalResult compile(const EvalRequest& req, const EvaluatorConfig& settings, const StageOptions& stage = {});
   // Stops the worker (politely, then by force).
   void stop();
 
@@ -77,8 +75,7 @@ class WorkerClient {
   std::string endpoint_;
   std::string socket_dir_;  // private folder holding the endpoint's socket
   std::string torch_version_, device_name_, capability_, network_, sandbox_;
-  EvalResult call(const char* op, const EvalRequest& req, const EvaluatorConfig& settings,
-                  const StageOptions& stage);
+  EvalResult call(const char* op, const EvalRequest& req, const EvaluatorConfig& settings, const StageOptions& stage);
 };
 
 }  // namespace kernelrl

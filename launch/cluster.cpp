@@ -88,15 +88,14 @@ std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& 
 }
 
 std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::string& host, uint16_t port,
-                                       const std::string& name, const std::string& cluster,
-                                       const std::string& secret, double wait_s, std::string& err,
-                                       bool& refused, std::string* cluster_seen) {
+                                       const std::string& name, const std::string& cluster, const std::string& secret,
+                                       double wait_s, std::string& err, bool& refused, std::string* cluster_seen) {
   refused = false;
   auto& sys = self->system();
   // The head may start after this peer: keep trying for wait_s.
   caf::actor gate;
-  auto deadline = std::chrono::steady_clock::now() +
-                  std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, wait_s) * 1000));
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, wait_s) * 1000));
   while (!gate) {
     auto r = sys.middleman().remote_actor(host, port);
     if (r) {
@@ -158,8 +157,8 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
   // The join is made by an actor that lives as long as this node: the head watches it, and
   // its connection dropping ends this node's membership.
   caf::scoped_actor self{sys};
-  auto joined = join_cluster(self, host, port, name, cfg.cluster.name, *secret,
-                             std::max(1.0, cfg.cluster.join_wait_s), err, refused, nullptr);
+  auto joined = join_cluster(self, host, port, name, cfg.cluster.name, *secret, std::max(1.0, cfg.cluster.join_wait_s),
+                             err, refused, nullptr);
   if (!joined) {
     std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), err.c_str());
     return refused ? 2 : 1;
@@ -209,19 +208,24 @@ int run_node(const Config& cfg, const std::string& name) {
     if (n.name == name) node = &n;
   }
   if (!node) {
-    std::fprintf(stderr, "launch: --node %s: %s has no such [[node]] (it has %s); a machine not in the "
-                         "file joins with --join\n", name.c_str(), cfg.source_file.c_str(), names.c_str());
+    std::fprintf(stderr,
+                 "launch: --node %s: %s has no such [[node]] (it has %s); a machine not in the "
+                 "file joins with --join\n",
+                 name.c_str(), cfg.source_file.c_str(), names.c_str());
     return 2;
   }
   if (&head_node(cfg) == node) {
-    std::fprintf(stderr, "launch: --node %s: that is the head (it has the supervisor role); start it with `launch %s`\n",
+    std::fprintf(stderr,
+                 "launch: --node %s: that is the head (it has the supervisor role); start it with `launch %s`\n",
                  name.c_str(), cfg.source_file.c_str());
     return 2;
   }
   for (auto& r : node->roles) {
     if (r != "evaluator") {
-      std::fprintf(stderr, "launch: --node %s: role \"%s\" runs on the head only in this version; "
-                           "a node of its own runs evaluators\n", name.c_str(), r.c_str());
+      std::fprintf(stderr,
+                   "launch: --node %s: role \"%s\" runs on the head only in this version; "
+                   "a node of its own runs evaluators\n",
+                   name.c_str(), r.c_str());
       return 2;
     }
   }
@@ -238,8 +242,9 @@ int run_join(const Config& cfg, const JoinOptions& o) {
   }
   for (auto& n : cfg.nodes) {
     if (n.name == node.name) {
-      std::fprintf(stderr, "launch: --join: %s already has a [[node]] named \"%s\"; start it with --node %s, "
-                           "or give this machine another name with --name\n",
+      std::fprintf(stderr,
+                   "launch: --join: %s already has a [[node]] named \"%s\"; start it with --node %s, "
+                   "or give this machine another name with --name\n",
                    cfg.source_file.c_str(), node.name.c_str(), node.name.c_str());
       return 2;
     }

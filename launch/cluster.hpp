@@ -31,18 +31,17 @@ std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& 
 // `refused` (true: the head answered and said no; false: it could not be reached). `self` makes
 // the join and holds it: the membership ends when `self` ends or its connection drops.
 std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::string& host, uint16_t port,
-                                       const std::string& name, const std::string& cluster,
-                                       const std::string& secret, double wait_s, std::string& err,
-                                       bool& refused, std::string* cluster_seen);
+                                       const std::string& name, const std::string& cluster, const std::string& secret,
+                                       double wait_s, std::string& err, bool& refused, std::string* cluster_seen);
 
 // `launch CONFIG --node NAME` once CONFIG is loaded: exit code.
 int run_node(const Config& cfg, const std::string& name);
 
 // `launch CONFIG --join`: a machine not in CONFIG runs evaluators for its head.
 struct JoinOptions {
-  std::string name;             // node name ("": this machine's host name)
-  uint32_t cpu_slots = 0;       // CPU evaluators
-  std::vector<int64_t> gpus;    // CUDA device ids, one evaluator each
+  std::string name;           // node name ("": this machine's host name)
+  uint32_t cpu_slots = 0;     // CPU evaluators
+  std::vector<int64_t> gpus;  // CUDA device ids, one evaluator each
 };
 int run_join(const Config& cfg, const JoinOptions& o);
 

@@ -47,8 +47,7 @@ std::optional<Config> load_or_report(const std::string& path) {
   auto res = load_config(path);
   if (auto* errs = std::get_if<std::vector<ConfigError>>(&res)) {
     for (auto& e : *errs) std::fprintf(stderr, "%s\n", e.format().c_str());
-    std::fprintf(stderr, "launch: %zu error%s in %s\n", errs->size(), errs->size() == 1 ? "" : "s",
-                 path.c_str());
+    std::fprintf(stderr, "launch: %zu error%s in %s\n", errs->size(), errs->size() == 1 ? "" : "s", path.c_str());
     return std::nullopt;
   }
   return std::get<Config>(std::move(res));
@@ -56,15 +55,18 @@ std::optional<Config> load_or_report(const std::string& path) {
 
 void print_summary(const nlohmann::json& j, const std::string& run_dir) {
   if (j.contains("steps") && !j["steps"].empty()) {  // train: one line per step
-    std::printf("\n%5s %8s %7s %11s %8s %10s %9s %8s\n", "step", "samples", "fast_1", "mean reward", "version",
-                "loss", "grad norm", "entropy");
+    std::printf("\n%5s %8s %7s %11s %8s %10s %9s %8s\n", "step", "samples", "fast_1", "mean reward", "version", "loss",
+                "grad norm", "entropy");
     for (auto& st : j["steps"]) {
       auto l = st.value("learner", nlohmann::json::object());
-      auto num = [&](const char* k, const char* f) { return l.contains(k) ? fmt::format(fmt::runtime(f), l[k].get<double>()) : std::string("-"); };
+      auto num = [&](const char* k, const char* f) {
+        return l.contains(k) ? fmt::format(fmt::runtime(f), l[k].get<double>()) : std::string("-");
+      };
       std::printf("%5u %8llu %7.3f %11.3f %8llu %10s %9s %8s\n", st["step"].get<uint32_t>(),
                   static_cast<unsigned long long>(st["samples"].get<uint64_t>()), st["fast_1"].get<double>(),
-                  st["mean_reward"].get<double>(), static_cast<unsigned long long>(st["policy_version"].get<uint64_t>()),
-                  num("loss", "{:.4f}").c_str(), num("grad_norm", "{:.3f}").c_str(), num("entropy", "{:.3f}").c_str());
+                  st["mean_reward"].get<double>(),
+                  static_cast<unsigned long long>(st["policy_version"].get<uint64_t>()), num("loss", "{:.4f}").c_str(),
+                  num("grad_norm", "{:.3f}").c_str(), num("entropy", "{:.3f}").c_str());
     }
     std::printf("policy version %llu; checkpoints in %s/checkpoints\n",
                 static_cast<unsigned long long>(j.value("policy_version", uint64_t{0})), run_dir.c_str());
@@ -76,7 +78,8 @@ void print_summary(const nlohmann::json& j, const std::string& run_dir) {
       std::printf("\nheld-out evaluation (%zu tasks):\n%8s %8s %8s %7s %13s\n", j["eval_tasks"].size(), "version",
                   "samples", "correct", "fast_1", "mean speedup");
       for (auto& e : j["eval"])
-        std::printf("%8llu %8llu %8.3f %7.3f %12.2fx\n", static_cast<unsigned long long>(e["policy_version"].get<uint64_t>()),
+        std::printf("%8llu %8llu %8.3f %7.3f %12.2fx\n",
+                    static_cast<unsigned long long>(e["policy_version"].get<uint64_t>()),
                     static_cast<unsigned long long>(e["samples"].get<uint64_t>()), e["correct_rate"].get<double>(),
                     e["fast_1"].get<double>(), e["mean_speedup"].get<double>());
       if (j.contains("eval_best"))
@@ -98,9 +101,8 @@ void print_summary(const nlohmann::json& j, const std::string& run_dir) {
   }
   std::string correct = fmt::format("{}/{}", j["correct"].get<uint64_t>(), j["samples"].get<uint64_t>());
   std::string sp = j["correct"].get<uint64_t>() ? fmt::format("{:.2f}x", j["mean_speedup"].get<double>()) : "-";
-  std::printf("%-32s %8llu %9s %7.2f %13s\n", "overall",
-              static_cast<unsigned long long>(j["samples"].get<uint64_t>()), correct.c_str(),
-              j["fast_1"].get<double>(), sp.c_str());
+  std::printf("%-32s %8llu %9s %7.2f %13s\n", "overall", static_cast<unsigned long long>(j["samples"].get<uint64_t>()),
+              correct.c_str(), j["fast_1"].get<double>(), sp.c_str());
   std::string statuses;
   for (auto& [k, v] : j["status_counts"].items())
     statuses += (statuses.empty() ? "" : ", ") + k + " " + std::to_string(v.get<uint64_t>());
@@ -158,12 +160,14 @@ int cmd_prompts(const std::string& config_path) {
   TaskSet tasks, eval_tasks;
   std::vector<RenderedPrompt> prompts;
   std::string err;
-  if (!load_experiment_tasks(*cfg, tasks, eval_tasks, err) || !render_task_prompts(*cfg, tasks, eval_tasks, prompts, err)) {
+  if (!load_experiment_tasks(*cfg, tasks, eval_tasks, err) ||
+      !render_task_prompts(*cfg, tasks, eval_tasks, prompts, err)) {
     std::fprintf(stderr, "launch prompts: %s\n", err.c_str());
     return 2;
   }
   for (auto& p : prompts)
-    std::printf("%s\n", nlohmann::json{{"task_id", p.task_id}, {"split", p.split}, {"prompt", p.prompt}}.dump().c_str());
+    std::printf("%s\n",
+                nlohmann::json{{"task_id", p.task_id}, {"split", p.split}, {"prompt", p.prompt}}.dump().c_str());
   return 0;
 }
 
@@ -202,8 +206,8 @@ std::vector<AnalysisSample> analysis_samples(Store& store) {
   for (auto& r : store.samples()) {
     EvalStatus status = EvalStatus::runtime_error;
     const bool verdict = !from_string(r.status, status) || is_verdict(status);
-    out.push_back({verdict, r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean,
-                   r.num_tokens, r.record.rollout.split});
+    out.push_back({verdict, r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean, r.num_tokens,
+                   r.record.rollout.split});
   }
   return out;
 }
@@ -305,7 +309,8 @@ int cmd_analyze(const AnalyzeOptions& o) {
   if (j["steps"].size() > 1 || learner) {
     std::printf("\n%5s %8s %8s%s %11s %10s\n", "step", "samples", "correct", fast_cols.c_str(), "mean reward", "loss");
     for (auto& st : j["steps"]) {
-      std::string loss = st.contains("learner") && st["learner"].contains("loss") ? f(st["learner"]["loss"], "{:.4f}") : "-";
+      std::string loss =
+          st.contains("learner") && st["learner"].contains("loss") ? f(st["learner"]["loss"], "{:.4f}") : "-";
       std::printf("%5u %8llu %8.3f%s %11.3f %10s\n", st["step"].get<uint32_t>(),
                   (unsigned long long)st["samples"].get<uint64_t>(), st["correct_rate"].get<double>(),
                   fast_vals(st).c_str(), st["mean_reward"].get<double>(), loss.c_str());
@@ -317,19 +322,22 @@ int cmd_analyze(const AnalyzeOptions& o) {
                 (unsigned long long)ev["samples"].get<uint64_t>(), (unsigned long long)ev["tasks"].get<uint64_t>(),
                 "version", "samples", "correct", fast_cols.c_str(), "geomean");
     for (auto& st : ev["steps"])
-      std::printf("%8u %8llu %8.3f%s %9s\n", st["step"].get<uint32_t>(), (unsigned long long)st["samples"].get<uint64_t>(),
-                  st["correct_rate"].get<double>(), fast_vals(st).c_str(), f(st["geomean_speedup"], "{:.2f}x").c_str());
+      std::printf("%8u %8llu %8.3f%s %9s\n", st["step"].get<uint32_t>(),
+                  (unsigned long long)st["samples"].get<uint64_t>(), st["correct_rate"].get<double>(),
+                  fast_vals(st).c_str(), f(st["geomean_speedup"], "{:.2f}x").c_str());
   }
   std::printf("\n%-32s %8s %8s%s %9s %9s\n", "task", "samples", "correct", fast_cols.c_str(), "geomean", "best");
   for (auto& t : j["per_task"])
     std::printf("%-32s %8llu %8.3f%s %9s %9s\n", t["task_id"].get<std::string>().c_str(),
                 (unsigned long long)t["samples"].get<uint64_t>(), t["correct_rate"].get<double>(), fast_vals(t).c_str(),
                 f(t["geomean_speedup"], "{:.2f}x").c_str(), f(t["best_speedup"], "{:.2f}x").c_str());
-  std::string fk = fmt::format("fast_{:g}", o.p.empty() ? 1.0 : (std::find(o.p.begin(), o.p.end(), 1.0) != o.p.end() ? 1.0 : o.p[0]));
+  std::string fk = fmt::format(
+      "fast_{:g}", o.p.empty() ? 1.0 : (std::find(o.p.begin(), o.p.end(), 1.0) != o.p.end() ? 1.0 : o.p[0]));
   std::printf("\n%5s %6s %8s %19s %8s %19s\n", "k", "tasks", "pass@k", "95% CI", (fk + "@k").c_str(), "95% CI");
   for (auto& a : j["at_k"]) {
     auto ci = [&](const char* key) {
-      return a.contains(key) ? fmt::format("[{}, {}]", f(a[key][0], "{:.3f}"), f(a[key][1], "{:.3f}")) : std::string("-");
+      return a.contains(key) ? fmt::format("[{}, {}]", f(a[key][0], "{:.3f}"), f(a[key][1], "{:.3f}"))
+                             : std::string("-");
     };
     std::printf("%5u %6llu %8s %19s %8s %19s\n", a["k"].get<uint32_t>(), (unsigned long long)a["tasks"].get<uint64_t>(),
                 f(a["pass"], "{:.3f}").c_str(), ci("pass_ci").c_str(), f(a[fk], "{:.3f}").c_str(),
@@ -340,15 +348,16 @@ int cmd_analyze(const AnalyzeOptions& o) {
               (unsigned long long)lj["n"].get<uint64_t>(), f(lj["spearman_rho"], "{:.3f}").c_str(),
               f(lj["partial_spearman_rho_length"], "{:.3f}").c_str());
   for (auto& q : lj["surprisal_quartiles"])
-    std::printf("  surprisal Q%d: %llu samples, mean logprob %.3f, mean speedup %.2fx, faster %.2f\n", q["quartile"].get<int>(),
-                (unsigned long long)q["n"].get<uint64_t>(), q["mean_logprob"].get<double>(), q["mean_speedup"].get<double>(),
-                q["faster_share"].get<double>());
+    std::printf("  surprisal Q%d: %llu samples, mean logprob %.3f, mean speedup %.2fx, faster %.2f\n",
+                q["quartile"].get<int>(), (unsigned long long)q["n"].get<uint64_t>(), q["mean_logprob"].get<double>(),
+                q["mean_speedup"].get<double>(), q["faster_share"].get<double>());
   auto& sel = j["selection"];
   if (sel["groups"].get<uint64_t>() > 0) {
     std::printf("\nselection over %llu groups (a task's samples in one step), m = %u:\n%-18s %7s %8s %13s %12s\n",
                 (unsigned long long)sel["groups"].get<uint64_t>(), o.m, "strategy", "fast_1", "correct", "mean speedup",
                 "evaluations");
-    for (const char* name : {"oracle", "random_correct", "confidence", "surprisal", "surprisal_top_m", "deployable_top_m"}) {
+    for (const char* name :
+         {"oracle", "random_correct", "confidence", "surprisal", "surprisal_top_m", "deployable_top_m"}) {
       if (!sel["strategies"].contains(name)) continue;
       auto& x = sel["strategies"][name];
       std::printf("%-18s %7.3f %8.3f %12.2fx %12.1f\n", name, x["fast_1"].get<double>(), x["correct"].get<double>(),
@@ -360,8 +369,8 @@ int cmd_analyze(const AnalyzeOptions& o) {
 
 int cmd_compare(const CompareOptions& o) {
   // Settings that must be equal for a fair comparison, and the compute figure that must match.
-  static const std::vector<std::string> same = {"temperature", "top_p", "max_tokens", "eval_mode", "model", "checkpoint",
-                                                "tasks"};
+  static const std::vector<std::string> same = {"temperature", "top_p",      "max_tokens", "eval_mode",
+                                                "model",       "checkpoint", "tasks"};
   struct Run {
     std::string dir;
     nlohmann::json compute, analysis;
@@ -418,13 +427,17 @@ int cmd_compare(const CompareOptions& o) {
     // The strategies (modes, K per step) may differ; the settings and the rollouts spent may not.
     for (auto& k : same)
       if (setting(first, k) != setting(r, k))
-        differences.push_back(fmt::format("{}: {} in {} but {} in {}", k, setting(first, k), first.dir, setting(r, k), r.dir));
+        differences.push_back(
+            fmt::format("{}: {} in {} but {} in {}", k, setting(first, k), first.dir, setting(r, k), r.dir));
     auto rollouts = [](const Run& x) { return x.compute.value("rollouts", uint64_t{0}); };
     if (rollouts(first) != rollouts(r))
-      differences.push_back(fmt::format("rollouts: {} in {} but {} in {}", rollouts(first), first.dir, rollouts(r), r.dir));
+      differences.push_back(
+          fmt::format("rollouts: {} in {} but {} in {}", rollouts(first), first.dir, rollouts(r), r.dir));
   }
   if (!differences.empty() && !o.allow_mismatch) {
-    std::fprintf(stderr, "launch compare: the budgets differ, so the comparison is refused (--allow-mismatch compares anyway):\n");
+    std::fprintf(
+        stderr,
+        "launch compare: the budgets differ, so the comparison is refused (--allow-mismatch compares anyway):\n");
     for (auto& d : differences) std::fprintf(stderr, "  %s\n", d.c_str());
     return 3;
   }
@@ -444,32 +457,39 @@ int cmd_compare(const CompareOptions& o) {
     return std::isfinite(k) ? nlohmann::json(k) : nlohmann::json(nullptr);
   };
   if (o.json) {
-    nlohmann::json j = {{"differences", differences}, {"runs", nlohmann::json::array()},
+    nlohmann::json j = {{"differences", differences},
+                        {"runs", nlohmann::json::array()},
                         {"curve_of", ref ? nlohmann::json(ref->dir) : nlohmann::json(nullptr)}};
     for (auto& r : runs)
-      j["runs"].push_back({{"run_dir", r.dir}, {"compute", r.compute}, {"analysis", r.analysis}, {"score", r.score},
+      j["runs"].push_back({{"run_dir", r.dir},
+                           {"compute", r.compute},
+                           {"analysis", r.analysis},
+                           {"score", r.score},
                            {"equivalent_k", equiv(r)}});
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
-  std::printf("%-40s %-10s %9s %14s %9s %9s %8s %8s %8s %8s %8s %7s\n", "run", "mode", "rollouts", "student tok", "eval s",
-              "learner s", "correct", "fast_1", "fast_1.2", "oracle", "score", "equiv K");
+  std::printf("%-40s %-10s %9s %14s %9s %9s %8s %8s %8s %8s %8s %7s\n", "run", "mode", "rollouts", "student tok",
+              "eval s", "learner s", "correct", "fast_1", "fast_1.2", "oracle", "score", "equiv K");
   for (auto& r : runs) {
     auto& a = r.analysis;
     auto& sel = a["selection"]["strategies"];
     std::string oracle = sel.contains("oracle") ? fmt::format("{:.3f}", sel["oracle"]["fast_1"].get<double>()) : "-";
     auto ek = equiv(r);
     std::string eks = ek.is_number() ? fmt::format("{:.1f}", ek.get<double>()) : (curve.empty() ? "-" : "> K");
-    std::printf("%-40s %-10s %9llu %14llu %9.1f %9.1f %8.3f %8.3f %8.3f %8s %8.3f %7s\n", fs::path(r.dir).filename().string().c_str(),
-                r.compute["settings"].value("mode", std::string("?")).c_str(),
-                (unsigned long long)r.compute.value("rollouts", uint64_t{0}),
-                (unsigned long long)r.compute.value("student_tokens", uint64_t{0}), r.compute.value("eval_seconds", 0.0),
-                r.compute.value("learner_seconds", 0.0), a["correct_rate"].get<double>(), a["fast_1"].get<double>(),
-                a["fast_1.2"].get<double>(), oracle.c_str(), r.score, eks.c_str());
+    std::printf(
+        "%-40s %-10s %9llu %14llu %9.1f %9.1f %8.3f %8.3f %8.3f %8s %8.3f %7s\n",
+        fs::path(r.dir).filename().string().c_str(), r.compute["settings"].value("mode", std::string("?")).c_str(),
+        (unsigned long long)r.compute.value("rollouts", uint64_t{0}),
+        (unsigned long long)r.compute.value("student_tokens", uint64_t{0}), r.compute.value("eval_seconds", 0.0),
+        r.compute.value("learner_seconds", 0.0), a["correct_rate"].get<double>(), a["fast_1"].get<double>(),
+        a["fast_1.2"].get<double>(), oracle.c_str(), r.score, eks.c_str());
   }
   if (ref)
-    std::printf("score: fast_1 (a train/ttt run: its Best-of-Adaptation step's); equiv K: the k at which %s's fast_1@k "
-                "reaches that score\n", fs::path(ref->dir).filename().string().c_str());
+    std::printf(
+        "score: fast_1 (a train/ttt run: its Best-of-Adaptation step's); equiv K: the k at which %s's fast_1@k "
+        "reaches that score\n",
+        fs::path(ref->dir).filename().string().c_str());
   return 0;
 }
 
@@ -522,8 +542,10 @@ bool resolve_auto_devices(Config& cfg) {
     for (int g = 0; g < gpus; ++g) n.gpus.push_back(g);
     if (gpus > 0) n.cpu_slots = 0;  // evaluations on one kind of device: their timings compare
     if (has_role(n, "evaluator") && n.gpus.empty() && n.cpu_slots == 0) {
-      std::fprintf(stderr, "launch: %s: node %s: gpus = \"auto\" found no GPU here and cpu_slots is 0: nothing would "
-                           "evaluate (set cpu_slots for machines without a GPU)\n", cfg.source_file.c_str(), n.name.c_str());
+      std::fprintf(stderr,
+                   "launch: %s: node %s: gpus = \"auto\" found no GPU here and cpu_slots is 0: nothing would "
+                   "evaluate (set cpu_slots for machines without a GPU)\n",
+                   cfg.source_file.c_str(), n.name.c_str());
       return false;
     }
     log::get("launch")->info("node {}: gpus = \"auto\": {}", n.name,
@@ -560,7 +582,8 @@ int cmd_join(const std::string& config_path, const JoinOptions& o, const std::st
   auto cfg = load_with_level(config_path, log_level);
   if (!cfg) return 2;
   if (!is_cluster(*cfg)) {
-    std::fprintf(stderr, "launch: --join: %s describes no cluster (no [[node]] has a port)\n", cfg->source_file.c_str());
+    std::fprintf(stderr, "launch: --join: %s describes no cluster (no [[node]] has a port)\n",
+                 cfg->source_file.c_str());
     return 2;
   }
   return run_join(*cfg, o);
@@ -574,8 +597,7 @@ std::string latest_checkpoint(const std::string& run_dir) {
 }
 }  // namespace
 
-int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
-            const std::string& log_level, bool resume) {
+int cmd_run(const std::string& config_path, const std::string& run_dir_arg, const std::string& log_level, bool resume) {
   auto loaded = load_with_level(config_path, log_level);
   if (!loaded) return 2;
   Config cfg = std::move(*loaded);
@@ -638,8 +660,8 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
   const bool train = mode.learns;   // a learner updates the policy
   if (resume) {
     if (!train) {
-      lg->error("--resume {}: only train, ttt and sdpo runs resume ({} has [experiment] mode = \"{}\")", run_dir_arg, config_path,
-                mode.name);
+      lg->error("--resume {}: only train, ttt and sdpo runs resume ({} has [experiment] mode = \"{}\")", run_dir_arg,
+                config_path, mode.name);
       return 2;
     }
     if (!fs::exists(fs::path(run_dir_arg) / cfg.store.file) || latest_checkpoint(run_dir_arg).empty()) {
@@ -664,15 +686,14 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
   log::add_run_file((fs::path(run_dir) / "launch.log").string());
   std::string run_id = fs::path(run_dir).filename().string();
   if (cfg.sampler.backend == "replay")
-    lg->info("run {} ({} mode, {} tasks, {} actions) in {}", run_id, mode.name, tasks.size(),
-             records.size(), run_dir);
+    lg->info("run {} ({} mode, {} tasks, {} actions) in {}", run_id, mode.name, tasks.size(), records.size(), run_dir);
   else if (train)
     lg->info("run {} ({}: {} steps of {} tasks x {} samples from the {} sampler, {} tasks in all) in {}", run_id,
-             mode.name, cfg.learner.steps, adapts ? tasks.size() : cfg.learner.batch_size,
-             cfg.learner.group_size, cfg.sampler.backend, tasks.size(), run_dir);
+             mode.name, cfg.learner.steps, adapts ? tasks.size() : cfg.learner.batch_size, cfg.learner.group_size,
+             cfg.sampler.backend, tasks.size(), run_dir);
   else
-    lg->info("run {} ({} mode, {} tasks, {} samples each from the {} sampler) in {}", run_id, mode.name,
-             tasks.size(), std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
+    lg->info("run {} ({} mode, {} tasks, {} samples each from the {} sampler) in {}", run_id, mode.name, tasks.size(),
+             std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
   // The model backend is made before the actor system: a model that does not load is a clear
   // error here, not a dead actor later.
   std::shared_ptr<SamplerBackend> backend;
@@ -697,7 +718,8 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
       oo.timeout_s = cfg.sampler.timeout_s;
       oo.max_retries = cfg.sampler.max_retries;
       if (const char* k = std::getenv(cfg.sampler.api_key_env.c_str())) oo.api_key = k;
-      oo.adapter_root = cfg.sampler.adapter_dir.empty() ? (fs::path(run_dir) / "adapters").string() : cfg.sampler.adapter_dir;
+      oo.adapter_root =
+          cfg.sampler.adapter_dir.empty() ? (fs::path(run_dir) / "adapters").string() : cfg.sampler.adapter_dir;
       oo.lora_alpha = cfg.learner.lora_alpha;
       backend = make_openai_backend(oo);
     }
@@ -748,8 +770,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     }
   }
   if (cfg.nodes.size() > 1 && !cluster)
-    lg->warn("no [[node]] has a port: the roles of all {} [[node]] entries run in this process",
-             cfg.nodes.size());
+    lg->warn("no [[node]] has a port: the roles of all {} [[node]] entries run in this process", cfg.nodes.size());
 
   caf::actor_system_config sys_cfg;
   add_message_types(sys_cfg);
@@ -767,7 +788,8 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
     for (auto& t : tasks.tasks()) sa.task_ids.push_back(t.id);
     sa.settings = {{"mode", mode.name},
                    {"sampler", cfg.sampler.backend},
-                   {"samples_per_task", std::to_string(train ? cfg.learner.group_size : std::max<uint32_t>(1, cfg.sampler.samples_per_task))},
+                   {"samples_per_task", std::to_string(train ? cfg.learner.group_size
+                                                             : std::max<uint32_t>(1, cfg.sampler.samples_per_task))},
                    {"temperature", fmt::format("{:g}", cfg.sampler.temperature)},
                    {"top_p", fmt::format("{:g}", cfg.sampler.top_p)},
                    {"max_tokens", std::to_string(cfg.sampler.max_tokens)},
@@ -777,7 +799,8 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
                    {"replay", cfg.sampler.replay},
                    {"tasks", std::to_string(tasks.size())}};
     if (cfg.experiment.mode == Mode::sdpo) sa.settings["sdpo_context"] = cfg.sdpo.context;
-    if (cfg.experiment.evaluate_top_m > 0) sa.settings["evaluate_top_m"] = std::to_string(cfg.experiment.evaluate_top_m);
+    if (cfg.experiment.evaluate_top_m > 0)
+      sa.settings["evaluate_top_m"] = std::to_string(cfg.experiment.evaluate_top_m);
     if (eval_tasks.size() > 0) {
       sa.settings["eval_tasks"] = std::to_string(eval_tasks.size());
       sa.settings["eval_every"] = std::to_string(cfg.experiment.eval_every);
@@ -806,7 +829,8 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
 
     caf::actor selector, learner;
     if (train) {
-      selector = spawn_checkpoint_selector(sys, SelectorArgs{(fs::path(run_dir) / "checkpoints").string(), cfg.learner.keep_last});
+      selector = spawn_checkpoint_selector(
+          sys, SelectorArgs{(fs::path(run_dir) / "checkpoints").string(), cfg.learner.keep_last});
       LearnerArgs la;
       la.engine = engine;
       la.group_size = cfg.learner.group_size;
@@ -820,7 +844,8 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
         la.sdpo.beta = cfg.sdpo.beta;
         la.sdpo.max_error_chars = cfg.sdpo.max_error_chars;
         la.teacher_log = (fs::path(run_dir) / "teacher.jsonl").string();
-        la.teacher_prompt = [policy = cfg.policy, users = user_messages](const std::string& task, const std::string& section) {
+        la.teacher_prompt = [policy = cfg.policy, users = user_messages](const std::string& task,
+                                                                         const std::string& section) {
           auto it = users.find(task);
           return render_prompt(policy, teacher_user_message(it == users.end() ? std::string() : it->second, section));
         };
@@ -893,18 +918,20 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg,
         stop_all({gate, monitor});
         return 2;
       }
-      lg->info("cluster {}: head listening on {}:{}; nodes join with `launch {} --node NAME` (or --join), "
-               "monitors attach with `launch monitor {}:{}`", cfg.cluster.name, head.host, *bound, config_path,
-               head.host, *bound);
+      lg->info(
+          "cluster {}: head listening on {}:{}; nodes join with `launch {} --node NAME` (or --join), "
+          "monitors attach with `launch monitor {}:{}`",
+          cfg.cluster.name, head.host, *bound, config_path, head.host, *bound);
     }
 
     caf::scoped_actor self{sys};
     std::string summary;
     self->request(supervisor, caf::infinite, plan_atom::value, sampler, evaluators)
         .receive([&](std::string& s) { summary = std::move(s); },
-                 [&](caf::error& e) { summary = nlohmann::json{{"ok", false}, {"error", sys.render(e)}}.dump(); });
-    self->request(monitor, std::chrono::seconds(10), finish_atom::value)
-        .receive([](bool) {}, [](caf::error&) {});
+                 [&](caf::error& e) {
+                   summary = nlohmann::json{{"ok", false}, {"error", sys.render(e)}}.dump();
+                 });
+    self->request(monitor, std::chrono::seconds(10), finish_atom::value).receive([](bool) {}, [](caf::error&) {});
 
     auto j = nlohmann::json::parse(summary);
     if (j.contains("tasks") && j.value("samples", 0) > 0)

@@ -10,7 +10,8 @@ namespace kernelrl {
 
 // launch CONFIG [--run-dir DIR] [--log-level LEVEL]
 // resume: continue the train run in run_dir from its latest checkpoint and its store.
-int cmd_run(const std::string& config_path, const std::string& run_dir, const std::string& log_level, bool resume = false);
+int cmd_run(const std::string& config_path, const std::string& run_dir, const std::string& log_level,
+            bool resume = false);
 // launch CONFIG --node NAME [--log-level LEVEL]: one non-head node of a cluster
 int cmd_node(const std::string& config_path, const std::string& node, const std::string& log_level);
 // launch CONFIG --join [--name NAME] [--cpu-slots N] [--gpus 0,1]: a machine not in CONFIG
@@ -84,8 +85,8 @@ struct AnalyzeOptions {
   std::vector<uint32_t> ks;         // empty: 1, 2, 4, ...
   uint32_t bootstrap = 1000;
   uint64_t seed = 0;
-  uint32_t m = 4;                   // selection strategies' top-m
-  std::string out;                  // report: the HTML file ("": RUN_DIR/report.html)
+  uint32_t m = 4;   // selection strategies' top-m
+  std::string out;  // report: the HTML file ("": RUN_DIR/report.html)
 };
 int cmd_analyze(const AnalyzeOptions& o);
 // launch report RUN_DIR [--out FILE]: the analysis as an offline HTML page with plots (analysis/report.hpp).
@@ -102,7 +103,7 @@ int cmd_compare(const CompareOptions& o);
 // launch probe RUN_DIR: fixed samples rescored under every checkpoint of the run (the NLL probe).
 struct ProbeOptions {
   std::string run_dir;
-  uint32_t samples = 16;   // the first N samples of the first step that have tokens
+  uint32_t samples = 16;      // the first N samples of the first step that have tokens
   std::string device, dtype;  // "": the run's [policy] device and dtype
   bool json = false;
 };
@@ -117,7 +118,7 @@ struct SftOptions {
   uint32_t rank = 16;
   double alpha = 32;
   std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  uint64_t seed = 0;                      // adapter init and demonstration order
+  uint64_t seed = 0;  // adapter init and demonstration order
   bool json = false;
 };
 int cmd_sft(const SftOptions& o);
@@ -127,17 +128,17 @@ struct EvaluateOptions {
     std::string task;  // KernelBench-format task file
     std::string file;  // the action
   };
-  std::vector<Candidate> candidates;    // evaluated in this order, all in one evaluator
-  std::string action;                   // forward_body or full_program ("": config's / default)
-  std::string device = "cpu";           // cpu or cuda:N
-  std::string mode;                     // fast or full ("": config's / default)
-  double timeout_s = 0;                 // per-candidate limit (0: config's / default)
-  int compile_workers = -1;             // compile-stage processes (-1: config's / default)
-  uint64_t seed = 0;                    // base seed (0: config's / default)
-  std::string config;                   // optional config whose [evaluator] supplies settings
-  std::string worker_log;               // where worker output goes ("": discarded)
-  std::string log_level;                // default warn
-  bool json = false;                    // one JSON object per line (else a table)
+  std::vector<Candidate> candidates;  // evaluated in this order, all in one evaluator
+  std::string action;                 // forward_body or full_program ("": config's / default)
+  std::string device = "cpu";         // cpu or cuda:N
+  std::string mode;                   // fast or full ("": config's / default)
+  double timeout_s = 0;               // per-candidate limit (0: config's / default)
+  int compile_workers = -1;           // compile-stage processes (-1: config's / default)
+  uint64_t seed = 0;                  // base seed (0: config's / default)
+  std::string config;                 // optional config whose [evaluator] supplies settings
+  std::string worker_log;             // where worker output goes ("": discarded)
+  std::string log_level;              // default warn
+  bool json = false;                  // one JSON object per line (else a table)
 };
 int cmd_evaluate(const EvaluateOptions& o);
 

@@ -63,13 +63,16 @@ std::string fmt_where(const std::string& file, uint32_t line, uint32_t column) {
 void merge(toml::table& base, const toml::table& over) {
   for (auto& [k, v] : over) {
     auto* bt = base.get(k) ? base.get(k)->as_table() : nullptr;
-    if (bt && v.is_table()) merge(*bt, *v.as_table());
-    else base.insert_or_assign(k, v);
+    if (bt && v.is_table())
+      merge(*bt, *v.as_table());
+    else
+      base.insert_or_assign(k, v);
   }
 }
 
 // The arms of a comparison config, validated; false after printing every problem.
-bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mismatch, std::vector<std::string>& compare) {
+bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mismatch,
+               std::vector<std::string>& compare) {
   toml::table root;
   try {
     root = toml::parse_file(path);
@@ -78,9 +81,7 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
                  std::string(e.description()).c_str());
     return false;
   }
-  auto where = [&](const toml::node& n) {
-    return fmt_where(path, n.source().begin.line, n.source().begin.column);
-  };
+  auto where = [&](const toml::node& n) { return fmt_where(path, n.source().begin.line, n.source().begin.column); };
   bool ok = true;
   if (!root["comparison"].is_table()) {
     std::fprintf(stderr, "%s: comparison: expected a table ([comparison])\n", path.c_str());
@@ -118,15 +119,16 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
         allow_mismatch = v.as_boolean()->get();
       }
     } else {
-      std::fprintf(stderr, "%s: comparison.%s: unknown key (expected arms, compare, allow_mismatch)\n", where(v).c_str(),
-                   key.c_str());
+      std::fprintf(stderr, "%s: comparison.%s: unknown key (expected arms, compare, allow_mismatch)\n",
+                   where(v).c_str(), key.c_str());
       ok = false;
     }
   }
   const toml::table* arm_tables = root["arm"].as_table();
   std::set<std::string> seen;
   if (names.size() < 2) {
-    std::fprintf(stderr, "%s: comparison.arms: expected at least two arms, got %zu\n", where(cmp).c_str(), names.size());
+    std::fprintf(stderr, "%s: comparison.arms: expected at least two arms, got %zu\n", where(cmp).c_str(),
+                 names.size());
     ok = false;
   }
   for (auto& n : names) {
@@ -134,26 +136,31 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
       std::fprintf(stderr, "%s: comparison.arms: \"%s\" is listed twice\n", where(cmp).c_str(), n.c_str());
       ok = false;
     }
-    if (n.empty() || n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos) {
-      std::fprintf(stderr, "%s: comparison.arms: \"%s\": arm names use letters, digits, - and _ (each names a folder)\n",
+    if (n.empty() ||
+        n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos) {
+      std::fprintf(stderr,
+                   "%s: comparison.arms: \"%s\": arm names use letters, digits, - and _ (each names a folder)\n",
                    where(cmp).c_str(), n.c_str());
       ok = false;
     }
     if (!arm_tables || !arm_tables->get(n) || !arm_tables->get(n)->is_table()) {
-      std::fprintf(stderr, "%s: comparison.arms: \"%s\" has no [arm.%s] table\n", where(cmp).c_str(), n.c_str(), n.c_str());
+      std::fprintf(stderr, "%s: comparison.arms: \"%s\" has no [arm.%s] table\n", where(cmp).c_str(), n.c_str(),
+                   n.c_str());
       ok = false;
     }
   }
   if (arm_tables)
     for (auto& [k, v] : *arm_tables)
       if (!seen.count(std::string(k.str()))) {
-        std::fprintf(stderr, "%s: arm.%s: not listed in comparison.arms\n", where(v).c_str(), std::string(k.str()).c_str());
+        std::fprintf(stderr, "%s: arm.%s: not listed in comparison.arms\n", where(v).c_str(),
+                     std::string(k.str()).c_str());
         ok = false;
       }
   std::set<std::string> compared;
   for (auto& c : compare) {
     if (!seen.count(c)) {
-      std::fprintf(stderr, "%s: comparison.compare: \"%s\" is not one of comparison.arms\n", where(cmp).c_str(), c.c_str());
+      std::fprintf(stderr, "%s: comparison.compare: \"%s\" is not one of comparison.arms\n", where(cmp).c_str(),
+                   c.c_str());
       ok = false;
     } else if (!compared.insert(c).second) {
       std::fprintf(stderr, "%s: comparison.compare: \"%s\" is listed twice\n", where(cmp).c_str(), c.c_str());
@@ -161,7 +168,8 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
     }
   }
   if (cmp.get("compare") && compare.size() < 2 && ok) {
-    std::fprintf(stderr, "%s: comparison.compare: expected at least two arms, got %zu\n", where(cmp).c_str(), compare.size());
+    std::fprintf(stderr, "%s: comparison.compare: expected at least two arms, got %zu\n", where(cmp).c_str(),
+                 compare.size());
     ok = false;
   }
   if (!ok) return false;
@@ -182,15 +190,18 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
         for (auto& a : arms)
           if (a.name == from) earlier = &a;
         if (!earlier) {
-          std::fprintf(stderr, "%s: arm %s: policy.adapter = \"%s\": expected an arm listed before \"%s\" in comparison.arms\n",
+          std::fprintf(stderr,
+                       "%s: arm %s: policy.adapter = \"%s\": expected an arm listed before \"%s\" in comparison.arms\n",
                        path.c_str(), n.c_str(), ad.c_str(), n.c_str());
           ok = false;
           continue;
         }
         const char* m = name(earlier->cfg.experiment.mode);
         if (!traits(earlier->cfg.experiment.mode).learns) {
-          std::fprintf(stderr, "%s: arm %s: policy.adapter = \"%s\": arm %s (mode %s) learns nothing (expected a train, "
-                               "ttt or sdpo arm)\n", path.c_str(), n.c_str(), ad.c_str(), from.c_str(), m);
+          std::fprintf(stderr,
+                       "%s: arm %s: policy.adapter = \"%s\": arm %s (mode %s) learns nothing (expected a train, "
+                       "ttt or sdpo arm)\n",
+                       path.c_str(), n.c_str(), ad.c_str(), from.c_str(), m);
           ok = false;
           continue;
         }
@@ -260,9 +271,10 @@ int cmd_check_comparison(const std::string& path) {
   std::printf("# %s: a comparison of %zu arms, each valid (budgets %s); compared: %s\n", path.c_str(), arms.size(),
               allow ? "may differ: allow_mismatch = true" : "must match", list.c_str());
   for (auto& a : arms)
-    std::printf("\n# arm %s%s\n%s\n", a.name.c_str(),
-                a.adapter_from.empty() ? "" : (" (policy.adapter: arm " + a.adapter_from + "'s best checkpoint)").c_str(),
-                a.cfg.resolved_toml.c_str());
+    std::printf(
+        "\n# arm %s%s\n%s\n", a.name.c_str(),
+        a.adapter_from.empty() ? "" : (" (policy.adapter: arm " + a.adapter_from + "'s best checkpoint)").c_str(),
+        a.cfg.resolved_toml.c_str());
   return 0;
 }
 
@@ -297,7 +309,8 @@ int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, 
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) {
-    std::fprintf(stderr, "launch: %s: cannot create the comparison's directory: %s\n", root.c_str(), ec.message().c_str());
+    std::fprintf(stderr, "launch: %s: cannot create the comparison's directory: %s\n", root.c_str(),
+                 ec.message().c_str());
     return 2;
   }
   std::printf("comparison of %zu arms in %s\n", arms.size(), root.c_str());
@@ -327,7 +340,8 @@ int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, 
       std::ostringstream out;
       out << t;
       text = out.str();
-      std::printf("arm %s starts from arm %s's best checkpoint: %s\n", a.name.c_str(), a.adapter_from.c_str(), ck.c_str());
+      std::printf("arm %s starts from arm %s's best checkpoint: %s\n", a.name.c_str(), a.adapter_from.c_str(),
+                  ck.c_str());
     }
     std::ofstream(cfg) << text;
     std::printf("arm %s (%s): launch %s --run-dir %s\n", a.name.c_str(), name(a.cfg.experiment.mode), cfg.c_str(),
@@ -337,8 +351,10 @@ int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, 
     if (!log_level.empty()) argv.insert(argv.end(), {"--log-level", log_level});
     int rc = run_child(argv);
     if (rc != 0) {
-      std::fprintf(stderr, "launch: arm %s failed (exit %d); the arms before it are kept; run the same command with "
-                           "--run-dir %s to go on\n", a.name.c_str(), rc, root.c_str());
+      std::fprintf(stderr,
+                   "launch: arm %s failed (exit %d); the arms before it are kept; run the same command with "
+                   "--run-dir %s to go on\n",
+                   a.name.c_str(), rc, root.c_str());
       return rc < 0 ? 1 : rc;
     }
   }

@@ -81,8 +81,8 @@ int cmd_evaluate(const EvaluateOptions& o) {
     }
     std::stringstream ss;
     ss << in.rdbuf();
-    cands.push_back({c.file, ss.str(), fs::absolute(c.task).lexically_normal().string(),
-                     fs::path(c.task).stem().string()});
+    cands.push_back(
+        {c.file, ss.str(), fs::absolute(c.task).lexically_normal().string(), fs::path(c.task).stem().string()});
   }
   if (cands.empty()) {
     std::fprintf(stderr, "launch evaluate: at least one --candidate FILE is needed\n");
@@ -155,8 +155,8 @@ int cmd_evaluate(const EvaluateOptions& o) {
             std::printf("%s\n", result_json(r).dump().c_str());
           } else {
             std::printf("%-40s %-13s speedup %7.3f  %.4f ms (ref %.4f ms)%s%s\n", r.sample_id.c_str(),
-                        to_string(r.status).c_str(), r.speedup, r.runtime.median_ms,
-                        r.ref_runtime.median_ms, r.error.empty() ? "" : "  ", r.error.c_str());
+                        to_string(r.status).c_str(), r.speedup, r.runtime.median_ms, r.ref_runtime.median_ms,
+                        r.error.empty() ? "" : "  ", r.error.c_str());
           }
           std::fflush(stdout);
         },

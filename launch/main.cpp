@@ -62,9 +62,12 @@ int parse_analyze(const std::string& cmd, const std::vector<std::string>& args) 
   kernelrl::AnalyzeOptions o;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--json" && cmd == "analyze") o.json = true;
-    else if (a.rfind("--", 0) != 0 && o.run_dir.empty()) o.run_dir = a;
-    else if (i + 1 >= args.size()) return bad(cmd + ": " + a + (a.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
+    if (a == "--json" && cmd == "analyze")
+      o.json = true;
+    else if (a.rfind("--", 0) != 0 && o.run_dir.empty())
+      o.run_dir = a;
+    else if (i + 1 >= args.size())
+      return bad(cmd + ": " + a + (a.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
     else {
       const std::string& v = args[++i];
       try {
@@ -121,13 +124,18 @@ int parse_probe(const std::string& cmd, const std::vector<std::string>& args) {
   kernelrl::ProbeOptions o;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--json") o.json = true;
-    else if (a.rfind("--", 0) != 0 && o.run_dir.empty()) o.run_dir = a;
-    else if (i + 1 >= args.size()) return bad("probe: " + a + (a.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
+    if (a == "--json")
+      o.json = true;
+    else if (a.rfind("--", 0) != 0 && o.run_dir.empty())
+      o.run_dir = a;
+    else if (i + 1 >= args.size())
+      return bad("probe: " + a + (a.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
     else {
       const std::string& v = args[++i];
-      if (a == "--device") o.device = v;
-      else if (a == "--dtype") o.dtype = v;
+      if (a == "--device")
+        o.device = v;
+      else if (a == "--dtype")
+        o.dtype = v;
       else if (a == "--samples") {
         try {
           size_t used = 0;
@@ -137,7 +145,8 @@ int parse_probe(const std::string& cmd, const std::vector<std::string>& args) {
         } catch (const std::exception&) {
           return bad("probe: --samples: expected a count from 1, got \"" + v + "\"");
         }
-      } else return bad("probe: unknown argument \"" + a + "\"");
+      } else
+        return bad("probe: unknown argument \"" + a + "\"");
     }
   }
   if (o.run_dir.empty()) return bad("probe: RUN_DIR is required");
@@ -147,10 +156,14 @@ int parse_probe(const std::string& cmd, const std::vector<std::string>& args) {
 int parse_compare(const std::string& cmd, const std::vector<std::string>& args) {
   kernelrl::CompareOptions o;
   for (size_t i = 1; i < args.size(); ++i) {
-    if (args[i] == "--allow-mismatch") o.allow_mismatch = true;
-    else if (args[i] == "--json") o.json = true;
-    else if (args[i].rfind("--", 0) == 0) return bad("compare: unknown argument \"" + args[i] + "\"");
-    else o.run_dirs.push_back(args[i]);
+    if (args[i] == "--allow-mismatch")
+      o.allow_mismatch = true;
+    else if (args[i] == "--json")
+      o.json = true;
+    else if (args[i].rfind("--", 0) == 0)
+      return bad("compare: unknown argument \"" + args[i] + "\"");
+    else
+      o.run_dirs.push_back(args[i]);
   }
   if (o.run_dirs.size() < 2) return bad("compare: at least two RUN_DIRs");
   return kernelrl::cmd_compare(o);
@@ -182,17 +195,26 @@ int parse_evaluate(const std::string& cmd, const std::vector<std::string>& args)
       } else if (a == "--candidate") {
         o.candidates.push_back({task, v});
         untasked += task.empty();
-      }
-      else if (a == "--action") o.action = v;
-      else if (a == "--device") o.device = v;
-      else if (a == "--mode") o.mode = v;
-      else if (a == "--timeout") o.timeout_s = std::stod(v);
-      else if (a == "--compile-workers") o.compile_workers = std::stoi(v);
-      else if (a == "--seed") o.seed = std::stoull(v);
-      else if (a == "--config") o.config = v;
-      else if (a == "--worker-log") o.worker_log = v;
-      else if (a == "--log-level") o.log_level = v;
-      else return bad("evaluate: unknown argument \"" + a + "\"");
+      } else if (a == "--action")
+        o.action = v;
+      else if (a == "--device")
+        o.device = v;
+      else if (a == "--mode")
+        o.mode = v;
+      else if (a == "--timeout")
+        o.timeout_s = std::stod(v);
+      else if (a == "--compile-workers")
+        o.compile_workers = std::stoi(v);
+      else if (a == "--seed")
+        o.seed = std::stoull(v);
+      else if (a == "--config")
+        o.config = v;
+      else if (a == "--worker-log")
+        o.worker_log = v;
+      else if (a == "--log-level")
+        o.log_level = v;
+      else
+        return bad("evaluate: unknown argument \"" + a + "\"");
     } catch (const std::exception&) {
       return bad("evaluate: " + a + ": expected a number, got \"" + v + "\"");
     }
@@ -219,18 +241,30 @@ int parse_sft(const std::string& cmd, const std::vector<std::string>& args) {
         if (used != v.size() || n < lo || n > hi) throw std::invalid_argument(v);
         return static_cast<uint32_t>(n);
       };
-      if (a == "--model") o.model = v;
-      else if (a == "--adapter") o.adapter = v;
-      else if (a == "--data") o.data = v;
-      else if (a == "--out") o.out = v;
-      else if (a == "--device") o.device = v;
-      else if (a == "--dtype") o.dtype = v;
-      else if (a == "--steps") o.steps = count(1, 10000000);
-      else if (a == "--batch") o.batch = count(1, 1 << 20);
-      else if (a == "--rank") o.rank = count(1, 4096);
-      else if (a == "--lr") o.lr = std::stod(v);
-      else if (a == "--alpha") o.alpha = std::stod(v);
-      else if (a == "--seed") o.seed = std::stoull(v);
+      if (a == "--model")
+        o.model = v;
+      else if (a == "--adapter")
+        o.adapter = v;
+      else if (a == "--data")
+        o.data = v;
+      else if (a == "--out")
+        o.out = v;
+      else if (a == "--device")
+        o.device = v;
+      else if (a == "--dtype")
+        o.dtype = v;
+      else if (a == "--steps")
+        o.steps = count(1, 10000000);
+      else if (a == "--batch")
+        o.batch = count(1, 1 << 20);
+      else if (a == "--rank")
+        o.rank = count(1, 4096);
+      else if (a == "--lr")
+        o.lr = std::stod(v);
+      else if (a == "--alpha")
+        o.alpha = std::stod(v);
+      else if (a == "--seed")
+        o.seed = std::stoull(v);
       else if (a == "--targets") {
         o.targets.clear();
         size_t pos = 0;
@@ -240,12 +274,14 @@ int parse_sft(const std::string& cmd, const std::vector<std::string>& args) {
           if (c == std::string::npos) break;
           pos = c + 1;
         }
-      } else return bad("sft: unknown argument \"" + a + "\"");
+      } else
+        return bad("sft: unknown argument \"" + a + "\"");
     } catch (const std::exception&) {
       return bad("sft: " + a + ": expected a number in range, got \"" + v + "\"");
     }
   }
-  if (o.model.empty() || o.data.empty() || o.out.empty()) return bad("sft: --model DIR, --data FILE and --out DIR are required");
+  if (o.model.empty() || o.data.empty() || o.out.empty())
+    return bad("sft: --model DIR, --data FILE and --out DIR are required");
   if (!(o.lr > 0 && o.lr < 1)) return bad("sft: --lr must be in (0, 1)");
   return kernelrl::cmd_sft(o);
 }
@@ -272,32 +308,49 @@ int parse_policy(const std::string& cmd, const std::vector<std::string>& args) {
       return true;
     };
     try {
-      if (a == "--model") o.model = v;
-      else if (a == "--adapter") o.adapter = v;
-      else if (a == "--device") o.device = v;
-      else if (a == "--dtype") o.dtype = v;
-      else if (a == "--out") o.out = v;
-      else if (a == "--prompt") o.prompts.push_back(v);
+      if (a == "--model")
+        o.model = v;
+      else if (a == "--adapter")
+        o.adapter = v;
+      else if (a == "--device")
+        o.device = v;
+      else if (a == "--dtype")
+        o.dtype = v;
+      else if (a == "--out")
+        o.out = v;
+      else if (a == "--prompt")
+        o.prompts.push_back(v);
       else if (a == "--prompt-file") {
         std::string t;
         if (!read_file(v, t)) return bad(cmd + ": --prompt-file: cannot read " + v);
         o.prompts.push_back(t);
-      } else if (a == "--completion") o.completion = v, has_completion = true;
+      } else if (a == "--completion")
+        o.completion = v, has_completion = true;
       else if (a == "--completion-file") {
         if (!read_file(v, o.completion)) return bad(cmd + ": --completion-file: cannot read " + v);
         has_completion = true;
-      }
-      else if (a == "--temperature") o.temperature = std::stod(v);
-      else if (a == "--top-p") o.top_p = std::stod(v);
-      else if (a == "--max-tokens") o.max_tokens = static_cast<uint32_t>(std::stoul(v));
-      else if (a == "--n") o.n = static_cast<uint32_t>(std::stoul(v));
-      else if (a == "--seed") o.seed = std::stoull(v);
-      else if (a == "--stop") o.stop.push_back(v);
-      else if (a == "--server") o.server = v;
-      else if (a == "--served-model") o.served_model = v;
-      else if (a == "--timeout") o.timeout_s = std::stod(v);
-      else if (a == "--retries") o.retries = static_cast<uint32_t>(std::stoul(v));
-      else return bad(cmd + ": unknown argument \"" + a + "\"");
+      } else if (a == "--temperature")
+        o.temperature = std::stod(v);
+      else if (a == "--top-p")
+        o.top_p = std::stod(v);
+      else if (a == "--max-tokens")
+        o.max_tokens = static_cast<uint32_t>(std::stoul(v));
+      else if (a == "--n")
+        o.n = static_cast<uint32_t>(std::stoul(v));
+      else if (a == "--seed")
+        o.seed = std::stoull(v);
+      else if (a == "--stop")
+        o.stop.push_back(v);
+      else if (a == "--server")
+        o.server = v;
+      else if (a == "--served-model")
+        o.served_model = v;
+      else if (a == "--timeout")
+        o.timeout_s = std::stod(v);
+      else if (a == "--retries")
+        o.retries = static_cast<uint32_t>(std::stoul(v));
+      else
+        return bad(cmd + ": unknown argument \"" + a + "\"");
     } catch (const std::exception&) {
       return bad(cmd + ": " + a + ": expected a number, got \"" + v + "\"");
     }
@@ -331,18 +384,27 @@ int parse_monitor(const std::string& cmd, const std::vector<std::string>& args) 
   kernelrl::MonitorOptions o;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--once") o.once = true;
-    else if (a == "--json") o.json = true;
-    else if (a.rfind("--", 0) != 0 && o.address.empty()) o.address = a;
-    else if (i + 1 >= args.size()) return bad("monitor: " + a + (a.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
+    if (a == "--once")
+      o.once = true;
+    else if (a == "--json")
+      o.json = true;
+    else if (a.rfind("--", 0) != 0 && o.address.empty())
+      o.address = a;
+    else if (i + 1 >= args.size())
+      return bad("monitor: " + a + (a.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
     else {
       const std::string& v = args[++i];
       try {
-        if (a == "--interval") o.interval_s = std::stod(v);
-        else if (a == "--wait") o.wait_s = std::stod(v);
-        else if (a == "--secret-file") o.secret_file = v;
-        else if (a == "--log-level") o.log_level = v;
-        else return bad("monitor: unknown argument \"" + a + "\"");
+        if (a == "--interval")
+          o.interval_s = std::stod(v);
+        else if (a == "--wait")
+          o.wait_s = std::stod(v);
+        else if (a == "--secret-file")
+          o.secret_file = v;
+        else if (a == "--log-level")
+          o.log_level = v;
+        else
+          return bad("monitor: unknown argument \"" + a + "\"");
       } catch (const std::exception&) {
         return bad("monitor: " + a + ": expected a number, got \"" + v + "\"");
       }
@@ -355,68 +417,72 @@ int parse_monitor(const std::string& cmd, const std::vector<std::string>& args) 
 
 int parse_run(const std::string& cmd, const std::vector<std::string>& args) {
   std::string config = cmd, run_dir, level, node;
-bool join = false, resume = false;
-kernelrl::JoinOptions jo;
-for (size_t i = 1; i < args.size(); ++i) {
-  const std::string& a = args[i];
-  if (a == "--join") {
-    join = true;
-  } else if ((a == "--run-dir" || a == "--resume" || a == "--log-level" || a == "--node" || a == "--name" || a == "--cpu-slots" ||
-              a == "--gpus") && i + 1 < args.size()) {
-    const std::string& v = args[++i];
-    if (a == "--run-dir" || a == "--resume") {
-      if (!run_dir.empty()) return bad("give one of --run-dir and --resume, once");
-      run_dir = v;
-      resume = a == "--resume";
-    }
-    else if (a == "--node") node = v;
-    else if (a == "--log-level") level = v;
-    else if (a == "--name") jo.name = v;
-    else {
-      try {
-        if (a == "--cpu-slots") {
-          size_t used = 0;
-          long n = std::stol(v, &used);
-          if (used != v.size() || n < 1 || n > 1024) throw std::invalid_argument(v);
-          jo.cpu_slots = static_cast<uint32_t>(n);
-        } else {
-          size_t pos = 0;
-          while (pos <= v.size()) {
-            size_t comma = v.find(',', pos);
-            std::string id = v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+  bool join = false, resume = false;
+  kernelrl::JoinOptions jo;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--join") {
+      join = true;
+    } else if ((a == "--run-dir" || a == "--resume" || a == "--log-level" || a == "--node" || a == "--name" ||
+                a == "--cpu-slots" || a == "--gpus") &&
+               i + 1 < args.size()) {
+      const std::string& v = args[++i];
+      if (a == "--run-dir" || a == "--resume") {
+        if (!run_dir.empty()) return bad("give one of --run-dir and --resume, once");
+        run_dir = v;
+        resume = a == "--resume";
+      } else if (a == "--node")
+        node = v;
+      else if (a == "--log-level")
+        level = v;
+      else if (a == "--name")
+        jo.name = v;
+      else {
+        try {
+          if (a == "--cpu-slots") {
             size_t used = 0;
-            long g = std::stol(id, &used);
-            if (used != id.size() || g < 0) throw std::invalid_argument(id);
-            jo.gpus.push_back(g);
-            if (comma == std::string::npos) break;
-            pos = comma + 1;
+            long n = std::stol(v, &used);
+            if (used != v.size() || n < 1 || n > 1024) throw std::invalid_argument(v);
+            jo.cpu_slots = static_cast<uint32_t>(n);
+          } else {
+            size_t pos = 0;
+            while (pos <= v.size()) {
+              size_t comma = v.find(',', pos);
+              std::string id = v.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+              size_t used = 0;
+              long g = std::stol(id, &used);
+              if (used != id.size() || g < 0) throw std::invalid_argument(id);
+              jo.gpus.push_back(g);
+              if (comma == std::string::npos) break;
+              pos = comma + 1;
+            }
           }
+        } catch (const std::exception&) {
+          return bad(a + ": expected " + (a == "--gpus" ? "device ids like 0,1" : "a number from 1 to 1024") +
+                     ", got \"" + v + "\"");
         }
-      } catch (const std::exception&) {
-        return bad(a + ": expected " + (a == "--gpus" ? "device ids like 0,1" : "a number from 1 to 1024") +
-                   ", got \"" + v + "\"");
       }
+    } else {
+      return bad("unknown argument \"" + a + "\"");
     }
-  } else {
-    return bad("unknown argument \"" + a + "\"");
   }
-}
-bool join_args = !jo.name.empty() || jo.cpu_slots || !jo.gpus.empty();
-if (join_args && !join) return bad("--name, --cpu-slots and --gpus go with --join");
-if (join) {
-  if (!node.empty()) return bad("--join adds a machine that is not in CONFIG; --node NAME starts one that is");
-  if (!run_dir.empty()) return bad("--join: a node keeps no run directory (the head does)");
-  return kernelrl::cmd_join(config, jo, level);
-}
-if (!node.empty()) {
-  if (!run_dir.empty()) return bad("--node: a node keeps no run directory (the head does)");
-  return kernelrl::cmd_node(config, node, level);
-}
-if (kernelrl::is_comparison_config(config)) {
-  if (resume) return bad("--resume: a comparison goes on where it stopped with --run-dir DIR (finished arms are kept)");
-  return kernelrl::cmd_run_comparison(config, run_dir, level);
-}
-return kernelrl::cmd_run(config, run_dir, level, resume);
+  bool join_args = !jo.name.empty() || jo.cpu_slots || !jo.gpus.empty();
+  if (join_args && !join) return bad("--name, --cpu-slots and --gpus go with --join");
+  if (join) {
+    if (!node.empty()) return bad("--join adds a machine that is not in CONFIG; --node NAME starts one that is");
+    if (!run_dir.empty()) return bad("--join: a node keeps no run directory (the head does)");
+    return kernelrl::cmd_join(config, jo, level);
+  }
+  if (!node.empty()) {
+    if (!run_dir.empty()) return bad("--node: a node keeps no run directory (the head does)");
+    return kernelrl::cmd_node(config, node, level);
+  }
+  if (kernelrl::is_comparison_config(config)) {
+    if (resume)
+      return bad("--resume: a comparison goes on where it stopped with --run-dir DIR (finished arms are kept)");
+    return kernelrl::cmd_run_comparison(config, run_dir, level);
+  }
+  return kernelrl::cmd_run(config, run_dir, level, resume);
 }
 
 int parse_check(const std::string& cmd, const std::vector<std::string>& args) {
@@ -442,42 +508,63 @@ struct Command {
 };
 
 const Command commands[] = {
-    {"check", "launch check CONFIG\n  validate CONFIG and print it resolved (every default filled in); exit 2 on an error,\n"
-              "  each named FILE:LINE:COL\n", parse_check},
-    {"prompts", "launch prompts CONFIG\n  print each task's prompt as the sampler renders it (JSON lines)\n", parse_prompts},
+    {"check",
+     "launch check CONFIG\n  validate CONFIG and print it resolved (every default filled in); exit 2 on an error,\n"
+     "  each named FILE:LINE:COL\n",
+     parse_check},
+    {"prompts", "launch prompts CONFIG\n  print each task's prompt as the sampler renders it (JSON lines)\n",
+     parse_prompts},
     {"export", "launch export RUN_DIR --jsonl\n  print every sample of a run's store as one JSON line\n", parse_export},
-    {"analyze", "launch analyze RUN_DIR [--json] [--p 1.0,1.2] [--k 1,2,4] [--bootstrap N] [--seed S] [--m M]\n"
-                "  fast_p, pass@k / fast_1@k with bootstrap intervals, per step and task, selection strategies\n",
+    {"analyze",
+     "launch analyze RUN_DIR [--json] [--p 1.0,1.2] [--k 1,2,4] [--bootstrap N] [--seed S] [--m M]\n"
+     "  fast_p, pass@k / fast_1@k with bootstrap intervals, per step and task, selection strategies\n",
      parse_analyze},
-    {"report", "launch report RUN_DIR [--out FILE] [--p ..] [--k ..] [--bootstrap N] [--seed S] [--m M]\n"
-               "  RUN_DIR/report.html (or FILE): the analysis with plots, readable offline\n", parse_analyze},
-    {"probe", "launch probe RUN_DIR [--samples N] [--device D] [--dtype T] [--json]\n"
-              "  NLL of fixed samples under every checkpoint of a run\n", parse_probe},
-    {"compare", "launch compare RUN_DIR RUN_DIR ... [--allow-mismatch] [--json]\n"
-                "  runs side by side; refused when their budgets differ (unless --allow-mismatch)\n", parse_compare},
-    {"evaluate", "launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--task FILE --candidate FILE ...]\n"
-                 "                [--action forward_body|full_program] [--device cpu|cuda:N] [--mode fast|full]\n"
-                 "                [--timeout SECONDS] [--compile-workers N] [--seed S] [--config CONFIG]\n"
-                 "                [--worker-log FILE] [--log-level LEVEL] [--json]\n"
-                 "  evaluate candidates in one evaluator, each against the --task before it; one line each\n",
+    {"report",
+     "launch report RUN_DIR [--out FILE] [--p ..] [--k ..] [--bootstrap N] [--seed S] [--m M]\n"
+     "  RUN_DIR/report.html (or FILE): the analysis with plots, readable offline\n",
+     parse_analyze},
+    {"probe",
+     "launch probe RUN_DIR [--samples N] [--device D] [--dtype T] [--json]\n"
+     "  NLL of fixed samples under every checkpoint of a run\n",
+     parse_probe},
+    {"compare",
+     "launch compare RUN_DIR RUN_DIR ... [--allow-mismatch] [--json]\n"
+     "  runs side by side; refused when their budgets differ (unless --allow-mismatch)\n",
+     parse_compare},
+    {"evaluate",
+     "launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--task FILE --candidate FILE ...]\n"
+     "                [--action forward_body|full_program] [--device cpu|cuda:N] [--mode fast|full]\n"
+     "                [--timeout SECONDS] [--compile-workers N] [--seed S] [--config CONFIG]\n"
+     "                [--worker-log FILE] [--log-level LEVEL] [--json]\n"
+     "  evaluate candidates in one evaluator, each against the --task before it; one line each\n",
      parse_evaluate},
-    {"generate", "launch generate --model DIR [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--max-tokens N]\n"
-                 "                [--temperature T] [--top-p P] [--n N] [--seed S] [--stop STR ...]\n"
-                 "                [--device cpu|cuda:N] [--dtype f32|f16|bf16] [--json]\n"
-                 "launch generate --server URL --served-model NAME [--timeout S] [--retries N] --prompt TEXT ...\n"
-                 "  sample completions with per-token logprobs (the built-in runtime, or an OpenAI-compatible\n"
-                 "  server); --prompt-file FILE reads a prompt from a file\n", parse_policy},
-    {"score", "launch score --model DIR [--adapter DIR] --prompt TEXT --completion TEXT [--temperature T]\n"
-              "             [--device D] [--dtype T] [--json]\n"
-              "  logprobs of a completion after a prompt (--prompt-file, --completion-file read files)\n", parse_policy},
+    {"generate",
+     "launch generate --model DIR [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--max-tokens N]\n"
+     "                [--temperature T] [--top-p P] [--n N] [--seed S] [--stop STR ...]\n"
+     "                [--device cpu|cuda:N] [--dtype f32|f16|bf16] [--json]\n"
+     "launch generate --server URL --served-model NAME [--timeout S] [--retries N] --prompt TEXT ...\n"
+     "  sample completions with per-token logprobs (the built-in runtime, or an OpenAI-compatible\n"
+     "  server); --prompt-file FILE reads a prompt from a file\n",
+     parse_policy},
+    {"score",
+     "launch score --model DIR [--adapter DIR] --prompt TEXT --completion TEXT [--temperature T]\n"
+     "             [--device D] [--dtype T] [--json]\n"
+     "  logprobs of a completion after a prompt (--prompt-file, --completion-file read files)\n",
+     parse_policy},
     {"tokenize", "launch tokenize --model DIR --prompt TEXT [--json]\n  token ids of a text\n", parse_policy},
-    {"merge", "launch merge --model DIR --adapter DIR --out DIR [--dtype T]\n"
-              "  fold a LoRA adapter into a plain checkpoint\n", parse_policy},
-    {"sft", "launch sft --model DIR --data FILE.jsonl --out DIR [--adapter DIR] [--steps N] [--batch B] [--lr X]\n"
-            "           [--rank R] [--alpha A] [--targets q_proj,...] [--seed S] [--device D] [--dtype T] [--json]\n"
-            "  LoRA SFT on prompt/completion lines (a warm start)\n", parse_sft},
-    {"monitor", "launch monitor HOST:PORT [--once] [--json] [--interval S] [--secret-file FILE] [--wait S]\n"
-                "  watch a running cluster's telemetry (its head's HOST:PORT)\n", parse_monitor},
+    {"merge",
+     "launch merge --model DIR --adapter DIR --out DIR [--dtype T]\n"
+     "  fold a LoRA adapter into a plain checkpoint\n",
+     parse_policy},
+    {"sft",
+     "launch sft --model DIR --data FILE.jsonl --out DIR [--adapter DIR] [--steps N] [--batch B] [--lr X]\n"
+     "           [--rank R] [--alpha A] [--targets q_proj,...] [--seed S] [--device D] [--dtype T] [--json]\n"
+     "  LoRA SFT on prompt/completion lines (a warm start)\n",
+     parse_sft},
+    {"monitor",
+     "launch monitor HOST:PORT [--once] [--json] [--interval S] [--secret-file FILE] [--wait S]\n"
+     "  watch a running cluster's telemetry (its head's HOST:PORT)\n",
+     parse_monitor},
     {"version", "launch version (or launch --version)\n  versions of kernelrl and LibTorch\n", parse_version},
 };
 

@@ -72,8 +72,8 @@ int cmd_monitor(const MonitorOptions& o) {
     }
     std::vector<std::pair<std::string, double>> vals(snap->values.begin(), snap->values.end());
     if (o.json) {
-      nlohmann::json j = {{"ts", snap->ts}, {"cluster", cluster}, {"head", o.address}, {"step", snap->step},
-                          {"values", snap->values}};
+      nlohmann::json j = {
+          {"ts", snap->ts}, {"cluster", cluster}, {"head", o.address}, {"step", snap->step}, {"values", snap->values}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("%s%s", first ? "" : "\n", format_snapshot(cluster, vals).c_str());

@@ -87,8 +87,11 @@ int cmd_generate(const PolicyCliOptions& o) {
     j["seconds"] = secs;
     j["completions"] = nlohmann::json::array();
     for (size_t i = 0; i < out.size(); ++i)
-      j["completions"].push_back({{"prompt_index", i / o.n}, {"text", out[i].text}, {"token_ids", out[i].token_ids},
-                                  {"logprobs", out[i].logprobs}, {"finish_reason", out[i].finish_reason},
+      j["completions"].push_back({{"prompt_index", i / o.n},
+                                  {"text", out[i].text},
+                                  {"token_ids", out[i].token_ids},
+                                  {"logprobs", out[i].logprobs},
+                                  {"finish_reason", out[i].finish_reason},
                                   {"policy_version", out[i].policy_version}});
     std::printf("%s\n", dump(j).c_str());
     return 0;
@@ -111,7 +114,7 @@ int cmd_score(const PolicyCliOptions& o) {
                     dump(nlohmann::json(policy->tokenizer().decode({s.token_ids[i]}))).c_str());
       return 0;
     }
-    nlohmann::json j = {{"model", o.model}, {"adapter", o.adapter}, {"logprobs_are", logprob_note},
+    nlohmann::json j = {{"model", o.model},           {"adapter", o.adapter},     {"logprobs_are", logprob_note},
                         {"prompt_ids", s.prompt_ids}, {"token_ids", s.token_ids}, {"logprobs", s.logprobs},
                         {"sum_logprob", sum}};
     std::printf("%s\n", dump(j).c_str());
@@ -180,7 +183,8 @@ int cmd_probe(const ProbeOptions& o) {
                         {"temperature", T},
                         {"samples", nlohmann::json::array()},
                         {"checkpoints", nlohmann::json::array()}};
-  for (auto& r : picked) out["samples"].push_back({{"sample_id", r.sample_id}, {"tokens", r.record.rollout.token_ids.size()}});
+  for (auto& r : picked)
+    out["samples"].push_back({{"sample_id", r.sample_id}, {"tokens", r.record.rollout.token_ids.size()}});
   try {
     for (auto& [step, path] : checkpoints) {
       PolicyOptions po;
@@ -204,7 +208,8 @@ int cmd_probe(const ProbeOptions& o) {
         nll.push_back(mean);
         sum += mean;
       }
-      out["checkpoints"].push_back({{"step", step}, {"path", path}, {"mean_nll", sum / double(lps.size())}, {"nll", nll}});
+      out["checkpoints"].push_back(
+          {{"step", step}, {"path", path}, {"mean_nll", sum / double(lps.size())}, {"nll", nll}});
     }
   } catch (const std::exception& e) {
     return fail("probe", e.what());
@@ -272,7 +277,8 @@ int cmd_sft(const SftOptions& o) {
       if (step == 0) first = u.loss;
       last = u.loss;
       if (o.json)
-        std::printf("%s\n", dump({{"step", step}, {"loss", u.loss}, {"grad_norm", u.grad_norm}, {"tokens", u.tokens}}).c_str());
+        std::printf("%s\n",
+                    dump({{"step", step}, {"loss", u.loss}, {"grad_norm", u.grad_norm}, {"tokens", u.tokens}}).c_str());
       else if (step == 0 || step + 1 == o.steps || (step + 1) % 10 == 0)
         std::fprintf(stderr, "step %u/%u: loss %.4f, grad norm %.3f\n", step + 1, o.steps, u.loss, u.grad_norm);
     }

@@ -17,20 +17,20 @@
 namespace kernelrl {
 
 struct LossOptions {
-  double clip_low = 0.2;              // PPO clip below 1
-  double clip_high = 0.2;             // PPO clip above 1 (DAPO's clip-higher: e.g. 0.28)
+  double clip_low = 0.2;                   // PPO clip below 1
+  double clip_high = 0.2;                  // PPO clip above 1 (DAPO's clip-higher: e.g. 0.28)
   std::string aggregation = "token_mean";  // token_mean or seq_mean
-  double kl_coef = 0;                 // weight of the k3 KL to the reference policy (0: none)
-  double entropy_coef = 0;            // weight of the entropy bonus (0: none)
+  double kl_coef = 0;                      // weight of the k3 KL to the reference policy (0: none)
+  double entropy_coef = 0;                 // weight of the entropy bonus (0: none)
 };
 
 struct LossResult {
-  torch::Tensor loss;       // scalar, differentiable in logp
-  double pg = 0;            // the policy-gradient term (aggregated like the loss)
-  double kl = 0;            // mean k3 over unmasked tokens (0 without a reference)
-  double clip_fraction = 0; // unmasked tokens where the clipped term was taken
-  double ratio_mean = 0;    // mean ratio over unmasked tokens
-  double entropy = 0;       // mean entropy over unmasked tokens (when given)
+  torch::Tensor loss;        // scalar, differentiable in logp
+  double pg = 0;             // the policy-gradient term (aggregated like the loss)
+  double kl = 0;             // mean k3 over unmasked tokens (0 without a reference)
+  double clip_fraction = 0;  // unmasked tokens where the clipped term was taken
+  double ratio_mean = 0;     // mean ratio over unmasked tokens
+  double entropy = 0;        // mean entropy over unmasked tokens (when given)
 };
 
 // The per-token pieces, computed once for the loss and for what is reported.

@@ -72,10 +72,11 @@ struct LoraLearner::Impl {
       }
       if (!per_token) adv[i] = float(seq_adv.empty() ? 0.0 : seq_adv[i]);
     }
-    if (sft) trainer->accumulate_sft(ids.to(device), mask);
-    else trainer->accumulate(TrainBatch{ids.to(device), mask, old, adv, torch::Tensor()});
+    if (sft)
+      trainer->accumulate_sft(ids.to(device), mask);
+    else
+      trainer->accumulate(TrainBatch{ids.to(device), mask, old, adv, torch::Tensor()});
   }
-
 
   // Summed logprobs of each completion after its prompt under the current policy (adapter on,
   // no dropout, no gradient) at the sampler's temperature; one vector per row.
@@ -151,8 +152,9 @@ GroupOutcome LoraLearner::add_group(const std::vector<LearnSample>& group) {
   for (size_t i = 0; i < group.size(); ++i) {
     const auto& s = group[i];
     if (s.logprobs.size() != s.token_ids.size())
-      throw LearnerError("learner: sample " + std::to_string(i) + " of the group has " + std::to_string(s.token_ids.size()) +
-                         " tokens but " + std::to_string(s.logprobs.size()) + " logprobs");
+      throw LearnerError("learner: sample " + std::to_string(i) + " of the group has " +
+                         std::to_string(s.token_ids.size()) + " tokens but " + std::to_string(s.logprobs.size()) +
+                         " logprobs");
     if (!s.token_advantages.empty()) {
       if (s.token_advantages.size() != s.token_ids.size())
         throw LearnerError("learner: sample " + std::to_string(i) + ": token_advantages has " +
@@ -229,14 +231,17 @@ GroupOutcome LoraLearner::add_group(const std::vector<LearnSample>& group) {
     std::vector<std::vector<float>> logps, advs;
     std::vector<double> seq;
     for (size_t i = b0; i < std::min(group.size(), b0 + mb); ++i) {
-      if (group[i].token_ids.empty()) continue;  // nothing generated: nothing to learn from
+      if (group[i].token_ids.empty()) continue;                // nothing generated: nothing to learn from
       if (!sdpo_adv.empty() && sdpo_adv[i].empty()) continue;  // sdpo: no teacher for this one
       prompts.push_back(im.tok->encode(group[i].prompt));
       comps.push_back(group[i].token_ids);
       logps.push_back(group[i].logprobs);
-      if (!sdpo_adv.empty()) advs.push_back(sdpo_adv[i]);
-      else if (per_token) advs.push_back(group[i].token_advantages);
-      else seq.push_back(out.advantages[i]);
+      if (!sdpo_adv.empty())
+        advs.push_back(sdpo_adv[i]);
+      else if (per_token)
+        advs.push_back(group[i].token_advantages);
+      else
+        seq.push_back(out.advantages[i]);
     }
     if (prompts.empty()) continue;
     try {
@@ -330,8 +335,8 @@ void LoraLearner::save_checkpoint(const std::string& dir) const {
     im.model->save_lora(tmp.string(), fs::absolute(im.opt.model_dir).string());
     im.trainer->save_state((tmp / "optimizer.safetensors").string());
     std::ofstream(tmp / "learner.json") << nlohmann::json{{"version", im.version},
-                                                           {"optimizer_steps", im.trainer->steps_done()},
-                                                           {"base_model", fs::absolute(im.opt.model_dir).string()}}
+                                                          {"optimizer_steps", im.trainer->steps_done()},
+                                                          {"base_model", fs::absolute(im.opt.model_dir).string()}}
                                                .dump(2)
                                         << "\n";
     if (!remove_tree(dir, err)) throw std::runtime_error(err);

@@ -38,7 +38,7 @@ struct LearnerOptions {
   double learning_rate = 1e-5, weight_decay = 0, max_grad_norm = 1.0;
   std::string schedule = "constant";
   int64_t warmup_steps = 0, total_steps = 0;
-  double temperature = 1.0;    // the sampler's temperature: logprobs are recomputed at it
+  double temperature = 1.0;  // the sampler's temperature: logprobs are recomputed at it
   double clip_low = 0.2, clip_high = 0.2, kl_coef = 0, entropy_coef = 0;
   std::string aggregation = "token_mean";
   uint32_t minibatch_size = 8;  // sequences per forward/backward
@@ -51,14 +51,14 @@ struct LearnerOptions {
 
 // One sample of a group as the learner needs it.
 struct LearnSample {
-  std::string prompt;                // prompt text (tokenized here the way the sampler did)
-  std::vector<int32_t> token_ids;    // completion tokens
-  std::vector<float> logprobs;       // their logprobs under the sampling policy
+  std::string prompt;              // prompt text (tokenized here the way the sampler did)
+  std::vector<int32_t> token_ids;  // completion tokens
+  std::vector<float> logprobs;     // their logprobs under the sampling policy
   double reward = 0;
   std::vector<float> token_advantages;  // optional, one per token: used instead of the group
                                         // advantage
-  std::string teacher_prompt;        // objective "sdpo": the teacher's prompt text ("": this
-                                     // sample carries no signal and is left out)
+  std::string teacher_prompt;           // objective "sdpo": the teacher's prompt text ("": this
+                                        // sample carries no signal and is left out)
 };
 
 struct GroupOutcome {
@@ -71,11 +71,11 @@ struct GroupOutcome {
 };
 
 struct UpdateStats {
-  uint64_t version = 0;            // policy version after the step
+  uint64_t version = 0;  // policy version after the step
   double loss = 0, grad_norm = 0, lr = 0, tokens = 0, sequences = 0;
   double pg = 0, kl = 0, clip_fraction = 0, ratio_mean = 0, entropy = 0;
-  bool applied = false;            // false: no group carried a gradient (all skipped)
-  double seconds = 0;              // forward/backward and optimizer time of the step
+  bool applied = false;  // false: no group carried a gradient (all skipped)
+  double seconds = 0;    // forward/backward and optimizer time of the step
 };
 
 // What the learner actor drives (actors/learner.cpp calls nothing else, so it links without

@@ -25,19 +25,23 @@ std::string execution_feedback(const EvalResult& r, size_t max_error_chars) {
   std::string f;
   const bool built = r.status != EvalStatus::format_error && r.status != EvalStatus::compile_error;
   f += "- status: " + to_string(r.status) + "\n";
-  f += std::string("- compiled: ") + (r.status == EvalStatus::format_error ? "not reached (the answer could not be parsed)"
-                                      : built ? "yes" : "no") + "\n";
+  f += std::string("- compiled: ") +
+       (r.status == EvalStatus::format_error ? "not reached (the answer could not be parsed)"
+        : built                              ? "yes"
+                                             : "no") +
+       "\n";
   if (r.status == EvalStatus::ok || r.status == EvalStatus::incorrect) {
     const auto& c = r.correctness;
-    f += fmt::format("- correct: {} ({} of {} trials within atol {:g}, rtol {:g}; max abs diff {:.4g}, max rel diff {:.4g})\n",
-                     r.status == EvalStatus::ok ? "yes" : "no", c.passed, c.trials, c.atol, c.rtol, c.max_abs_diff,
-                     c.max_rel_diff);
+    f += fmt::format(
+        "- correct: {} ({} of {} trials within atol {:g}, rtol {:g}; max abs diff {:.4g}, max rel diff {:.4g})\n",
+        r.status == EvalStatus::ok ? "yes" : "no", c.passed, c.trials, c.atol, c.rtol, c.max_abs_diff, c.max_rel_diff);
     if (!c.detail.empty()) f += "- first mismatch: " + tail(c.detail, max_error_chars) + "\n";
   }
   if (r.status == EvalStatus::ok) {
     f += fmt::format("- runtime: {:.4g} ms median over {} runs (reference {:.4g} ms)\n", r.runtime.median_ms,
                      r.runtime.trials, r.ref_runtime.median_ms);
-    f += fmt::format("- speedup: {:.3f}x ({} than the reference)\n", r.speedup, r.speedup > 1.0 ? "faster" : "not faster");
+    f += fmt::format("- speedup: {:.3f}x ({} than the reference)\n", r.speedup,
+                     r.speedup > 1.0 ? "faster" : "not faster");
   }
   std::string err = trimmed(r.error);
   if (!err.empty() && r.status != EvalStatus::ok) f += "- error: " + tail(err, max_error_chars) + "\n";
@@ -59,9 +63,10 @@ std::vector<std::string> teacher_sections(const std::vector<ScoredRollout>& grou
           demo = long(j);
     std::string s;
     if (demo >= 0)
-      s += fmt::format("A correct answer to this task from another attempt ({:.3f}x the reference's speed):\n"
-                       "<answer>\n{}\n</answer>\n\n",
-                       group[size_t(demo)].result.speedup, trimmed(group[size_t(demo)].rollout.completion));
+      s += fmt::format(
+          "A correct answer to this task from another attempt ({:.3f}x the reference's speed):\n"
+          "<answer>\n{}\n</answer>\n\n",
+          group[size_t(demo)].result.speedup, trimmed(group[size_t(demo)].rollout.completion));
     if (o.context == "feedback")
       s += "Execution feedback on your previous attempt at this task (its code is not shown):\n" +
            execution_feedback(group[i].result, o.max_error_chars) + "\n";

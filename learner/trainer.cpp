@@ -23,7 +23,8 @@ double scheduled_lr(const TrainOptions& o, int64_t step) {
 LoraTrainer::LoraTrainer(CausalLM& model, const TrainOptions& o) : model_(model), o_(o) {
   if (!model.has_lora()) throw std::invalid_argument("trainer: the model has no LoRA adapter to train");
   if (o.loss.aggregation != "token_mean" && o.loss.aggregation != "seq_mean")
-    throw std::invalid_argument("trainer: aggregation \"" + o.loss.aggregation + "\" (expected token_mean or seq_mean)");
+    throw std::invalid_argument("trainer: aggregation \"" + o.loss.aggregation +
+                                "\" (expected token_mean or seq_mean)");
   for (auto& [name, t] : model.lora_tensors()) {
     t.requires_grad_(true);
     names_.push_back(name);
@@ -65,16 +66,19 @@ void LoraTrainer::accumulate(const TrainBatch& b) {
   const LossTerms t = loss_terms(lp, old, adv, ref, o_.loss, ent);
   auto tok = t.per_token * m;
   torch::Tensor sum;
-  if (o_.loss.aggregation == "token_mean") sum = tok.sum();
-  else sum = (tok.sum(1) / m.sum(1).clamp_min(1)).sum();
+  if (o_.loss.aggregation == "token_mean")
+    sum = tok.sum();
+  else
+    sum = (tok.sum(1) / m.sum(1).clamp_min(1)).sum();
   sum.backward();
   // What is reported, summed on the device: nothing here waits for the GPU (one sync per step).
   torch::NoGradGuard ng;
   auto pg = t.pg.detach() * m;
   auto pg_sum = o_.loss.aggregation == "token_mean" ? pg.sum() : (pg.sum(1) / m.sum(1).clamp_min(1)).sum();
   auto kl = t.k3.defined() ? (t.k3.detach() * m).sum() : torch::zeros({}, m.options());
-  auto stats = torch::stack({sum.detach(), m.sum(), pg_sum, kl, ((t.clipped > t.unclipped).to(m.scalar_type()) * m).sum(),
-                             (t.ratio.detach() * m).sum(), (ent.detach() * m).sum()});
+  auto stats =
+      torch::stack({sum.detach(), m.sum(), pg_sum, kl, ((t.clipped > t.unclipped).to(m.scalar_type()) * m).sum(),
+                    (t.ratio.detach() * m).sum(), (ent.detach() * m).sum()});
   stats_ = stats_.defined() ? stats_ + stats : stats;
   sequences_ += double(B);
 }
@@ -102,8 +106,9 @@ StepReport LoraTrainer::step() {
   for (auto& p : params_)
     if (p.grad().defined()) sq.push_back(p.grad().pow(2).sum());
   // One transfer: the step's sums and the squared gradient norm before normalisation.
-  auto host = torch::cat({stats_, sq.empty() ? torch::zeros({1}, stats_.options()) : torch::stack(sq).sum().reshape({1})})
-                  .to(torch::kCPU, torch::kFloat64);
+  auto host =
+      torch::cat({stats_, sq.empty() ? torch::zeros({1}, stats_.options()) : torch::stack(sq).sum().reshape({1})})
+          .to(torch::kCPU, torch::kFloat64);
   auto h = host.accessor<double, 1>();
   const double loss_sum = h[0], tokens = h[1];
   r.tokens = tokens;

@@ -17,14 +17,14 @@ struct TrainOptions {
   double learning_rate = 1e-5;  // AdamW peak learning rate
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;
-  double max_grad_norm = 1.0;   // total L2 norm of the LoRA gradients is clipped to this (0: off)
+  double max_grad_norm = 1.0;  // total L2 norm of the LoRA gradients is clipped to this (0: off)
   // Learning-rate schedule over `total_steps` optimizer steps: constant, linear (to 0) or cosine
   // (to 0), each after `warmup_steps` of linear warmup from 0 (transformers' conventions: step k
   // of the warmup uses peak * k / warmup_steps).
   std::string schedule = "constant";
   int64_t warmup_steps = 0;
-  int64_t total_steps = 0;      // 0: unknown (linear and cosine then stay at the peak)
-  double temperature = 1.0;     // logprobs are log softmax(logits / T): the sampler's temperature
+  int64_t total_steps = 0;   // 0: unknown (linear and cosine then stay at the peak)
+  double temperature = 1.0;  // logprobs are log softmax(logits / T): the sampler's temperature
   LossOptions loss;
 };
 
@@ -45,7 +45,7 @@ struct StepReport {
   double loss = 0;       // the step's aggregated loss
   double grad_norm = 0;  // before clipping
   double tokens = 0, sequences = 0;
-  double lr = 0;         // learning rate used
+  double lr = 0;  // learning rate used
   // Token means over the step (GRPO steps; 0 for SFT): the policy-gradient term, k3 KL to the
   // reference, share of tokens whose clipped term was taken, importance ratio, entropy.
   double pg = 0, kl = 0, clip_fraction = 0, ratio_mean = 0, entropy = 0;

@@ -25,18 +25,18 @@ inline constexpr uint32_t protocol_version = 10;
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
 enum class EvalStatus : uint8_t {
-  ok = 0,            // compiled, correct on every trial, timed
-  format_error = 1,  // empty action, prose, code that does not parse
-  compile_error = 2, // the assembled program failed to build or import
-  runtime_error = 3, // raised (or crashed the worker) while running
-  timeout = 4,       // exceeded the evaluator's time limit
-  incorrect = 5,     // ran but disagreed with the reference (shape, dtype, values, NaN/Inf)
-  hacked = 6,        // caught gaming the harness
-  skipped = 7,       // not evaluated: a selection strategy left it out before evaluation
-                     // (best_of_n with evaluate_top_m); kept for audit, never counted as a verdict
-  out_of_memory = 8, // the evaluation itself (the task's inputs and reference at its sizes, the
-                     // harness's checks) needed more memory than the device has: no verdict on
-                     // the candidate, never counted as one; the error names the peak
+  ok = 0,             // compiled, correct on every trial, timed
+  format_error = 1,   // empty action, prose, code that does not parse
+  compile_error = 2,  // the assembled program failed to build or import
+  runtime_error = 3,  // raised (or crashed the worker) while running
+  timeout = 4,        // exceeded the evaluator's time limit
+  incorrect = 5,      // ran but disagreed with the reference (shape, dtype, values, NaN/Inf)
+  hacked = 6,         // caught gaming the harness
+  skipped = 7,        // not evaluated: a selection strategy left it out before evaluation
+                      // (best_of_n with evaluate_top_m); kept for audit, never counted as a verdict
+  out_of_memory = 8,  // the evaluation itself (the task's inputs and reference at its sizes, the
+                      // harness's checks) needed more memory than the device has: no verdict on
+                      // the candidate, never counted as one; the error names the peak
 };
 std::string to_string(EvalStatus s);
 // Parses the names above; false when `name` is none of them.
@@ -48,23 +48,23 @@ bool is_verdict(EvalStatus s);
 // ---------------------------------------------------------------------------------------------
 // A sample made by a sampler: the policy's action for one task.
 struct Rollout {
-  std::string sample_id;            // unique within a run: "<task_id>#<group_id>.<sample_index>"
-  std::string task_id;              // the task this action answers
-  uint64_t group_id = 0;            // samples of one task drawn together (a GRPO group)
-  uint32_t sample_index = 0;        // index within the group
-  uint32_t step = 0;                // experiment step that asked for it
-  std::string prompt;               // the prompt text the policy saw
-  std::string completion;           // the policy's raw action text
-  std::vector<int32_t> token_ids;   // completion token ids (empty for replay without tokens)
-  std::vector<float> logprobs;      // per-token logprobs of token_ids under the sampling policy
-  uint64_t policy_version = 0;      // version of the weights that produced it
-  std::string sampler_id;           // which sampler made it
-  std::string split;                // "": a sample of the experiment; "eval": a train run's periodic
-                                    // evaluation on its eval split (never learned from; `step` is
-                                    // the policy version it evaluates)
+  std::string sample_id;           // unique within a run: "<task_id>#<group_id>.<sample_index>"
+  std::string task_id;             // the task this action answers
+  uint64_t group_id = 0;           // samples of one task drawn together (a GRPO group)
+  uint32_t sample_index = 0;       // index within the group
+  uint32_t step = 0;               // experiment step that asked for it
+  std::string prompt;              // the prompt text the policy saw
+  std::string completion;          // the policy's raw action text
+  std::vector<int32_t> token_ids;  // completion token ids (empty for replay without tokens)
+  std::vector<float> logprobs;     // per-token logprobs of token_ids under the sampling policy
+  uint64_t policy_version = 0;     // version of the weights that produced it
+  std::string sampler_id;          // which sampler made it
+  std::string split;               // "": a sample of the experiment; "eval": a train run's periodic
+                                   // evaluation on its eval split (never learned from; `step` is
+                                   // the policy version it evaluates)
   friend bool operator==(const Rollout&, const Rollout&) = default;
-  MSGPACK_DEFINE_MAP(sample_id, task_id, group_id, sample_index, step, prompt, completion, token_ids,
-                     logprobs, policy_version, sampler_id, split);
+  MSGPACK_DEFINE_MAP(sample_id, task_id, group_id, sample_index, step, prompt, completion, token_ids, logprobs,
+                     policy_version, sampler_id, split);
 };
 
 // What the dispatcher asks an evaluator to do with one rollout.
@@ -103,34 +103,33 @@ struct Correctness {
 
 // The evaluator's verdict on one EvalRequest.
 struct EvalResult {
-  std::string sample_id;       // EvalRequest::sample_id
-  std::string task_id;         // EvalRequest::task_id
+  std::string sample_id;  // EvalRequest::sample_id
+  std::string task_id;    // EvalRequest::task_id
   EvalStatus status = EvalStatus::format_error;
-  std::string error;           // one-line reason when status != ok
-  std::string assembled_code;  // the full program built from the action (empty on format_error)
-  std::string compile_log;     // build/import output of the candidate
-  Correctness correctness;     // comparison with the reference
-  RuntimeStats runtime;        // candidate timing
-  RuntimeStats ref_runtime;    // reference timing under the same protocol
-  double speedup = 0;          // ref_runtime.median / runtime.median; 0 unless ok
-  std::string evaluator_id;    // which evaluator produced it ("node/device")
-  std::string device;          // device name the timing is for
-  double wall_s = 0;           // wall-clock seconds the evaluation took
-  double kernel_coverage = -1; // GPU: time in the candidate's own kernels / all kernel time in
-                               // forward (profiler); -1: not measured (CPU, or never reached)
-  double compile_s = 0;        // seconds spent building native/CUDA code for this candidate
-  bool compile_cached = false; // every build was found in the content-addressed cache
-  bool reverified = false;     // an extreme speedup triggered (and passed) full re-verification
-  double isolation_s = 0;      // fork-to-first-instruction time of the candidate's process
+  std::string error;            // one-line reason when status != ok
+  std::string assembled_code;   // the full program built from the action (empty on format_error)
+  std::string compile_log;      // build/import output of the candidate
+  Correctness correctness;      // comparison with the reference
+  RuntimeStats runtime;         // candidate timing
+  RuntimeStats ref_runtime;     // reference timing under the same protocol
+  double speedup = 0;           // ref_runtime.median / runtime.median; 0 unless ok
+  std::string evaluator_id;     // which evaluator produced it ("node/device")
+  std::string device;           // device name the timing is for
+  double wall_s = 0;            // wall-clock seconds the evaluation took
+  double kernel_coverage = -1;  // GPU: time in the candidate's own kernels / all kernel time in
+                                // forward (profiler); -1: not measured (CPU, or never reached)
+  double compile_s = 0;         // seconds spent building native/CUDA code for this candidate
+  bool compile_cached = false;  // every build was found in the content-addressed cache
+  bool reverified = false;      // an extreme speedup triggered (and passed) full re-verification
+  double isolation_s = 0;       // fork-to-first-instruction time of the candidate's process
   // When (Unix seconds) the evaluator had the candidate ready for its device stage (built, when
   // it builds anything), handed it to the device stage, and got the verdict back; 0: never.
   double ready_at = 0, device_start = 0, device_end = 0;
-  uint64_t device_peak_bytes = 0; // the evaluation's peak device memory (GPU; 0: CPU or unknown)
+  uint64_t device_peak_bytes = 0;  // the evaluation's peak device memory (GPU; 0: CPU or unknown)
   friend bool operator==(const EvalResult&, const EvalResult&) = default;
-  MSGPACK_DEFINE_MAP(sample_id, task_id, status, error, assembled_code, compile_log, correctness,
-                     runtime, ref_runtime, speedup, evaluator_id, device, wall_s, kernel_coverage,
-                     compile_s, compile_cached, reverified, isolation_s, ready_at, device_start,
-                     device_end, device_peak_bytes);
+  MSGPACK_DEFINE_MAP(sample_id, task_id, status, error, assembled_code, compile_log, correctness, runtime, ref_runtime,
+                     speedup, evaluator_id, device, wall_s, kernel_coverage, compile_s, compile_cached, reverified,
+                     isolation_s, ready_at, device_start, device_end, device_peak_bytes);
 };
 
 // A rollout with its verdict and reward: what the store and the learner receive.
@@ -145,32 +144,31 @@ struct ScoredRollout {
 // Summary of one experiment step.
 struct StepStats {
   uint32_t step = 0;
-  uint64_t samples = 0;          // samples with a verdict this step
-  uint64_t correct = 0;          // samples with status ok
-  double fast_1 = 0;             // fraction of samples correct and faster than the reference
-  double mean_speedup = 0;       // over correct samples
-  double mean_reward = 0;        // over all samples
-  uint64_t policy_version = 0;   // version that sampled this step
+  uint64_t samples = 0;                           // samples with a verdict this step
+  uint64_t correct = 0;                           // samples with status ok
+  double fast_1 = 0;                              // fraction of samples correct and faster than the reference
+  double mean_speedup = 0;                        // over correct samples
+  double mean_reward = 0;                         // over all samples
+  uint64_t policy_version = 0;                    // version that sampled this step
   std::map<std::string, uint64_t> status_counts;  // status name -> count
   friend bool operator==(const StepStats&, const StepStats&) = default;
-  MSGPACK_DEFINE_MAP(step, samples, correct, fast_1, mean_speedup, mean_reward, policy_version,
-                     status_counts);
+  MSGPACK_DEFINE_MAP(step, samples, correct, fast_1, mean_speedup, mean_reward, policy_version, status_counts);
 };
 
 // A saved adapter and its score.
 struct Checkpoint {
   uint32_t step = 0;
   uint64_t policy_version = 0;
-  std::string path;     // directory of the PEFT-format adapter
-  double score = 0;     // fast_1 of its step
+  std::string path;  // directory of the PEFT-format adapter
+  double score = 0;  // fast_1 of its step
   friend bool operator==(const Checkpoint&, const Checkpoint&) = default;
   MSGPACK_DEFINE_MAP(step, policy_version, path, score);
 };
 
 // One named tensor of an adapter, raw bytes in row-major order.
 struct TensorBlob {
-  std::string name;            // PEFT key name
-  std::string dtype;           // "f32", "f16", "bf16"
+  std::string name;   // PEFT key name
+  std::string dtype;  // "f32", "f16", "bf16"
   std::vector<int64_t> shape;
   std::vector<uint8_t> data;
   friend bool operator==(const TensorBlob&, const TensorBlob&) = default;
@@ -211,10 +209,10 @@ struct StepUpdate {
 
 // A snapshot of some actor's counters for the monitor.
 struct Telemetry {
-  double ts = 0;                          // seconds since the epoch
-  std::string source;                     // "supervisor", "dispatcher", "node/evaluator-0", ...
+  double ts = 0;       // seconds since the epoch
+  std::string source;  // "supervisor", "dispatcher", "node/evaluator-0", ...
   uint32_t step = 0;
-  std::map<std::string, double> values;   // named gauges and counters
+  std::map<std::string, double> values;  // named gauges and counters
   friend bool operator==(const Telemetry&, const Telemetry&) = default;
   MSGPACK_DEFINE_MAP(ts, source, step, values);
 };
@@ -223,32 +221,30 @@ struct Telemetry {
 // CAF inspection (0.17): the field order is the binary wire format.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Rollout& x) {
-  return f(caf::meta::type_name("kernelrl.Rollout"), x.sample_id, x.task_id, x.group_id,
-           x.sample_index, x.step, x.prompt, x.completion, x.token_ids, x.logprobs, x.policy_version,
-           x.sampler_id);
+  return f(caf::meta::type_name("kernelrl.Rollout"), x.sample_id, x.task_id, x.group_id, x.sample_index, x.step,
+           x.prompt, x.completion, x.token_ids, x.logprobs, x.policy_version, x.sampler_id);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EvalRequest& x) {
-  return f(caf::meta::type_name("kernelrl.EvalRequest"), x.sample_id, x.task_id, x.task_path,
-           x.action, x.action_space, x.mode, x.seed, x.attempt);
+  return f(caf::meta::type_name("kernelrl.EvalRequest"), x.sample_id, x.task_id, x.task_path, x.action, x.action_space,
+           x.mode, x.seed, x.attempt);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RuntimeStats& x) {
-  return f(caf::meta::type_name("kernelrl.RuntimeStats"), x.median_ms, x.mean_ms, x.std_ms,
-           x.min_ms, x.max_ms, x.trials);
+  return f(caf::meta::type_name("kernelrl.RuntimeStats"), x.median_ms, x.mean_ms, x.std_ms, x.min_ms, x.max_ms,
+           x.trials);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Correctness& x) {
-  return f(caf::meta::type_name("kernelrl.Correctness"), x.trials, x.passed, x.max_abs_diff,
-           x.max_rel_diff, x.atol, x.rtol, x.detail);
+  return f(caf::meta::type_name("kernelrl.Correctness"), x.trials, x.passed, x.max_abs_diff, x.max_rel_diff, x.atol,
+           x.rtol, x.detail);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EvalResult& x) {
-  return f(caf::meta::type_name("kernelrl.EvalResult"), x.sample_id, x.task_id, x.status, x.error,
-           x.assembled_code, x.compile_log, x.correctness, x.runtime, x.ref_runtime, x.speedup,
-           x.evaluator_id, x.device, x.wall_s, x.kernel_coverage, x.compile_s, x.compile_cached,
-           x.reverified, x.isolation_s, x.ready_at, x.device_start, x.device_end,
-           x.device_peak_bytes);
+  return f(caf::meta::type_name("kernelrl.EvalResult"), x.sample_id, x.task_id, x.status, x.error, x.assembled_code,
+           x.compile_log, x.correctness, x.runtime, x.ref_runtime, x.speedup, x.evaluator_id, x.device, x.wall_s,
+           x.kernel_coverage, x.compile_s, x.compile_cached, x.reverified, x.isolation_s, x.ready_at, x.device_start,
+           x.device_end, x.device_peak_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ScoredRollout& x) {
@@ -256,8 +252,8 @@ typename Inspector::result_type inspect(Inspector& f, ScoredRollout& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepStats& x) {
-  return f(caf::meta::type_name("kernelrl.StepStats"), x.step, x.samples, x.correct, x.fast_1,
-           x.mean_speedup, x.mean_reward, x.policy_version, x.status_counts);
+  return f(caf::meta::type_name("kernelrl.StepStats"), x.step, x.samples, x.correct, x.fast_1, x.mean_speedup,
+           x.mean_reward, x.policy_version, x.status_counts);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Checkpoint& x) {
@@ -297,17 +293,17 @@ using score_atom = caf::atom_constant<caf::atom("score")>;        // dispatcher 
 // sampler -> dispatcher: (skip_atom, Rollout): a rollout left out before evaluation; it goes on to
 // the reward and the store with status skipped
 using skip_atom = caf::atom_constant<caf::atom("skip")>;
-using record_atom = caf::atom_constant<caf::atom("record")>;      // reward -> supervisor
-using train_atom = caf::atom_constant<caf::atom("train")>;        // reward -> learner
-using publish_atom = caf::atom_constant<caf::atom("publish")>;    // -> monitor
-using stats_atom = caf::atom_constant<caf::atom("stats")>;        // query counters
-using tick_atom = caf::atom_constant<caf::atom("tick")>;          // self timers
-using best_atom = caf::atom_constant<caf::atom("best")>;          // -> checkpoint_selector
-using keep_atom = caf::atom_constant<caf::atom("keep")>;          // supervisor -> checkpoint_selector: pin a step
-using sync_atom = caf::atom_constant<caf::atom("sync")>;          // supervisor -> learner: publish
-                                                                  // the current weights
-using finish_atom = caf::atom_constant<caf::atom("finish")>;      // orderly end of a run
-using compile_atom = caf::atom_constant<caf::atom("compile")>;    // evaluator -> its compile stage
+using record_atom = caf::atom_constant<caf::atom("record")>;    // reward -> supervisor
+using train_atom = caf::atom_constant<caf::atom("train")>;      // reward -> learner
+using publish_atom = caf::atom_constant<caf::atom("publish")>;  // -> monitor
+using stats_atom = caf::atom_constant<caf::atom("stats")>;      // query counters
+using tick_atom = caf::atom_constant<caf::atom("tick")>;        // self timers
+using best_atom = caf::atom_constant<caf::atom("best")>;        // -> checkpoint_selector
+using keep_atom = caf::atom_constant<caf::atom("keep")>;        // supervisor -> checkpoint_selector: pin a step
+using sync_atom = caf::atom_constant<caf::atom("sync")>;        // supervisor -> learner: publish
+                                                                // the current weights
+using finish_atom = caf::atom_constant<caf::atom("finish")>;    // orderly end of a run
+using compile_atom = caf::atom_constant<caf::atom("compile")>;  // evaluator -> its compile stage
 // dispatcher -> evaluator: (withdraw_atom, sample_id): give back a request it has not started
 // (its eval request then fails with withdrawn_error); one already running is left to finish.
 using withdraw_atom = caf::atom_constant<caf::atom("withdraw")>;

@@ -43,11 +43,16 @@ void add_eos(const nlohmann::json& v, std::vector<int32_t>& out) {
 
 torch::ScalarType st_to_torch(StDtype d, const std::string& where) {
   switch (d) {
-    case StDtype::F32: return torch::kFloat32;
-    case StDtype::F16: return torch::kFloat16;
-    case StDtype::BF16: return torch::kBFloat16;
-    case StDtype::F64: return torch::kFloat64;
-    default: fail(where, std::string("dtype ") + st_dtype_name(d) + " is not a floating-point weight");
+    case StDtype::F32:
+      return torch::kFloat32;
+    case StDtype::F16:
+      return torch::kFloat16;
+    case StDtype::BF16:
+      return torch::kBFloat16;
+    case StDtype::F64:
+      return torch::kFloat64;
+    default:
+      fail(where, std::string("dtype ") + st_dtype_name(d) + " is not a floating-point weight");
   }
 }
 
@@ -57,7 +62,6 @@ torch::Tensor to_tensor(const StTensorView& v, const std::string& file, torch::D
                               torch::TensorOptions().dtype(st_to_torch(v.dtype, file + ": tensor " + v.name)));
   return src.to(dev, dt, /*non_blocking=*/false, /*copy=*/true);
 }
-
 
 }  // namespace
 
@@ -76,12 +80,23 @@ void save_tensors(const std::string& path, const std::map<std::string, torch::Te
     auto c = t.detach().to(torch::kCPU, as.value_or(t.scalar_type())).contiguous();
     StDtype d;
     switch (c.scalar_type()) {
-      case torch::kFloat64: d = StDtype::F64; break;
-      case torch::kFloat32: d = StDtype::F32; break;
-      case torch::kFloat16: d = StDtype::F16; break;
-      case torch::kBFloat16: d = StDtype::BF16; break;
-      case torch::kInt64: d = StDtype::I64; break;
-      default: fail(path, "tensor " + name + ": dtype " + std::string(c10::toString(c.scalar_type())) + " cannot be saved");
+      case torch::kFloat64:
+        d = StDtype::F64;
+        break;
+      case torch::kFloat32:
+        d = StDtype::F32;
+        break;
+      case torch::kFloat16:
+        d = StDtype::F16;
+        break;
+      case torch::kBFloat16:
+        d = StDtype::BF16;
+        break;
+      case torch::kInt64:
+        d = StDtype::I64;
+        break;
+      default:
+        fail(path, "tensor " + name + ": dtype " + std::string(c10::toString(c.scalar_type())) + " cannot be saved");
     }
     refs.push_back({name, d, c.sizes().vec(), c.data_ptr(), size_t(c.numel()) * c.element_size()});
     keep.push_back(std::move(c));
@@ -109,9 +124,9 @@ ModelConfig load_model_config(const std::string& dir) {
     c.num_layers = need("num_hidden_layers");
     c.num_heads = need("num_attention_heads");
     c.num_kv_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                         ? need("num_key_value_heads") : c.num_heads;
-    if (c.num_heads % c.num_kv_heads != 0)
-      fail(file, "num_attention_heads is not a multiple of num_key_value_heads");
+                         ? need("num_key_value_heads")
+                         : c.num_heads;
+    if (c.num_heads % c.num_kv_heads != 0) fail(file, "num_attention_heads is not a multiple of num_key_value_heads");
     c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? need("head_dim") : c.hidden_size / c.num_heads;
     c.max_position_embeddings = j.value("max_position_embeddings", int64_t(32768));
     c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
@@ -128,8 +143,8 @@ ModelConfig load_model_config(const std::string& dir) {
     }
     // transformers 5 writes rope_parameters; 4.x wrote rope_theta and rope_scaling.
     nlohmann::json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"]
-                          : j.contains("rope_scaling") && j["rope_scaling"].is_object() ? j["rope_scaling"]
-                                                                                         : nlohmann::json::object();
+                          : j.contains("rope_scaling") && j["rope_scaling"].is_object()     ? j["rope_scaling"]
+                                                                                            : nlohmann::json::object();
     c.rope_theta = rope.contains("rope_theta") ? rope["rope_theta"].get<double>() : j.value("rope_theta", 10000.0);
     c.rope_type = rope.value("rope_type", rope.value("type", std::string("default")));
     if (c.rope_type != "default" && c.rope_type != "linear" && c.rope_type != "llama3")
@@ -167,7 +182,8 @@ CausalLM::CausalLM(const std::string& dir, torch::Device device, torch::ScalarTy
   fs::path single = fs::path(dir) / "model.safetensors", index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
     auto j = read_json(index.string());
-    if (!j.contains("weight_map") || !j["weight_map"].is_object()) fail(index.string(), "weight_map: expected an object");
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      fail(index.string(), "weight_map: expected an object");
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it)
       where[it.key()] = (fs::path(dir) / it.value().get<std::string>()).string();
   } else if (!fs::exists(single)) {
@@ -247,8 +263,8 @@ torch::Tensor CausalLM::hidden(const torch::Tensor& ids, const torch::Tensor& po
   return run(ids, positions, mask, cache, cache_pos, torch::Tensor(), training);
 }
 
-torch::Tensor CausalLM::decode_static(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
-                                      KVCache& cache, const torch::Tensor& slot) const {
+torch::Tensor CausalLM::decode_static(const torch::Tensor& ids, const torch::Tensor& positions,
+                                      const torch::Tensor& mask, KVCache& cache, const torch::Tensor& slot) const {
   return run(ids, positions, mask, &cache, 0, slot, false);
 }
 
@@ -294,7 +310,9 @@ torch::Tensor CausalLM::run(const torch::Tensor& ids, const torch::Tensor& posit
     att = att.transpose(1, 2).reshape({B, T, nh * D});
     h = h + L.o.forward(att, training, lora_enabled_);
     x = rms(h, L.post_norm);
-    h = h + L.down.forward(torch::silu(L.gate.forward(x, training, lora_enabled_)) * L.up.forward(x, training, lora_enabled_), training, lora_enabled_);
+    h = h + L.down.forward(
+                torch::silu(L.gate.forward(x, training, lora_enabled_)) * L.up.forward(x, training, lora_enabled_),
+                training, lora_enabled_);
   }
   return rms(h, norm_);
 }
@@ -338,7 +356,8 @@ KVCache CausalLM::new_cache(int64_t batch, int64_t capacity) const {
 
 namespace {
 const std::vector<std::string> lora_modules = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                               "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+                                               "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                               "mlp.down_proj"};
 std::string short_name(const std::string& m) { return m.substr(m.find('.') + 1); }
 std::string peft_key(int64_t layer, const std::string& module, const char* ab) {
   return "base_model.model.model.layers." + std::to_string(layer) + "." + module + ".lora_" + ab + ".weight";
@@ -361,8 +380,9 @@ void CausalLM::add_lora(const LoraSettings& s, uint64_t seed) {
   if (s.r <= 0) throw std::invalid_argument("LoRA rank must be positive");
   for (auto& t : s.targets)
     if (std::none_of(lora_modules.begin(), lora_modules.end(), [&](auto& m) { return short_name(m) == t; }))
-      throw std::invalid_argument("LoRA target " + t +
-                                  " is not a linear layer of this model (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+      throw std::invalid_argument(
+          "LoRA target " + t +
+          " is not a linear layer of this model (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
   torch::NoGradGuard ng;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   lora_ = s;
@@ -394,20 +414,28 @@ void CausalLM::load_lora(const std::string& dir) {
     s.alpha = j.at("lora_alpha").get<double>();
     s.dropout = j.value("lora_dropout", 0.0);
     s.rslora = j.value("use_rslora", false);
-    auto nonnull = [&](const char* k) { return j.contains(k) && !j[k].is_null() && !(j[k].is_array() && j[k].empty()) && !(j[k].is_object() && j[k].empty()); };
+    auto nonnull = [&](const char* k) {
+      return j.contains(k) && !j[k].is_null() && !(j[k].is_array() && j[k].empty()) &&
+             !(j[k].is_object() && j[k].empty());
+    };
     if (j.value("use_dora", false)) fail(cfile, "use_dora: DoRA adapters are not supported");
     if (j.value("fan_in_fan_out", false)) fail(cfile, "fan_in_fan_out: not supported for Qwen2/Llama");
     if (j.value("bias", std::string("none")) != "none") fail(cfile, "bias: only \"none\" is supported");
     if (j.value("lora_bias", false)) fail(cfile, "lora_bias: not supported");
-    for (const char* k : {"modules_to_save", "layers_to_transform", "layer_replication", "target_parameters", "trainable_token_indices"})
+    for (const char* k : {"modules_to_save", "layers_to_transform", "layer_replication", "target_parameters",
+                          "trainable_token_indices"})
       if (nonnull(k)) fail(cfile, std::string(k) + ": not supported");
     if (j.contains("rank_pattern") && j["rank_pattern"].is_object())
-      for (auto it = j["rank_pattern"].begin(); it != j["rank_pattern"].end(); ++it) rank_pattern[it.key()] = it.value();
+      for (auto it = j["rank_pattern"].begin(); it != j["rank_pattern"].end(); ++it)
+        rank_pattern[it.key()] = it.value();
     if (j.contains("alpha_pattern") && j["alpha_pattern"].is_object())
-      for (auto it = j["alpha_pattern"].begin(); it != j["alpha_pattern"].end(); ++it) alpha_pattern[it.key()] = it.value();
+      for (auto it = j["alpha_pattern"].begin(); it != j["alpha_pattern"].end(); ++it)
+        alpha_pattern[it.key()] = it.value();
     const auto& t = j.at("target_modules");
-    if (t.is_string()) target_regex = t.get<std::string>();
-    else target_list = t.get<std::vector<std::string>>();
+    if (t.is_string())
+      target_regex = t.get<std::string>();
+    else
+      target_list = t.get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
     fail(cfile, std::string("unexpected value: ") + e.what());
   }
@@ -428,7 +456,8 @@ void CausalLM::load_lora(const std::string& dir) {
             targeted = true;
       }
       if (!targeted) continue;
-      if (std::find(s.targets.begin(), s.targets.end(), short_name(m)) == s.targets.end()) s.targets.push_back(short_name(m));
+      if (std::find(s.targets.begin(), s.targets.end(), short_name(m)) == s.targets.end())
+        s.targets.push_back(short_name(m));
       int64_t r = s.r;
       double alpha = s.alpha;
       for (auto& [p, v] : rank_pattern)
@@ -442,7 +471,8 @@ void CausalLM::load_lora(const std::string& dir) {
       if (!va || !vb) fail(wfile, "tensor " + (va ? kb : ka) + " is missing (adapter_config.json targets " + key + ")");
       std::vector<int64_t> sa{r, l->w.size(1)}, sb{l->w.size(0), r};
       if (va->shape != sa || vb->shape != sb)
-        fail(wfile, "tensors of " + key + " do not have the shapes rank " + std::to_string(r) + " and the base model imply");
+        fail(wfile,
+             "tensors of " + key + " do not have the shapes rank " + std::to_string(r) + " and the base model imply");
       l->a = to_tensor(*va, wfile, device_, torch::kFloat32);
       l->bb = to_tensor(*vb, wfile, device_, torch::kFloat32);
       l->scale = s.rslora ? alpha / std::sqrt(double(r)) : alpha / double(r);
@@ -451,7 +481,8 @@ void CausalLM::load_lora(const std::string& dir) {
       used.insert(kb);
     }
   for (auto& t : f->tensors())
-    if (!used.count(t.name)) fail(wfile, "tensor " + t.name + " does not belong to any supported LoRA target of this model");
+    if (!used.count(t.name))
+      fail(wfile, "tensor " + t.name + " does not belong to any supported LoRA target of this model");
   if (used.empty()) fail(cfile, "target_modules matches no linear layer of this model");
   lora_ = s;
   has_lora_ = true;
@@ -487,17 +518,29 @@ std::map<std::string, torch::Tensor> CausalLM::lora_tensors() const {
 void CausalLM::save_lora(const std::string& dir, const std::string& base_model) const {
   if (!has_lora_) throw std::runtime_error("save_lora: the model has no adapter");
   fs::create_directories(dir);
-  save_tensors((fs::path(dir) / "adapter_model.safetensors").string(), lora_tensors(), torch::kFloat32, {{"format", "pt"}});
+  save_tensors((fs::path(dir) / "adapter_model.safetensors").string(), lora_tensors(), torch::kFloat32,
+               {{"format", "pt"}});
   std::vector<std::string> targets = lora_.targets;
   std::sort(targets.begin(), targets.end());
-  nlohmann::ordered_json c = {
-      {"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"base_model_name_or_path", base_model},
-      {"r", lora_.r}, {"lora_alpha", lora_.alpha}, {"lora_dropout", lora_.dropout},
-      {"target_modules", targets}, {"use_rslora", lora_.rslora}, {"use_dora", false},
-      {"bias", "none"}, {"fan_in_fan_out", false}, {"inference_mode", true}, {"init_lora_weights", true},
-      {"modules_to_save", nullptr}, {"layers_to_transform", nullptr}, {"layers_pattern", nullptr},
-      {"rank_pattern", nlohmann::json::object()}, {"alpha_pattern", nlohmann::json::object()},
-      {"revision", nullptr}};
+  nlohmann::ordered_json c = {{"peft_type", "LORA"},
+                              {"task_type", "CAUSAL_LM"},
+                              {"base_model_name_or_path", base_model},
+                              {"r", lora_.r},
+                              {"lora_alpha", lora_.alpha},
+                              {"lora_dropout", lora_.dropout},
+                              {"target_modules", targets},
+                              {"use_rslora", lora_.rslora},
+                              {"use_dora", false},
+                              {"bias", "none"},
+                              {"fan_in_fan_out", false},
+                              {"inference_mode", true},
+                              {"init_lora_weights", true},
+                              {"modules_to_save", nullptr},
+                              {"layers_to_transform", nullptr},
+                              {"layers_pattern", nullptr},
+                              {"rank_pattern", nlohmann::json::object()},
+                              {"alpha_pattern", nlohmann::json::object()},
+                              {"revision", nullptr}};
   std::string tmp = (fs::path(dir) / "adapter_config.json.tmp").string();
   {
     std::ofstream out(tmp);

@@ -22,7 +22,7 @@ struct TensorBlob;
 
 // config.json of a Qwen2 or Llama checkpoint.
 struct ModelConfig {
-  std::string model_type;              // "qwen2" or "llama"
+  std::string model_type;  // "qwen2" or "llama"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -33,11 +33,11 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;               // q/k/v projections carry a bias (Qwen2; Llama's attention_bias)
-  bool o_bias = false;                 // o_proj carries a bias (Llama's attention_bias)
-  bool mlp_bias = false;               // gate/up/down carry a bias (Llama's mlp_bias)
+  bool qkv_bias = false;  // q/k/v projections carry a bias (Qwen2; Llama's attention_bias)
+  bool o_bias = false;    // o_proj carries a bias (Llama's attention_bias)
+  bool mlp_bias = false;  // gate/up/down carry a bias (Llama's mlp_bias)
   double rope_theta = 10000;
-  std::string rope_type = "default";   // default, linear or llama3
+  std::string rope_type = "default";  // default, linear or llama3
   double rope_factor = 1, rope_low_freq_factor = 1, rope_high_freq_factor = 4;
   int64_t rope_original_max_positions = 8192;
   std::vector<int32_t> eos_token_ids;  // from config.json and generation_config.json
@@ -49,10 +49,10 @@ struct ModelConfig {
 ModelConfig load_model_config(const std::string& dir);
 
 struct LoraSettings {
-  int64_t r = 16;                       // rank
-  double alpha = 32;                    // scale numerator
-  double dropout = 0;                   // dropout on the adapter's input while training
-  bool rslora = false;                  // scale alpha / sqrt(r) instead of alpha / r
+  int64_t r = 16;       // rank
+  double alpha = 32;    // scale numerator
+  double dropout = 0;   // dropout on the adapter's input while training
+  bool rslora = false;  // scale alpha / sqrt(r) instead of alpha / r
   std::vector<std::string> targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   double scale() const { return rslora ? alpha / std::sqrt(double(r)) : alpha / double(r); }
 };
@@ -128,8 +128,8 @@ class CausalLM {
     Linear q, k, v, o, gate, up, down;
   };
   Linear* find_linear(int64_t layer, const std::string& name);
-  torch::Tensor run(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
-                    KVCache* cache, int64_t cache_pos, const torch::Tensor& slot, bool training) const;
+  torch::Tensor run(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask, KVCache* cache,
+                    int64_t cache_pos, const torch::Tensor& slot, bool training) const;
   torch::Tensor rms(const torch::Tensor& x, const torch::Tensor& w) const;
 
   ModelConfig cfg_;

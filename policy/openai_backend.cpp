@@ -26,8 +26,12 @@ void write_peft_adapter(const std::string& dir, const std::vector<TensorBlob>& t
   std::set<std::string> targets;
   int64_t rank = 0;
   for (const auto& t : tensors) {
-    StDtype d = t.dtype == "f32" ? StDtype::F32 : t.dtype == "bf16" ? StDtype::BF16 : t.dtype == "f16" ? StDtype::F16
-              : throw BackendError("adapter tensor " + t.name + ": dtype " + t.dtype + " (expected f32, f16 or bf16)");
+    StDtype d =
+        t.dtype == "f32"    ? StDtype::F32
+        : t.dtype == "bf16" ? StDtype::BF16
+        : t.dtype == "f16"
+            ? StDtype::F16
+            : throw BackendError("adapter tensor " + t.name + ": dtype " + t.dtype + " (expected f32, f16 or bf16)");
     refs.push_back({t.name, d, t.shape, t.data.data(), t.data.size()});
     auto a = t.name.find(".lora_A.");
     if (a != std::string::npos) {
@@ -45,11 +49,19 @@ void write_peft_adapter(const std::string& dir, const std::vector<TensorBlob>& t
   } catch (const SafetensorsError& e) {
     throw BackendError(e.what());
   }
-  nlohmann::ordered_json c = {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"base_model_name_or_path", base_model},
-                              {"r", rank}, {"lora_alpha", lora_alpha}, {"lora_dropout", 0.0},
+  nlohmann::ordered_json c = {{"peft_type", "LORA"},
+                              {"task_type", "CAUSAL_LM"},
+                              {"base_model_name_or_path", base_model},
+                              {"r", rank},
+                              {"lora_alpha", lora_alpha},
+                              {"lora_dropout", 0.0},
                               {"target_modules", std::vector<std::string>(targets.begin(), targets.end())},
-                              {"bias", "none"}, {"use_rslora", false}, {"use_dora", false},
-                              {"fan_in_fan_out", false}, {"inference_mode", true}, {"modules_to_save", nullptr}};
+                              {"bias", "none"},
+                              {"use_rslora", false},
+                              {"use_dora", false},
+                              {"fan_in_fan_out", false},
+                              {"inference_mode", true},
+                              {"modules_to_save", nullptr}};
   std::ofstream out(fs::path(dir) / "adapter_config.json");
   out << c.dump(2) << "\n";
   if (!out) throw BackendError(dir + "/adapter_config.json: cannot write");
@@ -70,9 +82,16 @@ class OpenAIBackend final : public SamplerBackend {
 
   std::vector<GenSample> generate(const std::vector<std::string>& prompts, const SamplingParams& p) override {
     if (prompts.empty()) return {};
-    nlohmann::json req = {{"model", served_}, {"prompt", prompts}, {"n", p.n}, {"temperature", p.temperature},
-                          {"top_p", p.top_p}, {"max_tokens", p.max_tokens}, {"seed", p.seed}, {"logprobs", 0},
-                          {"return_tokens_as_token_ids", true}, {"skip_special_tokens", p.skip_special}};
+    nlohmann::json req = {{"model", served_},
+                          {"prompt", prompts},
+                          {"n", p.n},
+                          {"temperature", p.temperature},
+                          {"top_p", p.top_p},
+                          {"max_tokens", p.max_tokens},
+                          {"seed", p.seed},
+                          {"logprobs", 0},
+                          {"return_tokens_as_token_ids", true},
+                          {"skip_special_tokens", p.skip_special}};
     if (!p.stop.empty()) req["stop"] = p.stop;
     auto j = call("/v1/completions", req);
     const size_t want = prompts.size() * p.n;
@@ -88,7 +107,8 @@ class OpenAIBackend final : public SamplerBackend {
       seen[idx] = 1;
       GenSample& s = out[idx];
       s.text = c.value("text", "");
-      s.finish_reason = c.contains("finish_reason") && c["finish_reason"].is_string() ? c["finish_reason"].get<std::string>() : "";
+      s.finish_reason =
+          c.contains("finish_reason") && c["finish_reason"].is_string() ? c["finish_reason"].get<std::string>() : "";
       s.policy_version = version_;
       const auto& lp = c.contains("logprobs") ? c["logprobs"] : nlohmann::json();
       if (!lp.is_object() || !lp.contains("token_logprobs") || !lp["token_logprobs"].is_array())
@@ -112,11 +132,13 @@ class OpenAIBackend final : public SamplerBackend {
   }
 
   void apply_weights(const WeightsUpdate& u) override {
-    if (o_.adapter_root.empty()) throw BackendError("openai: no adapter directory to write weights update " + std::to_string(u.version) + " to");
+    if (o_.adapter_root.empty())
+      throw BackendError("openai: no adapter directory to write weights update " + std::to_string(u.version) + " to");
     std::string name = "kernelrl-v" + std::to_string(u.version);
     std::string dir = (fs::path(o_.adapter_root) / name).string();
     write_peft_adapter(dir, u.tensors, o_.lora_alpha, o_.model);
-    call("/v1/load_lora_adapter", {{"lora_name", name}, {"lora_path", fs::absolute(dir).string()}}, /*json_answer=*/false);
+    call("/v1/load_lora_adapter", {{"lora_name", name}, {"lora_path", fs::absolute(dir).string()}},
+         /*json_answer=*/false);
     std::string old = served_;
     served_ = name;
     version_ = u.version;
@@ -140,11 +162,13 @@ class OpenAIBackend final : public SamplerBackend {
     std::string last;
     for (uint32_t attempt = 0; attempt <= o_.max_retries; ++attempt) {
       if (attempt > 0) {
-        log::get("sampler")->warn("{}: {}; attempt {} of {} in {:.1f} s", url, last, attempt + 1, o_.max_retries + 1, wait);
+        log::get("sampler")->warn("{}: {}; attempt {} of {} in {:.1f} s", url, last, attempt + 1, o_.max_retries + 1,
+                                  wait);
         std::this_thread::sleep_for(std::chrono::duration<double>(wait));
         wait *= 2;
       }
-      auto r = http_request("POST", url, body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), headers, o_.timeout_s);
+      auto r = http_request("POST", url, body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), headers,
+                            o_.timeout_s);
       if (r.status == 0) {
         last = r.error;
         continue;
@@ -162,7 +186,8 @@ class OpenAIBackend final : public SamplerBackend {
         throw BackendError("openai: " + url + ": the answer is not JSON: " + snippet);
       }
     }
-    throw BackendError("openai: " + url + ": gave up after " + std::to_string(o_.max_retries + 1) + " attempts: " + last);
+    throw BackendError("openai: " + url + ": gave up after " + std::to_string(o_.max_retries + 1) +
+                       " attempts: " + last);
   }
 
   OpenAIOptions o_;
@@ -172,6 +197,8 @@ class OpenAIBackend final : public SamplerBackend {
 
 }  // namespace
 
-std::unique_ptr<SamplerBackend> make_openai_backend(const OpenAIOptions& o) { return std::make_unique<OpenAIBackend>(o); }
+std::unique_ptr<SamplerBackend> make_openai_backend(const OpenAIOptions& o) {
+  return std::make_unique<OpenAIBackend>(o);
+}
 
 }  // namespace kernelrl

@@ -76,7 +76,8 @@ std::vector<float> Policy::logits(const std::vector<int32_t>& ids) {
   torch::NoGradGuard ng;
   auto& m = *impl_->model;
   auto x = ids_tensor(ids).to(impl_->device).unsqueeze(0);
-  auto pos = torch::arange(int64_t(ids.size()), torch::TensorOptions().dtype(torch::kInt64).device(impl_->device)).unsqueeze(0);
+  auto pos = torch::arange(int64_t(ids.size()), torch::TensorOptions().dtype(torch::kInt64).device(impl_->device))
+                 .unsqueeze(0);
   auto out = m.forward(x, pos, torch::Tensor()).squeeze(0).to(torch::kCPU, torch::kFloat32).contiguous();
   return std::vector<float>(out.data_ptr<float>(), out.data_ptr<float>() + out.numel());
 }
@@ -87,7 +88,8 @@ std::vector<Completion> Policy::generate(const std::vector<std::string>& prompts
   return generate_ids(ids, p);
 }
 
-std::vector<Completion> Policy::generate_ids(const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& p) {
+std::vector<Completion> Policy::generate_ids(const std::vector<std::vector<int32_t>>& prompts,
+                                             const SamplingParams& p) {
   if (p.temperature < 0) throw PolicyError("sampling: temperature must be >= 0");
   if (p.top_p <= 0 || p.top_p > 1) throw PolicyError("sampling: top_p must be in (0, 1]");
   if (p.n == 0) throw PolicyError("sampling: n must be at least 1");
@@ -101,7 +103,8 @@ std::vector<Completion> Policy::generate_ids(const std::vector<std::vector<int32
   for (auto& pr : prompts) {
     if (pr.empty()) throw PolicyError("sampling: a prompt has no tokens");
     for (auto t : pr)
-      if (t < 0 || t >= V) throw PolicyError("sampling: prompt token " + std::to_string(t) + " is outside the vocabulary");
+      if (t < 0 || t >= V)
+        throw PolicyError("sampling: prompt token " + std::to_string(t) + " is outside the vocabulary");
     P = std::max<int64_t>(P, pr.size());
   }
   const int64_t B = int64_t(prompts.size()) * p.n;
@@ -235,8 +238,10 @@ std::vector<Completion> Policy::generate_ids(const std::vector<std::vector<int32
       s_ids.copy_(next.view({B, 1}));
       s_pos.copy_(next_pos.view({B, 1}));
       s_slot.fill_(P + t);
-      if (graph) graph->replay();
-      else static_step();
+      if (graph)
+        graph->replay();
+      else
+        static_step();
       logits = s_logits;
     } else {
       auto dmask = valid.narrow(1, 0, P + t + 1).view({B, 1, 1, P + t + 1});
@@ -302,12 +307,15 @@ Scored Policy::score(const std::string& prompt, const std::string& completion, d
 
 void Policy::apply_weights(uint64_t version, const std::vector<TensorBlob>& tensors) {
   auto& m = *impl_->model;
-  if (!m.has_lora()) throw PolicyError("weights update " + std::to_string(version) + ": this policy has no adapter to update");
+  if (!m.has_lora())
+    throw PolicyError("weights update " + std::to_string(version) + ": this policy has no adapter to update");
   auto mine = m.lora_tensors();
   std::vector<std::pair<torch::Tensor, torch::Tensor>> todo;
   for (const auto& t : tensors) {
     auto it = mine.find(t.name);
-    if (it == mine.end()) throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name + " is not part of this policy's adapter");
+    if (it == mine.end())
+      throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name +
+                        " is not part of this policy's adapter");
     if (it->second.sizes().vec() != t.shape)
       throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name + " has the wrong shape");
     torch::ScalarType dt;
@@ -317,7 +325,8 @@ void Policy::apply_weights(uint64_t version, const std::vector<TensorBlob>& tens
       throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name + ": " + e.what());
     }
     if (size_t(it->second.numel()) * c10::elementSize(dt) != t.data.size())
-      throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name + " holds the wrong number of bytes");
+      throw PolicyError("weights update " + std::to_string(version) + ": tensor " + t.name +
+                        " holds the wrong number of bytes");
     auto src = torch::from_blob(const_cast<uint8_t*>(t.data.data()), t.shape, torch::TensorOptions().dtype(dt));
     todo.emplace_back(it->second, src);
   }

@@ -23,26 +23,26 @@ struct PolicyError : std::runtime_error {
 };
 
 struct PolicyOptions {
-  std::string model_dir;        // Hugging Face directory: config.json, safetensors, tokenizer.json
-  std::string adapter_dir;      // PEFT adapter to load ("": none)
-  std::string device = "cpu";   // cpu or cuda[:N]
-  std::string dtype = "f32";    // f32, f16 or bf16
+  std::string model_dir;       // Hugging Face directory: config.json, safetensors, tokenizer.json
+  std::string adapter_dir;     // PEFT adapter to load ("": none)
+  std::string device = "cpu";  // cpu or cuda[:N]
+  std::string dtype = "f32";   // f32, f16 or bf16
   // A fresh adapter when adapter_dir is empty and lora_rank > 0 (B = 0: the base model's output),
   // so that WeightsUpdates from a learner have somewhere to go.
   int64_t lora_rank = 0;
   double lora_alpha = 32;
   std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  uint64_t seed = 0;            // initialisation of a fresh adapter's A
+  uint64_t seed = 0;  // initialisation of a fresh adapter's A
 };
 
 struct SamplingParams {
-  double temperature = 1.0;        // 0: greedy
-  double top_p = 1.0;              // nucleus truncation (1: none)
-  uint32_t max_tokens = 256;       // completion length limit
-  uint32_t n = 1;                  // completions per prompt
-  std::vector<std::string> stop;   // stop strings: the text ends before the first one
-  uint64_t seed = 0;               // sampling seed: the same seed, prompts and params give the same tokens
-  bool skip_special = true;        // leave special tokens out of the text
+  double temperature = 1.0;       // 0: greedy
+  double top_p = 1.0;             // nucleus truncation (1: none)
+  uint32_t max_tokens = 256;      // completion length limit
+  uint32_t n = 1;                 // completions per prompt
+  std::vector<std::string> stop;  // stop strings: the text ends before the first one
+  uint64_t seed = 0;              // sampling seed: the same seed, prompts and params give the same tokens
+  bool skip_special = true;       // leave special tokens out of the text
 };
 
 struct Completion {
@@ -56,7 +56,7 @@ struct Completion {
 
 struct Scored {
   std::vector<int32_t> prompt_ids, token_ids;
-  std::vector<float> logprobs;     // of token_ids after prompt_ids
+  std::vector<float> logprobs;  // of token_ids after prompt_ids
 };
 
 class Policy {

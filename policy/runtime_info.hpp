@@ -7,7 +7,7 @@
 namespace kernelrl {
 
 struct TorchRuntimeInfo {
-  std::string version;     // LibTorch version, e.g. "2.11.0"
+  std::string version;  // LibTorch version, e.g. "2.11.0"
   bool cuda_available = false;
   int cuda_devices = 0;
 };

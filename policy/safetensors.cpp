@@ -24,15 +24,12 @@ struct DtypeInfo {
   size_t size;
 };
 constexpr DtypeInfo dtypes[] = {
-    {StDtype::F64, "F64", 8}, {StDtype::F32, "F32", 4}, {StDtype::F16, "F16", 2},
-    {StDtype::BF16, "BF16", 2}, {StDtype::I64, "I64", 8}, {StDtype::I32, "I32", 4},
-    {StDtype::I16, "I16", 2}, {StDtype::I8, "I8", 1}, {StDtype::U8, "U8", 1},
-    {StDtype::BOOL, "BOOL", 1},
+    {StDtype::F64, "F64", 8}, {StDtype::F32, "F32", 4},   {StDtype::F16, "F16", 2}, {StDtype::BF16, "BF16", 2},
+    {StDtype::I64, "I64", 8}, {StDtype::I32, "I32", 4},   {StDtype::I16, "I16", 2}, {StDtype::I8, "I8", 1},
+    {StDtype::U8, "U8", 1},   {StDtype::BOOL, "BOOL", 1},
 };
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw SafetensorsError(path + ": " + what);
-}
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw SafetensorsError(path + ": " + what); }
 
 }  // namespace
 
@@ -134,8 +131,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
                      std::to_string(data_size) + " bytes): the file is truncated or its header lies");
     uint64_t want = numel * st_dtype_size(v.dtype);
     if (e - b != want)
-      fail(path, where + "holds " + std::to_string(e - b) + " bytes, but its dtype and shape need " +
-                     std::to_string(want));
+      fail(path,
+           where + "holds " + std::to_string(e - b) + " bytes, but its dtype and shape need " + std::to_string(want));
     v.data = base + data_start + b;
     v.nbytes = static_cast<size_t>(e - b);
     ranges.emplace_back(b, e);

@@ -24,7 +24,7 @@ struct GenSample {
   std::vector<int32_t> token_ids;  // empty when the server does not return ids
   std::vector<float> logprobs;     // one per generated token
   std::string finish_reason;
-  uint64_t policy_version = 0;     // the weights version that produced it
+  uint64_t policy_version = 0;  // the weights version that produced it
 };
 
 class SamplerBackend {
@@ -42,15 +42,15 @@ class SamplerBackend {
 std::unique_ptr<SamplerBackend> make_libtorch_backend(const PolicyOptions& o);
 
 struct OpenAIOptions {
-  std::string url;            // server root, e.g. http://10.0.0.5:8000 (the /v1/... paths are added)
-  std::string model;          // served model name for /v1/completions
-  std::string api_key;        // sent as "Authorization: Bearer KEY" when not empty
-  double timeout_s = 600;     // one HTTP exchange
-  uint32_t max_retries = 4;   // extra attempts after a connect failure, a timeout, 429 or 5xx
-  double backoff_s = 0.5;     // first wait between attempts; doubles each time
-  std::string adapter_root;   // where WeightsUpdates are written as PEFT adapters for
-                              // /v1/load_lora_adapter (a path the server can read)
-  double lora_alpha = 32;     // alpha written into those adapters' adapter_config.json
+  std::string url;           // server root, e.g. http://10.0.0.5:8000 (the /v1/... paths are added)
+  std::string model;         // served model name for /v1/completions
+  std::string api_key;       // sent as "Authorization: Bearer KEY" when not empty
+  double timeout_s = 600;    // one HTTP exchange
+  uint32_t max_retries = 4;  // extra attempts after a connect failure, a timeout, 429 or 5xx
+  double backoff_s = 0.5;    // first wait between attempts; doubles each time
+  std::string adapter_root;  // where WeightsUpdates are written as PEFT adapters for
+                             // /v1/load_lora_adapter (a path the server can read)
+  double lora_alpha = 32;    // alpha written into those adapters' adapter_config.json
 };
 
 // vLLM's logprobs are its "raw" ones by default (before temperature); start vLLM with

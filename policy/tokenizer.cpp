@@ -226,9 +226,7 @@ std::string nfc(const std::string& s) {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& where, const std::string& what) {
-  throw TokenizerError(where + ": " + what);
-}
+[[noreturn]] void fail(const std::string& where, const std::string& what) { throw TokenizerError(where + ": " + what); }
 
 // A compiled PCRE2 pattern (UTF, Unicode classes, JIT where available).
 class Regex {
@@ -241,8 +239,8 @@ class Regex {
     if (!code_) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof msg);
-      fail(where, "regex does not compile at offset " + std::to_string(off) + ": " +
-                      reinterpret_cast<const char*>(msg));
+      fail(where,
+           "regex does not compile at offset " + std::to_string(off) + ": " + reinterpret_cast<const char*>(msg));
     }
     pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if unavailable
   }
@@ -282,8 +280,8 @@ const char* gpt2_pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p
 
 struct PreTok {
   enum Kind { ByteLevel, Split } kind = Split;
-  std::shared_ptr<Regex> regex;   // Split; ByteLevel with use_regex
-  std::string literal;            // Split with a String pattern
+  std::shared_ptr<Regex> regex;  // Split; ByteLevel with use_regex
+  std::string literal;           // Split with a String pattern
   std::string behavior = "Isolated";
   bool invert = false;
   bool add_prefix_space = false;  // ByteLevel
@@ -363,8 +361,10 @@ struct Tokenizer::Impl {
         } else if (bh == "Removed") {
           if (!is) out.push_back(r);
         } else if (bh == "MergedWithPrevious") {
-          if (is && !out.empty() && i > 0 && !parts[i - 1].second) out.back().second = r.second;
-          else out.push_back(r);
+          if (is && !out.empty() && i > 0 && !parts[i - 1].second)
+            out.back().second = r.second;
+          else
+            out.push_back(r);
         } else if (bh == "MergedWithNext") {
           if (is && i + 1 < parts.size() && !parts[i + 1].second) {
             out.push_back({r.first, parts[i + 1].first.second});
@@ -373,8 +373,10 @@ struct Tokenizer::Impl {
             out.push_back(r);
           }
         } else {  // Contiguous
-          if (is && i > 0 && parts[i - 1].second) out.back().second = r.second;
-          else out.push_back(r);
+          if (is && i > 0 && parts[i - 1].second)
+            out.back().second = r.second;
+          else
+            out.push_back(r);
         }
       }
     }
@@ -478,7 +480,7 @@ std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path_in) {
   try {
     // normalizer
     std::function<void(const nlohmann::json&, const std::string&)> normalizer = [&](const nlohmann::json& n,
-                                                                                  const std::string& where) {
+                                                                                    const std::string& where) {
       if (n.is_null()) return;
       std::string type = n.value("type", "");
       if (type == "NFC") {
@@ -494,7 +496,7 @@ std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path_in) {
 
     // pre_tokenizer
     std::function<void(const nlohmann::json&, const std::string&)> pretok = [&](const nlohmann::json& p,
-                                                                              const std::string& where) {
+                                                                                const std::string& where) {
       if (p.is_null()) return;
       std::string type = p.value("type", "");
       if (type == "Sequence") {
@@ -510,9 +512,12 @@ std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path_in) {
       } else if (type == "Split") {
         PreTok x;
         const auto& pat = p.at("pattern");
-        if (pat.contains("Regex")) x.regex = std::make_shared<Regex>(pat["Regex"].get<std::string>(), path + ": " + where + ".pattern");
-        else if (pat.contains("String")) x.literal = pat["String"].get<std::string>();
-        else fail(path, where + ".pattern: expected {\"Regex\": ...} or {\"String\": ...}");
+        if (pat.contains("Regex"))
+          x.regex = std::make_shared<Regex>(pat["Regex"].get<std::string>(), path + ": " + where + ".pattern");
+        else if (pat.contains("String"))
+          x.literal = pat["String"].get<std::string>();
+        else
+          fail(path, where + ".pattern: expected {\"Regex\": ...} or {\"String\": ...}");
         x.behavior = p.value("behavior", "Isolated");
         static const char* ok[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
         if (std::find(std::begin(ok), std::end(ok), x.behavior) == std::end(ok))
@@ -521,7 +526,8 @@ std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path_in) {
         t.pre.push_back(std::move(x));
       } else if (type == "Digits") {
         PreTok x;
-        x.regex = std::make_shared<Regex>(p.value("individual_digits", false) ? "\\p{N}" : "\\p{N}+", path + ": " + where);
+        x.regex =
+            std::make_shared<Regex>(p.value("individual_digits", false) ? "\\p{N}" : "\\p{N}+", path + ": " + where);
         t.pre.push_back(std::move(x));
       } else {
         fail(path, where + ": type " + type + " is not supported (ByteLevel, Split, Digits or Sequence)");
@@ -596,7 +602,8 @@ std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path_in) {
       }
       auto ia = t.vocab.find(a), ib = t.vocab.find(b), im = t.vocab.find(a + b);
       if (ia == t.vocab.end() || ib == t.vocab.end() || im == t.vocab.end())
-        fail(path, "model.merges[" + std::to_string(r) + "]: \"" + a + " " + b + "\" names a token not in the vocabulary");
+        fail(path,
+             "model.merges[" + std::to_string(r) + "]: \"" + a + " " + b + "\" names a token not in the vocabulary");
       t.merges.emplace((uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second),
                        std::make_pair(static_cast<int32_t>(r), im->second));
     }

@@ -86,8 +86,12 @@ nlohmann::json to_json(const RuntimeStats& r) {
 }
 
 nlohmann::json to_json(const Correctness& c) {
-  return {{"trials", c.trials},     {"passed", c.passed}, {"max_abs_diff", c.max_abs_diff},
-          {"max_rel_diff", c.max_rel_diff}, {"atol", c.atol}, {"rtol", c.rtol},
+  return {{"trials", c.trials},
+          {"passed", c.passed},
+          {"max_abs_diff", c.max_abs_diff},
+          {"max_rel_diff", c.max_rel_diff},
+          {"atol", c.atol},
+          {"rtol", c.rtol},
           {"detail", c.detail}};
 }
 
@@ -112,13 +116,12 @@ sqlite3* open_db(const std::string& path, int flags, std::string& err) {
 
 }  // namespace
 
-std::unique_ptr<Store> Store::open(const std::string& path, const std::string& synchronous,
-                                   std::string& err) {
+std::unique_ptr<Store> Store::open(const std::string& path, const std::string& synchronous, std::string& err) {
   sqlite3* db = open_db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, err);
   if (!db) return nullptr;
   std::unique_ptr<Store> s(new Store(db));
-  std::string pragmas = "PRAGMA journal_mode=WAL; PRAGMA synchronous=" +
-                        std::string(synchronous == "full" ? "FULL" : "NORMAL") + ";";
+  std::string pragmas =
+      "PRAGMA journal_mode=WAL; PRAGMA synchronous=" + std::string(synchronous == "full" ? "FULL" : "NORMAL") + ";";
   if (!s->exec(pragmas.c_str()) || !s->exec(schema)) {
     err = path + ": cannot initialise store: " + s->err_;
     return nullptr;
@@ -150,8 +153,7 @@ bool Store::exec(const char* sql) {
   return true;
 }
 
-bool Store::begin_run(const std::string& run_id, const std::string& mode,
-                      const std::string& config_toml) {
+bool Store::begin_run(const std::string& run_id, const std::string& mode, const std::string& config_toml) {
   Stmt st(db_, "INSERT OR IGNORE INTO runs (run_id, mode, config_toml, created_at) VALUES (?,?,?,?)");
   st.text(1, run_id).text(2, mode).text(3, config_toml).text(4, iso_now());
   if (st.step() != SQLITE_DONE) {
@@ -161,8 +163,7 @@ bool Store::begin_run(const std::string& run_id, const std::string& mode,
   return true;
 }
 
-bool Store::finish_run(const std::string& run_id, const std::string& status,
-                       const std::string& summary_json) {
+bool Store::finish_run(const std::string& run_id, const std::string& status, const std::string& summary_json) {
   Stmt st(db_, "UPDATE runs SET status = ?, summary_json = ?, finished_at = ? WHERE run_id = ?");
   st.text(1, status).text(2, summary_json).text(3, iso_now()).text(4, run_id);
   if (st.step() != SQLITE_DONE) {
@@ -185,15 +186,33 @@ InsertResult Store::record_sample(const std::string& run_id, const ScoredRollout
           " runtime_json, ref_runtime_json, speedup, reward, num_tokens, logprob_sum, logprob_mean,"
           " policy_version, sampler_id, evaluator_id, device, wall_s, created_at, record)"
           " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
-  st.text(1, run_id).text(2, r.sample_id).i64(3, r.step).text(4, r.task_id)
-      .i64(5, static_cast<int64_t>(r.group_id)).i64(6, r.sample_index).text(7, r.prompt)
-      .text(8, r.completion).text(9, e.assembled_code).text(10, e.compile_log)
-      .text(11, to_string(e.status)).text(12, e.error).text(13, to_json(e.correctness).dump())
-      .text(14, to_json(e.runtime).dump()).text(15, to_json(e.ref_runtime).dump())
-      .real(16, e.speedup).real(17, s.reward).i64(18, static_cast<int64_t>(r.token_ids.size()))
-      .real(19, lp_sum).real(20, lp_mean).i64(21, static_cast<int64_t>(r.policy_version))
-      .text(22, r.sampler_id).text(23, e.evaluator_id).text(24, e.device).real(25, e.wall_s)
-      .text(26, iso_now()).blob(27, record.data(), record.size());
+  st.text(1, run_id)
+      .text(2, r.sample_id)
+      .i64(3, r.step)
+      .text(4, r.task_id)
+      .i64(5, static_cast<int64_t>(r.group_id))
+      .i64(6, r.sample_index)
+      .text(7, r.prompt)
+      .text(8, r.completion)
+      .text(9, e.assembled_code)
+      .text(10, e.compile_log)
+      .text(11, to_string(e.status))
+      .text(12, e.error)
+      .text(13, to_json(e.correctness).dump())
+      .text(14, to_json(e.runtime).dump())
+      .text(15, to_json(e.ref_runtime).dump())
+      .real(16, e.speedup)
+      .real(17, s.reward)
+      .i64(18, static_cast<int64_t>(r.token_ids.size()))
+      .real(19, lp_sum)
+      .real(20, lp_mean)
+      .i64(21, static_cast<int64_t>(r.policy_version))
+      .text(22, r.sampler_id)
+      .text(23, e.evaluator_id)
+      .text(24, e.device)
+      .real(25, e.wall_s)
+      .text(26, iso_now())
+      .blob(27, record.data(), record.size());
   if (st.step() != SQLITE_DONE) {
     err_ = sqlite3_errmsg(db_);
     return InsertResult::failed;
@@ -260,8 +279,12 @@ bool Store::record_checkpoint(const std::string& run_id, const Checkpoint& c) {
   Stmt st(db_,
           "INSERT OR REPLACE INTO checkpoints (run_id, step, policy_version, path, score, created_at)"
           " VALUES (?,?,?,?,?,?)");
-  st.text(1, run_id).i64(2, c.step).i64(3, static_cast<int64_t>(c.policy_version)).text(4, c.path)
-      .real(5, c.score).text(6, iso_now());
+  st.text(1, run_id)
+      .i64(2, c.step)
+      .i64(3, static_cast<int64_t>(c.policy_version))
+      .text(4, c.path)
+      .real(5, c.score)
+      .text(6, iso_now());
   if (st.step() != SQLITE_DONE) {
     err_ = sqlite3_errmsg(db_);
     return false;

@@ -40,8 +40,7 @@ class Store {
  public:
   // Opens (creating if needed) the database at `path`; synchronous is "normal" or "full".
   // Returns nullptr and sets `err` when it cannot.
-  static std::unique_ptr<Store> open(const std::string& path, const std::string& synchronous,
-                                     std::string& err);
+  static std::unique_ptr<Store> open(const std::string& path, const std::string& synchronous, std::string& err);
   // Opens an existing database read-only (for export and replay).
   static std::unique_ptr<Store> open_readonly(const std::string& path, std::string& err);
   ~Store();

@@ -42,8 +42,8 @@ bool parse_range(const std::string& s, long& lo, long& hi) {
 
 }  // namespace
 
-bool read_split(const std::string& split_file, const std::string& name,
-                std::vector<std::string>& ids, std::string& err) {
+bool read_split(const std::string& split_file, const std::string& name, std::vector<std::string>& ids,
+                std::string& err) {
   toml::table t;
   try {
     t = toml::parse_file(split_file);
@@ -112,8 +112,7 @@ bool TaskSet::load(const std::string& dir, const std::vector<std::string>& ids, 
         if (hit && taken.insert(t.id).second) tasks_.push_back(t);
       }
       if (!matched) {
-        err = range ? "no task numbered " + sel + " in " + dir
-                    : "no task file " + sel + ".py in " + dir;
+        err = range ? "no task numbered " + sel + " in " + dir : "no task file " + sel + ".py in " + dir;
         return false;
       }
     }

@@ -39,7 +39,7 @@ class TaskSet {
 };
 
 // The ids of split `name` in a splits file; false and `err` when the file or split is missing.
-bool read_split(const std::string& split_file, const std::string& name,
-                std::vector<std::string>& ids, std::string& err);
+bool read_split(const std::string& split_file, const std::string& name, std::vector<std::string>& ids,
+                std::string& err);
 
 }  // namespace kernelrl

@@ -18,8 +18,9 @@ using namespace kernelrl;
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: peer_probe HOST PORT [--name N] [--cluster NAME] [--protocol N] "
-                         "[--secret S] [--no-join] join|register|stats\n");
+    std::fprintf(stderr,
+                 "usage: peer_probe HOST PORT [--name N] [--cluster NAME] [--protocol N] "
+                 "[--secret S] [--no-join] join|register|stats\n");
     return 2;
   }
   std::string host = argv[1], name = "probe", cluster, secret, action;
@@ -28,12 +29,18 @@ int main(int argc, char** argv) {
   bool join = true;
   for (int i = 3; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--no-join") join = false;
-    else if (a == "--name" && i + 1 < argc) name = argv[++i];
-    else if (a == "--cluster" && i + 1 < argc) cluster = argv[++i];
-    else if (a == "--protocol" && i + 1 < argc) protocol = static_cast<uint32_t>(std::stoul(argv[++i]));
-    else if (a == "--secret" && i + 1 < argc) secret = argv[++i];
-    else action = a;
+    if (a == "--no-join")
+      join = false;
+    else if (a == "--name" && i + 1 < argc)
+      name = argv[++i];
+    else if (a == "--cluster" && i + 1 < argc)
+      cluster = argv[++i];
+    else if (a == "--protocol" && i + 1 < argc)
+      protocol = static_cast<uint32_t>(std::stoul(argv[++i]));
+    else if (a == "--secret" && i + 1 < argc)
+      secret = argv[++i];
+    else
+      action = a;
   }
   caf::actor_system_config cfg;
   add_message_types(cfg);
@@ -54,14 +61,18 @@ int main(int argc, char** argv) {
   };
   auto t = std::chrono::seconds(10);
   self->request(*gate, t, hello_atom::value)
-      .receive([&](std::vector<std::string>& h) { std::printf("ok hello: cluster %s, protocol %s\n", h.at(0).c_str(), h.at(1).c_str()); },
-               refused);
+      .receive(
+          [&](std::vector<std::string>& h) {
+            std::printf("ok hello: cluster %s, protocol %s\n", h.at(0).c_str(), h.at(1).c_str());
+          },
+          refused);
   if (cluster.empty()) cluster = "?";
   if (join && rc == 0) {
     std::string nonce;
     self->request(*gate, t, challenge_atom::value).receive([&](std::string& n) { nonce = n; }, refused);
     if (rc == 0)
-      self->request(*gate, t, join_atom::value, name, cluster, protocol, join_proof(secret, nonce, name, cluster, protocol))
+      self->request(*gate, t, join_atom::value, name, cluster, protocol,
+                    join_proof(secret, nonce, name, cluster, protocol))
           .receive([&](bool) { std::printf("ok joined\n"); }, refused);
   }
   if (rc == 0 && action == "register") {
@@ -69,7 +80,8 @@ int main(int argc, char** argv) {
     self->send(*gate, register_atom::value, dummy, name + "/probe-0");
     // The gate answers nothing to a registration: ask something after it, so the test knows it
     // was processed, and read the outcome from the head's log.
-    self->request(*gate, t, hello_atom::value).receive([&](std::vector<std::string>&) { std::printf("ok sent register\n"); }, refused);
+    self->request(*gate, t, hello_atom::value)
+        .receive([&](std::vector<std::string>&) { std::printf("ok sent register\n"); }, refused);
     anon_send_exit(dummy, caf::exit_reason::user_shutdown);
   }
   if (rc == 0 && action == "stats")

@@ -147,9 +147,13 @@ int main(int argc, char** argv) {
                            in.count("entropy") ? in.at("entropy") : torch::Tensor(), loss_options(get));
       r.loss.backward();
       auto sc = [](double x) { return torch::tensor({x}, torch::kFloat64); };
-      write_tensors(get("--out"), {{"loss", r.loss.detach().reshape({1})}, {"grad", logp.grad()}, {"pg", sc(r.pg)},
-                                   {"kl", sc(r.kl)}, {"clip_fraction", sc(r.clip_fraction)},
-                                   {"ratio_mean", sc(r.ratio_mean)}, {"entropy", sc(r.entropy)}});
+      write_tensors(get("--out"), {{"loss", r.loss.detach().reshape({1})},
+                                   {"grad", logp.grad()},
+                                   {"pg", sc(r.pg)},
+                                   {"kl", sc(r.kl)},
+                                   {"clip_fraction", sc(r.clip_fraction)},
+                                   {"ratio_mean", sc(r.ratio_mean)},
+                                   {"entropy", sc(r.entropy)}});
       return 0;
     }
     if (cmd == "lora-grad") {
@@ -217,9 +221,15 @@ int main(int argc, char** argv) {
           tr->accumulate(tb);
         }
         auto r = tr->step();
-        report.push_back({{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"tokens", r.tokens}, {"lr", r.lr},
-                          {"kl", r.kl}, {"entropy", r.entropy}, {"clip_fraction", r.clip_fraction},
-                          {"ratio_mean", r.ratio_mean}, {"pg", r.pg}});
+        report.push_back({{"loss", r.loss},
+                          {"grad_norm", r.grad_norm},
+                          {"tokens", r.tokens},
+                          {"lr", r.lr},
+                          {"kl", r.kl},
+                          {"entropy", r.entropy},
+                          {"clip_fraction", r.clip_fraction},
+                          {"ratio_mean", r.ratio_mean},
+                          {"pg", r.pg}});
       }
       m.save_lora(get("--out"), get("--model"));
       std::ofstream(get("--out") + "/report.json") << report.dump() << "\n";
@@ -245,8 +255,10 @@ int main(int argc, char** argv) {
         SamplingParams sp;
         sp.max_tokens = 8;
         auto out = b->generate({"```python\nclass Model:\n    def forward(self, x):\n        return x\n```"}, sp);
-        std::cout << nlohmann::json({{"version", b->version()}, {"sample_version", out[0].policy_version},
-                                     {"text", out[0].text}}).dump() << "\n";
+        std::cout << nlohmann::json(
+                         {{"version", b->version()}, {"sample_version", out[0].policy_version}, {"text", out[0].text}})
+                         .dump()
+                  << "\n";
       }
       return 0;
     }

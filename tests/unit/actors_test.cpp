@@ -45,7 +45,8 @@ uint64_t wait_scored(caf::scoped_actor& self, const caf::actor& scores, int n, i
   uint64_t got = 0;
   for (int tries = 0; tries < seconds * 100 && got < uint64_t(n); ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    self->request(scores, std::chrono::seconds(5), stats_atom::value).receive([&](uint64_t k) { got = k; }, [](caf::error&) {});
+    self->request(scores, std::chrono::seconds(5), stats_atom::value)
+        .receive([&](uint64_t k) { got = k; }, [](caf::error&) {});
   }
   return got;
 }
@@ -145,7 +146,8 @@ TEST_CASE("a full dispatcher queue holds its producers back until evaluators dra
   auto prod = s.sys->spawn(producer, dispatcher, n);
   auto answered = [&] {
     uint64_t k = 0;
-    self->request(prod, std::chrono::seconds(5), stats_atom::value).receive([&](uint64_t v) { k = v; }, [](caf::error&) {});
+    self->request(prod, std::chrono::seconds(5), stats_atom::value)
+        .receive([&](uint64_t v) { k = v; }, [](caf::error&) {});
     return k;
   };
   // No evaluator yet: the queue takes 4 and answers them; the other 6 producers wait.

@@ -85,8 +85,7 @@ TEST_CASE("a choice outside the allowed set is rejected, listing the choices", "
   Scratch s;
   auto e = errors_of(base + "[evaluator]\naction_space = \"diff\"\n", s.cfg());
   REQUIRE(e.size() == 1);
-  CHECK(e[0] == s.cfg() +
-                    ":6:16: evaluator.action_space: expected one of forward_body, full_program, got \"diff\"");
+  CHECK(e[0] == s.cfg() + ":6:16: evaluator.action_space: expected one of forward_body, full_program, got \"diff\"");
 }
 
 TEST_CASE("a missing file or folder is rejected with its location", "[config]") {
@@ -94,20 +93,19 @@ TEST_CASE("a missing file or folder is rejected with its location", "[config]") 
   auto e = errors_of("[tasks]\ndir = \"no-such-dir\"\n[sampler]\nreplay = \"missing.jsonl\"\n", s.cfg());
   REQUIRE(e.size() == 2);
   CHECK(e[0] == s.cfg() + ":2:7: tasks.dir: no such file or directory: " + (s.dir / "no-such-dir").string());
-  CHECK(e[1] == s.cfg() + ":4:10: sampler.replay: no such file or directory: " +
-                    (s.dir / "missing.jsonl").string());
+  CHECK(e[1] == s.cfg() + ":4:10: sampler.replay: no such file or directory: " + (s.dir / "missing.jsonl").string());
   e = errors_of("[tasks]\ndir = \"replay.jsonl\"\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
   REQUIRE(e.size() == 1);
-  CHECK(e[0] == s.cfg() + ":2:7: tasks.dir: expected a directory, got a file: " +
-                    (s.dir / "replay.jsonl").string());
+  CHECK(e[0] == s.cfg() + ":2:7: tasks.dir: expected a directory, got a file: " + (s.dir / "replay.jsonl").string());
 }
 
 TEST_CASE("a task id without its task file is rejected with its location", "[config]") {
   Scratch s;
   std::ofstream(s.dir / "tasks" / "01_add.py") << "class Model: pass\n";
-  auto e = errors_of("[tasks]\ndir = \"tasks\"\nids = [\"01_add\", \"02_gone\"]\n"
-                     "[sampler]\nreplay = \"replay.jsonl\"\n",
-                     s.cfg());
+  auto e = errors_of(
+      "[tasks]\ndir = \"tasks\"\nids = [\"01_add\", \"02_gone\"]\n"
+      "[sampler]\nreplay = \"replay.jsonl\"\n",
+      s.cfg());
   REQUIRE(e.size() == 1);
   CHECK(e[0] == s.cfg() + ":3:18: tasks.ids[1]: no task file 02_gone.py in " + (s.dir / "tasks").string());
 }
@@ -117,8 +115,7 @@ TEST_CASE("tasks are chosen by stem, number range or named split; bad selectors 
   for (auto* f : {"02_b.py", "03_c.py", "10_j.py"}) std::ofstream(s.dir / "tasks" / f) << "# task\n";
   std::ofstream(s.dir / "splits.toml") << "[splits]\ntrain = [\"1-3\"]\neval = [\"10_j\"]\nbad = [\"40-41\"]\n";
   auto load = [&](const std::string& tasks_toml) {
-    return parse_config("[tasks]\ndir = \"tasks\"\n" + tasks_toml + "[sampler]\nreplay = \"replay.jsonl\"\n",
-                        s.cfg());
+    return parse_config("[tasks]\ndir = \"tasks\"\n" + tasks_toml + "[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
   };
   auto ids_of = [](const Config& c) {
     TaskSet ts;
@@ -138,16 +135,21 @@ TEST_CASE("tasks are chosen by stem, number range or named split; bad selectors 
   auto e = errors_of("[tasks]\ndir = \"tasks\"\nids = [\"5-7\"]\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
   REQUIRE(e.size() == 1);
   CHECK(e[0] == s.cfg() + ":3:8: tasks.ids[0]: no task numbered 5-7 in " + (s.dir / "tasks").string());
-  e = errors_of("[tasks]\ndir = \"tasks\"\nsplit = \"bad\"\nsplit_file = \"splits.toml\"\n"
-                "[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  e = errors_of(
+      "[tasks]\ndir = \"tasks\"\nsplit = \"bad\"\nsplit_file = \"splits.toml\"\n"
+      "[sampler]\nreplay = \"replay.jsonl\"\n",
+      s.cfg());
   REQUIRE(e.size() == 1);
   CHECK(e[0] == s.cfg() + ":3:9: tasks.split: no task numbered 40-41 in " + (s.dir / "tasks").string());
-  e = errors_of("[tasks]\ndir = \"tasks\"\nsplit = \"nope\"\nsplit_file = \"splits.toml\"\n"
-                "[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  e = errors_of(
+      "[tasks]\ndir = \"tasks\"\nsplit = \"nope\"\nsplit_file = \"splits.toml\"\n"
+      "[sampler]\nreplay = \"replay.jsonl\"\n",
+      s.cfg());
   REQUIRE(e.size() == 1);
   CHECK(e[0] == s.cfg() + ":3:9: tasks.split: " + (s.dir / "splits.toml").string() +
                     ": no split \"nope\" (expected [splits] nope = [ids...])");
-  e = errors_of("[tasks]\ndir = \"tasks\"\nkernelbench_dir = \"tasks\"\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  e = errors_of("[tasks]\ndir = \"tasks\"\nkernelbench_dir = \"tasks\"\n[sampler]\nreplay = \"replay.jsonl\"\n",
+                s.cfg());
   REQUIRE(e.size() == 1);
   CHECK(e[0] == s.cfg() + ":2:7: tasks.dir: set dir or kernelbench_dir, not both");
 }
@@ -158,8 +160,10 @@ TEST_CASE("a KernelBench checkout is used as it is, by level and problem number"
   fs::create_directories(level);
   for (auto* f : {"1_Conv2D_ReLU_BiasAdd.py", "2_ConvTranspose2d_BiasAdd.py", "12_Gemm_Multiply_LeakyReLU.py"})
     std::ofstream(level / f) << "# task\n";
-  auto r = parse_config("[tasks]\nkernelbench_dir = \"kb\"\nlevel = 2\nids = [\"2-12\"]\n"
-                        "[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  auto r = parse_config(
+      "[tasks]\nkernelbench_dir = \"kb\"\nlevel = 2\nids = [\"2-12\"]\n"
+      "[sampler]\nreplay = \"replay.jsonl\"\n",
+      s.cfg());
   REQUIRE(std::holds_alternative<Config>(r));
   TaskSet ts;
   std::string err;
@@ -191,10 +195,13 @@ TEST_CASE("unknown sections, bad [[node]] entries and syntax errors are rejected
                     "cpu_slots = 1\n[[node]]\nname = \"a\"\nroles = [\"evaluator\"]\n",
                 s.cfg());
   REQUIRE(e.size() == 3);
-  CHECK(e[0] == s.cfg() + ":7:35: node[0].roles[2]: expected one of supervisor, learner, sampler, "
-                          "evaluator, monitor, got \"evaluater\"");
+  CHECK(e[0] == s.cfg() +
+                    ":7:35: node[0].roles[2]: expected one of supervisor, learner, sampler, "
+                    "evaluator, monitor, got \"evaluater\"");
   CHECK(e[1] == s.cfg() + ":10:8: node[1].name: duplicate node name \"a\"");
-  CHECK(e[2] == s.cfg() + ":9:1: node[1].cpu_slots: an evaluator node needs cpu_slots > 0, a non-empty gpus or gpus = \"auto\"");
+  CHECK(e[2] ==
+        s.cfg() +
+            ":9:1: node[1].cpu_slots: an evaluator node needs cpu_slots > 0, a non-empty gpus or gpus = \"auto\"");
 
   e = errors_of(base + "[[node]]\nname = \"solo\"\nroles = [\"evaluator\"]\ncpu_slots = 1\n", s.cfg());
   REQUIRE(e.size() == 2);
@@ -216,20 +223,24 @@ TEST_CASE("every problem in a file is reported, not just the first", "[config]")
 TEST_CASE("a config file that cannot be read is an error naming it", "[config]") {
   auto r = load_config("/no/such/config.toml");
   REQUIRE(std::holds_alternative<std::vector<ConfigError>>(r));
-  CHECK(std::get<std::vector<ConfigError>>(r)[0].format() ==
-        "/no/such/config.toml: (file): cannot open config file");
+  CHECK(std::get<std::vector<ConfigError>>(r)[0].format() == "/no/such/config.toml: (file): cannot open config file");
 }
 
 TEST_CASE("the evaluator backend and the telemetry endpoint are checked", "[config]") {
   Scratch s;
-  auto e = errors_of(base + "[evaluator]\nbackend = \"fake\"\nsynthetic_latency_ms = -1\n"
-                            "[monitor]\npublish = \"localhost:5555\"\n", s.cfg());
+  auto e = errors_of(base +
+                         "[evaluator]\nbackend = \"fake\"\nsynthetic_latency_ms = -1\n"
+                         "[monitor]\npublish = \"localhost:5555\"\n",
+                     s.cfg());
   REQUIRE(e.size() == 3);
   CHECK(e[0] == s.cfg() + ":6:11: evaluator.backend: expected one of worker, synthetic, got \"fake\"");
   CHECK(e[1].rfind(s.cfg() + ":7:24: evaluator.synthetic_latency_ms:", 0) == 0);
-  CHECK(e[2] == s.cfg() + ":9:11: monitor.publish: expected \"tcp://HOST:PORT\" or \"ipc://PATH\", got \"localhost:5555\"");
-  auto ok = parse_config(base + "[evaluator]\nbackend = \"synthetic\"\nsynthetic_latency_ms = 5\n"
-                                "[monitor]\npublish = \"tcp://127.0.0.1:47312\"\n", s.cfg());
+  CHECK(e[2] ==
+        s.cfg() + ":9:11: monitor.publish: expected \"tcp://HOST:PORT\" or \"ipc://PATH\", got \"localhost:5555\"");
+  auto ok = parse_config(base +
+                             "[evaluator]\nbackend = \"synthetic\"\nsynthetic_latency_ms = 5\n"
+                             "[monitor]\npublish = \"tcp://127.0.0.1:47312\"\n",
+                         s.cfg());
   REQUIRE(std::holds_alternative<Config>(ok));
   CHECK(std::get<Config>(ok).evaluator.backend == "synthetic");
   CHECK(std::get<Config>(ok).monitor.publish == "tcp://127.0.0.1:47312");
@@ -237,8 +248,9 @@ TEST_CASE("the evaluator backend and the telemetry endpoint are checked", "[conf
 
 TEST_CASE("the learner's keys and the train mode are checked", "[config][learner]") {
   Scratch s;
-  auto e = errors_of(base + "[learner]\ngroup_size = 1\nlr_schedule = \"step\"\nlora_targets = [\"qkv\"]\n"
-                            "aggregation = \"sum\"\ndtype = \"f8\"\n[experiment]\nmode = \"train\"\n",
+  auto e = errors_of(base +
+                         "[learner]\ngroup_size = 1\nlr_schedule = \"step\"\nlora_targets = [\"qkv\"]\n"
+                         "aggregation = \"sum\"\ndtype = \"f8\"\n[experiment]\nmode = \"train\"\n",
                      s.cfg());
   auto has = [&](const std::string& prefix) {
     for (auto& x : e)
@@ -255,9 +267,11 @@ TEST_CASE("the learner's keys and the train mode are checked", "[config][learner
   CHECK(has("experiment.mode: train needs a model sampler"));
   CHECK(has("experiment.mode: train needs [policy] model"));
   fs::create_directories(s.dir / "model");
-  auto ok = parse_config("[tasks]\ndir = \"tasks\"\n[policy]\nmodel = \"model\"\ndevice = \"cuda:1\"\n"
-                         "[sampler]\nbackend = \"libtorch\"\n[learner]\nsteps = 3\nmax_staleness = 1\n"
-                         "[experiment]\nmode = \"train\"\n", s.cfg());
+  auto ok = parse_config(
+      "[tasks]\ndir = \"tasks\"\n[policy]\nmodel = \"model\"\ndevice = \"cuda:1\"\n"
+      "[sampler]\nbackend = \"libtorch\"\n[learner]\nsteps = 3\nmax_staleness = 1\n"
+      "[experiment]\nmode = \"train\"\n",
+      s.cfg());
   REQUIRE(std::holds_alternative<Config>(ok));
   auto& c = std::get<Config>(ok);
   CHECK(c.learner.steps == 3);
@@ -287,8 +301,11 @@ TEST_CASE("the learner's keys and the train mode are checked", "[config][learner
 
 TEST_CASE("gpus = \"auto\" and device = \"auto\" are kept for the node's process to resolve", "[config]") {
   Scratch s;
-  auto ok = parse_config(base + "[[node]]\nname = \"a\"\nroles = [\"supervisor\", \"sampler\", \"evaluator\"]\ngpus = \"auto\"\n"
-                                "[policy]\ndevice = \"auto\"\n", s.cfg());
+  auto ok =
+      parse_config(base +
+                       "[[node]]\nname = \"a\"\nroles = [\"supervisor\", \"sampler\", \"evaluator\"]\ngpus = \"auto\"\n"
+                       "[policy]\ndevice = \"auto\"\n",
+                   s.cfg());
   REQUIRE(std::holds_alternative<Config>(ok));
   auto& c = std::get<Config>(ok);
   CHECK(c.nodes[0].gpus_auto);
@@ -296,9 +313,12 @@ TEST_CASE("gpus = \"auto\" and device = \"auto\" are kept for the node's process
   CHECK(c.policy.device == "auto");
   CHECK(c.learner.device == "auto");  // follows the policy's
   CHECK(c.resolved_toml.find("gpus = 'auto'") != std::string::npos);
-  auto e = errors_of(base + "[[node]]\nname = \"a\"\nroles = [\"supervisor\", \"evaluator\"]\ngpus = \"all\"\n", s.cfg());
+  auto e =
+      errors_of(base + "[[node]]\nname = \"a\"\nroles = [\"supervisor\", \"evaluator\"]\ngpus = \"all\"\n", s.cfg());
   bool named = false;
-  for (auto& x : e) named = named || x.find("node[0].gpus: expected an array of CUDA device ids or \"auto\", got \"all\"") != std::string::npos;
+  for (auto& x : e)
+    named = named ||
+            x.find("node[0].gpus: expected an array of CUDA device ids or \"auto\", got \"all\"") != std::string::npos;
   CHECK(named);
 }
 
@@ -307,8 +327,9 @@ TEST_CASE("a train run's held-out evaluation: its tasks, how often and how many 
   fs::create_directories(s.dir / "model");
   std::ofstream(s.dir / "tasks" / "02_second.py") << "# task\n";
   std::ofstream(s.dir / "splits.toml") << "[splits]\ntrain = [\"1\"]\nheld = [\"02_second\"]\n";
-  const std::string train = "[tasks]\ndir = \"tasks\"\nids = [\"1\"]\n[policy]\nmodel = \"model\"\n[sampler]\n"
-                            "backend = \"libtorch\"\n[experiment]\nmode = \"train\"\n";
+  const std::string train =
+      "[tasks]\ndir = \"tasks\"\nids = [\"1\"]\n[policy]\nmodel = \"model\"\n[sampler]\n"
+      "backend = \"libtorch\"\n[experiment]\nmode = \"train\"\n";
   auto ok = parse_config(train + "eval_ids = [\"2\"]\neval_every = 5\neval_samples = 4\n", s.cfg());
   REQUIRE(std::holds_alternative<Config>(ok));
   auto& c = std::get<Config>(ok);
@@ -317,9 +338,11 @@ TEST_CASE("a train run's held-out evaluation: its tasks, how often and how many 
   CHECK(c.experiment.eval_every == 5);
   CHECK(c.experiment.eval_samples == 4);
   // A named split of [tasks] split_file.
-  auto split = parse_config("[tasks]\ndir = \"tasks\"\nsplit = \"train\"\nsplit_file = \"splits.toml\"\n[policy]\n"
-                            "model = \"model\"\n[sampler]\nbackend = \"libtorch\"\n[experiment]\nmode = \"train\"\n"
-                            "eval_split = \"held\"\n", s.cfg());
+  auto split = parse_config(
+      "[tasks]\ndir = \"tasks\"\nsplit = \"train\"\nsplit_file = \"splits.toml\"\n[policy]\n"
+      "model = \"model\"\n[sampler]\nbackend = \"libtorch\"\n[experiment]\nmode = \"train\"\n"
+      "eval_split = \"held\"\n",
+      s.cfg());
   REQUIRE(std::holds_alternative<Config>(split));
   CHECK(std::get<Config>(split).experiment.eval_tasks.split == "held");
   CHECK_FALSE(std::get<Config>(parse_config(train, s.cfg())).experiment.evaluates());
@@ -341,8 +364,10 @@ TEST_CASE("a train run's held-out evaluation: its tasks, how often and how many 
   auto e4 = errors_of(train + "eval_ids = [\"2\"]\neval_split = \"held\"\n", s.cfg());
   REQUIRE(e4.size() == 1);
   CHECK(has(e4, "experiment.eval_ids: set eval_ids or eval_split, not both"));
-  auto e5 = errors_of("[tasks]\ndir = \"tasks\"\nsplit_file = \"splits.toml\"\n[policy]\nmodel = \"model\"\n[sampler]\n"
-                      "backend = \"libtorch\"\n[experiment]\nmode = \"train\"\neval_split = \"nope\"\n", s.cfg());
+  auto e5 = errors_of(
+      "[tasks]\ndir = \"tasks\"\nsplit_file = \"splits.toml\"\n[policy]\nmodel = \"model\"\n[sampler]\n"
+      "backend = \"libtorch\"\n[experiment]\nmode = \"train\"\neval_split = \"nope\"\n",
+      s.cfg());
   REQUIRE(e5.size() == 1);
   CHECK(has(e5, "experiment.eval_split:"));
   CHECK(has(e5, "nope"));
@@ -351,9 +376,11 @@ TEST_CASE("a train run's held-out evaluation: its tasks, how often and how many 
 TEST_CASE("sdpo mode, its [sdpo] table, the threshold reward and the entropy bonus are checked", "[config][learner]") {
   Scratch s;
   fs::create_directories(s.dir / "model");
-  const std::string model = "[tasks]\ndir = \"tasks\"\n[policy]\nmodel = \"model\"\n[sampler]\nbackend = \"libtorch\"\n";
-  auto ok = parse_config(model + "[experiment]\nmode = \"sdpo\"\npatience = 2\n[sdpo]\ncontext = \"prompt\"\nbeta = 0.5\n"
-                                 "[reward]\nshape = \"threshold\"\nthreshold = 1.2\n[learner]\nentropy_coef = 0.01\n",
+  const std::string model =
+      "[tasks]\ndir = \"tasks\"\n[policy]\nmodel = \"model\"\n[sampler]\nbackend = \"libtorch\"\n";
+  auto ok = parse_config(model +
+                             "[experiment]\nmode = \"sdpo\"\npatience = 2\n[sdpo]\ncontext = \"prompt\"\nbeta = 0.5\n"
+                             "[reward]\nshape = \"threshold\"\nthreshold = 1.2\n[learner]\nentropy_coef = 0.01\n",
                          s.cfg());
   REQUIRE(std::holds_alternative<Config>(ok));
   auto& c = std::get<Config>(ok);
@@ -377,7 +404,8 @@ TEST_CASE("sdpo mode, its [sdpo] table, the threshold reward and the entropy bon
   };
   CHECK(has("experiment.mode: [sdpo] is set but mode is \"ttt\""));
   CHECK(has("sdpo.context: expected one of feedback, prompt, got \"teacher\""));
-  e = errors_of(model + "[experiment]\nmode = \"sdpo\"\n[sdpo]\ncontext = \"prompt\"\ndemonstration = false\n", s.cfg());
+  e = errors_of(model + "[experiment]\nmode = \"sdpo\"\n[sdpo]\ncontext = \"prompt\"\ndemonstration = false\n",
+                s.cfg());
   REQUIRE(e.size() == 1);
   CHECK(has("sdpo.demonstration: context = \"prompt\" without a demonstration"));
   e = errors_of(base + "[experiment]\nmode = \"sdpo\"\n", s.cfg());

@@ -28,8 +28,8 @@ namespace {
 struct TempDir {
   fs::path path;
   TempDir() {
-    path = fs::temp_directory_path() / ("kernelrl-learner-test-" + std::to_string(::getpid()) + "-" +
-                                        std::to_string(std::rand()));
+    path = fs::temp_directory_path() /
+           ("kernelrl-learner-test-" + std::to_string(::getpid()) + "-" + std::to_string(std::rand()));
     fs::create_directories(path);
   }
   ~TempDir() { fs::remove_all(path); }
@@ -109,7 +109,8 @@ ScoredRollout sample(uint32_t step, uint64_t group, uint32_t i, const std::strin
 }
 
 // A learner actor over `engine` with groups of 2, checkpoints under `tmp`.
-caf::actor scripted_learner(System& s, const TempDir& tmp, std::shared_ptr<ScriptedEngine> engine, double sync_timeout_s) {
+caf::actor scripted_learner(System& s, const TempDir& tmp, std::shared_ptr<ScriptedEngine> engine,
+                            double sync_timeout_s) {
   LearnerArgs la;
   la.engine = std::move(engine);
   la.group_size = 2;
@@ -146,8 +147,12 @@ TEST_CASE("the learner learns each group as it completes and publishes one versi
   self->send(learner, train_atom::value, sample(1, 7, 1, "c", 0, 0.0));
   // The first group is learned from before the step's last group exists (streaming).
   self->request(learner, std::chrono::seconds(5), stats_atom::value)
-      .receive([](Telemetry& t) { CHECK(t.values["groups_learned"] == 1); CHECK(t.values["updates"] == 0); },
-               [](caf::error&) { FAIL("no stats"); });
+      .receive(
+          [](Telemetry& t) {
+            CHECK(t.values["groups_learned"] == 1);
+            CHECK(t.values["updates"] == 0);
+          },
+          [](caf::error&) { FAIL("no stats"); });
   CHECK(engine->n_groups() == 1);
   self->send(learner, train_atom::value, sample(0, 1, 0, "b", 0, 0.5));
   self->send(learner, train_atom::value, sample(0, 1, 1, "b", 0, 0.0));
@@ -162,8 +167,12 @@ TEST_CASE("the learner learns each group as it completes and publishes one versi
       [](caf::error& e) { FAIL("step failed"); });
   CHECK(versions_of(self, sampler) == std::vector<uint64_t>{0, 1});
   self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{1}, uint64_t{1})
-      .receive([](StepUpdate& u) { CHECK(u.policy_version == 2); CHECK(u.stats["loss"] == 1); },
-               [](caf::error&) { FAIL("step 1 failed"); });
+      .receive(
+          [](StepUpdate& u) {
+            CHECK(u.policy_version == 2);
+            CHECK(u.stats["loss"] == 1);
+          },
+          [](caf::error&) { FAIL("step 1 failed"); });
   CHECK(engine->n_groups() == 3);
   CHECK(engine->groups[2].front().reward == 1.0);
   CHECK(engine->groups[2].front().logprobs == std::vector<float>{-0.5f, -0.25f});
@@ -184,8 +193,10 @@ TEST_CASE("a weight sync that is not acknowledged stops the step with an error",
         .receive([](uint64_t) {}, [&](caf::error& e) { err = error_text(*s.sys, e); });
     INFO(behaviour << ": " << err);
     CHECK(err.find("sampler 1 did not take policy version 0") != std::string::npos);
-    if (behaviour == "mute") CHECK(err.find("no acknowledgement within 0.3 s") != std::string::npos);
-    else CHECK(err.find("adapter rank does not match") != std::string::npos);
+    if (behaviour == "mute")
+      CHECK(err.find("no acknowledgement within 0.3 s") != std::string::npos);
+    else
+      CHECK(err.find("adapter rank does not match") != std::string::npos);
     auto h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{0}, uint64_t{1});
     self->send(learner, train_atom::value, sample(0, 0, 0, "a", 0, 1.0));
     self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0));
@@ -202,7 +213,8 @@ TEST_CASE("the checkpoint selector keeps step 0, the newest and the best, and an
   auto sel = spawn_checkpoint_selector(*s.sys, SelectorArgs{dir.string(), 2});
   caf::scoped_actor self{*s.sys};
   bool none = false;
-  self->request(sel, std::chrono::seconds(5), best_atom::value).receive([](Checkpoint&) {}, [&](caf::error&) { none = true; });
+  self->request(sel, std::chrono::seconds(5), best_atom::value)
+      .receive([](Checkpoint&) {}, [&](caf::error&) { none = true; });
   CHECK(none);
   const std::vector<double> fast_1 = {0.1, 0.5, 0.3, 0.5, 0.2, 0.0};
   for (uint32_t k = 0; k < fast_1.size(); ++k) {
@@ -216,8 +228,12 @@ TEST_CASE("the checkpoint selector keeps step 0, the newest and the best, and an
     self->send(sel, record_atom::value, st);
   }
   self->request(sel, std::chrono::seconds(5), best_atom::value)
-      .receive([&](Checkpoint& c) { CHECK(c.step == 1); CHECK(c.score == 0.5); },  // the earlier of two 0.5s
-               [](caf::error&) { FAIL("no best"); });
+      .receive(
+          [&](Checkpoint& c) {
+            CHECK(c.step == 1);
+            CHECK(c.score == 0.5);
+          },  // the earlier of two 0.5s
+          [](caf::error&) { FAIL("no best"); });
   std::set<std::string> left;
   for (auto& d : fs::directory_iterator(dir)) left.insert(d.path().filename().string());
   CHECK(left == std::set<std::string>{"step-0", "step-1", "step-4", "step-5"});
@@ -307,8 +323,8 @@ TEST_CASE("the supervisor rejects stale groups, samples the task again and learn
     CHECK(j["steps"].size() == 3);
     CHECK(j["stale_rejected"] == (lie ? 2 : 0));
     CHECK(j["groups_replanned"] == (lie ? 1 : 0));
-    CHECK(j["samples"] == (lie ? 14 : 12));       // every sample is kept in the store ...
-    CHECK(engine->n_groups() == 6);               // ... but only fresh groups are learned from
+    CHECK(j["samples"] == (lie ? 14 : 12));  // every sample is kept in the store ...
+    CHECK(engine->n_groups() == 6);          // ... but only fresh groups are learned from
     for (auto& g : engine->groups) CHECK(g.size() == 2);
     for (auto& st : j["steps"]) CHECK(st["samples"] == 4);
     // Step s was sampled by version s: every learned sample is on-policy.

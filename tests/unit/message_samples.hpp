@@ -24,7 +24,7 @@ inline Rollout sample_rollout() {
 
 inline EvalRequest sample_request() {
   return {"01_diag_matmul#3.1", "01_diag_matmul", "/tasks/01_diag_matmul.py", "return A",
-          "forward_body", "full", 1234567890123ull, 2};
+          "forward_body",       "full",           1234567890123ull,           2};
 }
 
 inline EvalResult sample_result() {
@@ -65,10 +65,9 @@ inline Checkpoint sample_checkpoint() { return {5, 9, "/runs/x/checkpoints/step-
 inline WeightsUpdate sample_weights() {
   WeightsUpdate w;
   w.version = 10;
-  w.tensors.push_back({"base_model.model.layers.0.self_attn.q_proj.lora_A.weight", "bf16", {16, 896},
-                       {0, 1, 2, 255, 128}});
-  w.tensors.push_back({"base_model.model.layers.0.self_attn.q_proj.lora_B.weight", "f32", {896, 16},
-                       {7, 7, 7}});
+  w.tensors.push_back(
+      {"base_model.model.layers.0.self_attn.q_proj.lora_A.weight", "bf16", {16, 896}, {0, 1, 2, 255, 128}});
+  w.tensors.push_back({"base_model.model.layers.0.self_attn.q_proj.lora_B.weight", "f32", {896, 16}, {7, 7, 7}});
   return w;
 }
 

@@ -72,8 +72,7 @@ T msgpack_round_trip(const T& x) {
 
 }  // namespace
 
-TEST_CASE("every message round-trips through CAF serialization between two actor systems",
-          "[messages]") {
+TEST_CASE("every message round-trips through CAF serialization between two actor systems", "[messages]") {
   TwoSystems ts;
   CHECK(ts.round_trip(sample_rollout()) == sample_rollout());
   CHECK(ts.round_trip(sample_request()) == sample_request());
@@ -100,8 +99,7 @@ TEST_CASE("every message round-trips through msgpack", "[messages]") {
   CHECK(msgpack_round_trip(sample_telemetry()) == sample_telemetry());
 }
 
-TEST_CASE("msgpack form is a map keyed by field name, tolerant of added and missing keys",
-          "[messages]") {
+TEST_CASE("msgpack form is a map keyed by field name, tolerant of added and missing keys", "[messages]") {
   // A peer with a newer message adds a key and omits another: known fields still arrive.
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);

@@ -48,8 +48,7 @@ TEST_CASE("failures earn the configured constants, by kind", "[reward]") {
   c.hacked_reward = -2;
   CHECK(compute_reward(c, verdict(EvalStatus::incorrect, 3.0)) == -0.1);
   CHECK(compute_reward(c, verdict(EvalStatus::hacked, 3.0)) == -2);
-  for (auto s : {EvalStatus::format_error, EvalStatus::compile_error, EvalStatus::runtime_error,
-                 EvalStatus::timeout})
+  for (auto s : {EvalStatus::format_error, EvalStatus::compile_error, EvalStatus::runtime_error, EvalStatus::timeout})
     CHECK(compute_reward(c, verdict(s, 3.0)) == -0.5);
 }
 

@@ -40,7 +40,10 @@ TEST_CASE("safetensors: written tensors read back with dtype, shape, bytes and m
 
 TEST_CASE("safetensors: overlapping, short and oversized entries are errors naming the tensor") {
   std::string path = temp_file("kernelrl-st-bad.safetensors");
-  write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+  write_raw(
+      path,
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+      12);
   REQUIRE_THROWS_WITH(SafetensorsFile::open(path), Catch::Contains("overlap"));
   write_raw(path, R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8);
   REQUIRE_THROWS_WITH(SafetensorsFile::open(path), Catch::Contains("tensor a: holds 8 bytes"));
@@ -52,11 +55,14 @@ TEST_CASE("safetensors: overlapping, short and oversized entries are errors nami
 }
 
 TEST_CASE("nfc: composes, reorders marks and handles Hangul like Unicode's NFC") {
-  REQUIRE(nfc("e\xCC\x81") == "\xC3\xA9");                      // e + acute -> é
-  REQUIRE(nfc("\xE2\x84\xAB") == "\xC3\x85");                   // angstrom sign -> Å (singleton)
+  REQUIRE(nfc("e\xCC\x81") == "\xC3\xA9");                                 // e + acute -> é
+  REQUIRE(nfc("\xE2\x84\xAB") == "\xC3\x85");                              // angstrom sign -> Å (singleton)
   REQUIRE(nfc("\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8") == "\xEA\xB0\x81");  // jamo -> 각
-  REQUIRE(nfc("a\xCC\xA3\xCC\x87") == nfc("a\xCC\x87\xCC\xA3"));  // marks in canonical order
+  REQUIRE(nfc("a\xCC\xA3\xCC\x87") == nfc("a\xCC\x87\xCC\xA3"));           // marks in canonical order
   REQUIRE(nfc("plain ascii") == "plain ascii");
-  REQUIRE(utf8_lossy("a\xFF" "b") == "a\xEF\xBF\xBD" "b");
+  REQUIRE(utf8_lossy("a\xFF"
+                     "b") ==
+          "a\xEF\xBF\xBD"
+          "b");
   REQUIRE_FALSE(utf8_valid("\xC0\x80"));
 }

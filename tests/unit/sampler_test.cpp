@@ -111,10 +111,11 @@ TEST_CASE("a model-backend sampler streams rollouts and acknowledges weight vers
   bad.tensors.push_back(TensorBlob{"bad", "f32", {1}, {0, 0, 0, 0}});
   bool refused = false;
   self->request(sampler, std::chrono::seconds(5), bad)
-      .receive([](uint64_t) {}, [&](caf::error& e) {
-        refused = true;
-        CHECK(sys.render(e).find("tensor bad is not mine") != std::string::npos);
-      });
+      .receive([](uint64_t) {},
+               [&](caf::error& e) {
+                 refused = true;
+                 CHECK(sys.render(e).find("tensor bad is not mine") != std::string::npos);
+               });
   CHECK(refused);
 
   // Two failures, then success: the step's samples all arrive, with the new version.
@@ -143,10 +144,11 @@ TEST_CASE("the replay sampler refuses weight updates with an error", "[actors][s
   caf::scoped_actor self{sys};
   bool refused = false;
   self->request(sampler, std::chrono::seconds(5), WeightsUpdate{3, {}})
-      .receive([](uint64_t) {}, [&](caf::error& e) {
-        refused = true;
-        CHECK(sys.render(e).find("replay backend") != std::string::npos);
-      });
+      .receive([](uint64_t) {},
+               [&](caf::error& e) {
+                 refused = true;
+                 CHECK(sys.render(e).find("replay backend") != std::string::npos);
+               });
   CHECK(refused);
   self->send_exit(sampler, caf::exit_reason::user_shutdown);
   self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
