@@ -431,8 +431,8 @@ void read_sampler(TableReader& r, Config& c, const toml::table& root) {
   if (c.sampler.backend == "openai") {
     if (c.sampler.url.empty())
       r.error_here("url", "the openai backend needs url = \"http://HOST:PORT\"");
-    else if (c.sampler.url.rfind("http://", 0) != 0)
-      r.error_here("url", "expected \"http://HOST:PORT[/PATH]\" (https: put a TLS proxy in front), got \"" +
+    else if (c.sampler.url.rfind("http://", 0) != 0 && c.sampler.url.rfind("https://", 0) != 0)
+      r.error_here("url", "expected \"http://HOST:PORT[/PATH]\" or \"https://HOST[:PORT][/PATH]\", got \"" +
                               c.sampler.url + "\"");
     if (c.sampler.served_model.empty())
       r.error_here("served_model", "the openai backend needs the served model's name");

@@ -1,36 +1,28 @@
 #include "core/http.hpp"
 
-#include <arpa/inet.h>
-#include <cerrno>
-#include <chrono>
-#include <cstring>
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <curl/curl.h>
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
 
 namespace kernelrl {
 
 bool parse_http_url(const std::string& url, std::string& host, uint16_t& port, std::string& base_path,
                     std::string& err) {
-  const std::string scheme = "http://";
-  if (url.rfind("https://", 0) == 0) {
-    err = url + ": https is not supported; reach the server over http (or through a TLS proxy)";
+  const bool tls = url.rfind("https://", 0) == 0;
+  if (!tls && url.rfind("http://", 0) != 0) {
+    err = url + ": expected http://HOST[:PORT][/PATH] or https://HOST[:PORT][/PATH]";
     return false;
   }
-  if (url.rfind(scheme, 0) != 0) {
-    err = url + ": expected http://HOST:PORT[/PATH]";
-    return false;
-  }
-  std::string rest = url.substr(scheme.size());
+  std::string rest = url.substr(tls ? 8 : 7);
   auto slash = rest.find('/');
   std::string hp = rest.substr(0, slash);
   base_path = slash == std::string::npos ? "" : rest.substr(slash);
   while (!base_path.empty() && base_path.back() == '/') base_path.pop_back();
   auto colon = hp.rfind(':');
   host = colon == std::string::npos ? hp : hp.substr(0, colon);
-  port = 80;
+  port = tls ? 443 : 80;
   if (colon != std::string::npos) {
     try {
       size_t used = 0;
@@ -51,33 +43,40 @@ bool parse_http_url(const std::string& url, std::string& host, uint16_t& port, s
 
 namespace {
 
-using clock_t_ = std::chrono::steady_clock;
-
-int remaining_ms(clock_t_::time_point deadline) {
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_t_::now()).count();
-  return ms < 0 ? 0 : static_cast<int>(ms);
+size_t append_body(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
 }
 
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
+struct CurlDeleter {
+  void operator()(CURL* h) const { curl_easy_cleanup(h); }
 };
 
-// Decodes a chunked body; false if it is incomplete.
-bool dechunk(const std::string& in, std::string& out) {
-  out.clear();
-  size_t i = 0;
-  while (true) {
-    auto eol = in.find("\r\n", i);
-    if (eol == std::string::npos) return false;
-    size_t n = std::stoul(in.substr(i, eol - i), nullptr, 16);
-    i = eol + 2;
-    if (n == 0) return true;
-    if (in.size() < i + n + 2) return false;
-    out.append(in, i, n);
-    i += n + 2;
+// One handle per thread, reset between requests: libcurl keeps its connections (keep-alive), DNS
+// and TLS sessions across resets.
+CURL* thread_handle() {
+  static std::once_flag init;
+  std::call_once(init, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+  thread_local std::unique_ptr<CURL, CurlDeleter> handle(curl_easy_init());
+  if (handle) curl_easy_reset(handle.get());
+  return handle.get();
+}
+
+std::string describe(CURLcode rc, const char* detail, double timeout_s) {
+  std::string why = detail[0] ? detail : curl_easy_strerror(rc);
+  switch (rc) {
+    case CURLE_COULDNT_CONNECT:
+      return "cannot connect (" + why + ")";
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+      return "cannot resolve the host (" + why + ")";
+    case CURLE_OPERATION_TIMEDOUT:
+      return "no complete answer within " + std::to_string(timeout_s) + " s (" + why + ")";
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+      return "TLS failed (" + why + ")";
+    default:
+      return why;
   }
 }
 
@@ -85,124 +84,47 @@ bool dechunk(const std::string& in, std::string& out) {
 
 HttpResponse http_request(const std::string& method, const std::string& url, const std::string& body,
                           const std::map<std::string, std::string>& headers, double timeout_s) {
-  HttpResponse r;
-  std::string host, path, err;
-  uint16_t port = 0;
-  if (!parse_http_url(url, host, port, path, err)) {
-    r.error = err;
-    return r;
+  HttpResponse res;
+  CURL* h = thread_handle();
+  if (!h) {
+    res.error = "cannot create an HTTP handle (libcurl)";
+    return res;
   }
-  if (path.empty()) path = "/";
-  auto deadline = clock_t_::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
-    r.error = "cannot resolve " + host + ": " + gai_strerror(rc);
-    return r;
+  char detail[CURL_ERROR_SIZE] = {0};
+  curl_slist* list = nullptr;
+  if (!body.empty()) list = curl_slist_append(list, "Content-Type: application/json");
+  list = curl_slist_append(list, "Expect:");  // no 100-continue round trip before a large body
+  for (auto& [k, v] : headers) list = curl_slist_append(list, (k + ": " + v).c_str());
+  const long ms = std::max(1L, static_cast<long>(timeout_s * 1000));
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method.c_str());
+  if (!body.empty() || method == "POST") {
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.data());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
   }
-  Fd s;
-  std::string last = "no address";
-  for (auto* a = res; a; a = a->ai_next) {
-    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-    if (fd < 0) continue;
-    int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, remaining_ms(deadline)) == 1) {
-        int so = 0;
-        socklen_t len = sizeof so;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &len);
-        rc = so == 0 ? 0 : -1;
-        errno = so;
-      } else {
-        errno = ETIMEDOUT;
-      }
-    }
-    if (rc == 0) {
-      s.fd = fd;
-      break;
-    }
-    last = std::strerror(errno);
-    ::close(fd);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, list);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, append_body);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &res.body);
+  curl_easy_setopt(h, CURLOPT_ERRORBUFFER, detail);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, ms);  // the whole exchange
+  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, ms);
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);  // threads: no SIGALRM for DNS timeouts
+  curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+  curl_easy_setopt(h, CURLOPT_ACCEPT_ENCODING, "");  // whatever the server compresses with
+  // Proxies come from the environment (http_proxy, https_proxy, no_proxy), as curl's own; so does
+  // another CA bundle (CURL_CA_BUNDLE, as the curl tool reads it), e.g. a cluster's own CA.
+  if (const char* ca = std::getenv("CURL_CA_BUNDLE"); ca && *ca) curl_easy_setopt(h, CURLOPT_CAINFO, ca);
+  CURLcode rc = curl_easy_perform(h);
+  curl_slist_free_all(list);
+  if (rc != CURLE_OK) {
+    res.error = describe(rc, detail, timeout_s);
+    res.body.clear();
+    return res;
   }
-  freeaddrinfo(res);
-  if (s.fd < 0) {
-    r.error = "cannot connect to " + host + ":" + std::to_string(port) + ": " + last;
-    return r;
-  }
-  std::string req = method + " " + path + " HTTP/1.1\r\nHost: " + host + ":" + std::to_string(port) +
-                    "\r\nConnection: close\r\nAccept: application/json\r\n";
-  if (!body.empty()) req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
-  for (auto& [k, v] : headers) req += k + ": " + v + "\r\n";
-  req += "\r\n" + body;
-  for (size_t sent = 0; sent < req.size();) {
-    pollfd p{s.fd, POLLOUT, 0};
-    if (::poll(&p, 1, remaining_ms(deadline)) != 1) {
-      r.error = "timed out after " + std::to_string(timeout_s) + " s sending the request";
-      return r;
-    }
-    ssize_t n = ::send(s.fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && errno != EAGAIN && errno != EINTR) {
-      r.error = std::string("send failed: ") + std::strerror(errno);
-      return r;
-    }
-    if (n > 0) sent += n;
-  }
-  std::string in;
-  size_t header_end = std::string::npos, content_length = std::string::npos;
-  bool chunked = false;
-  char buf[65536];
-  while (true) {
-    if (header_end != std::string::npos) {
-      std::string payload = in.substr(header_end);
-      if (content_length != std::string::npos && payload.size() >= content_length) {
-        r.body = payload.substr(0, content_length);
-        return r;
-      }
-      if (chunked && dechunk(payload, r.body)) return r;
-    }
-    pollfd p{s.fd, POLLIN, 0};
-    int pr = ::poll(&p, 1, remaining_ms(deadline));
-    if (pr == 0) {
-      r = HttpResponse{};
-      r.error = "timed out after " + std::to_string(timeout_s).substr(0, std::to_string(timeout_s).find('.') + 2) +
-                " s waiting for the response";
-      return r;
-    }
-    ssize_t n = ::recv(s.fd, buf, sizeof buf, 0);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n <= 0) {  // the server closed the connection
-      if (header_end == std::string::npos) {
-        r.error = "the connection closed before a complete response";
-        return r;
-      }
-      if (chunked || (content_length != std::string::npos)) {
-        r = HttpResponse{};
-        r.error = "the connection closed in the middle of the response body";
-        return r;
-      }
-      r.body = in.substr(header_end);
-      return r;
-    }
-    in.append(buf, n);
-    if (header_end == std::string::npos) {
-      auto e = in.find("\r\n\r\n");
-      if (e == std::string::npos) continue;
-      header_end = e + 4;
-      std::string head = in.substr(0, e);
-      if (head.rfind("HTTP/1.", 0) != 0 || head.size() < 12) {
-        r.error = "not an HTTP response";
-        return r;
-      }
-      r.status = std::atoi(head.c_str() + 9);
-      std::string lower = head;
-      for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      auto cl = lower.find("\r\ncontent-length:");
-      if (cl != std::string::npos) content_length = std::stoul(lower.substr(cl + 17));
-      chunked = lower.find("\r\ntransfer-encoding: chunked") != std::string::npos;
-    }
-  }
+  long status = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+  res.status = static_cast<int>(status);
+  return res;
 }
 
 }  // namespace kernelrl

@@ -1,6 +1,6 @@
-// A small HTTP/1.1 client for OpenAI-compatible inference servers (vLLM, SGLang) on the
-// cluster's network: plain http:// only (put TLS in front with a proxy), one request per
-// connection, Content-Length or chunked bodies, a wall-clock limit for the whole exchange.
+// The HTTP client for OpenAI-compatible inference servers (vLLM, SGLang), on libcurl: http:// and
+// https:// (the system's CA certificates, or the bundle $CURL_CA_BUNDLE names), proxies from the environment (http_proxy, https_proxy,
+// no_proxy), connections kept alive per thread, a wall-clock limit for the whole exchange.
 #pragma once
 
 #include <map>
@@ -14,7 +14,7 @@ struct HttpResponse {
   std::string error;  // connect/timeout/protocol failure; empty when a response arrived
 };
 
-// Splits "http://host:port/base" into its parts; false (and `err`) for anything else.
+// Splits "http[s]://host[:port]/base" into its parts; false (and `err`) for anything else.
 bool parse_http_url(const std::string& url, std::string& host, uint16_t& port, std::string& base_path,
                     std::string& err);
 

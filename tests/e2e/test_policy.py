@@ -472,10 +472,44 @@ class OpenAIBackendTest(ServerTestCase):
                  "--retries", "0"], check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn("cannot connect", p.stderr)
-        p = run([LAUNCH, "generate", "--server", "https://example.invalid", "--served-model", "x", "--prompt", "a"],
+        # https is spoken (libcurl); a host that does not exist is said to be one.
+        p = run([LAUNCH, "generate", "--server", "https://no-such-host.invalid", "--served-model", "x", "--prompt", "a",
+                 "--retries", "0", "--timeout", "10"], check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("cannot resolve the host", p.stderr)
+        p = run([LAUNCH, "generate", "--server", "ftp://127.0.0.1:1", "--served-model", "x", "--prompt", "a"],
                 check=False)
         self.assertEqual(p.returncode, 2)
-        self.assertIn("https is not supported", p.stderr)
+        self.assertIn("expected http://HOST[:PORT][/PATH] or https://", p.stderr)
+
+
+class HttpsTest(unittest.TestCase):
+    """The OpenAI-compatible backend over https (libcurl): a server with a self-signed certificate is
+    refused until that certificate is trusted (CURL_CA_BUNDLE), then answers as over http."""
+
+    def test_https_with_a_trusted_certificate_and_refused_without(self):
+        with tempfile.TemporaryDirectory() as d:
+            cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                            "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                           check=True, capture_output=True)
+            server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "fixtures", "openai_server.py"),
+                                       os.path.join(d, "log.jsonl"), "--tls", cert, key], stdout=subprocess.PIPE, text=True)
+            try:
+                url = "https://127.0.0.1:%s" % server.stdout.readline().strip()
+                args = [LAUNCH, "generate", "--server", url, "--served-model", "ok", "--json", "--prompt", "a",
+                        "--retries", "0"]
+                env = {k: v for k, v in os.environ.items() if k != "CURL_CA_BUNDLE"}
+                p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60)
+                self.assertEqual(p.returncode, 2)
+                self.assertIn("TLS failed", p.stderr)
+                p = subprocess.run(args, capture_output=True, text=True, env=dict(env, CURL_CA_BUNDLE=cert), timeout=60)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertEqual(len(json.loads(p.stdout)["completions"]), 1)
+            finally:
+                server.kill()
+                server.wait()
+                server.stdout.close()
 
 
 def write_config(tmp, sampler, policy="", tasks='ids = ["06_swish", "07_hardtanh_scale"]'):
@@ -564,8 +598,11 @@ class SamplerRunTest(ServerTestCase):
         p = run([LAUNCH, "check", cfg], check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn("sampler.backend: the libtorch backend needs [policy] model", p.stderr + p.stdout)
-        cfg = write_config(self.tmp, 'backend = "openai"\nurl = "https://x:1"')
+        cfg = write_config(self.tmp, 'backend = "openai"\nurl = "ftp://x:1"')
         p = run([LAUNCH, "check", cfg], check=False)
         self.assertEqual(p.returncode, 2)
-        self.assertIn("put a TLS proxy in front", p.stderr + p.stdout)
+        self.assertIn('sampler.url: expected "http://HOST:PORT[/PATH]" or "https://', p.stderr + p.stdout)
         self.assertIn("served_model", p.stderr + p.stdout)
+        cfg = write_config(self.tmp, 'backend = "openai"\nurl = "https://x:1"\nserved_model = "m"')
+        p = run([LAUNCH, "check", cfg], check=False)
+        self.assertNotIn("sampler.url", p.stderr + p.stdout)
