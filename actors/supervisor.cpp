@@ -1,6 +1,7 @@
 #include "actors/supervisor.hpp"
 
 #include "core/log.hpp"
+#include "experiment/scores.hpp"
 #include "core/paths.hpp"
 #include "store/store.hpp"
 
@@ -19,11 +20,6 @@ namespace kernelrl {
 
 namespace {
 
-struct TaskAgg {
-  uint64_t samples = 0, correct = 0, faster = 0;
-  double speedup_sum = 0, reward_sum = 0;
-};
-
 struct supervisor_state {
   std::unique_ptr<Store> store;
   caf::response_promise done;
@@ -36,7 +32,7 @@ struct supervisor_state {
   double t_start = 0;
   double t_first_record = -1, t_last_record = -1;  // mono_s of the first and last stored sample
   std::vector<double> speedups;                    // of correct samples (the speedup distribution)
-  std::vector<uint64_t> reward_hist;               // counts per reward_edges bin
+  std::vector<uint64_t> reward_hist;               // counts per reward_bin()
   uint32_t step = 0;                               // latest step a recorded sample belongs to
   uint64_t policy_version = 0;                     // newest policy version seen in a sample
   uint64_t stale_max = 0, stale_sum = 0;           // policy_version - sample's version, at record time
@@ -99,57 +95,7 @@ constexpr uint64_t eval_group_base = uint64_t(1) << 62;  // group ids of evaluat
 // train and ttt: the modes in which a learner updates the policy step by step.
 bool learns(const SupervisorArgs& a) { return traits(a.mode).learns; }
 
-// Reward histogram bins: (-inf, 0], (0, 0.5], (0.5, 1], (1, 1.5], (1.5, 2], (2, 5], (5, inf).
-const std::vector<double> reward_edges = {0, 0.5, 1, 1.5, 2, 5};
-const std::vector<std::string>& reward_bins = reward_histogram_bins();
-
-size_t reward_bin(double r) {
-  size_t i = 0;
-  while (i < reward_edges.size() && r > reward_edges[i]) ++i;
-  return i;
-}
-
-// The q-quantile (0..1, nearest rank) of xs; xs is reordered.
-double quantile(std::vector<double>& xs, double q) {
-  if (xs.empty()) return 0;
-  size_t k = std::min(xs.size() - 1, static_cast<size_t>(q * double(xs.size() - 1) + 0.5));
-  std::nth_element(xs.begin(), xs.begin() + k, xs.end());
-  return xs[k];
-}
-
-StepStats stats_of(const std::map<std::string, TaskAgg>& tasks, const std::map<std::string, uint64_t>& status_counts,
-                   uint32_t step) {
-  StepStats s;
-  s.step = step;
-  uint64_t faster = 0;
-  double speedup_sum = 0, reward_sum = 0;
-  for (auto& [id, t] : tasks) {
-    s.samples += t.samples;
-    s.correct += t.correct;
-    faster += t.faster;
-    speedup_sum += t.speedup_sum;
-    reward_sum += t.reward_sum;
-  }
-  s.fast_1 = s.samples ? double(faster) / double(s.samples) : 0.0;
-  s.mean_speedup = s.correct ? speedup_sum / double(s.correct) : 0.0;
-  s.mean_reward = s.samples ? reward_sum / double(s.samples) : 0.0;
-  s.status_counts = status_counts;
-  return s;
-}
-
 StepStats step_stats(const supervisor_state& st, uint32_t step) { return stats_of(st.tasks, st.status_counts, step); }
-
-void add_to(std::map<std::string, TaskAgg>& tasks, const ScoredRollout& s) {
-  if (!is_verdict(s.result.status)) return;  // skipped, or too large for the device: in no rate
-  auto& t = tasks[s.rollout.task_id];
-  ++t.samples;
-  t.reward_sum += s.reward;
-  if (s.result.status == EvalStatus::ok) {
-    ++t.correct;
-    t.speedup_sum += s.result.speedup;
-    if (s.result.speedup > 1.0) ++t.faster;
-  }
-}
 
 // Counts a recorded sample in the run's totals (its compute always; its scores only when it is a
 // sample of the experiment, not of a periodic evaluation).
@@ -167,7 +113,7 @@ void count_sample(supervisor_state& st, const ScoredRollout& s) {
     return;
   }
   ++st.status_counts[to_string(s.result.status)];
-  if (st.reward_hist.empty()) st.reward_hist.assign(reward_bins.size(), 0);
+  if (st.reward_hist.empty()) st.reward_hist.assign(reward_histogram_bins().size(), 0);
   if (is_verdict(s.result.status)) ++st.reward_hist[reward_bin(s.reward)];
   st.step = std::max(st.step, s.rollout.step);
   st.policy_version = std::max(st.policy_version, s.rollout.policy_version);
@@ -788,40 +734,15 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
         for (auto [name, q] : std::initializer_list<std::pair<const char*, double>>{
                  {"p10", 0.1}, {"p25", 0.25}, {"p50", 0.5}, {"p75", 0.75}, {"p90", 0.9}, {"max", 1.0}})
           t.values[std::string("speedup.") + name] = quantile(xs, q);
-        for (size_t i = 0; i < reward_bins.size(); ++i)
-          t.values["reward_hist." + reward_bins[i]] = st.reward_hist.empty() ? 0.0 : double(st.reward_hist[i]);
+        for (size_t i = 0; i < reward_histogram_bins().size(); ++i)
+          t.values["reward_hist." + reward_histogram_bins()[i]] =
+              st.reward_hist.empty() ? 0.0 : double(st.reward_hist[i]);
         return t;
       },
   };
 }
 
 }  // namespace
-
-bool AdaptationTracker::record(uint32_t step, double score) {
-  if (!any || score > best) {
-    best = score;
-    best_step = step;
-    since_best = 0;
-  } else {
-    ++since_best;
-  }
-  any = true;
-  return patience > 0 && since_best >= patience;
-}
-
-size_t train_task_index(uint64_t seed, size_t n, uint64_t i) {
-  const uint64_t epoch = i / n;
-  std::vector<size_t> perm(n);
-  for (size_t k = 0; k < n; ++k) perm[k] = k;
-  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + epoch);
-  for (size_t k = n; k > 1; --k) std::swap(perm[k - 1], perm[size_t(rng() % k)]);  // Fisher-Yates
-  return perm[i % n];
-}
-
-const std::vector<std::string>& reward_histogram_bins() {
-  static const std::vector<std::string> bins = {"le_0", "0_0.5", "0.5_1", "1_1.5", "1.5_2", "2_5", "gt_5"};
-  return bins;
-}
 
 caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args) {
   return sys.spawn(supervisor_actor, std::move(args));

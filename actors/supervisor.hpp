@@ -27,6 +27,8 @@
 #pragma once
 
 #include "core/config.hpp"
+#include "experiment/adaptation.hpp"
+#include "experiment/scores.hpp"
 #include "messages/messages.hpp"
 
 #include <caf/actor.hpp>
@@ -66,25 +68,6 @@ struct SupervisorArgs {
   std::map<std::string, std::string> settings;
 };
 
-// Best-of-Adaptation and early stopping over per-step scores (each step's fast_1): the best step
-// is the highest score, the earliest on a tie; with patience P > 0 the run stops once P steps in a
-// row have not beaten it.
-struct AdaptationTracker {
-  uint32_t patience = 0;  // 0: never stop early
-  double best = 0;
-  uint32_t best_step = 0;
-  uint32_t since_best = 0;  // steps since the best
-  bool any = false;         // a score was recorded
-  // Records `step`'s score; true when the run should stop.
-  bool record(uint32_t step, double score);
-};
-
-// Task `i` of the endless training sequence: epoch i / n is a shuffle of `n` tasks by `seed`.
-size_t train_task_index(uint64_t seed, size_t n, uint64_t i);
-
 caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args);
-
-// Names of the reward histogram's bins, in order: its telemetry keys are "reward_hist.NAME".
-const std::vector<std::string>& reward_histogram_bins();
 
 }  // namespace kernelrl

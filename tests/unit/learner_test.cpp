@@ -341,24 +341,6 @@ TEST_CASE("the supervisor rejects stale groups, samples the task again and learn
   }
 }
 
-TEST_CASE("Best-of-Adaptation picks the best step, the earliest on a tie; patience stops the run", "[learner]") {
-  AdaptationTracker t;
-  t.patience = 2;
-  const std::vector<double> scores = {0.1, 0.3, 0.2, 0.3, 0.25, 0.5};
-  std::vector<bool> stop;
-  for (uint32_t s = 0; s < scores.size(); ++s) stop.push_back(t.record(s, scores[s]));
-  // 0.3 at step 1; step 2 and step 3 (a tie) do not beat it: stop after step 3.
-  CHECK(stop == std::vector<bool>{false, false, false, true, true, false});
-  AdaptationTracker u;  // patience 0: never stops, keeps the best
-  for (uint32_t s = 0; s < scores.size(); ++s) CHECK_FALSE(u.record(s, scores[s]));
-  CHECK(u.best_step == 5);
-  CHECK(u.best == 0.5);
-  AdaptationTracker v;
-  v.patience = 2;
-  for (uint32_t s = 0; s < 4; ++s) v.record(s, scores[s]);
-  CHECK(v.best_step == 1);  // the earlier of two 0.3s
-}
-
 TEST_CASE("a ttt run adapts on every task each step and stops early without improvement", "[learner]") {
   ScriptedRun r("ttt", 10, 3, 2);
   auto j = r.run(false);  // the same fast_1 (0.5) every step

@@ -1,0 +1,26 @@
+#pragma once
+// What a learning experiment decides from its scores, without actors: Best-of-Adaptation and
+// early stopping, and which task each group of a train step samples.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kernelrl {
+
+// Best-of-Adaptation and early stopping over per-step scores (each step's fast_1): the best step
+// is the highest score, the earliest on a tie; with patience P > 0 the run stops once P steps in a
+// row have not beaten it.
+struct AdaptationTracker {
+  uint32_t patience = 0;  // 0: never stop early
+  double best = 0;
+  uint32_t best_step = 0;
+  uint32_t since_best = 0;  // steps since the best
+  bool any = false;         // a score was recorded
+  // Records `step`'s score; true when the run should stop.
+  bool record(uint32_t step, double score);
+};
+
+// Task `i` of the endless training sequence: epoch i / n is a shuffle of `n` tasks by `seed`.
+size_t train_task_index(uint64_t seed, size_t n, uint64_t i);
+
+}  // namespace kernelrl
