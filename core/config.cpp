@@ -89,7 +89,7 @@ class TableReader {
     out_.insert_or_assign(key, v);
   }
 
-  void one_of(const char* key, std::string& v, std::initializer_list<const char*> choices) {
+  void one_of(const char* key, std::string& v, const std::vector<std::string>& choices) {
     if (auto* n = get(key, false)) read_string(*n, key, choices, v);
     out_.insert_or_assign(key, v);
   }
@@ -129,7 +129,7 @@ class TableReader {
     out_.insert_or_assign(key, v);
   }
 
-  void str_array(const char* key, std::vector<std::string>& v, std::initializer_list<const char*> choices = {}) {
+  void str_array(const char* key, std::vector<std::string>& v, const std::vector<std::string>& choices = {}) {
     array(key, v, "an array of strings", [&](const toml::node& e, const std::string& k, std::string& x) {
       return read_string(e, k.c_str(), choices, x);
     });
@@ -203,7 +203,7 @@ class TableReader {
 
  private:
   // A string, from `choices` when that is not empty; false (error reported) otherwise.
-  bool read_string(const toml::node& n, const char* key, std::initializer_list<const char*> choices, std::string& out) {
+  bool read_string(const toml::node& n, const char* key, const std::vector<std::string>& choices, std::string& out) {
     if (!n.is_string()) {
       wrong_type(n, key, "a string");
       return false;
@@ -211,9 +211,9 @@ class TableReader {
     std::string s = *n.value<std::string>();
     bool ok = choices.size() == 0;
     std::string list;
-    for (auto* c : choices) {
+    for (auto& c : choices) {
       ok = ok || s == c;
-      list += (list.empty() ? "" : ", ") + std::string(c);
+      list += (list.empty() ? "" : ", ") + c;
     }
     if (!ok) {
       error_at(n, key, "expected one of " + list + ", got \"" + s + "\"");
@@ -533,7 +533,7 @@ void read_learner(TableReader& r, Config& c, const toml::table& root) {
 // [experiment]: the mode and its settings.
 void read_experiment(TableReader& r, Config& c, const toml::table& root) {
   std::string mode_name = name(c.experiment.mode);
-  r.one_of("mode", mode_name, {"eval", "best_of_n", "train", "ttt", "sdpo"});
+  r.one_of("mode", mode_name, mode_names());
   if (auto parsed = parse_mode(mode_name)) c.experiment.mode = *parsed;
   const ModeTraits& mode = traits(c.experiment.mode);
   const std::string m = mode.name;

@@ -78,14 +78,11 @@ def setup():
             parent = os.path.join(v2, group) if group else v2
             why = _v2_usable(parent)
             if why is None:
-                base = _make(parent)
-                if isinstance(base, str):
-                    problems.append(base)
-                else:
-                    _base["unified"] = base[0]
+                base, why = _make(parent)
+                if base:
+                    _base["unified"] = base
                     break
-            else:
-                problems.append(why)
+            problems.append(why)
             if not group:
                 break
             group = os.path.dirname(group)
@@ -93,11 +90,11 @@ def setup():
         v2_problems, problems = problems, []
         for c in ("memory", "pids"):  # the v1 hierarchies
             if c in paths and os.path.isdir(os.path.join(ROOT, c)):
-                base = _make(os.path.join(ROOT, c, paths[c].lstrip("/")))
-                if isinstance(base, str):
-                    problems.append(base)
+                base, why = _make(os.path.join(ROOT, c, paths[c].lstrip("/")))
+                if base:
+                    _base[c] = base
                 else:
-                    _base[c] = base[0]
+                    problems.append(why)
     if "unified" in _base:
         status = "v2 (memory, pids)"
     elif _base:
@@ -131,9 +128,9 @@ def _v2_usable(parent):
 
 
 def _make(parent):
-    """(folder,) for this worker under parent, or a string saying why not."""
+    """(this worker's folder under parent, "") or ("", why not)."""
     if not os.access(parent, os.W_OK):
-        return f"{parent} is not writable"
+        return "", f"{parent} is not writable"
     for name in os.listdir(parent):  # left by workers that died
         if name.startswith("kernelrl-") and name[9:].isdigit() and not os.path.exists(f"/proc/{name[9:]}"):
             _remove_tree(os.path.join(parent, name))
@@ -143,8 +140,8 @@ def _make(parent):
         if os.path.exists(os.path.join(base, "cgroup.subtree_control")):  # v2: limits for the children
             _write(os.path.join(base, "cgroup.subtree_control"), "+memory +pids")
     except OSError as e:
-        return f"cannot create {base} ({e.strerror})"
-    return (base,)
+        return "", f"cannot create {base} ({e.strerror})"
+    return base, ""
 
 
 def enter(memory_mb=0, tasks=0):

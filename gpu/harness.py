@@ -155,10 +155,6 @@ def _shapes(xs):
     return [(tuple(x.shape), tuple(x.stride())) if isinstance(x, torch.Tensor) else None for x in xs]
 
 
-def _clone(xs):
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
-
-
 # Tolerance settings that ask for exact equality.
 _EXACT = dict.fromkeys(("atol_half", "rtol_half", "atol_fp32", "rtol_fp32"), 0)
 
@@ -625,7 +621,6 @@ class Harness:
         res = empty_result(self.device_name)
         res["phases"] = {}
         self._phase_t = _clock_ns()
-        self._ref_peak = None
         self._candidate_bytes = 0
         self.memory_limit_mb = int(s.get("memory_limit_mb", 0))
         try:
@@ -930,11 +925,7 @@ class Harness:
             total = self._device_total() / 2**30
         except Exception:  # noqa: BLE001 - a faulted context
             return ""
-        note = f"peak {peak:.2f} GiB allocated by this evaluation of the device's {total:.2f} GiB"
-        if self._ref_peak is not None:
-            note += (f"; {self._ref_peak / 2**30:.2f} GiB at the peak of the reference's first run "
-                     f"(inputs, both models and its temporaries)")
-        return note
+        return f"peak {peak:.2f} GiB allocated by this evaluation of the device's {total:.2f} GiB"
 
     def _device_total(self):
         try:
@@ -1027,7 +1018,7 @@ class Harness:
         """In a process of its own that runs no candidate code: the reference's timing under the
         same protocol the candidate gets (the worker caches it per task, size, mode and trials)."""
         res = {"status": "ok", "error": "", "compile_log": ""}
-        self._ref_peak, self._candidate_bytes, self.memory_limit_mb = None, 0, int(s.get("memory_limit_mb", 0))
+        self._candidate_bytes, self.memory_limit_mb = 0, int(s.get("memory_limit_mb", 0))
         try:
             self.device_name = self._setup_device()
             task, _ = self._load_task(req)

@@ -27,7 +27,6 @@ takes one session at a time over a control socket that carries the link's descri
 import ctypes
 import os
 import select
-import shutil
 import signal
 import socket
 import tempfile
@@ -553,5 +552,4 @@ class JudgeProcess:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
-        self.sandbox.cgroups.release(self.pid)
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        self.sandbox.reaped(self.pid, self.tmpdir)

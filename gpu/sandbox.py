@@ -699,8 +699,7 @@ class Spare:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
-        cgroups.release(self.pid)
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        reaped(self.pid, self.tmpdir)
 
 
     def close_link(self):
@@ -780,8 +779,7 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
                 failure = {"status": "runtime_error",
                            "error": f"candidate exceeded the memory limit: its processes together passed "
                                     f"{memory_limit_mb} MB and the kernel killed them"}
-            cgroups.release(pid)
-            shutil.rmtree(tmpdir, ignore_errors=True)
+            reaped(pid, tmpdir)
     wall = time.monotonic() - t0
     if failure is not None:
         failure["isolation"] = {"wall_s": wall}
@@ -798,6 +796,12 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
                       "error": f"candidate process sent an unreadable reply ({e}); {describe_status(status)}"}
     reply.setdefault("isolation", {})["wall_s"] = wall
     return reply, None
+
+
+def reaped(pid: int, tmpdir: str):
+    """A confined process was reaped: whatever is left in its control group, and its temp dir, go."""
+    cgroups.release(pid)
+    shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def _kill_group(pid: int):

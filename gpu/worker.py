@@ -350,8 +350,7 @@ class ForkServer:
             except ChildProcessError:
                 done = pid
             if done:
-                self.sandbox.cgroups.release(pid)
-                shutil.rmtree(tmpdir, ignore_errors=True)
+                self.sandbox.reaped(pid, tmpdir)
             else:
                 left.append((pid, tmpdir))
         self.exiting = left
