@@ -379,6 +379,13 @@ if __name__ == "__main__":
     unittest.main()
 
 
+def start_openai_server(log, *extra):
+    """tests/fixtures/openai_server.py on loopback, logging requests to `log`: (its process, its port)."""
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "fixtures", "openai_server.py"), log, *extra],
+                            stdout=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
 class ServerTestCase(unittest.TestCase):
     """A class of tests sharing one tests/fixtures/openai_server.py on loopback: cls.url, its request log
     cls.log, and a scratch folder cls.tmp."""
@@ -387,9 +394,8 @@ class ServerTestCase(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="kernelrl-%s-" % cls.__name__)
         cls.log = os.path.join(cls.tmp, "requests.jsonl")
-        cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "fixtures", "openai_server.py"), cls.log],
-                                      stdout=subprocess.PIPE, text=True)
-        cls.url = "http://127.0.0.1:%s" % cls.server.stdout.readline().strip()
+        cls.server, port = start_openai_server(cls.log)
+        cls.url = "http://127.0.0.1:%s" % port
 
     @classmethod
     def tearDownClass(cls):
@@ -493,10 +499,9 @@ class HttpsTest(unittest.TestCase):
             subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
                             "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
                            check=True, capture_output=True)
-            server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "fixtures", "openai_server.py"),
-                                       os.path.join(d, "log.jsonl"), "--tls", cert, key], stdout=subprocess.PIPE, text=True)
+            server, port = start_openai_server(os.path.join(d, "log.jsonl"), "--tls", cert, key)
             try:
-                url = "https://127.0.0.1:%s" % server.stdout.readline().strip()
+                url = "https://127.0.0.1:%s" % port
                 args = [LAUNCH, "generate", "--server", url, "--served-model", "ok", "--json", "--prompt", "a",
                         "--retries", "0"]
                 env = {k: v for k, v in os.environ.items() if k != "CURL_CA_BUNDLE"}

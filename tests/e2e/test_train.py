@@ -27,7 +27,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_analysis import report_marks  # noqa: E402
-from test_policy import train_tokenizer  # noqa: E402
+from test_policy import start_openai_server, train_tokenizer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
@@ -186,9 +186,8 @@ class TrainRunTest(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="kernelrl-train-")
         cls.model = tiny_model(cls.tmp)
         cls.log = os.path.join(cls.tmp, "requests.jsonl")
-        cls.server = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "fixtures", "openai_server.py"), cls.log,
-                                       "--policy", cls.model], stdout=subprocess.PIPE, text=True)
-        cls.url = "http://127.0.0.1:%s" % cls.server.stdout.readline().strip()
+        cls.server, port = start_openai_server(cls.log, "--policy", cls.model)
+        cls.url = "http://127.0.0.1:%s" % port
         # The uninterrupted run every test compares with.
         cls.full_dir = os.path.join(cls.tmp, "full")
         p = subprocess.run([LAUNCH, config(cls.tmp, cls.url, cls.model, "full"), "--run-dir", cls.full_dir],
@@ -609,12 +608,11 @@ adapter = "arm:rl"
     def test_a_run_killed_between_steps_resumes_to_the_same_adapter(self):
         run_dir = os.path.join(self.tmp, "killed")
         # A server that holds version 2's completions: the run is surely killed inside step 2.
-        slow = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "fixtures", "openai_server.py"), self.log + ".slow",
-                                 "--policy", self.model, "--delay", "kernelrl-v2:120"], stdout=subprocess.PIPE, text=True)
+        slow, slow_port = start_openai_server(self.log + ".slow", "--policy", self.model, "--delay", "kernelrl-v2:120")
         self.addCleanup(slow.stdout.close)
         self.addCleanup(slow.wait)
         self.addCleanup(slow.kill)
-        slow_url = "http://127.0.0.1:%s" % slow.stdout.readline().strip()
+        slow_url = "http://127.0.0.1:%s" % slow_port
         cfg = config(self.tmp, slow_url, self.model, "killed")
         p = subprocess.Popen([LAUNCH, cfg, "--run-dir", run_dir], stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
