@@ -1,6 +1,7 @@
 #pragma once
 // What a learning experiment decides from its scores, without actors: Best-of-Adaptation and
-// early stopping, and which task each group of a train step samples.
+// early stopping, and which task each group of a train step samples. The ttt and sdpo experiment
+// (class Adaptation, declared in experiment/training.hpp) is defined in adaptation.cpp.
 
 #include <cstddef>
 #include <cstdint>

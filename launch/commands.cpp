@@ -780,13 +780,12 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   int rc = 1;
   {
     SupervisorArgs sa;
-    sa.run_id = run_id;
-    sa.store_path = (fs::path(run_dir) / cfg.store.file).string();
-    sa.synchronous = cfg.store.synchronous;
-    sa.mode = cfg.experiment.mode;
-    sa.config_toml = cfg.resolved_toml;
-    for (auto& t : tasks.tasks()) sa.task_ids.push_back(t.id);
-    sa.settings = {{"mode", mode.name},
+    ExperimentArgs& ex = sa.experiment;
+    ex.run_id = run_id;
+    ex.run_dir = run_dir;
+    ex.mode = cfg.experiment.mode;
+    for (auto& t : tasks.tasks()) ex.task_ids.push_back(t.id);
+    ex.settings = {{"mode", mode.name},
                    {"sampler", cfg.sampler.backend},
                    {"samples_per_task", std::to_string(train ? cfg.learner.group_size
                                                              : std::max<uint32_t>(1, cfg.sampler.samples_per_task))},
@@ -798,13 +797,16 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
                    {"checkpoint", cfg.policy.adapter},
                    {"replay", cfg.sampler.replay},
                    {"tasks", std::to_string(tasks.size())}};
-    if (cfg.experiment.mode == Mode::sdpo) sa.settings["sdpo_context"] = cfg.sdpo.context;
+    if (cfg.experiment.mode == Mode::sdpo) ex.settings["sdpo_context"] = cfg.sdpo.context;
     if (cfg.experiment.evaluate_top_m > 0)
-      sa.settings["evaluate_top_m"] = std::to_string(cfg.experiment.evaluate_top_m);
+      ex.settings["evaluate_top_m"] = std::to_string(cfg.experiment.evaluate_top_m);
     if (eval_tasks.size() > 0) {
-      sa.settings["eval_tasks"] = std::to_string(eval_tasks.size());
-      sa.settings["eval_every"] = std::to_string(cfg.experiment.eval_every);
+      ex.settings["eval_tasks"] = std::to_string(eval_tasks.size());
+      ex.settings["eval_every"] = std::to_string(cfg.experiment.eval_every);
     }
+    sa.store_path = (fs::path(run_dir) / cfg.store.file).string();
+    sa.synchronous = cfg.store.synchronous;
+    sa.config_toml = cfg.resolved_toml;
 
     DispatcherArgs da;
     for (auto& t : tasks.tasks()) da.task_paths[t.id] = t.path;
@@ -818,8 +820,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
 
     // Evaluators first (their workers take a few seconds to import torch), then the rest. In a
     // cluster the head runs its own node's evaluators; the others come with their nodes.
-    auto supervisor_args = sa;
-    if (cluster) supervisor_args.join_wait_s = cfg.cluster.join_wait_s;
+    if (cluster) sa.join_wait_s = cfg.cluster.join_wait_s;
     std::vector<EvaluatorArgs> eval_args;
     std::string worker_logs = (fs::path(run_dir) / "workers").string();
     for (auto& node : cfg.nodes) {
@@ -851,21 +852,20 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
         };
       }
       learner = spawn_learner(sys, la);
-      supervisor_args.learner = learner;
-      supervisor_args.selector = selector;
-      supervisor_args.steps = cfg.learner.steps;
-      // ttt adapts on every task of the set each step.
-      supervisor_args.batch_size = adapts ? uint32_t(tasks.size()) : cfg.learner.batch_size;
-      supervisor_args.patience = cfg.experiment.patience;
-      supervisor_args.group_size = cfg.learner.group_size;
-      supervisor_args.max_staleness = cfg.learner.max_staleness;
-      supervisor_args.seed = cfg.experiment.seed;
-      supervisor_args.resume = resume;
-      for (auto& t : eval_tasks.tasks()) supervisor_args.eval_task_ids.push_back(t.id);
-      supervisor_args.eval_every = cfg.experiment.eval_every;
-      supervisor_args.eval_samples = cfg.experiment.eval_samples ? cfg.experiment.eval_samples : cfg.learner.group_size;
+      sa.learner = learner;
+      sa.selector = selector;
+      sa.resume = resume;
+      ex.steps = cfg.learner.steps;
+      ex.batch_size = cfg.learner.batch_size;  // ttt and sdpo: every task (experiment/adaptation.cpp)
+      ex.patience = cfg.experiment.patience;
+      ex.group_size = cfg.learner.group_size;
+      ex.max_staleness = cfg.learner.max_staleness;
+      ex.seed = cfg.experiment.seed;
+      for (auto& t : eval_tasks.tasks()) ex.eval_task_ids.push_back(t.id);
+      ex.eval_every = cfg.experiment.eval_every;
+      ex.eval_samples = cfg.experiment.eval_samples ? cfg.experiment.eval_samples : cfg.learner.group_size;
     }
-    auto supervisor = spawn_supervisor(sys, supervisor_args);
+    auto supervisor = spawn_supervisor(sys, sa);
     auto reward = spawn_reward(sys, cfg.reward, supervisor, caf::actor{});
     auto dispatcher = spawn_dispatcher(sys, da, reward);
     std::vector<caf::actor> evaluators;

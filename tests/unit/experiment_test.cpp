@@ -1,6 +1,8 @@
 // experiment/: the modes' plain logic, tested without actors or processes.
 #include "experiment/adaptation.hpp"
+#include "experiment/experiment.hpp"
 #include "experiment/scores.hpp"
+#include "experiment/training.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -87,4 +89,259 @@ TEST_CASE("reward bins close on the right and quantiles take the nearest rank", 
   CHECK(quantile(xs, 1.0) == 5);
   std::vector<double> none;
   CHECK(quantile(none, 0.5) == 0);
+}
+
+// The experiments of the modes, driven as the supervisor drives them: a fake sampler answers each
+// act::Sample with its samples (every one correct, `speedup` faster), a fake learner each LearnStep.
+namespace {
+
+template <class A>
+std::vector<A> of(const Actions& xs) {
+  std::vector<A> out;
+  for (auto& x : xs)
+    if (auto* a = std::get_if<A>(&x)) out.push_back(*a);
+  return out;
+}
+
+bool finishes(const Actions& xs, const std::string& error = "") {
+  auto f = of<act::Finish>(xs);
+  return f.size() == 1 && f[0].error == error;
+}
+
+// The samples of a plan, drawn by `version`.
+std::vector<ScoredRollout> draw(const SamplePlan& p, uint64_t version, double speedup) {
+  std::vector<ScoredRollout> out;
+  for (size_t k = 0; k < p.task_ids.size(); ++k)
+    for (uint32_t i = 0; i < p.n; ++i) {
+      ScoredRollout s = sample(p.task_ids[k], EvalStatus::ok, speedup, speedup);
+      s.rollout.group_id = p.group_ids[k];
+      s.rollout.sample_index = i;
+      s.rollout.sample_id = p.task_ids[k] + "#" + std::to_string(p.group_ids[k]) + "." + std::to_string(i);
+      s.rollout.step = p.step;
+      s.rollout.policy_version = version;
+      s.rollout.split = p.split;
+      out.push_back(s);
+    }
+  return out;
+}
+
+// Feeds every sample of every act::Sample in `xs` to `e` (after its planned()); returns what it answered.
+Actions sample_all(Experiment& e, const Actions& xs, uint64_t version, double speedup) {
+  Actions out;
+  for (auto& a : of<act::Sample>(xs)) {
+    for (auto& x : e.planned(uint64_t(a.plan.task_ids.size()) * a.plan.n)) out.push_back(x);
+    for (auto& s : draw(a.plan, version, speedup))
+      for (auto& x : e.sampled(s)) out.push_back(x);
+  }
+  return out;
+}
+
+StepUpdate update(uint32_t step, uint64_t version) {
+  StepUpdate u;
+  u.step = step;
+  u.policy_version = version;
+  u.checkpoint = "/runs/r/checkpoints/step-" + std::to_string(version);
+  u.stats = {{"loss", 0.5}};
+  return u;
+}
+
+ExperimentArgs learning(Mode mode) {
+  ExperimentArgs a;
+  a.run_id = "r";
+  a.run_dir = "/runs/r";
+  a.mode = mode;
+  a.task_ids = {"t1", "t2", "t3"};
+  a.steps = 2;
+  a.batch_size = 2;
+  a.group_size = 2;
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("eval and best_of_n: the sampler plans every task; the run ends with the last verdict", "[experiment]") {
+  ExperimentArgs a;
+  a.mode = Mode::best_of_n;
+  a.task_ids = {"t1", "t2"};
+  auto e = make_experiment(a);
+  auto first = e->start(0, {}, {});
+  REQUIRE(first.size() == 1);
+  CHECK(std::holds_alternative<act::SampleAll>(first[0]));
+  ScoredRollout early = sample("t1", EvalStatus::ok, 2.0, 2.0);
+  CHECK(e->sampled(early).empty());  // a verdict before the plan's answer ends nothing
+  CHECK(e->planned(3).empty());
+  CHECK(e->outstanding() == 2);
+  CHECK(e->sampled(sample("t2", EvalStatus::incorrect, 0, 0)).empty());
+  CHECK(finishes(e->sampled(sample("t2", EvalStatus::ok, 0.5, 0.5))));
+  auto row = e->final_row();
+  REQUIRE(row);
+  CHECK(row->samples == 3);
+  CHECK(row->correct == 2);
+  auto j = e->summary("", {});
+  CHECK(j["mode"] == "best_of_n");
+  CHECK(j["samples"] == 3);
+  CHECK(j["tasks"].size() == 2);
+  CHECK(j["compute"]["rollouts"] == 3);
+  CHECK_FALSE(j.contains("steps"));
+}
+
+TEST_CASE("train: each step's groups go to the learner once complete; the next step waits for the update",
+          "[experiment]") {
+  auto e = make_experiment(learning(Mode::train));
+  auto first = e->start(0, {}, {});
+  auto steps = of<act::LearnStep>(first);
+  REQUIRE(steps.size() == 1);  // max_staleness 0: only step 0 until its update
+  CHECK(steps[0].step == 0);
+  CHECK(steps[0].groups == 2);
+  auto plans = of<act::Sample>(first);
+  REQUIRE(plans.size() == 1);
+  CHECK(plans[0].plan.task_ids.size() == 2);
+  CHECK(plans[0].plan.n == 2);
+  auto got = sample_all(*e, first, 0, 2.0);
+  CHECK(of<act::Learn>(got).size() == 4);
+  auto done = of<act::StepDone>(got);
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].stats.samples == 4);
+  CHECK(done[0].stats.fast_1 == 1.0);
+  auto next = e->updated(update(0, 1));
+  auto learned = of<act::StepLearned>(next);
+  REQUIRE(learned.size() == 1);
+  CHECK(learned[0].checkpoint.path == "/runs/r/checkpoints/step-0");  // the weights that sampled step 0
+  CHECK(learned[0].learner.at("loss") == 0.5);
+  REQUIRE(of<act::LearnStep>(next).size() == 1);
+  CHECK(of<act::LearnStep>(next)[0].step == 1);
+  sample_all(*e, next, 1, 1.5);
+  CHECK(finishes(e->updated(update(1, 2))));
+  auto j = e->summary("", {});
+  CHECK(j["policy_version"] == 2);
+  CHECK(j["boa"]["step"] == 0);  // fast_1 1.0 at both steps: the earlier
+  CHECK(j["boa"]["checkpoint"] == "/runs/r/checkpoints/step-0");
+  CHECK(j["stopped_early"] == false);
+  CHECK(j["samples"] == 8);
+}
+
+TEST_CASE("train: a group staler than max_staleness is rejected and its task sampled again", "[experiment]") {
+  auto e = make_experiment(learning(Mode::train));
+  auto first = e->start(0, {}, {});
+  auto plan = of<act::Sample>(first).at(0).plan;
+  auto samples = draw(plan, 0, 2.0);
+  // The learner moved on (a late answer of another step) before step 0's samples arrived.
+  e->updated(update(5, 3));
+  Actions got;
+  for (auto& s : samples)
+    for (auto& x : e->sampled(s)) got.push_back(x);
+  CHECK(of<act::Learn>(got).empty());
+  auto again = of<act::Sample>(got);
+  REQUIRE(again.size() == 2);  // both groups, each its task again under a new group id
+  CHECK(again[0].plan.task_ids == std::vector<std::string>{plan.task_ids[0]});
+  CHECK(again[0].plan.group_ids[0] != plan.group_ids[0]);
+  CHECK(e->summary("", {})["stale_rejected"] == 4);
+  CHECK(e->summary("", {})["groups_replanned"] == 2);
+}
+
+TEST_CASE("train with held-out tasks: rounds at the first, every eval_every-th and the last version", "[experiment]") {
+  auto a = learning(Mode::train);
+  a.steps = 3;
+  a.eval_task_ids = {"h1"};
+  a.eval_every = 2;
+  a.eval_samples = 3;
+  auto e = make_experiment(a);
+  auto first = e->start(0, {}, {});
+  auto keeps = of<act::Keep>(first);
+  REQUIRE(keeps.size() == 1);
+  CHECK(keeps[0].version == 0);
+  auto plans = of<act::Sample>(first);
+  REQUIRE(plans.size() == 2);  // the round of version 0 before step 0's samples
+  CHECK(plans[0].plan.split == "eval");
+  CHECK(plans[0].plan.n == 3);
+  CHECK(plans[1].plan.split == "");
+  auto got = sample_all(*e, first, 0, 2.0);
+  CHECK(of<act::Learn>(got).size() == 4);  // held-out samples are never learned from
+  std::vector<uint64_t> rounds;
+  Actions next = e->updated(update(0, 1));
+  for (uint32_t s = 1; !finishes(next); ++s) {
+    for (auto& k : of<act::Keep>(next)) rounds.push_back(k.version);
+    auto more = sample_all(*e, next, s, 2.0);
+    if (finishes(more)) break;
+    next = e->updated(update(s, s + 1));
+    if (s + 1 == a.steps) {  // the last version: its round, then the end once it is in
+      for (auto& k : of<act::Keep>(next)) rounds.push_back(k.version);
+      CHECK(of<act::Finish>(next).empty());
+      CHECK(finishes(sample_all(*e, next, s + 1, 2.0)));
+      break;
+    }
+  }
+  CHECK(rounds == std::vector<uint64_t>{2, 3});
+  auto j = e->summary("", {});
+  REQUIRE(j["eval"].size() == 3);
+  CHECK(j["eval"][0]["samples"] == 3);
+  CHECK(j["eval_tasks"] == std::vector<std::string>{"h1"});
+  CHECK(j["compute"]["eval_split_rollouts"] == 9);
+}
+
+TEST_CASE("a resumed train run reuses the resumed step's complete groups and counts every stored sample once",
+          "[experiment]") {
+  // Step 0 (version 0) and one complete group of step 1 (version 1) were stored before the restart;
+  // a group of step 1 has one sample only.
+  std::vector<ScoredRollout> earlier;
+  auto first_run = make_experiment(learning(Mode::train));
+  auto p0 = of<act::Sample>(first_run->start(0, {}, {})).at(0).plan;
+  for (auto& s : draw(p0, 0, 2.0)) earlier.push_back(s);
+  SamplePlan p1;
+  p1.step = 1;
+  p1.n = 2;
+  p1.task_ids = {train_task_index(0, 3, 2) == 0 ? "t1" : train_task_index(0, 3, 2) == 1 ? "t2" : "t3"};
+  p1.group_ids = {Training::group_stride + 0};
+  for (auto& s : draw(p1, 1, 2.0)) earlier.push_back(s);
+  auto partial = draw(p1, 1, 2.0);
+  partial[0].rollout.group_id = Training::group_stride + 1;
+  partial[0].rollout.task_id = "t9";
+  earlier.push_back(partial[0]);
+  std::vector<Store::StepRow> rows(1);
+  rows[0].stats.step = 0;
+  rows[0].stats.fast_1 = 1.0;
+
+  auto e = make_experiment(learning(Mode::train));
+  auto first = e->start(1, earlier, rows);
+  CHECK(of<act::Learn>(first).size() == 2);  // the complete group of step 1, learned again
+  auto plans = of<act::Sample>(first);
+  REQUIRE(plans.size() == 1);
+  CHECK(plans[0].plan.task_ids.size() == 1);                        // only the other task of step 1 is sampled
+  CHECK(plans[0].plan.group_ids[0] == Training::group_stride + 2);  // after every stored group id
+  auto j = e->summary("", {});
+  CHECK(j["resumed_samples"] == 7);
+  CHECK(j["abandoned_on_resume"] == 1);
+  CHECK(j["samples"] == 7);
+}
+
+TEST_CASE("ttt adapts on every task each step and stops early without improvement", "[experiment]") {
+  auto a = learning(Mode::ttt);
+  a.steps = 10;
+  a.batch_size = 1;  // ignored: every task, every step
+  a.patience = 2;
+  auto e = make_experiment(a);
+  Actions next = e->start(0, {}, {});
+  uint32_t s = 0;
+  for (; s < 10; ++s) {
+    auto plans = of<act::Sample>(next);
+    REQUIRE(plans.size() == 1);
+    CHECK(plans[0].plan.task_ids == a.task_ids);
+    sample_all(*e, next, s, s == 0 ? 2.0 : 0.5);  // step 0 is the best
+    next = e->updated(update(s, s + 1));
+    if (finishes(next)) break;
+  }
+  CHECK(s == 2);  // steps 1 and 2 did not beat step 0
+  auto j = e->summary("", {});
+  CHECK(j["stopped_early"] == true);
+  CHECK(j["boa"]["step"] == 0);
+}
+
+TEST_CASE("a learner error ends a learning run with the step that failed", "[experiment]") {
+  auto e = make_experiment(learning(Mode::sdpo));
+  auto first = e->start(0, {}, {});
+  sample_all(*e, first, 0, 2.0);
+  StepUpdate u = update(0, 0);
+  u.error = "CUDA out of memory";
+  CHECK(finishes(e->updated(u), "learner, step 0: CUDA out of memory"));
+  CHECK(e->updated(update(0, 1)).empty());  // nothing after the end
 }

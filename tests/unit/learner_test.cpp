@@ -5,6 +5,7 @@
 #include "actors/checkpoint_selector.hpp"
 #include "actors/learner.hpp"
 #include "actors/supervisor.hpp"
+#include "experiment/adaptation.hpp"
 #include "learner/lora_learner.hpp"
 #include "messages/messages.hpp"
 #include "store/store.hpp"
@@ -286,14 +287,15 @@ struct ScriptedRun {
   std::shared_ptr<ScriptedEngine> engine = std::make_shared<ScriptedEngine>();
   SupervisorArgs sa;
   ScriptedRun(const std::string& mode, uint32_t steps, uint32_t batch, uint32_t patience) {
-    sa.run_id = "r";
+    sa.experiment.run_id = "r";
+    sa.experiment.run_dir = tmp.path.string();
     sa.store_path = (tmp.path / "store.sqlite").string();
-    sa.mode = *parse_mode(mode);
-    sa.task_ids = {"t1", "t2", "t3"};
-    sa.steps = steps;
-    sa.batch_size = batch;
-    sa.group_size = 2;
-    sa.patience = patience;
+    sa.experiment.mode = *parse_mode(mode);
+    sa.experiment.task_ids = {"t1", "t2", "t3"};
+    sa.experiment.steps = steps;
+    sa.experiment.batch_size = batch;
+    sa.experiment.group_size = 2;
+    sa.experiment.patience = patience;
   }
   nlohmann::json run(bool lie) {
     auto learner = scripted_learner(s, tmp, engine, 300);
