@@ -2,6 +2,7 @@
 // gate, runs its evaluators there for the head's dispatcher, and stops when the head is gone.
 #include "launch/cluster.hpp"
 #include "launch/commands.hpp"
+#include "launch/setup.hpp"
 
 #include "actors/gate.hpp"
 #include "core/auth.hpp"
@@ -257,6 +258,23 @@ int run_join(const Config& cfg, const JoinOptions& o) {
     return 2;
   }
   return serve_node(cfg, node, "--join (as " + node.name + ")");
+}
+
+int cmd_node(const std::string& config_path, const std::string& node, const std::string& log_level) {
+  auto cfg = load_with_level(config_path, log_level);
+  if (!cfg) return 2;
+  return run_node(*cfg, node);
+}
+
+int cmd_join(const std::string& config_path, const JoinOptions& o, const std::string& log_level) {
+  auto cfg = load_with_level(config_path, log_level);
+  if (!cfg) return 2;
+  if (!is_cluster(*cfg)) {
+    std::fprintf(stderr, "launch: --join: %s describes no cluster (no [[node]] has a port)\n",
+                 cfg->source_file.c_str());
+    return 2;
+  }
+  return run_join(*cfg, o);
 }
 
 }  // namespace kernelrl

@@ -1,0 +1,470 @@
+// launch CONFIG [--run-dir DIR | --resume RUN_DIR]: read the config, assemble the run (its
+// inputs, its directory, the policy and learner engines, the actors around the experiment), run
+// it to its end and print its tables.
+#include "actors/checkpoint_selector.hpp"
+#include "actors/dispatcher.hpp"
+#include "actors/evaluator.hpp"
+#include "actors/gate.hpp"
+#include "actors/learner.hpp"
+#include "actors/monitor.hpp"
+#include "actors/reward.hpp"
+#include "actors/sampler.hpp"
+#include "actors/supervisor.hpp"
+#include "core/auth.hpp"
+#include "core/log.hpp"
+#include "core/paths.hpp"
+#include "experiment/assemble.hpp"
+#include "launch/cluster.hpp"
+#include "launch/commands.hpp"
+#include "launch/setup.hpp"
+#include "learner/lora_learner.hpp"
+#include "policy/sampler_backend.hpp"
+#include "tasks/prompt.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace kernelrl {
+
+namespace {
+
+void print_summary(const nlohmann::json& j, const std::string& run_dir) {
+  if (j.contains("steps") && !j["steps"].empty()) {  // train: one line per step
+    std::printf("\n%5s %8s %7s %11s %8s %10s %9s %8s\n", "step", "samples", "fast_1", "mean reward", "version", "loss",
+                "grad norm", "entropy");
+    for (auto& st : j["steps"]) {
+      auto l = st.value("learner", nlohmann::json::object());
+      auto num = [&](const char* k, const char* f) {
+        return l.contains(k) ? fmt::format(fmt::runtime(f), l[k].get<double>()) : std::string("-");
+      };
+      std::printf("%5u %8llu %7.3f %11.3f %8llu %10s %9s %8s\n", st["step"].get<uint32_t>(),
+                  static_cast<unsigned long long>(st["samples"].get<uint64_t>()), st["fast_1"].get<double>(),
+                  st["mean_reward"].get<double>(),
+                  static_cast<unsigned long long>(st["policy_version"].get<uint64_t>()), num("loss", "{:.4f}").c_str(),
+                  num("grad_norm", "{:.3f}").c_str(), num("entropy", "{:.3f}").c_str());
+    }
+    std::printf("policy version %llu; checkpoints in %s/checkpoints\n",
+                static_cast<unsigned long long>(j.value("policy_version", uint64_t{0})), run_dir.c_str());
+    if (j.contains("boa"))
+      std::printf("best of adaptation: step %u (fast_1 %.3f), %s%s\n", j["boa"]["step"].get<uint32_t>(),
+                  j["boa"]["fast_1"].get<double>(), j["boa"]["checkpoint"].get<std::string>().c_str(),
+                  j.value("stopped_early", false) ? "; stopped early ([experiment] patience)" : "");
+    if (j.contains("eval") && !j["eval"].empty()) {  // the held-out tasks, per evaluated version
+      std::printf("\nheld-out evaluation (%zu tasks):\n%8s %8s %8s %7s %13s\n", j["eval_tasks"].size(), "version",
+                  "samples", "correct", "fast_1", "mean speedup");
+      for (auto& e : j["eval"])
+        std::printf("%8llu %8llu %8.3f %7.3f %12.2fx\n",
+                    static_cast<unsigned long long>(e["policy_version"].get<uint64_t>()),
+                    static_cast<unsigned long long>(e["samples"].get<uint64_t>()), e["correct_rate"].get<double>(),
+                    e["fast_1"].get<double>(), e["mean_speedup"].get<double>());
+      if (j.contains("eval_best"))
+        std::printf("best held-out: policy version %llu (fast_1 %.3f)%s\n",
+                    static_cast<unsigned long long>(j["eval_best"]["policy_version"].get<uint64_t>()),
+                    j["eval_best"]["fast_1"].get<double>(),
+                    j["eval_best"].contains("checkpoint")
+                        ? (", " + j["eval_best"]["checkpoint"].get<std::string>()).c_str()
+                        : " (its checkpoint was not kept: raise [learner] keep_last)");
+    }
+  }
+  std::printf("\n%-32s %8s %9s %7s %13s\n", "task", "samples", "correct", "fast_1", "mean speedup");
+  for (auto& t : j["tasks"]) {
+    std::string correct = fmt::format("{}/{}", t["correct"].get<uint64_t>(), t["samples"].get<uint64_t>());
+    std::string sp = t["correct"].get<uint64_t>() ? fmt::format("{:.2f}x", t["mean_speedup"].get<double>()) : "-";
+    std::printf("%-32s %8llu %9s %7.2f %13s\n", t["task_id"].get<std::string>().c_str(),
+                static_cast<unsigned long long>(t["samples"].get<uint64_t>()), correct.c_str(),
+                t["fast_1"].get<double>(), sp.c_str());
+  }
+  std::string correct = fmt::format("{}/{}", j["correct"].get<uint64_t>(), j["samples"].get<uint64_t>());
+  std::string sp = j["correct"].get<uint64_t>() ? fmt::format("{:.2f}x", j["mean_speedup"].get<double>()) : "-";
+  std::printf("%-32s %8llu %9s %7.2f %13s\n", "overall", static_cast<unsigned long long>(j["samples"].get<uint64_t>()),
+              correct.c_str(), j["fast_1"].get<double>(), sp.c_str());
+  std::string statuses;
+  for (auto& [k, v] : j["status_counts"].items())
+    statuses += (statuses.empty() ? "" : ", ") + k + " " + std::to_string(v.get<uint64_t>());
+  std::printf("statuses: %s\n", statuses.empty() ? "(none)" : statuses.c_str());
+  std::printf("wall time: %.1f s\n", j["wall_s"].get<double>());
+  std::printf("run directory: %s\n", run_dir.c_str());
+  std::fflush(stdout);
+}
+
+// What a run reads before anything starts: its tasks, and the replayed actions or each task's prompt.
+struct RunInputs {
+  TaskSet tasks, eval_tasks;  // eval_tasks: the held-out tasks of a learning run's rounds
+  std::vector<ReplayRecord> records;
+  std::vector<SamplerArgs::TaskPrompt> prompts;
+  std::map<std::string, std::string> user_messages;  // by task: what the student was asked (SDPO's teacher sees more)
+  std::vector<std::string> ids(const TaskSet& set) const {
+    std::vector<std::string> out;
+    for (auto& t : set.tasks()) out.push_back(t.id);
+    return out;
+  }
+};
+
+std::optional<RunInputs> read_inputs(const Config& cfg) {
+  auto lg = log::get("launch");
+  RunInputs in;
+  std::string err;
+  if (!load_experiment_tasks(cfg, in.tasks, in.eval_tasks, err)) {
+    lg->error("{}", err);
+    return std::nullopt;
+  }
+  size_t shared = 0;
+  for (auto& t : in.eval_tasks.tasks()) shared += in.tasks.find(t.id) ? 1 : 0;
+  if (shared > 0)
+    lg->warn("[experiment] eval: {} of the {} eval tasks are also training tasks: their figures are not held out",
+             shared, in.eval_tasks.size());
+  if (cfg.sampler.backend != "replay") {
+    std::vector<RenderedPrompt> rendered;
+    if (!render_task_prompts(cfg, in.tasks, in.eval_tasks, rendered, err)) {
+      lg->error("{}", err);
+      return std::nullopt;
+    }
+    for (auto& p : rendered) {
+      in.prompts.push_back({p.task_id, p.prompt});
+      in.user_messages[p.task_id] = p.user;
+    }
+    return in;
+  }
+  std::vector<std::string> replay_errors;
+  in.records = load_replay(cfg.sampler.replay, replay_errors);
+  for (auto& e : replay_errors) lg->error("{}", e);
+  if (!cfg.tasks.ids.empty() || !cfg.tasks.split.empty()) {  // a selection also selects what is replayed
+    size_t before = in.records.size();
+    std::erase_if(in.records, [&](const ReplayRecord& r) { return !in.tasks.find(r.task_id); });
+    if (before != in.records.size())
+      lg->info("tasks: {} replayed actions for tasks not selected are left out", before - in.records.size());
+  }
+  if (in.records.empty()) {
+    lg->error("{}: no replay actions to evaluate", cfg.sampler.replay);
+    return std::nullopt;
+  }
+  return in;
+}
+
+// The newest complete checkpoint of RUN_DIR, or "".
+std::string latest_checkpoint(const std::string& run_dir) {
+  auto all = list_checkpoints((fs::path(run_dir) / "checkpoints").string());
+  return all.empty() ? std::string() : all.back().second;
+}
+
+// The run's directory: --run-dir (created), a resumed run's, or a new one under run_root; with
+// workers/, the resolved config (a new run) and launch.log. Nullopt after logging why not.
+std::optional<std::string> open_run_dir(const Config& cfg, const std::string& config_path, const std::string& arg,
+                                        bool resume) {
+  auto lg = log::get("launch");
+  const ModeTraits& mode = traits(cfg.experiment.mode);
+  if (resume && !mode.learns) {
+    lg->error("--resume {}: only train, ttt and sdpo runs resume ({} has [experiment] mode = \"{}\")", arg, config_path,
+              mode.name);
+    return std::nullopt;
+  }
+  if (resume && (!fs::exists(fs::path(arg) / cfg.store.file) || latest_checkpoint(arg).empty())) {
+    lg->error("--resume {}: not a train run directory (no {} or no checkpoints/step-N)", arg, cfg.store.file);
+    return std::nullopt;
+  }
+  std::string run_dir;
+  if (arg.empty()) {
+    run_dir = make_run_dir(cfg.experiment.run_root, cfg.experiment.name);
+  } else {
+    std::error_code ec;
+    fs::create_directories(arg, ec);
+    if (ec || !fs::is_directory(arg)) {
+      lg->error("--run-dir {}: cannot create directory: {}", arg, ec.message());
+      return std::nullopt;
+    }
+    run_dir = fs::absolute(arg).lexically_normal().string();
+  }
+  fs::create_directories(fs::path(run_dir) / "workers");
+  if (!resume) std::ofstream(fs::path(run_dir) / "config.resolved.toml") << cfg.resolved_toml;
+  log::add_run_file((fs::path(run_dir) / "launch.log").string());
+  return run_dir;
+}
+
+void log_start(const Config& cfg, const RunInputs& in, const std::string& run_id, const std::string& run_dir) {
+  auto lg = log::get("launch");
+  const ModeTraits& mode = traits(cfg.experiment.mode);
+  if (cfg.sampler.backend == "replay")
+    lg->info("run {} ({} mode, {} tasks, {} actions) in {}", run_id, mode.name, in.tasks.size(), in.records.size(),
+             run_dir);
+  else if (mode.learns)
+    lg->info("run {} ({}: {} steps of {} tasks x {} samples from the {} sampler, {} tasks in all) in {}", run_id,
+             mode.name, cfg.learner.steps, mode.adapts ? in.tasks.size() : cfg.learner.batch_size,
+             cfg.learner.group_size, cfg.sampler.backend, in.tasks.size(), run_dir);
+  else
+    lg->info("run {} ({} mode, {} tasks, {} samples each from the {} sampler) in {}", run_id, mode.name,
+             in.tasks.size(), std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
+}
+
+// The sampler's model backend (none for replay); throws when the model does not load.
+std::shared_ptr<SamplerBackend> make_backend(const Config& cfg, const std::string& run_dir) {
+  if (cfg.sampler.backend == "libtorch") {
+    PolicyOptions po;
+    po.model_dir = cfg.policy.model;
+    po.adapter_dir = cfg.policy.adapter;
+    po.device = cfg.policy.device;
+    po.dtype = cfg.policy.dtype;
+    if (traits(cfg.experiment.mode).learns && po.adapter_dir.empty()) {  // somewhere for the learner's weights to go
+      po.lora_rank = cfg.learner.lora_rank;
+      po.lora_alpha = cfg.learner.lora_alpha;
+      po.lora_targets = cfg.learner.lora_targets;
+      po.seed = cfg.experiment.seed;
+    }
+    return make_libtorch_backend(po);
+  }
+  if (cfg.sampler.backend == "openai") {
+    OpenAIOptions oo;
+    oo.url = cfg.sampler.url;
+    oo.model = cfg.sampler.served_model;
+    oo.timeout_s = cfg.sampler.timeout_s;
+    oo.max_retries = cfg.sampler.max_retries;
+    if (const char* k = std::getenv(cfg.sampler.api_key_env.c_str())) oo.api_key = k;
+    oo.adapter_root =
+        cfg.sampler.adapter_dir.empty() ? (fs::path(run_dir) / "adapters").string() : cfg.sampler.adapter_dir;
+    oo.lora_alpha = cfg.learner.lora_alpha;
+    return make_openai_backend(oo);
+  }
+  return nullptr;
+}
+
+// A learning run's model and adapter (a resumed run: its latest checkpoint's, optimizer
+// included); throws when they do not load.
+std::shared_ptr<LoraLearner> make_engine(const Config& cfg, const std::string& run_dir, bool resume) {
+  LearnerOptions lo;
+  lo.model_dir = cfg.policy.model;
+  lo.adapter_dir = cfg.policy.adapter;
+  lo.device = cfg.learner.device;
+  lo.dtype = cfg.learner.dtype;
+  lo.lora_rank = cfg.learner.lora_rank;
+  lo.lora_alpha = cfg.learner.lora_alpha;
+  lo.lora_dropout = cfg.learner.lora_dropout;
+  lo.lora_targets = cfg.learner.lora_targets;
+  lo.seed = cfg.experiment.seed;
+  lo.estimator = cfg.learner.algorithm;
+  lo.adv_eps = cfg.learner.adv_eps;
+  lo.learning_rate = cfg.learner.learning_rate;
+  lo.weight_decay = cfg.learner.weight_decay;
+  lo.max_grad_norm = cfg.learner.max_grad_norm;
+  lo.schedule = cfg.learner.lr_schedule;
+  lo.warmup_steps = cfg.learner.warmup_steps;
+  lo.total_steps = cfg.learner.steps;
+  lo.temperature = cfg.sampler.temperature;
+  lo.clip_low = cfg.learner.clip_low;
+  lo.clip_high = cfg.learner.clip_high;
+  lo.kl_coef = cfg.learner.kl_coef;
+  lo.entropy_coef = cfg.learner.entropy_coef;
+  lo.objective = traits(cfg.experiment.mode).objective;
+  lo.sdpo_beta = cfg.sdpo.beta;
+  lo.aggregation = cfg.learner.aggregation;
+  lo.minibatch_size = cfg.learner.minibatch_size;
+  auto engine = LoraLearner::create(lo);
+  if (resume) {
+    std::string ck = latest_checkpoint(run_dir);
+    engine->load_checkpoint(ck);
+    log::get("launch")->info("resuming from {} (policy version {})", ck, engine->version());
+  }
+  return engine;
+}
+
+// The actors of one run on the head, and their shutdown.
+struct RunActors {
+  caf::actor supervisor, reward, dispatcher, sampler, learner, selector, monitor, gate;
+  std::vector<caf::actor> evaluators;
+  void stop(caf::actor_system& sys) {
+    if (gate) sys.middleman().unpublish(gate, 0);
+    for (auto& a : {monitor, sampler, dispatcher, reward, supervisor, gate, learner, selector})
+      if (a) anon_send_exit(a, caf::exit_reason::user_shutdown);
+    for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
+  }
+};
+
+// The learner and its checkpoint selector (learning modes).
+void spawn_learning(caf::actor_system& sys, const Config& cfg, const RunInputs& in, const std::string& run_dir,
+                    std::shared_ptr<LoraLearner> engine, RunActors& run) {
+  const auto checkpoints = (fs::path(run_dir) / "checkpoints").string();
+  run.selector = spawn_checkpoint_selector(sys, SelectorArgs{checkpoints, cfg.learner.keep_last});
+  LearnerArgs la;
+  la.engine = std::move(engine);
+  la.group_size = cfg.learner.group_size;
+  la.selector = run.selector;
+  la.checkpoint_dir = checkpoints;
+  la.sync_timeout_s = cfg.learner.sync_timeout_s;
+  if (cfg.experiment.mode == Mode::sdpo) {
+    la.sdpo_enabled = true;
+    la.sdpo.context = cfg.sdpo.context;
+    la.sdpo.demonstration = cfg.sdpo.demonstration;
+    la.sdpo.beta = cfg.sdpo.beta;
+    la.sdpo.max_error_chars = cfg.sdpo.max_error_chars;
+    la.teacher_log = (fs::path(run_dir) / "teacher.jsonl").string();
+    la.teacher_prompt = [policy = cfg.policy, users = in.user_messages](const std::string& task,
+                                                                        const std::string& section) {
+      auto it = users.find(task);
+      return render_prompt(policy, teacher_user_message(it == users.end() ? std::string() : it->second, section));
+    };
+  }
+  run.learner = spawn_learner(sys, la);
+}
+
+// Every actor of the run on this process (the head): evaluators first (their workers take a few
+// seconds to import torch), then the rest; in a cluster, the gate other nodes join through.
+// Nullopt after logging why not.
+std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, RunInputs in, const std::string& run_dir,
+                                   const std::string& run_id, bool resume, std::shared_ptr<SamplerBackend> backend,
+                                   std::shared_ptr<LoraLearner> engine, const std::string& secret,
+                                   const std::string& config_path) {
+  auto lg = log::get("launch");
+  const bool cluster = is_cluster(cfg);
+  RunActors run;
+  std::vector<EvaluatorArgs> eval_args;
+  const std::string worker_logs = (fs::path(run_dir) / "workers").string();
+  for (auto& node : cfg.nodes) {  // in a cluster the other nodes' evaluators come with their nodes
+    if (cluster && &node != &head_node(cfg)) continue;
+    for (auto& ea : node_evaluators(cfg, node, worker_logs)) eval_args.push_back(ea);
+  }
+  SupervisorArgs sa;
+  sa.experiment = experiment_args(cfg, in.ids(in.tasks), in.ids(in.eval_tasks), run_id, run_dir);
+  sa.store_path = (fs::path(run_dir) / cfg.store.file).string();
+  sa.synchronous = cfg.store.synchronous;
+  sa.config_toml = cfg.resolved_toml;
+  sa.resume = resume;
+  if (cluster) sa.join_wait_s = cfg.cluster.join_wait_s;
+  if (traits(cfg.experiment.mode).learns) {
+    spawn_learning(sys, cfg, in, run_dir, std::move(engine), run);
+    sa.learner = run.learner;
+    sa.selector = run.selector;
+  }
+  run.supervisor = spawn_supervisor(sys, sa);
+  run.reward = spawn_reward(sys, cfg.reward, run.supervisor, caf::actor{});
+  DispatcherArgs da;
+  for (auto* set : {&in.tasks, &in.eval_tasks})
+    for (auto& t : set->tasks()) da.task_paths[t.id] = t.path;
+  da.action_space = cfg.evaluator.action_space;
+  da.mode = cfg.evaluator.mode;
+  da.seed = cfg.evaluator.seed;
+  da.max_in_flight = cfg.evaluator.in_flight();
+  da.max_attempts = cfg.evaluator.max_attempts;
+  da.max_queue = cfg.sampler.max_pending;
+  run.dispatcher = spawn_dispatcher(sys, da, run.reward);
+  for (auto& ea : eval_args) run.evaluators.push_back(spawn_evaluator(sys, ea, run.dispatcher));
+  SamplerArgs sma;
+  sma.records = std::move(in.records);
+  sma.samples_per_task = cfg.sampler.samples_per_task;
+  sma.backend = std::move(backend);
+  sma.prompts = std::move(in.prompts);
+  sma.params.temperature = cfg.sampler.temperature;
+  sma.params.top_p = cfg.sampler.top_p;
+  sma.params.max_tokens = cfg.sampler.max_tokens;
+  sma.params.stop = cfg.sampler.stop;
+  sma.params.seed = cfg.sampler.seed;
+  sma.batch_prompts = cfg.sampler.batch_prompts;
+  sma.evaluate_top_m = cfg.experiment.evaluate_top_m;
+  run.sampler = spawn_sampler(sys, std::move(sma), run.dispatcher);
+  MonitorArgs ma;
+  ma.progress = cfg.monitor.progress;
+  ma.interval_s = cfg.monitor.interval_s;
+  ma.metrics_path = (fs::path(run_dir) / cfg.monitor.metrics_file).string();
+  ma.label = name(cfg.experiment.mode);
+  if (!cfg.monitor.publish.empty()) {
+    std::string perr;
+    ma.publisher = TelemetryPublisher::bind(cfg.monitor.publish, perr);
+    if (!ma.publisher) {
+      lg->error("{}", perr);
+      run.stop(sys);
+      return std::nullopt;
+    }
+    lg->info("telemetry published on {} (ZeroMQ PUB, topic \"{}\", msgpack)", ma.publisher->endpoint(),
+             telemetry_topic);
+  }
+  std::vector<caf::actor> watched{run.supervisor, run.dispatcher, run.sampler};
+  if (run.learner) watched.push_back(run.learner);
+  run.monitor = spawn_monitor(sys, ma, watched, run.supervisor);
+  if (!cluster) return run;
+  const auto& head = head_node(cfg);  // it listens on its own host and port
+  run.gate = spawn_gate(sys, GateArgs{cfg.cluster.name, secret}, run.dispatcher, run.supervisor, run.monitor);
+  auto bound = sys.middleman().publish(run.gate, head.port, head.host.c_str(), true);
+  if (!bound) {
+    lg->error("cannot listen on {}:{}: {}", head.host, head.port, sys.render(bound.error()));
+    run.stop(sys);
+    return std::nullopt;
+  }
+  lg->info(
+      "cluster {}: head listening on {}:{}; nodes join with `launch {} --node NAME` (or --join), "
+      "monitors attach with `launch monitor {}:{}`",
+      cfg.cluster.name, head.host, *bound, config_path, head.host, *bound);
+  return run;
+}
+
+// Starts the experiment, waits for its summary, prints it; the exit code.
+int run_to_end(caf::actor_system& sys, RunActors& run, const std::string& run_dir) {
+  caf::scoped_actor self{sys};
+  std::string summary;
+  self->request(run.supervisor, caf::infinite, plan_atom::value, run.sampler, run.evaluators)
+      .receive([&](std::string& s) { summary = std::move(s); },
+               [&](caf::error& e) {
+                 summary = nlohmann::json{{"ok", false}, {"error", sys.render(e)}}.dump();
+               });
+  self->request(run.monitor, std::chrono::seconds(10), finish_atom::value).receive([](bool) {}, [](caf::error&) {});
+  auto j = nlohmann::json::parse(summary);
+  if (j.contains("tasks") && j.value("samples", 0) > 0)
+    print_summary(j, run_dir);
+  else
+    std::printf("run directory: %s\n", run_dir.c_str());
+  run.stop(sys);
+  if (j.value("ok", false)) return 0;
+  log::get("launch")->error("run failed: {}", j.value("error", std::string("unknown error")));
+  return 1;
+}
+
+}  // namespace
+
+int cmd_run(const std::string& config_path, const std::string& run_dir_arg, const std::string& log_level, bool resume) {
+  auto cfg = load_with_level(config_path, log_level);
+  if (!cfg) return 2;
+  auto lg = log::get("launch");
+  std::string secret;
+  if (is_cluster(*cfg)) {
+    std::string err;
+    auto s = read_cluster_secret(cfg->cluster, err);
+    if (!s) {
+      lg->error("{}", err);
+      return 2;
+    }
+    secret = *s;
+  } else if (cfg->nodes.size() > 1) {
+    lg->warn("no [[node]] has a port: the roles of all {} [[node]] entries run in this process", cfg->nodes.size());
+  }
+  auto in = read_inputs(*cfg);
+  if (!in) return 2;
+  auto run_dir = open_run_dir(*cfg, config_path, run_dir_arg, resume);
+  if (!run_dir) return 2;
+  const std::string run_id = fs::path(*run_dir).filename().string();
+  log_start(*cfg, *in, run_id, *run_dir);
+  // The engines are made before the actor system: a model that does not load is a clear error
+  // here, not a dead actor later.
+  std::shared_ptr<SamplerBackend> backend;
+  std::shared_ptr<LoraLearner> engine;
+  try {
+    backend = make_backend(*cfg, *run_dir);
+    if (traits(cfg->experiment.mode).learns) engine = make_engine(*cfg, *run_dir, resume);
+  } catch (const std::exception& e) {
+    lg->error("{}", e.what());
+    return 2;
+  }
+  caf::actor_system_config sys_cfg;
+  add_message_types(sys_cfg);
+  if (is_cluster(*cfg)) configure_middleman(sys_cfg, cfg->cluster);
+  sys_cfg.set("logger.verbosity", caf::atom("quiet"));
+  caf::actor_system sys{sys_cfg};
+  auto run = spawn_run(sys, *cfg, std::move(*in), *run_dir, run_id, resume, backend, engine, secret, config_path);
+  if (!run) return 2;
+  return run_to_end(sys, *run, *run_dir);
+}
+
+}  // namespace kernelrl

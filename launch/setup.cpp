@@ -1,0 +1,132 @@
+#include "launch/setup.hpp"
+
+#include "core/log.hpp"
+#include "launch/cluster.hpp"
+#include "policy/runtime_info.hpp"
+#include "store/store.hpp"
+#include "tasks/prompt.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+namespace fs = std::filesystem;
+
+namespace kernelrl {
+
+// Loads a config or prints every error (FILE:LINE:COLUMN: key: message) and returns nullopt.
+std::optional<Config> load_or_report(const std::string& path) {
+  auto res = load_config(path);
+  if (auto* errs = std::get_if<std::vector<ConfigError>>(&res)) {
+    for (auto& e : *errs) std::fprintf(stderr, "%s\n", e.format().c_str());
+    std::fprintf(stderr, "launch: %zu error%s in %s\n", errs->size(), errs->size() == 1 ? "" : "s", path.c_str());
+    return std::nullopt;
+  }
+  return std::get<Config>(std::move(res));
+}
+
+// The config's tasks, and the eval tasks of its periodic evaluation (none without one).
+bool load_experiment_tasks(const Config& cfg, TaskSet& tasks, TaskSet& eval_tasks, std::string& err) {
+  if (!tasks.load(cfg.tasks, err)) return false;
+  if (cfg.experiment.evaluates() && !eval_tasks.load(cfg.experiment.eval_tasks, err)) {
+    err = "[experiment] eval: " + err;
+    return false;
+  }
+  return true;
+}
+
+// Each task's prompt as the sampler renders it: the tasks, then the eval tasks not among them.
+bool render_task_prompts(const Config& cfg, const TaskSet& tasks, const TaskSet& eval_tasks,
+                         std::vector<RenderedPrompt>& out, std::string& err) {
+  std::set<std::string> seen;
+  for (auto* set : {&tasks, &eval_tasks})
+    for (auto& t : set->tasks()) {
+      if (!seen.insert(t.id).second) continue;  // an eval task that is also a training task
+      RenderedPrompt p{t.id, set == &tasks ? "" : "eval", "", ""};
+      if (!task_user_message(t, cfg.evaluator.action_space, p.user, err)) return false;
+      p.prompt = render_prompt(cfg.policy, p.user);
+      out.push_back(std::move(p));
+    }
+  return true;
+}
+namespace {
+// gpus = "auto" and device = "auto", for this process: every GPU LibTorch sees (the cpu_slots
+// CPU evaluators only when there is none), and cuda:0 or cpu. False after printing why not.
+bool resolve_auto_devices(Config& cfg) {
+  bool any = cfg.policy.device == "auto" || cfg.learner.device == "auto";
+  for (auto& n : cfg.nodes) any = any || n.gpus_auto;
+  if (!any) return true;
+  const auto info = torch_runtime_info();
+  const int gpus = info.cuda_available ? info.cuda_devices : 0;
+  for (auto& n : cfg.nodes) {
+    if (!n.gpus_auto) continue;
+    n.gpus.clear();
+    for (int g = 0; g < gpus; ++g) n.gpus.push_back(g);
+    if (gpus > 0) n.cpu_slots = 0;  // evaluations on one kind of device: their timings compare
+    if (has_role(n, "evaluator") && n.gpus.empty() && n.cpu_slots == 0) {
+      std::fprintf(stderr,
+                   "launch: %s: node %s: gpus = \"auto\" found no GPU here and cpu_slots is 0: nothing would "
+                   "evaluate (set cpu_slots for machines without a GPU)\n",
+                   cfg.source_file.c_str(), n.name.c_str());
+      return false;
+    }
+    log::get("launch")->info("node {}: gpus = \"auto\": {}", n.name,
+                             gpus > 0 ? fmt::format("{} GPU evaluator(s)", gpus)
+                                      : fmt::format("no GPU here, {} CPU evaluator(s)", n.cpu_slots));
+  }
+  for (std::string* d : {&cfg.policy.device, &cfg.learner.device})
+    if (*d == "auto") *d = gpus > 0 ? "cuda:0" : "cpu";
+  return true;
+}
+
+}  // namespace
+
+// Loads CONFIG, sets the log level (the command line's, else [cluster] log_level) and resolves
+// its "auto" devices for this process.
+std::optional<Config> load_with_level(const std::string& config_path, const std::string& log_level) {
+  auto loaded = load_or_report(config_path);
+  if (!loaded) return std::nullopt;
+  std::string level = log_level.empty() ? loaded->cluster.log_level : log_level;
+  if (!log::set_level(level)) {
+    std::fprintf(stderr, "launch: --log-level: expected trace, debug, info, warn, error or off, got \"%s\"\n",
+                 level.c_str());
+    return std::nullopt;
+  }
+  if (!resolve_auto_devices(*loaded)) return std::nullopt;
+  return loaded;
+}
+
+// The store of RUN_DIR (or a store file), read-only; null after printing why, with rc 2 when
+// there is none and 1 when it cannot be read.
+std::unique_ptr<Store> open_run_store(const char* cmd, const std::string& run_dir, int& rc) {
+  fs::path p = run_dir;
+  if (fs::is_directory(p)) p /= "store.sqlite";
+  if (!fs::exists(p)) {
+    std::fprintf(stderr, "launch %s: %s: no run store here\n", cmd, p.string().c_str());
+    rc = 2;
+    return nullptr;
+  }
+  std::string err;
+  auto store = Store::open_readonly(p.string(), err);
+  if (!store) {
+    std::fprintf(stderr, "launch %s: %s\n", cmd, err.c_str());
+    rc = 1;
+  }
+  return store;
+}
+
+// Every sample of a store as the analysis reads it.
+std::vector<AnalysisSample> analysis_samples(Store& store) {
+  std::vector<AnalysisSample> out;
+  for (auto& r : store.samples()) {
+    EvalStatus status = EvalStatus::runtime_error;
+    const bool verdict = !from_string(r.status, status) || is_verdict(status);
+    out.push_back({verdict, r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean, r.num_tokens,
+                   r.record.rollout.split});
+  }
+  return out;
+}
+
+}  // namespace kernelrl

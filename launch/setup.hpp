@@ -1,0 +1,40 @@
+#pragma once
+// What the subcommands that read a config share: loading it (every error printed as
+// FILE:LINE:COLUMN), the log level, "auto" devices, and the experiment's tasks and prompts.
+
+#include "analysis/analysis.hpp"
+#include "core/config.hpp"
+#include "store/store.hpp"
+#include "tasks/task_set.hpp"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kernelrl {
+
+// Loads a config or prints every error (FILE:LINE:COLUMN: key: message) and returns nullopt.
+std::optional<Config> load_or_report(const std::string& path);
+// Loads CONFIG, sets the log level (the command line's, else [cluster] log_level) and resolves
+// its "auto" devices for this process; nullopt after printing why not.
+std::optional<Config> load_with_level(const std::string& config_path, const std::string& log_level);
+
+// The config's tasks, and the held-out tasks of its periodic evaluation (none without one).
+bool load_experiment_tasks(const Config& cfg, TaskSet& tasks, TaskSet& eval_tasks, std::string& err);
+
+struct RenderedPrompt {
+  std::string task_id, split;  // split: "" for [tasks], "eval" for an eval task
+  std::string user, prompt;    // the user message, and the prompt the sampler sends
+};
+// Each task's prompt as the sampler renders it: the tasks, then the eval tasks not among them.
+bool render_task_prompts(const Config& cfg, const TaskSet& tasks, const TaskSet& eval_tasks,
+                         std::vector<RenderedPrompt>& out, std::string& err);
+
+// The store of RUN_DIR (or a store file), read-only, for subcommand `cmd`; null after printing
+// why, with rc 2 when there is none and 1 when it cannot be read.
+std::unique_ptr<Store> open_run_store(const char* cmd, const std::string& run_dir, int& rc);
+// Every sample of a store as the analysis reads it.
+std::vector<AnalysisSample> analysis_samples(Store& store);
+
+}  // namespace kernelrl
