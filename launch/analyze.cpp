@@ -1,4 +1,5 @@
 // launch analyze RUN_DIR and launch report RUN_DIR: the analysis of a run's store, as tables, JSON or an HTML page.
+#include "launch/cli.hpp"
 #include "launch/commands.hpp"
 #include "analysis/analysis.hpp"
 #include "analysis/report.hpp"
@@ -171,6 +172,39 @@ int cmd_analyze(const AnalyzeOptions& o) {
     }
   }
   return 0;
+}
+
+void add_analyze(CLI::App& app, cli::Action& action) {
+  for (const char* name : {"analyze", "report"}) {
+    auto o = std::make_shared<AnalyzeOptions>();
+    const bool report = std::string(name) == "report";
+    auto* sub = cli::subcommand(
+        app, name,
+        report ? "launch report RUN_DIR [--out FILE] [--p ..] [--k ..] [--bootstrap N] [--seed S] [--m M]\n"
+                 "  RUN_DIR/report.html (or FILE): the analysis with plots, readable offline"
+               : "launch analyze RUN_DIR [--json] [--p 1.0,1.2] [--k 1,2,4] [--bootstrap N] [--seed S] [--m M]\n"
+                 "  fast_p, pass@k / fast_1@k with bootstrap intervals, per step and task, selection strategies");
+    sub->add_option("RUN_DIR", o->run_dir, "the run (or its store file)")->required()->type_name("");
+    if (report)
+      sub->add_option("--out", o->out, "the page (default: RUN_DIR/report.html)")->type_name("FILE");
+    else
+      sub->add_flag("--json", o->json, "one JSON object instead of tables");
+    auto* p = sub->add_option("--p", o->p, "fast_p thresholds (default 1.0,1.2)")
+                  ->delimiter(',')
+                  ->check(cli::number("numbers like 1.0,1.2"))
+                  ->type_name("1.0,1.2");
+    sub->add_option("--k", o->ks, "the k of pass@k and fast_1@k (default 1, 2, 4, ... up to the samples per task)")
+        ->delimiter(',')
+        ->check(cli::count(1, 1 << 20, "counts like 1,2,4"))
+        ->type_name("1,2,4");
+    sub->add_option("--bootstrap", o->bootstrap, "bootstrap resamples of the intervals")->check(cli::count(0, 1000000));
+    sub->add_option("--seed", o->seed, "the bootstrap's seed");
+    sub->add_option("--m", o->m, "selection strategies' top-m")->check(cli::count(1, 1000000));
+    sub->callback([&action, o, p, report] {
+      if (p->count() == 0) o->p = {1.0, 1.2};
+      action = [o, report] { return report ? cmd_report(*o) : cmd_analyze(*o); };
+    });
+  }
 }
 
 }  // namespace kernelrl

@@ -1,4 +1,5 @@
 // launch check CONFIG, launch prompts CONFIG, launch version: what a config says, and what this build is.
+#include "launch/cli.hpp"
 #include "launch/commands.hpp"
 #include "launch/setup.hpp"
 #include "messages/messages.hpp"
@@ -45,6 +46,26 @@ int cmd_version() {
               info.cuda_available ? "available" : "not available", info.cuda_devices,
               info.cuda_devices == 1 ? "" : "s");
   return 0;
+}
+
+void add_check(CLI::App& app, cli::Action& action) {
+  auto config = std::make_shared<std::string>();
+  auto* check = cli::subcommand(app, "check",
+                                "launch check CONFIG\n"
+                                "  validate CONFIG and print it resolved (every default filled in); exit 2 on an "
+                                "error,\n  each named FILE:LINE:COL");
+  check->add_option("CONFIG", *config, "the config to check")->required()->type_name("");
+  check->callback([&action, config] { action = [config] { return cmd_check(*config); }; });
+  auto* prompts = cli::subcommand(app, "prompts",
+                                  "launch prompts CONFIG\n  print each task's prompt as the sampler renders it (JSON "
+                                  "lines)");
+  prompts->add_option("CONFIG", *config, "the config whose tasks and template render the prompts")
+      ->required()
+      ->type_name("");
+  prompts->callback([&action, config] { action = [config] { return cmd_prompts(*config); }; });
+  auto* version =
+      cli::subcommand(app, "version", "launch version (or launch --version)\n  versions of kernelrl and LibTorch");
+  version->callback([&action] { action = [] { return cmd_version(); }; });
 }
 
 }  // namespace kernelrl

@@ -1,4 +1,5 @@
 // launch compare RUN_DIR RUN_DIR ...: runs side by side, refused unless their budgets match.
+#include "launch/cli.hpp"
 #include "launch/commands.hpp"
 #include "analysis/analysis.hpp"
 #include "launch/json.hpp"
@@ -140,6 +141,17 @@ int cmd_compare(const CompareOptions& o) {
         "reaches that score\n",
         fs::path(ref->dir).filename().string().c_str());
   return 0;
+}
+
+void add_compare(CLI::App& app, cli::Action& action) {
+  auto o = std::make_shared<CompareOptions>();
+  auto* sub = cli::subcommand(app, "compare",
+                              "launch compare RUN_DIR RUN_DIR ... [--allow-mismatch] [--json]\n"
+                              "  runs side by side; refused when their budgets differ (unless --allow-mismatch)");
+  sub->add_option("RUN_DIR", o->run_dirs, "two runs or more")->required()->expected(2, 1 << 20)->type_name("");
+  sub->add_flag("--allow-mismatch", o->allow_mismatch, "compare anyway, listing what differs");
+  sub->add_flag("--json", o->json, "one JSON object");
+  sub->callback([&action, o] { action = [o] { return cmd_compare(*o); }; });
 }
 
 }  // namespace kernelrl

@@ -1,5 +1,6 @@
 // launch evaluate: one evaluator (compile stage + timing stage, as in a run) over candidate files,
 // in order; one JSON object per candidate on stdout.
+#include "launch/cli.hpp"
 #include "launch/commands.hpp"
 #include "launch/json.hpp"
 
@@ -167,6 +168,52 @@ int cmd_evaluate(const EvaluateOptions& o) {
   }
   self->send_exit(evaluator, caf::exit_reason::user_shutdown);
   return rc;
+}
+
+void add_evaluate(CLI::App& app, cli::Action& action) {
+  auto o = std::make_shared<EvaluateOptions>();
+  auto tasks = std::make_shared<std::vector<std::string>>();
+  auto files = std::make_shared<std::vector<std::string>>();
+  auto* sub = cli::subcommand(
+      app, "evaluate",
+      "launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--task FILE --candidate FILE ...]\n"
+      "                [--action forward_body|full_program] [--device cpu|cuda:N] [--mode fast|full]\n"
+      "                [--timeout SECONDS] [--compile-workers N] [--seed S] [--config CONFIG]\n"
+      "                [--worker-log FILE] [--log-level LEVEL] [--json]\n"
+      "  evaluate candidates in one evaluator, each against the --task before it; one line each");
+  auto* task = sub->add_option("--task", *tasks, "a KernelBench-format task file")->required()->type_name("FILE");
+  auto* candidate = sub->add_option("--candidate", *files, "an action to evaluate against the --task before it")
+                        ->required()
+                        ->type_name("FILE");
+  sub->add_option("--action", o->action, "forward_body or full_program (default: the config's)")
+      ->check(CLI::IsMember({"forward_body", "full_program"}));
+  sub->add_option("--device", o->device, "cpu or cuda:N");
+  sub->add_option("--mode", o->mode, "fast or full (default: the config's)")->check(CLI::IsMember({"fast", "full"}));
+  sub->add_option("--timeout", o->timeout_s, "seconds per candidate")->check(CLI::PositiveNumber);
+  sub->add_option("--compile-workers", o->compile_workers, "compile-stage processes")->check(cli::count(0, 256));
+  sub->add_option("--seed", o->seed, "the base seed of the inputs");
+  sub->add_option("--config", o->config, "a config whose [evaluator] supplies the settings")->type_name("CONFIG");
+  sub->add_option("--worker-log", o->worker_log, "where the worker's output goes (default: discarded)")
+      ->type_name("FILE");
+  sub->add_option("--log-level", o->log_level, "default warn")->type_name("LEVEL");
+  sub->add_flag("--json", o->json, "one JSON object per line instead of a table");
+  sub->callback([&action, sub, task, candidate, o, tasks, files] {
+    // In the order given: each --candidate against the --task before it (the first --task when none is).
+    size_t t = 0, c = 0;
+    std::string current;
+    size_t untasked = 0;
+    for (const CLI::Option* opt : sub->parse_order()) {
+      if (opt == task) {
+        if (current.empty())
+          for (size_t k = 0; k < untasked; ++k) o->candidates[k].task = (*tasks)[t];
+        current = (*tasks)[t++];
+      } else if (opt == candidate) {
+        o->candidates.push_back({current, (*files)[c++]});
+        untasked += current.empty();
+      }
+    }
+    action = [o] { return cmd_evaluate(*o); };
+  });
 }
 
 }  // namespace kernelrl

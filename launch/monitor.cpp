@@ -2,6 +2,7 @@
 // and shows its live telemetry (or one snapshot with --once). It only asks the head's gate for
 // the monitor's latest snapshot: attaching and detaching never touch the run's actors.
 #include "launch/cluster.hpp"
+#include "launch/cli.hpp"
 #include "launch/commands.hpp"
 
 #include "actors/monitor.hpp"
@@ -89,6 +90,24 @@ int cmd_monitor(const MonitorOptions& o) {
   }
   self->demonitor(*gate);
   return rc;
+}
+
+void add_monitor(CLI::App& app, cli::Action& action) {
+  auto o = std::make_shared<MonitorOptions>();
+  auto* sub = cli::subcommand(app, "monitor",
+                              "launch monitor HOST:PORT [--once] [--json] [--interval S] [--secret-file FILE] "
+                              "[--wait S]\n  watch a running cluster's telemetry (its head's HOST:PORT)");
+  sub->add_option("HOST:PORT", o->address, "the head's address")->required()->type_name("");
+  sub->add_flag("--once", o->once, "one snapshot, then exit");
+  sub->add_flag("--json", o->json, "JSON lines instead of text");
+  sub->add_option("--interval", o->interval_s, "refresh interval in seconds (default 1)")
+      ->check(CLI::Range(0.05, 86400.0));
+  sub->add_option("--wait", o->wait_s, "how long to keep trying to reach the head (default 10 s)")
+      ->check(CLI::Range(0.0, 86400.0));
+  sub->add_option("--secret-file", o->secret_file, "the cluster secret (default: $KERNELRL_CLUSTER_SECRET)")
+      ->type_name("FILE");
+  sub->add_option("--log-level", o->log_level, "default warn")->type_name("LEVEL");
+  sub->callback([&action, o] { action = [o] { return cmd_monitor(*o); }; });
 }
 
 }  // namespace kernelrl

@@ -1,5 +1,6 @@
 // launch generate / score / tokenize / merge / sft: the policy runtime (policy/policy.hpp) and
 // the learner's SFT (learner/lora_learner.hpp) from the command line. Errors (a missing file, an unsupported checkpoint) print one line and exit 2.
+#include "launch/cli.hpp"
 #include "launch/commands.hpp"
 
 #include "core/config.hpp"
@@ -290,6 +291,175 @@ int cmd_sft(const SftOptions& o) {
   } catch (const std::exception& e) {
     return fail("sft", e.what());
   }
+}
+
+namespace {
+// The model options of generate, score, tokenize, merge and probe.
+void model_options(CLI::App* sub, PolicyCliOptions& o, bool adapter = true) {
+  sub->add_option("--model", o.model, "a Hugging Face model directory")->type_name("DIR");
+  if (adapter) sub->add_option("--adapter", o.adapter, "a PEFT LoRA adapter directory")->type_name("DIR");
+  sub->add_option("--device", o.device, "cpu or cuda:N (default cpu)");
+  sub->add_option("--dtype", o.dtype, "f32, f16 or bf16 (default: f32 on the CPU, bf16 on CUDA)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+}
+
+bool read_text(const std::string& path, std::string& into) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  into.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return true;
+}
+
+// --prompt and --prompt-file in the order given; --completion or --completion-file.
+int read_texts(const std::string& cmd, CLI::App* sub, PolicyCliOptions& o, const std::vector<std::string>& prompts,
+               const std::vector<std::string>& prompt_files, const std::string& completion_file) {
+  size_t p = 0, f = 0;
+  for (const CLI::Option* opt : sub->parse_order()) {
+    if (opt->get_name() == "--prompt") {
+      o.prompts.push_back(prompts[p++]);
+    } else if (opt->get_name() == "--prompt-file") {
+      std::string t;
+      if (!read_text(prompt_files[f], t)) return cli::bad(cmd, "--prompt-file: cannot read " + prompt_files[f]);
+      ++f;
+      o.prompts.push_back(t);
+    }
+  }
+  if (!completion_file.empty() && !read_text(completion_file, o.completion))
+    return cli::bad(cmd, "--completion-file: cannot read " + completion_file);
+  return 0;
+}
+
+// generate, score, tokenize and merge: their options, their checks and their command.
+void add_policy_command(CLI::App& app, cli::Action& action, const std::string& name, const std::string& synopsis) {
+  struct Texts {
+    PolicyCliOptions o;
+    std::vector<std::string> prompts, prompt_files;
+    std::string completion_file;
+    bool has_completion = false;
+  };
+  auto x = std::make_shared<Texts>();
+  auto* sub = cli::subcommand(app, name, synopsis);
+  model_options(sub, x->o);
+  sub->add_flag("--json", x->o.json, "one JSON object");
+  if (name == "merge") {
+    sub->add_option("--out", x->o.out, "the merged checkpoint's directory")->required()->type_name("DIR");
+  } else {
+    sub->add_option("--prompt", x->prompts, "a prompt (generate: one or more)")->type_name("TEXT");
+    sub->add_option("--prompt-file", x->prompt_files, "a prompt read from a file")->type_name("FILE");
+  }
+  CLI::Option* completion = nullptr;
+  if (name == "score") {
+    completion = sub->add_option("--completion", x->o.completion, "the completion to score")->type_name("TEXT");
+    sub->add_option("--completion-file", x->completion_file, "the completion read from a file")->type_name("FILE");
+  }
+  if (name == "generate" || name == "score")
+    sub->add_option("--temperature", x->o.temperature, "sampling temperature (default 1)")->check(cli::number());
+  if (name == "generate") {
+    sub->add_option("--top-p", x->o.top_p, "nucleus sampling (default 1)")->check(cli::number());
+    sub->add_option("--max-tokens", x->o.max_tokens, "new tokens at most (default 256)")->check(cli::count(1, 1 << 20));
+    sub->add_option("--n", x->o.n, "completions per prompt")->check(cli::count(1, 1 << 16));
+    sub->add_option("--seed", x->o.seed, "the sampling seed");
+    sub->add_option("--stop", x->o.stop, "a stop string (repeatable)")->type_name("STR");
+    sub->add_option("--server", x->o.server, "an OpenAI-compatible server instead of --model")->type_name("URL");
+    sub->add_option("--served-model", x->o.served_model, "--server: the served model's name")->type_name("NAME");
+    sub->add_option("--timeout", x->o.timeout_s, "--server: seconds per HTTP exchange")->check(CLI::PositiveNumber);
+    sub->add_option("--retries", x->o.retries, "--server: extra attempts after 5xx, 429 and timeouts")
+        ->check(cli::count(0, 100));
+  }
+  sub->callback([&action, sub, name, x, completion] {
+    x->has_completion = (completion && completion->count() > 0) || !x->completion_file.empty();
+    action = [sub, name, x] {
+      auto& o = x->o;
+      if (int rc = read_texts(name, sub, o, x->prompts, x->prompt_files, x->completion_file)) return rc;
+      if (name == "generate" && !o.server.empty()) {
+        if (o.served_model.empty()) return cli::bad(name, "--server needs --served-model NAME");
+      } else if (o.model.empty()) {
+        return cli::bad(name, "--model DIR is required");
+      }
+      if (name == "merge") {
+        if (o.adapter.empty()) return cli::bad(name, "--adapter DIR is required");
+        return cmd_merge(o);
+      }
+      if (o.prompts.empty()) return cli::bad(name, "--prompt TEXT is required");
+      if (name != "generate" && o.prompts.size() != 1) return cli::bad(name, "exactly one --prompt");
+      if (name == "generate") {
+        if (o.temperature < 0) return cli::bad(name, "--temperature must be >= 0");
+        if (o.top_p <= 0 || o.top_p > 1) return cli::bad(name, "--top-p must be in (0, 1]");
+        return cmd_generate(o);
+      }
+      if (name == "score") {
+        if (!x->has_completion) return cli::bad(name, "--completion TEXT is required");
+        if (o.temperature <= 0) return cli::bad(name, "--temperature must be > 0");
+        return cmd_score(o);
+      }
+      return cmd_tokenize(o);
+    };
+  });
+}
+}  // namespace
+
+void add_policy(CLI::App& app, cli::Action& action) {
+  add_policy_command(app, action, "generate",
+                     "launch generate --model DIR [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--max-tokens N]\n"
+                     "                [--temperature T] [--top-p P] [--n N] [--seed S] [--stop STR ...]\n"
+                     "                [--device cpu|cuda:N] [--dtype f32|f16|bf16] [--json]\n"
+                     "launch generate --server URL --served-model NAME [--timeout S] [--retries N] --prompt TEXT ...\n"
+                     "  sample completions with per-token logprobs (the built-in runtime, or an OpenAI-compatible\n"
+                     "  server); --prompt-file FILE reads a prompt from a file");
+  add_policy_command(app, action, "score",
+                     "launch score --model DIR [--adapter DIR] --prompt TEXT --completion TEXT [--temperature T]\n"
+                     "             [--device D] [--dtype T] [--json]\n"
+                     "  logprobs of a completion after a prompt (--prompt-file, --completion-file read files)");
+  add_policy_command(app, action, "tokenize",
+                     "launch tokenize --model DIR --prompt TEXT [--json]\n  token ids of a text");
+  add_policy_command(app, action, "merge",
+                     "launch merge --model DIR --adapter DIR --out DIR [--dtype T]\n"
+                     "  fold a LoRA adapter into a plain checkpoint");
+
+  auto probe = std::make_shared<ProbeOptions>();
+  auto* p = cli::subcommand(app, "probe",
+                            "launch probe RUN_DIR [--samples N] [--device D] [--dtype T] [--json]\n"
+                            "  NLL of fixed samples under every checkpoint of a run");
+  p->add_option("RUN_DIR", probe->run_dir, "a train run")->required()->type_name("");
+  p->add_option("--samples", probe->samples, "the first N samples of the first step (default 16)")
+      ->check(cli::count(1, 100000));
+  p->add_option("--device", probe->device, "default: the run's [policy] device");
+  p->add_option("--dtype", probe->dtype, "default: the run's [policy] dtype");
+  p->add_flag("--json", probe->json, "one JSON object");
+  p->callback([&action, probe] { action = [probe] { return cmd_probe(*probe); }; });
+
+  auto sft = std::make_shared<SftOptions>();
+  auto* s = cli::subcommand(
+      app, "sft",
+      "launch sft --model DIR --data FILE.jsonl --out DIR [--adapter DIR] [--steps N] [--batch B] [--lr X]\n"
+      "           [--rank R] [--alpha A] [--targets q_proj,...] [--seed S] [--device D] [--dtype T] [--json]\n"
+      "  LoRA SFT on prompt/completion lines (a warm start)");
+  s->add_option("--model", sft->model, "a Hugging Face model directory")->required()->type_name("DIR");
+  s->add_option("--data", sft->data, "prompt/completion JSON lines")->required()->type_name("FILE.jsonl");
+  s->add_option("--out", sft->out, "the adapter's directory")->required()->type_name("DIR");
+  s->add_option("--adapter", sft->adapter, "an adapter to start from")->type_name("DIR");
+  s->add_option("--steps", sft->steps, "optimizer steps (default 100)")->check(cli::count(1, 10000000));
+  s->add_option("--batch", sft->batch, "demonstrations per step (default 8)")->check(cli::count(1, 1 << 20));
+  s->add_option("--lr", sft->lr, "learning rate in (0, 1) (default 1e-4)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            try {
+              double x = std::stod(v);
+              if (x > 0 && x < 1) return std::string();
+            } catch (const std::exception&) {}
+            return "must be in (0, 1), got \"" + v + "\"";
+          },
+          "X"));
+  s->add_option("--rank", sft->rank, "LoRA rank (default 16)")->check(cli::count(1, 4096));
+  s->add_option("--alpha", sft->alpha, "LoRA alpha (default 32)")->check(cli::number());
+  s->add_option("--targets", sft->targets, "modules to adapt (default: every projection)")
+      ->delimiter(',')
+      ->type_name("q_proj,...");
+  s->add_option("--seed", sft->seed, "adapter init and demonstration order");
+  s->add_option("--device", sft->device, "cpu or cuda:N");
+  s->add_option("--dtype", sft->dtype, "default: bf16 on CUDA, f32 on the CPU");
+  s->add_flag("--json", sft->json, "one JSON object");
+  s->callback([&action, sft] { action = [sft] { return cmd_sft(*sft); }; });
 }
 
 }  // namespace kernelrl

@@ -14,6 +14,7 @@
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "experiment/assemble.hpp"
+#include "launch/cli.hpp"
 #include "launch/cluster.hpp"
 #include "launch/commands.hpp"
 #include "launch/setup.hpp"
@@ -465,6 +466,71 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   auto run = spawn_run(sys, *cfg, std::move(*in), *run_dir, run_id, resume, backend, engine, secret, config_path);
   if (!run) return 2;
   return run_to_end(sys, *run, *run_dir);
+}
+
+}  // namespace kernelrl
+
+namespace kernelrl {
+
+namespace {
+
+struct RunArgs {
+  std::string config, run_dir, resume, node, log_level;
+  bool join = false;
+  JoinOptions join_options;
+};
+
+int run_command(const RunArgs& a) {
+  const bool join_args = !a.join_options.name.empty() || a.join_options.cpu_slots || !a.join_options.gpus.empty();
+  if (a.config.empty()) return cli::bad("", "missing CONFIG or subcommand");
+  if (join_args && !a.join) return cli::bad("", "--name, --cpu-slots and --gpus go with --join");
+  const bool resume = !a.resume.empty();
+  const std::string& run_dir = resume ? a.resume : a.run_dir;
+  if (a.join) {
+    if (!a.node.empty())
+      return cli::bad("", "--join adds a machine that is not in CONFIG; --node NAME starts one that is");
+    if (!run_dir.empty()) return cli::bad("", "--join: a node keeps no run directory (the head does)");
+    return cmd_join(a.config, a.join_options, a.log_level);
+  }
+  if (!a.node.empty()) {
+    if (!run_dir.empty()) return cli::bad("", "--node: a node keeps no run directory (the head does)");
+    return cmd_node(a.config, a.node, a.log_level);
+  }
+  if (is_comparison_config(a.config)) {
+    if (resume)
+      return cli::bad("",
+                      "--resume: a comparison goes on where it stopped with --run-dir DIR (finished arms are kept)");
+    return cmd_run_comparison(a.config, run_dir, a.log_level);
+  }
+  return cmd_run(a.config, run_dir, a.log_level, resume);
+}
+
+}  // namespace
+
+void add_run(CLI::App& app, cli::Action& action) {
+  auto a = std::make_shared<RunArgs>();
+  app.add_option("CONFIG", a->config, "the experiment (or comparison, or cluster) to run")->type_name("");
+  auto* run_dir = app.add_option("--run-dir", a->run_dir,
+                                 "where the run keeps everything (default: a new folder "
+                                 "under [experiment] run_root)")
+                      ->type_name("DIR");
+  app.add_option("--resume", a->resume, "continue this train run from its latest checkpoint")
+      ->type_name("RUN_DIR")
+      ->excludes(run_dir);
+  app.add_option("--node", a->node, "run node NAME of the cluster CONFIG describes")->type_name("NAME");
+  app.add_flag("--join", a->join, "add this machine (not in CONFIG) to CONFIG's cluster");
+  app.add_option("--name", a->join_options.name, "--join: this node's name (default: the host name)")
+      ->type_name("NAME");
+  app.add_option("--cpu-slots", a->join_options.cpu_slots, "--join: CPU evaluators")->check(cli::count(1, 1024));
+  app.add_option("--gpus", a->join_options.gpus, "--join: one evaluator per listed GPU")
+      ->delimiter(',')
+      ->check(cli::device_ids())
+      ->type_name("0,1,...");
+  app.add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off (default: [cluster] log_level)")
+      ->type_name("LEVEL");
+  app.callback([&app, &action, a] {
+    if (app.get_subcommands().empty()) action = [a] { return run_command(*a); };
+  });
 }
 
 }  // namespace kernelrl
