@@ -1,8 +1,9 @@
 // Analysis of a run's samples (torch-free): fast_p, correctness, speedups, per step and per task;
 // pass@k and fast_1@k with the unbiased estimator and bootstrap confidence intervals (the scaling
 // curve over k); Spearman's rho of a sample's mean logprob against its speedup, raw and partial on
-// length; surprisal quartiles; selection strategies over each task's samples of a step (best-of-N). `launch analyze RUN_DIR` prints it; tests/e2e/test_analysis.py checks
-// every figure against an independent numpy computation.
+// length; surprisal quartiles; selection strategies over each task's samples of a step
+// (best-of-N). `launch analyze RUN_DIR` prints it; tests/e2e/test_analysis.py checks every figure
+// against an independent numpy computation.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -79,9 +80,10 @@ double mean_logprob(const std::vector<float>& logprobs);
 std::vector<size_t> surprisal_order(const std::vector<double>& means);
 
 // Everything above as one JSON object: the run's summary, "steps", "per_task", "per_step_task"
-// (each task's figures per step: TTT trajectories), "at_k", "logprob_vs_speedup", "selection". `learner` maps a step to its learner figures (loss, ...)
-// and is merged into "steps". Samples of a periodic evaluation (split "eval") are in none of
-// these: "eval" is the same analysis of them alone, its "steps" being the versions evaluated.
+// (each task's figures per step: TTT trajectories), "at_k", "logprob_vs_speedup", "selection".
+// `learner` maps a step to its learner figures (loss, ...) and is merged into "steps". Samples
+// of a periodic evaluation (split "eval") are in none of these: "eval" is the same analysis of
+// them alone, its "steps" being the versions evaluated.
 nlohmann::json analyze(const std::vector<AnalysisSample>& samples, const AnalysisOptions& o,
                        const std::map<uint32_t, std::map<std::string, double>>& learner = {});
 

@@ -1,6 +1,7 @@
 // The HTTP client for OpenAI-compatible inference servers (vLLM, SGLang), on libcurl: http:// and
-// https:// (the system's CA certificates, or the bundle $CURL_CA_BUNDLE names), proxies from the environment (http_proxy, https_proxy,
-// no_proxy), connections kept alive per thread, a wall-clock limit for the whole exchange.
+// https:// (the system's CA certificates, or the bundle $CURL_CA_BUNDLE names), proxies from the
+// environment (http_proxy, https_proxy, no_proxy), connections kept alive per thread, a
+// wall-clock limit for the whole exchange.
 #pragma once
 
 #include <map>

@@ -1,5 +1,6 @@
 // launch generate / score / tokenize / merge / sft: the policy runtime (policy/policy.hpp) and
-// the learner's SFT (learner/lora_learner.hpp) from the command line. Errors (a missing file, an unsupported checkpoint) print one line and exit 2.
+// the learner's SFT (learner/lora_learner.hpp) from the command line, and `launch probe`. Errors
+// (a missing file, an unsupported checkpoint) print one line and exit 2.
 #include "launch/cli.hpp"
 #include "launch/commands.hpp"
 
