@@ -89,6 +89,21 @@ class TableReader {
     out_.insert_or_assign(key, v);
   }
 
+  // A plain name that becomes part of a file or folder name inside a folder the run owns: letters,
+  // digits, '.', '_', '-', not starting with '.' (so no '/', no "..", nothing hidden).
+  void file_name(const char* key, std::string& v) {
+    if (auto* n = get(key, false); n && read_string(*n, key, {}, v)) {
+      bool ok = !v.empty() && v.size() <= 200 && v[0] != '.';
+      for (char ch : v)
+        ok = ok && (std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-');
+      if (!ok)
+        error_at(*n, key,
+                 "expected a plain name (letters, digits, '.', '_' and '-', not starting with '.'; no '/'), got \"" +
+                     v + "\"");
+    }
+    out_.insert_or_assign(key, v);
+  }
+
   void one_of(const char* key, std::string& v, const std::vector<std::string>& choices) {
     if (auto* n = get(key, false)) read_string(*n, key, choices, v);
     out_.insert_or_assign(key, v);
@@ -99,6 +114,28 @@ class TableReader {
     int64_t x = 0;
     if (auto* n = get(key, required); n && read_integer(*n, key, lo, hi, x)) v = static_cast<T>(x);
     out_.insert_or_assign(key, static_cast<int64_t>(v));
+  }
+
+  // An integer in [lo, hi], or the string "auto" (`is_auto` says which; the default is kept when
+  // the key is absent).
+  void integer_or_auto(const char* key, uint32_t& v, bool& is_auto, int64_t lo, int64_t hi) {
+    auto* n = get(key, false);
+    if (n && n->is_string()) {
+      if (*n->value<std::string>() == "auto")
+        is_auto = true;
+      else
+        error_at(*n, key, "expected an integer or \"auto\", got \"" + *n->value<std::string>() + "\"");
+    } else if (n) {
+      int64_t x = 0;
+      if (read_integer(*n, key, lo, hi, x)) {
+        v = static_cast<uint32_t>(x);
+        is_auto = false;
+      }
+    }
+    if (is_auto)
+      out_.insert_or_assign(key, "auto");
+    else
+      out_.insert_or_assign(key, static_cast<int64_t>(v));
   }
 
   void number(const char* key, double& v, double lo, double hi) {
@@ -465,7 +502,7 @@ void read_evaluator(TableReader& r, Config& c, const toml::table& root) {
   r.one_of("task_size", e.task_size, {"auto", "cpu", "gpu"});
   r.integer("compile_workers", e.compile_workers, 0, 1024);
   r.number("compile_timeout_s", e.compile_timeout_s, 1, 86400);
-  r.integer("memory_limit_mb", e.memory_limit_mb, 0, 1 << 30);
+  r.integer_or_auto("memory_limit_mb", e.memory_limit_mb, e.memory_auto, 0, 1 << 30);
   r.number("reverify_speedup", e.reverify_speedup, 0, 1e9);
   r.boolean("isolate_network", e.isolate_network);
   r.path("cache_dir", e.cache_dir, PathKind::any);
@@ -591,7 +628,7 @@ void read_experiment(TableReader& r, Config& c, const toml::table& root) {
   }
   if (c.experiment.mode != Mode::sdpo && root.get("sdpo"))
     r.error_here("mode", "[sdpo] is set but mode is \"" + m + "\" (the [sdpo] settings are for mode = \"sdpo\")");
-  r.str("name", c.experiment.name);
+  r.file_name("name", c.experiment.name);
   r.path("run_root", c.experiment.run_root, PathKind::any);
   r.integer("seed", c.experiment.seed, 0, std::numeric_limits<int64_t>::max());
 }
@@ -610,7 +647,7 @@ void read_sdpo(TableReader& r, Config& c, const toml::table& root) {
 
 // [store]: the run store.
 void read_store(TableReader& r, Config& c, const toml::table& root) {
-  r.str("file", c.store.file);
+  r.file_name("file", c.store.file);
   r.one_of("synchronous", c.store.synchronous, {"normal", "full"});
 }
 
@@ -618,7 +655,7 @@ void read_store(TableReader& r, Config& c, const toml::table& root) {
 void read_monitor(TableReader& r, Config& c, const toml::table& root) {
   r.boolean("progress", c.monitor.progress);
   r.number("interval_s", c.monitor.interval_s, 0.05, 3600);
-  r.str("metrics_file", c.monitor.metrics_file);
+  r.file_name("metrics_file", c.monitor.metrics_file);
   r.str("publish", c.monitor.publish);
   auto& pub = c.monitor.publish;
   if (!pub.empty() && pub.rfind("tcp://", 0) != 0 && pub.rfind("ipc://", 0) != 0)
@@ -699,6 +736,9 @@ ConfigResult parse_config(const std::string& text, const std::string& path) {
 }
 
 ConfigResult load_config(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    return std::vector<ConfigError>{{path, 0, 0, "(file)", "is a directory, not a config file"}};
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::vector<ConfigError>{{path, 0, 0, "(file)", "cannot open config file"}};
   std::stringstream ss;

@@ -96,23 +96,27 @@ struct EvaluatorConfig {
   double rtol_fp32 = 1e-4;
   double atol_half = 1e-2;  // tolerances for float16 / bfloat16 outputs
   double rtol_half = 1e-2;
-  uint32_t max_in_flight = 0;        // requests queued at one evaluator (0: compile_workers + 2)
-  uint32_t max_attempts = 2;         // dispatches of one sample before it is recorded as failed
-  uint32_t torch_threads = 1;        // intra-op threads of a CPU worker
-  uint64_t seed = 42;                // base seed for weights and inputs
-  std::string python;                // interpreter for workers (default: scripts/python)
-  std::string task_size = "auto";    // task sizes: cpu, gpu (a task's GPU_SIZES), auto (by device)
-  uint32_t compile_workers = 2;      // CPU processes building kernels ahead of the timing stage
-                                     // (0: candidates build in the timing stage)
-  double compile_timeout_s = 600;    // wall-clock limit for building one candidate's kernels
-  uint32_t memory_limit_mb = 16384;  // host memory of one candidate's process (0: no limit)
-  double reverify_speedup = 10;      // speedups above this are re-verified in full (0: never)
-  bool isolate_network = true;       // candidates run in a network namespace of their own
-  std::string cache_dir;             // build cache (default ~/.cache/kernelrl/build-cache)
-  std::string backend = "worker";    // worker: real evaluation; synthetic: answers after
-                                     // synthetic_latency_ms without running anything (benchmarks
-                                     // of dispatch and scale-out; its verdicts are not measurements)
-  double synthetic_latency_ms = 0;   // per-request latency of a synthetic evaluator
+  uint32_t max_in_flight = 0;      // requests queued at one evaluator (0: compile_workers + 2)
+  uint32_t max_attempts = 2;       // dispatches of one sample before it is recorded as failed
+  uint32_t torch_threads = 1;      // intra-op threads of a CPU worker
+  uint64_t seed = 42;              // base seed for weights and inputs
+  std::string python;              // interpreter for workers (default: scripts/python)
+  std::string task_size = "auto";  // task sizes: cpu, gpu (a task's GPU_SIZES), auto (by device)
+  uint32_t compile_workers = 2;    // CPU processes building kernels ahead of the timing stage
+                                   // (0: candidates build in the timing stage)
+  double compile_timeout_s = 600;  // wall-clock limit for building one candidate's kernels
+  // Host memory of one candidate's processes together, in MB (0: no limit). "auto" (the default):
+  // this machine's memory, less headroom, shared by every candidate that can run at once on it
+  // (core/machine.hpp); resolved by each node for itself.
+  uint32_t memory_limit_mb = 0;
+  bool memory_auto = true;
+  double reverify_speedup = 10;     // speedups above this are re-verified in full (0: never)
+  bool isolate_network = true;      // candidates run in a network namespace of their own
+  std::string cache_dir;            // build cache (default ~/.cache/kernelrl/build-cache)
+  std::string backend = "worker";   // worker: real evaluation; synthetic: answers after
+                                    // synthetic_latency_ms without running anything (benchmarks
+                                    // of dispatch and scale-out; its verdicts are not measurements)
+  double synthetic_latency_ms = 0;  // per-request latency of a synthetic evaluator
   // Requests one evaluator may hold (queued, compiling or timing).
   uint32_t in_flight() const { return max_in_flight ? max_in_flight : compile_workers + 2; }
 };

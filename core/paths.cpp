@@ -10,7 +10,9 @@
 #include <ctime>
 #include <filesystem>
 #include <mutex>
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -25,6 +27,52 @@ std::string make_run_dir(const std::string& root, const std::string& name) {
     fs::path p = fs::path(root) / (name + "-" + stamp + (i ? "-" + std::to_string(i) : ""));
     if (fs::create_directory(p)) return fs::absolute(p).lexically_normal().string();
   }
+}
+
+namespace {
+
+// Removes $TMPDIR/kernelrl-PID-* folders of this user whose process is gone.
+void sweep_dead_temp_dirs(const fs::path& tmp) {
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(tmp, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("kernelrl-", 0) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + 9, &end, 10);
+    if (pid <= 0 || !end || *end != '-' || pid == getpid()) continue;
+    struct stat st {};
+    if (lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) continue;
+    if (::kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;  // running (or not ours to ask)
+    std::string err;
+    remove_tree(e.path().string(), err);
+  }
+}
+
+std::string make_process_temp_dir() {
+  std::error_code ec;
+  fs::path tmp = fs::temp_directory_path(ec);
+  if (ec) return "";
+  sweep_dead_temp_dirs(tmp);
+  std::string dir = (tmp / ("kernelrl-" + std::to_string(getpid()) + "-XXXXXX")).string();
+  if (mkdtemp(dir.data()) == nullptr) return "";
+  chmod(dir.c_str(), 0711);
+  return dir;
+}
+
+}  // namespace
+
+const std::string& process_temp_dir() {
+  // Never destroyed: the exit handler below runs after the destructors of statics made later.
+  static const std::string* dir = [] {
+    auto* d = new std::string(make_process_temp_dir());
+    if (!d->empty())
+      std::atexit([] {
+        std::string err;
+        remove_tree(process_temp_dir(), err);
+      });
+    return d;
+  }();
+  return *dir;
 }
 
 double now_s() {

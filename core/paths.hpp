@@ -23,6 +23,12 @@ std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string
 // (libtorch.so exports a broken copy of that symbol, and it wins the lookup).
 bool remove_tree(const std::string& path, std::string& err);
 
+// This process's folder for temporary files: $TMPDIR/kernelrl-PID-XXXXXX (mode 0711), made on
+// first use and removed when the process exits; every worker's socket, locks and candidates'
+// folders go under it. Its first call also removes the folders of kernelrl processes that no
+// longer run (a killed run's). "" when it cannot be made (then callers use $TMPDIR itself).
+const std::string& process_temp_dir();
+
 // Seconds since the Unix epoch (wall clock, for timestamps).
 double now_s();
 // Seconds on a monotonic clock (for durations and rates).

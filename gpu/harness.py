@@ -36,6 +36,7 @@ try:  # the profiler imports dynamo lazily, and dynamo wraps torch.manual_seed: 
 except Exception:  # pragma: no cover - a torch without dynamo
     pass
 
+import bounded
 import defenses
 import judge
 import sandbox
@@ -557,7 +558,7 @@ def policy_code(action: str, action_space: str) -> str:
 
 def empty_result(device_name):
     return {
-        "status": "runtime_error", "error": "", "assembled_code": "", "compile_log": "",
+        "status": "runtime_error", "error": "", "assembled_code": "", "compile_log": "", "output": "",
         "correctness": {"trials": 0, "passed": 0, "max_abs_diff": 0.0, "max_rel_diff": 0.0,
                         "atol": 0.0, "rtol": 0.0, "detail": ""},
         "runtime": stats([]), "ref_runtime": stats([]), "speedup": 0.0,
@@ -600,7 +601,7 @@ class Harness:
         import compile_cache  # the worker imported it already (ForkServer), else here
         rec = compile_cache.install(self.cache_root, _builder())
         mod = types.ModuleType("kernelrl_candidate")
-        captured = io.StringIO()
+        captured = bounded.BoundedText()  # the first and last 4 KB of what import prints
         try:
             compiled = compile(code, f"<candidate {req['sample_id']}>", "exec")
             with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
@@ -720,7 +721,7 @@ class Harness:
         mod = types.ModuleType("kernelrl_candidate")
         mod.__dict__["__file__"] = f"<candidate {req['sample_id']}>"
         allocated_before = self._allocated()
-        captured = io.StringIO()
+        captured = bounded.BoundedText()  # the first and last 4 KB of what import prints
         try:
             compiled = compile(code, f"<candidate {req['sample_id']}>", "exec")
             with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):

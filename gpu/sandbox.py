@@ -26,6 +26,7 @@ import traceback
 
 import msgpack
 
+import bounded
 import cgroups
 import seccomp
 
@@ -403,6 +404,10 @@ def _child_setup(conf, env, address_space_limit, memory_limit_mb, tmpdir):
     os.environ["TMPDIR"] = tmpdir
     tempfile.tempdir = tmpdir
     os.chdir(tmpdir)
+    # No file it writes grows past the size of its private /tmp (EFBIG, see _output_to), wherever
+    # it writes: without a private file view, its temp dir is on the worker's disk.
+    fsize = conf.tmp_size_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     if address_space_limit and memory_limit_mb > 0:
         # On top of what the worker had mapped already (torch's libraries alone map
         # gigabytes of address space): the candidate gets memory_limit_mb more.
@@ -565,6 +570,7 @@ def run_isolated(fn, *, timeout_s: float, memory_limit_mb: int, env: dict, isola
     {"status": "timeout"|"runtime_error", "error": why}. Also returns the child's overhead timings
     in reply["isolation"] (fork to first instruction, and exit)."""
     rfd, wfd = os.pipe()
+    out_r, out_w = os.pipe()
     conf = conf or Confinement(enabled=isolate_net)
     svc = _Service(service) if service else None
     tmpdir = tempfile.mkdtemp(prefix="cand-", dir=tmp_root)
@@ -573,6 +579,7 @@ def run_isolated(fn, *, timeout_s: float, memory_limit_mb: int, env: dict, isola
     if pid == 0:  # child
         try:
             os.close(rfd)
+            _output_to(out_r, out_w)
             if svc:
                 svc.child_side()
             close_inherited([wfd] + (list(_SERVICE) if svc else []))
@@ -582,10 +589,11 @@ def run_isolated(fn, *, timeout_s: float, memory_limit_mb: int, env: dict, isola
             fn = _refuse(net["setup"])
         _child_run(fn, wfd, memory_limit_mb, t_fork, net)
     os.close(wfd)
+    os.close(out_w)
     if svc:
         svc.parent_side()
     try:
-        return _collect(pid, rfd, t_fork, timeout_s, memory_limit_mb, tmpdir, service=svc)
+        return _collect(pid, rfd, t_fork, timeout_s, memory_limit_mb, tmpdir, service=svc, out=out_r)
     finally:
         if svc:
             svc.close()
@@ -611,11 +619,13 @@ class Spare:
         self.tmpdir = tempfile.mkdtemp(prefix="cand-", dir=tmp_root)
         req_r, self.req_w = os.pipe()
         self.rep_r, rep_w = os.pipe()
+        self.out_r, out_w = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:  # child
             global JUDGE_LINK
             os.close(self.req_w)
             os.close(self.rep_r)
+            _output_to(self.out_r, out_w)
             if self.svc:
                 self.svc.child_side()
             if child_link is not None:
@@ -649,6 +659,7 @@ class Spare:
             _child_run(run, rep_w, memory_limit_mb, t0, net)
         os.close(req_r)
         os.close(rep_w)
+        os.close(out_w)
         if child_link is not None:
             child_link.close()
         if self.svc:
@@ -684,13 +695,13 @@ class Spare:
         the caller reaps it and removes its temp dir."""
         try:
             return _collect(self.pid, self.rep_r, self.t0, timeout_s, self.memory_limit_mb, self.tmpdir,
-                            on_poll, defer_exit, self.svc)
+                            on_poll, defer_exit, self.svc, self.out_r)
         finally:
             if self.svc:
                 self.svc.close()
 
     def discard(self):
-        _close_fds(self.req_w, self.rep_r)
+        _close_fds(self.req_w, self.rep_r, self.out_r)
         self.close_link()
         if self.svc:
             self.svc.close()
@@ -730,9 +741,36 @@ def wait_for_warming(*lock_paths):
             pass
 
 
-def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, defer_exit=None, service=None):
+def _output_to(out_r, out_w):
+    """In a candidate's process: its stdout and stderr become the pipe the worker drains (bounded:
+    gpu/bounded.py), not the worker's log; a file it writes is at most the size of its private /tmp,
+    and writing past that is an error (EFBIG) rather than a signal."""
+    os.close(out_r)
+    os.dup2(out_w, 1)
+    os.dup2(out_w, 2)
+    os.close(out_w)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def _drain(fd, tail, block=False):
+    """Reads what the candidate printed into ``tail``; False once the pipe is closed."""
+    while True:
+        if not block and not select.select([fd], [], [], 0)[0]:
+            return True
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return True
+        if not chunk:
+            return False
+        tail.add(chunk)
+
+
+def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, defer_exit=None, service=None,
+             out=-1):
     chunks = []
     failure = None
+    tail = bounded.OutputTail()
     deadline = t0 + timeout_s
     limit = memory_limit_mb * 1024 * 1024
     try:
@@ -742,10 +780,15 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
                 failure = {"status": "timeout",
                            "error": f"candidate exceeded the {timeout_s:g} s limit; its process group was killed"}
                 break
-            watch = [rfd] + ([service.from_child] if service is not None else [])
+            watch = [rfd] + ([service.from_child] if service is not None else []) + ([out] if out >= 0 else [])
             ready, _, _ = select.select(watch, [], [], min(left, 0.05))
             if on_poll is not None:
                 on_poll()
+            if out >= 0 and out in ready:
+                if not _drain(out, tail):
+                    os.close(out)
+                    out = -1
+                continue
             if service is not None and service.from_child in ready:
                 if not service.pump():
                     service.close()
@@ -766,6 +809,9 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
                     break
     finally:
         os.close(rfd)
+        if out >= 0:  # what it printed up to its reply (or its end); the rest is not waited for
+            _drain(out, tail)
+            os.close(out)
         if failure is None and chunks and defer_exit is not None:
             _kill_group(pid)  # it replied: end it and anything it left behind, reap it later
             defer_exit(pid, tmpdir)
@@ -781,20 +827,23 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
                                     f"{memory_limit_mb} MB and the kernel killed them"}
             reaped(pid, tmpdir)
     wall = time.monotonic() - t0
+    output = tail.text()
     if failure is not None:
         failure["isolation"] = {"wall_s": wall}
+        failure["output"] = output
         return None, failure
     data = b"".join(chunks)
     if not data:
         return None, {"status": "runtime_error",
                       "error": f"candidate process {describe_status(status)}",
-                      "isolation": {"wall_s": wall}}
+                      "isolation": {"wall_s": wall}, "output": output}
     try:
         reply = msgpack.unpackb(data, raw=False)
     except Exception as e:  # noqa: BLE001
-        return None, {"status": "runtime_error",
+        return None, {"status": "runtime_error", "output": output,
                       "error": f"candidate process sent an unreadable reply ({e}); {describe_status(status)}"}
     reply.setdefault("isolation", {})["wall_s"] = wall
+    reply["output"] = output
     return reply, None
 
 

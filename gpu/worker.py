@@ -411,6 +411,7 @@ class ForkServer:
         if failure:
             full.update({k: failure[k] for k in ("status", "error")})
             full["isolation"] = failure.get("isolation", {})
+            full["output"] = failure.get("output", "")
         else:
             full.update(reply)  # a reply from the child's last-resort handler lacks most fields
         verdict = None
@@ -455,6 +456,10 @@ class ForkServer:
         if failure:
             reply = {"status": "compile_error" if failure["status"] == "timeout" else "ok",
                      "error": "build " + failure["error"], "compile_log": ""}
+        printed = (failure or reply).get("output", "")
+        if printed:  # what the process printed below Python (native builds), after the import's own
+            reply["compile_log"] = reply.get("compile_log", "") + "\n[printed by the compile stage]\n" + printed
+        reply.pop("output", None)
         reply["wall_s"] = time.monotonic() - t0
         return reply
 

@@ -122,18 +122,23 @@ struct WorkerClient::Impl {
 };
 
 WorkerClient::WorkerClient(WorkerOptions opts) : opts_(std::move(opts)), impl_(new Impl) {
-  // The socket lives in a folder only this user can enter (candidates run as another uid, in a
-  // mount namespace where the temp folder is their own).
-  std::string dir = (std::filesystem::temp_directory_path() /
-                     ("kernelrl-" + std::to_string(getpid()) + "-" + std::to_string(next_endpoint++) + "-XXXXXX"))
-                        .string();
+  // The worker's folder, under this process's temp folder (removed with it): its TMPDIR (locks,
+  // candidates' folders) and, in a subfolder only this user can enter, its socket (candidates
+  // run as another uid, in a mount namespace where the temp folder is their own).
+  const std::string& parent = process_temp_dir();
+  const std::filesystem::path base =
+      parent.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(parent);
+  std::string dir = (base / ("worker-" + std::to_string(next_endpoint++) + "-XXXXXX")).string();
+  std::string sock_dir = dir;
   if (mkdtemp(dir.data()) != nullptr) {
-    chmod(dir.c_str(), 0700);
-    socket_dir_ = dir;
+    chmod(dir.c_str(), 0711);
+    worker_dir_ = dir;
+    sock_dir = (std::filesystem::path(dir) / "socket").string();
+    mkdir(sock_dir.c_str(), 0700);
   } else {
-    dir = std::filesystem::temp_directory_path().string();
+    sock_dir = base.string();
   }
-  endpoint_ = "ipc://" + (std::filesystem::path(dir) / "worker.sock").string();
+  endpoint_ = "ipc://" + (std::filesystem::path(sock_dir) / "worker.sock").string();
 }
 
 WorkerClient::~WorkerClient() { stop(); }
@@ -157,7 +162,8 @@ void WorkerClient::stop() {
   kill_worker();
   std::error_code ec;
   std::filesystem::remove(endpoint_.substr(6), ec);
-  if (!socket_dir_.empty()) std::filesystem::remove(socket_dir_, ec);
+  std::string err;
+  if (!worker_dir_.empty()) remove_tree(worker_dir_, err);  // its locks and candidates' folders too
 }
 
 bool WorkerClient::ensure_started(std::string& err) {
@@ -196,6 +202,10 @@ bool WorkerClient::ensure_started(std::string& err) {
   // The worker gets an allow-listed environment: no cluster key, no API keys reach it or the
   // candidates it forks (a forked process can read the environment it was started with).
   std::vector<std::string> env_store = worker_environment();
+  if (!worker_dir_.empty()) {  // its temporary files go to its own folder
+    std::erase_if(env_store, [](const std::string& kv) { return kv.rfind("TMPDIR=", 0) == 0; });
+    env_store.push_back("TMPDIR=" + worker_dir_);
+  }
   std::vector<char*> envp;
   for (auto& e : env_store) envp.push_back(e.data());
   envp.push_back(nullptr);
@@ -391,6 +401,7 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
     read(m, "error", res.error);
     read(m, "assembled_code", res.assembled_code);
     read(m, "compile_log", res.compile_log);
+    read(m, "output", res.output);
     read(m, "correctness", res.correctness);
     read(m, "runtime", res.runtime);
     read(m, "ref_runtime", res.ref_runtime);

@@ -73,7 +73,7 @@ class WorkerClient {
   pid_t pid_ = -1;
   uint32_t starts_ = 0;
   std::string endpoint_;
-  std::string socket_dir_;  // private folder holding the endpoint's socket
+  std::string worker_dir_;  // the worker's folder: its TMPDIR, and socket/ (0700) with its endpoint
   std::string torch_version_, device_name_, capability_, network_, sandbox_;
   EvalResult call(const char* op, const EvalRequest& req, const EvaluatorConfig& settings, const StageOptions& stage);
 };

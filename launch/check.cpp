@@ -1,12 +1,15 @@
 // launch check CONFIG, launch prompts CONFIG, launch version: what a config says, and what this build is.
 #include "launch/cli.hpp"
 #include "launch/commands.hpp"
+#include "core/machine.hpp"
+#include "launch/cluster.hpp"
 #include "launch/setup.hpp"
 #include "messages/messages.hpp"
 #include "policy/runtime_info.hpp"
 #include "tasks/task_set.hpp"
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -18,7 +21,22 @@ int cmd_check(const std::string& config_path) {
   if (is_comparison_config(config_path)) return cmd_check_comparison(config_path);
   auto cfg = load_or_report(config_path);
   if (!cfg) return 2;
-  std::printf("# %s: valid\n%s\n", cfg->source_file.c_str(), cfg->resolved_toml.c_str());
+  std::printf("# %s: valid\n", cfg->source_file.c_str());
+  // The candidates' memory, as each node with evaluators would have it on this machine.
+  bool exceeds = false;
+  for (auto& n : cfg->nodes) {
+    const uint32_t evaluators = has_role(n, "evaluator") ? n.cpu_slots + uint32_t(n.gpus.size()) : 0;
+    if (evaluators == 0 && !n.gpus_auto) continue;
+    auto plan = plan_candidate_memory(cfg->evaluator, std::max<uint32_t>(1, evaluators), machine_memory_mb());
+    std::printf("# node %s on this machine: %s%s\n", n.name.c_str(), plan.describe().c_str(),
+                n.gpus_auto ? " (gpus = \"auto\": counted here as one evaluator)" : "");
+    exceeds = exceeds || plan.exceeds();
+  }
+  if (exceeds)
+    std::fprintf(stderr,
+                 "launch check: warning: the candidates' memory limits add up to more than this machine has for "
+                 "them; lower [evaluator] memory_limit_mb or set it to \"auto\"\n");
+  std::printf("%s\n", cfg->resolved_toml.c_str());
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include "actors/gate.hpp"
 #include "core/auth.hpp"
 #include "core/log.hpp"
+#include "core/machine.hpp"
 #include "core/paths.hpp"
 #include "messages/messages.hpp"
 
@@ -71,10 +72,23 @@ std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& 
   std::vector<std::string> devices;
   for (uint32_t i = 0; i < node.cpu_slots; ++i) devices.push_back("cpu-" + std::to_string(i));
   for (auto g : node.gpus) devices.push_back("cuda:" + std::to_string(g));
+  // The candidates' memory limit on this machine (memory_limit_mb = "auto": shared out over every
+  // candidate that can run at once), said at start-up; a sum larger than the machine is warned of.
+  const MemoryPlan mem = plan_candidate_memory(cfg.evaluator, uint32_t(devices.size()), machine_memory_mb());
+  if (!devices.empty()) {
+    auto lg = log::get("launch");
+    lg->info("node {}: {}", node.name, mem.describe());
+    if (mem.exceeds())
+      lg->warn(
+          "node {}: the candidates' memory limits add up to more than this machine has for them ({}): a batch of "
+          "memory-hungry candidates can exhaust it; lower [evaluator] memory_limit_mb or set it to \"auto\"",
+          node.name, mem.describe());
+  }
   for (auto& d : devices) {
     EvaluatorArgs ea;
     ea.id = node.name + "/" + d;
     ea.settings = cfg.evaluator;
+    ea.settings.memory_limit_mb = mem.per_candidate_mb;
     ea.worker.python = cfg.evaluator.python;
     ea.worker.script = source_dir() + "/gpu/worker.py";
     ea.worker.device = d.rfind("cpu", 0) == 0 ? "cpu" : d;

@@ -8,6 +8,7 @@
 #include "core/config.hpp"
 #include "core/paths.hpp"
 #include "core/log.hpp"
+#include "core/machine.hpp"
 #include "messages/messages.hpp"
 
 #include <caf/all.hpp>
@@ -53,6 +54,7 @@ nlohmann::json result_json(const EvalResult& r) {
           {"compile_s", r.compile_s},
           {"compile_cached", r.compile_cached},
           {"compile_log", r.compile_log},
+          {"output", r.output},
           {"reverified", r.reverified},
           {"isolation_s", r.isolation_s},
           {"ready_at", r.ready_at},
@@ -125,6 +127,7 @@ int cmd_evaluate(const EvaluateOptions& o) {
   EvaluatorArgs ea;
   ea.id = "local/" + o.device;
   ea.settings = settings;
+  ea.settings.memory_limit_mb = plan_candidate_memory(settings, 1, machine_memory_mb()).per_candidate_mb;
   ea.worker.python = settings.python;
   ea.worker.script = source_dir() + "/gpu/worker.py";
   ea.worker.device = o.device;

@@ -43,6 +43,7 @@ int cmd_export(const std::string& run_dir) {
         {"split", r.record.rollout.split},
         {"assembled_code", e.assembled_code},
         {"compile_log", e.compile_log},
+        {"output", e.output},
     });
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   }

@@ -5,6 +5,8 @@
 #include "launch/commands.hpp"
 
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <string>
 
 namespace {
@@ -73,5 +75,21 @@ int main(int argc, char** argv) {
   }
   if (version) return cmd_version();
   if (!action) return cli::bad("", "missing CONFIG or subcommand");
-  return action();
+  // The last resort: whatever escapes a subcommand is reported, never a bare abort.
+  std::set_terminate([] {
+    std::string what = "see the log above";
+    if (auto e = std::current_exception()) try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        what = x.what();
+      } catch (...) {}
+    std::fprintf(stderr, "launch: fatal: an unexpected error ended the process: %s\n", what.c_str());
+    std::_Exit(1);
+  });
+  try {
+    return action();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "launch: %s: unexpected error: %s\n", first.c_str(), e.what());
+    return 1;
+  }
 }

@@ -172,19 +172,35 @@ std::optional<std::string> open_run_dir(const Config& cfg, const std::string& co
     return std::nullopt;
   }
   std::string run_dir;
+  std::error_code ec;
   if (arg.empty()) {
-    run_dir = make_run_dir(cfg.experiment.run_root, cfg.experiment.name);
+    try {
+      run_dir = make_run_dir(cfg.experiment.run_root, cfg.experiment.name);
+    } catch (const std::exception& e) {
+      lg->error("[experiment] run_root {}: cannot make the run directory there: {}", cfg.experiment.run_root, e.what());
+      return std::nullopt;
+    }
   } else {
-    std::error_code ec;
     fs::create_directories(arg, ec);
     if (ec || !fs::is_directory(arg)) {
-      lg->error("--run-dir {}: cannot create directory: {}", arg, ec.message());
+      lg->error("--run-dir {}: cannot create directory: {}", arg, ec ? ec.message() : "a file is in the way");
       return std::nullopt;
     }
     run_dir = fs::absolute(arg).lexically_normal().string();
   }
-  fs::create_directories(fs::path(run_dir) / "workers");
-  if (!resume) std::ofstream(fs::path(run_dir) / "config.resolved.toml") << cfg.resolved_toml;
+  fs::create_directories(fs::path(run_dir) / "workers", ec);
+  if (ec) {
+    lg->error("{}: cannot write in the run directory: {}", run_dir, ec.message());
+    return std::nullopt;
+  }
+  if (!resume) {
+    std::ofstream out(fs::path(run_dir) / "config.resolved.toml");
+    out << cfg.resolved_toml;
+    if (!out.flush()) {
+      lg->error("{}/config.resolved.toml: cannot write it", run_dir);
+      return std::nullopt;
+    }
+  }
   log::add_run_file((fs::path(run_dir) / "launch.log").string());
   return run_dir;
 }

@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 10;
+inline constexpr uint32_t protocol_version = 11;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -109,6 +109,8 @@ struct EvalResult {
   std::string error;            // one-line reason when status != ok
   std::string assembled_code;   // the full program built from the action (empty on format_error)
   std::string compile_log;      // build/import output of the candidate
+  std::string output;           // what the candidate's process printed (stdout and stderr) while it was
+                                // evaluated: the first and last 4 KB, with how many bytes were cut
   Correctness correctness;      // comparison with the reference
   RuntimeStats runtime;         // candidate timing
   RuntimeStats ref_runtime;     // reference timing under the same protocol
@@ -127,9 +129,9 @@ struct EvalResult {
   double ready_at = 0, device_start = 0, device_end = 0;
   uint64_t device_peak_bytes = 0;  // the evaluation's peak device memory (GPU; 0: CPU or unknown)
   friend bool operator==(const EvalResult&, const EvalResult&) = default;
-  MSGPACK_DEFINE_MAP(sample_id, task_id, status, error, assembled_code, compile_log, correctness, runtime, ref_runtime,
-                     speedup, evaluator_id, device, wall_s, kernel_coverage, compile_s, compile_cached, reverified,
-                     isolation_s, ready_at, device_start, device_end, device_peak_bytes);
+  MSGPACK_DEFINE_MAP(sample_id, task_id, status, error, assembled_code, compile_log, output, correctness, runtime,
+                     ref_runtime, speedup, evaluator_id, device, wall_s, kernel_coverage, compile_s, compile_cached,
+                     reverified, isolation_s, ready_at, device_start, device_end, device_peak_bytes);
 };
 
 // A rollout with its verdict and reward: what the store and the learner receive.
@@ -242,9 +244,9 @@ typename Inspector::result_type inspect(Inspector& f, Correctness& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EvalResult& x) {
   return f(caf::meta::type_name("kernelrl.EvalResult"), x.sample_id, x.task_id, x.status, x.error, x.assembled_code,
-           x.compile_log, x.correctness, x.runtime, x.ref_runtime, x.speedup, x.evaluator_id, x.device, x.wall_s,
-           x.kernel_coverage, x.compile_s, x.compile_cached, x.reverified, x.isolation_s, x.ready_at, x.device_start,
-           x.device_end, x.device_peak_bytes);
+           x.compile_log, x.output, x.correctness, x.runtime, x.ref_runtime, x.speedup, x.evaluator_id, x.device,
+           x.wall_s, x.kernel_coverage, x.compile_s, x.compile_cached, x.reverified, x.isolation_s, x.ready_at,
+           x.device_start, x.device_end, x.device_peak_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ScoredRollout& x) {

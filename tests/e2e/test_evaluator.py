@@ -326,6 +326,46 @@ class MemoryTest(Base):
         self.assertStatus(r, "runtime_error", "allocate")
 
 
+class OutputTest(Base):
+    """What a candidate prints is kept bounded (its first and last 4 KB, and how much was cut): a
+    flood of stdout or stderr costs neither the worker's log nor memory, a flood of its disk is
+    an error, and the verdict is recorded as usual."""
+
+    def test_a_flood_of_stdout_is_cut_and_the_candidate_times_out_as_usual(self):
+        r = self.evaluate("while True:\n    print('x' * 10**6)\nreturn x", timeout_s=3)
+        self.assertStatus(r, "timeout")
+        out = r["output"]
+        self.assertLess(len(out), 10000)
+        self.assertTrue(out.startswith("xxxx"), out[:100])
+        cut = int(out.split("[... ")[1].split(" bytes cut")[0])
+        self.assertGreater(cut, 50 * 10**6)  # it did print, fast, and all of it was drained
+
+    def test_a_flood_of_stderr_and_of_prints_at_import_leaves_a_correct_candidate_ok(self):
+        body = ("import sys\nfor _ in range(40):\n    print('e' * 10**6, file=sys.stderr)\n"
+                "return torch.nn.functional.silu(x)")
+        r = self.evaluate(body, memory_limit_mb=1024)
+        self.assertStatus(r, "ok")
+        self.assertIn("bytes cut", r["output"])
+        self.assertTrue(r["output"].rstrip().endswith("eeee"))
+        # At import (a full program): 1.5 GB of prints through Python, with 1 GB of memory allowed.
+        program = ("import torch\nimport torch.nn as nn\nfor _ in range(1500):\n    print('m' * 10**6)\n"
+                   "class ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                   "    def forward(self, x):\n        return torch.nn.functional.silu(x)\n")
+        r = self.evaluate(program, space="full_program", memory_limit_mb=1024)
+        self.assertStatus(r, "ok")
+        self.assertIn("bytes cut", r["compile_log"])
+        self.assertLess(len(r["compile_log"]), 20000)
+
+    def test_a_flood_of_its_disk_is_an_error_and_leaves_nothing_behind(self):
+        body = ("f = open('big', 'wb')\nwhile True:\n    f.write(b'0' * 10**7)\nreturn x")
+        r = self.evaluate(body, timeout_s=20)
+        self.assertStatus(r, "runtime_error")
+        self.assertTrue("No space left" in r["error"] or "File too large" in r["error"], r["error"])
+        left = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(self.tmp_root) for f in fs)
+        self.assertLess(left, 1 << 20)  # its files went with its process
+        self.assertStatus(self.evaluate(GOOD), "ok")
+
+
 class CheckTest(unittest.TestCase):
     """The harness's comparison and digests in chunks agree with whole-tensor torch."""
 

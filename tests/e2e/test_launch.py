@@ -4,6 +4,7 @@ bad inputs (broken replay lines, an unknown task, evaluators that cannot start).
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import tempfile
@@ -202,6 +203,141 @@ class HelpTest(unittest.TestCase):
         self.assertEqual(out.returncode, 2)
         self.assertIn('unknown option "--bogus"', out.stderr)
         self.assertIn("usage:", out.stderr)
+
+
+class BadPathsTest(unittest.TestCase):
+    """Names that would leave the run's folders, and paths that are not what a subcommand expects,
+    are refused with a clear error and exit 2 (or 1); nothing ends in an uncaught exception."""
+
+    def assertRefused(self, out, *fragments, codes=(2,)):
+        self.assertIn(out.returncode, codes, (out.returncode, out.stderr[-2000:]))
+        self.assertNotIn("terminate called", out.stderr)
+        self.assertNotIn("fatal", out.stderr)
+        for f in fragments:
+            self.assertIn(f, out.stderr)
+
+    def test_names_that_leave_the_run_folder_are_refused_at_their_line(self):
+        for section, key, value in (("experiment", "name", "../escape"), ("experiment", "name", "a/b"),
+                                    ("store", "file", "../../x.sqlite"), ("monitor", "metrics_file", "../m.jsonl"),
+                                    ("experiment", "name", ".hidden")):
+            with tempfile.TemporaryDirectory() as d:
+                cfg = write_config(d, REPLAY, extra=f"[{section}]\n{key} = \"{value}\"\n"
+                                   if section != "monitor" else "")
+                if section == "monitor":
+                    with open(cfg, "a") as f:
+                        f.write(f'metrics_file = "{value}"\n')
+                out = run("check", cfg)
+                self.assertRefused(out, f"{section}.{key}: expected a plain name", f'got "{value}"')
+                self.assertRegex(out.stderr, r"test\.toml:\d+:\d+: ")
+                out = run(cfg, "--run-dir", os.path.join(d, "run"))
+                self.assertRefused(out)
+                self.assertEqual(sorted(os.listdir(d)), ["test.toml"])  # nothing was made anywhere
+
+    def test_every_subcommand_given_paths_of_the_wrong_kind_says_so(self):
+        with tempfile.TemporaryDirectory() as d:
+            a_file = os.path.join(d, "file.txt")
+            with open(a_file, "w") as f:
+                f.write("not what anyone expects\n")
+            missing = os.path.join(d, "missing")
+            cfg = write_config(d, REPLAY)
+            self.assertRefused(run("check", d), "is a directory, not a config file")
+            self.assertRefused(run(d), "is a directory, not a config file")
+            self.assertRefused(run("prompts", missing), "cannot open config file")
+            self.assertRefused(run(cfg, "--run-dir", a_file), "--run-dir", "cannot create directory")
+            self.assertRefused(run(cfg, "--run-dir", "/proc/kernelrl-cannot-be-here"), "--run-dir")
+            self.assertRefused(run(cfg, "--resume", a_file), "--resume")
+            for sub in ("export", "analyze", "report", "probe"):
+                args = [sub, a_file] + (["--jsonl"] if sub == "export" else [])
+                self.assertRefused(run(*args), codes=(1, 2))
+                args = [sub, missing] + (["--jsonl"] if sub == "export" else [])
+                self.assertRefused(run(*args), codes=(1, 2))
+            self.assertRefused(run("compare", a_file, missing), codes=(1, 2))
+            self.assertRefused(run("report", missing, "--out", "/proc/nope/report.html"), codes=(1, 2))
+            self.assertRefused(run("evaluate", "--task", missing, "--candidate", a_file), codes=(1, 2))
+            self.assertRefused(run("evaluate", "--task", d, "--candidate", d), codes=(1, 2))
+            for sub in ("generate", "score", "tokenize"):
+                self.assertRefused(run(sub, "--model", a_file, "--prompt", "x", "--completion", "y")
+                                   if sub == "score" else run(sub, "--model", a_file, "--prompt", "x"), codes=(1, 2))
+            self.assertRefused(run("merge", "--model", missing, "--adapter", a_file, "--out", a_file), codes=(1, 2))
+            self.assertRefused(run("sft", "--model", missing, "--data", d, "--out", a_file), codes=(1, 2))
+            self.assertRefused(run("generate", "--model", missing, "--prompt-file", d), codes=(1, 2))
+
+
+class MemoryLimitTest(unittest.TestCase):
+    """The candidates' memory limit comes from the machine: shared out over every candidate that
+    can run at once (memory_limit_mb = "auto"), said by `launch check` and at start-up; limits
+    that add up to more than the machine are warned of; two memory hogs at once are stopped."""
+
+    def test_two_memory_hogs_at_once_are_stopped_at_the_machines_share(self):
+        hog = "chunks = []\nwhile True:\n    chunks.append(torch.ones(1 << 27))\nreturn x"
+        with tempfile.TemporaryDirectory() as d:
+            replay = os.path.join(d, "hogs.jsonl")
+            with open(replay, "w") as f:
+                for task in ("06_swish", "09_row_sum"):
+                    f.write(json.dumps({"task_id": task, "completion": hog}) + "\n")
+            cfg = write_config(d, replay)
+            out = run("check", cfg)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            m = re.search(r"# node test on this machine: memory_limit_mb (\d+) \(auto\) per candidate x (\d+) at once",
+                          out.stdout)
+            self.assertIsNotNone(m, out.stdout[:500])
+            per, at_once = int(m.group(1)), int(m.group(2))
+            self.assertEqual(at_once, 2 * 3)  # two slots, each its timing stage and 2 compile workers
+            with open("/proc/meminfo") as f:
+                total_mb = int(f.readline().split()[1]) // 1024
+            self.assertLessEqual(per * at_once, total_mb)
+            out = run(cfg, "--run-dir", os.path.join(d, "run"))
+            self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+            self.assertIn(f"memory_limit_mb {per} (auto)", out.stderr)
+            samples = export(os.path.join(d, "run"))
+            self.assertEqual(len(samples), 2)
+            for s in samples:
+                self.assertEqual(s["status"], "runtime_error", s["error"])
+                self.assertIn("memory limit", s["error"])
+
+    def test_limits_larger_than_the_machine_are_warned_of(self):
+        with tempfile.TemporaryDirectory() as d:
+            cfg = write_config(d, REPLAY, extra_eval="memory_limit_mb = 100000000")
+            out = run("check", cfg)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("memory_limit_mb 100000000 per candidate x 6 at once", out.stdout)
+            self.assertIn("add up to more than this machine has", out.stderr)
+            cfg = write_config(d, REPLAY, extra_eval='memory_limit_mb = "lots"')
+            out = run("check", cfg)
+            self.assertEqual(out.returncode, 2)
+            self.assertIn('evaluator.memory_limit_mb: expected an integer or "auto", got "lots"', out.stderr)
+
+
+class TempFilesTest(unittest.TestCase):
+    """A run keeps its temporary files (workers' sockets, locks, candidates' folders) in one folder
+    of its own, removed when it ends; a killed run's folder is removed by the next start."""
+
+    def test_a_run_leaves_nothing_in_the_temp_folder_and_a_killed_runs_folder_is_swept(self):
+        with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as tmp:
+            env = {**os.environ, "TMPDIR": tmp}
+            cfg = write_config(d, os.path.join(REPLAY, sorted(os.listdir(REPLAY))[0]))
+            out = subprocess.run([LAUNCH, cfg, "--run-dir", os.path.join(d, "run")], env=env,
+                                 capture_output=True, text=True, timeout=600)
+            self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+            self.assertEqual(os.listdir(tmp), [])
+            p = subprocess.Popen([LAUNCH, cfg, "--run-dir", os.path.join(d, "killed")], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.time() + 60
+            while time.time() < deadline and not any(n.startswith("kernelrl-") for n in os.listdir(tmp)):
+                time.sleep(0.2)
+            time.sleep(3)  # its workers have made their locks and candidates' folders
+            p.kill()
+            p.wait()
+            left = [n for n in os.listdir(tmp) if n.startswith(f"kernelrl-{p.pid}-")]
+            self.assertEqual(len(left), 1, os.listdir(tmp))
+            time.sleep(2)  # its workers notice their parent is gone
+            task = os.path.join(TASKS, "06_swish.py")
+            with open(os.path.join(d, "good.txt"), "w") as f:
+                f.write("return torch.nn.functional.silu(x)")
+            out = subprocess.run([LAUNCH, "evaluate", "--task", task, "--candidate", os.path.join(d, "good.txt")],
+                                 env=env, capture_output=True, text=True, timeout=600)
+            self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+            self.assertEqual(os.listdir(tmp), [])
 
 
 class EvaluateCommandTest(unittest.TestCase):
