@@ -1,4 +1,5 @@
 #include "core/config.hpp"
+#include "core/config_toml.hpp"
 #include "core/paths.hpp"
 
 #include "tasks/task_set.hpp"
@@ -665,19 +666,20 @@ void read_monitor(TableReader& r, Config& c, const toml::table& root) {
 }  // namespace
 
 ConfigResult parse_config(const std::string& text, const std::string& path) {
+  try {
+    return read_config(toml::parse(text, path), path);
+  } catch (const toml::parse_error& e) {
+    return std::vector<ConfigError>{
+        {path, e.source().begin.line, e.source().begin.column, "(syntax)", std::string(e.description())}};
+  }
+}
+
+ConfigResult read_config(const toml::table& root, const std::string& path) {
   std::vector<ConfigError> errs;
   Config c;
   c.source_file = fs::absolute(path).lexically_normal().string();
   c.base_dir = fs::path(c.source_file).parent_path().string();
   const std::string& file = path;
-
-  toml::table root;
-  try {
-    root = toml::parse(text, path);
-  } catch (const toml::parse_error& e) {
-    errs.push_back({file, e.source().begin.line, e.source().begin.column, "(syntax)", std::string(e.description())});
-    return errs;
-  }
 
   toml::table resolved;
   std::set<std::string> sections = {"cluster", "node",    "tasks",      "policy", "sampler", "evaluator",

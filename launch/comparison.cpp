@@ -22,6 +22,7 @@
 #include "launch/commands.hpp"
 
 #include "core/config.hpp"
+#include "core/config_toml.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "store/store.hpp"
@@ -59,14 +60,15 @@ std::string fmt_where(const std::string& file, uint32_t line, uint32_t column) {
   return file + ":" + std::to_string(line) + ":" + std::to_string(column);
 }
 
-// `over` merged into `base`, tables recursively, anything else replaced.
-void merge(toml::table& base, const toml::table& over) {
+// `over` moved into `base`, tables recursively, anything else replaced. Moving keeps each node's
+// place in the file (its errors' FILE:LINE:COL); a copy would lose it.
+void merge(toml::table& base, toml::table&& over) {
   for (auto& [k, v] : over) {
     auto* bt = base.get(k) ? base.get(k)->as_table() : nullptr;
     if (bt && v.is_table())
-      merge(*bt, *v.as_table());
+      merge(*bt, std::move(*v.as_table()));
     else
-      base.insert_or_assign(k, v);
+      base.insert_or_assign(k, std::move(v));
   }
 }
 
@@ -174,12 +176,14 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
   }
   if (!ok) return false;
   if (compare.empty()) compare = names;
-  toml::table base = root;
-  base.erase("comparison");
-  base.erase("arm");
+  std::set<std::string> invalid;  // arms already reported: what refers to them adds nothing
   for (auto& n : names) {
-    toml::table t = base;
-    merge(t, *arm_tables->get(n)->as_table());
+    // The file read again for each arm, its [arm.NAME] moved into the rest: every node keeps its place.
+    toml::table t = toml::parse_file(path);
+    toml::table over = std::move(*t["arm"][n].as_table());
+    t.erase("comparison");
+    t.erase("arm");
+    merge(t, std::move(over));
     // adapter = "arm:NAME": an earlier learning arm's best checkpoint, known once that arm has run.
     std::string from;
     if (auto* pol = t["policy"].as_table(); pol && pol->get("adapter") && pol->get("adapter")->is_string()) {
@@ -189,6 +193,11 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
         const Arm* earlier = nullptr;
         for (auto& a : arms)
           if (a.name == from) earlier = &a;
+        if (!earlier && invalid.count(from)) {  // its own errors are reported
+          invalid.insert(n);
+          ok = false;
+          continue;
+        }
         if (!earlier) {
           std::fprintf(stderr,
                        "%s: arm %s: policy.adapter = \"%s\": expected an arm listed before \"%s\" in comparison.arms\n",
@@ -208,17 +217,12 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
         pol->erase("adapter");  // validated without it; set when the arm starts
       }
     }
-    std::ostringstream text;
-    text << t;
-    auto r = parse_config(text.str(), path);
+    auto r = read_config(t, path);
     if (auto* errs = std::get_if<std::vector<ConfigError>>(&r)) {
       std::fprintf(stderr, "%s: arm %s (the file's settings with [arm.%s] merged in) is not a valid config:\n",
                    path.c_str(), n.c_str(), n.c_str());
-      for (auto& e : *errs) {
-        ConfigError x = e;
-        x.line = x.column = 0;  // the merged text's lines are not the file's
-        std::fprintf(stderr, "  %s\n", x.format().c_str());
-      }
+      for (auto& e : *errs) std::fprintf(stderr, "  %s\n", e.format().c_str());
+      invalid.insert(n);
       ok = false;
       continue;
     }

@@ -315,6 +315,36 @@ evaluate_top_m = 2
         self.assertIn("experiment.evaluate_top_m: evaluate_top_m = 6 leaves nothing out of k = 6", p.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "never", "all")))
 
+    def test_an_arms_errors_are_located_in_the_file_and_bring_no_follow_on_errors(self):
+        with open(self.cfg) as f:
+            base = f.read()
+        bad = os.path.join(self.tmp, "located-comparison.toml")
+        text = base + """
+[comparison]
+arms = ["rl", "all", "after"]
+[arm.rl.experiment]
+mode = "train"
+bogus_key = 1
+[arm.all.experiment]
+mode = "best_of_n"
+k = "six"
+[arm.after.experiment]
+mode = "best_of_n"
+[arm.after.policy]
+adapter = "arm:rl"
+"""
+        with open(bad, "w") as f:
+            f.write(text)
+        lines = text.splitlines()
+        bogus = lines.index("bogus_key = 1") + 1
+        six = lines.index('k = "six"') + 1
+        p = subprocess.run([LAUNCH, "check", bad], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(f"{bad}:{bogus}:13: experiment.bogus_key: unknown key", p.stderr)
+        self.assertIn(f"{bad}:{six}:5: experiment.k: expected an integer", p.stderr)
+        self.assertNotIn("arm after", p.stderr)  # it only refers to rl, whose errors are said
+        self.assertNotIn("expected an arm listed before", p.stderr)
+
     def test_deployable_top_m_evaluates_only_the_most_surprising(self):
         # best_of_n with evaluate_top_m: each task's samples are ranked by mean logprob before any
         # evaluation; only the m lowest are evaluated, the rest stored as skipped (the comparison's top2 arm).
