@@ -1,5 +1,6 @@
 #include "actors/checkpoint_selector.hpp"
 
+#include "core/files.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "messages/messages.hpp"
@@ -64,8 +65,9 @@ void score(self_ptr self, const SelectorArgs& args, Entry& e, const StepStats& s
   e.stats = s;
   e.c.score = s.fast_1;
   if (!e.c.path.empty()) {
-    std::ofstream out(fs::path(e.c.path) / "stats.json");
-    out << step_stats_json(s).dump(2) << "\n";
+    std::string err;
+    if (!write_file_durably((fs::path(e.c.path) / "stats.json").string(), step_stats_json(s).dump(2) + "\n", err))
+      log::get("checkpoint_selector")->error("{} (its score is kept in the store)", err);
   }
   prune(self, args);
 }

@@ -111,9 +111,10 @@ namespace {
 struct PendingPrompt {
   uint32_t step;
   uint64_t group;
-  size_t prompt;      // index into SamplerArgs::prompts
-  uint32_t n;         // samples of it
-  std::string split;  // Rollout::split
+  size_t prompt;       // index into SamplerArgs::prompts
+  uint32_t n;          // samples of it
+  std::string split;   // Rollout::split
+  uint32_t first = 0;  // sample_index of its first sample
 };
 
 struct sampler_state {
@@ -210,13 +211,15 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
   // group), so a run resumed from a checkpoint draws what the uninterrupted run would have.
   const auto& first = st.to_generate.front();
   size_t take = 0;
-  while (take < std::min<size_t>(args.batch_prompts, st.to_generate.size()) && st.to_generate[take].n == first.n)
+  while (take < std::min<size_t>(args.batch_prompts, st.to_generate.size()) && st.to_generate[take].n == first.n &&
+         st.to_generate[take].first == first.first)
     ++take;
   std::vector<std::string> prompts;
   for (size_t i = 0; i < take; ++i) prompts.push_back(args.prompts[st.to_generate[i].prompt].prompt);
   SamplingParams p = args.params;
   p.n = first.n;
-  p.seed = args.params.seed * 1000003 + uint64_t(first.step) * 7919 + first.group;
+  // A group completed after a restart (first > 0) draws new samples, not its stored ones again.
+  p.seed = args.params.seed * 1000003 + uint64_t(first.step) * 7919 + first.group + uint64_t(first.first) * 104729;
   std::vector<GenSample> out;
   try {
     out = args.backend->generate(prompts, p);
@@ -241,7 +244,7 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
       Rollout r;
       r.task_id = tp.task_id;
       r.group_id = pp.group;
-      r.sample_index = j;
+      r.sample_index = pp.first + j;
       r.step = pp.step;
       r.split = pp.split;
       r.sample_id = make_sample_id(r.task_id, r.group_id, r.sample_index);
@@ -281,7 +284,7 @@ uint64_t enqueue_plan(sampler_ptr self, const SamplerArgs& args, const SamplePla
       err = "task " + plan.task_ids[i] + " of step " + std::to_string(plan.step) + " has no prompt at this sampler";
       return 0;
     }
-    add.push_back({plan.step, plan.group_ids[i], k, std::max<uint32_t>(1, plan.n), plan.split});
+    add.push_back({plan.step, plan.group_ids[i], k, std::max<uint32_t>(1, plan.n), plan.split, plan.first_index});
   }
   if (st.t_start < 0) st.t_start = mono_s();
   for (auto& a : add) st.to_generate.push_back(a);

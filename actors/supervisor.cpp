@@ -1,5 +1,6 @@
 #include "actors/supervisor.hpp"
 
+#include "core/files.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "store/store.hpp"
@@ -49,7 +50,8 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
   j["store_failures"] = st.store_failures;
   if (!args.store_path.empty()) {
     auto path = std::filesystem::path(args.store_path).parent_path() / "compute.json";
-    std::ofstream(path) << j["compute"].dump(2) << "\n";
+    std::string err;
+    if (!write_file_durably(path.string(), j["compute"].dump(2) + "\n", err)) lg->error("{}", err);
   }
   if (st.store) {
     auto row = st.experiment->final_row();

@@ -1,5 +1,7 @@
 #include "core/paths.hpp"
 
+#include "core/files.hpp"
+
 #include <cstdlib>
 #include <cerrno>
 #include <cstring>
@@ -103,8 +105,15 @@ std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string
   for (auto& d : fs::directory_iterator(checkpoints, ec)) {
     auto name = d.path().filename().string();
     if (name.size() <= 5 || name.rfind("step-", 0) != 0 ||
-        name.find_first_not_of("0123456789", 5) != std::string::npos || name.size() > 5 + 18 ||
-        !fs::exists(d.path() / "learner.json"))
+        name.find_first_not_of("0123456789", 5) != std::string::npos || name.size() > 5 + 18)
+      continue;
+    // Complete: its manifest verifies (sizes here; a resume also checks the hashes). A folder
+    // from before manifests counts when its learner.json has contents.
+    std::string why;
+    std::error_code ec;
+    const bool listed = fs::exists(d.path() / "manifest.json", ec);
+    if (listed ? !verify_manifest(d.path().string(), false, why)
+               : fs::file_size(d.path() / "learner.json", ec) == 0 || ec)
       continue;
     out.emplace_back(std::stoull(name.substr(5)), d.path().string());
   }

@@ -13,8 +13,9 @@ std::string make_run_dir(const std::string& root, const std::string& name);
 
 // A learner's checkpoint of policy version N: CHECKPOINTS/step-N.
 std::string checkpoint_dir(const std::string& checkpoints, uint64_t version);
-// The complete checkpoints in CHECKPOINTS (step-N folders holding learner.json; an interrupted
-// step-N.partial is not one), as (N, path), N ascending. None when the folder does not exist.
+// The complete checkpoints in CHECKPOINTS (step-N folders whose manifest.json verifies, by
+// size; an interrupted step-N.partial is not one), as (N, path), N ascending. None when the
+// folder does not exist.
 std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string& checkpoints);
 
 // Deletes `path` and everything under it (symlinks are removed, not followed); true when nothing

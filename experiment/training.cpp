@@ -49,33 +49,42 @@ Actions Training::start(uint64_t version, const std::vector<ScoredRollout>& earl
   return out;
 }
 
-// Counts the stored samples of this run once; complete groups of the resumed step become
-// reusable, samples of unfinished groups stay in the store but are not learned from.
+// Counts the stored samples of this run once. Groups of the resumed step drawn within the
+// staleness bound are reused: complete ones learned from again, unfinished ones completed (their
+// missing samples drawn when the step is planned). Samples the run can no longer use (of later
+// steps, or stale) stay in the store but are counted nowhere (abandoned_on_resume in the summary).
 void Training::resume(const std::vector<ScoredRollout>& earlier, const std::vector<Store::StepRow>& earlier_steps) {
   const uint32_t from = uint32_t(version_);
   std::map<uint64_t, std::vector<ScoredRollout>> by_group;
   for (auto& rec : earlier) {
-    totals_.count(rec, mono_s());
     ++resumed_samples_;
     const auto& r = rec.rollout;
-    if (!r.split.empty()) {  // a held-out round's: its tasks with a complete group are not planned again
-      held_out_.add(rec);
-      continue;
-    }
-    if (r.step == from)
-      by_group[r.group_id].push_back(rec);
-    else if (r.step > from)
-      ++abandoned_;
     auto& t = steps_[r.step];
-    t.next_j = std::max(t.next_j, r.group_id % group_stride + 1);
+    if (r.split.empty()) t.next_j = std::max(t.next_j, r.group_id % group_stride + 1);
+    if (!r.split.empty()) {  // a held-out round's: its tasks with a complete group are not planned again
+      totals_.count(rec, mono_s());
+      held_out_.add(rec);
+    } else if (r.step < from) {
+      totals_.count(rec, mono_s());
+    } else if (r.step == from) {
+      by_group[r.group_id].push_back(rec);
+    } else {
+      ++abandoned_;
+    }
   }
   for (auto& [gid, g] : by_group) {
-    bool fresh = true;
+    bool fresh = g.size() <= args_.group_size;
     for (auto& x : g) fresh = fresh && version_ <= x.rollout.policy_version + args_.max_staleness;
-    if (g.size() == args_.group_size && fresh)
-      reusable_[g.front().rollout.task_id].push_back(std::move(g));
-    else
+    if (!fresh) {
       abandoned_ += g.size();
+      continue;
+    }
+    if (g.size() == args_.group_size)
+      for (auto& x : g) totals_.count(x, mono_s());
+    else  // counted when its step takes it up (its task is that step's)
+      resumed_unfinished_ += g.size();
+    auto& pool = g.size() == args_.group_size ? reusable_ : unfinished_;
+    pool[g.front().rollout.task_id].push_back(std::move(g));
   }
   totals_.expected = totals_.recorded;
   for (auto& row : earlier_steps)  // the scores so far, for Best-of-Adaptation and early stopping
@@ -98,12 +107,28 @@ void Training::plan_step(uint32_t s, Actions& out) {
   plan.step = s;
   plan.n = args_.group_size;
   std::vector<std::vector<ScoredRollout>> reused;
+  Actions completions;  // the rest of groups left unfinished by a restart
   for (uint32_t k = 0; k < args_.batch_size; ++k) {
     const std::string& task = task_for(s, k);
     auto r = reusable_.find(task);
     if (r != reusable_.end() && !r->second.empty()) {  // resumed: this group is already evaluated
       reused.push_back(std::move(r->second.back()));
       r->second.pop_back();
+      continue;
+    }
+    auto u = unfinished_.find(task);
+    if (u != unfinished_.end() && !u->second.empty()) {  // resumed: the rest of this group is drawn
+      auto samples = std::move(u->second.back());
+      u->second.pop_back();
+      for (auto& x : samples) totals_.count(x, mono_s());
+      SamplePlan rest;
+      rest.step = s;
+      rest.n = args_.group_size - uint32_t(samples.size());
+      for (auto& x : samples) rest.first_index = std::max(rest.first_index, x.rollout.sample_index + 1);
+      rest.task_ids = {task};
+      rest.group_ids = {samples.front().rollout.group_id};
+      groups_[rest.group_ids[0]] = Group{task, s, std::move(samples), false, 0, 0};
+      completions.push_back(act::Sample{std::move(rest)});
       continue;
     }
     uint64_t gid = uint64_t(s) * group_stride + t.next_j++;
@@ -115,6 +140,13 @@ void Training::plan_step(uint32_t s, Actions& out) {
   if (!reused.empty())
     log::get("supervisor")->info("step {}: {} groups evaluated before the restart are reused", s, reused.size());
   for (auto& g : reused) accept_group(s, g, out);
+  if (!completions.empty())
+    log::get("supervisor")
+        ->info("step {}: {} groups left unfinished by the restart are completed", s, completions.size());
+  for (auto& c : completions) out.push_back(std::move(c));
+  for (auto& [task, left] : unfinished_)  // groups no task of the step takes up: never learned from
+    for (auto& g : left) abandoned_ += g.size();
+  unfinished_.clear();
   if (!plan.task_ids.empty()) out.push_back(act::Sample{std::move(plan)});
 }
 

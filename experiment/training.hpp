@@ -67,11 +67,13 @@ class Training : public Experiment {
   AdaptationTracker tracker_;
   std::map<uint64_t, Group> groups_;  // open groups by group id
   std::map<uint32_t, Step> steps_;
-  std::map<std::string, std::vector<std::vector<ScoredRollout>>> reusable_;  // resume: complete groups by task
-  uint32_t next_plan_ = 0;                                                   // next step to plan
+  std::map<std::string, std::vector<std::vector<ScoredRollout>>> reusable_;    // resume: complete groups by task
+  std::map<std::string, std::vector<std::vector<ScoredRollout>>> unfinished_;  // resume: groups to complete
+  uint32_t next_plan_ = 0;                                                     // next step to plan
   uint64_t version_ = 0;        // the learner's newest acknowledged version
   uint64_t first_version_ = 0;  // the version the run started (or resumed) from
   uint64_t stale_rejected_ = 0, groups_replanned_ = 0, abandoned_ = 0, resumed_samples_ = 0;
+  uint64_t resumed_unfinished_ = 0;  // samples of unfinished groups, counted once they are taken up
   double last_step_fast_1_ = -1;
   bool stopped_early_ = false;
   bool ending_ = false;   // learning is over; the run ends once the held-out rounds are in

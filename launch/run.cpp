@@ -11,6 +11,7 @@
 #include "actors/sampler.hpp"
 #include "actors/supervisor.hpp"
 #include "core/auth.hpp"
+#include "core/files.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "experiment/assemble.hpp"
@@ -26,10 +27,13 @@
 #include <caf/io/all.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <toml++/toml.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 
 namespace fs = std::filesystem;
 
@@ -156,6 +160,63 @@ std::string latest_checkpoint(const std::string& run_dir) {
   return all.empty() ? std::string() : all.back().second;
 }
 
+// Every leaf of a TOML table as KEY.PATH = value text ([[node]] entries as node[i].key).
+void flatten(const toml::node& n, const std::string& key, std::map<std::string, std::string>& out) {
+  if (auto* t = n.as_table()) {
+    for (auto& [k, v] : *t) flatten(v, key.empty() ? std::string(k.str()) : key + "." + std::string(k.str()), out);
+  } else if (auto* a = n.as_array(); a && a->is_array_of_tables()) {
+    for (size_t i = 0; i < a->size(); ++i) flatten(*a->get(i), key + "[" + std::to_string(i) + "]", out);
+  } else {
+    std::ostringstream os;
+    if (auto* arr = n.as_array())
+      os << *arr;
+    else
+      n.visit([&](auto&& v) { os << v; });
+    out[key] = os.str();
+  }
+}
+
+// Why CONFIG may not continue the run in RUN_DIR ("": it may): a setting that shapes the
+// experiment differs from the run's own (RUN_DIR/config.resolved.toml). What may change: the
+// steps, logging and monitoring, and where the roles run ([cluster], [[node]]).
+std::string resume_conflicts(const Config& cfg, const std::string& run_dir) {
+  const auto path = (fs::path(run_dir) / "config.resolved.toml").string();
+  std::map<std::string, std::string> was, now;
+  try {
+    flatten(toml::parse_file(path), "", was);
+    flatten(toml::parse(cfg.resolved_toml), "", now);
+  } catch (const std::exception& e) {
+    return path + ": cannot read the run's config: " + e.what();
+  }
+  auto may_change = [](const std::string& k) {
+    for (const char* p : {"cluster.", "node[", "monitor."})
+      if (k.rfind(p, 0) == 0) return true;
+    // Where things are reached: the inference server, the interpreter, the build cache.
+    for (const char* same :
+         {"learner.steps", "experiment.name", "experiment.run_root", "sampler.url", "sampler.timeout_s",
+          "sampler.max_retries", "sampler.api_key_env", "evaluator.python", "evaluator.cache_dir"})
+      if (k == same) return true;
+    return false;
+  };
+  std::vector<std::string> diffs;
+  for (auto* side : {&was, &now})
+    for (auto& [k, v] : *side) {
+      if (may_change(k) || (side == &now && was.count(k))) continue;
+      auto a = was.find(k), b = now.find(k);
+      std::string before = a == was.end() ? "(unset)" : a->second, after = b == now.end() ? "(unset)" : b->second;
+      if (before != after) diffs.push_back(fmt::format("{} ({} in the run, {} here)", k, before, after));
+    }
+  if (diffs.empty()) return "";
+  std::string list;
+  for (size_t i = 0; i < diffs.size() && i < 12; ++i) list += (i ? "; " : "") + diffs[i];
+  if (diffs.size() > 12) list += fmt::format("; and {} more", diffs.size() - 12);
+  return fmt::format(
+      "{} differs from the run's config ({}) in what shapes the experiment: {}. Only [learner] steps, logging and "
+      "monitoring, where roles run ([cluster], [[node]]) and where things are reached (the sampler's url, the "
+      "evaluator's python and cache_dir) may change on resume",
+      cfg.source_file, path, list);
+}
+
 // The run's directory: --run-dir (created), a resumed run's, or a new one under run_root; with
 // workers/, the resolved config (a new run) and launch.log. Nullopt after logging why not.
 std::optional<std::string> open_run_dir(const Config& cfg, const std::string& config_path, const std::string& arg,
@@ -170,6 +231,13 @@ std::optional<std::string> open_run_dir(const Config& cfg, const std::string& co
   if (resume && (!fs::exists(fs::path(arg) / cfg.store.file) || latest_checkpoint(arg).empty())) {
     lg->error("--resume {}: not a train run directory (no {} or no checkpoints/step-N)", arg, cfg.store.file);
     return std::nullopt;
+  }
+  if (resume) {
+    std::string why = resume_conflicts(cfg, arg);
+    if (!why.empty()) {
+      lg->error("--resume {}: {}", arg, why);
+      return std::nullopt;
+    }
   }
   std::string run_dir;
   std::error_code ec;
@@ -282,12 +350,27 @@ std::shared_ptr<LoraLearner> make_engine(const Config& cfg, const std::string& r
   lo.aggregation = cfg.learner.aggregation;
   lo.minibatch_size = cfg.learner.minibatch_size;
   auto engine = LoraLearner::create(lo);
-  if (resume) {
-    std::string ck = latest_checkpoint(run_dir);
-    engine->load_checkpoint(ck);
-    log::get("launch")->info("resuming from {} (policy version {})", ck, engine->version());
+  if (!resume) return engine;
+  // The newest checkpoint that is whole (its manifest's sizes and hashes) and loads; a damaged one
+  // (a disk that filled while it was written, a file changed since) is passed over, said so.
+  auto lg = log::get("launch");
+  auto all = list_checkpoints((fs::path(run_dir) / "checkpoints").string());
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    std::string why;
+    if (fs::exists(fs::path(it->second) / "manifest.json") && !verify_manifest(it->second, true, why)) {
+      lg->warn("checkpoint {} is not whole ({}); trying the one before it", it->second, why);
+      continue;
+    }
+    try {
+      engine->load_checkpoint(it->second);
+    } catch (const std::exception& e) {
+      lg->warn("{}; trying the checkpoint before it", e.what());
+      continue;
+    }
+    lg->info("resuming from {} (policy version {})", it->second, engine->version());
+    return engine;
   }
-  return engine;
+  throw std::runtime_error("--resume " + run_dir + ": no checkpoint in " + run_dir + "/checkpoints is whole");
 }
 
 // The actors of one run on the head, and their shutdown.

@@ -1,5 +1,7 @@
 #include "learner/lora_learner.hpp"
 
+#include "core/files.hpp"
+
 #include "core/paths.hpp"
 #include "learner/advantages.hpp"
 #include "policy/model.hpp"
@@ -327,21 +329,26 @@ std::vector<TensorBlob> LoraLearner::adapter_blobs() const { return lora_blobs(*
 
 void LoraLearner::save_checkpoint(const std::string& dir) const {
   auto& im = *impl_;
+  const fs::path tmp = fs::path(dir).string() + ".partial";
   try {
-    fs::path tmp = fs::path(dir).string() + ".partial";
     std::string err;
     if (!remove_tree(tmp.string(), err)) throw std::runtime_error(err);
     fs::create_directories(tmp);
     im.model->save_lora(tmp.string(), fs::absolute(im.opt.model_dir).string());
     im.trainer->save_state((tmp / "optimizer.safetensors").string());
-    std::ofstream(tmp / "learner.json") << nlohmann::json{{"version", im.version},
-                                                          {"optimizer_steps", im.trainer->steps_done()},
-                                                          {"base_model", fs::absolute(im.opt.model_dir).string()}}
-                                               .dump(2)
-                                        << "\n";
+    const auto meta = nlohmann::json{{"version", im.version},
+                                     {"optimizer_steps", im.trainer->steps_done()},
+                                     {"base_model", fs::absolute(im.opt.model_dir).string()}};
+    if (!write_file_durably((tmp / "learner.json").string(), meta.dump(2) + "\n", err)) throw std::runtime_error(err);
+    // Every file on disk, listed with its size and hash: a step-N folder with a manifest that
+    // verifies is complete (core/files.hpp); one without is never taken for a checkpoint.
+    if (!write_manifest(tmp.string(), err)) throw std::runtime_error(err);
     if (!remove_tree(dir, err)) throw std::runtime_error(err);
     fs::rename(tmp, dir);  // a checkpoint directory is complete or absent
+    if (!sync_path(fs::path(dir).parent_path().string(), err)) throw std::runtime_error(err);
   } catch (const std::exception& e) {
+    std::string ignored;
+    remove_tree(tmp.string(), ignored);  // what a full disk left of it
     throw LearnerError("learner: cannot write checkpoint " + dir + ": " + e.what());
   }
 }

@@ -193,8 +193,10 @@ struct SamplePlan {
   std::vector<uint64_t> group_ids;  // one per task id
   uint32_t n = 1;                   // samples per group
   std::string split;                // Rollout::split of every sample of the plan
+  uint32_t first_index = 0;         // sample_index of each group's first sample (a group completed
+                                    // after a restart continues where its stored samples end)
   friend bool operator==(const SamplePlan&, const SamplePlan&) = default;
-  MSGPACK_DEFINE_MAP(step, task_ids, group_ids, n, split);
+  MSGPACK_DEFINE_MAP(step, task_ids, group_ids, n, split, first_index);
 };
 
 // The learner's report of one optimizer step, sent to the supervisor once every sampler has
@@ -271,7 +273,7 @@ typename Inspector::result_type inspect(Inspector& f, WeightsUpdate& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplePlan& x) {
-  return f(caf::meta::type_name("kernelrl.SamplePlan"), x.step, x.task_ids, x.group_ids, x.n);
+  return f(caf::meta::type_name("kernelrl.SamplePlan"), x.step, x.task_ids, x.group_ids, x.n, x.split, x.first_index);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepUpdate& x) {

@@ -1,5 +1,7 @@
 #include "policy/model.hpp"
 
+#include "core/files.hpp"
+
 #include "policy/safetensors.hpp"
 #include "messages/messages.hpp"
 
@@ -545,7 +547,8 @@ void CausalLM::save_lora(const std::string& dir, const std::string& base_model) 
   {
     std::ofstream out(tmp);
     out << c.dump(2) << "\n";
-    if (!out) fail(tmp, "cannot write");
+    if (!out.flush() || inject_enospc((fs::path(dir) / "adapter_config.json").string()))
+      fail(tmp, "cannot write: No space left on device");
   }
   fs::rename(tmp, fs::path(dir) / "adapter_config.json");
 }

@@ -1,11 +1,14 @@
 #include "policy/safetensors.hpp"
 
+#include "core/files.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -191,6 +194,7 @@ void write_safetensors(const std::string& path, const std::vector<StTensorRef>& 
   bool ok = std::fwrite(len, 1, 8, out) == 8 && std::fwrite(header.data(), 1, header.size(), out) == header.size();
   for (auto* t : order)
     if (ok && t->nbytes) ok = std::fwrite(t->data, 1, t->nbytes, out) == t->nbytes;
+  if (ok && inject_enospc(path)) ok = false, errno = ENOSPC;
   ok = (std::fclose(out) == 0) && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());

@@ -647,6 +647,66 @@ adapter = "arm:rl"
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         self.assertIn("all %d steps are done" % STEPS, r.stderr)
 
+    def test_a_checkpoint_that_fails_to_write_stops_the_run_and_resume_continues_from_the_last_whole_one(self):
+        files = ["learner.json", "adapter_model.safetensors", "optimizer.safetensors", "adapter_config.json",
+                 "manifest.json"]
+        for name in files:
+            with self.subTest(file=name):
+                run_dir = os.path.join(self.tmp, "enospc-" + name.split(".")[0])
+                cfg = config(self.tmp, self.url, self.model, "enospc", steps=2)
+                # The second checkpoint (step-1) finds the disk full while it writes this file.
+                env = {**os.environ, "KERNELRL_INJECT_ENOSPC": "step-1.partial/" + name}
+                p = subprocess.run([LAUNCH, cfg, "--run-dir", run_dir], capture_output=True, text=True, timeout=900,
+                                   env=env)
+                self.assertEqual(p.returncode, 1, p.stderr[-3000:])
+                self.assertIn("cannot write checkpoint", p.stderr)
+                self.assertIn("No space left on device", p.stderr)
+                ck = os.path.join(run_dir, "checkpoints")
+                self.assertEqual(sorted(n for n in os.listdir(ck) if n.startswith("step-")), ["step-0"])
+                r = subprocess.run([LAUNCH, cfg, "--resume", run_dir], capture_output=True, text=True, timeout=900)
+                self.assertEqual(r.returncode, 0, r.stderr[-4000:])
+                self.assertIn("resuming from %s" % os.path.join(ck, "step-0"), r.stderr)
+                steps, samples = steps_of(run_dir)
+                self.assertEqual([s["step"] for s in steps], [0, 1])
+                for s in steps:
+                    self.assertEqual(s["samples"], BATCH * GROUP, s)
+                self.assertEqual(len({sid for _, _, sid in samples}), len(samples))
+                with open(os.path.join(run_dir, "compute.json")) as f:
+                    self.assertEqual(json.load(f)["rollouts"], len(samples))
+                for step in (1, 2):
+                    with open(os.path.join(ck, "step-%d" % step, "manifest.json")) as f:
+                        listed = json.load(f)["files"]
+                    self.assertEqual(sorted(listed), sorted(files[:-1]))
+
+    def test_resume_falls_back_past_a_damaged_checkpoint_and_refuses_a_changed_experiment(self):
+        run_dir = os.path.join(self.tmp, "damaged")
+        cfg = config(self.tmp, self.url, self.model, "damaged", steps=2)
+        p = subprocess.run([LAUNCH, cfg, "--run-dir", run_dir], capture_output=True, text=True, timeout=900)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        # A different experiment is refused, naming what differs; more steps are not.
+        changed = config(self.tmp, self.url, self.model, "damaged", steps=3).replace("damaged.toml", "changed.toml")
+        with open(config(self.tmp, self.url, self.model, "damaged", steps=3)) as f:
+            text = f.read()
+        with open(changed, "w") as f:
+            f.write(text.replace("group_size = %d" % GROUP, "group_size = 2").replace("learning_rate = 0.05",
+                                                                                     "learning_rate = 0.01"))
+        r = subprocess.run([LAUNCH, changed, "--resume", run_dir], capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 2, r.stderr[-3000:])
+        self.assertIn("learner.group_size (%d in the run, 2 here)" % GROUP, r.stderr)
+        self.assertIn("learner.learning_rate", r.stderr)
+        # The newest checkpoint damaged (a file cut short): resume goes back to the one before it.
+        with open(os.path.join(run_dir, "checkpoints", "step-2", "adapter_model.safetensors"), "r+b") as f:
+            f.seek(100)
+            f.write(b"\0" * 16)
+        more = config(self.tmp, self.url, self.model, "damaged", steps=3)
+        r = subprocess.run([LAUNCH, more, "--resume", run_dir], capture_output=True, text=True, timeout=900)
+        self.assertEqual(r.returncode, 0, r.stderr[-4000:])
+        self.assertIn("step-2 is not whole (adapter_model.safetensors: its contents changed", r.stderr)
+        self.assertIn("resuming from %s" % os.path.join(run_dir, "checkpoints", "step-1"), r.stderr)
+        steps, samples = steps_of(run_dir)
+        self.assertEqual([s["step"] for s in steps], [0, 1, 2])
+        self.assertEqual(len({sid for _, _, sid in samples}), len(samples))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -279,7 +279,7 @@ TEST_CASE("train with held-out tasks: rounds at the first, every eval_every-th a
   CHECK(j["compute"]["eval_split_rollouts"] == 9);
 }
 
-TEST_CASE("a resumed train run reuses the resumed step's complete groups and counts every stored sample once",
+TEST_CASE("a resumed train run reuses complete groups, completes unfinished ones and counts no sample it cannot use",
           "[experiment]") {
   // Step 0 (version 0) and one complete group of step 1 (version 1) were stored before the restart;
   // a group of step 1 has one sample only.
@@ -293,10 +293,17 @@ TEST_CASE("a resumed train run reuses the resumed step's complete groups and cou
   p1.task_ids = {train_task_index(0, 3, 2) == 0 ? "t1" : train_task_index(0, 3, 2) == 1 ? "t2" : "t3"};
   p1.group_ids = {Training::group_stride + 0};
   for (auto& s : draw(p1, 1, 2.0)) earlier.push_back(s);
+  // The other task of step 1 has one sample of its group stored; a group of step 2 (a version
+  // that is not the checkpoint's) has one too.
+  const size_t other = train_task_index(0, 3, 3);
   auto partial = draw(p1, 1, 2.0);
   partial[0].rollout.group_id = Training::group_stride + 1;
-  partial[0].rollout.task_id = "t9";
+  partial[0].rollout.task_id = other == 0 ? "t1" : other == 1 ? "t2" : "t3";
   earlier.push_back(partial[0]);
+  auto later = partial[1];
+  later.rollout.step = 2;
+  later.rollout.group_id = 2 * Training::group_stride;
+  earlier.push_back(later);
   std::vector<Store::StepRow> rows(1);
   rows[0].stats.step = 0;
   rows[0].stats.fast_1 = 1.0;
@@ -305,13 +312,19 @@ TEST_CASE("a resumed train run reuses the resumed step's complete groups and cou
   auto first = e->start(1, earlier, rows);
   CHECK(of<act::Learn>(first).size() == 2);  // the complete group of step 1, learned again
   auto plans = of<act::Sample>(first);
-  REQUIRE(plans.size() == 1);
-  CHECK(plans[0].plan.task_ids.size() == 1);                        // only the other task of step 1 is sampled
-  CHECK(plans[0].plan.group_ids[0] == Training::group_stride + 2);  // after every stored group id
+  REQUIRE(plans.size() == 1);  // only the rest of the unfinished group: one sample, after the stored one
+  CHECK(plans[0].plan.task_ids == std::vector<std::string>{partial[0].rollout.task_id});
+  CHECK(plans[0].plan.group_ids[0] == Training::group_stride + 1);
+  CHECK(plans[0].plan.n == 1);
+  CHECK(plans[0].plan.first_index == 1);
   auto j = e->summary("", {});
-  CHECK(j["resumed_samples"] == 7);
-  CHECK(j["abandoned_on_resume"] == 1);
+  CHECK(j["resumed_samples"] == 8);
+  CHECK(j["abandoned_on_resume"] == 1);  // step 2's: counted nowhere, not in compute.json either
   CHECK(j["samples"] == 7);
+  CHECK(j["compute"]["rollouts"] == 7);
+  auto rest = sample_all(*e, first, 1, 2.0);  // the group completes and goes to the learner
+  CHECK(of<act::Learn>(rest).size() == 2);
+  CHECK(of<act::StepDone>(rest).size() == 1);
 }
 
 TEST_CASE("ttt adapts on every task each step and stops early without improvement", "[experiment]") {

@@ -1,0 +1,32 @@
+#pragma once
+// Files that must be whole or absent: checked writes made durable before they are renamed into
+// place, and manifests (each file's size and SHA-256) that say a folder of them is complete.
+//
+// Fault injection for tests: KERNELRL_INJECT_ENOSPC=PATH[:N] makes the N-th (default: every)
+// checked write of a file whose path ends with PATH (whole components: "learner.json",
+// "step-1.partial/learner.json") fail as a full disk does (ENOSPC).
+
+#include <string>
+
+namespace kernelrl {
+
+// Writes `data` to PATH.tmp, flushes it to disk, renames it to PATH and flushes the folder; false
+// (with `err` naming the file and the reason) leaves PATH as it was.
+bool write_file_durably(const std::string& path, const std::string& data, std::string& err);
+
+// Flushes a file or folder already written to disk; false with `err` when it cannot.
+bool sync_path(const std::string& path, std::string& err);
+
+// Whether a checked write of the file at `path` should fail now (the fault injection above).
+bool inject_enospc(const std::string& path);
+
+// Writes DIR/manifest.json: every regular file in DIR (not in subfolders) with its size and
+// SHA-256, after flushing each to disk. Written last and durably: a folder with a manifest that
+// verifies is complete.
+bool write_manifest(const std::string& dir, std::string& err);
+
+// Checks DIR against its manifest: every listed file present with its size (and, with `hashes`,
+// its SHA-256). False with `why` when it does not hold or there is no manifest.
+bool verify_manifest(const std::string& dir, bool hashes, std::string& why);
+
+}  // namespace kernelrl
