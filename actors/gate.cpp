@@ -60,12 +60,15 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
     return caf::sec::unexpected_message;
   });
   return {
-      [=](challenge_atom) -> caf::result<std::string> {
+      [=](challenge_atom, const std::string& peer_nonce) -> caf::result<std::vector<std::string>> {
         auto sender = self->current_sender();
         if (!sender) return caf::make_error(caf::sec::runtime_error, "anonymous challenge");
+        if (peer_nonce.size() < 32) return caf::make_error(caf::sec::runtime_error, "a challenge needs a nonce");
         auto nonce = random_nonce();
         self->state.nonces[sender->node()] = nonce;
-        return nonce;
+        // The head proves the secret first: a peer joins only a head that holds it.
+        return std::vector<std::string>{nonce,
+                                        head_proof(args.secret, peer_nonce, nonce, args.cluster, protocol_version)};
       },
       [=](join_atom, const std::string& node, const std::string& cluster, uint32_t protocol,
           const std::string& proof) -> caf::result<bool> {

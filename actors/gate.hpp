@@ -1,5 +1,6 @@
 // gate: the head's published door, the only actor a peer can reach before it has proven the
-// cluster secret. A node asks for a nonce (challenge_atom), answers with the HMAC proof
+// cluster secret. A node sends a nonce and gets one (challenge_atom) with the head's own proof of
+// the secret, which it checks before anything else; it answers with its HMAC proof
 // (join_atom; core/auth.hpp), and only then may register its evaluators, which the gate
 // forwards to the dispatcher and the supervisor. Messages from peers that have not joined, a
 // wrong proof, another cluster's name or another protocol version are refused with a clear
@@ -7,7 +8,7 @@
 // A peer stays a member while the actor that joined is reachable; when its connection drops
 // (the process ended, or the link was silent past peer_timeout_s) it must join again.
 // Messages in:  (hello_atom) -> [cluster name, protocol version] (anyone: nothing secret);
-//               (challenge_atom) -> std::string nonce;
+//               (challenge_atom, peer nonce) -> [nonce, the head's proof of the secret];
 //               (join_atom, node, cluster, protocol, proof) -> bool;
 //               (register_atom, actor, std::string id) from a joined node or this process;
 //               (stats_atom) -> Telemetry, the monitor's latest snapshot, for joined peers

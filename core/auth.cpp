@@ -65,14 +65,25 @@ std::string random_nonce() {
   return hex(buf, sizeof buf);
 }
 
-std::string join_proof(const std::string& secret, const std::string& nonce, const std::string& node,
-                       const std::string& cluster, uint32_t protocol) {
-  std::string msg = "kernelrl-join\n" + nonce + "\n" + node + "\n" + cluster + "\n" + std::to_string(protocol);
+namespace {
+std::string hmac_hex(const std::string& secret, const std::string& msg) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(msg.data()),
        msg.size(), out, &len);
   return hex(out, len);
+}
+}  // namespace
+
+std::string join_proof(const std::string& secret, const std::string& nonce, const std::string& node,
+                       const std::string& cluster, uint32_t protocol) {
+  return hmac_hex(secret, "kernelrl-join\n" + nonce + "\n" + node + "\n" + cluster + "\n" + std::to_string(protocol));
+}
+
+std::string head_proof(const std::string& secret, const std::string& peer_nonce, const std::string& gate_nonce,
+                       const std::string& cluster, uint32_t protocol) {
+  return hmac_hex(
+      secret, "kernelrl-head\n" + peer_nonce + "\n" + gate_nonce + "\n" + cluster + "\n" + std::to_string(protocol));
 }
 
 bool proofs_equal(const std::string& a, const std::string& b) {

@@ -23,6 +23,11 @@ std::string random_nonce();
 std::string join_proof(const std::string& secret, const std::string& nonce, const std::string& node,
                        const std::string& cluster, uint32_t protocol);
 
+// The head's proof to a joining peer (its answer to the peer's own nonce, so a peer never works
+// for a head that does not hold the secret): hex HMAC-SHA256, distinct from any join_proof.
+std::string head_proof(const std::string& secret, const std::string& peer_nonce, const std::string& gate_nonce,
+                       const std::string& cluster, uint32_t protocol);
+
 // Constant-time comparison of two proofs.
 bool proofs_equal(const std::string& a, const std::string& b);
 

@@ -661,6 +661,17 @@ void read_monitor(TableReader& r, Config& c, const toml::table& root) {
   auto& pub = c.monitor.publish;
   if (!pub.empty() && pub.rfind("tcp://", 0) != 0 && pub.rfind("ipc://", 0) != 0)
     r.error_here("publish", "expected \"tcp://HOST:PORT\" or \"ipc://PATH\", got \"" + pub + "\"");
+  // The telemetry socket has no authentication or encryption of its own: it is bound where only
+  // this machine reaches it (a remote reader comes through an SSH tunnel, or `launch monitor`).
+  if (pub.rfind("tcp://", 0) == 0) {
+    const std::string host = pub.substr(6, pub.rfind(':') > 6 ? pub.rfind(':') - 6 : std::string::npos);
+    if (host != "127.0.0.1" && host != "localhost" && host != "[::1]" && host.rfind("127.", 0) != 0)
+      r.error_here("publish", "binds " + host +
+                                  ": the telemetry socket is neither authenticated nor encrypted, so it binds a "
+                                  "loopback address only (tcp://127.0.0.1:PORT or ipc://PATH); read it from another "
+                                  "machine through an SSH tunnel, or with `launch monitor HOST:PORT`, which proves the "
+                                  "cluster secret");
+  }
 }
 
 }  // namespace

@@ -129,9 +129,23 @@ std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::strin
         .receive([&](std::vector<std::string>& hello) { cluster_name = hello.empty() ? "" : hello[0]; },
                  [&](caf::error& e) { fail = error_text(sys, e); });
   }
+  const std::string ours = random_nonce();
+  std::string theirs;
   if (fail.empty())
-    self->request(gate, std::chrono::seconds(30), challenge_atom::value)
-        .receive([&](std::string& n) { nonce = std::move(n); }, [&](caf::error& e) { fail = error_text(sys, e); });
+    self->request(gate, std::chrono::seconds(30), challenge_atom::value, ours)
+        .receive(
+            [&](std::vector<std::string>& r) {
+              nonce = r.size() == 2 ? r[0] : "";
+              theirs = r.size() == 2 ? r[1] : "";
+            },
+            [&](caf::error& e) { fail = error_text(sys, e); });
+  if (fail.empty() && !proofs_equal(theirs, head_proof(secret, ours, nonce, cluster_name, protocol_version))) {
+    err = "the process at " + host + ":" + std::to_string(port) +
+          " could not prove the cluster secret: it is not this cluster's head (or its secret differs); "
+          "nothing was sent to it";
+    refused = true;
+    return std::nullopt;
+  }
   if (fail.empty()) {
     auto proof = join_proof(secret, nonce, name, cluster_name, protocol_version);
     self->request(gate, std::chrono::seconds(30), join_atom::value, name, cluster_name, protocol_version, proof)

@@ -498,6 +498,12 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
       "cluster {}: head listening on {}:{}; nodes join with `launch {} --node NAME` (or --join), "
       "monitors attach with `launch monitor {}:{}`",
       cfg.cluster.name, head.host, *bound, config_path, head.host, *bound);
+  if (head.host != "127.0.0.1" && head.host != "localhost" && head.host.rfind("127.", 0) != 0)
+    lg->warn(
+        "cluster {}: {} is not a loopback address and the link between nodes is not encrypted (peers prove the "
+        "cluster secret both ways, but actions, verdicts and weights cross the network in plain text): keep the "
+        "nodes on a private network",
+        cfg.cluster.name, head.host);
   return run;
 }
 

@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
   if (cluster.empty()) cluster = "?";
   if (join && rc == 0) {
     std::string nonce;
-    self->request(*gate, t, challenge_atom::value).receive([&](std::string& n) { nonce = n; }, refused);
+    self->request(*gate, t, challenge_atom::value, random_nonce())
+        .receive([&](std::vector<std::string>& r) { nonce = r.at(0); }, refused);
     if (rc == 0)
       self->request(*gate, t, join_atom::value, name, cluster, protocol,
                     join_proof(secret, nonce, name, cluster, protocol))

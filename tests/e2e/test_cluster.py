@@ -152,7 +152,8 @@ class ClusterTest(unittest.TestCase):
                 bad = subprocess.run([LAUNCH, bad_cfg, "--node", "b"], capture_output=True, text=True,
                                      env=bad_env, timeout=120)
                 self.assertEqual(bad.returncode, 2, bad.stderr)
-                self.assertIn("authentication failed", bad.stderr)
+                # The head proves the secret first: the stranger finds it cannot, and sends nothing.
+                self.assertIn("could not prove the cluster secret", bad.stderr)
 
                 # Node b joins mid-run and gets work.
                 b = start("b", "--node", "b")
@@ -186,7 +187,7 @@ class ClusterTest(unittest.TestCase):
             self.assertIn("a", by_node)
             self.assertIn("b", by_node)
             self.assertIn('peer "a" joined', head_log)
-            self.assertIn("refused: authentication failed", head_log)
+            # (the stranger stopped at the head's proof: it never sent one of its own)
             self.assertIn("is down", head_log)  # the dispatcher noticed node a's evaluator go
 
             # The secret is in no log, no worker log and not in the store.
@@ -227,7 +228,7 @@ run_root = "{d}/runs"
 [monitor]
 progress = false
 interval_s = 0.2
-publish = "tcp://{host}:{pub_port}"
+publish = "tcp://127.0.0.1:{pub_port}"
 """)
     return path
 
@@ -330,7 +331,11 @@ class MembershipTest(unittest.TestCase):
                 # Strangers.
                 bad = monitor("--once", env=dict(os.environ, KERNELRL_CLUSTER_SECRET="wrong-" + "x" * 20))
                 self.assertEqual(bad.returncode, 2, bad.stdout + bad.stderr)
-                self.assertIn("authentication failed", bad.stderr)
+                self.assertIn("could not prove the cluster secret", bad.stderr)
+                # A peer that proves a wrong secret after the head proved its own is refused by the head.
+                r = probe("--cluster", "test-cluster", "--secret", "wrong-" + "x" * 20, "join")
+                self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+                self.assertIn("authentication failed", r.stdout)
                 r = probe("--cluster", "test-cluster", "--secret", SECRET, "--protocol", "4", "join")
                 self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
                 ours = re.search(r"\(protocol (\d+)\)", subprocess.run([LAUNCH, "version"], capture_output=True,
@@ -482,6 +487,7 @@ class NamespaceTest(unittest.TestCase):
             head_log = read(os.path.join(d, "head.log"))
             self.assertEqual(rc, 0, head_log[-3000:])
             self.assertIn(f"head listening on {head_ip}:{port}", head_log)
+            self.assertIn(f"{head_ip} is not a loopback address and the link between nodes is not encrypted", head_log)
             con = sqlite3.connect(store)
             rows = con.execute("SELECT sample_id, evaluator_id FROM samples").fetchall()
             self.assertEqual(len(rows), n)

@@ -233,6 +233,14 @@ class BadPathsTest(unittest.TestCase):
                 self.assertRefused(out)
                 self.assertEqual(sorted(os.listdir(d)), ["test.toml"])  # nothing was made anywhere
 
+    def test_the_telemetry_socket_binds_loopback_only(self):
+        with tempfile.TemporaryDirectory() as d:
+            cfg = write_config(d, REPLAY)
+            with open(cfg, "a") as f:
+                f.write('publish = "tcp://0.0.0.0:47999"\n')
+            out = run("check", cfg)
+            self.assertRefused(out, "monitor.publish: binds 0.0.0.0", "loopback address only")
+
     def test_every_subcommand_given_paths_of_the_wrong_kind_says_so(self):
         with tempfile.TemporaryDirectory() as d:
             a_file = os.path.join(d, "file.txt")
@@ -442,16 +450,18 @@ class EvaluateCommandTest(unittest.TestCase):
             proc = subprocess.Popen([LAUNCH, "evaluate", "--task", os.path.join(TASKS, "06_swish.py"), *files,
                                      "--timeout", "20", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, env=dict(os.environ, TMPDIR=d))
-            answered, stop = [], threading.Event()
+            answered, connected, stop = [], [], threading.Event()
+            where = os.path.join(d, "kernelrl-*", "worker-*", "socket", "worker.sock")
 
             def impostor():
-                while not stop.is_set() and not glob.glob(os.path.join(d, "kernelrl-*", "worker.sock")):
+                while not stop.is_set() and not glob.glob(where):
                     time.sleep(0.005)
                 if stop.is_set():
                     return
                 sock = zmq.Context.instance().socket(zmq.REP)
                 sock.setsockopt(zmq.LINGER, 0)
-                sock.connect("ipc://" + glob.glob(os.path.join(d, "kernelrl-*", "worker.sock"))[0])
+                sock.connect("ipc://" + glob.glob(where)[0])
+                connected.append(True)
                 forged = msgpack.packb({"ok": True, "status": "ok", "speedup": 9.5, "pid": 1, "torch_version": "x",
                                         "device": "cpu", "capability": "", "network": "netns"})
                 while not stop.is_set():
@@ -470,6 +480,7 @@ class EvaluateCommandTest(unittest.TestCase):
             self.assertEqual(proc.returncode, 0, err[-3000:])
             rows = [json.loads(line) for line in out.splitlines()]
             self.assertEqual([r["status"] for r in rows], ["incorrect"] * 4, rows)
+            self.assertEqual(connected, [True], "the impostor never found the worker's socket")
             self.assertEqual(answered, [], "a request reached a process other than the worker")
 
     def test_bad_arguments_exit_2(self):
