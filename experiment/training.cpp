@@ -59,8 +59,10 @@ void Training::resume(const std::vector<ScoredRollout>& earlier, const std::vect
   for (auto& rec : earlier) {
     ++resumed_samples_;
     const auto& r = rec.rollout;
-    auto& t = steps_[r.step];
-    if (r.split.empty()) t.next_j = std::max(t.next_j, r.group_id % group_stride + 1);
+    if (r.split.empty()) {
+      auto& t = steps_[r.step];
+      t.next_j = std::max(t.next_j, r.group_id % group_stride + 1);
+    }
     if (!r.split.empty()) {  // a held-out round's: its tasks with a complete group are not planned again
       totals_.count(rec, mono_s());
       held_out_.add(rec);
@@ -79,10 +81,8 @@ void Training::resume(const std::vector<ScoredRollout>& earlier, const std::vect
       abandoned_ += g.size();
       continue;
     }
-    if (g.size() == args_.group_size)
+    if (g.size() == args_.group_size)  // an unfinished group is counted when its step takes it up
       for (auto& x : g) totals_.count(x, mono_s());
-    else  // counted when its step takes it up (its task is that step's)
-      resumed_unfinished_ += g.size();
     auto& pool = g.size() == args_.group_size ? reusable_ : unfinished_;
     pool[g.front().rollout.task_id].push_back(std::move(g));
   }

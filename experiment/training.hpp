@@ -73,7 +73,6 @@ class Training : public Experiment {
   uint64_t version_ = 0;        // the learner's newest acknowledged version
   uint64_t first_version_ = 0;  // the version the run started (or resumed) from
   uint64_t stale_rejected_ = 0, groups_replanned_ = 0, abandoned_ = 0, resumed_samples_ = 0;
-  uint64_t resumed_unfinished_ = 0;  // samples of unfinished groups, counted once they are taken up
   double last_step_fast_1_ = -1;
   bool stopped_early_ = false;
   bool ending_ = false;   // learning is over; the run ends once the held-out rounds are in

@@ -25,7 +25,7 @@ int cmd_check(const std::string& config_path) {
   // The candidates' memory, as each node with evaluators would have it on this machine.
   bool exceeds = false;
   for (auto& n : cfg->nodes) {
-    const uint32_t evaluators = has_role(n, "evaluator") ? n.cpu_slots + uint32_t(n.gpus.size()) : 0;
+    const auto evaluators = uint32_t(evaluator_devices(n).size());
     if (evaluators == 0 && !n.gpus_auto) continue;
     auto plan = plan_candidate_memory(cfg->evaluator, std::max<uint32_t>(1, evaluators), machine_memory_mb());
     std::printf("# node %s on this machine: %s%s\n", n.name.c_str(), plan.describe().c_str(),

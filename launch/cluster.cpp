@@ -66,12 +66,17 @@ void configure_middleman(caf::actor_system_config& sys_cfg, const ClusterConfig&
   sys_cfg.set("middleman.connection-timeout", ms(cluster.peer_timeout_s));
 }
 
-std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& node, const std::string& log_dir) {
-  std::vector<EvaluatorArgs> out;
-  if (!has_role(node, "evaluator")) return out;
+std::vector<std::string> evaluator_devices(const NodeConfig& node) {
   std::vector<std::string> devices;
+  if (!has_role(node, "evaluator")) return devices;
   for (uint32_t i = 0; i < node.cpu_slots; ++i) devices.push_back("cpu-" + std::to_string(i));
   for (auto g : node.gpus) devices.push_back("cuda:" + std::to_string(g));
+  return devices;
+}
+
+std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& node, const std::string& log_dir) {
+  std::vector<EvaluatorArgs> out;
+  const std::vector<std::string> devices = evaluator_devices(node);
   // The candidates' memory limit on this machine (memory_limit_mb = "auto": shared out over every
   // candidate that can run at once), said at start-up; a sum larger than the machine is warned of.
   const MemoryPlan mem = plan_candidate_memory(cfg.evaluator, uint32_t(devices.size()), machine_memory_mb());

@@ -25,6 +25,9 @@ void head_address(const Config& cfg, std::string& host, uint16_t& port);
 // Loads the io middleman with heartbeats and the peer timeout of [cluster].
 void configure_middleman(caf::actor_system_config& sys_cfg, const ClusterConfig& cluster);
 // One evaluator per CPU slot and per GPU of `node`; worker logs go to `log_dir`.
+// The devices a node's evaluators run on ("cpu-0", ..., "cuda:0", ...); none without the role.
+std::vector<std::string> evaluator_devices(const NodeConfig& node);
+
 std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& node, const std::string& log_dir);
 // Connects to the head's gate at host:port (retrying for wait_s) and proves the secret as peer
 // `name` of `cluster` ("": the name the head announces). The gate, or nullopt with `err` and
