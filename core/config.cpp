@@ -1,4 +1,5 @@
 #include "core/config.hpp"
+#include "core/tls.hpp"
 #include "core/config_toml.hpp"
 #include "core/paths.hpp"
 
@@ -382,6 +383,21 @@ void read_cluster(TableReader& r, Config& c, const toml::table& root) {
   r.number("heartbeat_s", c.cluster.heartbeat_s, 0.05, 3600);
   r.number("peer_timeout_s", c.cluster.peer_timeout_s, 0.1, 86400);
   r.number("join_wait_s", c.cluster.join_wait_s, 0, 86400);
+  r.boolean("tls", c.cluster.tls);
+  auto& cl = c.cluster;
+  r.path("tls_cert", cl.tls_cert, PathKind::file, cl.tls);
+  r.path("tls_key", cl.tls_key, PathKind::file, cl.tls);
+  r.path("tls_ca", cl.tls_ca, PathKind::file, cl.tls);
+  if (!cl.tls) {
+    for (auto [key, v] : {std::pair{"tls_cert", &cl.tls_cert}, {"tls_key", &cl.tls_key}, {"tls_ca", &cl.tls_ca}})
+      if (!v->empty()) r.error_here(key, "set, but tls is false: set tls = true to encrypt the links (or remove it)");
+  } else if (fs::is_regular_file(cl.tls_cert) && fs::is_regular_file(cl.tls_key) && fs::is_regular_file(cl.tls_ca)) {
+    const std::string why = tls_problem(TlsFiles{cl.tls_cert, cl.tls_key, cl.tls_ca});
+    // Located at the key the problem names ("tls_key PATH: ..."), else at tls_cert.
+    const bool keyed = why.rfind("tls_", 0) == 0;
+    const std::string key = keyed ? why.substr(0, why.find(' ')) : "tls_cert";
+    if (!why.empty()) r.error_here(key.c_str(), keyed ? why.substr(why.find(' ') + 1) : why);
+  }
   std::string head_host;
   uint16_t head_port = 0;
   if (!c.cluster.head.empty() && !parse_host_port(c.cluster.head, head_host, head_port))

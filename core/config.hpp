@@ -15,15 +15,19 @@ namespace kernelrl {
 bool parse_host_port(const std::string& s, std::string& host, uint16_t& port);
 
 struct ClusterConfig {
-  std::string name = "local";      // cluster name, shown in logs and the store; peers must match
-  std::string log_level = "info";  // trace, debug, info, warn, error, off
-  std::string head;                // "HOST:PORT" nodes reach the head at ("": the supervisor
-                                   // node's host and port)
-  std::string secret_file;         // file holding the cluster secret (or $KERNELRL_CLUSTER_SECRET);
-                                   // required once a node publishes a port
-  double heartbeat_s = 1.0;        // middleman heartbeat interval
-  double peer_timeout_s = 5.0;     // a peer silent this long is taken as gone
-  double join_wait_s = 120.0;      // how long the head waits for its first evaluator
+  std::string name = "local";             // cluster name, shown in logs and the store; peers must match
+  std::string log_level = "info";         // trace, debug, info, warn, error, off
+  std::string head;                       // "HOST:PORT" nodes reach the head at ("": the supervisor
+                                          // node's host and port)
+  std::string secret_file;                // file holding the cluster secret (or $KERNELRL_CLUSTER_SECRET);
+                                          // required once a node publishes a port
+  double heartbeat_s = 1.0;               // middleman heartbeat interval
+  double peer_timeout_s = 5.0;            // a peer silent this long is taken as gone
+  double join_wait_s = 120.0;             // how long the head waits for its first evaluator
+  bool tls = false;                       // mutual TLS between nodes (CAF's OpenSSL transport): every peer
+                                          // presents tls_cert, signed by the CA in tls_ca
+  std::string tls_cert, tls_key, tls_ca;  // PEM files; the same paths on every machine, each
+                                          // holding its own node's certificate and key
 };
 
 struct NodeConfig {

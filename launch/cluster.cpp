@@ -13,6 +13,7 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -64,6 +65,26 @@ void configure_middleman(caf::actor_system_config& sys_cfg, const ClusterConfig&
   auto ms = [](double s) { return caf::timespan{std::chrono::milliseconds(static_cast<int64_t>(s * 1000))}; };
   sys_cfg.set("middleman.heartbeat-interval", ms(cluster.heartbeat_s));
   sys_cfg.set("middleman.connection-timeout", ms(cluster.peer_timeout_s));
+  if (cluster.tls) {  // every link through CAF's OpenSSL transport, certificates required both ways
+    sys_cfg.load<caf::openssl::manager>();
+    sys_cfg.openssl_certificate = cluster.tls_cert;
+    sys_cfg.openssl_key = cluster.tls_key;
+    sys_cfg.openssl_cafile = cluster.tls_ca;
+  }
+}
+
+caf::expected<uint16_t> publish_gate(const caf::actor& gate, uint16_t port, const std::string& host) {
+  if (gate.home_system().has_openssl_manager()) return caf::openssl::publish(gate, port, host.c_str(), true);
+  return gate.home_system().middleman().publish(gate, port, host.c_str(), true);
+}
+
+void unpublish_gate(const caf::actor& gate) {
+  if (gate.home_system().has_openssl_manager())
+    // (Debian's caf/openssl/unpublish.hpp does not compile against 0.17; this is what it means.)
+    caf::anon_send(gate.home_system().openssl_manager().actor_handle(), caf::unpublish_atom::value, gate.address(),
+                   uint16_t{0});
+  else
+    gate.home_system().middleman().unpublish(gate, 0);
 }
 
 std::vector<std::string> evaluator_devices(const NodeConfig& node) {
@@ -117,13 +138,17 @@ std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::strin
   auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, wait_s) * 1000));
   while (!gate) {
-    auto r = sys.middleman().remote_actor(host, port);
+    const bool tls = sys.has_openssl_manager();
+    auto r = tls ? caf::openssl::remote_actor(sys, host, port) : sys.middleman().remote_actor(host, port);
     if (r) {
       gate = *r;
       break;
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      err = "cannot reach the head at " + host + ":" + std::to_string(port) + ": " + sys.render(r.error());
+      err = "cannot reach the head at " + host + ":" + std::to_string(port) + ": " + sys.render(r.error()) +
+            (tls ? " (this peer uses TLS: a head without [cluster] tls, or whose certificate is not signed by this "
+                   "peer's tls_ca, or that does not trust this peer's certificate, ends the handshake)"
+                 : " (if the head uses [cluster] tls, so must this peer)");
       return std::nullopt;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(250));

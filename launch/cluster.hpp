@@ -23,7 +23,13 @@ const NodeConfig& head_node(const Config& cfg);
 // Where nodes reach the head: [cluster] head, else the head node's host and port.
 void head_address(const Config& cfg, std::string& host, uint16_t& port);
 // Loads the io middleman with heartbeats and the peer timeout of [cluster].
+// The middleman with the cluster's heartbeat and timeout; with [cluster] tls also CAF's OpenSSL
+// module and this machine's certificate, key and CA (every link then TLS, certificates both ways).
 void configure_middleman(caf::actor_system_config& sys_cfg, const ClusterConfig& cluster);
+
+// The head's gate listening on host:port (through TLS when the system has the OpenSSL module).
+caf::expected<uint16_t> publish_gate(const caf::actor& gate, uint16_t port, const std::string& host);
+void unpublish_gate(const caf::actor& gate);
 // One evaluator per CPU slot and per GPU of `node`; worker logs go to `log_dir`.
 // The devices a node's evaluators run on ("cpu-0", ..., "cuda:0", ...); none without the role.
 std::vector<std::string> evaluator_devices(const NodeConfig& node);

@@ -20,13 +20,14 @@ int cmd_join(const std::string& config_path, const JoinOptions& o, const std::st
 
 // launch monitor HOST:PORT [--once] [--json] [--interval S] [--secret-file FILE] [--wait S]
 struct MonitorOptions {
-  std::string address;      // the head's HOST:PORT
-  bool once = false;        // one snapshot, then exit
-  bool json = false;        // JSON lines instead of text
-  double interval_s = 1.0;  // refresh interval
-  double wait_s = 10;       // how long to keep trying to reach the head
-  std::string secret_file;  // the cluster secret ("": $KERNELRL_CLUSTER_SECRET)
-  std::string log_level;    // default warn
+  std::string address;                    // the head's HOST:PORT
+  bool once = false;                      // one snapshot, then exit
+  bool json = false;                      // JSON lines instead of text
+  double interval_s = 1.0;                // refresh interval
+  double wait_s = 10;                     // how long to keep trying to reach the head
+  std::string secret_file;                // the cluster secret ("": $KERNELRL_CLUSTER_SECRET)
+  std::string log_level;                  // default warn
+  std::string tls_cert, tls_key, tls_ca;  // a head with [cluster] tls: this monitor's certificate
 };
 int cmd_monitor(const MonitorOptions& o);
 

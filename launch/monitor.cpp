@@ -9,6 +9,7 @@
 #include "core/auth.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
+#include "core/tls.hpp"
 #include "messages/messages.hpp"
 
 #include <caf/all.hpp>
@@ -37,6 +38,22 @@ int cmd_monitor(const MonitorOptions& o) {
     return 2;
   }
   log::set_level(o.log_level.empty() ? "warn" : o.log_level);
+  const int given = !o.tls_cert.empty() + !o.tls_key.empty() + !o.tls_ca.empty();
+  if (given != 0 && given != 3) {
+    std::fprintf(stderr, "launch monitor: a head with TLS needs all three of --tls-cert, --tls-key and --tls-ca\n");
+    return 2;
+  }
+  if (given == 3) {
+    cc.tls = true;
+    cc.tls_cert = o.tls_cert;
+    cc.tls_key = o.tls_key;
+    cc.tls_ca = o.tls_ca;
+    std::string why = tls_problem(TlsFiles{cc.tls_cert, cc.tls_key, cc.tls_ca});
+    if (!why.empty()) {
+      std::fprintf(stderr, "launch monitor: --%s\n", why.replace(why.find('_'), 1, "-").c_str());
+      return 2;
+    }
+  }
 
   caf::actor_system_config sys_cfg;
   add_message_types(sys_cfg);
@@ -96,7 +113,8 @@ void add_monitor(CLI::App& app, cli::Action& action) {
   auto o = std::make_shared<MonitorOptions>();
   auto* sub = cli::subcommand(app, "monitor",
                               "launch monitor HOST:PORT [--once] [--json] [--interval S] [--secret-file FILE] "
-                              "[--wait S]\n  watch a running cluster's telemetry (its head's HOST:PORT)");
+                              "[--wait S] [--tls-cert FILE --tls-key FILE --tls-ca FILE]\n  watch a running cluster's "
+                              "telemetry (its head's HOST:PORT)");
   sub->add_option("HOST:PORT", o->address, "the head's address")->required()->type_name("");
   sub->add_flag("--once", o->once, "one snapshot, then exit");
   sub->add_flag("--json", o->json, "JSON lines instead of text");
@@ -106,6 +124,13 @@ void add_monitor(CLI::App& app, cli::Action& action) {
       ->check(CLI::Range(0.0, 86400.0));
   sub->add_option("--secret-file", o->secret_file, "the cluster secret (default: $KERNELRL_CLUSTER_SECRET)")
       ->type_name("FILE");
+  sub->add_option("--tls-cert", o->tls_cert, "a head with [cluster] tls: this monitor's certificate (PEM)")
+      ->type_name("FILE")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--tls-key", o->tls_key, "its private key (PEM, mode 600)")
+      ->type_name("FILE")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--tls-ca", o->tls_ca, "the cluster's CA certificate")->type_name("FILE")->check(CLI::ExistingFile);
   sub->add_option("--log-level", o->log_level, "default warn")->type_name("LEVEL");
   sub->callback([&action, o] { action = [o] { return cmd_monitor(*o); }; });
 }

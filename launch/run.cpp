@@ -12,6 +12,7 @@
 #include "actors/supervisor.hpp"
 #include "core/auth.hpp"
 #include "core/files.hpp"
+#include "core/tls.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "experiment/assemble.hpp"
@@ -378,7 +379,7 @@ struct RunActors {
   caf::actor supervisor, reward, dispatcher, sampler, learner, selector, monitor, gate;
   std::vector<caf::actor> evaluators;
   void stop(caf::actor_system& sys) {
-    if (gate) sys.middleman().unpublish(gate, 0);
+    if (gate) unpublish_gate(gate);
     for (auto& a : {monitor, sampler, dispatcher, reward, supervisor, gate, learner, selector})
       if (a) anon_send_exit(a, caf::exit_reason::user_shutdown);
     for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
@@ -488,7 +489,7 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   if (!cluster) return run;
   const auto& head = head_node(cfg);  // it listens on its own host and port
   run.gate = spawn_gate(sys, GateArgs{cfg.cluster.name, secret}, run.dispatcher, run.supervisor, run.monitor);
-  auto bound = sys.middleman().publish(run.gate, head.port, head.host.c_str(), true);
+  auto bound = publish_gate(run.gate, head.port, head.host);
   if (!bound) {
     lg->error("cannot listen on {}:{}: {}", head.host, head.port, sys.render(bound.error()));
     run.stop(sys);
@@ -498,11 +499,14 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
       "cluster {}: head listening on {}:{}; nodes join with `launch {} --node NAME` (or --join), "
       "monitors attach with `launch monitor {}:{}`",
       cfg.cluster.name, head.host, *bound, config_path, head.host, *bound);
-  if (head.host != "127.0.0.1" && head.host != "localhost" && head.host.rfind("127.", 0) != 0)
+  if (cfg.cluster.tls)
+    lg->info("cluster {}: links are TLS with certificates both ways: this head is {}; peers must verify against {}",
+             cfg.cluster.name, tls_identity(cfg.cluster.tls_cert), cfg.cluster.tls_ca);
+  else if (head.host != "127.0.0.1" && head.host != "localhost" && head.host.rfind("127.", 0) != 0)
     lg->warn(
         "cluster {}: {} is not a loopback address and the link between nodes is not encrypted (peers prove the "
         "cluster secret both ways, but actions, verdicts and weights cross the network in plain text): keep the "
-        "nodes on a private network",
+        "nodes on a private network, or set [cluster] tls = true",
         cfg.cluster.name, head.host);
   return run;
 }

@@ -14,6 +14,8 @@ same snapshots; strangers (another protocol version, another cluster, no join, a
 wrong secret) are refused with a clear message; a node that goes silent (SIGSTOP) is dropped
 after peer_timeout_s and its work runs elsewhere, every sample exactly once.
 
+TlsTest: the same over mutual TLS ([cluster] tls), plain-text and foreign-CA peers refused.
+
 NamespaceTest: the head and a node in two network namespaces joined by a veth pair, where the
 machine permits it (root, iproute2); skipped with the reason where it does not."""
 
@@ -421,6 +423,139 @@ def netns_unavailable():
         return "`ip netns add` is not permitted here: " + r.stderr.strip()
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
     return ""
+
+
+CERTS = os.path.join(ROOT, "scripts", "cluster-certs")
+
+
+def make_certs(dir, *names):
+    subprocess.run([CERTS, dir, *names], check=True, capture_output=True, timeout=60)
+
+
+class TlsTest(unittest.TestCase):
+    """[cluster] tls: the head and node a on loopback, each with its own certificate from the
+    cluster's CA (each "machine" a folder of its own holding cluster.toml and certs/). A plain-text
+    peer, a peer whose certificate another CA signed, and a monitor without a certificate are
+    refused while the run goes on; a monitor with one reads telemetry; node a does the work and
+    every sample is stored once. `launch check` refuses unusable TLS files at their key."""
+
+    def write(self, machine_dir, text, cert):
+        os.makedirs(machine_dir, exist_ok=True)
+        text = text.replace('join_wait_s = 60.0\n', 'join_wait_s = 60.0\ntls = true\n'
+                            f'tls_cert = "{cert}.pem"\ntls_key = "{cert}.key"\ntls_ca = "certs/ca.pem"\n')
+        text = text.replace('secret_file = "cluster.secret"', 'secret_file = "../cluster.secret"')
+        path = os.path.join(machine_dir, "cluster.toml")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_tls_cluster_refuses_plain_and_foreign_peers(self):
+        n = 60
+        with tempfile.TemporaryDirectory() as d:
+            port = free_port()
+            base = open(write_synthetic_config(d, port, free_port(), n, latency_ms=30)).read()
+            make_certs(os.path.join(d, "head", "certs"), "head")
+            shutil.copytree(os.path.join(d, "head", "certs"), os.path.join(d, "a", "certs"))
+            make_certs(os.path.join(d, "a", "certs"), "a", "monitor")  # the same CA, more nodes
+            make_certs(os.path.join(d, "other"), "a")  # a CA the cluster does not trust
+            # The foreign peer trusts the cluster's CA too: only the head's check of its certificate
+            # stands between it and the cluster.
+            with open(os.path.join(d, "other", "both.pem"), "w") as f:
+                for ca in (os.path.join(d, "other", "ca.pem"), os.path.join(d, "head", "certs", "ca.pem")):
+                    f.write(read(ca))
+            head_cfg = self.write(os.path.join(d, "head"), base, "certs/head")
+            a_cfg = self.write(os.path.join(d, "a"), base, "certs/a")
+            plain_cfg = os.path.join(d, "plain", "cluster.toml")
+            os.makedirs(os.path.dirname(plain_cfg))
+            with open(plain_cfg, "w") as f:
+                f.write(base.replace("join_wait_s = 60.0", "join_wait_s = 2.0")
+                        .replace('secret_file = "cluster.secret"', 'secret_file = "../cluster.secret"'))
+            foreign_cfg = self.write(os.path.join(d, "foreign"), base, "../other/a")
+            with open(foreign_cfg) as f:
+                text = f.read().replace('tls_ca = "certs/ca.pem"', 'tls_ca = "../other/both.pem"')
+                text = text.replace("join_wait_s = 60.0", "join_wait_s = 2.0")
+            with open(foreign_cfg, "w") as f:
+                f.write(text)
+            run_dir = os.path.join(d, "run")
+            store = os.path.join(run_dir, "store.sqlite")
+            log = open(os.path.join(d, "head.log"), "w+")
+            certs_a = os.path.join(d, "a", "certs")
+            secret = os.path.join(d, "cluster.secret")
+
+            def monitor(*args):
+                return subprocess.run([LAUNCH, "monitor", f"127.0.0.1:{port}", "--once", "--json", "--secret-file",
+                                       secret, "--wait", "2", *args], capture_output=True, text=True, timeout=60)
+
+            head = start_launch(head_cfg, log, "--run-dir", run_dir)
+            try:
+                wait_for(lambda: "head listening" in read(log.name), 60, "the head to listen")
+                for cfg, why in ((plain_cfg, "if the head uses [cluster] tls, so must this peer"),
+                                 (foreign_cfg, "this peer uses TLS")):
+                    r = subprocess.run([LAUNCH, cfg, "--node", "a"], capture_output=True, text=True, timeout=60)
+                    self.assertEqual(r.returncode, 1, r.stderr)
+                    self.assertIn("cannot reach the head", r.stderr)
+                    self.assertIn(why, r.stderr)
+                m = monitor()
+                self.assertEqual(m.returncode, 1, m.stderr)
+                self.assertIn("if the head uses [cluster] tls", m.stderr)
+                m = monitor("--tls-cert", os.path.join(certs_a, "monitor.pem"))
+                self.assertEqual(m.returncode, 2, m.stderr)
+                self.assertIn("needs all three of --tls-cert, --tls-key and --tls-ca", m.stderr)
+                m = monitor("--tls-cert", os.path.join(certs_a, "monitor.pem"), "--tls-key",
+                            os.path.join(certs_a, "monitor.key"), "--tls-ca", os.path.join(certs_a, "ca.pem"))
+                self.assertEqual(m.returncode, 0, m.stderr)
+                self.assertEqual(json.loads(m.stdout.splitlines()[-1])["cluster"], "test-cluster")
+                self.assertEqual(recorded(store), 0)  # no refused peer got work
+
+                a = subprocess.run([LAUNCH, a_cfg, "--node", "a"], capture_output=True, text=True, timeout=300)
+                self.assertEqual(a.returncode, 0, a.stderr[-3000:])
+                self.assertIn("node a joined cluster test-cluster", a.stdout)
+                self.assertEqual(head.wait(timeout=120), 0, read(log.name)[-3000:])
+            finally:
+                if head.poll() is None:
+                    os.killpg(head.pid, signal.SIGKILL)
+                    head.wait()
+                log.close()
+            head_log = read(log.name)
+            self.assertIn("links are TLS with certificates both ways: this head is /CN=head", head_log)
+            self.assertNotIn("not encrypted", head_log)
+            con = sqlite3.connect(store)
+            ids = [r[0] for r in con.execute("SELECT sample_id FROM samples WHERE evaluator_id = 'a/cpu-0'")]
+            self.assertEqual((len(ids), len(set(ids))), (n, n))
+
+    def test_check_refuses_unusable_tls_files_at_their_key(self):
+        with tempfile.TemporaryDirectory() as d:
+            base = open(write_synthetic_config(d, free_port(), free_port(), 3, latency_ms=1)).read()
+            make_certs(os.path.join(d, "m", "certs"), "head")
+            make_certs(os.path.join(d, "other"), "head")
+            cfg = self.write(os.path.join(d, "m"), base, "certs/head")
+
+            def check(text):
+                with open(cfg, "w") as f:
+                    f.write(text)
+                return subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True, timeout=60)
+
+            good = open(cfg).read()
+            r = check(good)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            cases = [
+                (good.replace('tls_ca = "certs/ca.pem"', 'tls_ca = "../other/ca.pem"'), "cluster.tls_cert",
+                 "does not verify against the CA in"),
+                (good.replace('tls_key = "certs/head.key"', 'tls_key = "../other/head.key"'), "cluster.tls_key",
+                 "not the key of the certificate"),
+                (good.replace('tls_cert = "certs/head.pem"', 'tls_cert = "certs/head.key"'), "cluster.tls_cert",
+                 "not a PEM certificate"),
+                (good.replace("tls = true", "tls = false"), "cluster.tls_cert", "set, but tls is false"),
+                (re.sub(r'tls_ca = .*\n', "", good), "cluster.tls_ca", "missing required key"),
+            ]
+            for text, key, msg in cases:
+                r = check(text)
+                self.assertEqual(r.returncode, 2, (key, r.stderr))
+                self.assertRegex(r.stderr, r"cluster\.toml:\d+:\d+: " + re.escape(key) + ": .*" + re.escape(msg))
+            os.chmod(os.path.join(d, "m", "certs", "head.key"), 0o644)
+            r = check(good)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("readable by group or others (mode 644); `chmod 600` it", r.stderr)
 
 
 class NamespaceTest(unittest.TestCase):
