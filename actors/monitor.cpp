@@ -1,6 +1,7 @@
 #include "actors/monitor.hpp"
 #include "actors/supervisor.hpp"
 
+#include "core/log.hpp"
 #include "core/paths.hpp"
 #include "messages/messages.hpp"
 
@@ -9,8 +10,13 @@
 #include <msgpack.hpp>
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
+#include <zmq_addon.hpp>
 
+#include <array>
+#include <atomic>
 #include <cstdio>
+#include <set>
+#include <thread>
 #include <fstream>
 #include <algorithm>
 #include <map>
@@ -140,24 +146,83 @@ struct TelemetryPublisher::Impl {
   zmq::context_t ctx{1};
   zmq::socket_t sock{ctx, zmq::socket_type::pub};
   std::string endpoint;
+  // CURVE: the ZAP handler (ZeroMQ's authentication protocol, RFC 27) on its own thread.
+  std::set<std::string> clients;  // admitted public keys, 32 raw bytes each
+  std::thread zap;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> refused{0};
+
+  ~Impl() {
+    stop = true;
+    if (zap.joinable()) zap.join();
+  }
+
+  // Answers each handshake's request: 200 for a listed key, 400 for any other.
+  void serve_zap(zmq::socket_t rep) {
+    auto lg = log::get("monitor");
+    std::set<std::string> warned;
+    while (!stop) {
+      zmq::pollitem_t item{rep.handle(), 0, ZMQ_POLLIN, 0};
+      if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) <= 0) continue;
+      std::vector<zmq::message_t> req;
+      if (!zmq::recv_multipart(rep, std::back_inserter(req))) continue;
+      // version, request id, domain, address, identity, mechanism, credentials...
+      const bool ok = req.size() >= 7 && req[5].to_string() == "CURVE" && req[6].size() == 32 &&
+                      clients.count(req[6].to_string()) > 0;
+      const std::string address = req.size() > 3 ? req[3].to_string() : "?";
+      if (!ok) {
+        ++refused;
+        if (warned.insert(address).second)
+          lg->warn("telemetry: refused a reader at {} (its key is not in [monitor] publish_clients)", address);
+      }
+      std::array<zmq::const_buffer, 6> reply{zmq::str_buffer("1.0"),
+                                             zmq::buffer(req.size() > 1 ? req[1].to_string_view() : ""),
+                                             ok ? zmq::str_buffer("200") : zmq::str_buffer("400"),
+                                             ok ? zmq::str_buffer("OK") : zmq::str_buffer("key not admitted"),
+                                             zmq::str_buffer(""),
+                                             zmq::str_buffer("")};
+      zmq::send_multipart(rep, reply);
+    }
+  }
 };
 
 TelemetryPublisher::TelemetryPublisher() : impl_(std::make_unique<Impl>()) {}
 TelemetryPublisher::~TelemetryPublisher() = default;
 
-std::unique_ptr<TelemetryPublisher> TelemetryPublisher::bind(const std::string& endpoint, std::string& err) {
+std::unique_ptr<TelemetryPublisher> TelemetryPublisher::bind(const std::string& endpoint, std::string& err,
+                                                             const std::string& curve_secret,
+                                                             const std::vector<std::string>& clients) {
   std::unique_ptr<TelemetryPublisher> p(new TelemetryPublisher());
+  auto& impl = *p->impl_;
   try {
-    p->impl_->sock.set(zmq::sockopt::linger, 0);
-    p->impl_->sock.set(zmq::sockopt::sndhwm, 64);  // a slow subscriber drops snapshots
-    p->impl_->sock.bind(endpoint);
-    p->impl_->endpoint = p->impl_->sock.get(zmq::sockopt::last_endpoint);
-  } catch (const zmq::error_t& e) {
+    if (!curve_secret.empty()) {
+      for (auto& k : clients) {
+        std::string raw(32, '\0');
+        if (k.size() != 40 || !zmq_z85_decode(reinterpret_cast<uint8_t*>(raw.data()), k.c_str()))
+          throw std::runtime_error("not a Z85 public key: " + k);
+        impl.clients.insert(raw);
+      }
+      // The handler is bound before the socket that needs it, in the same context.
+      zmq::socket_t rep{impl.ctx, zmq::socket_type::rep};
+      rep.set(zmq::sockopt::linger, 0);
+      rep.bind("inproc://zeromq.zap.01");
+      impl.zap = std::thread([&impl, r = std::move(rep)]() mutable { impl.serve_zap(std::move(r)); });
+      impl.sock.set(zmq::sockopt::curve_server, 1);
+      impl.sock.set(zmq::sockopt::curve_secretkey, curve_secret);
+      impl.sock.set(zmq::sockopt::zap_domain, "kernelrl.telemetry");
+    }
+    impl.sock.set(zmq::sockopt::linger, 0);
+    impl.sock.set(zmq::sockopt::sndhwm, 64);  // a slow subscriber drops snapshots
+    impl.sock.bind(endpoint);
+    impl.endpoint = impl.sock.get(zmq::sockopt::last_endpoint);
+  } catch (const std::exception& e) {
     err = "[monitor] publish = \"" + endpoint + "\": cannot bind: " + e.what();
     return nullptr;
   }
   return p;
 }
+
+uint64_t TelemetryPublisher::refused() const { return impl_->refused; }
 
 const std::string& TelemetryPublisher::endpoint() const { return impl_->endpoint; }
 

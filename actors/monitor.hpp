@@ -22,11 +22,16 @@ struct Telemetry;
 // A bound ZeroMQ PUB socket for telemetry snapshots (other tools subscribe to it).
 class TelemetryPublisher {
  public:
-  // Binds `endpoint` ("tcp://HOST:PORT", "ipc://PATH"); nullptr and `err` on failure.
-  static std::unique_ptr<TelemetryPublisher> bind(const std::string& endpoint, std::string& err);
+  // Binds `endpoint` ("tcp://HOST:PORT", "ipc://PATH"); nullptr and `err` on failure. With a
+  // CURVE secret key (Z85) the socket is a CURVE server that admits only `clients` (their public
+  // keys, checked by a ZAP handler of its own); everyone else is refused in the handshake.
+  static std::unique_ptr<TelemetryPublisher> bind(const std::string& endpoint, std::string& err,
+                                                  const std::string& curve_secret = "",
+                                                  const std::vector<std::string>& clients = {});
   ~TelemetryPublisher();
   void publish(const Telemetry& t);  // never blocks: a slow subscriber loses snapshots, not the run
   const std::string& endpoint() const;
+  uint64_t refused() const;  // CURVE handshakes refused (a key not among the clients)
 
  private:
   TelemetryPublisher();

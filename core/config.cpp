@@ -1,4 +1,5 @@
 #include "core/config.hpp"
+#include "core/curve.hpp"
 #include "core/tls.hpp"
 #include "core/config_toml.hpp"
 #include "core/paths.hpp"
@@ -677,16 +678,31 @@ void read_monitor(TableReader& r, Config& c, const toml::table& root) {
   auto& pub = c.monitor.publish;
   if (!pub.empty() && pub.rfind("tcp://", 0) != 0 && pub.rfind("ipc://", 0) != 0)
     r.error_here("publish", "expected \"tcp://HOST:PORT\" or \"ipc://PATH\", got \"" + pub + "\"");
-  // The telemetry socket has no authentication or encryption of its own: it is bound where only
-  // this machine reaches it (a remote reader comes through an SSH tunnel, or `launch monitor`).
-  if (pub.rfind("tcp://", 0) == 0) {
+  // Without CURVE keys the telemetry socket has no authentication or encryption: it is bound where
+  // only this machine reaches it (a remote reader comes through an SSH tunnel, or `launch monitor`).
+  auto& m = c.monitor;
+  r.path("publish_key", m.publish_key, PathKind::file);
+  r.path("publish_clients", m.publish_clients, PathKind::file);
+  if (m.publish_key.empty() != m.publish_clients.empty()) {
+    r.error_here(m.publish_key.empty() ? "publish_clients" : "publish_key",
+                 "set publish_key and publish_clients together (the socket's secret key and the readers it admits)");
+  } else if (!m.publish_key.empty()) {
+    std::string err;
+    if (pub.empty()) r.error_here("publish_key", "set, but publish is not: nothing is published");
+    if (!curve_available()) r.error_here("publish_key", "this libzmq was built without CURVE");
+    if (fs::is_regular_file(m.publish_key) && !read_curve_key(m.publish_key, true, err))
+      r.error_here("publish_key", err);
+    if (fs::is_regular_file(m.publish_clients) && !read_curve_clients(m.publish_clients, err))
+      r.error_here("publish_clients", err);
+  }
+  if (pub.rfind("tcp://", 0) == 0 && m.publish_key.empty()) {
     const std::string host = pub.substr(6, pub.rfind(':') > 6 ? pub.rfind(':') - 6 : std::string::npos);
     if (host != "127.0.0.1" && host != "localhost" && host != "[::1]" && host.rfind("127.", 0) != 0)
       r.error_here("publish", "binds " + host +
                                   ": the telemetry socket is neither authenticated nor encrypted, so it binds a "
-                                  "loopback address only (tcp://127.0.0.1:PORT or ipc://PATH); read it from another "
-                                  "machine through an SSH tunnel, or with `launch monitor HOST:PORT`, which proves the "
-                                  "cluster secret");
+                                  "loopback address only (tcp://127.0.0.1:PORT or ipc://PATH) unless publish_key and "
+                                  "publish_clients are set (CURVE); or read it from another machine through an SSH "
+                                  "tunnel, or with `launch monitor HOST:PORT`, which proves the cluster secret");
   }
 }
 

@@ -223,6 +223,9 @@ struct MonitorConfig {
   std::string publish;                         // ZeroMQ PUB endpoint for telemetry snapshots (msgpack), e.g.
                                                // "tcp://127.0.0.1:47312" ("": none). Anyone who can reach it can read
                                                // the telemetry: bind it to an interface only trusted hosts reach.
+  std::string publish_key;                     // CURVE: the publisher's secret key file (`launch keygen`); with
+  std::string publish_clients;                 // the readers' public keys (one per line), the socket is encrypted,
+                                               // admits only those readers, and may bind a non-loopback address
 };
 
 struct Config {

@@ -89,10 +89,11 @@ bool sync_path(const std::string& path, std::string& err) {
   return ok;
 }
 
-bool write_file_durably(const std::string& path, const std::string& data, std::string& err) {
+bool write_file_durably(const std::string& path, const std::string& data, std::string& err, unsigned mode) {
   const std::string tmp = path + ".tmp";
   const std::string& name = path;
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ::unlink(tmp.c_str());  // created afresh, so `mode` holds (O_CREAT keeps an old file's)
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode_t(mode));
   if (fd < 0) {
     err = tmp + ": cannot create: " + errno_text(errno);
     return false;

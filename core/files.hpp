@@ -11,8 +11,9 @@
 namespace kernelrl {
 
 // Writes `data` to PATH.tmp, flushes it to disk, renames it to PATH and flushes the folder; false
-// (with `err` naming the file and the reason) leaves PATH as it was.
-bool write_file_durably(const std::string& path, const std::string& data, std::string& err);
+// (with `err` naming the file and the reason) leaves PATH as it was. `mode`: the new file's
+// permissions (before the umask).
+bool write_file_durably(const std::string& path, const std::string& data, std::string& err, unsigned mode = 0644);
 
 // Flushes a file or folder already written to disk; false with `err` when it cannot.
 bool sync_path(const std::string& path, std::string& err);

@@ -8,6 +8,8 @@
 #include "actors/monitor.hpp"
 #include "core/auth.hpp"
 #include "core/config.hpp"
+#include "core/curve.hpp"
+#include "core/files.hpp"
 #include "core/log.hpp"
 #include "core/tls.hpp"
 #include "messages/messages.hpp"
@@ -18,6 +20,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <unistd.h>
 
 namespace kernelrl {
@@ -109,7 +112,41 @@ int cmd_monitor(const MonitorOptions& o) {
   return rc;
 }
 
+// `launch keygen PREFIX`: a CURVE key pair for the telemetry socket or one of its readers.
+int cmd_keygen(const std::string& prefix) {
+  if (!curve_available()) {
+    std::fprintf(stderr, "launch keygen: this libzmq was built without CURVE\n");
+    return 1;
+  }
+  const std::string sec_path = prefix + ".key", pub_path = prefix + ".pub";
+  for (auto& p : {sec_path, pub_path}) {
+    std::error_code ec;
+    if (std::filesystem::exists(p, ec)) {
+      std::fprintf(stderr, "launch keygen: %s exists; not overwriting a key\n", p.c_str());
+      return 2;
+    }
+  }
+  auto [pub, sec] = curve_keypair();
+  const std::string note = "# ZeroMQ CURVE key (Z85), made by launch keygen\n";
+  std::string err;
+  if (!write_file_durably(sec_path, note + sec + "\n", err, 0600) ||
+      !write_file_durably(pub_path, note + pub + "\n", err, 0644)) {
+    std::fprintf(stderr, "launch keygen: %s\n", err.c_str());
+    return 1;
+  }
+  std::printf("secret key %s (mode 600: keep it on its machine)\npublic key %s: %s\n", sec_path.c_str(),
+              pub_path.c_str(), pub.c_str());
+  return 0;
+}
+
 void add_monitor(CLI::App& app, cli::Action& action) {
+  auto prefix = std::make_shared<std::string>();
+  auto* keygen = cli::subcommand(app, "keygen",
+                                 "launch keygen PREFIX\n  write a CURVE key pair, PREFIX.key (secret) and PREFIX.pub, "
+                                 "for [monitor] publish_key or a telemetry reader");
+  keygen->add_option("PREFIX", *prefix, "where the two files go (PREFIX.key, PREFIX.pub)")->required()->type_name("");
+  keygen->callback([&action, prefix] { action = [prefix] { return cmd_keygen(*prefix); }; });
+
   auto o = std::make_shared<MonitorOptions>();
   auto* sub = cli::subcommand(app, "monitor",
                               "launch monitor HOST:PORT [--once] [--json] [--interval S] [--secret-file FILE] "

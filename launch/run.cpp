@@ -11,6 +11,7 @@
 #include "actors/sampler.hpp"
 #include "actors/supervisor.hpp"
 #include "core/auth.hpp"
+#include "core/curve.hpp"
 #include "core/files.hpp"
 #include "core/tls.hpp"
 #include "core/log.hpp"
@@ -474,14 +475,32 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   ma.label = name(cfg.experiment.mode);
   if (!cfg.monitor.publish.empty()) {
     std::string perr;
-    ma.publisher = TelemetryPublisher::bind(cfg.monitor.publish, perr);
+    std::optional<std::string> key;
+    std::optional<std::vector<std::string>> readers;
+    if (!cfg.monitor.publish_key.empty()) {  // checked when read; read again here, as the run starts
+      key = read_curve_key(cfg.monitor.publish_key, true, perr);
+      if (key) readers = read_curve_clients(cfg.monitor.publish_clients, perr);
+      if (!key || !readers) {
+        lg->error("[monitor] {}", perr);
+        run.stop(sys);
+        return std::nullopt;
+      }
+    }
+    ma.publisher = TelemetryPublisher::bind(cfg.monitor.publish, perr, key.value_or(""),
+                                            readers.value_or(std::vector<std::string>{}));
     if (!ma.publisher) {
       lg->error("{}", perr);
       run.stop(sys);
       return std::nullopt;
     }
-    lg->info("telemetry published on {} (ZeroMQ PUB, topic \"{}\", msgpack)", ma.publisher->endpoint(),
-             telemetry_topic);
+    if (key)
+      lg->info(
+          "telemetry published on {} (ZeroMQ PUB, topic \"{}\", msgpack; CURVE: encrypted, {} reader key(s) "
+          "admitted, server public key {})",
+          ma.publisher->endpoint(), telemetry_topic, readers->size(), curve_public_of(*key));
+    else
+      lg->info("telemetry published on {} (ZeroMQ PUB, topic \"{}\", msgpack)", ma.publisher->endpoint(),
+               telemetry_topic);
   }
   std::vector<caf::actor> watched{run.supervisor, run.dispatcher, run.sampler};
   if (run.learner) watched.push_back(run.learner);

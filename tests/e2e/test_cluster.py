@@ -14,6 +14,8 @@ same snapshots; strangers (another protocol version, another cluster, no join, a
 wrong secret) are refused with a clear message; a node that goes silent (SIGSTOP) is dropped
 after peer_timeout_s and its work runs elsewhere, every sample exactly once.
 
+CurveTelemetryTest: the telemetry socket with CURVE admits only the listed readers.
+
 TlsTest: the same over mutual TLS ([cluster] tls), plain-text and foreign-CA peers refused.
 
 NamespaceTest: the head and a node in two network namespaces joined by a veth pair, where the
@@ -241,13 +243,17 @@ def read(path):
 
 
 class Subscriber(threading.Thread):
-    """Collects the telemetry the head publishes on its ZeroMQ PUB socket."""
+    """Collects the telemetry the head publishes on its ZeroMQ PUB socket (with `curve`, a tuple
+    (server public key, own public key, own secret key), through CURVE)."""
 
-    def __init__(self, endpoint):
+    def __init__(self, endpoint, curve=None):
         super().__init__(daemon=True)
         import zmq
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
+        if curve:
+            self.sock.curve_serverkey, self.sock.curve_publickey, self.sock.curve_secretkey = (
+                k.encode() for k in curve)
         self.sock.setsockopt(zmq.SUBSCRIBE, b"kernelrl.telemetry")
         self.sock.setsockopt(zmq.RCVTIMEO, 200)
         self.sock.connect(endpoint)
@@ -556,6 +562,104 @@ class TlsTest(unittest.TestCase):
             r = check(good)
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn("readable by group or others (mode 644); `chmod 600` it", r.stderr)
+
+
+def key_of(path):
+    """The key in a file `launch keygen` wrote."""
+    return [l for l in read(path).splitlines() if l and not l.startswith("#")][0]
+
+
+class CurveTelemetryTest(unittest.TestCase):
+    """[monitor] publish_key and publish_clients: the telemetry socket is a CURVE server that
+    admits only the listed readers. A listed reader gets the snapshots; a reader with another key
+    and a plain one get nothing, and the head says it refused a reader."""
+
+    def test_only_admitted_readers_get_telemetry(self):
+        import zmq
+        with tempfile.TemporaryDirectory() as d:
+            port, pub_port = free_port(), free_port()
+            cfg = write_synthetic_config(d, port, pub_port, 150, latency_ms=20)
+            for name in ("server", "reader"):
+                r = subprocess.run([LAUNCH, "keygen", os.path.join(d, name)], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn(f"public key {d}/{name}.pub: ", r.stdout)
+            self.assertEqual(os.stat(os.path.join(d, "server.key")).st_mode & 0o777, 0o600)
+            with open(os.path.join(d, "readers.txt"), "w") as f:
+                f.write("# who may read the telemetry\n" + key_of(os.path.join(d, "reader.pub")) + "  # me\n")
+            with open(cfg) as f:
+                text = f.read().replace(f'publish = "tcp://127.0.0.1:{pub_port}"',
+                                        f'publish = "tcp://0.0.0.0:{pub_port}"\npublish_key = "server.key"\n'
+                                        'publish_clients = "readers.txt"')
+            with open(cfg, "w") as f:
+                f.write(text)
+            r = subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)  # a non-loopback bind is fine with CURVE
+
+            server_pub = key_of(os.path.join(d, "server.pub"))
+            stranger_pub, stranger_sec = (k.decode() for k in zmq.curve_keypair())
+            endpoint = f"tcp://127.0.0.1:{pub_port}"
+            subs = {"admitted": Subscriber(endpoint, (server_pub, key_of(os.path.join(d, "reader.pub")),
+                                                      key_of(os.path.join(d, "reader.key")))),
+                    "stranger": Subscriber(endpoint, (server_pub, stranger_pub, stranger_sec)),
+                    "plain": Subscriber(endpoint)}
+            for sub in subs.values():
+                sub.start()
+            log = open(os.path.join(d, "head.log"), "w+")
+            head = start_launch(cfg, log, "--run-dir", os.path.join(d, "run"))
+            a_log = open(os.path.join(d, "a.log"), "w")
+            a = start_launch(cfg, a_log, "--node", "a")
+            try:
+                self.assertEqual(head.wait(timeout=180), 0, read(log.name)[-3000:])
+                a.wait(timeout=60)
+                time.sleep(0.5)
+            finally:
+                for p in (head, a):
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+                for sub in subs.values():
+                    sub.stop = True
+                    sub.join()
+                log.close()
+                a_log.close()
+            self.assertGreater(len(subs["admitted"].frames), 0)
+            self.assertEqual(subs["admitted"].frames[0][0], b"kernelrl.telemetry")
+            self.assertEqual(subs["stranger"].frames, [])
+            self.assertEqual(subs["plain"].frames, [])
+            head_log = read(log.name)
+            self.assertIn("CURVE: encrypted, 1 reader key(s) admitted, server public key " + server_pub, head_log)
+            self.assertIn("telemetry: refused a reader at 127.0.0.1", head_log)
+
+    def test_check_refuses_half_or_bad_curve_settings(self):
+        with tempfile.TemporaryDirectory() as d:
+            port, pub_port = free_port(), free_port()
+            cfg = write_synthetic_config(d, port, pub_port, 3, latency_ms=1)
+            subprocess.run([LAUNCH, "keygen", os.path.join(d, "server")], check=True, capture_output=True)
+            base = read(cfg)
+            pub = f'publish = "tcp://127.0.0.1:{pub_port}"'
+            with open(os.path.join(d, "bad.txt"), "w") as f:
+                f.write("not-a-key\n")
+            os.chmod(os.path.join(d, "bad.txt"), 0o600)
+            cases = [
+                (pub + '\npublish_key = "server.key"', "monitor.publish_key", "set publish_key and publish_clients"),
+                (pub + '\npublish_key = "server.key"\npublish_clients = "bad.txt"', "monitor.publish_clients",
+                 "bad.txt:1: expected a public CURVE key of 40 Z85 characters"),
+                (pub + '\npublish_key = "bad.txt"\npublish_clients = "server.pub"', "monitor.publish_key",
+                 "expected a CURVE key of 40 Z85 characters"),
+                (pub.replace("127.0.0.1", "0.0.0.0"), "monitor.publish", "unless publish_key and publish_clients"),
+            ]
+            for text, key, msg in cases:
+                with open(cfg, "w") as f:
+                    f.write(base.replace(pub, text))
+                r = subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 2, (key, r.stderr))
+                self.assertRegex(r.stderr, r"cluster\.toml:\d+:\d+: " + re.escape(key) + ": .*" + re.escape(msg))
+            os.chmod(os.path.join(d, "server.key"), 0o644)
+            with open(cfg, "w") as f:
+                f.write(base.replace(pub, pub + '\npublish_key = "server.key"\npublish_clients = "server.pub"'))
+            r = subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("a secret key readable by group or others; `chmod 600` it", r.stderr)
 
 
 class NamespaceTest(unittest.TestCase):

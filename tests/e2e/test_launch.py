@@ -185,7 +185,7 @@ class HelpTest(unittest.TestCase):
     versions; an unknown option is exit 2 with the usage."""
 
     SUBCOMMANDS = ["check", "prompts", "export", "analyze", "report", "probe", "compare", "evaluate", "generate",
-                   "score", "tokenize", "merge", "sft", "monitor", "version"]
+                   "score", "tokenize", "merge", "sft", "monitor", "keygen", "version"]
 
     def test_each_subcommand_has_its_help_and_the_program_its_version(self):
         for sub in self.SUBCOMMANDS:
