@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from policy_throughput import make_model  # noqa: E402
+from policy_throughput import make_model, random_adapter  # noqa: E402
 
 
 def batch(path, vocab, b, l, seed=0):
@@ -36,10 +36,27 @@ def batch(path, vocab, b, l, seed=0):
     return ids, mask, old, adv
 
 
-def peft_step(d, device, data, minibatch, repeats, lr=1e-5):
+def peft_minibatch(m, ids, mask, old, adv, b0, minibatch, total):
+    """Forward and backward of the clipped GRPO loss (token mean over the step's `total` tokens) of
+    one minibatch through transformers + PEFT; returns the loss."""
+    x = ids[b0:b0 + minibatch]
+    logits = m(input_ids=x).logits[:, :-1].float()
+    lp = torch.log_softmax(logits, -1).gather(-1, x[:, 1:, None])[..., 0]
+    ratio = (lp - old[b0:b0 + minibatch, 1:]).exp()
+    a = adv[b0:b0 + minibatch, None]
+    tok = torch.max(-a * ratio, -a * ratio.clamp(0.8, 1.2)) * mask[b0:b0 + minibatch, 1:]
+    loss = tok.sum() / total
+    loss.backward()
+    return loss.detach()
+
+
+def peft_step(d, device, data, minibatch, repeats, lr=1e-5, checkpoint=False, profile=None):
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2ForCausalLM
     base = Qwen2ForCausalLM.from_pretrained(d, dtype=torch.bfloat16).to(device)
+    if checkpoint:  # transformers' own gradient checkpointing, as its users turn it on for PEFT
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base.enable_input_require_grads()
     m = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=[
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
     m.train()
@@ -48,21 +65,14 @@ def peft_step(d, device, data, minibatch, repeats, lr=1e-5):
     ids, mask, old, adv = (t.to(device) for t in data)
     B, L = ids.shape
     runs = []
+    torch.cuda.reset_peak_memory_stats()
     for r in range(repeats + 1):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         total = mask[:, 1:].sum()
         loss_sum = 0.0
         for b0 in range(0, B, minibatch):
-            x = ids[b0:b0 + minibatch]
-            logits = m(input_ids=x).logits[:, :-1].float()
-            lp = torch.log_softmax(logits, -1).gather(-1, x[:, 1:, None])[..., 0]
-            ratio = (lp - old[b0:b0 + minibatch, 1:]).exp()
-            a = adv[b0:b0 + minibatch, None]
-            tok = torch.max(-a * ratio, -a * ratio.clamp(0.8, 1.2)) * mask[b0:b0 + minibatch, 1:]
-            loss = tok.sum() / total
-            loss.backward()
-            loss_sum += loss.item()
+            loss_sum += peft_minibatch(m, ids, mask, old, adv, b0, minibatch, total).item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad()
@@ -72,10 +82,71 @@ def peft_step(d, device, data, minibatch, repeats, lr=1e-5):
             runs.append({"seconds": s, "loss": loss_sum, "tokens_per_s": B * L / s})
         else:
             warmup_loss = loss_sum
+    peak = torch.cuda.max_memory_allocated()
+    prof = None
+    if profile:  # one more step under torch.profiler, summarised as ours are
+        from torch.profiler import ProfilerActivity
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as pr:
+            total = mask[:, 1:].sum()
+            for b0 in range(0, B, minibatch):
+                peft_minibatch(m, ids, mask, old, adv, b0, minibatch, total)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad()
+            torch.cuda.synchronize()
+        pr.export_chrome_trace(profile)
+        from profile_summary import summary
+        prof = summary(profile, 30)
+        os.remove(profile)
+        for r in prof["top"][:15]:
+            print("  peft %8.2f ms %5.1f%% %6d x  %s" % (r["total_ms"], 100 * r["share"], r["count"], r["kernel"][:100]),
+                  flush=True)
     del m, base, opt
     torch.cuda.empty_cache()
     return {"runs": runs, "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in runs),
-            "warmup_loss": warmup_loss}
+            "warmup_loss": warmup_loss, "peak_bytes": peak, "profile": prof}
+
+
+def grad_check(d, device, f, data, bench, minibatch, tmp):
+    """LoRA gradients of one pass over the batch from an adapter with random A and B: ours as run by
+    default (the fused log-probability kernels), with LibTorch ops only (KERNELRL_FUSED=0), with the
+    experimental tensor-core LoRA path alone (KERNELRL_FUSED_LORA=1), and PEFT's, compared tensor by
+    tensor (relative L2 error; ours are sums over tokens, scaled here by 1 / tokens as PEFT's loss is).
+    ok: the default path is as close to PEFT as the LibTorch ops are."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import Qwen2ForCausalLM
+    adir = random_adapter(d, os.path.join(tmp, "grad-adapter"), rank=16, seed=7)
+    ids, mask, old, adv = (t.to(device) for t in data)
+    total = mask[:, 1:].sum().item()
+    ours = {}
+    variants = (("fused", {}), ("ops", {"KERNELRL_FUSED": "0"}),
+                ("fused_lora", {"KERNELRL_FUSED_LORA": "1", "KERNELRL_FUSED_LOGPROB": "0"}))
+    for path, env in variants:
+        out = os.path.join(tmp, "grads-%s.safetensors" % path)
+        subprocess.run([bench, "--model", d, "--device", device, "--dtype", "bf16", "--train", f, "--adapter", adir,
+                        "--minibatch", str(minibatch), "--dump-grads", out], check=True, capture_output=True,
+                       text=True, env=dict(os.environ, **env))
+        ours[path] = {k: v.double() / total for k, v in load_file(out).items()}
+    base = Qwen2ForCausalLM.from_pretrained(d, dtype=torch.bfloat16).to(device)
+    m = PeftModel.from_pretrained(base, adir, is_trainable=True).to(device)
+    m.train()
+    B = ids.shape[0]
+    for b0 in range(0, B, minibatch):
+        peft_minibatch(m, ids, mask, old, adv, b0, minibatch, total)
+    ref = {n.replace(".default", ""): p.grad.double().cpu() for n, p in m.named_parameters() if p.grad is not None}
+    del m, base
+    torch.cuda.empty_cache()
+
+    def worst(x, y):
+        return max(((x[k].cpu() - y[k].cpu()).norm() / y[k].cpu().norm().clamp_min(1e-30)).item() for k in y)
+
+    r = {"tensors": len(ref), "fused_vs_ops": worst(ours["fused"], ours["ops"])}
+    for path, _ in variants:
+        r[path + "_vs_peft"] = worst(ours[path], ref)
+    r["ok"] = len(ours["fused"]) == len(ref) and r["fused_vs_peft"] <= 2 * r["ops_vs_peft"] + 5e-3
+    print("lora gradients %s %s" % (os.path.basename(d), json.dumps(r)), flush=True)
+    return r
 
 
 def main():
@@ -87,44 +158,76 @@ def main():
     ap.add_argument("--minibatch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing on both sides")
+    ap.add_argument("--no-grad-check", action="store_true", help="skip the LoRA gradients against PEFT")
+    ap.add_argument("--models", help="a folder for the random models (made once, reused by later runs)")
+    ap.add_argument("--profile", help="a folder: a Chrome trace of one of our steps per row, and its summary")
     ap.add_argument("--json")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kernelrl-learner-bench-")
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "peft": __import__("peft").__version__, "rows": []}
     for size in args.sizes.split(","):
-        d = make_model("qwen2", size, os.path.join(tmp, "qwen2-" + size))
+        d = make_model("qwen2", size, os.path.join(args.models or tmp, "qwen2-" + size), args.device)
         vocab = json.load(open(os.path.join(d, "config.json")))["vocab_size"]
         for shape in args.shapes.split(","):
             b, l = map(int, shape.split("x"))
             f = os.path.join(tmp, "batch-%s.safetensors" % shape)
             data = batch(f, vocab, b, l)
+            if not args.no_grad_check and "grad_check" not in result.setdefault("checks", {}).get(size, {}):
+                result["checks"].setdefault(size, {})["grad_check"] = grad_check(
+                    d, args.device, f, data, args.bench, args.minibatch, tmp)
             ours_rounds, ref_rounds = [], []
             for _ in range(args.rounds):
-                o = json.loads(subprocess.run(
-                    [args.bench, "--model", d, "--device", args.device, "--dtype", "bf16", "--train", f,
-                     "--minibatch", str(args.minibatch), "--repeats", str(args.repeats)],
-                    check=True, capture_output=True, text=True).stdout)
+                cmd = [args.bench, "--model", d, "--device", args.device, "--dtype", "bf16", "--train", f,
+                       "--minibatch", str(args.minibatch), "--repeats", str(args.repeats),
+                       "--checkpoint", "1" if args.checkpoint else "0"]
+                trace = None
+                if args.profile and not ours_rounds:
+                    os.makedirs(args.profile, exist_ok=True)
+                    trace = os.path.join(args.profile, "train-%s-%s.json" % (size, shape))
+                    cmd += ["--profile", trace]
+                o = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+                if trace:
+                    from profile_summary import summary
+                    o["profile"] = summary(trace, 30)
+                    for r in o["profile"]["top"][:15]:
+                        print("  %8.2f ms %5.1f%% %6d x  %s" % (r["total_ms"], 100 * r["share"], r["count"],
+                                                               r["kernel"][:100]), flush=True)
+                    os.remove(trace)
                 o["tokens_per_s_median"] = statistics.median(r["tokens_per_s"] for r in o["runs"])
                 ours_rounds.append(o)
-                ref_rounds.append(peft_step(d, args.device, data, args.minibatch, args.repeats))
+                ref_rounds.append(peft_step(
+                    d, args.device, data, args.minibatch, args.repeats, checkpoint=args.checkpoint,
+                    profile=os.path.join(args.profile, "peft-%s-%s.json" % (size, shape))
+                    if args.profile and len(ref_rounds) == 0 else None))
             ours_tps = statistics.median(r["tokens_per_s"] for o in ours_rounds for r in o["runs"])
             ref_tps = statistics.median(r["tokens_per_s"] for o in ref_rounds for r in o["runs"])
             row = {"model": "qwen2-" + size, "batch": b, "seq_len": l, "minibatch": args.minibatch,
+                   "checkpointing": args.checkpoint,
                    "kernelrl_tokens_per_s": ours_tps, "peft_tokens_per_s": ref_tps, "speedup": ours_tps / ref_tps,
                    "rounds": [{"kernelrl": o["tokens_per_s_median"], "peft": r["tokens_per_s_median"]}
                               for o, r in zip(ours_rounds, ref_rounds)],
                    # The first step's loss: both adapters start with B = 0, so only the base model counts.
                    "first_loss": {"kernelrl": ours_rounds[0]["warmup_loss"], "peft": ref_rounds[0]["warmup_loss"]},
+                   "peak_bytes": {"kernelrl": max(o.get("peak_bytes", 0) for o in ours_rounds),
+                                  "peft": max(r["peak_bytes"] for r in ref_rounds)},
                    "kernelrl": ours_rounds, "peft": ref_rounds}
-            print("grpo step %s b=%d l=%d: kernelrl %.0f tok/s, PyTorch+PEFT %.0f tok/s, %.2fx (rounds %s; loss %.5f vs %.5f)" % (
-                row["model"], b, l, ours_tps, ref_tps, row["speedup"],
-                ", ".join("%.0f/%.0f" % (x["kernelrl"], x["peft"]) for x in row["rounds"]),
-                row["first_loss"]["kernelrl"], row["first_loss"]["peft"]), flush=True)
+            print("grpo step %s b=%d l=%d: kernelrl %.0f tok/s, PyTorch+PEFT %.0f tok/s, %.2fx (rounds %s; loss %.5f vs %.5f; "
+                  "peak %.1f vs %.1f GB)" % (
+                      row["model"], b, l, ours_tps, ref_tps, row["speedup"],
+                      ", ".join("%.0f/%.0f" % (x["kernelrl"], x["peft"]) for x in row["rounds"]),
+                      row["first_loss"]["kernelrl"], row["first_loss"]["peft"],
+                      row["peak_bytes"]["kernelrl"] / 1e9, row["peak_bytes"]["peft"] / 1e9), flush=True)
             result["rows"].append(row)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(result, f, indent=1)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    ok = all(c["grad_check"]["ok"] for c in result.get("checks", {}).values())
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -2,20 +2,30 @@
 // work, for bench/policy_throughput.py. Prompts are random token ids; nothing stops a sequence
 // early unless the model's config names an eos token.
 //   policy_bench --model DIR --device cuda:0 --dtype bf16 --batch B --prompt-len P --new-tokens N
-//                [--repeats R] [--temperature T] [--top-p P]
-// Prints one JSON object: tokens generated, seconds of each timed repeat, tokens/s (best and mean).
+//                [--repeats R] [--temperature T] [--top-p P] [--lora-rank R] [--n N]
+// Prints one JSON object: tokens generated, seconds of each timed repeat, tokens/s (best and mean),
+// the prefill's seconds and the decode step's milliseconds (the decoder's own clocks, each ending
+// in a synchronisation), the decode path, and the device's peak memory. --n N: N samples of each
+// of BATCH / N prompts (a GRPO group shares its prompt's prefill). --profile FILE (both modes):
+// a Chrome trace of one more generation or step (bench/profile_summary.py reads it). --lora-rank R samples through a fresh rank-R adapter on all seven
+// projections (as the RL sampler does).
 //
 // With --train BATCH.safetensors (ids, mask, old_logp, adv: bench/learner_step.py writes it): LoRA
 // GRPO steps of the learner's trainer (learner/trainer.hpp) on that batch instead: a fresh adapter
 // (--rank R --alpha A on all seven projections), --minibatch M sequences per forward/backward,
-// AdamW at --lr; one warm-up step, then R timed steps. Prints each step's seconds, loss and
-// tokens/s (tokens: B x L of the batch).
+// AdamW at --lr, --checkpoint 1 for activation checkpointing; one warm-up step, then R timed steps. Prints each step's seconds, loss and
+// tokens/s (tokens: B x L of the batch) and the device's peak memory. --adapter DIR starts from a
+// PEFT adapter instead; --dump-grads FILE writes the LoRA gradients (sums over the batch's tokens)
+// of one pass over the batch and stops.
 #include "policy/model.hpp"
 #include "policy/policy.hpp"
 #include "policy/safetensors.hpp"
 #include "learner/trainer.hpp"
 
 #include <nlohmann/json.hpp>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <chrono>
 #include <functional>
@@ -25,6 +35,30 @@
 #include <string>
 
 namespace {
+
+// Peak bytes the caching allocator held on `dev` since the last reset (0 off CUDA).
+// With --profile FILE: a Chrome trace (Kineto, CPU and CUDA activity) of `work`, for
+// bench/profile_summary.py.
+void profile(const std::string& file, const std::function<void()>& work) {
+  namespace pr = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const std::set<ActivityType> acts{ActivityType::CPU, ActivityType::CUDA};
+  torch::profiler::impl::ProfilerConfig cfg(torch::profiler::impl::ProfilerState::KINETO);
+  pr::prepareProfiler(cfg, acts);
+  pr::enableProfiler(cfg, acts);
+  work();
+  pr::disableProfiler()->save(file);
+}
+
+int64_t peak_bytes(const torch::Device& dev) {
+  if (!dev.is_cuda()) return 0;
+  auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
+  return st.allocated_bytes[size_t(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+}
+
+void reset_peak(const torch::Device& dev) {
+  if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
+}
 
 torch::Tensor read_tensor(const kernelrl::SafetensorsFile& f, const std::string& name) {
   for (auto& v : f.tensors())
@@ -40,18 +74,35 @@ torch::Tensor read_tensor(const kernelrl::SafetensorsFile& f, const std::string&
 int train_bench(const std::function<std::string(const char*, const char*)>& get) {
   torch::Device dev(get("--device", "cuda:0"));
   kernelrl::CausalLM m(get("--model", ""), dev, kernelrl::parse_dtype(get("--dtype", "bf16")));
-  kernelrl::LoraSettings ls;
-  ls.r = std::stoll(get("--rank", "16"));
-  ls.alpha = std::stod(get("--alpha", "32"));
-  m.add_lora(ls, 0);
+  if (!get("--adapter", "").empty()) {
+    m.load_lora(get("--adapter", ""));
+  } else {
+    kernelrl::LoraSettings ls;
+    ls.r = std::stoll(get("--rank", "16"));
+    ls.alpha = std::stod(get("--alpha", "32"));
+    m.add_lora(ls, 0);
+  }
   kernelrl::TrainOptions o;
   o.learning_rate = std::stod(get("--lr", "1e-5"));
+  o.activation_checkpointing = get("--checkpoint", "0") == "1";
   kernelrl::LoraTrainer tr(m, o);
+  reset_peak(dev);
   auto f = kernelrl::SafetensorsFile::open(get("--train", ""));
   auto ids = read_tensor(*f, "ids").to(dev), mask = read_tensor(*f, "mask").to(dev);
   auto old = read_tensor(*f, "old_logp").to(dev), adv = read_tensor(*f, "adv").to(dev);
   const int64_t B = ids.size(0), L = ids.size(1), M = std::stoll(get("--minibatch", "8"));
   const int R = std::stoi(get("--repeats", "3"));
+  if (!get("--dump-grads", "").empty()) {  // the LoRA gradients of one pass over the batch, no step
+    for (int64_t b0 = 0; b0 < B; b0 += M) {
+      int64_t n = std::min(M, B - b0);
+      tr.accumulate({ids.narrow(0, b0, n), mask.narrow(0, b0, n), old.narrow(0, b0, n), adv.narrow(0, b0, n), {}});
+    }
+    std::map<std::string, torch::Tensor> g;
+    for (auto& [name, t] : m.lora_tensors()) g[name] = t.grad().to(torch::kFloat32);
+    kernelrl::save_tensors(get("--dump-grads", ""), g);
+    std::printf("{}\n");
+    return 0;
+  }
   nlohmann::json runs = nlohmann::json::array();
   double best = 0, sum = 0, warmup_loss = 0;
   for (int r = 0; r <= R; ++r) {  // r = 0: warm-up
@@ -73,13 +124,23 @@ int train_bench(const std::function<std::string(const char*, const char*)>& get)
     sum += tps;
     runs.push_back({{"seconds", s}, {"loss", rep.loss}, {"grad_norm", rep.grad_norm}, {"tokens_per_s", tps}});
   }
+  if (!get("--profile", "").empty())
+    profile(get("--profile", ""), [&] {
+      for (int64_t b0 = 0; b0 < B; b0 += M) {
+        int64_t n = std::min(M, B - b0);
+        tr.accumulate({ids.narrow(0, b0, n), mask.narrow(0, b0, n), old.narrow(0, b0, n), adv.narrow(0, b0, n), {}});
+      }
+      tr.step();
+      if (dev.is_cuda()) torch::cuda::synchronize();
+    });
   nlohmann::json j = {{"batch", B},
                       {"seq_len", L},
                       {"minibatch", M},
                       {"runs", runs},
                       {"tokens_per_s_best", best},
                       {"tokens_per_s_mean", sum / R},
-                      {"warmup_loss", warmup_loss}};
+                      {"warmup_loss", warmup_loss},
+                      {"peak_bytes", peak_bytes(dev)}};
   std::printf("%s\n", j.dump().c_str());
   return 0;
 }
@@ -96,22 +157,28 @@ int main(int argc, char** argv) {
     o.model_dir = get("--model", "");
     o.device = get("--device", "cuda:0");
     o.dtype = get("--dtype", "bf16");
+    o.lora_rank = std::stoi(get("--lora-rank", "0"));
     auto policy = kernelrl::Policy::load(o);
     int B = std::stoi(get("--batch", "16")), P = std::stoi(get("--prompt-len", "64"));
     int N = std::stoi(get("--new-tokens", "128")), R = std::stoi(get("--repeats", "3"));
+    int n = std::stoi(get("--n", "1"));  // samples per prompt: B / n distinct prompts
+    if (n < 1 || B % n != 0) throw std::runtime_error("--n must divide --batch");
     std::mt19937 rng(1);
     std::uniform_int_distribution<int32_t> tok(10, int32_t(policy->vocab_size()) - 1);
-    std::vector<std::vector<int32_t>> prompts(B, std::vector<int32_t>(P));
+    std::vector<std::vector<int32_t>> prompts(B / n, std::vector<int32_t>(P));
     for (auto& p : prompts)
       for (auto& t : p) t = tok(rng);
     kernelrl::SamplingParams sp;
     sp.temperature = std::stod(get("--temperature", "1.0"));
     sp.top_p = std::stod(get("--top-p", "1.0"));
     sp.max_tokens = N;
+    sp.n = n;
     sp.skip_special = true;
-    policy->generate_ids(prompts, sp);  // warm-up: CUDA context, cuBLAS handles, allocator
+    const torch::Device dev(o.device);
+    policy->generate_ids(prompts, sp);           // warm-up: CUDA context, cuBLAS handles, allocator
+    const int64_t peak_total = peak_bytes(dev);  // weights, cache, graphs
     nlohmann::json runs = nlohmann::json::array();
-    double best = 0, sum = 0;
+    double best = 0, sum = 0, prefill = 0, step_ms = 0;
     size_t tokens = 0;
     for (int r = 0; r < R; ++r) {
       sp.seed = r + 1;
@@ -123,10 +190,32 @@ int main(int argc, char** argv) {
       double tps = tokens / s;
       best = std::max(best, tps);
       sum += tps;
-      runs.push_back({{"seconds", s}, {"tokens", tokens}, {"tokens_per_s", tps}});
+      const auto& st = policy->last_generation();
+      prefill += st.prefill_seconds / R;
+      step_ms += st.steps ? st.decode_seconds / st.steps * 1e3 / R : 0.0;
+      runs.push_back({{"seconds", s},
+                      {"tokens", tokens},
+                      {"tokens_per_s", tps},
+                      {"prefill_seconds", st.prefill_seconds},
+                      {"decode_seconds", st.decode_seconds},
+                      {"steps", st.steps}});
     }
-    nlohmann::json j = {{"batch", B},   {"prompt_len", P},           {"new_tokens", N},
-                        {"runs", runs}, {"tokens_per_s_best", best}, {"tokens_per_s_mean", sum / R}};
+    if (!get("--profile", "").empty()) profile(get("--profile", ""), [&] { policy->generate_ids(prompts, sp); });
+    const auto& st = policy->last_generation();
+    nlohmann::json j = {{"batch", B},
+                        {"prompt_len", P},
+                        {"new_tokens", N},
+                        {"n", n},
+                        {"lora_rank", o.lora_rank},
+                        {"path", st.path},
+                        {"graphs", st.graphs},
+                        {"prefill_tokens", st.prefill_tokens},
+                        {"runs", runs},
+                        {"tokens_per_s_best", best},
+                        {"tokens_per_s_mean", sum / R},
+                        {"prefill_seconds", prefill},
+                        {"decode_step_ms", step_ms},
+                        {"peak_bytes", peak_total}};
     std::printf("%s\n", j.dump().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "policy_bench: %s\n", e.what());

@@ -27,7 +27,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 SIZES = {  # name: (hidden, intermediate, layers, heads, kv heads, vocab)
     "tiny": (256, 768, 4, 8, 2, 4096),
     "small": (1024, 2816, 12, 16, 4, 32000),
+    "1.5b": (1536, 8960, 28, 12, 2, 151936),  # Qwen2.5-1.5B's shape (tied embeddings)
+    "7b": (3584, 18944, 28, 28, 4, 152064),   # Qwen2.5-7B's shape (untied)
 }
+UNTIED = {"7b"}
 
 
 def tokenizer(path):
@@ -40,19 +43,55 @@ def tokenizer(path):
     tok.save(path)
 
 
-def make_model(kind, size, d):
+def make_model(kind, size, d, device="cpu"):
+    """Random weights at a size's shape, saved in bf16 by transformers. Models of billions of
+    parameters are initialised on `device` in bf16 (minutes on the CPU otherwise)."""
+    if os.path.exists(os.path.join(d, "config.json")):
+        return d
     h, i, l, nh, nkv, v = SIZES[size]
     common = dict(vocab_size=v, hidden_size=h, intermediate_size=i, num_hidden_layers=l, num_attention_heads=nh,
                   num_key_value_heads=nkv, initializer_range=0.05, bos_token_id=None, eos_token_id=None,
                   pad_token_id=None)
     torch.manual_seed(0)
-    if kind == "qwen2":
-        m = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **common))
-    else:
-        m = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **common))
+    big = h * l > 10000
+    with torch.device(device if big else "cpu"):
+        if big:
+            torch.set_default_dtype(torch.bfloat16)
+        try:
+            if kind == "qwen2":
+                m = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=size not in UNTIED, **common))
+            else:
+                m = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **common))
+        finally:
+            torch.set_default_dtype(torch.float32)
     m.to(torch.bfloat16).save_pretrained(d)
+    del m
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
     tokenizer(os.path.join(d, "tokenizer.json"))
     return d
+
+
+def copy_bandwidth(device):
+    """Device memory bandwidth measured as METHOD.md says: a large device-to-device copy, bytes read
+    plus bytes written over the median time of 20 copies (CUDA events)."""
+    if not device.startswith("cuda"):
+        return None
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=device).random_(0, 255)
+    b = torch.empty_like(a)
+    times = []
+    for i in range(25):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        b.copy_(a)
+        e1.record()
+        e1.synchronize()
+        if i >= 5:
+            times.append(e0.elapsed_time(e1) / 1e3)
+    times.sort()
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / times[len(times) // 2]
 
 
 def parity(probe, device, tmp):
@@ -138,6 +177,75 @@ def graph_check(launch, probe, device, tmp):
     return r
 
 
+def random_adapter(d, path, rank, seed):
+    """A PEFT adapter on all seven projections of the bf16 model in d with random A and B (B scaled
+    down, so that it moves the logits without swamping them), saved to path."""
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(seed)
+    pm = get_peft_model(Qwen2ForCausalLM.from_pretrained(d, dtype=torch.bfloat16),
+                        LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=False, target_modules=[
+                            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, prm in pm.named_parameters():
+            if "lora_B" in name:
+                prm.mul_(0.05)
+    pm.save_pretrained(path)
+    return path
+
+
+def decode_check(launch, device, d, tmp):
+    """bf16 sampling on the GPU down each decode path (the fused kernels in CUDA graphs, LibTorch ops in
+    CUDA graphs, LibTorch ops eager), with and without a LoRA adapter (PEFT, random B): every sampled
+    token's reported logprob against transformers' (+ PEFT's) bf16 forward pass over the same prefix, and
+    the sampler's bias: tokens drawn from p have E[log p(token)] = -H(p), so the mean of (log p + H) over
+    the sampled tokens, in standard errors, says whether the draws follow the distribution (|z| < 4)."""
+    import math
+    from peft import PeftModel
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    prompts = ["def forward(self, x):", "__global__ void add(float* a, const float* b) { int i = threadIdx.x;", "x"]
+    n, new = 4, 96
+    base = Qwen2ForCausalLM.from_pretrained(d, dtype=torch.bfloat16).to(device).eval()
+    adir = random_adapter(d, os.path.join(tmp, "check-adapter"), rank=8, seed=3)
+    out = {}
+    for adapter in (None, adir):
+        ref_model = base if adapter is None else PeftModel.from_pretrained(base, adapter).to(device).eval()
+        for path, env in (("fused-graph", {}), ("graph", {"KERNELRL_FUSED": "0"}),
+                          ("eager", {"KERNELRL_FUSED": "0", "KERNELRL_CUDA_GRAPHS": "0"})):
+            args = [launch, "generate", "--model", d, "--device", device, "--dtype", "bf16", "--temperature", "1",
+                    "--seed", "7", "--max-tokens", str(new), "--n", str(n), "--json"]
+            if adapter:
+                args += ["--adapter", adapter]
+            for p in prompts:
+                args += ["--prompt", p]
+            comps = json.loads(subprocess.run(args, check=True, capture_output=True, text=True,
+                                              env=dict(os.environ, **env)).stdout)["completions"]
+            diffs, z_terms = [], []
+            for i, c in enumerate(comps):
+                pids = tok.encode(prompts[i // n]).ids
+                ids = pids + c["token_ids"]
+                with torch.no_grad():
+                    lg = ref_model(torch.tensor([ids], device=device)).logits[0].float()
+                ls = torch.log_softmax(lg[len(pids) - 1:len(ids) - 1], -1)
+                ref = ls.gather(-1, torch.tensor(c["token_ids"], device=device)[:, None])[:, 0]
+                ent = -(ls.exp() * ls).sum(-1)
+                diffs += (ref - torch.tensor(c["logprobs"], device=device)).abs().tolist()
+                z_terms += (ref + ent)[1:].tolist()  # the first token is drawn from the prefill's logits
+            mean = sum(z_terms) / len(z_terms)
+            sd = math.sqrt(sum((x - mean) ** 2 for x in z_terms) / (len(z_terms) - 1))
+            key = path + ("+lora" if adapter else "")
+            out[key] = {"max_abs_logprob_vs_transformers": max(diffs), "mean_abs": sum(diffs) / len(diffs),
+                        "tokens": len(diffs), "bias_z": mean / (sd / math.sqrt(len(z_terms)))}
+        if adapter:
+            del ref_model
+    worst_ref = max(v["mean_abs"] for k, v in out.items() if not k.startswith("fused"))
+    r = {"paths": out, "ok": all(abs(v["bias_z"]) < 4 and v["mean_abs"] <= 2 * worst_ref + 0.02
+                                  for v in out.values())}
+    print("decode bf16 %s %s" % (os.path.basename(d), json.dumps(r)), flush=True)
+    del base
+    torch.cuda.empty_cache()
+    return r
+
+
 def hf_throughput(d, device, batch, plen, new, repeats):
     m = Qwen2ForCausalLM.from_pretrained(d, dtype=torch.bfloat16).to(device).eval()
     vocab = m.config.vocab_size
@@ -172,33 +280,123 @@ def main():
     ap.add_argument("--sizes", default="tiny,small")
     ap.add_argument("--shapes", default="16x64x128,64x64x128", help="BATCHxPROMPTxNEW, comma separated")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--lora-rank", type=int, default=16, help="also sample through a rank-R adapter (0: not)")
+    ap.add_argument("--baseline", help="another policy_bench (an earlier version) timed beside --bench")
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers' generate (its figure is known)")
+    ap.add_argument("--no-checks", action="store_true", help="skip the tiny models' parity and f32 decode checks")
+    ap.add_argument("--models", help="a folder for the random models (made once, reused by later runs)")
+    ap.add_argument("--check-sizes", default="small", help="sizes whose bf16 decode paths are checked")
+    ap.add_argument("--unfused", action="store_true", help="also time the decode step without the fused kernels")
+    ap.add_argument("--group", type=int, default=8, help="also time batches of prompts sampled GROUP times each")
+    ap.add_argument("--profile", help="a folder: a Chrome trace of one eager generation per row (fused kernels, "
+                                      "no graphs) and its summary")
     ap.add_argument("--json")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kernelrl-policy-bench-")
     result = {"device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu", "torch": torch.__version__,
-              "transformers": __import__("transformers").__version__, "parity": parity(args.probe, args.device, tmp),
-              "greedy": graph_check(args.launch, args.probe, args.device, tmp), "throughput": []}
+              "transformers": __import__("transformers").__version__, "throughput": [],
+              "copy_bytes_per_s": copy_bandwidth(args.device)}
+    if not args.no_checks:
+        result["parity"] = parity(args.probe, args.device, tmp)
+        result["greedy"] = graph_check(args.launch, args.probe, args.device, tmp)
+    bw = result["copy_bytes_per_s"]
+    if bw:
+        print("device-to-device copy: %.2f TB/s (read + written)" % (bw / 1e12), flush=True)
+
+    def ours(binary, d, b, p, n, lora, env=None, per_prompt=1):
+        return json.loads(subprocess.run(
+            [binary, "--model", d, "--device", args.device, "--dtype", "bf16", "--batch", str(b),
+             "--prompt-len", str(p), "--new-tokens", str(n), "--repeats", str(args.repeats), "--lora-rank", str(lora),
+             "--n", str(per_prompt)],
+            check=True, capture_output=True, text=True, env=dict(os.environ, **(env or {}))).stdout)
+
     for size in args.sizes.split(","):
-        d = make_model("qwen2", size, os.path.join(tmp, "qwen2-" + size))
+        d = make_model("qwen2", size, os.path.join(args.models or tmp, "qwen2-" + size), args.device)
+        weight_bytes = sum(t.numel() * t.element_size() for t in load_file(os.path.join(d, "model.safetensors")).values()) \
+            if os.path.exists(os.path.join(d, "model.safetensors")) else None
+        if weight_bytes is None:  # sharded
+            import glob
+            weight_bytes = sum(sum(t.numel() * t.element_size() for t in load_file(f).values())
+                               for f in glob.glob(os.path.join(d, "model-*.safetensors")))
+        # Bytes of weights a decode step must read: all of them, less an untied embedding (a step
+        # reads only its rows; the lm_head is read whole either way).
+        h, _, _, _, _, vocab = SIZES[size]
+        step_bytes = weight_bytes - (vocab * h * 2 if size in UNTIED else 0)
+        if size in args.check_sizes.split(","):
+            result.setdefault("decode_bf16", {})[size] = decode_check(args.launch, args.device, d, tmp)
         for shape in args.shapes.split(","):
             b, p, n = map(int, shape.split("x"))
-            ours = json.loads(subprocess.run(
-                [args.bench, "--model", d, "--device", args.device, "--dtype", "bf16", "--batch", str(b),
-                 "--prompt-len", str(p), "--new-tokens", str(n), "--repeats", str(args.repeats)],
-                check=True, capture_output=True, text=True).stdout)
-            hf = hf_throughput(d, args.device, b, p, n, args.repeats)
-            row = {"model": "qwen2-" + size, "params_m": round(sum(
-                       t.numel() for t in load_file(os.path.join(d, "model.safetensors")).values()) / 1e6, 1),
-                   "batch": b, "prompt_len": p, "new_tokens": n,
-                   "kernelrl_tokens_per_s": ours["tokens_per_s_mean"], "hf_tokens_per_s": hf["tokens_per_s_mean"],
-                   "speedup": ours["tokens_per_s_mean"] / hf["tokens_per_s_mean"], "kernelrl": ours, "hf": hf}
-            print("throughput %s b=%d p=%d n=%d: kernelrl %.0f tok/s, transformers %.0f tok/s, %.2fx" % (
-                row["model"], b, p, n, row["kernelrl_tokens_per_s"], row["hf_tokens_per_s"], row["speedup"]), flush=True)
+            mine = ours(args.bench, d, b, p, n, 0)
+            row = {"model": "qwen2-" + size, "params_m": round(weight_bytes / 2 / 1e6, 1), "weight_bytes": weight_bytes,
+                   "step_weight_bytes": step_bytes,
+                   "batch": b, "prompt_len": p, "new_tokens": n, "kernelrl_tokens_per_s": mine["tokens_per_s_mean"],
+                   "kernelrl": mine, "decode_step_ms": mine["decode_step_ms"]}
+            if bw:  # the bound: every weight a step needs read once at the measured bandwidth
+                row["hbm_bound_step_ms"] = step_bytes / bw * 1e3
+                row["fraction_of_hbm_bound"] = row["hbm_bound_step_ms"] / mine["decode_step_ms"]
+            if args.lora_rank:
+                lo = ours(args.bench, d, b, p, n, args.lora_rank)
+                row["kernelrl_lora"] = lo
+                row["kernelrl_lora_tokens_per_s"] = lo["tokens_per_s_mean"]
+                row["decode_step_ms_lora"] = lo["decode_step_ms"]
+            if args.profile:
+                os.makedirs(args.profile, exist_ok=True)
+                trace = os.path.join(args.profile, "decode-%s-%s.json" % (size, shape))
+                subprocess.run([args.bench, "--model", d, "--device", args.device, "--dtype", "bf16", "--batch", str(b),
+                                "--prompt-len", str(p), "--new-tokens", str(min(n, 64)), "--repeats", "1",
+                                "--profile", trace], check=True, capture_output=True, text=True,
+                               env=dict(os.environ, KERNELRL_CUDA_GRAPHS="0"))
+                from profile_summary import summary
+                row["profile"] = summary(trace, 30)
+                for r in row["profile"]["top"][:15]:
+                    print("  %8.2f ms %5.1f%% %6d x %8.2f us  %s" % (r["total_ms"], 100 * r["share"], r["count"],
+                                                                    r["mean_us"], r["kernel"][:90]), flush=True)
+                os.remove(trace)
+            if args.unfused:  # the same binary with LibTorch ops in its CUDA graphs instead of the fused kernels
+                un = ours(args.bench, d, b, p, n, 0, {"KERNELRL_FUSED": "0"})
+                row["unfused"] = un
+                row["unfused_decode_step_ms"] = un["decode_step_ms"]
+            if args.group > 1 and b % args.group == 0:  # GRPO-shaped: b / group prompts, each sampled group times
+                gr = ours(args.bench, d, b, p, n, args.lora_rank, per_prompt=args.group)
+                row["grouped"] = gr
+                row["grouped_prefill_seconds"] = gr["prefill_seconds"]
+            if args.baseline:
+                base = ours(args.baseline, d, b, p, n, 0)
+                row["baseline"] = base
+                row["baseline_tokens_per_s"] = base["tokens_per_s_mean"]
+                row["baseline_decode_step_ms"] = base.get("decode_step_ms")
+            if not args.no_hf:
+                hf = hf_throughput(d, args.device, b, p, n, args.repeats)
+                row["hf"] = hf
+                row["hf_tokens_per_s"] = hf["tokens_per_s_mean"]
+                row["speedup"] = mine["tokens_per_s_mean"] / hf["tokens_per_s_mean"]
+            line = "throughput %s b=%d p=%d n=%d: kernelrl %.0f tok/s (decode step %.2f ms" % (
+                row["model"], b, p, n, row["kernelrl_tokens_per_s"], row["decode_step_ms"])
+            if "fraction_of_hbm_bound" in row:
+                line += ", %.0f%% of the HBM bound %.2f ms" % (100 * row["fraction_of_hbm_bound"], row["hbm_bound_step_ms"])
+            line += ", prefill %.3f s, %s, peak %.1f GB)" % (mine["prefill_seconds"], mine.get("path"),
+                                                             mine["peak_bytes"] / 1e9)
+            if args.unfused:
+                line += ", unfused %.2f ms" % row["unfused_decode_step_ms"]
+            if "grouped" in row:
+                line += ", groups of %d: prefill %.3f s" % (args.group, row["grouped_prefill_seconds"])
+            if args.lora_rank:
+                line += ", with LoRA r=%d %.0f tok/s (%.2f ms)" % (args.lora_rank, row["kernelrl_lora_tokens_per_s"],
+                                                                 row["decode_step_ms_lora"])
+            if args.baseline:
+                line += ", before %.0f tok/s (%.2f ms)" % (row["baseline_tokens_per_s"], row.get("baseline_decode_step_ms", 0))
+            if not args.no_hf:
+                line += ", transformers %.0f tok/s, %.2fx" % (row["hf_tokens_per_s"], row["speedup"])
+            print(line, flush=True)
             result["throughput"].append(row)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(result, f, indent=1)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    ok = all(r["ok"] for r in result["parity"].values()) and result["greedy"]["ok"]
+    ok = (args.no_checks or (all(r["ok"] for r in result["parity"].values()) and result["greedy"]["ok"])) and all(
+        r["ok"] for r in result.get("decode_bf16", {}).values())
     sys.exit(0 if ok else 1)
 
 

@@ -552,6 +552,7 @@ void read_learner(TableReader& r, Config& c, const toml::table& root) {
   r.integer("batch_size", l.batch_size, 1, 1 << 20);
   r.integer("group_size", l.group_size, 2, 1 << 20);
   r.integer("minibatch_size", l.minibatch_size, 1, 1 << 20);
+  r.boolean("activation_checkpointing", l.activation_checkpointing);
   r.integer("lora_rank", l.lora_rank, 1, 4096);
   r.number("lora_alpha", l.lora_alpha, 0, 1e6);
   r.number("lora_dropout", l.lora_dropout, 0, 0.99);

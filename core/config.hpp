@@ -145,15 +145,17 @@ struct RewardConfig {
 };
 
 struct LearnerConfig {
-  std::string algorithm = "grpo";  // advantage estimator: grpo, dr_grpo or rloo
-  double adv_eps = 1e-4;           // grpo: added to the group's reward std
-  uint32_t steps = 10;             // train: optimizer steps (policy versions) of the run
-  uint32_t batch_size = 8;         // tasks per step
-  uint32_t group_size = 8;         // samples per task per step (a GRPO group)
-  uint32_t minibatch_size = 8;     // sequences per forward/backward
-  uint32_t lora_rank = 16;         // fresh adapter (when [policy] adapter is not set): rank,
-  double lora_alpha = 32;          //   alpha,
-  double lora_dropout = 0;         //   dropout on the adapter input while training,
+  std::string algorithm = "grpo";         // advantage estimator: grpo, dr_grpo or rloo
+  double adv_eps = 1e-4;                  // grpo: added to the group's reward std
+  uint32_t steps = 10;                    // train: optimizer steps (policy versions) of the run
+  uint32_t batch_size = 8;                // tasks per step
+  uint32_t group_size = 8;                // samples per task per step (a GRPO group)
+  uint32_t minibatch_size = 8;            // sequences per forward/backward
+  bool activation_checkpointing = false;  // keep each layer's input only and recompute the layer
+                                          // in the backward pass (long sequences, large models)
+  uint32_t lora_rank = 16;                // fresh adapter (when [policy] adapter is not set): rank,
+  double lora_alpha = 32;                 //   alpha,
+  double lora_dropout = 0;                //   dropout on the adapter input while training,
   std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   double learning_rate = 1e-5;             // AdamW peak learning rate
   double weight_decay = 0;                 // AdamW weight decay

@@ -51,3 +51,9 @@ std::shared_ptr<spdlog::logger> get(const std::string& component) {
 }
 
 }  // namespace kernelrl::log
+
+namespace kernelrl::log {
+
+void info(const std::string& component, const std::string& message) { get(component)->info("{}", message); }
+
+}  // namespace kernelrl::log

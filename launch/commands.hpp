@@ -58,6 +58,7 @@ struct PolicyCliOptions {
   double top_p = 1.0;                // generate
   uint32_t max_tokens = 256;         // generate
   uint32_t n = 1;                    // generate: completions per prompt
+  int64_t max_rows = 0;              // generate --model: sequences decoded at once (0: all)
   uint64_t seed = 0;                 // generate
   std::vector<std::string> stop;     // generate: stop strings
   bool json = false;                 // one JSON object on stdout
@@ -68,7 +69,7 @@ struct PolicyCliOptions {
   uint32_t retries = 4;              // generate --server: extra attempts after 5xx/429/timeouts
 };
 // launch generate --model DIR [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--max-tokens N]
-//                 [--temperature T] [--top-p P] [--n N] [--seed S] [--stop STR ...] [--json]
+//                 [--temperature T] [--top-p P] [--n N] [--seed S] [--stop STR ...] [--max-rows R] [--json]
 int cmd_generate(const PolicyCliOptions& o);
 // launch score --model DIR [--adapter DIR] --prompt TEXT --completion TEXT [--temperature T] [--json]
 int cmd_score(const PolicyCliOptions& o);

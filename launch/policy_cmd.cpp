@@ -33,6 +33,7 @@ PolicyOptions policy_options(const PolicyCliOptions& o) {
   p.adapter_dir = o.adapter;
   p.device = o.device;
   p.dtype = !o.dtype.empty() ? o.dtype : o.device.rfind("cuda", 0) == 0 ? "bf16" : "f32";
+  p.max_rows = o.max_rows;
   return p;
 }
 
@@ -360,6 +361,8 @@ void add_policy_command(CLI::App& app, cli::Action& action, const std::string& n
     sub->add_option("--max-tokens", x->o.max_tokens, "new tokens at most (default 256)")->check(cli::count(1, 1 << 20));
     sub->add_option("--n", x->o.n, "completions per prompt")->check(cli::count(1, 1 << 16));
     sub->add_option("--seed", x->o.seed, "the sampling seed");
+    sub->add_option("--max-rows", x->o.max_rows, "--model: sequences decoded at once (default all)")
+        ->check(cli::count(1, 1 << 20));
     sub->add_option("--stop", x->o.stop, "a stop string (repeatable)")->type_name("STR");
     sub->add_option("--server", x->o.server, "an OpenAI-compatible server instead of --model")->type_name("URL");
     sub->add_option("--served-model", x->o.served_model, "--server: the served model's name")->type_name("NAME");
@@ -374,6 +377,7 @@ void add_policy_command(CLI::App& app, cli::Action& action, const std::string& n
       if (int rc = read_texts(name, sub, o, x->prompts, x->prompt_files, x->completion_file)) return rc;
       if (name == "generate" && !o.server.empty()) {
         if (o.served_model.empty()) return cli::bad(name, "--server needs --served-model NAME");
+        if (o.max_rows) return cli::bad(name, "--max-rows is for --model (the server batches its own way)");
       } else if (o.model.empty()) {
         return cli::bad(name, "--model DIR is required");
       }
@@ -400,13 +404,14 @@ void add_policy_command(CLI::App& app, cli::Action& action, const std::string& n
 }  // namespace
 
 void add_policy(CLI::App& app, cli::Action& action) {
-  add_policy_command(app, action, "generate",
-                     "launch generate --model DIR [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--max-tokens N]\n"
-                     "                [--temperature T] [--top-p P] [--n N] [--seed S] [--stop STR ...]\n"
-                     "                [--device cpu|cuda:N] [--dtype f32|f16|bf16] [--json]\n"
-                     "launch generate --server URL --served-model NAME [--timeout S] [--retries N] --prompt TEXT ...\n"
-                     "  sample completions with per-token logprobs (the built-in runtime, or an OpenAI-compatible\n"
-                     "  server); --prompt-file FILE reads a prompt from a file");
+  add_policy_command(
+      app, action, "generate",
+      "launch generate --model DIR [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--max-tokens N]\n"
+      "                [--temperature T] [--top-p P] [--n N] [--seed S] [--stop STR ...] [--max-rows R]\n"
+      "                [--device cpu|cuda:N] [--dtype f32|f16|bf16] [--json]\n"
+      "launch generate --server URL --served-model NAME [--timeout S] [--retries N] --prompt TEXT ...\n"
+      "  sample completions with per-token logprobs (the built-in runtime, or an OpenAI-compatible\n"
+      "  server); --prompt-file FILE reads a prompt from a file");
   add_policy_command(app, action, "score",
                      "launch score --model DIR [--adapter DIR] --prompt TEXT --completion TEXT [--temperature T]\n"
                      "             [--device D] [--dtype T] [--json]\n"

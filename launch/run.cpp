@@ -180,7 +180,8 @@ void flatten(const toml::node& n, const std::string& key, std::map<std::string, 
 
 // Why CONFIG may not continue the run in RUN_DIR ("": it may): a setting that shapes the
 // experiment differs from the run's own (RUN_DIR/config.resolved.toml). What may change: the
-// steps, logging and monitoring, and where the roles run ([cluster], [[node]]).
+// steps, logging and monitoring, where the roles run ([cluster], [[node]]) and activation
+// checkpointing (the same gradients, recomputed).
 std::string resume_conflicts(const Config& cfg, const std::string& run_dir) {
   const auto path = (fs::path(run_dir) / "config.resolved.toml").string();
   std::map<std::string, std::string> was, now;
@@ -195,8 +196,8 @@ std::string resume_conflicts(const Config& cfg, const std::string& run_dir) {
       if (k.rfind(p, 0) == 0) return true;
     // Where things are reached: the inference server, the interpreter, the build cache.
     for (const char* same :
-         {"learner.steps", "experiment.name", "experiment.run_root", "sampler.url", "sampler.timeout_s",
-          "sampler.max_retries", "sampler.api_key_env", "evaluator.python", "evaluator.cache_dir"})
+         {"learner.steps", "learner.activation_checkpointing", "experiment.name", "experiment.run_root", "sampler.url",
+          "sampler.timeout_s", "sampler.max_retries", "sampler.api_key_env", "evaluator.python", "evaluator.cache_dir"})
       if (k == same) return true;
     return false;
   };
@@ -351,6 +352,7 @@ std::shared_ptr<LoraLearner> make_engine(const Config& cfg, const std::string& r
   lo.sdpo_beta = cfg.sdpo.beta;
   lo.aggregation = cfg.learner.aggregation;
   lo.minibatch_size = cfg.learner.minibatch_size;
+  lo.activation_checkpointing = cfg.learner.activation_checkpointing;
   auto engine = LoraLearner::create(lo);
   if (!resume) return engine;
   // The newest checkpoint that is whole (its manifest's sizes and hashes) and loads; a damaged one

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -32,6 +33,7 @@ TrainOptions train_options(const LearnerOptions& o) {
   to.loss.kl_coef = o.kl_coef;
   to.loss.entropy_coef = o.entropy_coef;
   to.loss.aggregation = o.aggregation;
+  to.activation_checkpointing = o.activation_checkpointing;
   return to;
 }
 }  // namespace
@@ -120,7 +122,7 @@ std::unique_ptr<LoraLearner> LoraLearner::create(const LearnerOptions& o) {
     impl->device = torch::Device(o.device);
     if (impl->device.is_cuda() && !torch::cuda::is_available())
       throw LearnerError("learner: device " + o.device + ": CUDA is not available on this machine");
-    impl->model = std::make_unique<CausalLM>(o.model_dir, impl->device, parse_dtype(o.dtype));
+    impl->model = load_shared_model(o.model_dir, impl->device, parse_dtype(o.dtype), "learner");
     impl->tok = Tokenizer::load(o.model_dir);
     if (!o.adapter_dir.empty()) {
       impl->model->load_lora(o.adapter_dir);

@@ -41,7 +41,8 @@ struct LearnerOptions {
   double temperature = 1.0;  // the sampler's temperature: logprobs are recomputed at it
   double clip_low = 0.2, clip_high = 0.2, kl_coef = 0, entropy_coef = 0;
   std::string aggregation = "token_mean";
-  uint32_t minibatch_size = 8;  // sequences per forward/backward
+  uint32_t minibatch_size = 8;            // sequences per forward/backward
+  bool activation_checkpointing = false;  // recompute each layer in the backward pass
   // "grpo": group-relative advantages from the rewards; "sdpo": per-token advantages
   // sdpo_beta * (teacher - student logprob), the teacher being the current policy given each
   // sample's teacher_prompt (learner/sdpo.hpp).

@@ -36,6 +36,7 @@ LoraTrainer::LoraTrainer(CausalLM& model, const TrainOptions& o) : model_(model)
                 .weight_decay(o.weight_decay);
   opt_ = std::make_unique<torch::optim::AdamW>(params_, ao);
   opt_->zero_grad();
+  model_.set_checkpointing(o.activation_checkpointing);
 }
 
 void LoraTrainer::accumulate(const TrainBatch& b) {

@@ -23,8 +23,9 @@ struct TrainOptions {
   // of the warmup uses peak * k / warmup_steps).
   std::string schedule = "constant";
   int64_t warmup_steps = 0;
-  int64_t total_steps = 0;   // 0: unknown (linear and cosine then stay at the peak)
-  double temperature = 1.0;  // logprobs are log softmax(logits / T): the sampler's temperature
+  int64_t total_steps = 0;                // 0: unknown (linear and cosine then stay at the peak)
+  double temperature = 1.0;               // logprobs are log softmax(logits / T): the sampler's temperature
+  bool activation_checkpointing = false;  // CausalLM::set_checkpointing for the training passes
   LossOptions loss;
 };
 

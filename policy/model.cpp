@@ -1,15 +1,24 @@
 #include "policy/model.hpp"
 
 #include "core/files.hpp"
+#include "core/log_line.hpp"
 
 #include "policy/safetensors.hpp"
+#ifdef KERNELRL_CUDA_KERNELS
+#include "policy/cuda_kernels.hpp"
+
+#include <ATen/cuda/CUDAContext.h>
+#endif
 #include "messages/messages.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <regex>
 #include <set>
 
@@ -165,14 +174,148 @@ ModelConfig load_model_config(const std::string& dir) {
   return c;
 }
 
+namespace {
+
+// The fused CUDA paths (bf16 on CUDA, built with the kernels; KERNELRL_FUSED=0 turns them off).
+bool fused_enabled() {
+  static const bool on = [] {
+    const char* f = std::getenv("KERNELRL_FUSED");
+    return f == nullptr || std::string(f) != "0";
+  }();
+  return on;
+}
+
+bool fast_bf16(const torch::Tensor& x) {
+#ifdef KERNELRL_CUDA_KERNELS
+  return x.is_cuda() && x.scalar_type() == torch::kBFloat16 && fused_enabled();
+#else
+  (void)x;
+  return false;
+#endif
+}
+
+// Each fused path on its own: KERNELRL_FUSED_LOGPROB=0 turns the log-probability kernels off;
+// KERNELRL_FUSED_LORA=1 turns the tensor-core LoRA path on. That one is off by default: on the
+// H100 its LoRA gradients differ from PEFT's by 23-28% (relative L2, worst tensor) where the
+// LibTorch path's differ by 2-3% (bench/learner_step.py's gradient check), while the same algebra
+// on the CPU agrees; until that is found, training must not use it.
+bool part_enabled(const char* var, bool by_default = true) {
+  const char* f = std::getenv(var);
+  return f == nullptr ? by_default : std::string(f) != "0";
+}
+
+#ifdef KERNELRL_CUDA_KERNELS
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+cuda::bf16_t* bptr(const torch::Tensor& t) { return reinterpret_cast<cuda::bf16_t*>(t.data_ptr()); }
+cuda::Stream stream_of(const torch::Tensor&) { return at::cuda::getCurrentCUDAStream().stream(); }
+
+// x (float32) as hi + lo in bf16, x - hi - lo within about 2^-17 |x|: products of bf16 activations
+// with float32 adapter weights on the tensor cores, accumulated in float32, agree with PEFT's
+// float32 products to the order of float32 rounding.
+std::pair<torch::Tensor, torch::Tensor> split_bf16(const torch::Tensor& x) {
+  auto hi = x.to(torch::kBFloat16);
+  return {hi, (x - hi.to(torch::kFloat32)).to(torch::kBFloat16)};
+}
+
+// A LoRA adapter on a bf16 layer output y: out = bf16(f32(y) + s (x A^T) B^T), PEFT's arithmetic,
+// without materialising x in float32 or the adapter's float32 output: x A^T is one tensor-core
+// product with A split hi/lo (into float32), the expansion and the sum one kernel; the backward
+// pass is four such products, each reading the bf16 activations or gradients once. (Large
+// operands are passed untransposed; the small ones are made contiguous.)
+struct FastLora : torch::autograd::Function<FastLora> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& y,
+                               const torch::Tensor& a, const torch::Tensor& bb, const Linear* l) {
+    const int64_t r = a.size(0), N = x.size(0), out_cols = y.size(1);
+    const auto& f = l->fast_form();
+    auto t2 = at::mm(x, f.a_t, torch::kFloat32);  // [N, 2r]
+    auto t = t2.narrow(1, 0, r) + t2.narrow(1, r, r);
+    auto yc = y.contiguous();
+    auto out = torch::empty_like(yc);
+    cuda::lora_expand_add(bptr(yc), t.data_ptr<float>(), f.sb_t.data_ptr<float>(), N, int(out_cols), int(r), bptr(out),
+                          stream_of(out));
+    ctx->save_for_backward({x, t});
+    ctx->saved_data["l"] = int64_t(reinterpret_cast<intptr_t>(l));
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto s = ctx->get_saved_variables();
+    const auto &x = s[0], &t = s[1];
+    const auto* l = reinterpret_cast<const Linear*>(intptr_t(ctx->saved_data["l"].toInt()));
+    const auto& f = l->fast_form();
+    const int64_t r = t.size(1);
+    auto g = grad[0].contiguous();                        // [N, out] bf16
+    auto gt2 = at::mm(g, f.b_2, torch::kFloat32);         // [N, 2r]
+    auto gt = gt2.narrow(1, 0, r) + gt2.narrow(1, r, r);  // d/dt
+    auto [th, tl] = split_bf16(t);
+    auto gb2 = at::mm(torch::cat({th, tl}, 1).t().contiguous(), g, torch::kFloat32);  // [2r, out]
+    auto gbb = ((gb2.narrow(0, 0, r) + gb2.narrow(0, r, r)) * l->scale).t();          // d/dB [out, r]
+    auto [gh, gl] = split_bf16(gt);
+    auto ga2 = at::mm(torch::cat({gh, gl}, 1).t().contiguous(), x, torch::kFloat32);  // [2r, in]
+    auto ga = ga2.narrow(0, 0, r) + ga2.narrow(0, r, r);                              // d/dA
+    torch::Tensor gx;
+    if (ctx->needs_input_grad(0))                       // (not for the first layer's input)
+      gx = at::mm(torch::cat({gh, gh, gl}, 1), f.a_3);  // d/dx, bf16 [N, in]
+    return {gx, grad[0], ga, gbb, torch::Tensor()};
+  }
+};
+#endif
+
+// Whether a LoRA layer takes the fused path for input x.
+bool fast_lora(const Linear& l, const torch::Tensor& x, bool training) {
+#ifdef KERNELRL_CUDA_KERNELS
+  return fast_bf16(x) && part_enabled("KERNELRL_FUSED_LORA", false) && l.w.scalar_type() == torch::kBFloat16 &&
+         (!training || l.dropout == 0) && cuda::lora_expand_supported(int(l.a.size(0)));
+#else
+  (void)l, (void)x, (void)training;
+  return false;
+#endif
+}
+
+}  // namespace
+
+const Linear::FastForm& Linear::fast_form() const {
+  const int64_t key[4] = {int64_t(a._version()), int64_t(bb._version()), int64_t(intptr_t(a.data_ptr())),
+                          int64_t(intptr_t(bb.data_ptr()))};
+  if (std::equal(key, key + 4, fast.key)) return fast;
+#ifdef KERNELRL_CUDA_KERNELS
+  torch::NoGradGuard ng;
+  auto [ah, al] = split_bf16(a.detach());
+  auto [bh, bl] = split_bf16(bb.detach() * scale);
+  fast.a_t = torch::cat({ah, al}).t().contiguous();
+  fast.a_3 = torch::cat({ah, al, ah});
+  fast.b_2 = torch::cat({bh, bl}, 1);
+  fast.sb_t = (bb.detach() * scale).t().contiguous();
+#endif
+  std::copy(key, key + 4, fast.key);
+  return fast;
+}
+
 torch::Tensor Linear::forward(const torch::Tensor& x, bool training, bool use_lora) const {
+  return forward(x, torch::Tensor(), training, use_lora);
+}
+
+torch::Tensor Linear::forward(const torch::Tensor& x, const torch::Tensor& x32, bool training, bool use_lora) const {
   auto y = torch::nn::functional::linear(x, w, b.defined() ? b : torch::Tensor());
   if (!a.defined() || !use_lora) return y;
-  auto xa = x.to(torch::kFloat32);
+#ifdef KERNELRL_CUDA_KERNELS
+  if (fast_lora(*this, x, training)) {
+    const int64_t in = x.size(-1), out = y.size(-1);
+    return FastLora::apply(x.reshape({-1, in}), y.reshape({-1, out}), a, bb, this).view(y.sizes());
+  }
+#endif
+  auto xa = x32.defined() ? x32 : x.to(torch::kFloat32);
   if (training && dropout > 0) xa = torch::dropout(xa, dropout, true);
-  auto l = torch::matmul(torch::matmul(xa, a.t()), bb.t()) * scale;
-  // As PEFT: the float32 adapter output is added in float32, then cast back.
-  return y.scalar_type() == torch::kFloat32 ? y + l : (y.to(torch::kFloat32) + l).to(y.scalar_type());
+  // As PEFT: the float32 adapter output s * B(A x) is added to the output in float32, then cast
+  // back; one addmm does the scale and the sum (y + s * (A x) B^T).
+  auto t = torch::matmul(xa, a.t());
+  if (y.scalar_type() == torch::kFloat32 && y.dim() == 2) return torch::addmm(y, t, bb.t(), 1.0, scale);
+  auto y32 = y.to(torch::kFloat32);
+  auto shape = y32.sizes().vec();
+  auto out = torch::addmm(y32.reshape({-1, shape.back()}), t.reshape({-1, t.size(-1)}), bb.t(), 1.0, scale);
+  return out.view(shape).to(y.scalar_type());
 }
 
 CausalLM::CausalLM(const std::string& dir, torch::Device device, torch::ScalarType dtype)
@@ -227,6 +370,25 @@ CausalLM::CausalLM(const std::string& dir, torch::Device device, torch::ScalarTy
     L.gate = lin("mlp.gate_proj", I, H, cfg_.mlp_bias);
     L.up = lin("mlp.up_proj", I, H, cfg_.mlp_bias);
     L.down = lin("mlp.down_proj", H, I, cfg_.mlp_bias);
+    // One tensor per group, the projections' weights its row slices (no second copy).
+    L.qkv_w = torch::cat({L.q.w, L.k.w, L.v.w});
+    L.q.w = L.qkv_w.narrow(0, 0, QO);
+    L.k.w = L.qkv_w.narrow(0, QO, KV);
+    L.v.w = L.qkv_w.narrow(0, QO + KV, KV);
+    if (cfg_.qkv_bias) {
+      L.qkv_b = torch::cat({L.q.b, L.k.b, L.v.b});
+      L.q.b = L.qkv_b.narrow(0, 0, QO);
+      L.k.b = L.qkv_b.narrow(0, QO, KV);
+      L.v.b = L.qkv_b.narrow(0, QO + KV, KV);
+    }
+    L.gu_w = torch::cat({L.gate.w, L.up.w});
+    L.gate.w = L.gu_w.narrow(0, 0, I);
+    L.up.w = L.gu_w.narrow(0, I, I);
+    if (cfg_.mlp_bias) {
+      L.gu_b = torch::cat({L.gate.b, L.up.b});
+      L.gate.b = L.gu_b.narrow(0, 0, I);
+      L.up.b = L.gu_b.narrow(0, I, I);
+    }
     layers_.push_back(std::move(L));
   }
   // Rotary inverse frequencies (float32), with Llama 3's or linear scaling.
@@ -260,62 +422,260 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 }
 }  // namespace
 
+torch::Tensor CausalLM::lora_input(const torch::Tensor& x) const {
+  // (not needed where the adapters take the fused path, which reads x in bf16)
+  return has_lora_ && lora_enabled_ && !(fast_bf16(x) && part_enabled("KERNELRL_FUSED_LORA", false))
+             ? x.to(torch::kFloat32)
+             : torch::Tensor();
+}
+
+torch::Tensor CausalLM::layer_forward(size_t l, const torch::Tensor& h, const torch::Tensor& cos,
+                                      const torch::Tensor& sin, bool training, const CacheView* cv) const {
+  const Layer& L = layers_[l];
+  const int64_t B = h.size(0), T = h.size(1), D = cfg_.head_dim;
+  const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, rep = nh / nkv;
+  auto x = rms(h, L.in_norm);
+  auto x32 = lora_input(x);
+  auto q = L.q.forward(x, x32, training, lora_enabled_).view({B, T, nh, D}).transpose(1, 2);
+  auto k = L.k.forward(x, x32, training, lora_enabled_).view({B, T, nkv, D}).transpose(1, 2);
+  auto v = L.v.forward(x, x32, training, lora_enabled_).view({B, T, nkv, D}).transpose(1, 2);
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  KVCache* cache = cv ? cv->cache : nullptr;
+  if (cache && cv->slot.defined()) {  // row r's key and value at its own slot[r]
+    cache->k[l].index_put_({cv->rows, torch::indexing::Slice(), cv->slot}, k.squeeze(2));
+    cache->v[l].index_put_({cv->rows, torch::indexing::Slice(), cv->slot}, v.squeeze(2));
+    k = cache->k[l].narrow(2, 0, cv->klen);
+    v = cache->v[l].narrow(2, 0, cv->klen);
+  } else if (cache) {
+    cache->k[l].narrow(2, cv->cache_pos, T).copy_(k);
+    cache->v[l].narrow(2, cv->cache_pos, T).copy_(v);
+    k = cache->k[l].narrow(2, 0, cv->cache_pos + T);
+    v = cache->v[l].narrow(2, 0, cv->cache_pos + T);
+  }
+  torch::Tensor att;
+  if (!cv || !cv->mask.defined())  // plain causal (training, scoring, a prefill): SDPA's own grouped-query support
+    att = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/T > 1, std::nullopt, rep > 1);
+  else if (rep == 1)
+    att = at::scaled_dot_product_attention(q, k, v, cv->mask, 0.0, false);
+  else
+    att = at::scaled_dot_product_attention(q.reshape({B, nkv, rep * T, D}), k, v, cv->gmask, 0.0, false)
+              .reshape({B, nh, T, D});  // (its strides vary with the kernel SDPA picks)
+  att = att.transpose(1, 2).reshape({B, T, nh * D});
+  auto h2 = h + L.o.forward(att, training, lora_enabled_);
+  x = rms(h2, L.post_norm);
+  x32 = lora_input(x);
+  return h2 + L.down.forward(torch::silu(L.gate.forward(x, x32, training, lora_enabled_)) *
+                                 L.up.forward(x, x32, training, lora_enabled_),
+                             training, lora_enabled_);
+}
+
+std::vector<torch::Tensor> CausalLM::layer_lora(size_t l) const {
+  std::vector<torch::Tensor> out;
+  const Layer& L = layers_[l];
+  for (const Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+    if (x->a.defined()) {
+      out.push_back(x->a);
+      out.push_back(x->bb);
+    }
+  return out;
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Activation checkpointing of one decoder layer: the forward keeps only the layer's input; the
+// backward runs the layer again with gradients on (the same random numbers for adapter dropout)
+// and differentiates it in the input and the layer's adapter weights.
+struct LayerCheckpoint : torch::autograd::Function<LayerCheckpoint> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, torch::TensorList lora, const CausalLM* m,
+                               int64_t layer, const torch::Tensor& cos, const torch::Tensor& sin) {
+    ctx->saved_data["m"] = int64_t(reinterpret_cast<intptr_t>(m));
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["n_lora"] = int64_t(lora.size());
+    if (m->lora_dropout() > 0) {
+      auto gen = at::globalContext().defaultGenerator(h.device());
+      ctx->saved_data["rng"] = gen.get_state();
+    }
+    ctx->save_for_backward({h, cos, sin});
+    return m->layer_forward(size_t(layer), h, cos, sin, true);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto saved = ctx->get_saved_variables();
+    const auto* m = reinterpret_cast<const CausalLM*>(intptr_t(ctx->saved_data["m"].toInt()));
+    const size_t layer = size_t(ctx->saved_data["layer"].toInt());
+    const int64_t n_lora = ctx->saved_data["n_lora"].toInt();
+    auto h = saved[0].detach().requires_grad_(true);
+    std::optional<at::Tensor> rng_now;
+    at::Generator gen;
+    if (ctx->saved_data.count("rng")) {
+      gen = at::globalContext().defaultGenerator(h.device());
+      rng_now = gen.get_state();
+      gen.set_state(ctx->saved_data["rng"].toTensor());
+    }
+    torch::Tensor y;
+    {
+      torch::AutoGradMode on(true);
+      y = m->layer_forward(layer, h, saved[1], saved[2], true);
+    }
+    if (rng_now) gen.set_state(*rng_now);
+    std::vector<torch::Tensor> inputs{h};
+    for (auto& t : m->layer_lora(layer)) inputs.push_back(t);
+    if (int64_t(inputs.size()) != n_lora + 1) throw std::logic_error("checkpoint: the layer's adapter changed");
+    auto g = torch::autograd::grad({y}, inputs, {grad[0]}, /*retain_graph=*/false, /*create_graph=*/false,
+                                   /*allow_unused=*/true);
+    variable_list out(g.begin(), g.end());
+    for (int i = 0; i < 4; ++i) out.emplace_back();  // m, layer, cos, sin
+    return out;
+  }
+};
+
+// log softmax(h W^T / T)[target] over the vocabulary, a chunk of positions at a time: the logits
+// of one chunk exist at once (float32 [chunk, V]), in the forward and again in the backward,
+// instead of [N, V] for the whole batch. Outputs: the logprob [N] and the entropy [N] of each
+// position's distribution (when asked for; both float32). W (the lm_head) is frozen.
+struct ChunkedLogprobs : torch::autograd::Function<ChunkedLogprobs> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& w,
+                               const torch::Tensor& targets, double temperature, int64_t chunk, bool want_entropy) {
+    const int64_t N = h.size(0);
+    auto f32 = h.options().dtype(torch::kFloat32);
+    auto lp = torch::empty({N}, f32), lse = torch::empty({N}, f32);
+    auto ent = want_entropy ? torch::empty({N}, f32) : torch::zeros({N}, f32);
+    ctx->saved_data["t"] = temperature;
+    ctx->saved_data["chunk"] = chunk;
+#ifdef KERNELRL_CUDA_KERNELS
+    if (fast_bf16(h) && part_enabled("KERNELRL_FUSED_LOGPROB") &&
+        w.scalar_type() == torch::kBFloat16) {  // one pass over each chunk's bf16 logits
+      const int64_t V = w.size(0);
+      auto tg = targets.contiguous();
+      for (int64_t c0 = 0; c0 < N; c0 += chunk) {
+        const int64_t n = std::min(chunk, N - c0);
+        auto z = torch::mm(h.narrow(0, c0, n), w.t());
+        cuda::logprob_forward(bptr(z), n, int(V), tg.data_ptr<int64_t>() + c0, float(temperature),
+                              lse.data_ptr<float>() + c0, lp.data_ptr<float>() + c0,
+                              want_entropy ? ent.data_ptr<float>() + c0 : nullptr, stream_of(z));
+      }
+      ctx->save_for_backward({h, w, tg, lse, ent});
+      return {lp, ent};
+    }
+#endif
+    for (int64_t c0 = 0; c0 < N; c0 += chunk) {
+      const int64_t n = std::min(chunk, N - c0);
+      auto z = torch::mm(h.narrow(0, c0, n), w.t()).to(torch::kFloat32);
+      if (temperature != 1.0) z.div_(temperature);
+      auto l = z.logsumexp(-1);
+      lse.narrow(0, c0, n).copy_(l);
+      lp.narrow(0, c0, n).copy_(z.gather(-1, targets.narrow(0, c0, n).unsqueeze(-1)).squeeze(-1) - l);
+      if (want_entropy)  // H = lse - sum p z
+        ent.narrow(0, c0, n).copy_(l - ((z - l.unsqueeze(-1)).exp_() * z).sum(-1));
+    }
+    ctx->save_for_backward({h, w, targets, lse, ent});
+    return {lp, ent};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto s = ctx->get_saved_variables();
+    const auto &h = s[0], &w = s[1], &targets = s[2], &lse = s[3], &ent = s[4];
+    const double temperature = ctx->saved_data["t"].toDouble();
+    const int64_t chunk = ctx->saved_data["chunk"].toInt(), N = h.size(0);
+    const auto &g_lp = grad[0], &g_ent = grad[1];
+    auto gh = torch::empty_like(h);
+#ifdef KERNELRL_CUDA_KERNELS
+    if (fast_bf16(h) && part_enabled("KERNELRL_FUSED_LOGPROB") && w.scalar_type() == torch::kBFloat16) {
+      const int64_t V = w.size(0);
+      auto glp = g_lp.defined() ? g_lp.contiguous() : torch::Tensor();
+      auto gent = g_ent.defined() ? g_ent.contiguous() : torch::Tensor();
+      for (int64_t c0 = 0; c0 < N; c0 += chunk) {
+        const int64_t n = std::min(chunk, N - c0);
+        auto z = torch::mm(h.narrow(0, c0, n), w.t());
+        auto gz = torch::empty_like(z);
+        cuda::logprob_backward(bptr(z), n, int(V), targets.data_ptr<int64_t>() + c0, float(temperature),
+                               lse.data_ptr<float>() + c0, ent.data_ptr<float>() + c0,
+                               glp.defined() ? glp.data_ptr<float>() + c0 : nullptr,
+                               gent.defined() ? gent.data_ptr<float>() + c0 : nullptr, bptr(gz), stream_of(gz));
+        auto dst = gh.narrow(0, c0, n);
+        at::mm_out(dst, gz, w);
+      }
+      return {gh, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
+#endif
+    for (int64_t c0 = 0; c0 < N; c0 += chunk) {
+      const int64_t n = std::min(chunk, N - c0);
+      auto z = torch::mm(h.narrow(0, c0, n), w.t()).to(torch::kFloat32);
+      if (temperature != 1.0) z.div_(temperature);
+      auto logp = z.sub_(lse.narrow(0, c0, n).unsqueeze(-1));  // log p (in place of z)
+      auto p = logp.exp();
+      torch::Tensor gz;
+      if (g_lp.defined()) {  // d logp[t] / dz = onehot(t) - p
+        auto g = g_lp.narrow(0, c0, n).unsqueeze(-1);
+        gz = (p * g).neg_();
+        gz.scatter_add_(-1, targets.narrow(0, c0, n).unsqueeze(-1), g);
+      }
+      if (g_ent.defined()) {  // dH / dz = -p (log p + H)
+        auto ge = (logp.add_(ent.narrow(0, c0, n).unsqueeze(-1))).mul_(p).mul_(-g_ent.narrow(0, c0, n).unsqueeze(-1));
+        gz = gz.defined() ? gz.add_(ge) : ge;
+      }
+      if (!gz.defined()) {
+        gh.narrow(0, c0, n).zero_();
+        continue;
+      }
+      if (temperature != 1.0) gz.div_(temperature);
+      gh.narrow(0, c0, n).copy_(torch::mm(gz.to(h.scalar_type()), w));
+    }
+    return {gh, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor CausalLM::checkpointed_layer(size_t l, const torch::Tensor& h, const torch::Tensor& cos,
+                                           const torch::Tensor& sin) const {
+  auto lora = layer_lora(l);
+  return LayerCheckpoint::apply(h, torch::TensorList(lora), this, int64_t(l), cos, sin);
+}
+
 torch::Tensor CausalLM::hidden(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
                                KVCache* cache, int64_t cache_pos, bool training) const {
   return run(ids, positions, mask, cache, cache_pos, torch::Tensor(), training);
 }
 
 torch::Tensor CausalLM::decode_static(const torch::Tensor& ids, const torch::Tensor& positions,
-                                      const torch::Tensor& mask, KVCache& cache, const torch::Tensor& slot) const {
-  return run(ids, positions, mask, &cache, 0, slot, false);
+                                      const torch::Tensor& mask, KVCache& cache, const torch::Tensor& slot,
+                                      int64_t klen) const {
+  return run(ids, positions, mask, &cache, klen, slot, false);
 }
 
 torch::Tensor CausalLM::run(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
                             KVCache* cache, int64_t cache_pos, const torch::Tensor& slot, bool training) const {
-  const int64_t B = ids.size(0), T = ids.size(1), D = cfg_.head_dim;
-  const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, rep = nh / nkv;
-  if (cache && cache_pos > 0 && !mask.defined())
+  const int64_t B = ids.size(0), T = ids.size(1);
+  const int64_t rep = cfg_.num_heads / cfg_.num_kv_heads;
+  if (slot.defined() && T != 1) throw std::invalid_argument("CausalLM::decode_static: one token per row");
+  if (cache && cache_pos > 0 && !slot.defined() && !mask.defined())
     throw std::invalid_argument("CausalLM::forward: a mask is needed to attend over cached keys");
+  CacheView cv;
+  cv.cache = cache;
+  cv.cache_pos = cache_pos;
+  cv.slot = slot;
+  cv.klen = slot.defined() ? cache_pos : 0;  // the static step: attention over slots [0, klen)
+  cv.mask = cv.gmask = mask;
+  // Grouped-query attention under a mask without repeating k and v: the rep query heads that
+  // share a kv head become rep x T query rows of that head (head h = g * rep + r, transformers'
+  // repeat_kv order), so the mask's rows are repeated instead (not at all for one new token).
+  if (mask.defined() && rep > 1 && T > 1)
+    cv.gmask = mask.unsqueeze(2)
+                   .expand({mask.size(0), 1, rep, T, mask.size(-1)})
+                   .reshape({mask.size(0), 1, rep * T, mask.size(-1)});
+  if (slot.defined()) cv.rows = torch::arange(B, torch::TensorOptions().dtype(torch::kInt64).device(ids.device()));
   auto h = torch::embedding(embed_, ids);
   auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq_;  // [B, T, D/2]
   auto emb = torch::cat({freqs, freqs}, -1);
   auto cos = emb.cos().to(dtype_).unsqueeze(1), sin = emb.sin().to(dtype_).unsqueeze(1);
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
-    auto x = rms(h, L.in_norm);
-    auto q = L.q.forward(x, training, lora_enabled_).view({B, T, nh, D}).transpose(1, 2);
-    auto k = L.k.forward(x, training, lora_enabled_).view({B, T, nkv, D}).transpose(1, 2);
-    auto v = L.v.forward(x, training, lora_enabled_).view({B, T, nkv, D}).transpose(1, 2);
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
-    if (cache && slot.defined()) {
-      cache->k[l].index_copy_(2, slot, k);
-      cache->v[l].index_copy_(2, slot, v);
-      k = cache->k[l];
-      v = cache->v[l];
-    } else if (cache) {
-      cache->k[l].narrow(2, cache_pos, T).copy_(k);
-      cache->v[l].narrow(2, cache_pos, T).copy_(v);
-      k = cache->k[l].narrow(2, 0, cache_pos + T);
-      v = cache->v[l].narrow(2, 0, cache_pos + T);
-    }
-    if (rep > 1) {
-      const int64_t S = k.size(2);
-      k = k.unsqueeze(2).expand({B, nkv, rep, S, D}).reshape({B, nh, S, D});
-      v = v.unsqueeze(2).expand({B, nkv, rep, S, D}).reshape({B, nh, S, D});
-    }
-    torch::Tensor att;
-    if (mask.defined())
-      att = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false);
-    else
-      att = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/T > 1);
-    att = att.transpose(1, 2).reshape({B, T, nh * D});
-    h = h + L.o.forward(att, training, lora_enabled_);
-    x = rms(h, L.post_norm);
-    h = h + L.down.forward(
-                torch::silu(L.gate.forward(x, training, lora_enabled_)) * L.up.forward(x, training, lora_enabled_),
-                training, lora_enabled_);
-  }
+  const bool checkpoint = training && checkpointing_ && !cache && !mask.defined() && torch::GradMode::is_enabled();
+  for (size_t l = 0; l < layers_.size(); ++l)
+    h = checkpoint ? checkpointed_layer(l, h, cos, sin) : layer_forward(l, h, cos, sin, training, &cv);
   return rms(h, norm_);
 }
 
@@ -332,16 +692,17 @@ torch::Tensor CausalLM::sequence_logprobs(const torch::Tensor& ids_in, bool trai
   const int64_t B = ids.size(0), L = ids.size(1);
   if (L < 2) throw std::invalid_argument("sequence_logprobs: sequences need at least 2 tokens");
   auto pos = torch::arange(L, torch::TensorOptions().dtype(torch::kInt64).device(device_)).unsqueeze(0).expand({B, L});
-  auto logits = forward(ids, pos, torch::Tensor(), nullptr, 0, training).to(torch::kFloat32).narrow(1, 0, L - 1);
-  if (temperature > 0 && temperature != 1.0) logits = logits / temperature;
-  auto lsm = torch::log_softmax(logits, -1);
-  if (entropy && entropy_grad) {
-    *entropy = -(lsm.exp() * lsm).sum(-1);
-  } else if (entropy) {
-    torch::NoGradGuard ng;
-    *entropy = -(lsm.exp() * lsm).sum(-1);
-  }
-  return lsm.gather(-1, ids.narrow(1, 1, L - 1).unsqueeze(-1)).squeeze(-1);
+  auto h = hidden(ids, pos, torch::Tensor(), nullptr, 0, training);
+  auto flat = h.narrow(1, 0, L - 1).reshape({B * (L - 1), cfg_.hidden_size});
+  auto targets = ids.narrow(1, 1, L - 1).reshape({B * (L - 1)});
+  // Positions per chunk: about 512 MB of float32 logits (KERNELRL_LOGPROB_CHUNK: another number,
+  // for tests and tuning).
+  int64_t chunk = std::max<int64_t>(64, (int64_t(1) << (fast_bf16(flat) ? 28 : 27)) / cfg_.vocab_size);
+  if (const char* c = std::getenv("KERNELRL_LOGPROB_CHUNK")) chunk = std::max<int64_t>(1, std::atoll(c));
+  const double t = temperature > 0 ? temperature : 1.0;
+  auto out = ChunkedLogprobs::apply(flat, head_, targets, t, chunk, entropy != nullptr);
+  if (entropy) *entropy = (entropy_grad ? out[1] : out[1].detach()).view({B, L - 1});
+  return out[0].view({B, L - 1});
 }
 
 KVCache CausalLM::new_cache(int64_t batch, int64_t capacity) const {
@@ -398,6 +759,7 @@ void CausalLM::add_lora(const LoraSettings& s, uint64_t seed) {
       l->bb = torch::zeros({out, s.r}, torch::TensorOptions().dtype(torch::kFloat32).device(device_));
       l->scale = s.scale();
       l->dropout = s.dropout;
+      l->fast = Linear::FastForm();  // (a cache of the old tensors)
     }
   has_lora_ = true;
 }
@@ -479,6 +841,7 @@ void CausalLM::load_lora(const std::string& dir) {
       l->bb = to_tensor(*vb, wfile, device_, torch::kFloat32);
       l->scale = s.rslora ? alpha / std::sqrt(double(r)) : alpha / double(r);
       l->dropout = s.dropout;
+      l->fast = Linear::FastForm();  // (a cache of the old tensors)
       used.insert(ka);
       used.insert(kb);
     }
@@ -555,15 +918,72 @@ void CausalLM::save_lora(const std::string& dir, const std::string& base_model) 
 
 void CausalLM::merge_lora() {
   torch::NoGradGuard ng;
+  if (base_owner_) {  // the base is shared: merge into a copy of our own
+    auto own = [](torch::Tensor& t) {
+      if (t.defined()) t = t.clone();
+    };
+    for (auto& L : layers_) {
+      for (auto* t : {&L.qkv_w, &L.qkv_b, &L.gu_w, &L.gu_b}) own(*t);
+      const int64_t QO = L.q.w.size(0), KV = L.k.w.size(0), I = L.gate.w.size(0);
+      L.q.w = L.qkv_w.narrow(0, 0, QO);
+      L.k.w = L.qkv_w.narrow(0, QO, KV);
+      L.v.w = L.qkv_w.narrow(0, QO + KV, KV);
+      L.gate.w = L.gu_w.narrow(0, 0, I);
+      L.up.w = L.gu_w.narrow(0, I, I);
+      if (L.qkv_b.defined()) {
+        L.q.b = L.qkv_b.narrow(0, 0, QO);
+        L.k.b = L.qkv_b.narrow(0, QO, KV);
+        L.v.b = L.qkv_b.narrow(0, QO + KV, KV);
+      }
+      if (L.gu_b.defined()) {
+        L.gate.b = L.gu_b.narrow(0, 0, I);
+        L.up.b = L.gu_b.narrow(0, I, I);
+      }
+      own(L.o.w);
+      own(L.down.w);
+    }
+    base_owner_.reset();
+  }
   for (int64_t i = 0; i < cfg_.num_layers; ++i)
     for (auto& m : lora_modules) {
       Linear* l = find_linear(i, m);
       if (!l->a.defined()) continue;
-      l->w = (l->w.to(torch::kFloat32) + torch::matmul(l->bb, l->a) * l->scale).to(dtype_);
+      // In place: w may be a row slice of its group's fused weight.
+      l->w.copy_((l->w.to(torch::kFloat32) + torch::matmul(l->bb, l->a) * l->scale).to(dtype_));
       l->a = torch::Tensor();
       l->bb = torch::Tensor();
+      l->fast = Linear::FastForm();  // (a cache of the old tensors)
     }
   has_lora_ = false;
+}
+
+int64_t CausalLM::base_bytes() const {
+  int64_t n = 0;
+  for (auto& [name, t] : base_tensors()) n += t.numel() * t.element_size();
+  return n;
+}
+
+std::unique_ptr<CausalLM> load_shared_model(const std::string& dir, torch::Device device, torch::ScalarType dtype,
+                                            const std::string& component) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<const CausalLM>> loaded;
+  std::error_code ec;
+  auto canon = fs::weakly_canonical(dir, ec);
+  const std::string key = (ec ? dir : canon.string()) + "|" + device.str() + "|" + c10::toString(dtype);
+  std::lock_guard<std::mutex> lock(mu);
+  std::shared_ptr<const CausalLM> base = loaded[key].lock();
+  if (base) {
+    char saved[64];
+    std::snprintf(saved, sizeof saved, "%.1f MB saved", double(base->base_bytes()) / 1e6);
+    log::info(component, "the base weights of " + dir + " on " + device.str() +
+                             " are shared with another model of this process (" + saved + ")");
+  } else {
+    base = std::make_shared<const CausalLM>(dir, device, dtype);
+    loaded[key] = base;
+  }
+  auto m = std::unique_ptr<CausalLM>(new CausalLM(*base));  // the tensors, not their data
+  m->base_owner_ = base;
+  return m;
 }
 
 std::map<std::string, torch::Tensor> CausalLM::base_tensors() const {

@@ -65,6 +65,21 @@ struct Linear {
   double dropout = 0;
   // use_lora false: the base layer alone (the reference policy of a KL term).
   torch::Tensor forward(const torch::Tensor& x, bool training, bool use_lora = true) const;
+  // The same with x already in float32 (x32, the adapter's input; shared by layers that read
+  // the same x), or undefined.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& x32, bool training, bool use_lora) const;
+
+  // The adapter in the form the fused CUDA path multiplies (bf16 hi/lo parts of A and of s B, s B
+  // transposed), rebuilt when a or bb changed (their version counters or storage); policy/model.cpp.
+  struct FastForm {
+    torch::Tensor a_t;   // [in, 2r]: [A_hi; A_lo] transposed
+    torch::Tensor a_3;   // [3r, in]: [A_hi; A_lo; A_hi]
+    torch::Tensor b_2;   // [out, 2r]: [sB_hi, sB_lo]
+    torch::Tensor sb_t;  // [r, out]: (s B) transposed, float32
+    int64_t key[4] = {-1, -1, -1, -1};
+  };
+  mutable FastForm fast;
+  const FastForm& fast_form() const;
 };
 
 struct KVCache {
@@ -98,13 +113,32 @@ class CausalLM {
   // With `entropy_grad` the entropy is differentiable too (an entropy bonus in the loss).
   torch::Tensor sequence_logprobs(const torch::Tensor& ids, bool training, double temperature = 1.0,
                                   torch::Tensor* entropy = nullptr, bool entropy_grad = false) const;
-  // One decode step in a form a CUDA graph can capture: every shape fixed by the cache. `slot`
-  // (int64 [1], on the device) is where the new key and value go; attention covers the whole
-  // cache under `mask` (bool [batch, 1, 1, capacity]). Returns hidden states [batch, 1, hidden].
+  // One decode step (one new token per row) in a form a CUDA graph can capture: every shape fixed
+  // by `klen`. Row r's token sits at position slot[r] (int64 [R], on the device), where its key and
+  // value are written; attention covers the cache's slots [0, klen) under `mask` (bool
+  // [R, 1, 1, klen]: slot <= slot[r]). ids and positions are [R, 1]. Returns hidden states [R, 1, hidden].
   torch::Tensor decode_static(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
-                              KVCache& cache, const torch::Tensor& slot) const;
+                              KVCache& cache, const torch::Tensor& slot, int64_t klen) const;
 
   KVCache new_cache(int64_t batch, int64_t capacity) const;
+
+  // Activation checkpointing of training passes: each decoder layer keeps only its input and is
+  // run again in the backward pass (about a third more compute, a layer's activations at a time).
+  void set_checkpointing(bool on) { checkpointing_ = on; }
+  bool checkpointing() const { return checkpointing_; }
+  // How a layer's attention meets the cache (forward()'s cache arguments; decode_static's slot and
+  // key length; the mask, and its rows repeated for grouped-query attention).
+  struct CacheView {
+    KVCache* cache = nullptr;
+    int64_t cache_pos = 0, klen = 0;
+    torch::Tensor slot, rows, mask, gmask;
+  };
+  // One decoder layer over h [B, T, hidden]: causal attention over h alone without `cv` (training
+  // and scoring); and the adapter tensors it reads (A and B of each adapted projection, in order).
+  torch::Tensor layer_forward(size_t l, const torch::Tensor& h, const torch::Tensor& cos, const torch::Tensor& sin,
+                              bool training, const CacheView* cv = nullptr) const;
+  std::vector<torch::Tensor> layer_lora(size_t l) const;
+  double lora_dropout() const { return has_lora_ ? lora_.dropout : 0.0; }
 
   // LoRA. A fresh adapter has A ~ kaiming-uniform(a = sqrt(5)) and B = 0, as PEFT initialises it.
   bool has_lora() const { return has_lora_; }
@@ -121,27 +155,50 @@ class CausalLM {
   void merge_lora();
   // Base weights by Hugging Face name (after a merge: the merged ones), for export.
   std::map<std::string, torch::Tensor> base_tensors() const;
+  // Bytes of the base weights (on the device).
+  int64_t base_bytes() const;
 
  private:
+  friend class Decoder;
+  friend std::unique_ptr<CausalLM> load_shared_model(const std::string&, torch::Device, torch::ScalarType,
+                                                     const std::string&);
+  CausalLM(const CausalLM&) = default;  // shares the tensors (load_shared_model)
+  // The model whose base weights this one shares (kept alive while any sharer lives), if any.
+  std::shared_ptr<const CausalLM> base_owner_;
   struct Layer {
     torch::Tensor in_norm, post_norm;
     Linear q, k, v, o, gate, up, down;
+    // q|k|v and gate|up weights (and biases) in one tensor each: q.w, k.w, v.w, gate.w and up.w
+    // are row slices of them, so the decoder's fused step runs one GEMM for each group.
+    torch::Tensor qkv_w, qkv_b, gu_w, gu_b;
   };
   Linear* find_linear(int64_t layer, const std::string& name);
+  // x in float32 when an adapter reads it, else undefined.
+  torch::Tensor lora_input(const torch::Tensor& x) const;
+  torch::Tensor checkpointed_layer(size_t l, const torch::Tensor& h, const torch::Tensor& cos,
+                                   const torch::Tensor& sin) const;
   torch::Tensor run(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask, KVCache* cache,
                     int64_t cache_pos, const torch::Tensor& slot, bool training) const;
   torch::Tensor rms(const torch::Tensor& x, const torch::Tensor& w) const;
 
   ModelConfig cfg_;
-  torch::Device device_;
-  torch::ScalarType dtype_;
+  torch::Device device_{torch::kCPU};
+  torch::ScalarType dtype_ = torch::kFloat32;
   torch::Tensor embed_, norm_, head_;
   std::vector<Layer> layers_;
   torch::Tensor inv_freq_;  // float32 [head_dim / 2]
   bool has_lora_ = false;
   bool lora_enabled_ = true;
+  bool checkpointing_ = false;
   LoraSettings lora_;
 };
+
+// A model of DIR on `device` in `dtype`, without an adapter. Within one process, models of the
+// same directory, device and dtype share one copy of the base weights (a colocated sampler and
+// learner: each has its own adapter, the base is read by both and written by neither); one that
+// finds another to share with says so in `component`'s log, with the memory saved.
+std::unique_ptr<CausalLM> load_shared_model(const std::string& dir, torch::Device device, torch::ScalarType dtype,
+                                            const std::string& component);
 
 // The model's adapter as float32 TensorBlobs under PEFT key names (what a WeightsUpdate carries).
 std::vector<TensorBlob> lora_blobs(const CausalLM& m);

@@ -1,19 +1,19 @@
 #include "policy/policy.hpp"
 
+#include "policy/decoder.hpp"
 #include "policy/model.hpp"
 #include "policy/safetensors.hpp"
 #include "policy/tokenizer.hpp"
 #include "messages/messages.hpp"
 
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
 #include <cstdlib>
 #include <functional>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <map>
 #include <set>
+#include <tuple>
 
 namespace fs = std::filesystem;
 
@@ -25,6 +25,7 @@ struct Policy::Impl {
   std::shared_ptr<Tokenizer> tok;
   uint64_t version = 0;
   torch::Device device{torch::kCPU};
+  GenerationStats last;  // of the last generate call
 };
 
 Policy::Policy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -39,7 +40,7 @@ std::unique_ptr<Policy> Policy::load(const PolicyOptions& o) {
     impl->device = torch::Device(o.device);
     if (impl->device.is_cuda() && !torch::cuda::is_available())
       throw PolicyError("device " + o.device + ": CUDA is not available on this machine");
-    impl->model = std::make_unique<CausalLM>(o.model_dir, impl->device, parse_dtype(o.dtype));
+    impl->model = load_shared_model(o.model_dir, impl->device, parse_dtype(o.dtype), "policy");
     impl->tok = Tokenizer::load(o.model_dir);
     if (!o.adapter_dir.empty()) {
       impl->model->load_lora(o.adapter_dir);
@@ -95,166 +96,64 @@ std::vector<Completion> Policy::generate_ids(const std::vector<std::vector<int32
   if (p.n == 0) throw PolicyError("sampling: n must be at least 1");
   std::vector<Completion> out;
   if (prompts.empty()) return out;
-  torch::NoGradGuard ng;
   auto& m = *impl_->model;
-  const auto dev = impl_->device;
   const int64_t V = m.config().vocab_size;
-  int64_t P = 0;
   for (auto& pr : prompts) {
     if (pr.empty()) throw PolicyError("sampling: a prompt has no tokens");
     for (auto t : pr)
       if (t < 0 || t >= V)
         throw PolicyError("sampling: prompt token " + std::to_string(t) + " is outside the vocabulary");
-    P = std::max<int64_t>(P, pr.size());
   }
   const int64_t B = int64_t(prompts.size()) * p.n;
-  const int64_t cap = P + p.max_tokens;
-  // Left padding: every row's last prompt token sits at slot P - 1.
-  std::vector<int64_t> flat(B * P, 0);
-  auto valid = torch::ones({B, cap}, torch::kBool);
   out.resize(B);
-  for (int64_t b = 0; b < B; ++b) {
-    const auto& pr = prompts[b / p.n];
-    int64_t pad = P - int64_t(pr.size());
-    for (size_t i = 0; i < pr.size(); ++i) flat[b * P + pad + i] = pr[i];
-    if (pad) valid[b].narrow(0, 0, pad).fill_(false);
-    out[b].prompt_tokens = static_cast<uint32_t>(pr.size());
-  }
+  for (int64_t b = 0; b < B; ++b) out[b].prompt_tokens = static_cast<uint32_t>(prompts[b / p.n].size());
   if (p.max_tokens == 0) {
     for (auto& c : out) c.finish_reason = "length";
     return out;
   }
-  auto ids = torch::tensor(flat, torch::kInt64).view({B, P}).to(dev);
-  valid = valid.to(dev);
-  auto pvalid = valid.narrow(1, 0, P);
-  auto pos = (pvalid.to(torch::kInt64).cumsum(1) - 1).clamp_min(0);
-  auto causal = torch::ones({P, P}, torch::TensorOptions().dtype(torch::kBool).device(dev)).tril();
-  auto eye = torch::eye(P, torch::TensorOptions().dtype(torch::kBool).device(dev));
-  auto mask = (causal.unsqueeze(0) & pvalid.unsqueeze(1)) | eye.unsqueeze(0);  // pad rows see themselves
-  // On CUDA the whole generation runs on a side stream, and each decode step after the prefill is
-  // one replay of a captured CUDA graph (KERNELRL_CUDA_GRAPHS=0: eager, op by op).
-  const char* graphs_env = std::getenv("KERNELRL_CUDA_GRAPHS");
-  const std::string graphs_mode = graphs_env ? graphs_env : "";
-  // "static": the graph's fixed-shape step run op by op (any device), for checking the step itself.
-  const bool use_graph = (dev.is_cuda() && graphs_mode != "0") || graphs_mode == "static";
-  const bool capture = use_graph && dev.is_cuda() && graphs_mode != "static";
-  std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
-  if (dev.is_cuda()) stream_guard.emplace(c10::cuda::getStreamFromPool(false, dev.index()));
-  auto cache = m.new_cache(B, cap);
-  auto h = m.hidden(ids, pos, mask.unsqueeze(1), &cache, 0, false);
-  auto logits = m.lm_head(h.narrow(1, P - 1, 1)).squeeze(1).to(torch::kFloat32);
-  auto next_pos = pos.select(1, P - 1) + 1;
-
-  // Static inputs and output of the captured decode step.
-  std::optional<at::cuda::CUDAGraph> graph;  // constructed only on CUDA (it initialises CUDA)
-  torch::Tensor s_ids, s_pos, s_slot, s_logits, slots;
-  std::function<void()> static_step;
-  if (use_graph) {
-    auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(dev);
-    s_ids = torch::zeros({B, 1}, i64);
-    s_pos = torch::zeros({B, 1}, i64);
-    s_slot = torch::full({1}, P, i64);
-    s_logits = torch::zeros({B, V}, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
-    slots = torch::arange(cap, i64);
-    auto step = [&m, &valid, &slots, &s_slot, &s_ids, &s_pos, &s_logits, &cache, B, cap] {
-      auto smask = valid.view({B, 1, 1, cap}) & (slots <= s_slot).view({1, 1, 1, cap});
-      s_logits.copy_(m.lm_head(m.decode_static(s_ids, s_pos, smask, cache, s_slot)).squeeze(1));
-    };
-    // Warm-up on this stream (it writes slot P, which the first real step overwrites), then capture.
-    if (capture) {
-      for (int i = 0; i < 2; ++i) step();
-      graph.emplace();
-      graph->capture_begin();
-      step();
-      graph->capture_end();
-    } else {
-      static_step = step;
-    }
-  }
-  torch::manual_seed(p.seed);
-  const double T = p.temperature;
   std::set<int32_t> eos(m.config().eos_token_ids.begin(), m.config().eos_token_ids.end());
   std::vector<std::string> bytes(B);
-  std::vector<char> done(B, 0);
-  int64_t live = B;
-  for (int64_t t = 0; t < int64_t(p.max_tokens) && live > 0; ++t) {
-    torch::Tensor next, lp;
-    auto logp = torch::log_softmax(T > 0 ? logits / T : logits, -1);
-    if (T == 0) {
-      next = logits.argmax(-1);
+  // Each token as the decoder produces it: eos, stop strings (searched in the new bytes only) and
+  // the length limit end a sequence.
+  auto sink = [&](int64_t b, int32_t id, float lp) {
+    auto& c = out[b];
+    c.token_ids.push_back(id);
+    c.logprobs.push_back(lp);
+    if (eos.count(id)) {
+      c.finish_reason = "stop";
     } else {
-      auto probs = logp.exp();
-      if (p.top_p < 1) {
-        auto [sp, si] = probs.sort(-1, /*descending=*/true);
-        auto drop = (sp.cumsum(-1) - sp) > p.top_p;  // keep the smallest head reaching top_p
-        sp = sp.masked_fill(drop, 0);
-        probs = torch::zeros_like(probs).scatter(-1, si, sp);
-      }
-      next = torch::multinomial(probs, 1).squeeze(-1);
-    }
-    lp = logp.gather(-1, next.unsqueeze(-1)).squeeze(-1);
-    // One device-to-host copy per step: token ids (exact in float64) and their logprobs.
-    auto both = torch::stack({next.to(torch::kFloat64), lp.to(torch::kFloat64)}).to(torch::kCPU).contiguous();
-    const double* bp = both.data_ptr<double>();
-    std::vector<int64_t> nxv(B);
-    std::vector<float> lpv(B);
-    for (int64_t b = 0; b < B; ++b) {
-      nxv[b] = static_cast<int64_t>(bp[b]);
-      lpv[b] = static_cast<float>(bp[B + b]);
-    }
-    auto* nx = nxv.data();
-    auto* lpx = lpv.data();
-    for (int64_t b = 0; b < B; ++b) {
-      if (done[b]) continue;
-      auto& c = out[b];
-      int32_t id = static_cast<int32_t>(nx[b]);
-      c.token_ids.push_back(id);
-      c.logprobs.push_back(lpx[b]);
-      if (eos.count(id)) {
-        c.finish_reason = "stop";
-      } else {
-        if (!(p.skip_special && impl_->tok->is_special(id))) {
-          size_t before = bytes[b].size();
-          bytes[b] += impl_->tok->token_bytes(id);
-          for (auto& s : p.stop) {
-            size_t from = before >= s.size() ? before - s.size() + 1 : 0;
-            auto at = bytes[b].find(s, from);
-            if (!s.empty() && at != std::string::npos) {
-              bytes[b].resize(at);
-              c.finish_reason = "stop";
-              break;
-            }
+      if (!(p.skip_special && impl_->tok->is_special(id))) {
+        size_t before = bytes[b].size();
+        bytes[b] += impl_->tok->token_bytes(id);
+        for (auto& s : p.stop) {
+          size_t from = before >= s.size() ? before - s.size() + 1 : 0;
+          auto at = bytes[b].find(s, from);
+          if (!s.empty() && at != std::string::npos) {
+            bytes[b].resize(at);
+            c.finish_reason = "stop";
+            break;
           }
         }
-        if (c.finish_reason.empty() && c.token_ids.size() >= p.max_tokens) c.finish_reason = "length";
       }
-      if (!c.finish_reason.empty()) {
-        done[b] = 1;
-        --live;
-      }
+      if (c.finish_reason.empty() && c.token_ids.size() >= p.max_tokens) c.finish_reason = "length";
     }
-    if (live == 0 || t + 1 == int64_t(p.max_tokens)) break;
-    if (use_graph) {
-      s_ids.copy_(next.view({B, 1}));
-      s_pos.copy_(next_pos.view({B, 1}));
-      s_slot.fill_(P + t);
-      if (graph)
-        graph->replay();
-      else
-        static_step();
-      logits = s_logits;
-    } else {
-      auto dmask = valid.narrow(1, 0, P + t + 1).view({B, 1, 1, P + t + 1});
-      logits = m.forward(next.view({B, 1}), next_pos.view({B, 1}), dmask, &cache, P + t).squeeze(1).to(torch::kFloat32);
-    }
-    next_pos = next_pos + 1;
+    return !c.finish_reason.empty();
+  };
+  Decoder d(m);
+  try {
+    d.generate(prompts, p, impl_->opt.max_rows, sink);
+  } catch (const c10::Error& e) {
+    throw PolicyError(std::string("sampling: ") + e.what_without_backtrace());
   }
+  impl_->last = d.stats();
   for (int64_t b = 0; b < B; ++b) {
     if (out[b].finish_reason.empty()) out[b].finish_reason = "length";
     out[b].text = utf8_lossy(bytes[b]);
   }
   return out;
 }
+
+const GenerationStats& Policy::last_generation() const { return impl_->last; }
 
 std::vector<std::vector<float>> Policy::score_ids(const std::vector<std::vector<int32_t>>& prompts,
                                                   const std::vector<std::vector<int32_t>>& completions,

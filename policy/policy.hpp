@@ -33,6 +33,9 @@ struct PolicyOptions {
   double lora_alpha = 32;
   std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   uint64_t seed = 0;  // initialisation of a fresh adapter's A
+  // Sequences decoded at once (rows of the key-value cache; 0: every sequence of a call). A call
+  // with more waits for rows: a finished sequence's row takes the next one (continuous batching).
+  int64_t max_rows = 0;
 };
 
 struct SamplingParams {
@@ -59,6 +62,16 @@ struct Scored {
   std::vector<float> logprobs;  // of token_ids after prompt_ids
 };
 
+// What the last generate call did (policy/decoder.hpp).
+struct GenerationStats {
+  std::string path;            // the decode step: "fused-graph", "fused", "graph", "static" or "eager"
+  int64_t steps = 0;           // decode steps (each over every row of the cache)
+  int64_t rows = 0;            // rows of the cache
+  int64_t prefill_tokens = 0;  // prompt tokens prefilled (each distinct prompt once per admission)
+  int64_t graphs = 0;          // CUDA graphs captured
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
 class Policy {
  public:
   // Loads model, tokenizer and adapter; throws PolicyError with the file and what is wrong.
@@ -69,6 +82,7 @@ class Policy {
   // sampled in one batch with a key-value cache.
   std::vector<Completion> generate(const std::vector<std::string>& prompts, const SamplingParams& p);
   std::vector<Completion> generate_ids(const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& p);
+  const GenerationStats& last_generation() const;
   // Logprobs of `completion` after `prompt` (each tokenized on its own, then joined).
   Scored score(const std::string& prompt, const std::string& completion, double temperature = 1.0);
   // Batched: logprobs of completions[i] after prompts[i].

@@ -20,7 +20,8 @@
 //   policy_probe lora-grad --model DIR --adapter DIR --in FILE --out FILE [loss options]
 //       FILE: ids [B,L] (int64), mask [B,L] (1: a completion token), old_logp [B,L], adv [B];
 //       the GRPO loss of the completion tokens under model + adapter (float32), its LoRA
-//       gradients written under PEFT key names, and "loss"
+//       gradients written under PEFT key names, and "loss" (--checkpoint 1: with activation
+//       checkpointing; also for train-step)
 //   policy_probe train-step --model DIR --adapter DIR --in FILE --out DIR [--split K] [--steps S]
 //                           [--lr X] [--max-grad-norm X] [--weight-decay X] [--temperature T]
 //                           [--schedule constant|linear|cosine --warmup W --total N] [--sft 1]
@@ -159,6 +160,7 @@ int main(int argc, char** argv) {
     if (cmd == "lora-grad") {
       CausalLM m(get("--model"), torch::kCPU, torch::kFloat32);
       m.load_lora(get("--adapter"));
+      m.set_checkpointing(get("--checkpoint", "0") == "1");
       auto params = m.lora_tensors();
       for (auto& [n, t] : params) t.requires_grad_(true);
       auto in = read_tensors(get("--in"));
@@ -185,6 +187,7 @@ int main(int argc, char** argv) {
       o.warmup_steps = std::stoll(get("--warmup", "0"));
       o.total_steps = std::stoll(get("--total", "0"));
       o.loss = loss_options(get);
+      o.activation_checkpointing = get("--checkpoint", "0") == "1";
       const bool sft = get("--sft", "0") == "1";
       auto tr = std::make_unique<LoraTrainer>(m, o);
       auto in = read_tensors(get("--in"));

@@ -130,9 +130,15 @@ class GrpoMathTest(unittest.TestCase):
         adv = torch.tensor([1.0, -0.5, 0.7], dtype=torch.float64)
         f, out = os.path.join(self.tmp, "batch.safetensors"), os.path.join(self.tmp, "grads.safetensors")
         save_file({"ids": ids, "mask": mask, "old_logp": old, "adv": adv}, f)
-        for agg in ["token_mean", "seq_mean"]:
-            run([PROBE, "lora-grad", "--model", d, "--adapter", adapter, "--in", f, "--out", out, "--agg", agg,
-                 "--clip-high", "0.28"])
+        # Plain; with activation checkpointing (each layer recomputed in the backward pass); with the
+        # vocabulary's log-softmax taken 5 positions at a time (24 positions: 5 chunks, the last short).
+        variants = [("token_mean", [], {}), ("seq_mean", [], {}), ("token_mean", ["--checkpoint", "1"], {}),
+                    ("seq_mean", ["--checkpoint", "1"], {"KERNELRL_LOGPROB_CHUNK": "5"})]
+        for agg, extra, env in variants:
+            p = subprocess.run([PROBE, "lora-grad", "--model", d, "--adapter", adapter, "--in", f, "--out", out,
+                                "--agg", agg, "--clip-high", "0.28"] + extra, capture_output=True, text=True,
+                               timeout=300, env=dict(os.environ, **env))
+            self.assertEqual(p.returncode, 0, p.stderr)
             got = load_file(out)
             pm.zero_grad()
             logits = pm(ids).logits.double()
@@ -147,7 +153,7 @@ class GrpoMathTest(unittest.TestCase):
                 key = name.replace(".default", "")
                 self.assertIn(key, got)
                 diff = (got[key] - p.grad.double()).abs().max().item()
-                self.assertLess(diff, 1e-5, "%s (%s): max |difference| %.3g" % (key, agg, diff))
+                self.assertLess(diff, 1e-5, "%s (%s %s %s): max |difference| %.3g" % (key, agg, extra, env, diff))
                 n += 1
             self.assertEqual(n, 2 * 2 * 5)
             self.assertGreater(max(g.abs().max().item() for k, g in got.items() if k != "loss"), 1e-4)
@@ -187,10 +193,14 @@ class TrainerTest(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def train(self, *extra, batch=None):
+    def train(self, *extra, batch=None, chunk=None):
         out = tempfile.mkdtemp(prefix="out-", dir=self.tmp)
-        run([PROBE, "train-step", "--model", self.model, "--adapter", self.adapter, "--in", batch or self.batch,
-             "--out", out] + list(extra))
+        env = dict(os.environ, KERNELRL_LOGPROB_CHUNK=str(chunk)) if chunk else None
+        p = subprocess.run([PROBE, "train-step", "--model", self.model, "--adapter", self.adapter, "--in",
+                            batch or self.batch, "--out", out] + list(extra), capture_output=True, text=True,
+                           timeout=300, env=env)
+        if p.returncode != 0:
+            raise AssertionError("train-step failed:\n%s" % p.stderr)
         with open(os.path.join(out, "report.json")) as f:
             return load_file(os.path.join(out, "adapter_model.safetensors")), json.load(f), out
 
@@ -245,12 +255,14 @@ class TrainerTest(unittest.TestCase):
                  ("entropy bonus", ["--entropy-coef", "0.05"], dict(ent=0.05)),
                  ("entropy bonus, seq_mean, T", ["--entropy-coef", "0.1", "--agg", "seq_mean", "--temperature", "0.8"],
                   dict(ent=0.1, agg="seq_mean", T=0.8)),
+                 ("entropy bonus, T, checkpointed, chunked", ["--entropy-coef", "0.1", "--temperature", "0.8",
+                                                              "--checkpoint", "1"], dict(ent=0.1, T=0.8, chunk=4)),
                  ("everything, seq_mean", ["--temperature", "1.3", "--kl-coef", "0.2", "--weight-decay", "0.01",
                                            "--agg", "seq_mean", "--clip-low", "0.1", "--clip-high", "0.3"],
                   dict(T=1.3, kl=0.2, wd=0.01, agg="seq_mean", lo=0.1, hi=0.3))]
         for what, args, c in cases:
             batch = per_token if "adv" in c else None
-            got, report, _ = self.train("--lr", "0.01", *args, batch=batch)
+            got, report, _ = self.train("--lr", "0.01", *args, batch=batch, chunk=c.get("chunk"))
             pm, params = self.peft_model()
             opt = torch.optim.AdamW(params, lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=c.get("wd", 0.0))
             T = c.get("T", 1.0)

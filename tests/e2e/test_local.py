@@ -59,10 +59,15 @@ class LocalTest(unittest.TestCase):
         with open(path, "w") as f:
             f.write(cfg)
         run_dir = os.path.join(self.tmp, "rl")
-        p = subprocess.run([LAUNCH, path, "--run-dir", run_dir], capture_output=True, text=True, timeout=900)
+        p = subprocess.run([LAUNCH, path, "--run-dir", run_dir, "--log-level", "info"], capture_output=True, text=True,
+                           timeout=900)
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
         self.assertRegex(p.stderr, r"\[train\] step \d+/8 \| \d+ samples \| fast_1 last step [0-9.]+ .*\| reward [0-9.]+ .*"
                                    r"\| ETA \d+:\d\d")
+        # The sampler and the learner of this one process hold one copy of the base weights.
+        with open(os.path.join(run_dir, "launch.log")) as f:
+            self.assertRegex(f.read(), r"base weights of \S+ on cpu are shared with another model of this process "
+                                       r"\([0-9.]+ MB saved\)")
         a = json.loads(subprocess.run([LAUNCH, "analyze", run_dir, "--json"], capture_output=True, text=True,
                                       check=True).stdout)
         self.assertEqual([s["step"] for s in a["steps"]], list(range(8)))

@@ -309,21 +309,73 @@ class PolicyTest(unittest.TestCase):
                     self.assertAlmostEqual(a, b, delta=1e-4)
 
     def test_fixed_shape_decode_step_equals_eager(self):
-        # The CUDA-graph decode step (whole-cache attention under a mask, index_copy into the cache),
-        # run op by op here on the CPU, gives the same tokens and logprobs as the eager step.
+        # The CUDA-graph decode step (attention over a length bucket of the cache under a mask,
+        # index_copy into the cache, the token drawn inside the step), run op by op here on the
+        # CPU, gives the same tokens and logprobs as the eager step: greedy, and sampled from the
+        # same seed (both draw the same random numbers in the same order). 150 tokens cross the
+        # first 128-key bucket; the models have grouped-query attention (2 and 4 heads per kv head).
         prompts = ["def relu(x):", "Write a CUDA kernel that adds two vectors of floats and", "x"]
-        args = [LAUNCH, "generate", "--model", self.models["llama"], "--json", "--temperature", "0", "--max-tokens", "16"]
-        for p in prompts:
-            args += ["--prompt", p]
-        eager = json.loads(run(args).stdout)["completions"]
-        env = dict(os.environ, KERNELRL_CUDA_GRAPHS="static")
-        p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        static = json.loads(p.stdout)["completions"]
-        for a, b in zip(eager, static):
-            self.assertEqual(a["token_ids"], b["token_ids"])
-            for x, y in zip(a["logprobs"], b["logprobs"]):
-                self.assertAlmostEqual(x, y, delta=1e-4)
+        for model, sampling in (("llama", ["--temperature", "0"]), ("qwen2", ["--temperature", "1", "--seed", "5"])):
+            args = [LAUNCH, "generate", "--model", self.models[model], "--json", "--max-tokens", "150", *sampling]
+            for p in prompts:
+                args += ["--prompt", p]
+            eager = json.loads(run(args).stdout)["completions"]
+            env = dict(os.environ, KERNELRL_CUDA_GRAPHS="static")
+            p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            static = json.loads(p.stdout)["completions"]
+            self.assertGreater(max(len(a["token_ids"]) for a in eager), 120, model)
+            for a, b in zip(eager, static):
+                self.assertEqual(a["token_ids"], b["token_ids"], model)
+                for x, y in zip(a["logprobs"], b["logprobs"]):
+                    self.assertAlmostEqual(x, y, delta=1e-4)
+
+    def test_rows_of_the_cache_change_no_greedy_token(self):
+        # Greedy completions do not depend on how sequences share the key-value cache: all at once,
+        # one, two or three rows at a time (a stop string ends some sequences early, so a finished
+        # sequence's row takes the next waiting one mid-generation), or n samples of each prompt
+        # sharing its prefill. Prompts of different lengths: each row has its own positions.
+        prompts = ["def relu(x):", "Write a CUDA kernel that adds two vectors of floats and", "x", "__global__ void"]
+        greedy = ["--temperature", "0", "--max-tokens", "40"]
+        free = self.generate(prompts, *greedy)
+        text = free[0]["text"]
+        starts = [i for i in range(4, len(text) - 2) if all(" " < ch < "\x7f" for ch in text[i:i + 2])]
+        self.assertTrue(starts, "no ASCII run in the greedy text %r" % text)
+        stop = ["--stop", text[starts[0]:starts[0] + 2]]
+        base = self.generate(prompts, *greedy, *stop)
+        self.assertEqual(base[0]["finish_reason"], "stop")
+        self.assertLess(len(base[0]["token_ids"]), 40)
+        for rows in ("1", "2", "3"):
+            got = self.generate(prompts, *greedy, *stop, "--max-rows", rows)
+            for a, b in zip(base, got):
+                self.assertEqual(a["token_ids"], b["token_ids"], rows)
+                self.assertEqual(a["finish_reason"], b["finish_reason"], rows)
+                for x, y in zip(a["logprobs"], b["logprobs"]):
+                    self.assertAlmostEqual(x, y, delta=1e-4)
+        shared = self.generate(prompts, *greedy, *stop, "--n", "3", "--max-rows", "5")
+        self.assertEqual(len(shared), 12)
+        for i, c in enumerate(shared):
+            self.assertEqual(c["prompt_index"], i // 3)
+            self.assertEqual(c["token_ids"], base[i // 3]["token_ids"])
+
+    def test_sampled_logprobs_equal_transformers_when_rows_are_reused(self):
+        # Sampling with fewer rows than sequences (rows taken over mid-generation) and shared
+        # prefills: every reported logprob equals transformers' full forward pass over the same
+        # prefix at the same temperature; the same seed gives the same tokens.
+        tok = self.toks["llama3"]
+        ref_model = AutoModelForCausalLM.from_pretrained(self.models["llama"], dtype=torch.float32).eval()
+        prompts = ["__global__ void add(float* a)", "def f(x):", "x = torch.relu("]
+        args = ["--temperature", "0.8", "--seed", "3", "--n", "2", "--max-tokens", "24", "--max-rows", "4"]
+        a = self.generate(prompts, *args, model="llama")
+        b = self.generate(prompts, *args, model="llama")
+        self.assertEqual([c["token_ids"] for c in a], [c["token_ids"] for c in b])
+        self.assertEqual(len(a), 6)
+        for c in a:
+            p_ids = tok.encode(prompts[c["prompt_index"]], add_special_tokens=False).ids
+            ids = p_ids + c["token_ids"]
+            logits = self.hf_logits(ref_model, ids)[len(p_ids) - 1: -1] / 0.8
+            ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c["token_ids"])[:, None])[:, 0]
+            self.assert_close(torch.tensor(c["logprobs"]), ref, what="sampled logprobs")
 
     def test_score_matches_transformers(self):
         tok = self.toks["llama3"]

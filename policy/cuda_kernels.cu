@@ -1,0 +1,742 @@
+// Fused CUDA kernels of the sampler's decode step: see cuda_kernels.hpp.
+#include "policy/cuda_kernels.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_pipeline.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <stdexcept>
+#include <string>
+
+namespace kernelrl::cuda {
+
+namespace {
+
+__device__ __forceinline__ float bf(bf16_t x) { return __uint_as_float(uint32_t(x) << 16); }
+__device__ __forceinline__ bf16_t to_bf(float x) {
+  __nv_bfloat16 b = __float2bfloat16_rn(x);
+  return *reinterpret_cast<bf16_t*>(&b);
+}
+// x rounded to bf16 and back: what a bf16 tensor op stores.
+__device__ __forceinline__ float rnd(float x) { return bf(to_bf(x)); }
+
+void check(const char* what) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+template <int N>
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = N / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// ---------------------------------------------------------------- add + RMSNorm
+
+constexpr int kNormThreads = 256;
+
+__device__ __forceinline__ float block_sum(float v, float* part) {
+  v = warp_sum<32>(v);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float x = threadIdx.x < kNormThreads / 32 ? part[threadIdx.x] : 0.f;
+    x = warp_sum<32>(x);
+    if (threadIdx.x == 0) part[0] = x;
+  }
+  __syncthreads();
+  return part[0];
+}
+
+// One row per block, its pairs of elements held in registers between the sum and the output
+// (PAIRS per thread at most: H <= 2 * 256 * PAIRS, H even).
+template <int PAIRS>
+__global__ void __launch_bounds__(kNormThreads)
+    add_rmsnorm_kernel(bf16_t* h, const bf16_t* delta, const float* dl, const bf16_t* w, bf16_t* out, float* out32,
+                       int H, float eps) {
+  const int64_t row = blockIdx.x;
+  const int H2 = H / 2;
+  uint32_t* hr = reinterpret_cast<uint32_t*>(h + row * H);
+  const uint32_t* dr = delta ? reinterpret_cast<const uint32_t*>(delta + row * H) : nullptr;
+  const float2* lr = dl ? reinterpret_cast<const float2*>(dl + row * H) : nullptr;
+  float2 x[PAIRS];
+  float ss = 0;
+#pragma unroll
+  for (int k = 0; k < PAIRS; ++k) {
+    const int i = threadIdx.x + k * kNormThreads;
+    if (i < H2) {
+      const uint32_t hv = hr[i];
+      float a = __uint_as_float(hv << 16), b = __uint_as_float(hv & 0xffff0000u);
+      if (dr) {
+        const uint32_t dv = dr[i];
+        float da = __uint_as_float(dv << 16), db = __uint_as_float(dv & 0xffff0000u);
+        if (lr) {
+          const float2 l = lr[i];
+          da = rnd(da + l.x);
+          db = rnd(db + l.y);
+        }
+        a = rnd(a + da);
+        b = rnd(b + db);
+        hr[i] = uint32_t(to_bf(a)) | (uint32_t(to_bf(b)) << 16);
+      }
+      x[k] = make_float2(a, b);
+      ss += a * a + b * b;
+    }
+  }
+  __shared__ float part[kNormThreads / 32];
+  const float inv = rsqrtf(block_sum(ss, part) / float(H) + eps);
+  const uint32_t* wr = reinterpret_cast<const uint32_t*>(w);
+  uint32_t* orow = reinterpret_cast<uint32_t*>(out + row * H);
+  float2* o32 = out32 ? reinterpret_cast<float2*>(out32 + row * H) : nullptr;
+#pragma unroll
+  for (int k = 0; k < PAIRS; ++k) {
+    const int i = threadIdx.x + k * kNormThreads;
+    if (i < H2) {
+      const uint32_t wv = wr[i];
+      const float ya = rnd(__uint_as_float(wv << 16) * rnd(x[k].x * inv));
+      const float yb = rnd(__uint_as_float(wv & 0xffff0000u) * rnd(x[k].y * inv));
+      orow[i] = uint32_t(to_bf(ya)) | (uint32_t(to_bf(yb)) << 16);
+      if (o32) o32[i] = make_float2(ya, yb);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- rotary embedding + cache write
+
+__global__ void rope_qkv_kernel(const bf16_t* qkv, const float* lora, const int64_t* pos, const float* inv_freq, int nh,
+                                int nkv, int D, bf16_t* q_out, bf16_t* kc, bf16_t* vc, int64_t cap) {
+  const int64_t r = blockIdx.x;
+  const int half = D / 2, width = (nh + 2 * nkv) * D;
+  const int64_t p = pos[r];
+  const bool write = p >= 0 && p < cap;
+  auto val = [&](int col) {
+    float x = bf(qkv[r * width + col]);
+    return lora ? rnd(x + lora[r * width + col]) : x;
+  };
+  const int rot = (nh + nkv) * half;
+  for (int idx = threadIdx.x; idx < rot + nkv * D; idx += blockDim.x) {
+    if (idx < rot) {
+      const int hh = idx / half, i = idx % half, col = hh * D;
+      const float x1 = val(col + i), x2 = val(col + i + half);
+      const float f = float(p) * inv_freq[i];
+      const float c = rnd(cosf(f)), s = rnd(sinf(f));
+      // q * cos + rotate_half(q) * sin, rotate_half(q) = [-x2, x1]; each product and the sum rounded
+      const float o1 = rnd(rnd(x1 * c) + rnd(-x2 * s));
+      const float o2 = rnd(rnd(x2 * c) + rnd(x1 * s));
+      if (hh < nh) {
+        q_out[(r * nh + hh) * D + i] = to_bf(o1);
+        q_out[(r * nh + hh) * D + i + half] = to_bf(o2);
+      } else if (write) {
+        const int64_t base = ((r * nkv + (hh - nh)) * cap + p) * D;
+        kc[base + i] = to_bf(o1);
+        kc[base + i + half] = to_bf(o2);
+      }
+    } else if (write) {
+      const int j = idx - rot, g = j / D, d = j % D;
+      vc[((r * nkv + g) * cap + p) * D + d] = to_bf(val((nh + nkv) * D + j));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- decode attention
+
+constexpr int kAttnThreads = 128;  // one key per thread in the score pass; one dimension per thread after
+constexpr int kChunk = kAttnThreads;
+
+// Block (row r, kv head g, split): keys [split * span, min((split + 1) * span, pos[r] + 1, klen)),
+// a chunk of 128 at a time: the chunk's values are copied to shared memory (cp.async, 16 bytes a
+// thread at a time) while each thread scores its key (its row in 16-byte loads) against the
+// group's rep queries; online softmax over the chunks. With splits > 1 each block leaves its
+// partial (max, sum, weighted values) in `work`, and the last block of a (row, kv head) to finish
+// (an atomic count in `counters`, reset by that block) combines them.
+template <int D, int REP>
+__global__ void __launch_bounds__(kAttnThreads)
+    decode_attention_kernel(const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
+                            int64_t cap, int klen, int span, float scale, float* work, int* counters, bf16_t* out,
+                            float* out32) {
+  constexpr int REPP = (REP + 3) / 4 * 4;       // a key's probabilities, padded for 16-byte reads
+  constexpr int PAIRS = D / 2;                  // value dimensions a thread takes two at a time
+  constexpr int GROUPS = kAttnThreads / PAIRS;  // threads sharing a dimension pair split the keys
+  const int r = blockIdx.x / nkv, g = blockIdx.x % nkv, split = blockIdx.y, splits = gridDim.y;
+  const int nh = nkv * REP;
+  __shared__ __align__(16) float qs[REP][D];
+  __shared__ __align__(16) float ps[kChunk][REPP];
+  __shared__ __align__(16) bf16_t vs[kChunk * D];  // the chunk's values; at the end, the groups' partial sums
+  __shared__ float mrow[REP], lrow[REP], corr[REP];
+  __shared__ bool last;
+  const int tid = threadIdx.x;
+  for (int i = tid; i < REP * D; i += kAttnThreads)
+    qs[i / D][i % D] = bf(q[(int64_t(r) * nh + g * REP + i / D) * D + i % D]) * scale;
+  if (tid < REP) {
+    mrow[tid] = -INFINITY;
+    lrow[tid] = 0;
+  }
+  int64_t n = pos[r] + 1;
+  if (n > klen) n = klen;
+  if (n > cap) n = cap;
+  const int s0 = split * span;
+  const int s1 = int(n < int64_t(s0) + span ? n : int64_t(s0) + span);
+  const bf16_t* kbase = kc + (int64_t(r) * nkv + g) * cap * D;
+  const bf16_t* vbase = vc + (int64_t(r) * nkv + g) * cap * D;
+  const int pair = tid % PAIRS, grp = tid / PAIRS;
+  float acc0[REP], acc1[REP];
+#pragma unroll
+  for (int j = 0; j < REP; ++j) acc0[j] = acc1[j] = 0;
+  __syncthreads();
+  for (int c0 = s0; c0 < s1; c0 += kChunk) {
+    const int cn = min(kChunk, s1 - c0);
+    // The chunk's values into shared memory, asynchronously.
+    {
+      const uint4* src = reinterpret_cast<const uint4*>(vbase + int64_t(c0) * D);
+      uint4* dst = reinterpret_cast<uint4*>(vs);
+      for (int i = tid; i < cn * D / 8; i += kAttnThreads) __pipeline_memcpy_async(dst + i, src + i, 16);
+      __pipeline_commit();
+    }
+    // Scores: thread t takes key c0 + t (its row in 16-byte loads; the queries in 16-byte reads).
+    if (tid < cn) {
+      const uint4* kr = reinterpret_cast<const uint4*>(kbase + int64_t(c0 + tid) * D);
+      uint4 kv[D / 8];
+#pragma unroll
+      for (int v = 0; v < D / 8; ++v) kv[v] = kr[v];
+      float dot[REP];
+#pragma unroll
+      for (int j = 0; j < REP; ++j) dot[j] = 0;
+#pragma unroll
+      for (int v = 0; v < D / 8; ++v) {
+        const uint32_t w4[4] = {kv[v].x, kv[v].y, kv[v].z, kv[v].w};
+        float k8[8];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          k8[2 * e] = __uint_as_float(w4[e] << 16);
+          k8[2 * e + 1] = __uint_as_float(w4[e] & 0xffff0000u);
+        }
+#pragma unroll
+        for (int j = 0; j < REP; ++j) {
+          const float4 qa = *reinterpret_cast<const float4*>(&qs[j][v * 8]);
+          const float4 qb = *reinterpret_cast<const float4*>(&qs[j][v * 8 + 4]);
+          dot[j] += k8[0] * qa.x + k8[1] * qa.y + k8[2] * qa.z + k8[3] * qa.w + k8[4] * qb.x + k8[5] * qb.y +
+                    k8[6] * qb.z + k8[7] * qb.w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < REP; ++j) ps[tid][j] = dot[j];
+    }
+    __syncthreads();
+    // Online softmax over the chunk: warp w takes query rows w, w + 4, ...
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int j = warp; j < REP; j += kAttnThreads / 32) {
+      float m = -INFINITY;
+      for (int i = lane; i < cn; i += 32) m = fmaxf(m, ps[i][j]);
+      m = warp_max(m);
+      const float mnew = fmaxf(mrow[j], m);
+      float sum = 0;
+      for (int i = lane; i < cn; i += 32) {
+        const float e = __expf(ps[i][j] - mnew);
+        ps[i][j] = e;
+        sum += e;
+      }
+      sum = warp_sum<32>(sum);
+      if (lane == 0) {
+        const float cf = __expf(mrow[j] - mnew);  // 0 for the first chunk (mrow = -inf)
+        corr[j] = cf;
+        lrow[j] = lrow[j] * cf + sum;
+        mrow[j] = mnew;
+      }
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    // Probabilities times values: thread (pair, group) takes dimensions 2 pair and 2 pair + 1 of
+    // keys group, group + GROUPS, ...
+#pragma unroll
+    for (int j = 0; j < REP; ++j) {
+      acc0[j] *= corr[j];
+      acc1[j] *= corr[j];
+    }
+    for (int i = grp; i < cn; i += GROUPS) {
+      const uint32_t v2 = *reinterpret_cast<const uint32_t*>(&vs[i * D + 2 * pair]);
+      const float va = __uint_as_float(v2 << 16), vb = __uint_as_float(v2 & 0xffff0000u);
+      float p[REPP];
+#pragma unroll
+      for (int k = 0; k < REPP / 4; ++k) {
+        const float4 p4 = *reinterpret_cast<const float4*>(&ps[i][4 * k]);
+        p[4 * k] = p4.x;
+        p[4 * k + 1] = p4.y;
+        p[4 * k + 2] = p4.z;
+        p[4 * k + 3] = p4.w;
+      }
+#pragma unroll
+      for (int j = 0; j < REP; ++j) {
+        acc0[j] += p[j] * va;
+        acc1[j] += p[j] * vb;
+      }
+    }
+    __syncthreads();
+  }
+  // The groups' partial sums, added in shared memory (over the value buffer, no longer needed).
+  float* red = reinterpret_cast<float*>(vs);  // [GROUPS][REP][D]
+  if (GROUPS > 1) {
+#pragma unroll
+    for (int j = 0; j < REP; ++j) {
+      red[(grp * REP + j) * D + 2 * pair] = acc0[j];
+      red[(grp * REP + j) * D + 2 * pair + 1] = acc1[j];
+    }
+    __syncthreads();
+  }
+  auto total = [&](int j, int d) {
+    if (GROUPS == 1) return (d & 1) ? acc1[j] : acc0[j];
+    float v = 0;
+    for (int q2 = 0; q2 < GROUPS; ++q2) v += red[(q2 * REP + j) * D + d];
+    return v;
+  };
+  if (splits == 1) {
+    if (tid < D)
+      for (int j = 0; j < REP; ++j) {
+        const int64_t head = int64_t(r) * nh + g * REP + j;
+        const float o = lrow[j] > 0 ? total(j, tid) / lrow[j] : 0.f;
+        out[head * D + tid] = to_bf(o);
+        if (out32) out32[head * D + tid] = rnd(o);
+      }
+    return;
+  }
+  // Partial to `work` [R * nh, splits, D + 2]; the last block of this (row, kv head) combines.
+  if (tid < D)
+    for (int j = 0; j < REP; ++j) {
+      const int64_t head = int64_t(r) * nh + g * REP + j;
+      float* wp = work + (head * splits + split) * (D + 2);
+      wp[2 + tid] = total(j, tid);
+      if (tid == 0) {
+        wp[0] = mrow[j];
+        wp[1] = lrow[j];
+      }
+    }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int done = atomicAdd(&counters[blockIdx.x], 1);
+    last = done == splits - 1;
+    if (last) counters[blockIdx.x] = 0;  // ready for the next step
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (tid < D)
+    for (int j = 0; j < REP; ++j) {
+      const int64_t head = int64_t(r) * nh + g * REP + j;
+      const volatile float* w = work + head * splits * (D + 2);
+      float M = -INFINITY;
+      for (int s = 0; s < splits; ++s) M = fmaxf(M, w[s * (D + 2)]);
+      float L = 0, o = 0;
+      for (int s = 0; s < splits; ++s) {
+        const float m = w[s * (D + 2)];
+        if (m == -INFINITY) continue;
+        const float f = __expf(m - M);
+        L += w[s * (D + 2) + 1] * f;
+        o += w[s * (D + 2) + 2 + tid] * f;
+      }
+      const float v = L > 0 ? o / L : 0.f;
+      out[head * D + tid] = to_bf(v);
+      if (out32) out32[head * D + tid] = rnd(v);
+    }
+}
+
+// ---------------------------------------------------------------- SwiGLU
+
+__global__ void silu_mul_kernel(const bf16_t* gu, const float* lora, int64_t n, int I, bf16_t* out, float* out32) {
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = k / I, i = k % I;
+    const int64_t gi = r * 2 * I + i, ui = gi + I;
+    float g = bf(gu[gi]), u = bf(gu[ui]);
+    if (lora) {
+      g = rnd(g + lora[gi]);
+      u = rnd(u + lora[ui]);
+    }
+    const float a = rnd(g / (1.f + expf(-g)));
+    const float y = rnd(a * u);
+    out[k] = to_bf(y);
+    if (out32) out32[k] = y;
+  }
+}
+
+// ---------------------------------------------------------------- sampling
+
+__device__ __forceinline__ uint4 philox(uint4 c, uint2 k) {
+#pragma unroll
+  for (int i = 0; i < 10; ++i) {
+    const uint32_t lo0 = c.x * 0xD2511F53u, hi0 = __umulhi(c.x, 0xD2511F53u);
+    const uint32_t lo1 = c.z * 0xCD9E8D57u, hi1 = __umulhi(c.z, 0xCD9E8D57u);
+    c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+    k.x += 0x9E3779B9u;
+    k.y += 0xBB67AE85u;
+  }
+  return c;
+}
+
+// (max, sum of exp) and (best key, its index) over a warp: the logsumexp parts merged, the best
+// key kept (the lower index on a tie).
+__device__ __forceinline__ void warp_merge_draw(float& m, float& s, float& best, int& besti) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    const float mm = fmaxf(m, m2);
+    s = (m == -INFINITY ? 0.f : s * __expf(m - mm)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mm));
+    m = mm;
+    const float b2 = __shfl_xor_sync(0xffffffffu, best, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, besti, o);
+    if (b2 > best || (b2 == best && i2 < besti)) {
+      best = b2;
+      besti = i2;
+    }
+  }
+}
+
+constexpr int kSampleBlocks = 64;  // vocabulary chunks per row
+constexpr int kSampleThreads = 256;
+
+// Block (row, chunk): the chunk's max and sum of exp (for the row's logsumexp) and its best
+// Gumbel key with the index.
+__global__ void sample_partial_kernel(const bf16_t* logits, int V, float inv_t, bool greedy, uint64_t seed,
+                                      const int64_t* step, float* work) {
+  const int r = blockIdx.y, chunk = blockIdx.x;
+  const int per = (V + kSampleBlocks - 1) / kSampleBlocks;
+  const int i0 = chunk * per, i1 = min(V, i0 + per);
+  const uint64_t st = uint64_t(*step);
+  const uint2 key = make_uint2(uint32_t(seed), uint32_t(seed >> 32));
+  float m = -INFINITY, s = 0, best = -INFINITY;
+  int besti = i0;
+  for (int i = i0 + threadIdx.x; i < i1; i += kSampleThreads) {
+    const float x = bf(logits[int64_t(r) * V + i]) * inv_t;
+    if (x > m) {
+      s = s * __expf(m - x) + 1.f;
+      m = x;
+    } else {
+      s += __expf(x - m);
+    }
+    float kv = x;
+    if (!greedy) {
+      const uint4 u = philox(make_uint4(uint32_t(i), uint32_t(r), uint32_t(st), uint32_t(st >> 32)), key);
+      const float U = (float(u.x >> 9) + 0.5f) * (1.0f / 8388608.0f);  // in (0, 1)
+      kv = x - logf(-logf(U));
+    }
+    if (kv > best) {
+      best = kv;
+      besti = i;
+    }
+  }
+  // Reduce (m, s) and (best, besti) over the block.
+  __shared__ float sm[kSampleThreads / 32], ssum[kSampleThreads / 32], sb[kSampleThreads / 32];
+  __shared__ int si[kSampleThreads / 32];
+  warp_merge_draw(m, s, best, besti);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sm[warp] = m;
+    ssum[warp] = s;
+    sb[warp] = best;
+    si[warp] = besti;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = -INFINITY, S = 0, B = -INFINITY;
+    int BI = i0;
+    for (int w = 0; w < kSampleThreads / 32; ++w) M = fmaxf(M, sm[w]);
+    for (int w = 0; w < kSampleThreads / 32; ++w) {
+      if (sm[w] != -INFINITY) S += ssum[w] * __expf(sm[w] - M);
+      if (sb[w] > B || (sb[w] == B && si[w] < BI)) {
+        B = sb[w];
+        BI = si[w];
+      }
+    }
+    float* wp = work + (int64_t(r) * kSampleBlocks + chunk) * 4;
+    wp[0] = M;
+    wp[1] = S;
+    wp[2] = B;
+    wp[3] = __int_as_float(BI);
+  }
+}
+
+// One block: warp w combines rows w, w + 8, ...; then the step counter moves on.
+__global__ void sample_final_kernel(const bf16_t* logits, int R, int V, float inv_t, int64_t* step, const float* work,
+                                    int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens, float* hist_logprobs,
+                                    int64_t hist_steps) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t st = *step;
+  for (int r = warp; r < R; r += kSampleThreads / 32) {
+    float m = -INFINITY, s = 0, best = -INFINITY;
+    int besti = 0x7fffffff;
+    for (int c = lane; c < kSampleBlocks; c += 32) {
+      const float* wp = work + (int64_t(r) * kSampleBlocks + c) * 4;
+      const float m2 = wp[0];
+      if (m2 != -INFINITY) {
+        const float mm = fmaxf(m, m2);
+        s = (m == -INFINITY ? 0.f : s * __expf(m - mm)) + wp[1] * __expf(m2 - mm);
+        m = mm;
+      }
+      const int i2 = __float_as_int(wp[3]);
+      if (wp[2] > best || (wp[2] == best && i2 < besti)) {
+        best = wp[2];
+        besti = i2;
+      }
+    }
+    warp_merge_draw(m, s, best, besti);
+    if (lane == 0) {
+      const float lp = bf(logits[int64_t(r) * V + besti]) * inv_t - (m + logf(s));
+      ids[r] = besti;
+      if (pos[r] > 0 && pos[r] + 1 < cap) pos[r] += 1;  // (0: a parked row, which stays)
+      const int64_t slot = st % hist_steps;
+      hist_tokens[slot * R + r] = besti;
+      hist_logprobs[slot * R + r] = lp;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *step = st + 1;
+}
+
+// ---------------------------------------------------------------- LoRA: y + t B^T
+
+constexpr int kExpandCols = 128, kExpandRows = 32, kExpandMaxRank = 64;
+
+// Block: 32 rows x 128 columns; thread (column c, row group g of 16 rows). The adapter's rank-r
+// inputs t and scaled B^T tiles in shared memory; out = bf16(f32(y) + sum_j t[n, j] sBt[j, c]).
+__global__ void __launch_bounds__(256) lora_expand_add_kernel(const bf16_t* y, const float* t, const float* sbt,
+                                                              int64_t N, int out_cols, int r, bf16_t* out) {
+  __shared__ float ts[kExpandRows][kExpandMaxRank + 1];
+  __shared__ float bs[kExpandMaxRank][kExpandCols];
+  const int64_t n0 = int64_t(blockIdx.y) * kExpandRows;
+  const int c0 = blockIdx.x * kExpandCols;
+  for (int i = threadIdx.x; i < kExpandRows * r; i += blockDim.x) {
+    const int rr = i / r, j = i % r;
+    ts[rr][j] = n0 + rr < N ? t[(n0 + rr) * r + j] : 0.f;
+  }
+  for (int i = threadIdx.x; i < r * kExpandCols; i += blockDim.x) {
+    const int j = i / kExpandCols, c = i % kExpandCols;
+    bs[j][c] = c0 + c < out_cols ? sbt[int64_t(j) * out_cols + c0 + c] : 0.f;
+  }
+  __syncthreads();
+  const int c = threadIdx.x % kExpandCols, g = threadIdx.x / kExpandCols;
+  if (c0 + c >= out_cols) return;
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0;
+  for (int j = 0; j < r; ++j) {
+    const float b = bs[j][c];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] += ts[g * 16 + i][j] * b;
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int64_t n = n0 + g * 16 + i;
+    if (n < N) {
+      const int64_t k = n * out_cols + c0 + c;
+      out[k] = to_bf(bf(y[k]) + acc[i]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- token logprobs over the vocabulary
+
+constexpr int kLogprobThreads = 512;
+
+// (max, sum of exp, sum of z exp) of two parts of a row, merged.
+__device__ __forceinline__ void lse_merge(float& m, float& s, float& u, float m2, float s2, float u2) {
+  const float mm = fmaxf(m, m2);
+  const float f1 = m == -INFINITY ? 0.f : __expf(m - mm), f2 = m2 == -INFINITY ? 0.f : __expf(m2 - mm);
+  s = s * f1 + s2 * f2;
+  u = u * f1 + u2 * f2;
+  m = mm;
+}
+
+// One row per block: z = logits / T (float32 of the bf16 logits), lse = logsumexp(z),
+// lp = z[target] - lse and H = lse - sum softmax(z) z, in one pass over the row.
+__global__ void __launch_bounds__(kLogprobThreads)
+    logprob_fwd_kernel(const bf16_t* logits, int V, const int64_t* targets, float temperature, float* lse, float* lp,
+                       float* ent) {
+  const int64_t row = blockIdx.x;
+  const bf16_t* x = logits + row * V;
+  float m = -INFINITY, s = 0, u = 0;
+  for (int i = threadIdx.x; i < V; i += kLogprobThreads) {
+    const float z = bf(x[i]) / temperature;
+    if (z > m) {
+      const float f = __expf(m - z);
+      s = s * f + 1.f;
+      u = u * f + z;
+      m = z;
+    } else {
+      const float e = __expf(z - m);
+      s += e;
+      u += z * e;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    lse_merge(m, s, u, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o),
+              __shfl_xor_sync(0xffffffffu, u, o));
+  __shared__ float pm[kLogprobThreads / 32], psum[kLogprobThreads / 32], pu[kLogprobThreads / 32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    pm[warp] = m;
+    psum[warp] = s;
+    pu[warp] = u;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float M = -INFINITY, S = 0, U = 0;
+    for (int w = 0; w < kLogprobThreads / 32; ++w) lse_merge(M, S, U, pm[w], psum[w], pu[w]);
+    const float l = M + logf(S);
+    lse[row] = l;
+    lp[row] = bf(x[targets[row]]) / temperature - l;
+    if (ent) ent[row] = l - U / S;
+  }
+}
+
+// d/dz of g_lp * logp[target] + g_ent * H, divided by T (the gradient of the raw logits), rounded
+// to bf16 as autograd rounds the gradient of a bf16 tensor cast to float32.
+__global__ void logprob_bwd_kernel(const bf16_t* logits, int V, const int64_t* targets, float temperature,
+                                   const float* lse, const float* ent, const float* g_lp, const float* g_ent,
+                                   bf16_t* grad) {
+  const int64_t row = blockIdx.y;
+  const float l = lse[row], glp = g_lp ? g_lp[row] : 0.f, gent = g_ent ? g_ent[row] : 0.f;
+  const float h = ent ? ent[row] : 0.f;
+  const int64_t t = targets[row];
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < V; i += gridDim.x * blockDim.x) {
+    const float logp = bf(logits[row * V + i]) / temperature - l;
+    const float p = __expf(logp);
+    float gz = -glp * p + (i == t ? glp : 0.f);
+    if (g_ent) gz += -gent * p * (logp + h);
+    grad[row * V + i] = to_bf(gz / temperature);
+  }
+}
+
+template <int D, int REP>
+void launch_attention(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
+                      int64_t cap, int klen, int span, float scale, float* work, int* counters, bf16_t* out,
+                      float* out32, Stream s) {
+  decode_attention_kernel<D, REP>
+      <<<grid, kAttnThreads, 0, s>>>(q, kc, vc, pos, nkv, cap, klen, span, scale, work, counters, out, out32);
+}
+
+template <int D>
+void attention_rep(int rep, dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
+                   int64_t cap, int klen, int span, float scale, float* work, int* counters, bf16_t* out, float* out32,
+                   Stream s) {
+  switch (rep) {
+#define KERNELRL_REP(N)                                                                                       \
+  case N:                                                                                                     \
+    launch_attention<D, N>(grid, q, kc, vc, pos, nkv, cap, klen, span, scale, work, counters, out, out32, s); \
+    break;
+    KERNELRL_REP(1)
+    KERNELRL_REP(2)
+    KERNELRL_REP(3)
+    KERNELRL_REP(4)
+    KERNELRL_REP(5)
+    KERNELRL_REP(6)
+    KERNELRL_REP(7)
+    KERNELRL_REP(8)
+#undef KERNELRL_REP
+    default:
+      throw std::invalid_argument("decode_attention: unsupported heads per kv head");
+  }
+}
+
+}  // namespace
+
+void add_rmsnorm(bf16_t* h, const bf16_t* delta, const float* delta_lora, const bf16_t* w, bf16_t* out, float* out32,
+                 int R, int H, float eps, Stream s) {
+  if (H % 2 != 0 || H > 2 * kNormThreads * 32) throw std::invalid_argument("add_rmsnorm: unsupported hidden size");
+  const int pairs = (H / 2 + kNormThreads - 1) / kNormThreads;
+  if (pairs <= 4)
+    add_rmsnorm_kernel<4><<<R, kNormThreads, 0, s>>>(h, delta, delta_lora, w, out, out32, H, eps);
+  else if (pairs <= 8)
+    add_rmsnorm_kernel<8><<<R, kNormThreads, 0, s>>>(h, delta, delta_lora, w, out, out32, H, eps);
+  else if (pairs <= 16)
+    add_rmsnorm_kernel<16><<<R, kNormThreads, 0, s>>>(h, delta, delta_lora, w, out, out32, H, eps);
+  else
+    add_rmsnorm_kernel<32><<<R, kNormThreads, 0, s>>>(h, delta, delta_lora, w, out, out32, H, eps);
+  check("add_rmsnorm");
+}
+
+void rope_qkv(const bf16_t* qkv, const float* lora, const int64_t* pos, const float* inv_freq, int R, int nh, int nkv,
+              int D, bf16_t* q_out, bf16_t* k_cache, bf16_t* v_cache, int64_t cap, Stream s) {
+  rope_qkv_kernel<<<R, 256, 0, s>>>(qkv, lora, pos, inv_freq, nh, nkv, D, q_out, k_cache, v_cache, cap);
+  check("rope_qkv");
+}
+
+bool decode_attention_supported(int nh, int nkv, int D) {
+  return nkv > 0 && nh % nkv == 0 && nh / nkv <= 8 && (D == 32 || D == 64 || D == 128);
+}
+
+int decode_attention_splits(int R, int nkv, int klen, int sms) {
+  const int blocks = R * nkv;
+  int splits = (2 * sms + blocks - 1) / blocks;
+  const int most = (klen + kChunk - 1) / kChunk;
+  if (splits > most) splits = most;
+  return splits < 1 ? 1 : splits;
+}
+
+void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_cache, const int64_t* pos, int R, int nh,
+                      int nkv, int D, int64_t cap, int klen, float scale, int splits, float* work, int* counters,
+                      bf16_t* out, float* out32, Stream s) {
+  if (!decode_attention_supported(nh, nkv, D)) throw std::invalid_argument("decode_attention: unsupported shape");
+  const int span = ((klen + splits - 1) / splits + kChunk - 1) / kChunk * kChunk;
+  dim3 grid(R * nkv, splits);
+  const int rep = nh / nkv;
+  if (D == 32)
+    attention_rep<32>(rep, grid, q, k_cache, v_cache, pos, nkv, cap, klen, span, scale, work, counters, out, out32, s);
+  else if (D == 64)
+    attention_rep<64>(rep, grid, q, k_cache, v_cache, pos, nkv, cap, klen, span, scale, work, counters, out, out32, s);
+  else
+    attention_rep<128>(rep, grid, q, k_cache, v_cache, pos, nkv, cap, klen, span, scale, work, counters, out, out32, s);
+  check("decode_attention");
+}
+
+void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, float* out32, Stream s) {
+  const int64_t n = int64_t(R) * I;
+  int blocks = int((n + 255) / 256);
+  if (blocks > 4096) blocks = 4096;
+  silu_mul_kernel<<<blocks, 256, 0, s>>>(gu, lora, n, I, out, out32);
+  check("silu_mul");
+}
+
+void sample_tokens(const bf16_t* logits, int R, int V, float temperature, uint64_t seed, int64_t* step, float* work,
+                   int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens, float* hist_logprobs,
+                   int64_t hist_steps, Stream s) {
+  const bool greedy = temperature <= 0;
+  const float inv_t = greedy ? 1.f : 1.f / temperature;
+  sample_partial_kernel<<<dim3(kSampleBlocks, R), kSampleThreads, 0, s>>>(logits, V, inv_t, greedy, seed, step, work);
+  check("sample_tokens");
+  sample_final_kernel<<<1, kSampleThreads, 0, s>>>(logits, R, V, inv_t, step, work, ids, pos, cap, hist_tokens,
+                                                   hist_logprobs, hist_steps);
+  check("sample_tokens final");
+}
+
+bool lora_expand_supported(int r) { return r >= 1 && r <= kExpandMaxRank; }
+
+void lora_expand_add(const bf16_t* y, const float* t, const float* sbt, int64_t N, int out_cols, int r, bf16_t* out,
+                     Stream s) {
+  if (!lora_expand_supported(r)) throw std::invalid_argument("lora_expand_add: rank above 64");
+  dim3 grid((out_cols + kExpandCols - 1) / kExpandCols, unsigned((N + kExpandRows - 1) / kExpandRows));
+  lora_expand_add_kernel<<<grid, 256, 0, s>>>(y, t, sbt, N, out_cols, r, out);
+  check("lora_expand_add");
+}
+
+void logprob_forward(const bf16_t* logits, int64_t rows, int V, const int64_t* targets, float temperature, float* lse,
+                     float* lp, float* ent, Stream s) {
+  logprob_fwd_kernel<<<unsigned(rows), kLogprobThreads, 0, s>>>(logits, V, targets, temperature, lse, lp, ent);
+  check("logprob_forward");
+}
+
+void logprob_backward(const bf16_t* logits, int64_t rows, int V, const int64_t* targets, float temperature,
+                      const float* lse, const float* ent, const float* g_lp, const float* g_ent, bf16_t* grad,
+                      Stream s) {
+  dim3 grid(unsigned((V + 1023) / 1024 < 16 ? (V + 1023) / 1024 : 16), unsigned(rows));
+  logprob_bwd_kernel<<<grid, 256, 0, s>>>(logits, V, targets, temperature, lse, ent, g_lp, g_ent, grad);
+  check("logprob_backward");
+}
+
+}  // namespace kernelrl::cuda

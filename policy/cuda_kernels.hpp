@@ -1,0 +1,77 @@
+// Fused CUDA kernels of the sampler's decode step (one new token per row), bf16 activations.
+// Torch-free: raw device pointers, sizes and a stream, so this header and cuda_kernels.cu build
+// with nvcc alone; policy/decoder.cpp is the only caller. Every kernel rounds to bf16 where the
+// eager LibTorch step (transformers' arithmetic) rounds, so the two agree to the order of
+// reductions. Row-major contiguous tensors throughout; `R` is the number of rows (sequences).
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;
+
+namespace kernelrl::cuda {
+
+using Stream = CUstream_st*;
+using bf16_t = uint16_t;  // raw bfloat16 bits
+
+// h += delta (+ delta_lora, added in float32 to delta then rounded, as PEFT adds an adapter's
+// output) when delta is given; then out = w * rmsnorm(h) as transformers' Qwen2RMSNorm computes it
+// (float32 statistics, the normalised value rounded to bf16 before the weight). out32 (optional):
+// float32 copy of out (the input of LoRA adapters). h, delta, out: [R, H]; w: [H].
+void add_rmsnorm(bf16_t* h, const bf16_t* delta, const float* delta_lora, const bf16_t* w, bf16_t* out, float* out32,
+                 int R, int H, float eps, Stream s);
+
+// Rotary embedding of the fused q|k|v projection output (qkv [R, (nh + 2 nkv) D], + lora, f32,
+// added as PEFT does) at each row's position pos[R] (its cache slot too), with cos/sin computed in
+// float32 from inv_freq [D/2] and rounded to bf16 as transformers does. q goes to q_out [R, nh, D];
+// k and v are written into the layer's cache ([R, nkv, cap, D] each) at slot pos[r] (rows whose
+// pos is outside [0, cap) write nothing).
+void rope_qkv(const bf16_t* qkv, const float* lora, const int64_t* pos, const float* inv_freq, int R, int nh, int nkv,
+              int D, bf16_t* q_out, bf16_t* k_cache, bf16_t* v_cache, int64_t cap, Stream s);
+
+// Grouped-query attention of one query per row over its cache slots [0, pos[r]] (at most klen):
+// q [R, nh, D], caches [R, nkv, cap, D]; out [R, nh * D] (and out32, optional, its float32 copy).
+// The keys are split over `splits` blocks per (row, kv head), the last of which to finish combines
+// the partials (work: R * nh * splits * (D + 2) floats; counters: R * nkv ints, zero before the
+// first call, left zero by each). Supports D in {32, 64, 128} and nh / nkv <= 8;
+// decode_attention_supported() says whether a shape is.
+bool decode_attention_supported(int nh, int nkv, int D);
+int decode_attention_splits(int R, int nkv, int klen, int sms);
+void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_cache, const int64_t* pos, int R, int nh,
+                      int nkv, int D, int64_t cap, int klen, float scale, int splits, float* work, int* counters,
+                      bf16_t* out, float* out32, Stream s);
+
+// SwiGLU of the fused gate|up output gu [R, 2I] (+ lora, f32): out = silu(gate) * up with
+// transformers' bf16 rounding (silu rounded, then the product). out [R, I]; out32 optional.
+void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, float* out32, Stream s);
+
+// One token per row from softmax(logits / T) by a Gumbel-max race on counter-based random numbers
+// (Philox 4x32-10 keyed by seed, counter (step, row, index)); T = 0: the argmax. logits [R, V]
+// bf16; writes the token and its logprob under softmax(logits / max(T, 1 if T = 0)) to
+// hist_tokens / hist_logprobs[(step % hist_steps) * R + r] (int32 / float32), then sets the
+// next step's inputs: ids[r] = token, pos[r] + 1 (unless pos[r] is 0, a parked row, or the cache
+// is full), and ++*step. work: R * 64 * 4 floats.
+void sample_tokens(const bf16_t* logits, int R, int V, float temperature, uint64_t seed, int64_t* step, float* work,
+                   int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens, float* hist_logprobs,
+                   int64_t hist_steps, Stream s);
+
+// ---- training (policy/model.cpp, bf16 on CUDA)
+
+// A LoRA adapter's output added to its layer's: out = bf16(f32(y) + t sBt) for y, out [N, out_cols]
+// (bf16), t [N, r] (the adapter's rank-r activations) and sBt [r, out_cols] (scale * B, transposed;
+// both float32), as PEFT adds its float32 adapter output to the layer's. r <= 64.
+bool lora_expand_supported(int r);
+void lora_expand_add(const bf16_t* y, const float* t, const float* sbt, int64_t N, int out_cols, int r, bf16_t* out,
+                     Stream s);
+
+// Token logprobs from bf16 logits [rows, V]: z = logits / T, lse[row] = logsumexp(z),
+// lp[row] = z[targets[row]] - lse, ent[row] (optional) = the entropy of softmax(z); one pass a row.
+void logprob_forward(const bf16_t* logits, int64_t rows, int V, const int64_t* targets, float temperature, float* lse,
+                     float* lp, float* ent, Stream s);
+// Their gradient in the logits for upstream gradients g_lp[rows] and g_ent[rows] (either null):
+// grad = (g_lp (onehot - p) - g_ent p (log p + H)) / T, rounded to bf16 [rows, V].
+void logprob_backward(const bf16_t* logits, int64_t rows, int V, const int64_t* targets, float temperature,
+                      const float* lse, const float* ent, const float* g_lp, const float* g_ent, bf16_t* grad,
+                      Stream s);
+
+}  // namespace kernelrl::cuda

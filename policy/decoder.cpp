@@ -1,0 +1,452 @@
+#include "policy/decoder.hpp"
+
+#ifdef KERNELRL_CUDA_KERNELS
+#include "policy/cuda_kernels.hpp"
+#endif
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <optional>
+#include <stdexcept>
+
+namespace kernelrl {
+
+namespace {
+
+using torch::indexing::Slice;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// The key-length bucket of the decode graphs: 128 keys, more for long sequences (at most about
+// 32 graphs per generation).
+int64_t decode_bucket(int64_t cap) { return std::max<int64_t>(128, round_up((cap + 31) / 32, 128)); }
+
+// One token per row from softmax(logits / T) (T = 0: the argmax) and its logprob under that
+// distribution (T = 0: under softmax(logits)), float32 logits [R, V]. The draw is an exponential
+// race (argmax of x - log E, E ~ Exp(1): a Gumbel-max draw from softmax(x)), one pass with no
+// sort and no host copy, so a CUDA graph can hold it.
+std::pair<torch::Tensor, torch::Tensor> draw_tokens(const torch::Tensor& logits, double T) {
+  if (T == 0) {
+    auto next = logits.argmax(-1);
+    return {next, logits.gather(-1, next.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)};
+  }
+  auto x = T == 1.0 ? logits : logits / T;
+  auto e = torch::empty_like(x).exponential_(1.0).clamp_min_(1e-30);  // (CUDA's can return 0)
+  auto next = (x - e.log()).argmax(-1);
+  return {next, x.gather(-1, next.unsqueeze(-1)).squeeze(-1) - x.logsumexp(-1)};
+}
+
+// Nucleus sampling: the smallest head of the sorted distribution reaching top_p, renormalised;
+// the logprob is under the untruncated softmax(logits / T) (policy.hpp's convention).
+std::pair<torch::Tensor, torch::Tensor> draw_top_p(const torch::Tensor& logits, double T, double top_p) {
+  auto logp = torch::log_softmax(logits / T, -1);
+  auto [sp, si] = logp.exp().sort(-1, /*descending=*/true);
+  auto drop = (sp.cumsum(-1) - sp) > top_p;  // keep the smallest head reaching top_p
+  sp = sp.masked_fill(drop, 0);
+  auto next = torch::multinomial(torch::zeros_like(sp).scatter(-1, si, sp), 1).squeeze(-1);
+  return {next, logp.gather(-1, next.unsqueeze(-1)).squeeze(-1)};
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The adapter of one projection group in the fused step's form: A of every member stacked
+// [sum r, in], B block-diagonal [sum out, sum r] with each member's scale folded in (float32).
+struct LoraGroup {
+  torch::Tensor a, b;
+};
+
+LoraGroup lora_group(const std::vector<const Linear*>& ls) {
+  int64_t rsum = 0, out = 0;
+  for (auto* l : ls) {
+    if (l->a.defined()) rsum += l->a.size(0);
+    out += l->w.size(0);
+  }
+  if (rsum == 0) return {};
+  auto opt = ls[0]->w.options().dtype(torch::kFloat32);
+  LoraGroup g{torch::zeros({rsum, ls[0]->w.size(1)}, opt), torch::zeros({out, rsum}, opt)};
+  int64_t ro = 0, oo = 0;
+  for (auto* l : ls) {
+    const int64_t o = l->w.size(0);
+    if (l->a.defined()) {
+      const int64_t r = l->a.size(0);
+      g.a.narrow(0, ro, r).copy_(l->a);
+      g.b.narrow(0, oo, o).narrow(1, ro, r).copy_(l->bb * l->scale);
+      ro += r;
+    }
+    oo += o;
+  }
+  return g;
+}
+
+}  // namespace
+
+struct Decoder::Run {
+  CausalLM& m;
+  const SamplingParams& s;
+  const TokenSink& sink;
+  DecodeStats& stats;
+  const torch::Device dev;
+  int64_t S = 0, R = 0, P = 0, cap = 0, V = 0, K = 1, H = 0;
+  bool cuda = false, fused = false, graphs = false, bucketed = false, sample_inside = true, lora = false;
+  int64_t bucket = 128;
+  KVCache cache;
+  // Device state of the step: each row's input token and position, the step counter, the drawn
+  // tokens of the last H steps (a ring), the logits when they are sampled outside the graph.
+  torch::Tensor ids, pos, step, hist_tok, hist_lp, logits;
+  torch::Tensor attn_counters;  // the fused attention's split counts (zero between calls)
+  std::vector<LoraGroup> lqkv, lo, lgu, ldown;
+  // Host state: each row's sequence (-1: free), the first step whose tokens are its, its position.
+  std::vector<int64_t> row_seq, row_since, pos_h, produced;
+  std::deque<int64_t> pending;
+  int64_t enqueued = 0;
+  std::map<int64_t, std::unique_ptr<at::cuda::CUDAGraph>> graph_of;
+  std::optional<at::cuda::MempoolId_t> pool;
+  int sms = 0;
+
+  Run(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& settings,
+      int64_t max_rows, const TokenSink& k, DecodeStats& st)
+      : m(model), s(settings), sink(k), stats(st), dev(model.device()) {
+    const auto& c = m.config();
+    S = int64_t(prompts.size()) * s.n;
+    R = max_rows > 0 ? std::min<int64_t>(max_rows, S) : S;
+    for (auto& p : prompts) P = std::max<int64_t>(P, p.size());
+    cap = P + s.max_tokens;
+    V = c.vocab_size;
+    cuda = dev.is_cuda();
+    const char* g = std::getenv("KERNELRL_CUDA_GRAPHS");
+    const std::string gm = g ? g : "";
+    const char* f = std::getenv("KERNELRL_FUSED");
+    graphs = cuda && gm != "0" && gm != "static";
+    bucketed = graphs || gm == "static";
+#ifdef KERNELRL_CUDA_KERNELS
+    fused = cuda && m.dtype() == torch::kBFloat16 && (f == nullptr || std::string(f) != "0") &&
+            cuda::decode_attention_supported(int(c.num_heads), int(c.num_kv_heads), int(c.head_dim)) &&
+            c.hidden_size % 2 == 0 && c.hidden_size <= 16384;
+    if (cuda) sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+#else
+    (void)f;
+#endif
+    sample_inside = s.top_p >= 1;
+    lora = m.has_lora() && m.lora_enabled_;
+    stats.path = fused ? (graphs ? "fused-graph" : "fused") : graphs ? "graph" : bucketed ? "static" : "eager";
+    stats.rows = R;
+    bucket = decode_bucket(cap);
+    K = cuda ? 16 : 1;
+    H = K;
+    cache = m.new_cache(R, cap);
+    auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(dev);
+    ids = torch::zeros({R}, i64);
+    pos = torch::zeros({R}, i64);
+    step = torch::zeros({1}, i64);
+    hist_tok = torch::zeros({H, R}, torch::TensorOptions().dtype(torch::kInt32).device(dev));
+    hist_lp = torch::zeros({H, R}, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
+    logits = torch::zeros({R, V}, torch::TensorOptions().dtype(fused ? torch::kBFloat16 : torch::kFloat32).device(dev));
+    if (fused)
+      attn_counters = torch::zeros({R * c.num_kv_heads}, torch::TensorOptions().dtype(torch::kInt32).device(dev));
+    row_seq.assign(R, -1);
+    row_since.assign(R, 0);
+    pos_h.assign(R, 0);
+    produced.assign(S, 0);
+    for (int64_t q = 0; q < S; ++q) pending.push_back(q);
+    if (fused && lora) {
+      for (auto& L : m.layers_) {
+        lqkv.push_back(lora_group({&L.q, &L.k, &L.v}));
+        lo.push_back(lora_group({&L.o}));
+        lgu.push_back(lora_group({&L.gate, &L.up}));
+        ldown.push_back(lora_group({&L.down}));
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- admission and prefill
+
+  // Fills free rows with waiting sequences: each distinct prompt prefilled once (right-padded
+  // batches of at most ~16k tokens, plain causal attention), its keys and values copied into the
+  // rows of its sequences, and each sequence's first token drawn from the prompt's last logits.
+  void admit(const std::vector<std::vector<int32_t>>& prompts) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!pending.empty()) {
+      std::vector<int64_t> free_rows;
+      for (int64_t r = 0; r < R; ++r)
+        if (row_seq[r] < 0) free_rows.push_back(r);
+      if (free_rows.empty()) break;
+      // Sequences to admit, grouped by prompt; prompts taken while they fit a prefill batch.
+      std::vector<int64_t> seqs, uniq;
+      int64_t plen = 0;
+      while (!pending.empty() && seqs.size() < free_rows.size()) {
+        const int64_t q = pending.front(), u = q / s.n;
+        if (uniq.empty() || uniq.back() != u) {
+          const int64_t np = std::max<int64_t>(plen, prompts[u].size());
+          if (!uniq.empty() && np * int64_t(uniq.size() + 1) > 16384) break;
+          uniq.push_back(u);
+          plen = np;
+        }
+        seqs.push_back(q);
+        pending.pop_front();
+      }
+      const int64_t Bu = uniq.size();
+      std::vector<int64_t> flat(Bu * plen, 0), last(Bu);
+      for (int64_t j = 0; j < Bu; ++j) {
+        const auto& pr = prompts[uniq[j]];
+        std::copy(pr.begin(), pr.end(), flat.begin() + j * plen);
+        last[j] = int64_t(pr.size()) - 1;
+        stats.prefill_tokens += pr.size();
+      }
+      auto x = torch::tensor(flat, torch::kInt64).view({Bu, plen}).to(dev);
+      auto p =
+          torch::arange(plen, torch::TensorOptions().dtype(torch::kInt64).device(dev)).unsqueeze(0).expand({Bu, plen});
+      auto tmp = m.new_cache(Bu, plen);
+      auto h = m.hidden(x, p, torch::Tensor(), &tmp, 0, false);
+      auto lastt = torch::tensor(last, torch::kInt64).to(dev);
+      auto lg = m.lm_head(h.index({torch::arange(Bu, lastt.options()), lastt})).to(torch::kFloat32);  // [Bu, V]
+      h = torch::Tensor();
+      // Rows and sources.
+      std::vector<int64_t> rows, src, lens;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        rows.push_back(free_rows[i]);
+        src.push_back(std::find(uniq.begin(), uniq.end(), seqs[i] / s.n) - uniq.begin());
+        lens.push_back(prompts[seqs[i] / s.n].size());
+      }
+      auto rows_t = torch::tensor(rows, torch::kInt64).to(dev), src_t = torch::tensor(src, torch::kInt64).to(dev);
+      for (size_t l = 0; l < cache.k.size(); ++l) {
+        cache.k[l].narrow(2, 0, plen).index_copy_(0, rows_t, tmp.k[l].index_select(0, src_t));
+        cache.v[l].narrow(2, 0, plen).index_copy_(0, rows_t, tmp.v[l].index_select(0, src_t));
+      }
+      tmp = KVCache();
+      auto first = lg.index_select(0, src_t);
+      auto [next, lp] = s.top_p < 1 && s.temperature > 0 ? draw_top_p(first, s.temperature, s.top_p)
+                                                         : draw_tokens(first, s.temperature);
+      auto both = torch::stack({next.to(torch::kFloat64), lp.to(torch::kFloat64)}).to(torch::kCPU).contiguous();
+      const double* bp = both.data_ptr<double>();
+      const int64_t A = seqs.size();
+      std::vector<int64_t> set_rows, set_ids, set_pos;
+      for (int64_t i = 0; i < A; ++i) {
+        const int64_t q = seqs[i];
+        produced[q] = 1;
+        const bool done = sink(q, int32_t(bp[i]), float(bp[A + i])) || s.max_tokens <= 1;
+        if (done) continue;  // its row stays free
+        const int64_t r = rows[i];
+        row_seq[r] = q;
+        row_since[r] = enqueued;
+        pos_h[r] = lens[i];
+        set_rows.push_back(r);
+        set_ids.push_back(int64_t(bp[i]));
+        set_pos.push_back(lens[i]);
+      }
+      if (!set_rows.empty()) {
+        auto rt = torch::tensor(set_rows, torch::kInt64).to(dev);
+        ids.index_put_({rt}, torch::tensor(set_ids, torch::kInt64).to(dev));
+        pos.index_put_({rt}, torch::tensor(set_pos, torch::kInt64).to(dev));
+      }
+    }
+    stats.prefill_seconds += seconds_since(t0);
+  }
+
+  // ---------------------------------------------------------------- one decode step
+
+  // The next token of every row: forward, then (when sample_inside) the draw and the state update.
+  void step_once(int64_t klen) {
+    if (fused)
+      fused_forward(klen);
+    else
+      torch_forward(klen);
+    if (sample_inside) sample();
+  }
+
+  void torch_forward(int64_t klen) {
+    auto slots = torch::arange(klen, pos.options());
+    auto mask = (slots.view({1, klen}) <= pos.view({R, 1})).view({R, 1, 1, klen});
+    auto h = m.decode_static(ids.view({R, 1}), pos.view({R, 1}), mask, cache, pos, klen);
+    logits.copy_(m.lm_head(h).squeeze(1));
+  }
+
+  // The drawn tokens into the ring at the step counter, and the next step's inputs (torch ops;
+  // the fused path does the same in cuda::sample_tokens).
+  void record(const torch::Tensor& next, const torch::Tensor& lp) {
+    auto slot = step.remainder(H);
+    hist_tok.index_copy_(0, slot, next.to(torch::kInt32).view({1, R}));
+    hist_lp.index_copy_(0, slot, lp.to(torch::kFloat32).view({1, R}));
+    ids.copy_(next);
+    pos.copy_(torch::where((pos > 0) & (pos + 1 < cap), pos + 1, pos));
+    step.add_(1);
+  }
+
+  void sample() {
+#ifdef KERNELRL_CUDA_KERNELS
+    if (fused && s.top_p >= 1) {
+      auto work = torch::empty({R * 64 * 4}, logits.options().dtype(torch::kFloat32));
+      cuda::sample_tokens(reinterpret_cast<const cuda::bf16_t*>(logits.data_ptr()), int(R), int(V),
+                          float(s.temperature), s.seed, step.data_ptr<int64_t>(), work.data_ptr<float>(),
+                          ids.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), cap, hist_tok.data_ptr<int32_t>(),
+                          hist_lp.data_ptr<float>(), H, at::cuda::getCurrentCUDAStream().stream());
+      return;
+    }
+#endif
+    auto lg = logits.to(torch::kFloat32);
+    auto [next, lp] =
+        s.top_p < 1 && s.temperature > 0 ? draw_top_p(lg, s.temperature, s.top_p) : draw_tokens(lg, s.temperature);
+    record(next, lp);
+  }
+
+  void fused_forward(int64_t klen) {
+#ifdef KERNELRL_CUDA_KERNELS
+    using cuda::bf16_t;
+    const auto& c = m.config();
+    const int64_t Hd = c.hidden_size, I = c.intermediate_size, nh = c.num_heads, nkv = c.num_kv_heads, D = c.head_dim;
+    auto stream = at::cuda::getCurrentCUDAStream().stream();
+    auto bfo = torch::TensorOptions().dtype(torch::kBFloat16).device(dev);
+    auto f32o = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+    auto bp = [](const torch::Tensor& t) { return t.defined() ? reinterpret_cast<bf16_t*>(t.data_ptr()) : nullptr; };
+    auto fp = [](const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
+    auto lora_out = [&](const LoraGroup& g, const torch::Tensor& x32) {
+      return g.a.defined() ? torch::mm(torch::mm(x32, g.a.t()), g.b.t()) : torch::Tensor();
+    };
+    const int splits = cuda::decode_attention_splits(int(R), int(nkv), int(klen), sms);
+    auto h = torch::embedding(m.embed_, ids);  // [R, H], the residual stream (updated in place)
+    torch::Tensor delta, dl;
+    const float eps = float(c.rms_norm_eps);
+    for (size_t l = 0; l < m.layers_.size(); ++l) {
+      const auto& L = m.layers_[l];
+      auto x = torch::empty({R, Hd}, bfo);
+      auto x32 = lora ? torch::empty({R, Hd}, f32o) : torch::Tensor();
+      cuda::add_rmsnorm(bp(h), bp(delta), fp(dl), bp(L.in_norm), bp(x), fp(x32), int(R), int(Hd), eps, stream);
+      auto qkv = at::linear(x, L.qkv_w, L.qkv_b);
+      auto lq = lora ? lora_out(lqkv[l], x32) : torch::Tensor();
+      auto q = torch::empty({R, nh, D}, bfo);
+      cuda::rope_qkv(bp(qkv), fp(lq), pos.data_ptr<int64_t>(), m.inv_freq_.data_ptr<float>(), int(R), int(nh), int(nkv),
+                     int(D), bp(q), bp(cache.k[l]), bp(cache.v[l]), cap, stream);
+      auto att = torch::empty({R, nh * D}, bfo);
+      auto att32 = lora && lo[l].a.defined() ? torch::empty({R, nh * D}, f32o) : torch::Tensor();
+      auto work = splits > 1 ? torch::empty({R * nh * splits * (D + 2)}, f32o) : torch::Tensor();
+      cuda::decode_attention(bp(q), bp(cache.k[l]), bp(cache.v[l]), pos.data_ptr<int64_t>(), int(R), int(nh), int(nkv),
+                             int(D), cap, int(klen), float(1.0 / std::sqrt(double(D))), splits, fp(work),
+                             attn_counters.data_ptr<int>(), bp(att), fp(att32), stream);
+      auto o = at::linear(att, L.o.w, L.o.b);
+      auto lov = lora ? lora_out(lo[l], att32) : torch::Tensor();
+      cuda::add_rmsnorm(bp(h), bp(o), fp(lov), bp(L.post_norm), bp(x), fp(x32), int(R), int(Hd), eps, stream);
+      auto gu = at::linear(x, L.gu_w, L.gu_b);
+      auto lg = lora ? lora_out(lgu[l], x32) : torch::Tensor();
+      auto a = torch::empty({R, I}, bfo);
+      auto a32 = lora && ldown[l].a.defined() ? torch::empty({R, I}, f32o) : torch::Tensor();
+      cuda::silu_mul(bp(gu), fp(lg), int(R), int(I), bp(a), fp(a32), stream);
+      delta = at::linear(a, L.down.w, L.down.b);
+      dl = lora ? lora_out(ldown[l], a32) : torch::Tensor();
+    }
+    auto x = torch::empty({R, Hd}, bfo);
+    cuda::add_rmsnorm(bp(h), bp(delta), fp(dl), bp(m.norm_), bp(x), nullptr, int(R), int(Hd), eps, stream);
+    at::mm_out(logits, x, m.head_.t());
+#else
+    (void)klen;
+    throw std::logic_error("decoder: built without the CUDA kernels");
+#endif
+  }
+
+  // One step over every row at key length klen: a graph replay (captured the first time this
+  // klen is seen, after one warm-up step whose effect on the small state is undone), or the
+  // step itself.
+  void run_step(int64_t klen) {
+    if (!graphs) {
+      step_once(klen);
+    } else {
+      auto it = graph_of.find(klen);
+      if (it == graph_of.end()) {
+        if (!pool) pool = at::cuda::graph_pool_handle();
+        auto ids0 = ids.clone(), pos0 = pos.clone(), step0 = step.clone();
+        step_once(klen);  // warm-up: writes only what the real step rewrites, and the state below
+        ids.copy_(ids0);
+        pos.copy_(pos0);
+        step.copy_(step0);
+        auto g = std::make_unique<at::cuda::CUDAGraph>();
+        g->capture_begin(*pool);
+        step_once(klen);
+        g->capture_end();
+        it = graph_of.emplace(klen, std::move(g)).first;
+        ++stats.graphs;
+      }
+      it->second->replay();
+    }
+    if (!sample_inside) sample();
+    ++enqueued;
+    for (int64_t r = 0; r < R; ++r)
+      if (pos_h[r] > 0 && pos_h[r] + 1 < cap) ++pos_h[r];
+  }
+
+  // ---------------------------------------------------------------- the loop
+
+  void go(const std::vector<std::vector<int32_t>>& prompts) {
+    admit(prompts);
+    while (true) {
+      int64_t need = 0;  // steps the longest-remaining row still needs
+      for (int64_t r = 0; r < R; ++r)
+        if (row_seq[r] >= 0) need = std::max<int64_t>(need, int64_t(s.max_tokens) - produced[row_seq[r]]);
+      if (need == 0) {
+        if (pending.empty()) break;
+        admit(prompts);
+        continue;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const int64_t w = std::min(K, need), first = enqueued;
+      for (int64_t i = 0; i < w; ++i) {
+        int64_t longest = 0;
+        for (int64_t r = 0; r < R; ++r) longest = std::max(longest, pos_h[r] + 1);
+        const int64_t klen = std::min(cap, bucketed ? round_up(longest, bucket) : longest);
+        run_step(klen);
+      }
+      stats.steps += w;
+      // The window's tokens (one copy, which waits for the device).
+      auto ht = hist_tok.to(torch::kCPU).contiguous();
+      auto hl = hist_lp.to(torch::kCPU).contiguous();
+      stats.decode_seconds += seconds_since(t0);
+      const int32_t* tp = ht.data_ptr<int32_t>();
+      const float* lp = hl.data_ptr<float>();
+      for (int64_t t = first; t < first + w; ++t) {
+        const int64_t slot = t % H;
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t q = row_seq[r];
+          if (q < 0 || t < row_since[r]) continue;
+          ++produced[q];
+          bool done = sink(q, tp[slot * R + r], lp[slot * R + r]);
+          if (produced[q] >= int64_t(s.max_tokens)) done = true;
+          if (done) row_seq[r] = -1;
+        }
+      }
+      if (!pending.empty()) admit(prompts);
+      // Rows left free stop growing: position 0, one key (their outputs are not read).
+      std::vector<int64_t> park;
+      for (int64_t r = 0; r < R; ++r)
+        if (row_seq[r] < 0 && pos_h[r] > 0) {
+          park.push_back(r);
+          pos_h[r] = 0;
+        }
+      if (!park.empty()) pos.index_fill_(0, torch::tensor(park, torch::kInt64).to(dev), 0);
+    }
+  }
+};
+
+Decoder::Decoder(CausalLM& model) : m_(model) {}
+Decoder::~Decoder() = default;
+
+void Decoder::generate(const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& s, int64_t max_rows,
+                       const TokenSink& sink) {
+  stats_ = DecodeStats();
+  if (prompts.empty() || s.n == 0 || s.max_tokens == 0) return;
+  torch::NoGradGuard ng;
+  // On CUDA the whole generation runs on a side stream (graphs cannot capture the default one).
+  std::optional<c10::cuda::CUDAStreamGuard> guard;
+  if (m_.device().is_cuda()) guard.emplace(c10::cuda::getStreamFromPool(false, m_.device().index()));
+  torch::manual_seed(s.seed);
+  Run run(m_, prompts, s, max_rows, sink, stats_);
+  run.go(prompts);
+}
+
+}  // namespace kernelrl
