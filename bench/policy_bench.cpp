@@ -6,15 +6,16 @@
 // Prints one JSON object: tokens generated, seconds of each timed repeat, tokens/s (best and mean),
 // the prefill's seconds and the decode step's milliseconds (the decoder's own clocks, each ending
 // in a synchronisation), the decode path, and the device's peak memory. --n N: N samples of each
-// of BATCH / N prompts (a GRPO group shares its prompt's prefill). --profile FILE (both modes):
-// a Chrome trace of one more generation or step (bench/profile_summary.py reads it). --lora-rank R samples through a fresh rank-R adapter on all seven
-// projections (as the RL sampler does).
+// of BATCH / N prompts (a GRPO group shares its prompt's prefill). --lora-rank R samples through a
+// fresh rank-R adapter on all seven projections (as the RL sampler does). --profile FILE (both
+// modes): a Chrome trace of one more generation or step (bench/profile_summary.py reads it).
 //
 // With --train BATCH.safetensors (ids, mask, old_logp, adv: bench/learner_step.py writes it): LoRA
 // GRPO steps of the learner's trainer (learner/trainer.hpp) on that batch instead: a fresh adapter
 // (--rank R --alpha A on all seven projections), --minibatch M sequences per forward/backward,
-// AdamW at --lr, --checkpoint 1 for activation checkpointing; one warm-up step, then R timed steps. Prints each step's seconds, loss and
-// tokens/s (tokens: B x L of the batch) and the device's peak memory. --adapter DIR starts from a
+// AdamW at --lr, --checkpoint 1 for activation checkpointing; one warm-up step, then R timed steps.
+// Prints each step's seconds, loss and tokens/s (tokens: B x L of the batch) and the device's
+// peak memory. --adapter DIR starts from a
 // PEFT adapter instead; --dump-grads FILE writes the LoRA gradients (sums over the batch's tokens)
 // of one pass over the batch and stops.
 #include "policy/model.hpp"
@@ -92,11 +93,14 @@ int train_bench(const std::function<std::string(const char*, const char*)>& get)
   auto old = read_tensor(*f, "old_logp").to(dev), adv = read_tensor(*f, "adv").to(dev);
   const int64_t B = ids.size(0), L = ids.size(1), M = std::stoll(get("--minibatch", "8"));
   const int R = std::stoi(get("--repeats", "3"));
-  if (!get("--dump-grads", "").empty()) {  // the LoRA gradients of one pass over the batch, no step
+  auto accumulate_batch = [&] {  // forward and backward of every minibatch of the batch
     for (int64_t b0 = 0; b0 < B; b0 += M) {
       int64_t n = std::min(M, B - b0);
       tr.accumulate({ids.narrow(0, b0, n), mask.narrow(0, b0, n), old.narrow(0, b0, n), adv.narrow(0, b0, n), {}});
     }
+  };
+  if (!get("--dump-grads", "").empty()) {  // the LoRA gradients of one pass over the batch, no step
+    accumulate_batch();
     std::map<std::string, torch::Tensor> g;
     for (auto& [name, t] : m.lora_tensors()) g[name] = t.grad().to(torch::kFloat32);
     kernelrl::save_tensors(get("--dump-grads", ""), g);
@@ -108,10 +112,7 @@ int train_bench(const std::function<std::string(const char*, const char*)>& get)
   for (int r = 0; r <= R; ++r) {  // r = 0: warm-up
     if (dev.is_cuda()) torch::cuda::synchronize();
     auto t0 = std::chrono::steady_clock::now();
-    for (int64_t b0 = 0; b0 < B; b0 += M) {
-      int64_t n = std::min(M, B - b0);
-      tr.accumulate({ids.narrow(0, b0, n), mask.narrow(0, b0, n), old.narrow(0, b0, n), adv.narrow(0, b0, n), {}});
-    }
+    accumulate_batch();
     auto rep = tr.step();
     if (dev.is_cuda()) torch::cuda::synchronize();
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -126,10 +127,7 @@ int train_bench(const std::function<std::string(const char*, const char*)>& get)
   }
   if (!get("--profile", "").empty())
     profile(get("--profile", ""), [&] {
-      for (int64_t b0 = 0; b0 < B; b0 += M) {
-        int64_t n = std::min(M, B - b0);
-        tr.accumulate({ids.narrow(0, b0, n), mask.narrow(0, b0, n), old.narrow(0, b0, n), adv.narrow(0, b0, n), {}});
-      }
+      accumulate_batch();
       tr.step();
       if (dev.is_cuda()) torch::cuda::synchronize();
     });

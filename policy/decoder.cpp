@@ -21,8 +21,6 @@ namespace kernelrl {
 
 namespace {
 
-using torch::indexing::Slice;
-
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // The key-length bucket of the decode graphs: 128 keys, more for long sequences (at most about
@@ -53,6 +51,12 @@ std::pair<torch::Tensor, torch::Tensor> draw_top_p(const torch::Tensor& logits, 
   sp = sp.masked_fill(drop, 0);
   auto next = torch::multinomial(torch::zeros_like(sp).scatter(-1, si, sp), 1).squeeze(-1);
   return {next, logp.gather(-1, next.unsqueeze(-1)).squeeze(-1)};
+}
+
+// The draw SamplingParams asks for: nucleus when top_p < 1 (and sampling), else draw_tokens.
+std::pair<torch::Tensor, torch::Tensor> draw(const torch::Tensor& logits, const SamplingParams& s) {
+  return s.top_p < 1 && s.temperature > 0 ? draw_top_p(logits, s.temperature, s.top_p)
+                                          : draw_tokens(logits, s.temperature);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -92,6 +96,7 @@ LoraGroup lora_group(const std::vector<const Linear*>& ls) {
 
 struct Decoder::Run {
   CausalLM& m;
+  const std::vector<std::vector<int32_t>>& prompts;
   const SamplingParams& s;
   const TokenSink& sink;
   DecodeStats& stats;
@@ -113,28 +118,25 @@ struct Decoder::Run {
   std::optional<at::cuda::MempoolId_t> pool;
   int sms = 0;
 
-  Run(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& settings,
+  Run(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts_in, const SamplingParams& settings,
       int64_t max_rows, const TokenSink& k, DecodeStats& st)
-      : m(model), s(settings), sink(k), stats(st), dev(model.device()) {
+      : m(model), prompts(prompts_in), s(settings), sink(k), stats(st), dev(model.device()) {
     const auto& c = m.config();
-    S = int64_t(prompts.size()) * s.n;
+    S = int64_t(prompts_in.size()) * s.n;
     R = max_rows > 0 ? std::min<int64_t>(max_rows, S) : S;
-    for (auto& p : prompts) P = std::max<int64_t>(P, p.size());
+    for (auto& p : prompts_in) P = std::max<int64_t>(P, p.size());
     cap = P + s.max_tokens;
     V = c.vocab_size;
     cuda = dev.is_cuda();
     const char* g = std::getenv("KERNELRL_CUDA_GRAPHS");
     const std::string gm = g ? g : "";
-    const char* f = std::getenv("KERNELRL_FUSED");
     graphs = cuda && gm != "0" && gm != "static";
     bucketed = graphs || gm == "static";
 #ifdef KERNELRL_CUDA_KERNELS
-    fused = cuda && m.dtype() == torch::kBFloat16 && (f == nullptr || std::string(f) != "0") &&
+    fused = cuda && m.dtype() == torch::kBFloat16 && fused_kernels_enabled() &&
             cuda::decode_attention_supported(int(c.num_heads), int(c.num_kv_heads), int(c.head_dim)) &&
             c.hidden_size % 2 == 0 && c.hidden_size <= 16384;
     if (cuda) sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-#else
-    (void)f;
 #endif
     sample_inside = s.top_p >= 1;
     lora = m.has_lora() && m.lora_enabled_;
@@ -173,7 +175,7 @@ struct Decoder::Run {
   // Fills free rows with waiting sequences: each distinct prompt prefilled once (right-padded
   // batches of at most ~16k tokens, plain causal attention), its keys and values copied into the
   // rows of its sequences, and each sequence's first token drawn from the prompt's last logits.
-  void admit(const std::vector<std::vector<int32_t>>& prompts) {
+  void admit() {
     const auto t0 = std::chrono::steady_clock::now();
     while (!pending.empty()) {
       std::vector<int64_t> free_rows;
@@ -224,8 +226,7 @@ struct Decoder::Run {
       }
       tmp = KVCache();
       auto first = lg.index_select(0, src_t);
-      auto [next, lp] = s.top_p < 1 && s.temperature > 0 ? draw_top_p(first, s.temperature, s.top_p)
-                                                         : draw_tokens(first, s.temperature);
+      auto [next, lp] = draw(first, s);
       auto both = torch::stack({next.to(torch::kFloat64), lp.to(torch::kFloat64)}).to(torch::kCPU).contiguous();
       const double* bp = both.data_ptr<double>();
       const int64_t A = seqs.size();
@@ -292,9 +293,7 @@ struct Decoder::Run {
       return;
     }
 #endif
-    auto lg = logits.to(torch::kFloat32);
-    auto [next, lp] =
-        s.top_p < 1 && s.temperature > 0 ? draw_top_p(lg, s.temperature, s.top_p) : draw_tokens(lg, s.temperature);
+    auto [next, lp] = draw(logits.to(torch::kFloat32), s);
     record(next, lp);
   }
 
@@ -383,15 +382,15 @@ struct Decoder::Run {
 
   // ---------------------------------------------------------------- the loop
 
-  void go(const std::vector<std::vector<int32_t>>& prompts) {
-    admit(prompts);
+  void go() {
+    admit();
     while (true) {
       int64_t need = 0;  // steps the longest-remaining row still needs
       for (int64_t r = 0; r < R; ++r)
         if (row_seq[r] >= 0) need = std::max<int64_t>(need, int64_t(s.max_tokens) - produced[row_seq[r]]);
       if (need == 0) {
         if (pending.empty()) break;
-        admit(prompts);
+        admit();
         continue;
       }
       const auto t0 = std::chrono::steady_clock::now();
@@ -420,7 +419,7 @@ struct Decoder::Run {
           if (done) row_seq[r] = -1;
         }
       }
-      if (!pending.empty()) admit(prompts);
+      if (!pending.empty()) admit();
       // Rows left free stop growing: position 0, one key (their outputs are not read).
       std::vector<int64_t> park;
       for (int64_t r = 0; r < R; ++r)
@@ -446,7 +445,7 @@ void Decoder::generate(const std::vector<std::vector<int32_t>>& prompts, const S
   if (m_.device().is_cuda()) guard.emplace(c10::cuda::getStreamFromPool(false, m_.device().index()));
   torch::manual_seed(s.seed);
   Run run(m_, prompts, s, max_rows, sink, stats_);
-  run.go(prompts);
+  run.go();
 }
 
 }  // namespace kernelrl

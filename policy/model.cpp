@@ -176,32 +176,34 @@ ModelConfig load_model_config(const std::string& dir) {
 
 namespace {
 
-// The fused CUDA paths (bf16 on CUDA, built with the kernels; KERNELRL_FUSED=0 turns them off).
-bool fused_enabled() {
-  static const bool on = [] {
-    const char* f = std::getenv("KERNELRL_FUSED");
-    return f == nullptr || std::string(f) != "0";
-  }();
-  return on;
+// An on/off environment switch ("0": off), read once.
+bool env_switch(const char* var, bool by_default) {
+  const char* f = std::getenv(var);
+  return f == nullptr ? by_default : std::string(f) != "0";
 }
 
 bool fast_bf16(const torch::Tensor& x) {
 #ifdef KERNELRL_CUDA_KERNELS
-  return x.is_cuda() && x.scalar_type() == torch::kBFloat16 && fused_enabled();
+  return x.is_cuda() && x.scalar_type() == torch::kBFloat16 && fused_kernels_enabled();
 #else
   (void)x;
   return false;
 #endif
 }
 
-// Each fused path on its own: KERNELRL_FUSED_LOGPROB=0 turns the log-probability kernels off;
-// KERNELRL_FUSED_LORA=1 turns the tensor-core LoRA path on. That one is off by default: on the
-// H100 its LoRA gradients differ from PEFT's by 23-28% (relative L2, worst tensor) where the
+// Each fused training path on its own: KERNELRL_FUSED_LOGPROB=0 turns the log-probability kernels
+// off; KERNELRL_FUSED_LORA=1 turns the tensor-core LoRA path on. That one is off by default: on
+// the H100 its LoRA gradients differ from PEFT's by 23-28% (relative L2, worst tensor) where the
 // LibTorch path's differ by 2-3% (bench/learner_step.py's gradient check), while the same algebra
 // on the CPU agrees; until that is found, training must not use it.
-bool part_enabled(const char* var, bool by_default = true) {
-  const char* f = std::getenv(var);
-  return f == nullptr ? by_default : std::string(f) != "0";
+bool fast_logprob(const torch::Tensor& h, const torch::Tensor& w) {
+  static const bool on = env_switch("KERNELRL_FUSED_LOGPROB", true);
+  return on && fast_bf16(h) && w.scalar_type() == torch::kBFloat16;
+}
+
+bool fast_lora_input(const torch::Tensor& x) {
+  static const bool on = env_switch("KERNELRL_FUSED_LORA", false);
+  return on && fast_bf16(x);
 }
 
 #ifdef KERNELRL_CUDA_KERNELS
@@ -266,8 +268,8 @@ struct FastLora : torch::autograd::Function<FastLora> {
 // Whether a LoRA layer takes the fused path for input x.
 bool fast_lora(const Linear& l, const torch::Tensor& x, bool training) {
 #ifdef KERNELRL_CUDA_KERNELS
-  return fast_bf16(x) && part_enabled("KERNELRL_FUSED_LORA", false) && l.w.scalar_type() == torch::kBFloat16 &&
-         (!training || l.dropout == 0) && cuda::lora_expand_supported(int(l.a.size(0)));
+  return fast_lora_input(x) && l.w.scalar_type() == torch::kBFloat16 && (!training || l.dropout == 0) &&
+         cuda::lora_expand_supported(int(l.a.size(0)));
 #else
   (void)l, (void)x, (void)training;
   return false;
@@ -311,11 +313,33 @@ torch::Tensor Linear::forward(const torch::Tensor& x, const torch::Tensor& x32, 
   // As PEFT: the float32 adapter output s * B(A x) is added to the output in float32, then cast
   // back; one addmm does the scale and the sum (y + s * (A x) B^T).
   auto t = torch::matmul(xa, a.t());
-  if (y.scalar_type() == torch::kFloat32 && y.dim() == 2) return torch::addmm(y, t, bb.t(), 1.0, scale);
   auto y32 = y.to(torch::kFloat32);
   auto shape = y32.sizes().vec();
   auto out = torch::addmm(y32.reshape({-1, shape.back()}), t.reshape({-1, t.size(-1)}), bb.t(), 1.0, scale);
   return out.view(shape).to(y.scalar_type());
+}
+
+void CausalLM::Layer::slice_groups() {
+  const int64_t QO = q.w.size(0), KV = k.w.size(0), I = gate.w.size(0);
+  q.w = qkv_w.narrow(0, 0, QO);
+  k.w = qkv_w.narrow(0, QO, KV);
+  v.w = qkv_w.narrow(0, QO + KV, KV);
+  gate.w = gu_w.narrow(0, 0, I);
+  up.w = gu_w.narrow(0, I, I);
+  if (qkv_b.defined()) {
+    q.b = qkv_b.narrow(0, 0, QO);
+    k.b = qkv_b.narrow(0, QO, KV);
+    v.b = qkv_b.narrow(0, QO + KV, KV);
+  }
+  if (gu_b.defined()) {
+    gate.b = gu_b.narrow(0, 0, I);
+    up.b = gu_b.narrow(0, I, I);
+  }
+}
+
+bool fused_kernels_enabled() {
+  static const bool on = env_switch("KERNELRL_FUSED", true);
+  return on;
 }
 
 CausalLM::CausalLM(const std::string& dir, torch::Device device, torch::ScalarType dtype)
@@ -372,23 +396,10 @@ CausalLM::CausalLM(const std::string& dir, torch::Device device, torch::ScalarTy
     L.down = lin("mlp.down_proj", H, I, cfg_.mlp_bias);
     // One tensor per group, the projections' weights its row slices (no second copy).
     L.qkv_w = torch::cat({L.q.w, L.k.w, L.v.w});
-    L.q.w = L.qkv_w.narrow(0, 0, QO);
-    L.k.w = L.qkv_w.narrow(0, QO, KV);
-    L.v.w = L.qkv_w.narrow(0, QO + KV, KV);
-    if (cfg_.qkv_bias) {
-      L.qkv_b = torch::cat({L.q.b, L.k.b, L.v.b});
-      L.q.b = L.qkv_b.narrow(0, 0, QO);
-      L.k.b = L.qkv_b.narrow(0, QO, KV);
-      L.v.b = L.qkv_b.narrow(0, QO + KV, KV);
-    }
+    if (cfg_.qkv_bias) L.qkv_b = torch::cat({L.q.b, L.k.b, L.v.b});
     L.gu_w = torch::cat({L.gate.w, L.up.w});
-    L.gate.w = L.gu_w.narrow(0, 0, I);
-    L.up.w = L.gu_w.narrow(0, I, I);
-    if (cfg_.mlp_bias) {
-      L.gu_b = torch::cat({L.gate.b, L.up.b});
-      L.gate.b = L.gu_b.narrow(0, 0, I);
-      L.up.b = L.gu_b.narrow(0, I, I);
-    }
+    if (cfg_.mlp_bias) L.gu_b = torch::cat({L.gate.b, L.up.b});
+    L.slice_groups();
     layers_.push_back(std::move(L));
   }
   // Rotary inverse frequencies (float32), with Llama 3's or linear scaling.
@@ -424,9 +435,7 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 
 torch::Tensor CausalLM::lora_input(const torch::Tensor& x) const {
   // (not needed where the adapters take the fused path, which reads x in bf16)
-  return has_lora_ && lora_enabled_ && !(fast_bf16(x) && part_enabled("KERNELRL_FUSED_LORA", false))
-             ? x.to(torch::kFloat32)
-             : torch::Tensor();
+  return has_lora_ && lora_enabled_ && !fast_lora_input(x) ? x.to(torch::kFloat32) : torch::Tensor();
 }
 
 torch::Tensor CausalLM::layer_forward(size_t l, const torch::Tensor& h, const torch::Tensor& cos,
@@ -546,9 +555,9 @@ struct ChunkedLogprobs : torch::autograd::Function<ChunkedLogprobs> {
     auto ent = want_entropy ? torch::empty({N}, f32) : torch::zeros({N}, f32);
     ctx->saved_data["t"] = temperature;
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["fused"] = fast_logprob(h, w);
 #ifdef KERNELRL_CUDA_KERNELS
-    if (fast_bf16(h) && part_enabled("KERNELRL_FUSED_LOGPROB") &&
-        w.scalar_type() == torch::kBFloat16) {  // one pass over each chunk's bf16 logits
+    if (ctx->saved_data["fused"].toBool()) {  // one pass over each chunk's bf16 logits
       const int64_t V = w.size(0);
       auto tg = targets.contiguous();
       for (int64_t c0 = 0; c0 < N; c0 += chunk) {
@@ -584,7 +593,7 @@ struct ChunkedLogprobs : torch::autograd::Function<ChunkedLogprobs> {
     const auto &g_lp = grad[0], &g_ent = grad[1];
     auto gh = torch::empty_like(h);
 #ifdef KERNELRL_CUDA_KERNELS
-    if (fast_bf16(h) && part_enabled("KERNELRL_FUSED_LOGPROB") && w.scalar_type() == torch::kBFloat16) {
+    if (ctx->saved_data["fused"].toBool()) {
       const int64_t V = w.size(0);
       auto glp = g_lp.defined() ? g_lp.contiguous() : torch::Tensor();
       auto gent = g_ent.defined() ? g_ent.contiguous() : torch::Tensor();
@@ -924,21 +933,7 @@ void CausalLM::merge_lora() {
     };
     for (auto& L : layers_) {
       for (auto* t : {&L.qkv_w, &L.qkv_b, &L.gu_w, &L.gu_b}) own(*t);
-      const int64_t QO = L.q.w.size(0), KV = L.k.w.size(0), I = L.gate.w.size(0);
-      L.q.w = L.qkv_w.narrow(0, 0, QO);
-      L.k.w = L.qkv_w.narrow(0, QO, KV);
-      L.v.w = L.qkv_w.narrow(0, QO + KV, KV);
-      L.gate.w = L.gu_w.narrow(0, 0, I);
-      L.up.w = L.gu_w.narrow(0, I, I);
-      if (L.qkv_b.defined()) {
-        L.q.b = L.qkv_b.narrow(0, 0, QO);
-        L.k.b = L.qkv_b.narrow(0, QO, KV);
-        L.v.b = L.qkv_b.narrow(0, QO + KV, KV);
-      }
-      if (L.gu_b.defined()) {
-        L.gate.b = L.gu_b.narrow(0, 0, I);
-        L.up.b = L.gu_b.narrow(0, I, I);
-      }
+      L.slice_groups();
       own(L.o.w);
       own(L.down.w);
     }

@@ -171,6 +171,8 @@ class CausalLM {
     // q|k|v and gate|up weights (and biases) in one tensor each: q.w, k.w, v.w, gate.w and up.w
     // are row slices of them, so the decoder's fused step runs one GEMM for each group.
     torch::Tensor qkv_w, qkv_b, gu_w, gu_b;
+    // Points the projections' weights and biases at their rows of the group tensors.
+    void slice_groups();
   };
   Linear* find_linear(int64_t layer, const std::string& name);
   // x in float32 when an adapter reads it, else undefined.
@@ -203,7 +205,11 @@ std::unique_ptr<CausalLM> load_shared_model(const std::string& dir, torch::Devic
 // The model's adapter as float32 TensorBlobs under PEFT key names (what a WeightsUpdate carries).
 std::vector<TensorBlob> lora_blobs(const CausalLM& m);
 
-torch::ScalarType parse_dtype(const std::string& s);  // f32/float32, f16/float16, bf16/bfloat16
+torch::ScalarType parse_dtype(const std::string& s);
+
+// Whether the fused CUDA kernels may run (bf16 on CUDA, where the build has them): the decoder's
+// step and the learner's log-probabilities. KERNELRL_FUSED=0 turns them all off.
+bool fused_kernels_enabled();  // f32/float32, f16/float16, bf16/bfloat16
 
 // Writes `tensors` (copied to the CPU; converted to `as` when given) as a safetensors file.
 // Dtypes: float64/32/16, bfloat16, int64.

@@ -6,14 +6,8 @@
 #include "policy/tokenizer.hpp"
 #include "messages/messages.hpp"
 
-#include <cstdlib>
-#include <functional>
-#include <cstdio>
 #include <filesystem>
-#include <optional>
-#include <map>
 #include <set>
-#include <tuple>
 
 namespace fs = std::filesystem;
 
