@@ -4,7 +4,9 @@ weights), a fresh rank-16 adapter on all seven projections (float32, as PEFT kee
 clipped GRPO loss of the completion tokens (token mean), gradient-norm clipping and AdamW. Reports
 tokens/s (batch x sequence length per optimizer step, forward + backward + step): the median over
 --repeats timed steps after one warm-up step, each side run --rounds times alternately (ours, PEFT,
-ours, PEFT, ...), so the spread between rounds shows what is noise. Target: >= 1.0x.
+ours, PEFT, ...), so the spread between rounds shows what is noise. Target: >= 1.2x. Before the
+timed steps: the one-layer LoRA check against float64 and, unless --no-grad-check, the whole
+model's LoRA gradients against PEFT's beside PEFT's own noise floor (lora_op_check, grad_check).
 
     python3 bench/learner_step.py --bench build/policy_bench [--device cuda:0] [--sizes tiny,small]
         [--shapes 16x512,64x256] [--minibatch 8] [--repeats 10] [--rounds 2] [--json out.json]
@@ -107,12 +109,45 @@ def peft_step(d, device, data, minibatch, repeats, lr=1e-5, checkpoint=False, pr
             "warmup_loss": warmup_loss, "peak_bytes": peak, "profile": prof}
 
 
+def lora_op_check(d, device, bench, tokens):
+    """One LoRA layer at each of the model's projection shapes (tokens = minibatch x length rows)
+    against float64, down the tensor-core path and the LibTorch path (policy_bench --lora-op-check):
+    relative L2 errors of dA and dB (float32 results) and of the output and dx (bf16 results)."""
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    kv = cfg["num_key_value_heads"] * (h // cfg["num_attention_heads"])
+    spec = ";".join("%d,%d,%d" % (tokens, a, b) for a, b in ((h, h), (h, kv), (h, i), (i, h)))
+    r = {}
+    for path, flag in (("tensor_core", "1"), ("libtorch", "0")):
+        o = subprocess.run([bench, "--device", device, "--lora-op-check", spec], check=True, capture_output=True,
+                           text=True, env=dict(os.environ, KERNELRL_FUSED_LORA=flag))
+        r[path] = json.loads(o.stdout)["rows"]
+    worst = {p: {k: max(row[k] for row in rows) for k in ("d_a", "d_b", "out_bf16", "d_x_bf16")}
+             for p, rows in r.items()}
+    t, lt = worst["tensor_core"], worst["libtorch"]
+    r["worst"] = worst
+    # dA and dB within 5e-5 (the tensor-core products keep 16 bits of A's and B's mantissas: about
+    # 1e-5 measured, the LibTorch path's float32 1e-6); the bf16 results no further from float64 than
+    # the LibTorch path's
+    r["ok"] = (t["d_a"] <= 5e-5 and t["d_b"] <= 5e-5 and t["out_bf16"] <= 1.1 * lt["out_bf16"] + 1e-4
+               and t["d_x_bf16"] <= 1.1 * lt["d_x_bf16"] + 1e-4)
+    print("lora op check %s %s" % (os.path.basename(d), json.dumps(worst)), flush=True)
+    return r
+
+
 def grad_check(d, device, f, data, bench, minibatch, tmp):
-    """LoRA gradients of one pass over the batch from an adapter with random A and B: ours as run by
-    default (the fused log-probability kernels), with LibTorch ops only (KERNELRL_FUSED=0), with the
-    experimental tensor-core LoRA path alone (KERNELRL_FUSED_LORA=1), and PEFT's, compared tensor by
-    tensor (relative L2 error; ours are sums over tokens, scaled here by 1 / tokens as PEFT's loss is).
-    ok: the default path is as close to PEFT as the LibTorch ops are."""
+    """LoRA gradients of one pass over the batch from an adapter with random A and B, against PEFT's,
+    tensor by tensor (relative L2 error; ours are sums over tokens, scaled here by 1 / tokens as PEFT's
+    loss is): ours as run by default (fused log-probability kernels, tensor-core LoRA), with the
+    LibTorch LoRA path (KERNELRL_FUSED_LORA=0) and with LibTorch ops only (KERNELRL_FUSED=0).
+
+    Through a whole random bf16 model these gradients are chaotic: PEFT's own move by 10-25% when its
+    A moves by one part in a million (bf16 roundings flip downstream), so the noise floor is measured
+    in the same run (PEFT with A perturbed by 1e-6, relative) and reported beside ours. The LibTorch
+    paths repeat PEFT's float32 products exactly and sit far below that floor; the tensor-core path's
+    products differ from them by about 1e-6 (its A split into two bf16 parts) and land on the floor.
+    ok: the LibTorch LoRA path within 2x the all-ops path (the log-probability kernels), and the
+    default path within the floor (1.25x + 0.005)."""
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import Qwen2ForCausalLM
@@ -120,8 +155,7 @@ def grad_check(d, device, f, data, bench, minibatch, tmp):
     ids, mask, old, adv = (t.to(device) for t in data)
     total = mask[:, 1:].sum().item()
     ours = {}
-    variants = (("fused", {}), ("ops", {"KERNELRL_FUSED": "0"}),
-                ("fused_lora", {"KERNELRL_FUSED_LORA": "1", "KERNELRL_FUSED_LOGPROB": "0"}))
+    variants = (("default", {}), ("lora_libtorch", {"KERNELRL_FUSED_LORA": "0"}), ("ops", {"KERNELRL_FUSED": "0"}))
     for path, env in variants:
         out = os.path.join(tmp, "grads-%s.safetensors" % path)
         subprocess.run([bench, "--model", d, "--device", device, "--dtype", "bf16", "--train", f, "--adapter", adir,
@@ -132,19 +166,34 @@ def grad_check(d, device, f, data, bench, minibatch, tmp):
     m = PeftModel.from_pretrained(base, adir, is_trainable=True).to(device)
     m.train()
     B = ids.shape[0]
-    for b0 in range(0, B, minibatch):
-        peft_minibatch(m, ids, mask, old, adv, b0, minibatch, total)
-    ref = {n.replace(".default", ""): p.grad.double().cpu() for n, p in m.named_parameters() if p.grad is not None}
+
+    def peft_grads():
+        m.zero_grad()
+        for b0 in range(0, B, minibatch):
+            peft_minibatch(m, ids, mask, old, adv, b0, minibatch, total)
+        return {n.replace(".default", ""): p.grad.double().cpu() for n, p in m.named_parameters()
+                if p.grad is not None}
+
+    ref = peft_grads()
+    g = torch.Generator(device=device).manual_seed(11)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "lora_A" in n:
+                p.mul_(1 + 1e-6 * torch.randn(p.shape, generator=g, device=device))
+    floor = peft_grads()
     del m, base
     torch.cuda.empty_cache()
 
-    def worst(x, y):
-        return max(((x[k].cpu() - y[k].cpu()).norm() / y[k].cpu().norm().clamp_min(1e-30)).item() for k in y)
+    def errors(x):
+        v = sorted(((x[k].cpu() - y).norm() / y.norm().clamp_min(1e-30)).item() for k, y in ref.items())
+        return {"worst": v[-1], "quantiles_10_50_90": [round(v[int(q * (len(v) - 1))], 4) for q in (0.1, 0.5, 0.9)]}
 
-    r = {"tensors": len(ref), "fused_vs_ops": worst(ours["fused"], ours["ops"])}
+    r = {"tensors": len(ref), "peft_a_moved_1e-6": errors(floor)}
     for path, _ in variants:
-        r[path + "_vs_peft"] = worst(ours[path], ref)
-    r["ok"] = len(ours["fused"]) == len(ref) and r["fused_vs_peft"] <= 2 * r["ops_vs_peft"] + 5e-3
+        r[path] = errors(ours[path])
+    r["ok"] = (len(ours["default"]) == len(ref)
+               and r["lora_libtorch"]["worst"] <= 2 * r["ops"]["worst"] + 5e-3
+               and r["default"]["worst"] <= 1.25 * r["peft_a_moved_1e-6"]["worst"] + 5e-3)
     print("lora gradients %s %s" % (os.path.basename(d), json.dumps(r)), flush=True)
     return r
 
@@ -159,7 +208,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--checkpoint", action="store_true", help="activation checkpointing on both sides")
-    ap.add_argument("--no-grad-check", action="store_true", help="skip the LoRA gradients against PEFT")
+    ap.add_argument("--no-grad-check", action="store_true",
+                    help="skip the whole model's LoRA gradients against PEFT (the one-layer check still runs)")
+    ap.add_argument("--grad-only", action="store_true", help="the gradient checks alone, no timed steps")
     ap.add_argument("--models", help="a folder for the random models (made once, reused by later runs)")
     ap.add_argument("--profile", help="a folder: a Chrome trace of one of our steps per row, and its summary")
     ap.add_argument("--json")
@@ -174,9 +225,13 @@ def main():
             b, l = map(int, shape.split("x"))
             f = os.path.join(tmp, "batch-%s.safetensors" % shape)
             data = batch(f, vocab, b, l)
-            if not args.no_grad_check and "grad_check" not in result.setdefault("checks", {}).get(size, {}):
-                result["checks"].setdefault(size, {})["grad_check"] = grad_check(
-                    d, args.device, f, data, args.bench, args.minibatch, tmp)
+            checks = result.setdefault("checks", {}).setdefault(size, {})
+            if "lora_op_check" not in checks:
+                checks["lora_op_check"] = lora_op_check(d, args.device, args.bench, args.minibatch * l)
+            if not args.no_grad_check and "grad_check" not in checks:
+                checks["grad_check"] = grad_check(d, args.device, f, data, args.bench, args.minibatch, tmp)
+            if args.grad_only:
+                continue
             ours_rounds, ref_rounds = [], []
             for _ in range(args.rounds):
                 cmd = [args.bench, "--model", d, "--device", args.device, "--dtype", "bf16", "--train", f,
@@ -226,7 +281,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    ok = all(c["grad_check"]["ok"] for c in result.get("checks", {}).values())
+    ok = all(c["lora_op_check"]["ok"] and c.get("grad_check", {"ok": True})["ok"]
+             for c in result.get("checks", {}).values())
     sys.exit(0 if ok else 1)
 
 
