@@ -20,10 +20,19 @@
 // of one pass over the batch and stops.
 //
 // --lora-op-check N,IN,OUT[;...]: one LoRA layer against float64 (lora_op_check, below).
+// --attention-check 1: the fused decode attention against LibTorch (attention_check, below).
+// --colocated 1 --model DIR: a sampler's and a learner's models sharing the base weights against
+// two separate loads, device memory of each (colocated, below).
 #include "policy/model.hpp"
 #include "policy/policy.hpp"
 #include "policy/safetensors.hpp"
 #include "learner/trainer.hpp"
+#ifdef KERNELRL_CUDA_KERNELS
+#include "policy/cuda_kernels.hpp"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime_api.h>
+#endif
 
 #include <nlohmann/json.hpp>
 
@@ -193,6 +202,127 @@ int lora_op_check(const std::function<std::string(const char*, const char*)>& ge
   return 0;
 }
 
+// --attention-check 1: the decode step's fused attention (cuda::decode_attention: the tensor-core
+// kernel, or the scalar one with KERNELRL_ATTN_MMA=0) against LibTorch float32 arithmetic on the
+// same bf16 values: the models' head shapes (12/2 and 28/4 heads of 128, 16/4 of 64, 8/8), rows of
+// random lengths (one of a single key, one of the whole bucket), one split and the decoder's count,
+// soft and sharp score distributions. Prints each case's largest |difference| over the largest
+// |reference| (bf16 output and its float32 copy), and whether a second call gives the same bits
+// (the split counters left at zero).
+int attention_check(const std::function<std::string(const char*, const char*)>& get) {
+#ifdef KERNELRL_CUDA_KERNELS
+  torch::Device dev(get("--device", "cuda:0"));
+  struct Case {
+    int R, nh, nkv, D;
+    int64_t cap;
+    int klen;
+    double sharp;
+  };
+  const std::vector<Case> cases = {{64, 12, 2, 128, 520, 512, 1}, {64, 12, 2, 128, 520, 512, 6},
+                                   {7, 28, 4, 128, 300, 256, 1},  {5, 16, 4, 64, 200, 192, 1},
+                                   {3, 8, 8, 128, 100, 64, 1},    {4, 12, 2, 128, 2304, 2304, 1},
+                                   {6, 16, 4, 32, 150, 128, 1}};
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev.index());
+  nlohmann::json rows = nlohmann::json::array();
+  bool ok = true;
+  for (const auto& c : cases)
+    for (int splits : {1, kernelrl::cuda::decode_attention_splits(c.R, c.nkv, c.klen, sms)}) {
+      torch::manual_seed(1);
+      auto bf = torch::TensorOptions().dtype(torch::kBFloat16).device(dev);
+      auto q = (torch::randn({c.R, c.nh, c.D}, bf.dtype(torch::kFloat32)) * c.sharp).to(torch::kBFloat16);
+      auto kc = torch::randn({c.R, c.nkv, c.cap, c.D}, bf);
+      auto vc = torch::randn({c.R, c.nkv, c.cap, c.D}, bf);
+      auto pos = torch::randint(0, c.klen + 4, {c.R}, torch::TensorOptions().dtype(torch::kInt64).device(dev));
+      pos[0] = 0;
+      pos[c.R - 1] = c.klen - 1;
+      auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+      auto work = torch::empty({int64_t(c.R) * c.nh * splits * (c.D + 2)}, f32);
+      auto counters = torch::zeros({c.R * c.nkv}, torch::TensorOptions().dtype(torch::kInt32).device(dev));
+      const float scale = float(1.0 / std::sqrt(double(c.D)));
+      auto run = [&] {
+        auto out = torch::empty({c.R, c.nh * c.D}, bf);
+        auto out32 = torch::empty({c.R, c.nh * c.D}, f32);
+        auto b = [](const torch::Tensor& t) { return reinterpret_cast<kernelrl::cuda::bf16_t*>(t.data_ptr()); };
+        kernelrl::cuda::decode_attention(b(q), b(kc), b(vc), pos.data_ptr<int64_t>(), c.R, c.nh, c.nkv, c.D, c.cap,
+                                         c.klen, scale, splits, work.data_ptr<float>(), counters.data_ptr<int>(),
+                                         b(out), out32.data_ptr<float>(),
+                                         at::cuda::getCurrentCUDAStream(dev.index()).stream());
+        return std::make_pair(out, out32);
+      };
+      auto [out, out32] = run();
+      auto [again, again32] = run();
+      auto ref = torch::empty({c.R, c.nh, c.D}, f32);
+      auto posc = pos.cpu();
+      for (int r = 0; r < c.R; ++r) {
+        int64_t n = std::min<int64_t>({posc[r].item<int64_t>() + 1, c.klen, c.cap});
+        auto K = kc[r].narrow(1, 0, n).to(torch::kFloat32).repeat_interleave(c.nh / c.nkv, 0);  // [nh, n, D]
+        auto V = vc[r].narrow(1, 0, n).to(torch::kFloat32).repeat_interleave(c.nh / c.nkv, 0);
+        auto s = torch::bmm(q[r].to(torch::kFloat32).unsqueeze(1), K.transpose(1, 2)) * scale;  // [nh, 1, n]
+        ref[r] = torch::bmm(torch::softmax(s, -1), V).squeeze(1);
+      }
+      ref = ref.view({c.R, c.nh * c.D});
+      const double top = ref.abs().max().item<double>();
+      const double err = (out.to(torch::kFloat32) - ref).abs().max().item<double>() / top;
+      const double err32 = (out32 - ref).abs().max().item<double>() / top;
+      const bool same = torch::equal(out, again) && torch::equal(out32, again32);
+      ok = ok && err < 2e-2 && err32 < 2e-2 && same;
+      rows.push_back({{"rows", c.R},
+                      {"heads", c.nh},
+                      {"kv_heads", c.nkv},
+                      {"head_dim", c.D},
+                      {"klen", c.klen},
+                      {"sharp", c.sharp},
+                      {"splits", splits},
+                      {"err", err},
+                      {"err32", err32},
+                      {"repeat_same", same}});
+    }
+  std::printf("%s\n", nlohmann::json{{"ok", ok}, {"rows", rows}}.dump().c_str());
+  return ok ? 0 : 1;
+#else
+  (void)get;
+  throw std::runtime_error("--attention-check: built without the CUDA kernels");
+#endif
+}
+
+// --colocated 1: the device memory that a sampler and a learner of one process hold for their
+// models (each with a rank-16 adapter), loaded as they load them (load_shared_model: one copy of
+// the base weights) against two separate loads. Prints the bytes allocated after each.
+int colocated(const std::function<std::string(const char*, const char*)>& get) {
+  torch::Device dev(get("--device", "cuda:0"));
+  if (!dev.is_cuda()) throw std::runtime_error("--colocated: needs a CUDA device");
+  const auto dtype = kernelrl::parse_dtype(get("--dtype", "bf16"));
+  const std::string dir = get("--model", "");
+  auto allocated = [&] {
+    torch::cuda::synchronize();
+    auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
+    return st.allocated_bytes[size_t(c10::CachingAllocator::StatType::AGGREGATE)].current;
+  };
+  auto warm = torch::zeros({1}, torch::TensorOptions().device(dev));  // the allocator's first use
+  const int64_t before = allocated();
+  kernelrl::LoraSettings ls;
+  int64_t shared = 0, separate = 0;
+  {
+    auto sampler = kernelrl::load_shared_model(dir, dev, dtype, "sampler");
+    auto learner = kernelrl::load_shared_model(dir, dev, dtype, "learner");
+    sampler->add_lora(ls, 0);
+    learner->add_lora(ls, 1);
+    shared = allocated() - before;
+  }
+  {
+    kernelrl::CausalLM sampler(dir, dev, dtype), learner(dir, dev, dtype);
+    sampler.add_lora(ls, 0);
+    learner.add_lora(ls, 1);
+    separate = allocated() - before;
+  }
+  std::printf("%s\n",
+              nlohmann::json{{"shared_bytes", shared}, {"separate_bytes", separate}, {"saved_bytes", separate - shared}}
+                  .dump()
+                  .c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,6 +332,8 @@ int main(int argc, char** argv) {
   try {
     if (a.count("--train")) return train_bench(get);
     if (a.count("--lora-op-check")) return lora_op_check(get);
+    if (a.count("--attention-check")) return attention_check(get);
+    if (a.count("--colocated")) return colocated(get);
     kernelrl::PolicyOptions o;
     o.model_dir = get("--model", "");
     o.device = get("--device", "cuda:0");

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -148,6 +149,62 @@ __global__ void rope_qkv_kernel(const bf16_t* qkv, const float* lora, const int6
 
 // ---------------------------------------------------------------- decode attention
 
+constexpr int kMaxSplits = 64;  // decode_attention_splits() never asks for more
+
+// The last block of a (row, kv head) to finish merges the splits' partials of its rep heads,
+// work[head][split] = (max, sum, unnormalised weighted values [D]), into out (and out32): the maxima
+// and sums read by all threads at once, each head's weights exp(max - M) / L computed once, then
+// every output a sum over the splits of independent loads (ld.global.cg: written by other blocks,
+// made visible by their fences; L1 is not coherent).
+template <int D>
+__device__ void merge_splits(const float* work, int splits, int64_t head0, int rep, bf16_t* out, float* out32) {
+  __shared__ float ms[8 * kMaxSplits], ls[8 * kMaxSplits];
+  for (int i = threadIdx.x; i < rep * splits; i += blockDim.x) {
+    const float* wp = work + ((head0 + i / splits) * splits + i % splits) * (D + 2);
+    ms[i] = __ldcg(wp);
+    ls[i] = __ldcg(wp + 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < rep) {
+    const int j = threadIdx.x;
+    float M = -INFINITY, L = 0.f;
+    for (int k = 0; k < splits; ++k) M = fmaxf(M, ms[j * splits + k]);
+    for (int k = 0; k < splits; ++k) {
+      const float f = M == -INFINITY ? 0.f : __expf(ms[j * splits + k] - M);
+      ms[j * splits + k] = f;
+      L += ls[j * splits + k] * f;
+    }
+    const float inv = L > 0 ? 1.f / L : 0.f;
+    for (int k = 0; k < splits; ++k) ms[j * splits + k] *= inv;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rep * D; i += blockDim.x) {
+    const int j = i / D, d = i % D;
+    const float* wp = work + (head0 + j) * splits * (D + 2) + 2 + d;
+    float o = 0.f;
+#pragma unroll 8
+    for (int k = 0; k < splits; ++k) o += ms[j * splits + k] * __ldcg(wp + k * (D + 2));
+    out[(head0 + j) * D + d] = to_bf(o);
+    if (out32) out32[(head0 + j) * D + d] = rnd(o);
+  }
+}
+
+// The keys a block of (row r, kv head g, split) takes: [s0, s1), s1 at most the row's length
+// pos[r] + 1, klen and cap; and where its keys and values start.
+struct KeySpan {
+  int s0, s1;
+  const bf16_t *k, *v;
+};
+__device__ __forceinline__ KeySpan key_span(const int64_t* pos, int r, int g, int nkv, int64_t cap, int klen, int span,
+                                            int split, const bf16_t* kc, const bf16_t* vc, int D) {
+  int64_t n = pos[r] + 1;
+  if (n > klen) n = klen;
+  if (n > cap) n = cap;
+  const int s0 = split * span;
+  const int64_t base = (int64_t(r) * nkv + g) * cap * D;
+  return {s0, int(n < int64_t(s0) + span ? n : int64_t(s0) + span), kc + base, vc + base};
+}
+
 constexpr int kAttnThreads = 128;  // one key per thread in the score pass; one dimension per thread after
 constexpr int kChunk = kAttnThreads;
 
@@ -156,7 +213,7 @@ constexpr int kChunk = kAttnThreads;
 // thread at a time) while each thread scores its key (its row in 16-byte loads) against the
 // group's rep queries; online softmax over the chunks. With splits > 1 each block leaves its
 // partial (max, sum, weighted values) in `work`, and the last block of a (row, kv head) to finish
-// (an atomic count in `counters`, reset by that block) combines them.
+// (an atomic count in `counters`, reset by that block) combines them (merge_splits).
 template <int D, int REP>
 __global__ void __launch_bounds__(kAttnThreads)
     decode_attention_kernel(const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
@@ -179,13 +236,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     mrow[tid] = -INFINITY;
     lrow[tid] = 0;
   }
-  int64_t n = pos[r] + 1;
-  if (n > klen) n = klen;
-  if (n > cap) n = cap;
-  const int s0 = split * span;
-  const int s1 = int(n < int64_t(s0) + span ? n : int64_t(s0) + span);
-  const bf16_t* kbase = kc + (int64_t(r) * nkv + g) * cap * D;
-  const bf16_t* vbase = vc + (int64_t(r) * nkv + g) * cap * D;
+  const KeySpan ks = key_span(pos, r, g, nkv, cap, klen, span, split, kc, vc, D);
+  const int s0 = ks.s0, s1 = ks.s1;
+  const bf16_t *kbase = ks.k, *vbase = ks.v;
   const int pair = tid % PAIRS, grp = tid / PAIRS;
   float acc0[REP], acc1[REP];
 #pragma unroll
@@ -327,24 +380,184 @@ __global__ void __launch_bounds__(kAttnThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (tid < D)
-    for (int j = 0; j < REP; ++j) {
-      const int64_t head = int64_t(r) * nh + g * REP + j;
-      const volatile float* w = work + head * splits * (D + 2);
-      float M = -INFINITY;
-      for (int s = 0; s < splits; ++s) M = fmaxf(M, w[s * (D + 2)]);
-      float L = 0, o = 0;
-      for (int s = 0; s < splits; ++s) {
-        const float m = w[s * (D + 2)];
-        if (m == -INFINITY) continue;
-        const float f = __expf(m - M);
-        L += w[s * (D + 2) + 1] * f;
-        o += w[s * (D + 2) + 2 + tid] * f;
-      }
-      const float v = L > 0 ? o / L : 0.f;
-      out[head * D + tid] = to_bf(v);
-      if (out32) out32[head * D + tid] = rnd(v);
+  merge_splits<D>(work, splits, int64_t(r) * nh + g * REP, REP, out, out32);
+}
+
+// The same attention on the tensor cores (D = 64 or 128, REP <= 8; sm_80+): a block of 4 warps per
+// (row r, kv head g, split), each warp taking 16-key tiles w, w + 4, ... of the split's keys with
+// mma.sync m16n8k16 (bf16 in, float32 accumulate): scores S = Q K^T with the group's REP queries as
+// the rows of A (rows REP..15 zero), then O += P V with P (bf16) as A. Every operand comes straight
+// from global memory in 16-byte loads: a dot product does not care in which order its terms are
+// summed, so lane (gid, t4) takes dimensions [8 t4 + 32 j, + 8) of key gid for the score product
+// (and the queries' in the same order), and for P V dimensions [(D / 8) gid, + D / 8) of its four
+// keys 2 t4, 2 t4 + 1, 8 + 2 t4, 9 + 2 t4, so that output column gid of n-tile t is dimension
+// (D / 8) gid + t. Online softmax per warp in registers; the warps' partials are combined in
+// shared memory, the splits' as decode_attention_kernel does. Opt-in (KERNELRL_ATTN_MMA=1): on the
+// H100 it is correct (policy_bench --attention-check) but slower than the scalar kernel, 32.7 us
+// against about 24 us at 64 rows of up to 512 keys.
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  const uint32_t z = 0;  // rows 8..15 of A are zero
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(z), "r"(a2), "r"(z), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+  return uint32_t(to_bf(lo)) | (uint32_t(to_bf(hi)) << 16);
+}
+
+constexpr int kMmaWarps = 4;
+
+template <int D>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    decode_attention_mma_kernel(const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
+                                int rep, int64_t cap, int klen, int span, float scale, float* work, int* counters,
+                                bf16_t* out, float* out32) {
+  constexpr int KJ = D / 32;  // 16-byte pieces of a key row per lane (score product)
+  constexpr int NT = D / 8;   // n-tiles of the value product; also the dimensions per lane and key
+  constexpr int VJ = NT / 8;  // 16-byte pieces of a value row per lane and key
+  const int r = blockIdx.x / nkv, g = blockIdx.x % nkv, split = blockIdx.y, splits = gridDim.y;
+  const int nh = nkv * rep;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, t4 = lane & 3;
+  __shared__ float wm[kMmaWarps][8], wl[kMmaWarps][8];
+  __shared__ float wo[kMmaWarps][8][D];
+  __shared__ bool last;
+
+  const KeySpan ks = key_span(pos, r, g, nkv, cap, klen, span, split, kc, vc, D);
+  const int s0 = ks.s0, s1 = ks.s1;
+  const bf16_t *kbase = ks.k, *vbase = ks.v;
+
+  uint4 qf[KJ];  // this lane's query pieces (head gid), zero for rows past the group
+#pragma unroll
+  for (int j = 0; j < KJ; ++j)
+    qf[j] = gid < rep ? *reinterpret_cast<const uint4*>(q + (int64_t(r) * nh + g * rep + gid) * D + 8 * t4 + 32 * j)
+                      : make_uint4(0, 0, 0, 0);
+  float o[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  float m = -INFINITY, l = 0.f;
+
+  for (int k0 = s0 + 16 * warp; k0 < s1; k0 += 16 * kMmaWarps) {
+    // Keys k0 + gid and k0 + 8 + gid for the scores; k0 + 2 t4 (+1) and k0 + 8 + 2 t4 (+1) for the
+    // values. Keys past s1 read key s1 - 1 (held memory) and are masked (values zeroed).
+    uint4 kf[2][KJ], vf[4][VJ];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = min(k0 + 8 * h + gid, s1 - 1);
+#pragma unroll
+      for (int j = 0; j < KJ; ++j)
+        kf[h][j] = *reinterpret_cast<const uint4*>(kbase + int64_t(key) * D + 8 * t4 + 32 * j);
     }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int key = k0 + 8 * (c >> 1) + 2 * t4 + (c & 1);
+      const bf16_t* vr = vbase + int64_t(min(key, s1 - 1)) * D + NT * gid;
+#pragma unroll
+      for (int j = 0; j < VJ; ++j)
+        vf[c][j] = key < s1 ? *reinterpret_cast<const uint4*>(vr + 8 * j) : make_uint4(0, 0, 0, 0);
+    }
+    // Scores of head gid: sc[h][0..1] for keys k0 + 8 h + 2 t4 (+1).
+    float sc[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sc[h][0] = sc[h][1] = sc[h][2] = sc[h][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const int j = ks >> 1, w = 2 * (ks & 1);
+        mma_16816(sc[h], word(qf[j], w), word(qf[j], w + 1), word(kf[h][j], w), word(kf[h][j], w + 1));
+      }
+    }
+    float s[4];
+    float mt = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int key = k0 + 8 * (c >> 1) + 2 * t4 + (c & 1);
+      s[c] = key < s1 ? sc[c >> 1][c & 1] * scale : -INFINITY;
+      mt = fmaxf(mt, s[c]);
+    }
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    const float mn = fmaxf(m, mt);      // finite: the tile holds at least one key
+    const float corr = __expf(m - mn);  // 0 while m = -inf
+    float p[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) p[c] = __expf(s[c] - mn);
+    l = l * corr + (p[0] + p[1] + p[2] + p[3]);
+    m = mn;
+    const uint32_t a0 = pack_bf2(p[0], p[1]), a2 = pack_bf2(p[2], p[3]);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      o[t][0] *= corr;
+      o[t][1] *= corr;
+      // Element t of each of the four value rows (dimension NT gid + t), two keys to a register.
+      const int j = t >> 3, w = (t & 7) >> 1;
+      const uint32_t sel = (t & 1) ? 0x7632u : 0x5410u;
+      const uint32_t b0 = __byte_perm(word(vf[0][j], w), word(vf[1][j], w), sel);
+      const uint32_t b1 = __byte_perm(word(vf[2][j], w), word(vf[3][j], w), sel);
+      mma_16816(o[t], a0, a2, b0, b1);
+    }
+  }
+  // The warps' partials: l summed over the row's four lanes; o[t][0..1] is head gid, columns 2 t4
+  // and 2 t4 + 1 of n-tile t, i.e. dimensions NT (2 t4) + t and NT (2 t4 + 1) + t.
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (gid < rep) {
+    if (t4 == 0) {
+      wm[warp][gid] = m;
+      wl[warp][gid] = l;
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      wo[warp][gid][NT * (2 * t4) + t] = o[t][0];
+      wo[warp][gid][NT * (2 * t4 + 1) + t] = o[t][1];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rep * D; i += kMmaWarps * 32) {
+    const int j = i / D, d = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) M = fmaxf(M, wm[w][j]);
+    float L = 0.f, O = 0.f;
+    if (M != -INFINITY)
+#pragma unroll
+      for (int w = 0; w < kMmaWarps; ++w) {
+        const float f = __expf(wm[w][j] - M);
+        L += wl[w][j] * f;
+        O += wo[w][j][d] * f;
+      }
+    const int64_t head = int64_t(r) * nh + g * rep + j;
+    if (splits == 1) {
+      const float v = L > 0 ? O / L : 0.f;
+      out[head * D + d] = to_bf(v);
+      if (out32) out32[head * D + d] = rnd(v);
+    } else {
+      float* wp = work + (head * splits + split) * (D + 2);
+      wp[2 + d] = O;
+      if (d == 0) {
+        wp[0] = M;
+        wp[1] = L;
+      }
+    }
+  }
+  if (splits == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int done = atomicAdd(&counters[blockIdx.x], 1);
+    last = done == splits - 1;
+    if (last) counters[blockIdx.x] = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  merge_splits<D>(work, splits, int64_t(r) * nh + g * rep, rep, out, out32);
 }
 
 // ---------------------------------------------------------------- SwiGLU
@@ -673,8 +886,9 @@ bool decode_attention_supported(int nh, int nkv, int D) {
 
 int decode_attention_splits(int R, int nkv, int klen, int sms) {
   const int blocks = R * nkv;
-  int splits = (2 * sms + blocks - 1) / blocks;
-  const int most = (klen + kChunk - 1) / kChunk;
+  int splits = (4 * sms + blocks - 1) / blocks;  // about four blocks an SM
+  int most = (klen + 63) / 64;
+  if (most > kMaxSplits) most = kMaxSplits;
   if (splits > most) splits = most;
   return splits < 1 ? 1 : splits;
 }
@@ -683,9 +897,25 @@ void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_ca
                       int nkv, int D, int64_t cap, int klen, float scale, int splits, float* work, int* counters,
                       bf16_t* out, float* out32, Stream s) {
   if (!decode_attention_supported(nh, nkv, D)) throw std::invalid_argument("decode_attention: unsupported shape");
-  const int span = ((klen + splits - 1) / splits + kChunk - 1) / kChunk * kChunk;
+  if (splits < 1 || splits > kMaxSplits) throw std::invalid_argument("decode_attention: splits out of range");
   dim3 grid(R * nkv, splits);
   const int rep = nh / nkv;
+  static const bool mma = [] {  // opt-in: on the H100 it measured slower than the scalar kernel (BENCHMARKS.md)
+    const char* v = std::getenv("KERNELRL_ATTN_MMA");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  if (mma && (D == 64 || D == 128)) {  // the tensor-core kernel: spans of whole 4-warp rounds of 16 keys
+    const int span = ((klen + splits - 1) / splits + 63) / 64 * 64;
+    if (D == 64)
+      decode_attention_mma_kernel<64><<<grid, kMmaWarps * 32, 0, s>>>(q, k_cache, v_cache, pos, nkv, rep, cap, klen,
+                                                                      span, scale, work, counters, out, out32);
+    else
+      decode_attention_mma_kernel<128><<<grid, kMmaWarps * 32, 0, s>>>(q, k_cache, v_cache, pos, nkv, rep, cap, klen,
+                                                                       span, scale, work, counters, out, out32);
+    check("decode_attention");
+    return;
+  }
+  const int span = ((klen + splits - 1) / splits + kChunk - 1) / kChunk * kChunk;
   if (D == 32)
     attention_rep<32>(rep, grid, q, k_cache, v_cache, pos, nkv, cap, klen, span, scale, work, counters, out, out32, s);
   else if (D == 64)
