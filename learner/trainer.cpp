@@ -1,5 +1,6 @@
 #include "learner/trainer.hpp"
 
+#include "learner/data_parallel.hpp"
 #include "policy/safetensors.hpp"
 
 #include <cmath>
@@ -99,8 +100,43 @@ void LoraTrainer::accumulate_sft(const torch::Tensor& ids, const torch::Tensor& 
   sequences_ += double(ids.size(0));
 }
 
+// One all-reduce over the ranks of [the step's sums (7), sequences, ranks in SFT, ranks in GRPO,
+// every LoRA gradient]: afterwards this rank holds the whole step's sums and gradients.
+void LoraTrainer::reduce_ranks() {
+  torch::NoGradGuard ng;
+  auto f32 = params_.front().options().dtype(torch::kFloat32);
+  const bool has = stats_.defined();
+  std::vector<torch::Tensor> parts{has ? stats_.to(torch::kFloat32) : torch::zeros({7}, f32),
+                                   torch::tensor({sequences_, has && sft_ ? 1.0 : 0.0, has && !sft_ ? 1.0 : 0.0},
+                                                 torch::TensorOptions().dtype(torch::kFloat32))
+                                       .to(f32.device())};
+  for (auto& p : params_)
+    parts.push_back(p.grad().defined() ? p.grad().reshape(-1).to(torch::kFloat32) : torch::zeros({p.numel()}, f32));
+  auto flat = torch::cat(parts);
+  reducer_->sum(flat);
+  auto head = flat.narrow(0, 7, 3).to(torch::kCPU, torch::kFloat64);
+  const double sequences = head[0].item<double>(), sft_ranks = head[1].item<double>(),
+               grpo_ranks = head[2].item<double>();
+  if (sft_ranks > 0 && grpo_ranks > 0)
+    throw std::logic_error("trainer: GRPO and SFT minibatches mixed in one data-parallel step");
+  if (sequences <= 0) throw std::runtime_error("trainer: step without any accumulated tokens (on any rank)");
+  stats_ = flat.narrow(0, 0, 7).clone();
+  sequences_ = sequences;
+  sft_ = sft_ranks > 0;
+  int64_t off = 10;
+  for (auto& p : params_) {
+    auto g = flat.narrow(0, off, p.numel()).view(p.sizes()).to(p.scalar_type());
+    off += p.numel();
+    if (p.grad().defined())
+      p.mutable_grad().copy_(g);
+    else
+      p.mutable_grad() = g.clone();
+  }
+}
+
 StepReport LoraTrainer::step() {
   StepReport r;
+  if (reducer_ && reducer_->size() > 1) reduce_ranks();
   if (!stats_.defined()) throw std::runtime_error("trainer: step without any accumulated tokens");
   torch::NoGradGuard ng;
   std::vector<torch::Tensor> sq;

@@ -52,6 +52,8 @@ struct StepReport {
   double pg = 0, kl = 0, clip_fraction = 0, ratio_mean = 0, entropy = 0;
 };
 
+class GradientReducer;  // learner/data_parallel.hpp
+
 class LoraTrainer {
  public:
   LoraTrainer(CausalLM& model, const TrainOptions& o);
@@ -63,6 +65,10 @@ class LoraTrainer {
   // rate, clears them.
   StepReport step();
   int64_t steps_done() const { return steps_; }
+  // Data-parallel: step() first sums the gradients and statistics of every rank (each rank having
+  // accumulated its share of the step's sequences, possibly none), so all ranks take the step that
+  // one trainer would take on the whole batch. Every rank must call step() for every step.
+  void set_reducer(std::shared_ptr<GradientReducer> r) { reducer_ = std::move(r); }
   bool pending() const { return stats_.defined(); }
 
   // Optimizer state (AdamW moments and step counts per LoRA tensor, the step counter) as one
@@ -81,6 +87,8 @@ class LoraTrainer {
   double sequences_ = 0;
   // Device-side sums since the last step: loss, tokens, pg, k3, clipped tokens, ratio, entropy.
   torch::Tensor stats_;
+  std::shared_ptr<GradientReducer> reducer_;
+  void reduce_ranks();
 };
 
 }  // namespace kernelrl

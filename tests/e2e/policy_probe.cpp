@@ -38,6 +38,7 @@
 #include "learner/advantages.hpp"
 #include "learner/grpo.hpp"
 #include "policy/model.hpp"
+#include "learner/data_parallel.hpp"
 #include "learner/trainer.hpp"
 #include "policy/policy.hpp"
 #include "policy/safetensors.hpp"
@@ -190,6 +191,14 @@ int main(int argc, char** argv) {
       o.activation_checkpointing = get("--checkpoint", "0") == "1";
       const bool sft = get("--sft", "0") == "1";
       auto tr = std::make_unique<LoraTrainer>(m, o);
+      // Data-parallel: rank R of N learns minibatches k = R, R + N, ... of the --split parts; with
+      // --dp-store the ranks meet in c10d gloo and each takes the whole batch's step, without it
+      // the rank steps on its share alone.
+      const int dp_size = std::stoi(get("--dp-size", "1")), dp_rank = std::stoi(get("--dp-rank", "0"));
+      std::shared_ptr<GradientReducer> reducer;
+      if (dp_size > 1 && !get("--dp-store").empty())
+        reducer = gloo_reducer(get("--dp-store"), dp_rank, dp_size, "127.0.0.1");
+      tr->set_reducer(reducer);
       auto in = read_tensors(get("--in"));
       auto ids = in.at("ids").to(torch::kInt64);
       const int64_t B = ids.size(0), L = ids.size(1);
@@ -204,6 +213,7 @@ int main(int argc, char** argv) {
           tr.reset();
           m.load_lora(ck);
           tr = std::make_unique<LoraTrainer>(m, o);
+          tr->set_reducer(reducer);
           if (get("--drop-state", "0") != "1") tr->load_state(ck + "/optimizer.safetensors");
         }
         auto old = in.at("old_logp");
@@ -214,7 +224,7 @@ int main(int argc, char** argv) {
         }
         for (int64_t k = 0; k < K; ++k) {
           int64_t b0 = B * k / K, b1 = B * (k + 1) / K;
-          if (b1 <= b0) continue;
+          if (b1 <= b0 || k % dp_size != dp_rank) continue;
           if (sft) {
             tr->accumulate_sft(ids.narrow(0, b0, b1 - b0), in.at("mask").narrow(0, b0, b1 - b0));
             continue;

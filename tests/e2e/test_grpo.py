@@ -350,6 +350,47 @@ class TrainerTest(unittest.TestCase):
                 self.assertLess((whole[k] - parts[k]).abs().max().item(), 1e-6, (k, agg))
             self.assertAlmostEqual(r1[1]["loss"], r3[1]["loss"], delta=1e-6)
 
+    def test_data_parallel_ranks_take_the_one_trainer_step(self):
+        # Two learner ranks as real processes meeting in c10d's ProcessGroupGloo (a FileStore on
+        # loopback), each learning every other of four minibatches: both end with the adapter one
+        # trainer gets from all four, to 1e-5, and report its loss, gradient norm and token count.
+        for agg in ["token_mean", "seq_mean"]:
+            whole, rep, _ = self.train("--lr", "0.01", "--agg", agg, "--steps", "2", "--split", "4")
+            store = os.path.join(tempfile.mkdtemp(prefix="dp-", dir=self.tmp), "store")
+            outs, procs = [], []
+            for rank in range(2):
+                outs.append(tempfile.mkdtemp(prefix="rank%d-" % rank, dir=self.tmp))
+                procs.append(subprocess.Popen(
+                    [PROBE, "train-step", "--model", self.model, "--adapter", self.adapter, "--in", self.batch,
+                     "--out", outs[-1], "--lr", "0.01", "--agg", agg, "--steps", "2", "--split", "4",
+                     "--dp-size", "2", "--dp-rank", str(rank), "--dp-store", "file:" + store],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            for p in procs:
+                _, err = p.communicate(timeout=300)
+                self.assertEqual(p.returncode, 0, err)
+            ranks = [load_file(os.path.join(o, "adapter_model.safetensors")) for o in outs]
+            for k in whole:
+                self.assertTrue(torch.equal(ranks[0][k], ranks[1][k]), (k, agg))
+                self.assertLess((whole[k] - ranks[0][k]).abs().max().item(), 1e-5, (k, agg))
+            # The check can fail: rank 0 stepping on its own half, without the collective, lands elsewhere.
+            half, _, _ = self.train("--lr", "0.01", "--agg", agg, "--steps", "2", "--split", "4",
+                                    "--dp-size", "2", "--dp-rank", "0")
+            self.assertTrue(any((half[k] - whole[k]).abs().max().item() > 1e-4 for k in whole))
+            for o in outs:
+                with open(os.path.join(o, "report.json")) as f:
+                    r = json.load(f)
+                for s1, s2 in zip(rep, r):
+                    for key in ("loss", "grad_norm", "tokens"):
+                        self.assertAlmostEqual(s1[key], s2[key], delta=1e-5 * max(1.0, abs(s1[key])), msg=(key, agg))
+
+    def test_a_data_parallel_store_that_is_not_one_is_named(self):
+        out = tempfile.mkdtemp(prefix="out-", dir=self.tmp)
+        p = subprocess.run([PROBE, "train-step", "--model", self.model, "--adapter", self.adapter, "--in", self.batch,
+                            "--out", out, "--dp-size", "2", "--dp-rank", "0", "--dp-store", "redis://x"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn('data-parallel store "redis://x": expected file:PATH or tcp://HOST:PORT', p.stderr)
+
     def test_a_controlled_reward_raises_the_favoured_completion(self):
         # Four completions of one prompt; the reward favours the first. GRPO advantages, on-policy
         # steps: the favoured completion's probability rises step after step.
