@@ -202,8 +202,8 @@ int lora_op_check(const std::function<std::string(const char*, const char*)>& ge
   return 0;
 }
 
-// --attention-check 1: the decode step's fused attention (cuda::decode_attention: the tensor-core
-// kernel, or the scalar one with KERNELRL_ATTN_MMA=0) against LibTorch float32 arithmetic on the
+// --attention-check 1: the decode step's fused attention (cuda::decode_attention: the scalar kernel,
+// or the tensor-core one with KERNELRL_ATTN_MMA=1) against LibTorch float32 arithmetic on the
 // same bf16 values: the models' head shapes (12/2 and 28/4 heads of 128, 16/4 of 64, 8/8), rows of
 // random lengths (one of a single key, one of the whole bucket), one split and the decoder's count,
 // soft and sharp score distributions. Prints each case's largest |difference| over the largest

@@ -1,8 +1,10 @@
 // Data-parallel learning: the ranks of one learner each accumulate their share of a step's groups
 // (LoraTrainer::accumulate), then meet in LibTorch's own collectives (c10d) inside
 // LoraTrainer::step: one all-reduce sums their gradients and statistics, so every rank clips and
-// takes the same AdamW step and holds the same adapter afterwards. On CPU tensors the collective
-// is c10d's ProcessGroupGloo, whose library ships inside the pip LibTorch; its headers come from
+// takes the same AdamW step and holds the same adapter afterwards. The collective is c10d's
+// ProcessGroupGloo (tested on CPU tensors; it also takes CUDA tensors, untested here, and
+// ProcessGroupNCCL for GPUs is not wired yet), whose library ships inside the pip LibTorch; its
+// headers come from
 // Debian's libgloo-dev (scripts/setup unpacks them into the cache; without them, gloo_available()
 // is false). Includes torch: learner/ only.
 #pragma once

@@ -67,7 +67,9 @@ class LoraTrainer {
   int64_t steps_done() const { return steps_; }
   // Data-parallel: step() first sums the gradients and statistics of every rank (each rank having
   // accumulated its share of the step's sequences, possibly none), so all ranks take the step that
-  // one trainer would take on the whole batch. Every rank must call step() for every step.
+  // one trainer would take on the whole batch. Every rank must call step() for every step. (A LoRA
+  // tensor that no rank computed a gradient for steps with a zero one, where a single trainer would
+  // skip it; every adapter tensor is in every forward pass, so a step with data has them all.)
   void set_reducer(std::shared_ptr<GradientReducer> r) { reducer_ = std::move(r); }
   bool pending() const { return stats_.defined(); }
 

@@ -365,9 +365,15 @@ class TrainerTest(unittest.TestCase):
                      "--out", outs[-1], "--lr", "0.01", "--agg", agg, "--steps", "2", "--split", "4",
                      "--dp-size", "2", "--dp-rank", str(rank), "--dp-store", "file:" + store],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            for p in procs:
-                _, err = p.communicate(timeout=300)
-                self.assertEqual(p.returncode, 0, err)
+            try:
+                for p in procs:
+                    _, err = p.communicate(timeout=300)
+                    self.assertEqual(p.returncode, 0, err)
+            finally:  # a rank that failed must not leave the other waiting for it
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
             ranks = [load_file(os.path.join(o, "adapter_model.safetensors")) for o in outs]
             for k in whole:
                 self.assertTrue(torch.equal(ranks[0][k], ranks[1][k]), (k, agg))
@@ -379,6 +385,7 @@ class TrainerTest(unittest.TestCase):
             for o in outs:
                 with open(os.path.join(o, "report.json")) as f:
                     r = json.load(f)
+                self.assertEqual(len(rep), len(r))
                 for s1, s2 in zip(rep, r):
                     for key in ("loss", "grad_norm", "tokens"):
                         self.assertAlmostEqual(s1[key], s2[key], delta=1e-5 * max(1.0, abs(s1[key])), msg=(key, agg))
