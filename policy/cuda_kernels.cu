@@ -205,65 +205,124 @@ __device__ __forceinline__ KeySpan key_span(const int64_t* pos, int r, int g, in
   return {s0, int(n < int64_t(s0) + span ? n : int64_t(s0) + span), kc + base, vc + base};
 }
 
-constexpr int kAttnThreads = 128;  // one key per thread in the score pass; one dimension per thread after
-constexpr int kChunk = kAttnThreads;
+// The block's warps' partials of its rep heads, wm/wl [warp * 8 + head] (max, sum) and wo (warp w's
+// unnormalised weighted values at wo + w * wstride, [head][D]), combined: with one split the
+// output; with more, this block's partial to work [R * nh, splits, D + 2], and the last block of
+// the (row, kv head) to finish (an atomic count in counters, reset by that block) merges the
+// splits' partials (merge_splits). A warp that took no key has max -inf and adds nothing.
+template <int D>
+__device__ void combine_warps(const float* wm, const float* wl, const float* wo, int wstride, int warps, int rep,
+                              int64_t head0, int split, int splits, float* work, int* counters, bf16_t* out,
+                              float* out32) {
+  __shared__ bool last;
+  for (int i = threadIdx.x; i < rep * D; i += blockDim.x) {
+    const int j = i / D, d = i % D;
+    float M = -INFINITY;
+    for (int w = 0; w < warps; ++w) M = fmaxf(M, wm[w * 8 + j]);
+    float L = 0.f, O = 0.f;
+    if (M != -INFINITY)
+      for (int w = 0; w < warps; ++w) {
+        const float f = __expf(wm[w * 8 + j] - M);
+        L += wl[w * 8 + j] * f;
+        O += wo[w * wstride + j * D + d] * f;
+      }
+    const int64_t head = head0 + j;
+    if (splits == 1) {
+      const float v = L > 0 ? O / L : 0.f;
+      out[head * D + d] = to_bf(v);
+      if (out32) out32[head * D + d] = rnd(v);
+    } else {
+      float* wp = work + (head * splits + split) * (D + 2);
+      wp[2 + d] = O;
+      if (d == 0) {
+        wp[0] = M;
+        wp[1] = L;
+      }
+    }
+  }
+  if (splits == 1) return;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int done = atomicAdd(&counters[blockIdx.x], 1);
+    last = done == splits - 1;
+    if (last) counters[blockIdx.x] = 0;  // ready for the next step
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  merge_splits<D>(work, splits, head0, rep, out, out32);
+}
 
-// Block (row r, kv head g, split): keys [split * span, min((split + 1) * span, pos[r] + 1, klen)),
-// a chunk of 128 at a time: the chunk's values are copied to shared memory (cp.async, 16 bytes a
-// thread at a time) while each thread scores its key (its row in 16-byte loads) against the
-// group's rep queries; online softmax over the chunks. With splits > 1 each block leaves its
-// partial (max, sum, weighted values) in `work`, and the last block of a (row, kv head) to finish
-// (an atomic count in `counters`, reset by that block) combines them (merge_splits).
+constexpr int kAttnWarps = 8;  // warps of a block; two blocks fit an SM
+constexpr int kTile = 32;      // keys of a warp's tile: one a lane in the score product
+
+// Shared memory of decode_attention_kernel<D, REP>: the scaled queries [REP][D] (float), each
+// warp's tile of values [32][D] (bf16; at the end its partial [REP][D], float) and probabilities
+// [32][REPP], and the warps' maxima and sums [warps][8].
+constexpr int attention_smem(int D, int REP) {
+  return REP * D * 4 + kAttnWarps * kTile * D * 2 + kAttnWarps * kTile * ((REP + 3) / 4 * 4) * 4 +
+         2 * kAttnWarps * 8 * 4;
+}
+
+// Block (row r, kv head g, split) of 8 warps over keys [s0, s1) (key_span): warp w takes the
+// 32-key tiles w, w + 8, ... on its own, with no block barrier until the end. Per tile: the
+// values are copied to the warp's shared memory (cp.async, 16 bytes a lane at a time) while lane
+// i loads key s0 + i whole (16-byte loads, all in flight at once) and scores it against the
+// group's REP queries; the tile's maximum is the only cross-lane step of the online softmax (each
+// lane keeps its own share of the sum, added up once at the end); then lane i adds dimensions
+// [D/32 i, D/32 (i + 1)) of p times v over the tile's keys. The warps' partials are combined in
+// shared memory, the splits' by the last block (combine_warps).
 template <int D, int REP>
-__global__ void __launch_bounds__(kAttnThreads)
+__global__ void __launch_bounds__(kAttnWarps * 32, 2)
     decode_attention_kernel(const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
                             int64_t cap, int klen, int span, float scale, float* work, int* counters, bf16_t* out,
                             float* out32) {
-  constexpr int REPP = (REP + 3) / 4 * 4;       // a key's probabilities, padded for 16-byte reads
-  constexpr int PAIRS = D / 2;                  // value dimensions a thread takes two at a time
-  constexpr int GROUPS = kAttnThreads / PAIRS;  // threads sharing a dimension pair split the keys
+  constexpr int KV = D / 8;                // 16-byte pieces of a key or value row
+  constexpr int DPL = D / 32;              // value dimensions a lane takes
+  constexpr int REPP = (REP + 3) / 4 * 4;  // a key's probabilities, padded for 16-byte access
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* qs = reinterpret_cast<float*>(smem);
+  bf16_t* vs = reinterpret_cast<bf16_t*>(qs + REP * D);
+  float* ps = reinterpret_cast<float*>(vs + kAttnWarps * kTile * D);
+  float* wm = ps + kAttnWarps * kTile * REPP;
+  float* wl = wm + kAttnWarps * 8;
   const int r = blockIdx.x / nkv, g = blockIdx.x % nkv, split = blockIdx.y, splits = gridDim.y;
   const int nh = nkv * REP;
-  __shared__ __align__(16) float qs[REP][D];
-  __shared__ __align__(16) float ps[kChunk][REPP];
-  __shared__ __align__(16) bf16_t vs[kChunk * D];  // the chunk's values; at the end, the groups' partial sums
-  __shared__ float mrow[REP], lrow[REP], corr[REP];
-  __shared__ bool last;
-  const int tid = threadIdx.x;
-  for (int i = tid; i < REP * D; i += kAttnThreads)
-    qs[i / D][i % D] = bf(q[(int64_t(r) * nh + g * REP + i / D) * D + i % D]) * scale;
-  if (tid < REP) {
-    mrow[tid] = -INFINITY;
-    lrow[tid] = 0;
-  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t head0 = int64_t(r) * nh + g * REP;
+  for (int i = threadIdx.x; i < REP * D; i += kAttnWarps * 32) qs[i] = bf(q[head0 * D + i]) * scale;
   const KeySpan ks = key_span(pos, r, g, nkv, cap, klen, span, split, kc, vc, D);
-  const int s0 = ks.s0, s1 = ks.s1;
-  const bf16_t *kbase = ks.k, *vbase = ks.v;
-  const int pair = tid % PAIRS, grp = tid / PAIRS;
-  float acc0[REP], acc1[REP];
+  const int s1 = ks.s1;
+  bf16_t* myv = vs + warp * kTile * D;
+  float* myp = ps + warp * kTile * REPP;
+  float m[REP], lsum[REP], acc[REP][DPL];
 #pragma unroll
-  for (int j = 0; j < REP; ++j) acc0[j] = acc1[j] = 0;
+  for (int j = 0; j < REP; ++j) {
+    m[j] = -INFINITY;
+    lsum[j] = 0.f;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) acc[j][e] = 0.f;
+  }
   __syncthreads();
-  for (int c0 = s0; c0 < s1; c0 += kChunk) {
-    const int cn = min(kChunk, s1 - c0);
-    // The chunk's values into shared memory, asynchronously.
+  for (int c0 = ks.s0 + warp * kTile; c0 < s1; c0 += kAttnWarps * kTile) {
+    const int cn = min(kTile, s1 - c0);
     {
-      const uint4* src = reinterpret_cast<const uint4*>(vbase + int64_t(c0) * D);
-      uint4* dst = reinterpret_cast<uint4*>(vs);
-      for (int i = tid; i < cn * D / 8; i += kAttnThreads) __pipeline_memcpy_async(dst + i, src + i, 16);
+      const uint4* src = reinterpret_cast<const uint4*>(ks.v + int64_t(c0) * D);
+      uint4* dst = reinterpret_cast<uint4*>(myv);
+      for (int i = lane; i < cn * KV; i += 32) __pipeline_memcpy_async(dst + i, src + i, 16);
       __pipeline_commit();
     }
-    // Scores: thread t takes key c0 + t (its row in 16-byte loads; the queries in 16-byte reads).
-    if (tid < cn) {
-      const uint4* kr = reinterpret_cast<const uint4*>(kbase + int64_t(c0 + tid) * D);
-      uint4 kv[D / 8];
+    float dot[REP];
 #pragma unroll
-      for (int v = 0; v < D / 8; ++v) kv[v] = kr[v];
-      float dot[REP];
+    for (int j = 0; j < REP; ++j) dot[j] = 0.f;
+    if (lane < cn) {
+      const uint4* kr = reinterpret_cast<const uint4*>(ks.k + int64_t(c0 + lane) * D);
+      uint4 kv[KV];
 #pragma unroll
-      for (int j = 0; j < REP; ++j) dot[j] = 0;
+      for (int v = 0; v < KV; ++v) kv[v] = kr[v];
 #pragma unroll
-      for (int v = 0; v < D / 8; ++v) {
+      for (int v = 0; v < KV; ++v) {
         const uint32_t w4[4] = {kv[v].x, kv[v].y, kv[v].z, kv[v].w};
         float k8[8];
 #pragma unroll
@@ -273,114 +332,83 @@ __global__ void __launch_bounds__(kAttnThreads)
         }
 #pragma unroll
         for (int j = 0; j < REP; ++j) {
-          const float4 qa = *reinterpret_cast<const float4*>(&qs[j][v * 8]);
-          const float4 qb = *reinterpret_cast<const float4*>(&qs[j][v * 8 + 4]);
+          const float4 qa = *reinterpret_cast<const float4*>(&qs[j * D + v * 8]);
+          const float4 qb = *reinterpret_cast<const float4*>(&qs[j * D + v * 8 + 4]);
           dot[j] += k8[0] * qa.x + k8[1] * qa.y + k8[2] * qa.z + k8[3] * qa.w + k8[4] * qb.x + k8[5] * qb.y +
                     k8[6] * qb.z + k8[7] * qb.w;
         }
       }
+    } else {
 #pragma unroll
-      for (int j = 0; j < REP; ++j) ps[tid][j] = dot[j];
+      for (int j = 0; j < REP; ++j) dot[j] = -INFINITY;
     }
-    __syncthreads();
-    // Online softmax over the chunk: warp w takes query rows w, w + 4, ...
-    const int warp = tid >> 5, lane = tid & 31;
-    for (int j = warp; j < REP; j += kAttnThreads / 32) {
-      float m = -INFINITY;
-      for (int i = lane; i < cn; i += 32) m = fmaxf(m, ps[i][j]);
-      m = warp_max(m);
-      const float mnew = fmaxf(mrow[j], m);
-      float sum = 0;
-      for (int i = lane; i < cn; i += 32) {
-        const float e = __expf(ps[i][j] - mnew);
-        ps[i][j] = e;
-        sum += e;
-      }
-      sum = warp_sum<32>(sum);
-      if (lane == 0) {
-        const float cf = __expf(mrow[j] - mnew);  // 0 for the first chunk (mrow = -inf)
-        corr[j] = cf;
-        lrow[j] = lrow[j] * cf + sum;
-        mrow[j] = mnew;
-      }
+    float p[REPP];
+#pragma unroll
+    for (int j = 0; j < REP; ++j) {
+      const float mn = fmaxf(m[j], warp_max(dot[j]));  // finite: lane 0 holds a key
+      const float corr = __expf(m[j] - mn);            // 0 for the warp's first tile (m = -inf)
+      p[j] = __expf(dot[j] - mn);                      // 0 past the tile's keys
+      lsum[j] = lsum[j] * corr + p[j];
+      m[j] = mn;
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) acc[j][e] *= corr;
     }
+#pragma unroll
+    for (int j = REP; j < REPP; ++j) p[j] = 0.f;
+#pragma unroll
+    for (int k = 0; k < REPP / 4; ++k)
+      *reinterpret_cast<float4*>(&myp[lane * REPP + 4 * k]) =
+          make_float4(p[4 * k], p[4 * k + 1], p[4 * k + 2], p[4 * k + 3]);
     __pipeline_wait_prior(0);
-    __syncthreads();
-    // Probabilities times values: thread (pair, group) takes dimensions 2 pair and 2 pair + 1 of
-    // keys group, group + GROUPS, ...
+    __syncwarp();
+#pragma unroll 4
+    for (int k = 0; k < cn; ++k) {
+      float v[DPL];
+      const bf16_t* vr = myv + k * D + lane * DPL;
+      if constexpr (DPL == 4) {
+        const uint2 w = *reinterpret_cast<const uint2*>(vr);
+        v[0] = __uint_as_float(w.x << 16);
+        v[1] = __uint_as_float(w.x & 0xffff0000u);
+        v[2] = __uint_as_float(w.y << 16);
+        v[3] = __uint_as_float(w.y & 0xffff0000u);
+      } else if constexpr (DPL == 2) {
+        const uint32_t w = *reinterpret_cast<const uint32_t*>(vr);
+        v[0] = __uint_as_float(w << 16);
+        v[1] = __uint_as_float(w & 0xffff0000u);
+      } else {
+        v[0] = bf(vr[0]);
+      }
+      float pk[REPP];
 #pragma unroll
-    for (int j = 0; j < REP; ++j) {
-      acc0[j] *= corr[j];
-      acc1[j] *= corr[j];
-    }
-    for (int i = grp; i < cn; i += GROUPS) {
-      const uint32_t v2 = *reinterpret_cast<const uint32_t*>(&vs[i * D + 2 * pair]);
-      const float va = __uint_as_float(v2 << 16), vb = __uint_as_float(v2 & 0xffff0000u);
-      float p[REPP];
-#pragma unroll
-      for (int k = 0; k < REPP / 4; ++k) {
-        const float4 p4 = *reinterpret_cast<const float4*>(&ps[i][4 * k]);
-        p[4 * k] = p4.x;
-        p[4 * k + 1] = p4.y;
-        p[4 * k + 2] = p4.z;
-        p[4 * k + 3] = p4.w;
+      for (int i = 0; i < REPP / 4; ++i) {
+        const float4 p4 = *reinterpret_cast<const float4*>(&myp[k * REPP + 4 * i]);
+        pk[4 * i] = p4.x;
+        pk[4 * i + 1] = p4.y;
+        pk[4 * i + 2] = p4.z;
+        pk[4 * i + 3] = p4.w;
       }
 #pragma unroll
-      for (int j = 0; j < REP; ++j) {
-        acc0[j] += p[j] * va;
-        acc1[j] += p[j] * vb;
-      }
+      for (int j = 0; j < REP; ++j)
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) acc[j][e] += pk[j] * v[e];
     }
-    __syncthreads();
+    __syncwarp();  // the tile's values and probabilities read before the next tile's land
   }
-  // The groups' partial sums, added in shared memory (over the value buffer, no longer needed).
-  float* red = reinterpret_cast<float*>(vs);  // [GROUPS][REP][D]
-  if (GROUPS > 1) {
+  // This warp's partial: its maxima and sums, and its weighted values over its own tile buffer.
+  float* wo = reinterpret_cast<float*>(myv);
 #pragma unroll
-    for (int j = 0; j < REP; ++j) {
-      red[(grp * REP + j) * D + 2 * pair] = acc0[j];
-      red[(grp * REP + j) * D + 2 * pair + 1] = acc1[j];
+  for (int j = 0; j < REP; ++j) {
+    const float l = warp_sum<32>(lsum[j]);
+    if (lane == 0) {
+      wm[warp * 8 + j] = m[j];
+      wl[warp * 8 + j] = l;
     }
-    __syncthreads();
-  }
-  auto total = [&](int j, int d) {
-    if (GROUPS == 1) return (d & 1) ? acc1[j] : acc0[j];
-    float v = 0;
-    for (int q2 = 0; q2 < GROUPS; ++q2) v += red[(q2 * REP + j) * D + d];
-    return v;
-  };
-  if (splits == 1) {
-    if (tid < D)
-      for (int j = 0; j < REP; ++j) {
-        const int64_t head = int64_t(r) * nh + g * REP + j;
-        const float o = lrow[j] > 0 ? total(j, tid) / lrow[j] : 0.f;
-        out[head * D + tid] = to_bf(o);
-        if (out32) out32[head * D + tid] = rnd(o);
-      }
-    return;
-  }
-  // Partial to `work` [R * nh, splits, D + 2]; the last block of this (row, kv head) combines.
-  if (tid < D)
-    for (int j = 0; j < REP; ++j) {
-      const int64_t head = int64_t(r) * nh + g * REP + j;
-      float* wp = work + (head * splits + split) * (D + 2);
-      wp[2 + tid] = total(j, tid);
-      if (tid == 0) {
-        wp[0] = mrow[j];
-        wp[1] = lrow[j];
-      }
-    }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int done = atomicAdd(&counters[blockIdx.x], 1);
-    last = done == splits - 1;
-    if (last) counters[blockIdx.x] = 0;  // ready for the next step
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) wo[j * D + lane * DPL + e] = acc[j][e];
   }
   __syncthreads();
-  if (!last) return;
-  __threadfence();
-  merge_splits<D>(work, splits, int64_t(r) * nh + g * REP, REP, out, out32);
+  combine_warps<D>(wm, wl, reinterpret_cast<const float*>(vs), kTile * D / 2, kAttnWarps, REP, head0, split, splits,
+                   work, counters, out, out32);
 }
 
 // The same attention on the tensor cores (D = 64 or 128, REP <= 8; sm_80+): a block of 4 warps per
@@ -391,10 +419,10 @@ __global__ void __launch_bounds__(kAttnThreads)
 // summed, so lane (gid, t4) takes dimensions [8 t4 + 32 j, + 8) of key gid for the score product
 // (and the queries' in the same order), and for P V dimensions [(D / 8) gid, + D / 8) of its four
 // keys 2 t4, 2 t4 + 1, 8 + 2 t4, 9 + 2 t4, so that output column gid of n-tile t is dimension
-// (D / 8) gid + t. Online softmax per warp in registers; the warps' partials are combined in
-// shared memory, the splits' as decode_attention_kernel does. Opt-in (KERNELRL_ATTN_MMA=1): on the
-// H100 it is correct (policy_bench --attention-check) but slower than the scalar kernel, 32.7 us
-// against about 24 us at 64 rows of up to 512 keys.
+// (D / 8) gid + t. Online softmax per warp in registers; the warps' partials and the splits' are
+// combined by combine_warps. Opt-in (KERNELRL_ATTN_MMA=1): on the H100 it is correct
+// (policy_bench --attention-check) but was slower than the scalar kernel that came before
+// decode_attention_kernel's warp tiles (32.7 us against about 24 us at 64 rows of up to 512 keys).
 __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
   const uint32_t z = 0;  // rows 8..15 of A are zero
   asm volatile(
@@ -427,7 +455,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, t4 = lane & 3;
   __shared__ float wm[kMmaWarps][8], wl[kMmaWarps][8];
   __shared__ float wo[kMmaWarps][8][D];
-  __shared__ bool last;
 
   const KeySpan ks = key_span(pos, r, g, nkv, cap, klen, span, split, kc, vc, D);
   const int s0 = ks.s0, s1 = ks.s1;
@@ -519,45 +546,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < rep * D; i += kMmaWarps * 32) {
-    const int j = i / D, d = i % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) M = fmaxf(M, wm[w][j]);
-    float L = 0.f, O = 0.f;
-    if (M != -INFINITY)
-#pragma unroll
-      for (int w = 0; w < kMmaWarps; ++w) {
-        const float f = __expf(wm[w][j] - M);
-        L += wl[w][j] * f;
-        O += wo[w][j][d] * f;
-      }
-    const int64_t head = int64_t(r) * nh + g * rep + j;
-    if (splits == 1) {
-      const float v = L > 0 ? O / L : 0.f;
-      out[head * D + d] = to_bf(v);
-      if (out32) out32[head * D + d] = rnd(v);
-    } else {
-      float* wp = work + (head * splits + split) * (D + 2);
-      wp[2 + d] = O;
-      if (d == 0) {
-        wp[0] = M;
-        wp[1] = L;
-      }
-    }
-  }
-  if (splits == 1) return;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int done = atomicAdd(&counters[blockIdx.x], 1);
-    last = done == splits - 1;
-    if (last) counters[blockIdx.x] = 0;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  merge_splits<D>(work, splits, int64_t(r) * nh + g * rep, rep, out, out32);
+  combine_warps<D>(&wm[0][0], &wl[0][0], &wo[0][0][0], 8 * D, kMmaWarps, rep, int64_t(r) * nh + g * rep, split, splits,
+                   work, counters, out, out32);
 }
 
 // ---------------------------------------------------------------- SwiGLU
@@ -830,8 +820,14 @@ template <int D, int REP>
 void launch_attention(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
                       int64_t cap, int klen, int span, float scale, float* work, int* counters, bf16_t* out,
                       float* out32, Stream s) {
+  constexpr int bytes = attention_smem(D, REP);
+  static const bool sized = [] {  // more than the default 48 KB of shared memory (once, before any graph capture)
+    return cudaFuncSetAttribute(decode_attention_kernel<D, REP>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+           cudaSuccess;
+  }();
+  if (!sized) throw std::runtime_error("decode_attention: cannot raise the shared memory limit");
   decode_attention_kernel<D, REP>
-      <<<grid, kAttnThreads, 0, s>>>(q, kc, vc, pos, nkv, cap, klen, span, scale, work, counters, out, out32);
+      <<<grid, kAttnWarps * 32, bytes, s>>>(q, kc, vc, pos, nkv, cap, klen, span, scale, work, counters, out, out32);
 }
 
 template <int D>
@@ -885,9 +881,9 @@ bool decode_attention_supported(int nh, int nkv, int D) {
 }
 
 int decode_attention_splits(int R, int nkv, int klen, int sms) {
-  const int blocks = R * nkv;
-  int splits = (4 * sms + blocks - 1) / blocks;  // about four blocks an SM
-  int most = (klen + 63) / 64;
+  const int pairs = R * nkv;
+  int splits = (2 * sms + pairs / 2) / pairs;       // about two blocks an SM (two of the scalar kernel's fit)
+  int most = (klen + 2 * kTile - 1) / (2 * kTile);  // at least two tiles a block
   if (most > kMaxSplits) most = kMaxSplits;
   if (splits > most) splits = most;
   return splits < 1 ? 1 : splits;
@@ -915,7 +911,7 @@ void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_ca
     check("decode_attention");
     return;
   }
-  const int span = ((klen + splits - 1) / splits + kChunk - 1) / kChunk * kChunk;
+  const int span = ((klen + splits - 1) / splits + kTile - 1) / kTile * kTile;
   if (D == 32)
     attention_rep<32>(rep, grid, q, k_cache, v_cache, pos, nkv, cap, klen, span, scale, work, counters, out, out32, s);
   else if (D == 64)
