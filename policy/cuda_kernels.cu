@@ -701,6 +701,97 @@ __global__ void sample_final_kernel(const bf16_t* logits, int R, int V, float in
   if (threadIdx.x == 0) *step = st + 1;
 }
 
+// ---------------------------------------------------------------- LoRA of the decode step (float32)
+
+constexpr int kShrinkRows = 2;                  // rows a block of the A product takes
+constexpr int kShrinkK = 8;                     // stacked-rank outputs a block takes
+constexpr int kShrinkChunk = 2048;              // inputs a block takes (8 a thread)
+constexpr int kShrinkPer = kShrinkChunk / 256;  // ... and a thread
+constexpr int kLoraMaxRank = 192;               // the group's stacked rank (three rank-64 adapters)
+
+// Block (rows 2b, 2b + 1; input chunk s; outputs 8z .. 8z + 7): part[s][row][k] = the sum over the
+// chunk's inputs h of x[row][h] a[k][h]. Every load is independent of the others (the rows' chunk,
+// then the 8 rows of a: 64 loads a thread in flight), then 16 warp reductions side by side and one
+// over the block's warps in a fixed order (the same bits every call).
+__global__ void __launch_bounds__(256)
+    lora_shrink_kernel(const float* x, const float* a, int R, int in, int rs, float* part) {
+  __shared__ float red[8][kShrinkRows][kShrinkK];
+  const int r0 = blockIdx.x * kShrinkRows, s = blockIdx.y, k0 = blockIdx.z * kShrinkK;
+  const int h0 = s * kShrinkChunk + threadIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float xr[kShrinkRows][kShrinkPer];
+#pragma unroll
+  for (int i = 0; i < kShrinkRows; ++i)
+#pragma unroll
+    for (int j = 0; j < kShrinkPer; ++j) {
+      const int h = h0 + 256 * j;
+      xr[i][j] = r0 + i < R && h < in ? x[int64_t(r0 + i) * in + h] : 0.f;
+    }
+  float acc[kShrinkK][kShrinkRows] = {};
+#pragma unroll
+  for (int k = 0; k < kShrinkK; ++k)
+#pragma unroll
+    for (int j = 0; j < kShrinkPer; ++j) {
+      const int h = h0 + 256 * j;
+      const float av = h < in && k0 + k < rs ? a[int64_t(k0 + k) * in + h] : 0.f;
+#pragma unroll
+      for (int i = 0; i < kShrinkRows; ++i) acc[k][i] += xr[i][j] * av;
+    }
+#pragma unroll
+  for (int k = 0; k < kShrinkK; ++k)
+#pragma unroll
+    for (int i = 0; i < kShrinkRows; ++i) {
+      const float v = warp_sum<32>(acc[k][i]);
+      if (lane == 0) red[warp][i][k] = v;
+    }
+  __syncthreads();
+  if (threadIdx.x < kShrinkRows * kShrinkK) {
+    const int i = threadIdx.x / kShrinkK, k = threadIdx.x % kShrinkK;
+    if (r0 + i < R && k0 + k < rs) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) v += red[w][i][k];
+      part[(int64_t(s) * R + r0 + i) * rs + k0 + k] = v;
+    }
+  }
+}
+
+constexpr int kExpandTileCols = 32, kExpandTileRows = 16;
+
+// Block (32 columns, 16 rows): out[row][n] = sum_k t[row][k] bt[k][n], t the sum of the shrink's
+// `parts` partials. The rows' t and the columns' bt are first copied to shared memory (independent
+// loads, all threads), then thread (column c, group g) adds up rows 2 g and 2 g + 1.
+__global__ void __launch_bounds__(256)
+    lora_expand_kernel(const float* part, int parts, const float* bt, int R, int rs, int N, float* out) {
+  __shared__ float ts[kExpandTileRows][kLoraMaxRank + 1];
+  __shared__ float bs[kLoraMaxRank][kExpandTileCols];
+  const int n0 = blockIdx.x * kExpandTileCols, r0 = blockIdx.y * kExpandTileRows;
+  for (int i = threadIdx.x; i < kExpandTileRows * rs; i += blockDim.x) {
+    const int rr = i / rs, k = i % rs;
+    float v = 0.f;
+    if (r0 + rr < R)
+      for (int p = 0; p < parts; ++p) v += part[(int64_t(p) * R + r0 + rr) * rs + k];
+    ts[rr][k] = v;
+  }
+  for (int i = threadIdx.x; i < rs * kExpandTileCols; i += blockDim.x) {
+    const int k = i / kExpandTileCols, c = i % kExpandTileCols;
+    bs[k][c] = n0 + c < N ? bt[int64_t(k) * N + n0 + c] : 0.f;
+  }
+  __syncthreads();
+  const int c = threadIdx.x % kExpandTileCols, g = threadIdx.x / kExpandTileCols;
+  float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll 8
+  for (int k = 0; k < rs; ++k) {
+    const float b = bs[k][c];
+    acc0 += ts[2 * g][k] * b;
+    acc1 += ts[2 * g + 1][k] * b;
+  }
+  const int n = n0 + c;
+  if (n < N) {
+    if (r0 + 2 * g < R) out[int64_t(r0 + 2 * g) * N + n] = acc0;
+    if (r0 + 2 * g + 1 < R) out[int64_t(r0 + 2 * g + 1) * N + n] = acc1;
+  }
+}
+
 // ---------------------------------------------------------------- LoRA: y + t B^T
 
 constexpr int kExpandCols = 128, kExpandRows = 32, kExpandMaxRank = 64;
@@ -919,6 +1010,22 @@ void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_ca
   else
     attention_rep<128>(rep, grid, q, k_cache, v_cache, pos, nkv, cap, klen, span, scale, work, counters, out, out32, s);
   check("decode_attention");
+}
+
+bool lora_decode_supported(int rs) { return rs >= 1 && rs <= kLoraMaxRank; }
+
+int lora_decode_parts(int in) { return (in + kShrinkChunk - 1) / kShrinkChunk; }
+
+void lora_decode(const float* x, const float* a, const float* bt, int R, int in, int rs, int N, float* part, float* out,
+                 Stream s) {
+  if (!lora_decode_supported(rs)) throw std::invalid_argument("lora_decode: stacked rank above 192");
+  const int parts = lora_decode_parts(in);
+  lora_shrink_kernel<<<dim3((R + kShrinkRows - 1) / kShrinkRows, parts, (rs + kShrinkK - 1) / kShrinkK), 256, 0, s>>>(
+      x, a, R, in, rs, part);
+  check("lora_decode (A)");
+  lora_expand_kernel<<<dim3((N + kExpandTileCols - 1) / kExpandTileCols, (R + kExpandTileRows - 1) / kExpandTileRows),
+                       256, 0, s>>>(part, parts, bt, R, rs, N, out);
+  check("lora_decode (B)");
 }
 
 void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, float* out32, Stream s) {

@@ -44,6 +44,18 @@ void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_ca
                       int nkv, int D, int64_t cap, int klen, float scale, int splits, float* work, int* counters,
                       bf16_t* out, float* out32, Stream s);
 
+// The adapter of one projection group in the decode step, in float32 as PEFT computes it:
+// out [R, N] = (x [R, in] a^T) bt for a [rs, in] (the members' A stacked) and bt [rs, N] (their
+// scaled B, block-diagonal, transposed). Two kernels, no split-K reduction pass: the A product by
+// blocks of two rows, 2,048 inputs and 8 outputs into part (lora_decode_parts(in) * R * rs floats
+// of work), the B product by tiles of 16 rows and 32 columns, summing the input chunks' partials.
+// Deterministic (fixed summation order).
+// rs <= 192 (lora_decode_supported).
+bool lora_decode_supported(int rs);
+int lora_decode_parts(int in);
+void lora_decode(const float* x, const float* a, const float* bt, int R, int in, int rs, int N, float* part, float* out,
+                 Stream s);
+
 // SwiGLU of the fused gate|up output gu [R, 2I] (+ lora, f32): out = silu(gate) * up with
 // transformers' bf16 rounding (silu rounded, then the product). out [R, I]; out32 optional.
 void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, float* out32, Stream s);

@@ -64,9 +64,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // The adapter of one projection group in the fused step's form: A of every member stacked
-// [sum r, in], B block-diagonal [sum out, sum r] with each member's scale folded in (float32).
+// [sum r, in], B block-diagonal [sum out, sum r] with each member's scale folded in, and B
+// transposed (bt, contiguous, for cuda::lora_decode); float32.
 struct LoraGroup {
-  torch::Tensor a, b;
+  torch::Tensor a, b, bt;
 };
 
 LoraGroup lora_group(const std::vector<const Linear*>& ls) {
@@ -89,6 +90,7 @@ LoraGroup lora_group(const std::vector<const Linear*>& ls) {
     }
     oo += o;
   }
+  g.bt = g.b.t().contiguous();
   return g;
 }
 
@@ -308,7 +310,13 @@ struct Decoder::Run {
     auto bp = [](const torch::Tensor& t) { return t.defined() ? reinterpret_cast<bf16_t*>(t.data_ptr()) : nullptr; };
     auto fp = [](const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
     auto lora_out = [&](const LoraGroup& g, const torch::Tensor& x32) {
-      return g.a.defined() ? torch::mm(torch::mm(x32, g.a.t()), g.b.t()) : torch::Tensor();
+      if (!g.a.defined()) return torch::Tensor();
+      const int64_t rs = g.a.size(0), in = g.a.size(1), N = g.bt.size(1);
+      if (!cuda::lora_decode_supported(int(rs))) return torch::mm(torch::mm(x32, g.a.t()), g.b.t());
+      auto part = torch::empty({cuda::lora_decode_parts(int(in)) * R * rs}, f32o);
+      auto out = torch::empty({R, N}, f32o);
+      cuda::lora_decode(fp(x32), fp(g.a), fp(g.bt), int(R), int(in), int(rs), int(N), fp(part), fp(out), stream);
+      return out;
     };
     const int splits = cuda::decode_attention_splits(int(R), int(nkv), int(klen), sms);
     auto h = torch::embedding(m.embed_, ids);  // [R, H], the residual stream (updated in place)
