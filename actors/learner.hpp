@@ -8,7 +8,8 @@
 // checkpoint_selector, and published to every sampler as WeightsUpdate(V). The step's answer goes
 // to the supervisor only when every sampler has acknowledged V; a sampler that refuses or does
 // not answer within sync_timeout_s makes the answer an error (the run stops; nothing samples
-// with stale weights unnoticed).
+// with stale weights unnoticed); a sampler that has gone away is dropped from the set (the
+// supervisor plans its work elsewhere), and none left is an error.
 // SDPO: the group's teacher prompts are made here (learner/sdpo.hpp) and scored by the engine;
 // the step's teacher tokens are reported with its stats (teacher_tokens).
 // Messages in:  (sync_atom, vector<actor> samplers) -> uint64_t version: the samplers to serve

@@ -39,7 +39,8 @@ std::string fmt_eta(double s) {
 }
 
 struct monitor_state {
-  std::map<std::string, double> merged;  // "source.key" -> value
+  std::map<std::string, double> merged;                           // "source.key" -> value
+  std::map<std::string, std::map<std::string, double>> samplers;  // each sampler's last gauges
   std::unique_ptr<std::ofstream> metrics;
   bool tty = false;
   double last_plain = 0;
@@ -79,9 +80,23 @@ void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bo
   if (recorder) self->send(recorder, record_atom::value, std::move(snap));
 }
 
-// A source's gauges into the snapshot, as "source.key".
+// A source's gauges into the snapshot, as "source.key". Samplers report as "sampler-N": their
+// gauges are summed as "sampler.key" (rollouts, tokens, tokens/s, queues), and with more than one
+// kept per sampler too.
 void merge(self_ptr self, const Telemetry& t) {
-  for (auto& [k, v] : t.values) self->state.merged[t.source + "." + k] = v;
+  auto& st = self->state;
+  if (t.source.rfind("sampler-", 0) != 0) {
+    for (auto& [k, v] : t.values) st.merged[t.source + "." + k] = v;
+    return;
+  }
+  st.samplers[t.source] = t.values;
+  std::map<std::string, double> sum;
+  for (auto& [src, values] : st.samplers)
+    for (auto& [k, v] : values) {
+      sum[k] += v;
+      if (st.samplers.size() > 1) st.merged[src + "." + k] = v;
+    }
+  for (auto& [k, v] : sum) st.merged["sampler." + k] = v;
 }
 
 void poll(self_ptr self, const std::vector<caf::actor>& sources) {

@@ -133,12 +133,12 @@ struct sampler_state {
 
 using sampler_ptr = caf::stateful_actor<sampler_state>*;
 
-Telemetry sampler_telemetry(sampler_ptr self) {
+Telemetry sampler_telemetry(sampler_ptr self, const SamplerArgs& args) {
   auto& st = self->state;
   double elapsed = st.t_start < 0 ? 0 : mono_s() - st.t_start;
   Telemetry t;
   t.ts = now_s();
-  t.source = "sampler";
+  t.source = args.id;  // "sampler-N": the monitor sums the samplers' gauges
   t.values = {{"rollouts", double(st.rollouts)},
               {"tokens", double(st.tokens)},
               {"tokens_per_s", elapsed > 0 ? double(st.tokens) / elapsed : 0.0},
@@ -226,6 +226,13 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
   } catch (const std::exception& e) {
     double wait = std::min(30.0, 0.5 * double(1u << std::min<uint32_t>(st.failures, 6)));
     ++st.failures;
+    if (args.max_failures > 0 && st.failures >= args.max_failures) {
+      const std::string why = fmt::format("{}: {} generations failed in a row ([sampler] max_failures), the last: {}",
+                                          args.id, st.failures, e.what());
+      lg->error("{}; this sampler stops and its unfinished work goes to the others", why);
+      self->quit(caf::make_error(caf::sec::runtime_error, why));
+      return;
+    }
     lg->error("generation of {} prompts failed ({} in a row): {}; retrying in {:.1f} s", take, st.failures, e.what(),
               wait);
     st.generating = true;
@@ -332,7 +339,7 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispa
           lg->info("now serving policy version {}", u.version);
           return u.version;
         },
-        [=](stats_atom) { return sampler_telemetry(self); },
+        [=](stats_atom) { return sampler_telemetry(self, args); },
     };
   }
   return {
@@ -378,7 +385,7 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispa
         feed(self, args, dispatcher);
         return sent;
       },
-      [=](stats_atom) { return sampler_telemetry(self); },
+      [=](stats_atom) { return sampler_telemetry(self, args); },
   };
 }
 

@@ -55,6 +55,10 @@ struct SamplerArgs {
   // (lowest mean logprob) go to evaluation; the rest go to the dispatcher as (skip_atom, ...) and
   // are stored unevaluated. 0: evaluate every sample.
   uint32_t evaluate_top_m = 0;
+  // Model backends: after this many failed generations in a row the sampler stops (its monitors
+  // see it go with the reason; the supervisor plans its unfinished groups on the other samplers).
+  // 0: it retries for ever.
+  uint32_t max_failures = 0;
 };
 
 caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, caf::actor dispatcher);

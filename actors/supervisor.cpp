@@ -1,4 +1,5 @@
 #include "actors/supervisor.hpp"
+#include "actors/sampler_pool.hpp"
 
 #include "core/files.hpp"
 #include "core/log.hpp"
@@ -10,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <fstream>
 
 namespace kernelrl {
@@ -20,7 +23,8 @@ struct supervisor_state {
   std::unique_ptr<Store> store;
   std::unique_ptr<Experiment> experiment;
   caf::response_promise done;
-  caf::actor sampler;
+  std::vector<caf::actor> samplers;
+  SamplerPool pool{0};
   bool finished = false;
   uint64_t duplicates = 0, store_failures = 0;
   size_t evaluators_alive = 0;
@@ -68,6 +72,58 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
   if (st.done.pending()) st.done.deliver(j.dump());
 }
 
+void apply(self_ptr self, const SupervisorArgs& args, Actions actions);
+
+// Sends each sampler its part of a plan; `done` once every part is answered (a part whose sampler
+// went away counts as answered: the pool plans its groups again). A sampler refusing its part
+// ends the run.
+void send_parts(self_ptr self, const SupervisorArgs& args, std::vector<SamplerPool::Assignment> parts,
+                std::function<void()> done) {
+  auto left = std::make_shared<size_t>(parts.size());
+  if (parts.empty()) {
+    done();
+    return;
+  }
+  for (auto& [i, plan] : parts) {
+    const uint32_t step = plan.step;
+    const size_t to = i;
+    self->request(self->state.samplers[to], caf::infinite, std::move(plan))
+        .then(
+            [=](uint64_t) {
+              if (--*left == 0) done();
+            },
+            [=](caf::error& e) {
+              if (e == caf::sec::request_receiver_down || !self->state.pool.is_alive(to)) {
+                if (--*left == 0) done();
+                return;
+              }
+              finish(self, args,
+                     fmt::format("sampler {} failed to plan step {}: {}", to, step, error_text(self->system(), e)));
+            });
+  }
+}
+
+// Sampler i is gone: its unfinished groups go to the others (or the run ends: none left).
+void sampler_lost(self_ptr self, const SupervisorArgs& args, size_t i, const std::string& why) {
+  auto& st = self->state;
+  if (!st.pool.is_alive(i)) return;
+  const uint64_t open = st.pool.load(i);
+  auto parts = st.pool.lost(i);
+  auto lg = log::get("supervisor");
+  if (st.pool.alive() == 0) {
+    if (!st.finished && !st.experiment->all_in())
+      finish(
+          self, args,
+          fmt::format("every sampler is gone (the last: sampler {}, {}); {} samples were not sampled", i, why, open));
+    return;
+  }
+  uint64_t moved = 0;
+  for (auto& [to, p] : parts) moved += uint64_t(p.task_ids.size()) * p.n;
+  lg->warn("sampler {} is gone ({}): {} of its samples not yet stored; {} planned again on the {} left", i, why, open,
+           moved, st.pool.alive());
+  send_parts(self, args, std::move(parts), [] {});
+}
+
 // Carries out the experiment's actions, in order.
 void apply(self_ptr self, const SupervisorArgs& args, Actions actions) {
   auto& st = self->state;
@@ -77,17 +133,22 @@ void apply(self_ptr self, const SupervisorArgs& args, Actions actions) {
     std::visit(
         overloaded{
             [&](act::Sample& a) {
-              const uint32_t step = a.plan.step;
-              self->request(st.sampler, caf::infinite, std::move(a.plan))
-                  .then([=](uint64_t n) { apply(self, args, self->state.experiment->planned(n)); },
-                        [=](caf::error& e) {
-                          finish(
-                              self, args,
-                              fmt::format("sampler failed to plan step {}: {}", step, error_text(self->system(), e)));
-                        });
+              const uint64_t n = uint64_t(a.plan.task_ids.size()) * std::max<uint32_t>(1, a.plan.n);
+              auto parts = st.pool.assign(a.plan);
+              if (parts.empty()) {
+                finish(self, args, fmt::format("no sampler is running to sample step {}", a.plan.step));
+                return;
+              }
+              send_parts(self, args, std::move(parts), [=] { apply(self, args, self->state.experiment->planned(n)); });
             },
-            [&](act::SampleAll&) {
-              self->request(st.sampler, caf::infinite, plan_atom::value, uint32_t{0})
+            [&](act::SampleAll&) {  // every task once: the replay sampler, or the first model sampler
+              size_t i = 0;
+              while (i < st.samplers.size() && !st.pool.is_alive(i)) ++i;
+              if (i == st.samplers.size()) {
+                finish(self, args, "no sampler is running");
+                return;
+              }
+              self->request(st.samplers[i], caf::infinite, plan_atom::value, uint32_t{0})
                   .then([=](uint64_t n) { apply(self, args, self->state.experiment->planned(n)); },
                         [=](caf::error& e) { finish(self, args, "sampler failed: " + self->system().render(e)); });
             },
@@ -134,7 +195,7 @@ void start(self_ptr self, const SupervisorArgs& args) {
     finish(self, args, fmt::format("{} mode needs a learner", name(args.experiment.mode)));
     return;
   }
-  self->request(args.learner, caf::infinite, sync_atom::value, std::vector<caf::actor>{st.sampler})
+  self->request(args.learner, caf::infinite, sync_atom::value, st.samplers)
       .then(
           [=](uint64_t v) {
             auto& st = self->state;
@@ -175,18 +236,25 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
     self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(args.join_wait_s * 1000)), tick_atom::value,
                        n);
   };
-  self->set_down_handler([=](caf::down_msg&) {
+  self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
+    for (size_t i = 0; i < st.samplers.size(); ++i)
+      if (st.samplers[i].address() == dm.source) {
+        sampler_lost(self, args, i, self->system().render(dm.reason));
+        return;
+      }
     if (st.evaluators_alive > 0) --st.evaluators_alive;
     if (st.evaluators_alive == 0)
       none_left(fmt::format("no evaluator is running (see the errors above); {} samples have no verdict",
                             st.experiment->outstanding()));
   });
   return {
-      [=](plan_atom, caf::actor sampler, std::vector<caf::actor> evaluators) -> caf::response_promise {
+      [=](plan_atom, std::vector<caf::actor> samplers, std::vector<caf::actor> evaluators) -> caf::response_promise {
         auto& st = self->state;
         st.done = self->make_response_promise();
-        st.sampler = sampler;
+        st.samplers = std::move(samplers);
+        st.pool = SamplerPool(st.samplers.size());
+        for (auto& s : st.samplers) self->monitor(s);
         st.evaluators_alive = evaluators.size();
         for (auto& e : evaluators) self->monitor(e);
         if (!st.store) {
@@ -227,6 +295,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
           case InsertResult::inserted:
             break;
         }
+        st.pool.arrived(s.rollout.task_id, s.rollout.group_id, s.rollout.sample_index);
         apply(self, args, st.experiment->sampled(s));
       },
       [=](record_atom, Telemetry& t) {
@@ -241,6 +310,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
         t.source = "supervisor";
         t.values = st.experiment->telemetry();
         t.values["evaluators_alive"] = double(st.evaluators_alive);
+        t.values["samplers_alive"] = double(st.pool.alive());
         t.step = st.experiment->totals().step;
         return t;
       },

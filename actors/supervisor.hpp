@@ -9,10 +9,14 @@
 // `resume` the experiment gets the store's samples and step rows of the run so far.
 // If every evaluator is gone with work left, the run ends with an error instead of hanging (a
 // cluster first waits join_wait_s for one to join).
-// Messages in:  (plan_atom, actor sampler, vector<actor> evaluators) -> std::string summary JSON;
+// Several samplers: each plan's groups are spread over them by load (SamplerPool); a sampler that
+// goes away has its unfinished groups planned again on the others (a sample stored twice is
+// dropped); with none left the run ends with an error. The learner publishes to all of them.
+// (eval and best_of_n sample every task once on the first live sampler.)
+// Messages in:  (plan_atom, vector<actor> samplers, vector<actor> evaluators) -> std::string summary JSON;
 //               (record_atom, ScoredRollout); (record_atom, Telemetry) (kept in the store);
 //               (register_atom, actor, id) (a remote evaluator joined); (stats_atom) -> Telemetry;
-//               down messages of the evaluators it watches
+//               down messages of the samplers and evaluators it watches
 #pragma once
 
 #include "experiment/experiment.hpp"

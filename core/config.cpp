@@ -483,18 +483,34 @@ void read_sampler(TableReader& r, Config& c, const toml::table& root) {
   r.number("timeout_s", c.sampler.timeout_s, 0.1, 86400);
   r.integer("max_retries", c.sampler.max_retries, 0, 100);
   r.path("adapter_dir", c.sampler.adapter_dir, PathKind::any);
+  r.str_array("urls", c.sampler.urls);
+  r.str_array("devices", c.sampler.devices);
+  if (!c.sampler.urls.empty() && c.sampler.backend != "openai")
+    r.error_here("urls", "only the openai backend takes server urls (this is the " + c.sampler.backend + " backend)");
+  if (!c.sampler.devices.empty() && c.sampler.backend != "libtorch")
+    r.error_here("devices", "only the libtorch backend takes devices (this is the " + c.sampler.backend + " backend)");
+  for (auto& d : c.sampler.devices)
+    if (d != "cpu" && d != "cuda" &&
+        !(d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.find_first_not_of("0123456789", 5) == std::string::npos))
+      r.error_here("devices", "expected \"cpu\", \"cuda\" or \"cuda:N\" for each sampler, got \"" + d + "\"");
   if (c.sampler.backend == "openai") {
-    if (c.sampler.url.empty())
-      r.error_here("url", "the openai backend needs url = \"http://HOST:PORT\"");
-    else if (c.sampler.url.rfind("http://", 0) != 0 && c.sampler.url.rfind("https://", 0) != 0)
-      r.error_here("url", "expected \"http://HOST:PORT[/PATH]\" or \"https://HOST[:PORT][/PATH]\", got \"" +
-                              c.sampler.url + "\"");
+    if (!c.sampler.url.empty() && !c.sampler.urls.empty())
+      r.error_here("urls", "give either url (one server) or urls (one sampler per server), not both");
+    if (c.sampler.url.empty() && c.sampler.urls.empty())
+      r.error_here("url", "the openai backend needs url = \"http://HOST:PORT\" (or urls = [...], one per server)");
+    std::vector<std::string> all = c.sampler.urls;
+    if (!c.sampler.url.empty()) all.push_back(c.sampler.url);
+    for (auto& u : all)
+      if (u.rfind("http://", 0) != 0 && u.rfind("https://", 0) != 0)
+        r.error_here(c.sampler.urls.empty() ? "url" : "urls",
+                     "expected \"http://HOST:PORT[/PATH]\" or \"https://HOST[:PORT][/PATH]\", got \"" + u + "\"");
     if (c.sampler.served_model.empty())
       r.error_here("served_model", "the openai backend needs the served model's name");
   }
   r.integer("max_tokens", c.sampler.max_tokens, 1, 1 << 20);
   r.integer("seed", c.sampler.seed, 0, std::numeric_limits<int64_t>::max());
   r.integer("max_pending", c.sampler.max_pending, 1, 1 << 24);
+  r.integer("max_failures", c.sampler.max_failures, 0, 1 << 20);
 }
 
 // [evaluator]: the evaluation protocol and the sandbox's limits.

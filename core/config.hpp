@@ -78,12 +78,17 @@ struct SamplerConfig {
   uint64_t seed = 0;                           // sampling seed
   uint32_t batch_prompts = 8;                  // prompts generated together; their rollouts leave as a batch
   std::string url;                             // openai: server root, e.g. "http://10.0.0.5:8000"
+  std::vector<std::string> urls;               // openai: several servers, one sampler each (instead of url)
+  std::vector<std::string> devices;            // libtorch: one sampler per device, each with its own copy
+                                               // of the model (default: one on [policy] device)
   std::string served_model;                    // openai: the served model name
   std::string api_key_env = "OPENAI_API_KEY";  // openai: environment variable holding the key
   double timeout_s = 600;                      // openai: limit for one HTTP exchange
   uint32_t max_retries = 4;                    // openai: extra attempts after 5xx, 429, timeouts
   std::string adapter_dir;                     // openai: where weight updates are written for the server to
                                                // load (a path it can read; default RUN_DIR/adapters)
+  uint32_t max_failures = 0;                   // model backends: failed generations in a row after which a
+                                               // sampler stops and its work moves to the others (0: never)
   uint32_t max_pending = 256;                  // rollouts waiting in the dispatcher's queue before samplers
                                                // are held back (backpressure)
 };

@@ -195,9 +195,9 @@ std::string resume_conflicts(const Config& cfg, const std::string& run_dir) {
     for (const char* p : {"cluster.", "node[", "monitor."})
       if (k.rfind(p, 0) == 0) return true;
     // Where things are reached: the inference server, the interpreter, the build cache.
-    for (const char* same :
-         {"learner.steps", "learner.activation_checkpointing", "experiment.name", "experiment.run_root", "sampler.url",
-          "sampler.timeout_s", "sampler.max_retries", "sampler.api_key_env", "evaluator.python", "evaluator.cache_dir"})
+    for (const char* same : {"learner.steps", "learner.activation_checkpointing", "experiment.name",
+                             "experiment.run_root", "sampler.url", "sampler.urls", "sampler.timeout_s",
+                             "sampler.max_retries", "sampler.api_key_env", "evaluator.python", "evaluator.cache_dir"})
       if (k == same) return true;
     return false;
   };
@@ -291,13 +291,40 @@ void log_start(const Config& cfg, const RunInputs& in, const std::string& run_id
              in.tasks.size(), std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
 }
 
-// The sampler's model backend (none for replay); throws when the model does not load.
-std::shared_ptr<SamplerBackend> make_backend(const Config& cfg, const std::string& run_dir) {
+std::shared_ptr<SamplerBackend> make_backend(const Config& cfg, const std::string& run_dir, const std::string& device,
+                                             const std::string& url);
+
+// The samplers' model backends: one for replay (none: the records are the actions), one per
+// [sampler] devices entry (libtorch) or urls entry (openai), else one; throws when a model does
+// not load.
+std::vector<std::shared_ptr<SamplerBackend>> make_backends(const Config& cfg, const std::string& run_dir) {
+  std::vector<std::shared_ptr<SamplerBackend>> out;
+  if (cfg.sampler.backend == "libtorch") {
+    const std::vector<std::string> devices =
+        cfg.sampler.devices.empty() ? std::vector<std::string>{cfg.policy.device} : cfg.sampler.devices;
+    for (auto& d : devices) out.push_back(make_backend(cfg, run_dir, d, ""));
+  } else if (cfg.sampler.backend == "openai") {
+    if (cfg.sampler.urls.empty()) {
+      out.push_back(make_backend(cfg, run_dir, "", cfg.sampler.url));
+    } else {  // each its own adapter folder: every backend writes each version's files
+      for (size_t i = 0; i < cfg.sampler.urls.size(); ++i)
+        out.push_back(make_backend(cfg, run_dir, "sampler-" + std::to_string(i), cfg.sampler.urls[i]));
+    }
+  } else {
+    out.push_back(nullptr);
+  }
+  return out;
+}
+
+// One model backend: libtorch on `device`, or openai at `url` (`device` then names its adapter
+// subfolder when there are several).
+std::shared_ptr<SamplerBackend> make_backend(const Config& cfg, const std::string& run_dir, const std::string& device,
+                                             const std::string& url) {
   if (cfg.sampler.backend == "libtorch") {
     PolicyOptions po;
     po.model_dir = cfg.policy.model;
     po.adapter_dir = cfg.policy.adapter;
-    po.device = cfg.policy.device;
+    po.device = device;
     po.dtype = cfg.policy.dtype;
     if (traits(cfg.experiment.mode).learns && po.adapter_dir.empty()) {  // somewhere for the learner's weights to go
       po.lora_rank = cfg.learner.lora_rank;
@@ -309,13 +336,14 @@ std::shared_ptr<SamplerBackend> make_backend(const Config& cfg, const std::strin
   }
   if (cfg.sampler.backend == "openai") {
     OpenAIOptions oo;
-    oo.url = cfg.sampler.url;
+    oo.url = url;
     oo.model = cfg.sampler.served_model;
     oo.timeout_s = cfg.sampler.timeout_s;
     oo.max_retries = cfg.sampler.max_retries;
     if (const char* k = std::getenv(cfg.sampler.api_key_env.c_str())) oo.api_key = k;
     oo.adapter_root =
         cfg.sampler.adapter_dir.empty() ? (fs::path(run_dir) / "adapters").string() : cfg.sampler.adapter_dir;
+    if (!device.empty()) oo.adapter_root = (fs::path(oo.adapter_root) / device).string();
     oo.lora_alpha = cfg.learner.lora_alpha;
     return make_openai_backend(oo);
   }
@@ -379,12 +407,13 @@ std::shared_ptr<LoraLearner> make_engine(const Config& cfg, const std::string& r
 
 // The actors of one run on the head, and their shutdown.
 struct RunActors {
-  caf::actor supervisor, reward, dispatcher, sampler, learner, selector, monitor, gate;
-  std::vector<caf::actor> evaluators;
+  caf::actor supervisor, reward, dispatcher, learner, selector, monitor, gate;
+  std::vector<caf::actor> samplers, evaluators;
   void stop(caf::actor_system& sys) {
     if (gate) unpublish_gate(gate);
-    for (auto& a : {monitor, sampler, dispatcher, reward, supervisor, gate, learner, selector})
+    for (auto& a : {monitor, dispatcher, reward, supervisor, gate, learner, selector})
       if (a) anon_send_exit(a, caf::exit_reason::user_shutdown);
+    for (auto& s : samplers) anon_send_exit(s, caf::exit_reason::user_shutdown);
     for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
   }
 };
@@ -420,7 +449,8 @@ void spawn_learning(caf::actor_system& sys, const Config& cfg, const RunInputs& 
 // seconds to import torch), then the rest; in a cluster, the gate other nodes join through.
 // Nullopt after logging why not.
 std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, RunInputs in, const std::string& run_dir,
-                                   const std::string& run_id, bool resume, std::shared_ptr<SamplerBackend> backend,
+                                   const std::string& run_id, bool resume,
+                                   std::vector<std::shared_ptr<SamplerBackend>> backends,
                                    std::shared_ptr<LoraLearner> engine, const std::string& secret,
                                    const std::string& config_path) {
   auto lg = log::get("launch");
@@ -460,7 +490,6 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   SamplerArgs sma;
   sma.records = std::move(in.records);
   sma.samples_per_task = cfg.sampler.samples_per_task;
-  sma.backend = std::move(backend);
   sma.prompts = std::move(in.prompts);
   sma.params.temperature = cfg.sampler.temperature;
   sma.params.top_p = cfg.sampler.top_p;
@@ -469,7 +498,15 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   sma.params.seed = cfg.sampler.seed;
   sma.batch_prompts = cfg.sampler.batch_prompts;
   sma.evaluate_top_m = cfg.experiment.evaluate_top_m;
-  run.sampler = spawn_sampler(sys, std::move(sma), run.dispatcher);
+  sma.max_failures = cfg.sampler.max_failures;
+  for (size_t i = 0; i < backends.size(); ++i) {
+    SamplerArgs one = sma;
+    one.backend = backends[i];
+    one.id = "sampler-" + std::to_string(i);
+    run.samplers.push_back(spawn_sampler(sys, std::move(one), run.dispatcher));
+  }
+  if (backends.size() > 1)
+    lg->info("{} samplers ({} backend): each step's groups are spread over them", backends.size(), cfg.sampler.backend);
   MonitorArgs ma;
   ma.progress = cfg.monitor.progress;
   ma.interval_s = cfg.monitor.interval_s;
@@ -504,7 +541,8 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
       lg->info("telemetry published on {} (ZeroMQ PUB, topic \"{}\", msgpack)", ma.publisher->endpoint(),
                telemetry_topic);
   }
-  std::vector<caf::actor> watched{run.supervisor, run.dispatcher, run.sampler};
+  std::vector<caf::actor> watched{run.supervisor, run.dispatcher};
+  for (auto& s : run.samplers) watched.push_back(s);
   if (run.learner) watched.push_back(run.learner);
   run.monitor = spawn_monitor(sys, ma, watched, run.supervisor);
   if (!cluster) return run;
@@ -536,7 +574,7 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
 int run_to_end(caf::actor_system& sys, RunActors& run, const std::string& run_dir) {
   caf::scoped_actor self{sys};
   std::string summary;
-  self->request(run.supervisor, caf::infinite, plan_atom::value, run.sampler, run.evaluators)
+  self->request(run.supervisor, caf::infinite, plan_atom::value, run.samplers, run.evaluators)
       .receive([&](std::string& s) { summary = std::move(s); },
                [&](caf::error& e) {
                  summary = nlohmann::json{{"ok", false}, {"error", sys.render(e)}}.dump();
@@ -579,10 +617,10 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   log_start(*cfg, *in, run_id, *run_dir);
   // The engines are made before the actor system: a model that does not load is a clear error
   // here, not a dead actor later.
-  std::shared_ptr<SamplerBackend> backend;
+  std::vector<std::shared_ptr<SamplerBackend>> backends;
   std::shared_ptr<LoraLearner> engine;
   try {
-    backend = make_backend(*cfg, *run_dir);
+    backends = make_backends(*cfg, *run_dir);
     if (traits(cfg->experiment.mode).learns) engine = make_engine(*cfg, *run_dir, resume);
   } catch (const std::exception& e) {
     lg->error("{}", e.what());
@@ -593,7 +631,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   if (is_cluster(*cfg)) configure_middleman(sys_cfg, cfg->cluster);
   sys_cfg.set("logger.verbosity", caf::atom("quiet"));
   caf::actor_system sys{sys_cfg};
-  auto run = spawn_run(sys, *cfg, std::move(*in), *run_dir, run_id, resume, backend, engine, secret, config_path);
+  auto run = spawn_run(sys, *cfg, std::move(*in), *run_dir, run_id, resume, backends, engine, secret, config_path);
   if (!run) return 2;
   return run_to_end(sys, *run, *run_dir);
 }

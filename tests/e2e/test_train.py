@@ -234,6 +234,89 @@ class TrainRunTest(unittest.TestCase):
         self.assertIn("policy version %d" % STEPS, out)
         self.assertIn("grad norm", out)
 
+    def every_sample_once_and_on_policy(self, run_dir):
+        """Every step learned, every planned sample stored once, each by the policy of its step: the steps' rows."""
+        steps, samples = steps_of(run_dir)
+        self.assertEqual([s["step"] for s in steps], list(range(STEPS)))
+        ids = [sid for _, _, sid in samples]
+        self.assertEqual(len(ids), STEPS * BATCH * GROUP)
+        self.assertEqual(len(set(ids)), len(ids))
+        for step, version, _ in samples:
+            self.assertEqual(version, step)
+        return steps
+
+    def test_two_samplers_share_each_step_and_both_serve_every_version(self):
+        # [sampler] urls: one sampler per inference server; each step's groups are spread over both,
+        # every version is published to both, and every sample is stored once.
+        log2 = os.path.join(self.tmp, "requests-2.jsonl")
+        server2, port2 = start_openai_server(log2, "--policy", self.model)
+        try:
+            path = config(self.tmp, self.url, self.model, "two")
+            with open(path) as f:
+                text = f.read()
+            url2 = "http://127.0.0.1:%s" % port2
+            with open(path, "w") as f:
+                f.write(text.replace('url = "%s"' % self.url, 'urls = ["%s", "%s"]' % (self.url, url2)))
+            run_dir = os.path.join(self.tmp, "two")
+            p = subprocess.run([LAUNCH, path, "--run-dir", run_dir], capture_output=True, text=True, timeout=900)
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            self.assertIn("2 samplers (openai backend)", p.stderr)
+        finally:
+            server2.kill()
+            server2.wait()
+            server2.stdout.close()
+        steps = self.every_sample_once_and_on_policy(run_dir)
+        for s in steps:  # the learner's logprobs equal what each server reported
+            self.assertAlmostEqual(s["learner"]["ratio_mean"], 1.0, delta=1e-4, msg=s)
+        export = [json.loads(line) for line in subprocess.run([LAUNCH, "export", run_dir, "--jsonl"],
+                                                              capture_output=True, text=True, check=True).stdout.splitlines()]
+        by_sampler = {}
+        for x in export:
+            by_sampler.setdefault(x["sampler_id"], set()).add((x["task_id"], x["group_id"]))
+        self.assertEqual(sorted(by_sampler), ["sampler-0", "sampler-1"])
+        # Whole groups: no group is split between the two.
+        self.assertFalse(by_sampler["sampler-0"] & by_sampler["sampler-1"])
+        # Each server loaded every version, in order, from its own adapter folder.
+        for log, i in ((self.log, 0), (log2, 1)):  # (the first server's log also holds the other tests' runs)
+            with open(log) as f:
+                loads = [json.loads(line)["body"] for line in f if "load_lora_adapter" in line and "unload" not in line]
+            loads = [b for b in loads if os.sep + "sampler-%d" % i + os.sep in b["lora_path"]]
+            self.assertEqual([b["lora_name"] for b in loads][:STEPS + 1], ["kernelrl-v%d" % v for v in range(STEPS + 1)])
+
+    def test_a_sampler_whose_server_dies_has_its_groups_sampled_by_the_other(self):
+        # The second server exits at its second completion request (step 1), unanswered: that
+        # sampler fails twice ([sampler] max_failures = 2) and stops; its group of step 1 is
+        # planned again on the first sampler, the learner publishes later versions to the one
+        # left, and the run ends with every sample stored once.
+        log2 = os.path.join(self.tmp, "requests-dies.jsonl")
+        server2, port2 = start_openai_server(log2, "--policy", self.model, "--exit-after", "1")
+        try:
+            path = config(self.tmp, self.url, self.model, "dies")
+            with open(path) as f:
+                text = f.read()
+            text = text.replace('url = "%s"' % self.url, 'urls = ["%s", "http://127.0.0.1:%s"]\nmax_failures = 2\n'
+                                'max_retries = 0\ntimeout_s = 10' % (self.url, port2))
+            with open(path, "w") as f:
+                f.write(text)
+            run_dir = os.path.join(self.tmp, "dies")
+            p = subprocess.run([LAUNCH, path, "--run-dir", run_dir], capture_output=True, text=True, timeout=900)
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            self.assertEqual(server2.wait(timeout=60), 3)  # it did exit mid-run
+        finally:
+            if server2.poll() is None:
+                server2.kill()
+                server2.wait()
+            server2.stdout.close()
+        self.assertIn("2 generations failed in a row ([sampler] max_failures)", p.stderr)
+        self.assertRegex(p.stderr, r"sampler 1 is gone \(.*\): 4 of its samples not yet stored; 4 planned again on the 1 left")
+        self.assertIn("sampler 1 is gone; policy version 2 goes to the 1 left", p.stderr)
+        self.every_sample_once_and_on_policy(run_dir)
+        export = [json.loads(line) for line in subprocess.run([LAUNCH, "export", run_dir, "--jsonl"],
+                                                              capture_output=True, text=True, check=True).stdout.splitlines()]
+        # Step 0 on both samplers; from step 1 on, everything on the first.
+        self.assertEqual({x["sampler_id"] for x in export if x["step"] == 0}, {"sampler-0", "sampler-1"})
+        self.assertEqual({x["sampler_id"] for x in export if x["step"] >= 1}, {"sampler-0"})
+
     def test_checkpoints_are_peft_adapters_and_learning_favours_the_correct_body(self):
         from peft import PeftModel
         from transformers import AutoModelForCausalLM, AutoTokenizer

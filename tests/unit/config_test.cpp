@@ -414,3 +414,36 @@ TEST_CASE("sdpo mode, its [sdpo] table, the threshold reward and the entropy bon
   CHECK(has("reward.shape: expected one of speedup, log_speedup, none, threshold"));
   CHECK(has("learner.entropy_coef:"));
 }
+
+TEST_CASE("several samplers: urls for the openai backend, devices for libtorch, each checked", "[config]") {
+  Scratch s;
+  const std::string tasks = "[tasks]\ndir = \"tasks\"\n";
+  auto e = errors_of(base + "urls = [\"http://a:8000\"]\ndevices = [\"cuda:0\"]\n", s.cfg());
+  REQUIRE(e.size() == 2);
+  CHECK(e[0] == s.cfg() + ":5:8: sampler.urls: only the openai backend takes server urls (this is the replay backend)");
+  CHECK(e[1] ==
+        s.cfg() + ":6:11: sampler.devices: only the libtorch backend takes devices (this is the replay backend)");
+  e = errors_of(tasks +
+                    "[sampler]\nbackend = \"openai\"\nserved_model = \"m\"\nurl = \"http://a:8000\"\n"
+                    "urls = [\"http://b:8000\", \"b:8001\"]\n",
+                s.cfg());
+  REQUIRE(e.size() == 2);
+  CHECK(e[0] ==
+        s.cfg() + ":7:8: sampler.urls: give either url (one server) or urls (one sampler per server), not both");
+  CHECK(e[1] == s.cfg() +
+                    ":7:8: sampler.urls: expected \"http://HOST:PORT[/PATH]\" or \"https://HOST[:PORT][/PATH]\", got "
+                    "\"b:8001\"");
+  auto ok = parse_config(tasks +
+                             "[sampler]\nbackend = \"openai\"\nserved_model = \"m\"\n"
+                             "urls = [\"http://a:8000\", \"http://b:8000\"]\n",
+                         s.cfg());
+  REQUIRE(std::holds_alternative<Config>(ok));
+  CHECK(std::get<Config>(ok).sampler.urls == std::vector<std::string>{"http://a:8000", "http://b:8000"});
+  fs::create_directories(s.dir / "model");
+  e = errors_of(
+      tasks + "[policy]\nmodel = \"model\"\n[sampler]\nbackend = \"libtorch\"\ndevices = [\"cpu\", \"gpu1\"]\n",
+      s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] ==
+        s.cfg() + ":7:11: sampler.devices: expected \"cpu\", \"cuda\" or \"cuda:N\" for each sampler, got \"gpu1\"");
+}

@@ -304,7 +304,8 @@ struct ScriptedRun {
     auto pipe = s.sys->spawn(fake_pipeline, sup, lie);
     caf::scoped_actor self{*s.sys};
     nlohmann::json j;
-    self->request(sup, std::chrono::seconds(20), plan_atom::value, pipe, std::vector<caf::actor>{pipe})
+    self->request(sup, std::chrono::seconds(20), plan_atom::value, std::vector<caf::actor>{pipe},
+                  std::vector<caf::actor>{pipe})
         .receive([&](std::string& summary) { j = nlohmann::json::parse(summary); },
                  [](caf::error&) { FAIL("no summary"); });
     for (auto& a : {learner, sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
