@@ -296,7 +296,7 @@ uint64_t enqueue_plan(sampler_ptr self, const SamplerArgs& args, const SamplePla
   if (st.t_start < 0) st.t_start = mono_s();
   for (auto& a : add) st.to_generate.push_back(a);
   uint64_t n = uint64_t(add.size()) * std::max<uint32_t>(1, plan.n);
-  log::get("sampler")->info("{} {}: sampling {} completions over {} tasks ({} backend, policy version {})",
+  log::get("sampler")->info("{}: {} {}: sampling {} completions over {} tasks ({} backend, policy version {})", args.id,
                             plan.split.empty() ? "step" : plan.split + " of version", plan.step, n, add.size(),
                             args.backend->name(), args.backend->version());
   if (!st.generating && !st.to_generate.empty()) {
@@ -336,7 +336,7 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispa
             lg->error("weights update {}: {}", u.version, e.what());
             return caf::make_error(caf::sec::runtime_error, std::string("sampler ") + args.id + ": " + e.what());
           }
-          lg->info("now serving policy version {}", u.version);
+          lg->info("{}: now serving policy version {}", args.id, u.version);
           return u.version;
         },
         [=](stats_atom) { return sampler_telemetry(self, args); },

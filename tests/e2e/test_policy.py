@@ -569,7 +569,7 @@ class HttpsTest(unittest.TestCase):
                 server.stdout.close()
 
 
-def write_config(tmp, sampler, policy="", tasks='ids = ["06_swish", "07_hardtanh_scale"]'):
+def write_config(tmp, sampler, policy="", tasks='ids = ["06_swish", "07_hardtanh_scale"]', experiment=""):
     path = os.path.join(tmp, "run-%d.toml" % len(os.listdir(tmp)))
     with open(path, "w") as f:
         f.write("""
@@ -591,9 +591,10 @@ timeout_s = 60
 [experiment]
 name = "policy-test"
 run_root = "%s"
+%s
 [monitor]
 progress = false
-""" % (os.path.join(ROOT, "tasks", "bundled"), tasks, policy, sampler, os.path.join(tmp, "runs")))
+""" % (os.path.join(ROOT, "tasks", "bundled"), tasks, policy, sampler, os.path.join(tmp, "runs"), experiment))
     return path
 
 

@@ -27,7 +27,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_analysis import report_marks  # noqa: E402
-from test_policy import start_openai_server, train_tokenizer  # noqa: E402
+from test_policy import run_and_export, start_openai_server, train_tokenizer, write_config  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
@@ -316,6 +316,24 @@ class TrainRunTest(unittest.TestCase):
         # Step 0 on both samplers; from step 1 on, everything on the first.
         self.assertEqual({x["sampler_id"] for x in export if x["step"] == 0}, {"sampler-0", "sampler-1"})
         self.assertEqual({x["sampler_id"] for x in export if x["step"] >= 1}, {"sampler-0"})
+
+    def test_two_builtin_samplers_on_one_device_share_the_base_weights_and_each_step(self):
+        # [sampler] devices: one built-in sampler per entry (two on the CPU here), each with its own
+        # adapter over one copy of the base weights; each step's groups are spread over both.
+        cfg = write_config(self.tmp, 'backend = "libtorch"\ndevices = ["cpu", "cpu"]\nmax_tokens = 8\nbatch_prompts = 1\n'
+                           '[learner]\nsteps = 2\nbatch_size = 4\ngroup_size = 2\nlora_rank = 4\nlora_alpha = 8',
+                           policy='model = "%s"\ndtype = "f32"\ntemplate = "plain"' % self.model,
+                           tasks='ids = ["06_swish", "07_hardtanh_scale", "09_row_sum", "10_row_max"]',
+                           experiment='mode = "train"')
+        export, p = run_and_export(cfg)
+        self.assertIn("2 samplers (libtorch backend)", p.stderr)
+        self.assertIn("are shared with another model of this process", p.stderr)
+        self.assertEqual(len(export), 2 * 4 * 2)
+        self.assertEqual(len({x["sample_id"] for x in export}), len(export))
+        for step in (0, 1):
+            mine = [x for x in export if x["step"] == step]
+            self.assertEqual({x["sampler_id"] for x in mine}, {"sampler-0", "sampler-1"}, step)
+            self.assertEqual({x["policy_version"] for x in mine}, {step})
 
     def test_checkpoints_are_peft_adapters_and_learning_favours_the_correct_body(self):
         from peft import PeftModel
