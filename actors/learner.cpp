@@ -55,9 +55,7 @@ void publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::func
     done("");
     return;
   }
-  WeightsUpdate u;
-  u.version = version;
-  u.tensors = args.engine->adapter_blobs();
+  const WeightsUpdate u = make_weights_update(version, args.engine->adapter_blobs());
   auto left = std::make_shared<size_t>(samplers.size());
   auto failed = std::make_shared<bool>(false);
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.sync_timeout_s * 1000));

@@ -330,6 +330,14 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispa
         },
         [=](tick_atom) { generate_next(self, args, dispatcher); },
         [=](WeightsUpdate& u) -> caf::result<uint64_t> {
+          const std::string sum = weights_checksum(u.tensors);
+          if (sum != u.checksum) {
+            lg->error("{}: weights update {}: its tensors do not match its checksum; not applied", args.id, u.version);
+            return caf::make_error(caf::sec::runtime_error,
+                                   fmt::format("sampler {}: weights update {}: the tensors' SHA-256 is {}, the update "
+                                               "says \"{}\" (damaged or incomplete in transit); not applied",
+                                               args.id, u.version, sum, u.checksum));
+          }
           try {
             args.backend->apply_weights(u);
           } catch (const std::exception& e) {

@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 11;
+inline constexpr uint32_t protocol_version = 12;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -177,13 +177,20 @@ struct TensorBlob {
   MSGPACK_DEFINE_MAP(name, dtype, shape, data);
 };
 
-// New policy weights published by the learner; samplers acknowledge `version`.
+// New policy weights published by the learner; samplers acknowledge `version`. `checksum`: hex
+// SHA-256 of the tensors (weights_checksum); a sampler refuses an update whose tensors do not
+// match it (make_weights_update fills it).
 struct WeightsUpdate {
   uint64_t version = 0;
   std::vector<TensorBlob> tensors;
+  std::string checksum;
   friend bool operator==(const WeightsUpdate&, const WeightsUpdate&) = default;
-  MSGPACK_DEFINE_MAP(version, tensors);
+  MSGPACK_DEFINE_MAP(version, tensors, checksum);
 };
+
+// Hex SHA-256 over each tensor's name, dtype, shape and bytes, in order.
+std::string weights_checksum(const std::vector<TensorBlob>& tensors);
+WeightsUpdate make_weights_update(uint64_t version, std::vector<TensorBlob> tensors);
 
 // What the supervisor asks a sampler for in one step: n samples of task_ids[i] as group
 // group_ids[i] (group ids are unique within a run, so sample ids are too).
@@ -269,7 +276,7 @@ typename Inspector::result_type inspect(Inspector& f, TensorBlob& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WeightsUpdate& x) {
-  return f(caf::meta::type_name("kernelrl.WeightsUpdate"), x.version, x.tensors);
+  return f(caf::meta::type_name("kernelrl.WeightsUpdate"), x.version, x.tensors, x.checksum);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplePlan& x) {

@@ -68,6 +68,7 @@ inline WeightsUpdate sample_weights() {
   w.tensors.push_back(
       {"base_model.model.layers.0.self_attn.q_proj.lora_A.weight", "bf16", {16, 896}, {0, 1, 2, 255, 128}});
   w.tensors.push_back({"base_model.model.layers.0.self_attn.q_proj.lora_B.weight", "f32", {896, 16}, {7, 7, 7}});
+  w.checksum = weights_checksum(w.tensors);
   return w;
 }
 

@@ -102,13 +102,21 @@ TEST_CASE("a model-backend sampler streams rollouts and acknowledges weight vers
     }
   }
 
-  WeightsUpdate u;
-  u.version = 5;
-  self->request(sampler, std::chrono::seconds(5), u)
+  self->request(sampler, std::chrono::seconds(5), make_weights_update(5, {}))
       .receive([](uint64_t v) { CHECK(v == 5); }, [&](caf::error& e) { FAIL(sys.render(e)); });
-  WeightsUpdate bad;
-  bad.version = 6;
-  bad.tensors.push_back(TensorBlob{"bad", "f32", {1}, {0, 0, 0, 0}});
+  // An update whose bytes changed after its checksum was taken is refused before the backend sees it.
+  auto damaged = make_weights_update(7, {TensorBlob{"x", "f32", {1}, {0, 0, 128, 63}}});
+  damaged.tensors[0].data[3] = 64;
+  bool refused_damaged = false;
+  self->request(sampler, std::chrono::seconds(5), damaged)
+      .receive([](uint64_t) {},
+               [&](caf::error& e) {
+                 refused_damaged = true;
+                 CHECK(sys.render(e).find("weights update 7: the tensors' SHA-256 is") != std::string::npos);
+               });
+  CHECK(refused_damaged);
+  CHECK(backend->v == 5);  // it never reached the backend
+  auto bad = make_weights_update(6, {TensorBlob{"bad", "f32", {1}, {0, 0, 0, 0}}});
   bool refused = false;
   self->request(sampler, std::chrono::seconds(5), bad)
       .receive([](uint64_t) {},
@@ -143,7 +151,7 @@ TEST_CASE("the replay sampler refuses weight updates with an error", "[actors][s
   auto sampler = spawn_sampler(sys, SamplerArgs{}, dispatcher);
   caf::scoped_actor self{sys};
   bool refused = false;
-  self->request(sampler, std::chrono::seconds(5), WeightsUpdate{3, {}})
+  self->request(sampler, std::chrono::seconds(5), make_weights_update(3, {}))
       .receive([](uint64_t) {},
                [&](caf::error& e) {
                  refused = true;
