@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -25,6 +26,7 @@ struct supervisor_state {
   caf::response_promise done;
   std::vector<caf::actor> samplers;
   SamplerPool pool{0};
+  size_t sample_all = SIZE_MAX;  // the sampler sampling every task once (eval, best_of_n)
   bool finished = false;
   uint64_t duplicates = 0, store_failures = 0;
   size_t evaluators_alive = 0;
@@ -106,10 +108,17 @@ void send_parts(self_ptr self, const SupervisorArgs& args, std::vector<SamplerPo
 // Sampler i is gone: its unfinished groups go to the others (or the run ends: none left).
 void sampler_lost(self_ptr self, const SupervisorArgs& args, size_t i, const std::string& why) {
   auto& st = self->state;
-  if (!st.pool.is_alive(i)) return;
+  if (st.finished || !st.pool.is_alive(i)) return;
   const uint64_t open = st.pool.load(i);
   auto parts = st.pool.lost(i);
   auto lg = log::get("supervisor");
+  if (i == st.sample_all && !st.experiment->all_in()) {  // that plan is the sampler's own: not re-plannable
+    finish(self, args,
+           fmt::format("sampler {}, which was sampling every task, is gone ({}); {} samples were not sampled or have "
+                       "no verdict",
+                       i, why, st.experiment->outstanding()));
+    return;
+  }
   if (st.pool.alive() == 0) {
     if (!st.finished && !st.experiment->all_in())
       finish(
@@ -148,6 +157,7 @@ void apply(self_ptr self, const SupervisorArgs& args, Actions actions) {
                 finish(self, args, "no sampler is running");
                 return;
               }
+              st.sample_all = i;
               self->request(st.samplers[i], caf::infinite, plan_atom::value, uint32_t{0})
                   .then([=](uint64_t n) { apply(self, args, self->state.experiment->planned(n)); },
                         [=](caf::error& e) { finish(self, args, "sampler failed: " + self->system().render(e)); });

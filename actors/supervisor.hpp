@@ -12,7 +12,7 @@
 // Several samplers: each plan's groups are spread over them by load (SamplerPool); a sampler that
 // goes away has its unfinished groups planned again on the others (a sample stored twice is
 // dropped); with none left the run ends with an error. The learner publishes to all of them.
-// (eval and best_of_n sample every task once on the first live sampler.)
+// (eval and best_of_n sample every task once on the first live sampler; its loss ends the run.)
 // Messages in:  (plan_atom, vector<actor> samplers, vector<actor> evaluators) -> std::string summary JSON;
 //               (record_atom, ScoredRollout); (record_atom, Telemetry) (kept in the store);
 //               (register_atom, actor, id) (a remote evaluator joined); (stats_atom) -> Telemetry;

@@ -195,9 +195,10 @@ std::string resume_conflicts(const Config& cfg, const std::string& run_dir) {
     for (const char* p : {"cluster.", "node[", "monitor."})
       if (k.rfind(p, 0) == 0) return true;
     // Where things are reached: the inference server, the interpreter, the build cache.
-    for (const char* same : {"learner.steps", "learner.activation_checkpointing", "experiment.name",
-                             "experiment.run_root", "sampler.url", "sampler.urls", "sampler.timeout_s",
-                             "sampler.max_retries", "sampler.api_key_env", "evaluator.python", "evaluator.cache_dir"})
+    for (const char* same :
+         {"learner.steps", "learner.activation_checkpointing", "experiment.name", "experiment.run_root", "sampler.url",
+          "sampler.urls", "sampler.devices", "sampler.timeout_s", "sampler.max_retries", "sampler.api_key_env",
+          "evaluator.python", "evaluator.cache_dir"})
       if (k == same) return true;
     return false;
   };

@@ -5,6 +5,8 @@
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
+#include <array>
+#include <atomic>
 #include <cfloat>
 #include <cstdlib>
 #include <stdexcept>
@@ -912,11 +914,21 @@ void launch_attention(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t
                       int64_t cap, int klen, int span, float scale, float* work, int* counters, bf16_t* out,
                       float* out32, Stream s) {
   constexpr int bytes = attention_smem(D, REP);
-  static const bool sized = [] {  // more than the default 48 KB of shared memory (once, before any graph capture)
-    return cudaFuncSetAttribute(decode_attention_kernel<D, REP>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
-           cudaSuccess;
-  }();
-  if (!sized) throw std::runtime_error("decode_attention: cannot raise the shared memory limit");
+  // More than the default 48 KB of shared memory: raised once per device (the attribute is a
+  // device's; samplers on several GPUs share this process), at the device's first call, which is
+  // the decoder's warm-up step before any graph capture.
+  static std::array<std::atomic<bool>, 64> sized{};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= int(sized.size()))
+    throw std::runtime_error("decode_attention: no current CUDA device below 64");
+  if (!sized[dev].load()) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(decode_attention_kernel<D, REP>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess)
+      throw std::runtime_error(std::string("decode_attention: cannot raise the shared memory limit: ") +
+                               cudaGetErrorString(e));
+    sized[dev] = true;
+  }
   decode_attention_kernel<D, REP>
       <<<grid, kAttnWarps * 32, bytes, s>>>(q, kc, vc, pos, nkv, cap, klen, span, scale, work, counters, out, out32);
 }

@@ -374,7 +374,9 @@ struct Decoder::Run {
         pos.copy_(pos0);
         step.copy_(step0);
         auto g = std::make_unique<at::cuda::CUDAGraph>();
-        g->capture_begin(*pool);
+        // Thread-local capture: another sampler or a colocated learner on another thread may
+        // allocate or synchronise while this step is captured.
+        g->capture_begin(*pool, cudaStreamCaptureModeThreadLocal);
         step_once(klen);
         g->capture_end();
         it = graph_of.emplace(klen, std::move(g)).first;

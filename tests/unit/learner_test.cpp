@@ -358,3 +358,38 @@ TEST_CASE("a ttt run adapts on every task each step and stops early without impr
   for (auto& st : j["steps"]) CHECK(st["samples"] == 6);  // all three tasks, every step
   CHECK(r.engine->n_groups() == 9);
 }
+
+TEST_CASE("an eval run whose sampler of every task goes away ends with an error, not a hang", "[learner]") {
+  System s;
+  TempDir tmp;
+  SupervisorArgs sa;
+  sa.experiment.run_id = "r";
+  sa.experiment.run_dir = tmp.path.string();
+  sa.store_path = (tmp.path / "store.sqlite").string();
+  sa.experiment.mode = *parse_mode("eval");
+  sa.experiment.task_ids = {"t1", "t2"};
+  auto sup = spawn_supervisor(*s.sys, sa);
+  // The first sampler takes the plan of every task, answers, and dies before any sample arrives;
+  // the second sampler and the evaluator idle.
+  auto dying = s.sys->spawn([](caf::event_based_actor* self) -> caf::behavior {
+    return {
+        [=](plan_atom, uint32_t) -> uint64_t {
+          self->send(self, tick_atom::value);
+          return 2;
+        },
+        [=](tick_atom) { self->quit(caf::make_error(caf::sec::runtime_error, "its server is gone")); },
+    };
+  });
+  auto idle = [](caf::event_based_actor*) -> caf::behavior { return {[](stats_atom) { return uint64_t(0); }}; };
+  auto other = s.sys->spawn(idle), evaluator = s.sys->spawn(idle);
+  caf::scoped_actor self{*s.sys};
+  nlohmann::json j;
+  self->request(sup, std::chrono::seconds(20), plan_atom::value, std::vector<caf::actor>{dying, other},
+                std::vector<caf::actor>{evaluator})
+      .receive([&](std::string& summary) { j = nlohmann::json::parse(summary); },
+               [](caf::error&) { FAIL("no summary: the run hung"); });
+  INFO(j.dump());
+  CHECK(j["ok"] == false);
+  CHECK(j["error"].get<std::string>().find("sampler 0, which was sampling every task, is gone") != std::string::npos);
+  for (auto& a : {sup, other, evaluator}) self->send_exit(a, caf::exit_reason::user_shutdown);
+}
