@@ -938,10 +938,14 @@ class Harness:
         return int(torch.cuda.memory_allocated(self.device)) if self.device.type == "cuda" else 0
 
     def _candidate_exc(self, e):
-        """_short_exc, with the memory figures when the candidate ran out of memory."""
+        """_short_exc, with the memory figures when the candidate ran out of memory (on the CPU:
+        the candidate memory limit its allocation failed at, the address-space limit that the
+        sandbox sets, which may stop a fast allocator before the resident-memory watch does)."""
         msg = _short_exc(e)
         if _is_oom(e):
             note = self._memory_note()
+            if not note and self.device.type != "cuda" and self.memory_limit_mb > 0:
+                note = f"its allocation failed at the candidate memory limit, {self.memory_limit_mb} MB"
             if note:
                 msg = f"{msg[:300]} ({note})"
         return msg

@@ -122,8 +122,10 @@ class IsolationTest(Base):
         self.assertStatus(self.evaluate(GOOD), "ok")
 
     def test_a_memory_blow_up_fails_the_candidate_not_the_worker(self):
+        # One allocation past the limit: the address-space limit fails it at once, and the
+        # verdict says which limit it met.
         r = self.evaluate("big = torch.ones(1 << 31)\nreturn x", memory_limit_mb=2048)
-        self.assertStatus(r, "runtime_error", "allocate")
+        self.assertStatus(r, "runtime_error", "allocate", "its allocation failed at the candidate memory limit, 2048 MB")
         self.assertStatus(self.evaluate(GOOD), "ok")
 
     def test_the_resident_memory_limit_kills_a_process_that_grows(self):
