@@ -42,13 +42,10 @@ struct learner_state {
 
 using self_ptr = caf::stateful_actor<learner_state>*;
 
-void lg_warn_gone(size_t i, uint64_t version, size_t left) {
-  log::get("learner")->warn("sampler {} is gone; policy version {} goes to the {} left", i, version, left);
-}
-
-// Publishes the engine's weights as `version` to every sampler; done("") once all have acknowledged it (a sampler
-// that has gone away is dropped from the set, not waited for), or done(why) on the first that
-// refused it, acknowledged another version or did not answer within sync_timeout_s.
+// Publishes the engine's weights as `version` to every sampler; done("") once all have
+// acknowledged it (a sampler that has gone away is dropped from the set, not waited for), or
+// done(why) on the first that refused it, acknowledged another version or did not answer within
+// sync_timeout_s.
 void publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::function<void(std::string)> done) {
   const auto samplers = self->state.samplers;
   if (samplers.empty()) {
@@ -76,7 +73,8 @@ void publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::func
               if (e == caf::sec::request_receiver_down) {  // a sampler that left: the others carry on
                 auto& live = self->state.samplers;
                 live.erase(std::remove(live.begin(), live.end(), samplers[i]), live.end());
-                lg_warn_gone(i, version, live.size());
+                log::get("learner")->warn("sampler {} is gone; policy version {} goes to the {} left", i, version,
+                                          live.size());
                 if (--*left == 0) {
                   if (live.empty())
                     done(fmt::format("no sampler is left to take policy version {}", version));

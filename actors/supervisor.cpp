@@ -120,7 +120,7 @@ void sampler_lost(self_ptr self, const SupervisorArgs& args, size_t i, const std
     return;
   }
   if (st.pool.alive() == 0) {
-    if (!st.finished && !st.experiment->all_in())
+    if (!st.experiment->all_in())
       finish(
           self, args,
           fmt::format("every sampler is gone (the last: sampler {}, {}); {} samples were not sampled", i, why, open));

@@ -449,6 +449,12 @@ void read_tasks(TableReader& r, Config& c, const toml::table& root) {
   }
 }
 
+// "cpu", "cuda" or "cuda:N": a device LibTorch is given as it is.
+bool is_device(const std::string& d) {
+  return d == "cpu" || d == "cuda" ||
+         (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.find_first_not_of("0123456789", 5) == std::string::npos);
+}
+
 // [policy]: the model, its adapter, dtype, device and prompt template.
 void read_policy(TableReader& r, Config& c, const toml::table& root) {
   r.path("model", c.policy.model, PathKind::dir);
@@ -456,8 +462,7 @@ void read_policy(TableReader& r, Config& c, const toml::table& root) {
   r.one_of("dtype", c.policy.dtype, {"f32", "f16", "bf16"});
   r.str("device", c.policy.device);
   auto& d = c.policy.device;
-  if (d != "cpu" && d != "cuda" && d != "auto" &&
-      !(d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.find_first_not_of("0123456789", 5) == std::string::npos))
+  if (d != "auto" && !is_device(d))
     r.error_here("device", "expected \"cpu\", \"cuda\", \"cuda:N\" or \"auto\", got \"" + d + "\"");
   r.str("template", c.policy.template_);
   auto& t = c.policy.template_;
@@ -490,8 +495,7 @@ void read_sampler(TableReader& r, Config& c, const toml::table& root) {
   if (!c.sampler.devices.empty() && c.sampler.backend != "libtorch")
     r.error_here("devices", "only the libtorch backend takes devices (this is the " + c.sampler.backend + " backend)");
   for (auto& d : c.sampler.devices)
-    if (d != "cpu" && d != "cuda" &&
-        !(d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.find_first_not_of("0123456789", 5) == std::string::npos))
+    if (!is_device(d))
       r.error_here("devices", "expected \"cpu\", \"cuda\" or \"cuda:N\" for each sampler, got \"" + d + "\"");
   if (c.sampler.backend == "openai") {
     if (!c.sampler.url.empty() && !c.sampler.urls.empty())

@@ -292,35 +292,10 @@ void log_start(const Config& cfg, const RunInputs& in, const std::string& run_id
              in.tasks.size(), std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
 }
 
+// One model backend: libtorch on `device`, or openai at `url`, writing its adapters under
+// `adapter_sub` of the adapter folder (one each when there are several).
 std::shared_ptr<SamplerBackend> make_backend(const Config& cfg, const std::string& run_dir, const std::string& device,
-                                             const std::string& url);
-
-// The samplers' model backends: one for replay (none: the records are the actions), one per
-// [sampler] devices entry (libtorch) or urls entry (openai), else one; throws when a model does
-// not load.
-std::vector<std::shared_ptr<SamplerBackend>> make_backends(const Config& cfg, const std::string& run_dir) {
-  std::vector<std::shared_ptr<SamplerBackend>> out;
-  if (cfg.sampler.backend == "libtorch") {
-    const std::vector<std::string> devices =
-        cfg.sampler.devices.empty() ? std::vector<std::string>{cfg.policy.device} : cfg.sampler.devices;
-    for (auto& d : devices) out.push_back(make_backend(cfg, run_dir, d, ""));
-  } else if (cfg.sampler.backend == "openai") {
-    if (cfg.sampler.urls.empty()) {
-      out.push_back(make_backend(cfg, run_dir, "", cfg.sampler.url));
-    } else {  // each its own adapter folder: every backend writes each version's files
-      for (size_t i = 0; i < cfg.sampler.urls.size(); ++i)
-        out.push_back(make_backend(cfg, run_dir, "sampler-" + std::to_string(i), cfg.sampler.urls[i]));
-    }
-  } else {
-    out.push_back(nullptr);
-  }
-  return out;
-}
-
-// One model backend: libtorch on `device`, or openai at `url` (`device` then names its adapter
-// subfolder when there are several).
-std::shared_ptr<SamplerBackend> make_backend(const Config& cfg, const std::string& run_dir, const std::string& device,
-                                             const std::string& url) {
+                                             const std::string& url, const std::string& adapter_sub) {
   if (cfg.sampler.backend == "libtorch") {
     PolicyOptions po;
     po.model_dir = cfg.policy.model;
@@ -344,11 +319,33 @@ std::shared_ptr<SamplerBackend> make_backend(const Config& cfg, const std::strin
     if (const char* k = std::getenv(cfg.sampler.api_key_env.c_str())) oo.api_key = k;
     oo.adapter_root =
         cfg.sampler.adapter_dir.empty() ? (fs::path(run_dir) / "adapters").string() : cfg.sampler.adapter_dir;
-    if (!device.empty()) oo.adapter_root = (fs::path(oo.adapter_root) / device).string();
+    if (!adapter_sub.empty()) oo.adapter_root = (fs::path(oo.adapter_root) / adapter_sub).string();
     oo.lora_alpha = cfg.learner.lora_alpha;
     return make_openai_backend(oo);
   }
   return nullptr;
+}
+
+// The samplers' model backends: one for replay (none: the records are the actions), one per
+// [sampler] devices entry (libtorch) or urls entry (openai), else one; throws when a model does
+// not load.
+std::vector<std::shared_ptr<SamplerBackend>> make_backends(const Config& cfg, const std::string& run_dir) {
+  std::vector<std::shared_ptr<SamplerBackend>> out;
+  if (cfg.sampler.backend == "libtorch") {
+    const std::vector<std::string> devices =
+        cfg.sampler.devices.empty() ? std::vector<std::string>{cfg.policy.device} : cfg.sampler.devices;
+    for (auto& d : devices) out.push_back(make_backend(cfg, run_dir, d, "", ""));
+  } else if (cfg.sampler.backend == "openai") {
+    if (cfg.sampler.urls.empty()) {
+      out.push_back(make_backend(cfg, run_dir, "", cfg.sampler.url, ""));
+    } else {  // each its own adapter folder: every backend writes each version's files
+      for (size_t i = 0; i < cfg.sampler.urls.size(); ++i)
+        out.push_back(make_backend(cfg, run_dir, "", cfg.sampler.urls[i], "sampler-" + std::to_string(i)));
+    }
+  } else {
+    out.push_back(nullptr);
+  }
+  return out;
 }
 
 // A learning run's model and adapter (a resumed run: its latest checkpoint's, optimizer

@@ -72,6 +72,14 @@ bool wait_for(const std::function<bool()>& f, double seconds) {
   return f();
 }
 
+// The sampler's answer to a weights update: its error's text, or "" when it took the update.
+std::string refusal(caf::scoped_actor& self, const caf::actor& sampler, const WeightsUpdate& u) {
+  std::string why;
+  self->request(sampler, std::chrono::seconds(5), u)
+      .receive([](uint64_t) {}, [&](caf::error& e) { why = self->system().render(e); });
+  return why;
+}
+
 }  // namespace
 
 TEST_CASE("a model-backend sampler streams rollouts and acknowledges weight versions", "[actors][sampler]") {
@@ -107,24 +115,10 @@ TEST_CASE("a model-backend sampler streams rollouts and acknowledges weight vers
   // An update whose bytes changed after its checksum was taken is refused before the backend sees it.
   auto damaged = make_weights_update(7, {TensorBlob{"x", "f32", {1}, {0, 0, 128, 63}}});
   damaged.tensors[0].data[3] = 64;
-  bool refused_damaged = false;
-  self->request(sampler, std::chrono::seconds(5), damaged)
-      .receive([](uint64_t) {},
-               [&](caf::error& e) {
-                 refused_damaged = true;
-                 CHECK(sys.render(e).find("weights update 7: the tensors' SHA-256 is") != std::string::npos);
-               });
-  CHECK(refused_damaged);
+  CHECK(refusal(self, sampler, damaged).find("weights update 7: the tensors' SHA-256 is") != std::string::npos);
   CHECK(backend->v == 5);  // it never reached the backend
   auto bad = make_weights_update(6, {TensorBlob{"bad", "f32", {1}, {0, 0, 0, 0}}});
-  bool refused = false;
-  self->request(sampler, std::chrono::seconds(5), bad)
-      .receive([](uint64_t) {},
-               [&](caf::error& e) {
-                 refused = true;
-                 CHECK(sys.render(e).find("tensor bad is not mine") != std::string::npos);
-               });
-  CHECK(refused);
+  CHECK(refusal(self, sampler, bad).find("tensor bad is not mine") != std::string::npos);
 
   // Two failures, then success: the step's samples all arrive, with the new version.
   backend->fail_next = 2;
@@ -150,14 +144,7 @@ TEST_CASE("the replay sampler refuses weight updates with an error", "[actors][s
   auto dispatcher = sys.spawn(collecting_dispatcher, col);
   auto sampler = spawn_sampler(sys, SamplerArgs{}, dispatcher);
   caf::scoped_actor self{sys};
-  bool refused = false;
-  self->request(sampler, std::chrono::seconds(5), make_weights_update(3, {}))
-      .receive([](uint64_t) {},
-               [&](caf::error& e) {
-                 refused = true;
-                 CHECK(sys.render(e).find("replay backend") != std::string::npos);
-               });
-  CHECK(refused);
+  CHECK(refusal(self, sampler, make_weights_update(3, {})).find("replay backend") != std::string::npos);
   self->send_exit(sampler, caf::exit_reason::user_shutdown);
   self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
 }
