@@ -1,0 +1,237 @@
+// The decode step's matrix products at the 1.5B and 7B shapes: every algorithm cuBLASLt offers
+// (its heuristic's list, and each with other split-K counts), each timed as the decoder runs it:
+// one captured graph of one product per layer over the layers' distinct weights (so nothing is
+// served from L2), y[M,N] = x[M,K] W[N,K]^T (+ bias), bf16 in and out, float32 accumulation.
+// Prints the heuristic's first choice beside the fastest, as time and as bandwidth.
+//
+//   nvcc -O2 -std=c++17 -arch=sm_90 bench/gemm_probe.cu -lcublasLt -o gemm_probe && ./gemm_probe 64
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+#define LT(x)                                                                                \
+  do {                                                                                       \
+    cublasStatus_t s_ = (x);                                                                 \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                       \
+      std::fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, int(s_)); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+__global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned h = unsigned(i) * 2654435761u ^ seed * 40503u ^ unsigned(i >> 32) * 97u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = __float2bfloat16(scale * (float(h & 0xffff) / 32768.0f - 1.0f));
+  }
+}
+
+struct Shape {
+  const char* name;
+  int N, K;
+  bool bias;
+  int layers;
+};
+
+struct Cand {
+  cublasLtMatmulAlgo_t algo;
+  int tile = 0, splitk = 0, stages = 0, id = 0, red = 0;
+  float us = 1e30f;
+};
+
+static int cfg(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t k) {
+  int v = 0;
+  size_t w = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&a, k, &v, sizeof v, &w);
+  return v;
+}
+
+int main(int argc, char** argv) {
+  const int M = argc > 1 ? std::atoi(argv[1]) : 64;
+  const std::string only = argc > 2 ? argv[2] : "";
+  std::vector<Shape> shapes = {
+      {"1.5b qkv", 2048, 1536, true, 28},       {"1.5b o", 1536, 1536, false, 28},
+      {"1.5b gate/up", 17920, 1536, false, 28}, {"1.5b down", 1536, 8960, false, 28},
+      {"1.5b head", 151936, 1536, false, 1},    {"7b qkv", 4608, 3584, true, 28},
+      {"7b o", 3584, 3584, false, 28},          {"7b gate/up", 37888, 3584, false, 28},
+      {"7b down", 3584, 18944, false, 28},
+  };
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cublasLtHandle_t lt;
+  LT(cublasLtCreate(&lt));
+  const size_t ws_bytes = 32u << 20;
+  void* ws;
+  CK(cudaMalloc(&ws, ws_bytes));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+
+  // The copy bandwidth (read + write), the bound's denominator.
+  {
+    size_t n = size_t(1) << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemsetAsync(a, 1, n, st));
+    for (int i = 0; i < 3; ++i) CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st));
+    CK(cudaEventRecord(e0, st));
+    for (int i = 0; i < 10; ++i) CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    std::printf("copy bandwidth %.0f GB/s (read + write)\n", 2.0 * n * 10 / (ms * 1e-3) / 1e9);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+  }
+
+  std::printf("%-14s %4s %7s %9s %9s %8s %8s  %s\n", "shape", "M", "MB", "heur us", "best us", "heur TB/s", "best TB/s",
+              "best algo (id tile splitk stages red)");
+  for (const auto& s : shapes) {
+    if (!only.empty() && std::string(s.name).find(only) == std::string::npos) continue;
+    std::vector<__nv_bfloat16*> W(s.layers), B(s.layers, nullptr);
+    const size_t wn = size_t(s.N) * s.K;
+    for (int l = 0; l < s.layers; ++l) {
+      CK(cudaMalloc(&W[l], wn * 2));
+      fill<<<1024, 256, 0, st>>>(W[l], wn, 17 + l, 0.05f);
+      if (s.bias) {
+        CK(cudaMalloc(&B[l], size_t(s.N) * 2));
+        fill<<<16, 256, 0, st>>>(B[l], s.N, 1000 + l, 0.1f);
+      }
+    }
+    __nv_bfloat16 *X, *Y;
+    CK(cudaMalloc(&X, size_t(M) * s.K * 2));
+    CK(cudaMalloc(&Y, size_t(M) * s.N * 2));
+    fill<<<64, 256, 0, st>>>(X, size_t(M) * s.K, 5, 1.0f);
+    CK(cudaStreamSynchronize(st));
+
+    cublasLtMatmulDesc_t op;
+    LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (s.bias) {
+      cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+      cudaDataType_t bt = CUDA_R_16BF;
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    cublasLtMatrixLayout_t la, lb, lc;
+    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.K, s.N, s.K));  // W as column-major K x N
+    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.K, M, s.K));    // x as column-major K x M
+    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, s.N, M, s.N));    // y as column-major N x M
+    cublasLtMatmulPreference_t pref;
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                            sizeof ws_bytes));
+    std::vector<cublasLtMatmulHeuristicResult_t> res(64);
+    int got = 0;
+    LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, int(res.size()), res.data(), &got));
+    std::vector<Cand> cands;
+    for (int i = 0; i < got; ++i) {
+      if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+      // The heuristic's own algorithm, then the same with other split-K counts.
+      for (int sk : {0, 1, 2, 3, 4, 6, 8, 12, 16}) {
+        Cand c;
+        c.algo = res[i].algo;
+        if (sk > 0) {
+          if (sk == cfg(c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) continue;
+          if (cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk) !=
+              CUBLAS_STATUS_SUCCESS)
+            continue;
+          if (sk > 1) {
+            int r = cfg(c.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
+            if (r == 0) {
+              r = CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+              cublasLtMatmulAlgoConfigSetAttribute(&c.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &r, sizeof r);
+            }
+          }
+          cublasLtMatmulHeuristicResult_t chk;
+          if (cublasLtMatmulAlgoCheck(lt, op, la, lb, lc, lc, &c.algo, &chk) != CUBLAS_STATUS_SUCCESS) continue;
+          if (chk.workspaceSize > ws_bytes) continue;
+        }
+        c.id = cfg(c.algo, CUBLASLT_ALGO_CONFIG_ID);
+        c.tile = cfg(c.algo, CUBLASLT_ALGO_CONFIG_TILE_ID);
+        c.splitk = cfg(c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+        c.stages = cfg(c.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID);
+        c.red = cfg(c.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
+        cands.push_back(c);
+      }
+    }
+    const float one = 1.0f, zero = 0.0f;
+    auto run_all = [&](const Cand& c) {
+      for (int l = 0; l < s.layers; ++l) {
+        if (s.bias) cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &B[l], sizeof B[l]);
+        if (cublasLtMatmul(lt, op, &one, W[l], la, X, lb, &zero, Y, lc, Y, lc, &c.algo, ws, ws_bytes, st) !=
+            CUBLAS_STATUS_SUCCESS)
+          return false;
+      }
+      return true;
+    };
+    for (size_t ci = 0; ci < cands.size(); ++ci) {
+      auto& c = cands[ci];
+      if (!run_all(c)) continue;  // warm-up; an algorithm that refuses to run is skipped
+      if (cudaStreamSynchronize(st) != cudaSuccess) {
+        std::fprintf(stderr, "algorithm failed\n");
+        std::exit(1);
+      }
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      bool ok = run_all(c);
+      CK(cudaStreamEndCapture(st, &g));
+      if (!ok) continue;
+      CK(cudaGraphInstantiate(&ge, g, 0));
+      CK(cudaGraphLaunch(ge, st));
+      std::vector<float> t;
+      for (int r = 0; r < 7; ++r) {
+        CK(cudaEventRecord(e0, st));
+        for (int k = 0; k < 5; ++k) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms * 1000.0f / (5 * s.layers));
+      }
+      std::sort(t.begin(), t.end());
+      c.us = t[t.size() / 2];
+      CK(cudaGraphExecDestroy(ge));
+      CK(cudaGraphDestroy(g));
+    }
+    const Cand& h = cands.at(0);  // the heuristic's first choice
+    const Cand& b = *std::min_element(cands.begin(), cands.end(), [](auto& x, auto& y) { return x.us < y.us; });
+    const double mb = wn * 2.0 / 1e6;
+    std::printf("%-14s %4d %7.1f %9.2f %9.2f %8.2f %8.2f  %d %d %d %d %d  (%zu candidates)\n", s.name, M, mb, h.us,
+                b.us, mb / h.us, mb / b.us, b.id, b.tile, b.splitk, b.stages, b.red, cands.size());
+    std::fflush(stdout);
+    for (int l = 0; l < s.layers; ++l) {
+      CK(cudaFree(W[l]));
+      if (B[l]) CK(cudaFree(B[l]));
+    }
+    CK(cudaFree(X));
+    CK(cudaFree(Y));
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatmulDescDestroy(op);
+  }
+  return 0;
+}
