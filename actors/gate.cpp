@@ -120,6 +120,33 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
         self->send(dispatcher, register_atom::value, ev, id);
         if (supervisor) self->send(supervisor, register_atom::value, ev, id);
       },
+      // A joined node's samplers send their rollouts here: the gate passes each on to the
+      // dispatcher (which takes rollouts from this process only) and relays its answer, so the
+      // dispatcher's backpressure reaches them.
+      [=](Rollout& r) -> caf::result<bool> {
+        if (!trusted(self)) return refuse(self, "(not joined)", "rollouts are for peers that have joined");
+        auto rp = self->make_response_promise<bool>();
+        self->request(dispatcher, caf::infinite, std::move(r))
+            .then([=](bool ok) mutable { rp.deliver(ok); }, [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [=](skip_atom, Rollout& r, std::string& why) {
+        if (!trusted(self)) {
+          ++self->state.refused;
+          lg->warn("a skipped rollout from a peer that has not joined: dropped");
+          return;
+        }
+        self->send(dispatcher, skip_atom::value, std::move(r), std::move(why));
+      },
+      [=](register_atom, sampler_atom, caf::actor s, std::string id) {
+        if (!trusted(self)) {
+          ++self->state.refused;
+          lg->warn("sampler {} from a peer that has not joined: dropped", id);
+          return;
+        }
+        if (supervisor) self->send(supervisor, register_atom::value, sampler_atom::value, s, id);
+        if (monitor) self->send(monitor, register_atom::value, s, id);
+      },
   };
 }
 

@@ -2,7 +2,8 @@
 // cluster secret. A node sends a nonce and gets one (challenge_atom) with the head's own proof of
 // the secret, which it checks before anything else; it answers with its HMAC proof
 // (join_atom; core/auth.hpp), and only then may register its evaluators, which the gate
-// forwards to the dispatcher and the supervisor. Messages from peers that have not joined, a
+// forwards to the dispatcher and the supervisor, and its samplers, which go to the supervisor
+// and the monitor. Messages from peers that have not joined, a
 // wrong proof, another cluster's name or another protocol version are refused with a clear
 // error to the peer and a warning in the log; the secret never appears in either.
 // A peer stays a member while the actor that joined is reachable; when its connection drops
@@ -11,9 +12,14 @@
 //               (challenge_atom, peer nonce) -> [nonce, the head's proof of the secret];
 //               (join_atom, node, cluster, protocol, proof) -> bool;
 //               (register_atom, actor, std::string id) from a joined node or this process;
+//               (register_atom, sampler_atom, actor, id): a joined node's sampler is running;
+//               Rollout -> bool and (skip_atom, Rollout, why) from a joined node's samplers;
 //               (stats_atom) -> Telemetry, the monitor's latest snapshot, for joined peers
 //               (`launch monitor HOST:PORT`)
-// Messages out: (register_atom, actor, id) -> dispatcher and supervisor
+// Messages out: (register_atom, actor, id) -> dispatcher and supervisor (an evaluator);
+//               (register_atom, sampler_atom, actor, id) -> supervisor and (register_atom, actor,
+//               id) -> monitor (a sampler); Rollout (a request, its answer relayed) and
+//               (skip_atom, Rollout, why) -> dispatcher
 #pragma once
 
 #include <caf/fwd.hpp>

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -29,10 +30,21 @@ struct StepPlan {
   caf::response_promise rp;
 };
 
+// One WeightsUpdate on its way to some samplers: answered once every one of them has
+// acknowledged it or gone away.
+struct Publication {
+  uint64_t version = 0;
+  std::vector<caf::actor_addr> waiting;
+  std::function<void(std::string)> done;
+  bool over = false;
+};
+
 struct learner_state {
-  std::vector<caf::actor> samplers;  // every sampler serving the policy (from sync)
-  uint32_t current = 0;              // the step whose groups are being learned from
-  bool started = false;              // `current` is set (by the first plan)
+  std::vector<caf::actor> samplers;              // every sampler serving the policy (from sync), watched
+  std::map<caf::actor_addr, std::string> names;  // each sampler's name for the log
+  std::vector<std::shared_ptr<Publication>> publishing;
+  uint32_t current = 0;  // the step whose groups are being learned from
+  bool started = false;  // `current` is set (by the first plan)
   std::map<uint32_t, StepPlan> steps;
   std::map<std::pair<uint32_t, uint64_t>, std::vector<ScoredRollout>> groups;  // (step, group) -> samples
   uint64_t received = 0, groups_learned = 0, groups_skipped = 0, updates = 0, sync_failures = 0;
@@ -42,56 +54,104 @@ struct learner_state {
 
 using self_ptr = caf::stateful_actor<learner_state>*;
 
-// Publishes the engine's weights as `version` to every sampler; done("") once all have
-// acknowledged it (a sampler that has gone away is dropped from the set, not waited for), or
-// done(why) on the first that refused it, acknowledged another version or did not answer within
-// sync_timeout_s.
-void publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::function<void(std::string)> done) {
-  const auto samplers = self->state.samplers;
-  if (samplers.empty()) {
+std::string name_of(self_ptr self, const caf::actor_addr& a) {
+  auto it = self->state.names.find(a);
+  return it == self->state.names.end() ? std::string("a sampler") : it->second;
+}
+
+// Starts serving `s` as `name` (watched: when it goes away, it is dropped from every publication).
+void add_sampler(self_ptr self, const caf::actor& s, const std::string& name) {
+  auto& st = self->state;
+  if (std::find(st.samplers.begin(), st.samplers.end(), s) == st.samplers.end()) {
+    st.samplers.push_back(s);
+    self->monitor(s);
+  }
+  st.names[s.address()] = name;
+}
+
+void settle(self_ptr self, Publication& p, std::string err) {
+  if (p.over) return;
+  p.over = true;
+  auto& v = self->state.publishing;
+  v.erase(std::remove_if(v.begin(), v.end(), [&](auto& q) { return q.get() == &p; }), v.end());
+  p.done(std::move(err));
+}
+
+// A sampler has gone away (its actor ended, or its node dropped): the others carry on.
+void sampler_gone(self_ptr self, const caf::actor_addr& a) {
+  auto& st = self->state;
+  const auto before = st.samplers.size();
+  st.samplers.erase(std::remove_if(st.samplers.begin(), st.samplers.end(), [&](auto& s) { return s.address() == a; }),
+                    st.samplers.end());
+  if (st.samplers.size() == before) return;
+  bool waited = false;
+  for (auto p : std::vector<std::shared_ptr<Publication>>(st.publishing)) {
+    auto& w = p->waiting;
+    if (std::find(w.begin(), w.end(), a) == w.end()) continue;
+    w.erase(std::remove(w.begin(), w.end(), a), w.end());
+    waited = true;
+    log::get("learner")->warn("{} is gone; policy version {} goes to the {} left", name_of(self, a), p->version,
+                              st.samplers.size());
+    // None left: the version is saved all the same, and a sampler that joins later starts from
+    // it (the supervisor decides whether the run can wait for one).
+    if (w.empty()) settle(self, *p, "");
+  }
+  if (!waited)
+    log::get("learner")->warn("{} is gone; the next policy version goes to the {} left", name_of(self, a),
+                              st.samplers.size());
+  if (st.samplers.empty()) log::get("learner")->warn("no sampler is left to publish to");
+}
+
+// Publishes the engine's weights as `version` to `targets` (every sampler, or one that joined);
+// done("") once all have acknowledged it (a sampler that goes away is dropped from the set, not
+// waited for), or done(why) on the first that refused it, acknowledged another version or did not
+// answer within sync_timeout_s.
+// Returns the bytes of tensor data each sampler is sent (0 when there is none to send to).
+size_t publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::function<void(std::string)> done,
+               std::vector<caf::actor> targets) {
+  if (targets.empty()) {
     done("");
-    return;
+    return 0;
   }
   const WeightsUpdate u = make_weights_update(version, args.engine->adapter_blobs());
-  auto left = std::make_shared<size_t>(samplers.size());
-  auto failed = std::make_shared<bool>(false);
+  size_t bytes = 0;
+  for (auto& t : u.tensors) bytes += t.data.size();
+  auto p = std::make_shared<Publication>();
+  p->version = version;
+  p->done = std::move(done);
+  for (auto& t : targets) p->waiting.push_back(t.address());
+  self->state.publishing.push_back(p);
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.sync_timeout_s * 1000));
-  for (size_t i = 0; i < samplers.size(); ++i) {
-    self->request(samplers[i], timeout, u)
+  for (auto& target : targets) {
+    const caf::actor_addr a = target.address();
+    self->request(target, timeout, u)
         .then(
             [=](uint64_t acked) {
-              if (*failed) return;
+              if (p->over) return;
               if (acked != version) {
-                *failed = true;
-                done(fmt::format("sampler {} acknowledged policy version {} instead of {}", i, acked, version));
+                settle(
+                    self, *p,
+                    fmt::format("{} acknowledged policy version {} instead of {}", name_of(self, a), acked, version));
                 return;
               }
-              if (--*left == 0) done("");
+              p->waiting.erase(std::remove(p->waiting.begin(), p->waiting.end(), a), p->waiting.end());
+              if (p->waiting.empty()) settle(self, *p, "");
             },
             [=](caf::error& e) {
-              if (*failed) return;
-              if (e == caf::sec::request_receiver_down) {  // a sampler that left: the others carry on
-                auto& live = self->state.samplers;
-                live.erase(std::remove(live.begin(), live.end(), samplers[i]), live.end());
-                log::get("learner")->warn("sampler {} is gone; policy version {} goes to the {} left", i, version,
-                                          live.size());
-                if (--*left == 0) {
-                  if (live.empty())
-                    done(fmt::format("no sampler is left to take policy version {}", version));
-                  else
-                    done("");
-                }
+              if (p->over) return;
+              if (e == caf::sec::request_receiver_down) {  // gone before it answered
+                sampler_gone(self, a);
                 return;
               }
-              *failed = true;
               ++self->state.sync_failures;
               std::string why =
                   e == caf::sec::request_timeout
                       ? fmt::format("no acknowledgement within {:g} s ([learner] sync_timeout_s)", args.sync_timeout_s)
                       : error_text(self->system(), e);
-              done(fmt::format("sampler {} did not take policy version {}: {}", i, version, why));
+              settle(self, *p, fmt::format("{} did not take policy version {}: {}", name_of(self, a), version, why));
             });
   }
+  return bytes;
 }
 
 void try_step(self_ptr self, const LearnerArgs& args);
@@ -224,22 +284,35 @@ void try_step(self_ptr self, const LearnerArgs& args) {
     self->send(args.selector, c);
   }
   auto rp = plan.rp;
-  publish(self, args, r.version, [=](std::string err) mutable {
-    StepUpdate done = u;
-    done.error = err;
-    if (!err.empty()) lg->error("step {}: {}", step, err);
-    rp.deliver(done);
-  });
+  // The weight sync's figures go with the step: seconds until every sampler acknowledged, and the
+  // megabytes each was sent.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto bytes = std::make_shared<size_t>(0);
+  *bytes = publish(
+      self, args, r.version,
+      [=](std::string err) mutable {
+        StepUpdate done = u;
+        done.error = err;
+        done.stats["weight_sync_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        done.stats["weight_sync_mb"] = double(*bytes) / 1e6;
+        if (!err.empty()) lg->error("step {}: {}", step, err);
+        rp.deliver(done);
+      },
+      st.samplers);
   st.current = step + 1;  // the next step's groups may be learned from while samplers sync
   learn_ready(self, args);
 }
 
 caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
   auto lg = log::get("learner");
+  self->set_down_handler([=](caf::down_msg& dm) { sampler_gone(self, dm.source); });
   if (!args.engine) {
     return {
         [=](train_atom, const ScoredRollout&) { ++self->state.received; },
         [=](sync_atom, const std::vector<caf::actor>&) -> caf::result<uint64_t> {
+          return caf::make_error(caf::sec::runtime_error, "learner: no model to train in this run");
+        },
+        [=](sync_atom, const caf::actor&, const std::string&) -> caf::result<uint64_t> {
           return caf::make_error(caf::sec::runtime_error, "learner: no model to train in this run");
         },
         [=](plan_atom, uint32_t step, uint64_t) -> caf::result<StepUpdate> {
@@ -257,7 +330,7 @@ caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
   }
   return {
       [=](sync_atom, std::vector<caf::actor> samplers) -> caf::result<uint64_t> {
-        self->state.samplers = std::move(samplers);
+        for (size_t i = 0; i < samplers.size(); ++i) add_sampler(self, samplers[i], "sampler-" + std::to_string(i));
         auto rp = self->make_response_promise<uint64_t>();
         const uint64_t v = args.engine->version();
         std::string dir = checkpoint_dir(args.checkpoint_dir, v);
@@ -269,14 +342,38 @@ caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
           }
           if (args.selector) self->send(args.selector, Checkpoint{uint32_t(v), v, dir, -1.0});
         }
-        publish(self, args, v, [=](std::string err) mutable {
-          if (err.empty()) {
-            lg->info("policy version {} published to {} sampler(s)", v, self->state.samplers.size());
-            rp.deliver(v);
-          } else {
-            rp.deliver(caf::make_error(caf::sec::runtime_error, err));
-          }
-        });
+        publish(
+            self, args, v,
+            [=](std::string err) mutable {
+              if (err.empty()) {
+                lg->info("policy version {} published to {} sampler(s)", v, self->state.samplers.size());
+                rp.deliver(v);
+              } else {
+                rp.deliver(caf::make_error(caf::sec::runtime_error, err));
+              }
+            },
+            self->state.samplers);
+        return rp;
+      },
+      [=](sync_atom, caf::actor sampler, std::string name) -> caf::result<uint64_t> {
+        // A sampler that joined: the current weights before it samples, then every later version.
+        add_sampler(self, sampler, name);
+        auto rp = self->make_response_promise<uint64_t>();
+        const uint64_t v = args.engine->version();
+        publish(self, args, v,
+                [=](std::string err) mutable {
+                  if (!err.empty()) {  // not served: later versions do not wait for it
+                    auto& all = self->state.samplers;
+                    all.erase(std::remove(all.begin(), all.end(), sampler), all.end());
+                    self->demonitor(sampler);
+                    rp.deliver(caf::make_error(caf::sec::runtime_error, err));
+                    return;
+                  }
+                  lg->info("{} joined at policy version {} ({} sampler(s) served)", name, v,
+                           self->state.samplers.size());
+                  rp.deliver(v);
+                },
+                {sampler});
         return rp;
       },
       [=](plan_atom, uint32_t step, uint64_t groups) -> caf::result<StepUpdate> {

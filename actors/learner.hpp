@@ -8,12 +8,16 @@
 // checkpoint_selector, and published to every sampler as WeightsUpdate(V). The step's answer goes
 // to the supervisor only when every sampler has acknowledged V; a sampler that refuses or does
 // not answer within sync_timeout_s makes the answer an error (the run stops; nothing samples
-// with stale weights unnoticed); a sampler that has gone away is dropped from the set (the
-// supervisor plans its work elsewhere), and none left is an error.
+// with stale weights unnoticed); a sampler that has gone away (the learner watches each) is
+// dropped from the set and from any version on its way (the supervisor plans its work
+// elsewhere; with none left the version is still saved, and one that joins starts from it).
 // SDPO: the group's teacher prompts are made here (learner/sdpo.hpp) and scored by the engine;
 // the step's teacher tokens are reported with its stats (teacher_tokens).
 // Messages in:  (sync_atom, vector<actor> samplers) -> uint64_t version: the samplers to serve
 //               from now on; publishes the current weights to them, answered once acked;
+//               (sync_atom, actor sampler, std::string name) -> uint64_t version: a sampler that
+//               joined (another node): the current weights are published to it, answered once
+//               acked; it gets every later version too;
 //               (plan_atom, uint32_t step, uint64_t groups) -> StepUpdate: answered when that
 //               step's update is done and acknowledged (error set on failure);
 //               (train_atom, ScoredRollout): a sample the supervisor accepted;

@@ -41,6 +41,7 @@ std::string fmt_eta(double s) {
 struct monitor_state {
   std::map<std::string, double> merged;                           // "source.key" -> value
   std::map<std::string, std::map<std::string, double>> samplers;  // each sampler's last gauges
+  std::vector<caf::actor> sources;                                // asked every tick
   std::unique_ptr<std::ofstream> metrics;
   bool tty = false;
   double last_plain = 0;
@@ -107,7 +108,8 @@ void poll(self_ptr self, const std::vector<caf::actor>& sources) {
   }
 }
 
-caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::actor> sources, caf::actor recorder) {
+caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::actor> sources0, caf::actor recorder) {
+  self->state.sources = std::move(sources0);
   self->state.tty = isatty(STDERR_FILENO) == 1;
   if (!args.metrics_path.empty())
     self->state.metrics = std::make_unique<std::ofstream>(args.metrics_path, std::ios::app);
@@ -116,8 +118,12 @@ caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::ac
   return {
       [=](tick_atom) {
         if (self->state.ticks++ > 0) emit(self, args, recorder, false);
-        poll(self, sources);
+        poll(self, self->state.sources);
         self->delayed_send(self, interval, tick_atom::value);
+      },
+      [=](register_atom, caf::actor src, const std::string&) {  // a sampler on another node (the gate)
+        auto& v = self->state.sources;
+        if (std::find(v.begin(), v.end(), src) == v.end()) v.push_back(std::move(src));
       },
       [=](stats_atom) {
         Telemetry t;
@@ -130,6 +136,7 @@ caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::ac
       [=](finish_atom) -> caf::response_promise {
         // One last round of answers, then the final line.
         auto rp = self->make_response_promise();
+        const auto sources = self->state.sources;
         auto pending = std::make_shared<size_t>(sources.size());
         auto done = [=]() mutable {
           if (--*pending == 0) {

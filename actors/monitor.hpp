@@ -6,7 +6,8 @@
 // "kernelrl.telemetry" and the Telemetry as a msgpack map {ts, source, step, values}.
 // Messages in:  (tick_atom) (self); (finish_atom) -> bool, after a last snapshot;
 //               (stats_atom) -> Telemetry, the latest merged snapshot (source "cluster"; the gate
-//               serves it to `launch monitor HOST:PORT`)
+//               serves it to `launch monitor HOST:PORT`); (register_atom, actor, id): one more
+//               source (a sampler that joined from another node)
 #pragma once
 
 #include <caf/fwd.hpp>

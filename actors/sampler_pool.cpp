@@ -42,7 +42,6 @@ std::vector<SamplerPool::Assignment> SamplerPool::place(
 }
 
 std::vector<SamplerPool::Assignment> SamplerPool::assign(const SamplePlan& plan) {
-  if (alive() == 0) return {};
   std::vector<std::pair<std::pair<std::string, uint64_t>, Group>> groups;
   const uint32_t n = std::max<uint32_t>(1, plan.n);
   for (size_t i = 0; i < plan.task_ids.size() && i < plan.group_ids.size(); ++i) {
@@ -55,7 +54,31 @@ std::vector<SamplerPool::Assignment> SamplerPool::assign(const SamplePlan& plan)
     g.missing = n;
     groups.push_back({{plan.task_ids[i], plan.group_ids[i]}, std::move(g)});
   }
+  if (alive() == 0) {  // no sampler yet: the groups wait for one
+    for (auto& [key, g] : groups) groups_[key] = std::move(g);
+    return {};
+  }
   return place(groups);
+}
+
+size_t SamplerPool::add() {
+  alive_.push_back(true);
+  load_.push_back(0);
+  return alive_.size() - 1;
+}
+
+size_t SamplerPool::waiting() const {
+  size_t n = 0;
+  for (auto& [key, g] : groups_) n += g.owner == unowned || !alive_[g.owner] ? 1 : 0;
+  return n;
+}
+
+std::vector<SamplerPool::Assignment> SamplerPool::adopt() {
+  if (alive() == 0) return {};
+  std::vector<std::pair<std::pair<std::string, uint64_t>, Group>> orphans;
+  for (auto& [key, g] : groups_)
+    if (g.owner == unowned || !alive_[g.owner]) orphans.push_back({key, g});
+  return place(orphans);
 }
 
 void SamplerPool::arrived(const std::string& task_id, uint64_t group_id, uint32_t sample_index) {
@@ -65,7 +88,7 @@ void SamplerPool::arrived(const std::string& task_id, uint64_t group_id, uint32_
   if (sample_index < g.first || sample_index - g.first >= g.n || g.got[sample_index - g.first]) return;
   g.got[sample_index - g.first] = true;
   --g.missing;
-  if (load_[g.owner] > 0) --load_[g.owner];
+  if (g.owner != unowned && load_[g.owner] > 0) --load_[g.owner];
   if (g.missing == 0) groups_.erase(it);
 }
 
@@ -92,7 +115,7 @@ std::vector<SamplerPool::Assignment> SamplerPool::lost(size_t i) {
     again.push_back({it->first, std::move(h)});
     it = groups_.erase(it);
   }
-  if (alive() == 0) {  // nowhere to go: kept, so that the caller can say what was left
+  if (alive() == 0) {  // nowhere to go: kept, unowned, until a sampler joins (adopt())
     for (auto& [key, g] : again) groups_[key] = std::move(g);
     return {};
   }

@@ -5,6 +5,7 @@
 
 #include "messages/messages.hpp"
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -23,14 +24,21 @@ class SamplerPool {
   // The plan's groups spread over the live samplers, each group whole to one (its samples share a
   // prompt and its prefill), each to the sampler with the fewest samples planned and not yet
   // stored (the lower index on a tie). One sub-plan per sampler given any; none when no sampler
-  // is alive.
+  // is alive (the groups then wait, unowned, for adopt()).
   std::vector<Assignment> assign(const SamplePlan& plan);
+  // A sampler joins (a node started late or came back): its index. It is given nothing until
+  // the next assign() or adopt().
+  size_t add();
+  // The groups waiting for a sampler (planned while none was alive, or left by the last one to
+  // go), spread over the live samplers as assign() spreads a plan.
+  std::vector<Assignment> adopt();
+  size_t waiting() const;  // groups no live sampler owns
   // A stored sample of a planned group (others are ignored).
   void arrived(const std::string& task_id, uint64_t group_id, uint32_t sample_index);
   // Sampler i is gone: each of its groups with a sample not yet stored is planned again on the
   // live samplers from that group's first missing sample on (the same sample ids: one that still
   // arrives from before is a duplicate, which the store drops). Empty when nothing was left or no
-  // sampler is alive (alive() says which).
+  // sampler is alive (alive() says which; the groups then wait for adopt()).
   std::vector<Assignment> lost(size_t i);
 
   size_t size() const { return alive_.size(); }
@@ -40,10 +48,11 @@ class SamplerPool {
   size_t groups_open() const { return groups_.size(); }
 
  private:
+  static constexpr size_t unowned = SIZE_MAX;
   struct Group {
     uint32_t step = 0, first = 0, n = 0;
     std::string split;
-    size_t owner = 0;
+    size_t owner = unowned;
     std::vector<bool> got;  // sample first + k stored
     uint32_t missing = 0;
   };

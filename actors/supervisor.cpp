@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <fstream>
+#include <utility>
 
 namespace kernelrl {
 
@@ -25,8 +26,13 @@ struct supervisor_state {
   std::unique_ptr<Experiment> experiment;
   caf::response_promise done;
   std::vector<caf::actor> samplers;
+  std::vector<std::string> sampler_names;                 // "sampler-i" on the head; a joined one's own id
+  std::vector<std::pair<caf::actor, std::string>> early;  // joined before the run started
+  bool running = false;                                   // the plan has come
   SamplerPool pool{0};
-  size_t sample_all = SIZE_MAX;  // the sampler sampling every task once (eval, best_of_n)
+  size_t sample_all = SIZE_MAX;   // the sampler sampling every task once (eval, best_of_n)
+  bool sample_all_waits = false;  // ... and none was running when it was asked for
+  uint64_t sampler_waits = 0;     // sampler join deadlines started (only the latest counts)
   bool finished = false;
   uint64_t duplicates = 0, store_failures = 0;
   size_t evaluators_alive = 0;
@@ -100,37 +106,113 @@ void send_parts(self_ptr self, const SupervisorArgs& args, std::vector<SamplerPo
                 return;
               }
               finish(self, args,
-                     fmt::format("sampler {} failed to plan step {}: {}", to, step, error_text(self->system(), e)));
+                     fmt::format("{} failed to plan step {}: {}", self->state.sampler_names[to], step,
+                                 error_text(self->system(), e)));
             });
   }
 }
 
-// Sampler i is gone: its unfinished groups go to the others (or the run ends: none left).
+// No sampler is running and work waits for one: a cluster waits join_wait_s for a sampler to join
+// (a sampler node starting or coming back); a single node ends the run at once.
+void wait_for_sampler(self_ptr self, const SupervisorArgs& args, const std::string& why) {
+  auto& st = self->state;
+  if (st.finished) return;
+  if (args.join_wait_s <= 0) {
+    finish(self, args, why);
+    return;
+  }
+  const uint64_t n = ++st.sampler_waits;
+  log::get("supervisor")->warn("{}; waiting up to {:g} s for a sampler to join", why, args.join_wait_s);
+  self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(args.join_wait_s * 1000)), tick_atom::value,
+                     sampler_atom::value, n);
+}
+
+void sample_all(self_ptr self, const SupervisorArgs& args);
+
+// Sampler i is gone: its unfinished groups go to the others (or wait for one to join).
 void sampler_lost(self_ptr self, const SupervisorArgs& args, size_t i, const std::string& why) {
   auto& st = self->state;
   if (st.finished || !st.pool.is_alive(i)) return;
   const uint64_t open = st.pool.load(i);
   auto parts = st.pool.lost(i);
   auto lg = log::get("supervisor");
+  const std::string& who = st.sampler_names[i];
   if (i == st.sample_all && !st.experiment->all_in()) {  // that plan is the sampler's own: not re-plannable
     finish(self, args,
-           fmt::format("sampler {}, which was sampling every task, is gone ({}); {} samples were not sampled or have "
+           fmt::format("{}, which was sampling every task, is gone ({}); {} samples were not sampled or have "
                        "no verdict",
-                       i, why, st.experiment->outstanding()));
+                       who, why, st.experiment->outstanding()));
     return;
   }
   if (st.pool.alive() == 0) {
-    if (!st.experiment->all_in())
-      finish(
+    if (!st.experiment->all_in() && st.pool.waiting() > 0)
+      wait_for_sampler(
           self, args,
-          fmt::format("every sampler is gone (the last: sampler {}, {}); {} samples were not sampled", i, why, open));
+          fmt::format("every sampler is gone (the last: {}, {}); {} samples were not sampled", who, why, open));
     return;
   }
   uint64_t moved = 0;
   for (auto& [to, p] : parts) moved += uint64_t(p.task_ids.size()) * p.n;
-  lg->warn("sampler {} is gone ({}): {} of its samples not yet stored; {} planned again on the {} left", i, why, open,
-           moved, st.pool.alive());
+  lg->warn("{} is gone ({}): {} of its samples not yet stored; {} planned again on the {} left", who, why, open, moved,
+           st.pool.alive());
   send_parts(self, args, std::move(parts), [] {});
+}
+
+// A sampler is running and serves the current policy: it takes its share from now on, and the
+// groups that waited for one.
+void adopt_sampler(self_ptr self, const SupervisorArgs& args, caf::actor s, const std::string& name) {
+  auto& st = self->state;
+  if (st.finished) return;
+  st.samplers.push_back(s);
+  st.sampler_names.push_back(name);
+  st.pool.add();
+  self->monitor(s);
+  const size_t waiting = st.pool.waiting();
+  log::get("supervisor")
+      ->info("{} joined ({} sampler(s) running){}", name, st.pool.alive(),
+             waiting ? fmt::format("; {} group(s) that waited for a sampler go to it", waiting) : "");
+  send_parts(self, args, st.pool.adopt(), [] {});
+  if (st.sample_all_waits) sample_all(self, args);
+}
+
+// A sampler on another node has joined (through the gate): in a learning mode the learner first
+// publishes the current weights to it, so that it never samples with others.
+void sampler_joined(self_ptr self, const SupervisorArgs& args, caf::actor s, const std::string& name) {
+  auto& st = self->state;
+  if (st.finished) return;
+  if (!st.running) {
+    st.early.emplace_back(std::move(s), name);
+    return;
+  }
+  if (!traits(args.experiment.mode).learns || !args.learner) {
+    adopt_sampler(self, args, std::move(s), name);
+    return;
+  }
+  self->request(args.learner, caf::infinite, sync_atom::value, s, name)
+      .then([=](uint64_t) { adopt_sampler(self, args, s, name); },
+            [=](caf::error& e) {
+              log::get("supervisor")
+                  ->warn("{} joined but could not take the current weights ({}): it is not used", name,
+                         error_text(self->system(), e));
+            });
+}
+
+// Every task once (eval, best_of_n): the replay sampler, or the first model sampler running (a
+// cluster whose samplers are all on other nodes waits for one).
+void sample_all(self_ptr self, const SupervisorArgs& args) {
+  auto& st = self->state;
+  size_t i = 0;
+  while (i < st.samplers.size() && !st.pool.is_alive(i)) ++i;
+  if (i == st.samplers.size()) {
+    st.sample_all_waits = true;
+    wait_for_sampler(self, args, "no sampler is running");
+    return;
+  }
+  st.sample_all_waits = false;
+  st.sample_all = i;
+  self->request(st.samplers[i], caf::infinite, plan_atom::value, uint32_t{0})
+      .then([=](uint64_t n) { apply(self, args, self->state.experiment->planned(n)); },
+            [=](caf::error& e) { finish(self, args, "sampler failed: " + self->system().render(e)); });
 }
 
 // Carries out the experiment's actions, in order.
@@ -143,25 +225,16 @@ void apply(self_ptr self, const SupervisorArgs& args, Actions actions) {
         overloaded{
             [&](act::Sample& a) {
               const uint64_t n = uint64_t(a.plan.task_ids.size()) * std::max<uint32_t>(1, a.plan.n);
+              const uint32_t step = a.plan.step;
               auto parts = st.pool.assign(a.plan);
-              if (parts.empty()) {
-                finish(self, args, fmt::format("no sampler is running to sample step {}", a.plan.step));
+              if (parts.empty()) {  // no sampler running: the groups wait in the pool for one
+                wait_for_sampler(self, args, fmt::format("no sampler is running to sample step {}", step));
+                if (!st.finished) apply(self, args, st.experiment->planned(n));
                 return;
               }
               send_parts(self, args, std::move(parts), [=] { apply(self, args, self->state.experiment->planned(n)); });
             },
-            [&](act::SampleAll&) {  // every task once: the replay sampler, or the first model sampler
-              size_t i = 0;
-              while (i < st.samplers.size() && !st.pool.is_alive(i)) ++i;
-              if (i == st.samplers.size()) {
-                finish(self, args, "no sampler is running");
-                return;
-              }
-              st.sample_all = i;
-              self->request(st.samplers[i], caf::infinite, plan_atom::value, uint32_t{0})
-                  .then([=](uint64_t n) { apply(self, args, self->state.experiment->planned(n)); },
-                        [=](caf::error& e) { finish(self, args, "sampler failed: " + self->system().render(e)); });
-            },
+            [&](act::SampleAll&) { sample_all(self, args); },
             [&](act::LearnStep& a) {
               const uint32_t step = a.step;
               self->request(args.learner, caf::infinite, plan_atom::value, a.step, a.groups)
@@ -263,8 +336,10 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
         auto& st = self->state;
         st.done = self->make_response_promise();
         st.samplers = std::move(samplers);
+        for (size_t i = 0; i < st.samplers.size(); ++i) st.sampler_names.push_back("sampler-" + std::to_string(i));
         st.pool = SamplerPool(st.samplers.size());
         for (auto& s : st.samplers) self->monitor(s);
+        st.running = true;
         st.evaluators_alive = evaluators.size();
         for (auto& e : evaluators) self->monitor(e);
         if (!st.store) {
@@ -276,7 +351,19 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
           if (st.finished) return st.done;
         }
         start(self, args);
+        for (auto& [s, name] : std::exchange(st.early, {})) sampler_joined(self, args, s, name);
         return st.done;
+      },
+      [=](register_atom, sampler_atom, caf::actor s, const std::string& name) {  // from the gate
+        sampler_joined(self, args, std::move(s), name);
+      },
+      [=](tick_atom, sampler_atom, uint64_t n) {  // a sampler join deadline
+        auto& st = self->state;
+        if (n != st.sampler_waits || st.finished || st.pool.alive() > 0) return;
+        if (st.pool.waiting() == 0 && !st.sample_all_waits) return;
+        finish(self, args,
+               fmt::format("no sampler joined within {:g} s ([cluster] join_wait_s); {} samples were not sampled",
+                           args.join_wait_s, st.experiment->outstanding()));
       },
       [=](register_atom, caf::actor ev, const std::string& id) {  // from the gate: a remote evaluator
         self->monitor(ev);

@@ -11,11 +11,15 @@
 // cluster first waits join_wait_s for one to join).
 // Several samplers: each plan's groups are spread over them by load (SamplerPool); a sampler that
 // goes away has its unfinished groups planned again on the others (a sample stored twice is
-// dropped); with none left the run ends with an error. The learner publishes to all of them.
+// dropped); with none left the run ends with an error, or in a cluster waits join_wait_s for one.
+// A sampler that joins from another node ((register_atom, sampler_atom, actor, id), through the
+// gate) is first brought to the current policy version by the learner, then takes its share and
+// any groups that waited. The learner publishes to all of them.
 // (eval and best_of_n sample every task once on the first live sampler; its loss ends the run.)
 // Messages in:  (plan_atom, vector<actor> samplers, vector<actor> evaluators) -> std::string summary JSON;
 //               (record_atom, ScoredRollout); (record_atom, Telemetry) (kept in the store);
-//               (register_atom, actor, id) (a remote evaluator joined); (stats_atom) -> Telemetry;
+//               (register_atom, actor, id) (a remote evaluator joined); (register_atom,
+//               sampler_atom, actor, id) (a remote sampler joined); (stats_atom) -> Telemetry;
 //               down messages of the samplers and evaluators it watches
 #pragma once
 

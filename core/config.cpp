@@ -9,6 +9,7 @@
 #include <toml++/toml.h>
 
 #include <cctype>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -318,6 +319,8 @@ class TableReader {
   std::set<std::string> seen_;
 };
 
+bool is_device(const std::string& d);
+
 const char* const all_roles[] = {"supervisor", "learner", "sampler", "evaluator", "monitor"};
 
 // [[node]]: each machine of the cluster and its roles (one node with every role when none is given).
@@ -346,6 +349,20 @@ toml::array read_nodes(const toml::table& root, Config& c, const std::string& fi
       } else {
         r.int_array("gpus", nc.gpus, 0, 1023);
       }
+      r.str_array("sampler_devices", nc.sampler_devices);
+      r.str_array("sampler_urls", nc.sampler_urls);
+      for (auto& d : nc.sampler_devices)
+        if (!is_device(d))
+          r.error_here("sampler_devices",
+                       "expected \"cpu\", \"cuda\" or \"cuda:N\" for each sampler, got \"" + d + "\"");
+      for (auto& u : nc.sampler_urls)
+        if (u.rfind("http://", 0) != 0 && u.rfind("https://", 0) != 0)
+          r.error_here("sampler_urls",
+                       "expected \"http://HOST:PORT[/PATH]\" or \"https://HOST[:PORT][/PATH]\", got \"" + u + "\"");
+      const bool sampler_role = std::find(nc.roles.begin(), nc.roles.end(), "sampler") != nc.roles.end();
+      if (!sampler_role && (!nc.sampler_devices.empty() || !nc.sampler_urls.empty()))
+        r.error_here(nc.sampler_devices.empty() ? "sampler_urls" : "sampler_devices",
+                     "only a node with the sampler role runs samplers (add \"sampler\" to its roles)");
       r.finish();
       if (!nc.name.empty() && !names.insert(nc.name).second)
         r.error_at(*t->get("name"), "name", "duplicate node name \"" + nc.name + "\"");
@@ -792,6 +809,25 @@ ConfigResult read_config(const toml::table& root, const std::string& path) {
     for (auto& r : n.roles) roles.insert(r);
   for (auto* need : {"supervisor", "sampler", "evaluator"}) {
     if (!roles.count(need)) errs.push_back({file, 1, 1, "node", std::string("no node has the role \"") + need + "\""});
+  }
+  bool cluster = false;
+  for (auto& n : c.nodes) cluster = cluster || n.port != 0;
+  for (size_t i = 0; i < c.nodes.size(); ++i) {  // a node's samplers are of the run's backend
+    const auto& n = c.nodes[i];
+    const std::string at = "node[" + std::to_string(i) + "]";
+    const bool head = std::find(n.roles.begin(), n.roles.end(), "supervisor") != n.roles.end();
+    const bool samples = std::find(n.roles.begin(), n.roles.end(), "sampler") != n.roles.end();
+    if (cluster && c.sampler.backend == "replay" && head != samples)
+      errs.push_back({file, 1, 1, at + ".roles",
+                      head ? "the replay sampler runs on the head: give this node (the supervisor's) the sampler role"
+                           : "the replay sampler runs on the head only (its records are the run's actions): take the "
+                             "sampler role off this node"});
+    if (!n.sampler_devices.empty() && c.sampler.backend != "libtorch")
+      errs.push_back({file, 1, 1, at + ".sampler_devices",
+                      "only the libtorch backend takes devices (this is the " + c.sampler.backend + " backend)"});
+    if (!n.sampler_urls.empty() && c.sampler.backend != "openai")
+      errs.push_back({file, 1, 1, at + ".sampler_urls",
+                      "only the openai backend takes server urls (this is the " + c.sampler.backend + " backend)"});
   }
 
   if (!errs.empty()) return errs;

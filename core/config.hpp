@@ -40,6 +40,9 @@ struct NodeConfig {
   bool gpus_auto = false;          // gpus = "auto": every GPU this node's process sees, one
                                    // evaluator each; the cpu_slots CPU evaluators only when it sees
                                    // none (resolved when the node starts: resolve_auto_devices)
+  // The sampler role: one sampler per entry, the libtorch backend's devices or the openai
+  // backend's servers as this machine reaches them; empty: [sampler] devices / urls (or url).
+  std::vector<std::string> sampler_devices, sampler_urls;
 };
 
 struct TasksConfig {

@@ -1,10 +1,13 @@
 // `launch CONFIG --node NAME`: one node of a cluster. It proves the cluster secret to the head's
-// gate, runs its evaluators there for the head's dispatcher, and stops when the head is gone.
+// gate, runs its evaluators for the head's dispatcher and its samplers for the head's supervisor
+// and learner, and stops when the head is gone.
 #include "launch/cluster.hpp"
 #include "launch/commands.hpp"
+#include "launch/samplers.hpp"
 #include "launch/setup.hpp"
 
 #include "actors/gate.hpp"
+#include "actors/sampler.hpp"
 #include "core/auth.hpp"
 #include "core/log.hpp"
 #include "core/machine.hpp"
@@ -192,7 +195,7 @@ std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::strin
 
 namespace {
 
-// Runs `node`'s evaluators for the head until the head is gone.
+// Runs `node`'s evaluators and samplers for the head until the head is gone.
 int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how) {
   auto lg = log::get("node");
   const std::string& name = node.name;
@@ -205,6 +208,30 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
   std::string host;
   uint16_t port = 0;
   head_address(cfg, host, port);
+  const std::string log_dir = (fs::path(cfg.experiment.run_root) / ("node-" + sanitize_id(name))).string();
+  fs::create_directories(log_dir);
+
+  // The sampler role: each task's prompt as the head renders it, and the models, loaded before
+  // joining (a model that does not load is a clear error here, not a dead sampler later).
+  SamplerArgs sampling;
+  std::vector<std::shared_ptr<SamplerBackend>> backends;
+  if (has_role(node, "sampler")) {
+    TaskSet tasks, eval_tasks;
+    std::vector<RenderedPrompt> rendered;
+    if (!load_experiment_tasks(cfg, tasks, eval_tasks, err) ||
+        !render_task_prompts(cfg, tasks, eval_tasks, rendered, err)) {
+      std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), err.c_str());
+      return 2;
+    }
+    sampling = sampler_settings(cfg);
+    for (auto& p : rendered) sampling.prompts.push_back({p.task_id, p.prompt});
+    try {
+      backends = make_backends(cfg, log_dir, node, false);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), e.what());
+      return 2;
+    }
+  }
 
   caf::actor_system_config sys_cfg;
   add_message_types(sys_cfg);
@@ -227,16 +254,26 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
               unsigned(port));
   std::fflush(stdout);
 
-  std::string log_dir = (fs::path(cfg.experiment.run_root) / ("node-" + sanitize_id(name))).string();
-  fs::create_directories(log_dir);
-  std::vector<caf::actor> evaluators;
-  for (auto& ea : node_evaluators(cfg, node, log_dir)) evaluators.push_back(spawn_evaluator(sys, ea, gate));
-  lg->info("node {}: {} evaluator(s) started; worker logs in {}", name, evaluators.size(), log_dir);
+  std::vector<caf::actor> actors;  // evaluators, then samplers
+  for (auto& ea : node_evaluators(cfg, node, log_dir)) actors.push_back(spawn_evaluator(sys, ea, gate));
+  const size_t evaluators = actors.size();
+  if (!backends.empty()) {
+    for (size_t i = 0; i < backends.size(); ++i) {
+      SamplerArgs one = sampling;
+      one.backend = backends[i];
+      one.id = sampler_name(node, false, i);
+      auto s = spawn_sampler(sys, std::move(one), gate);  // its rollouts go through the gate
+      self->send(gate, register_atom::value, sampler_atom::value, s, sampler_name(node, false, i));
+      actors.push_back(s);
+    }
+  }
+  lg->info("node {}: {} evaluator(s) and {} sampler(s) started; logs in {}", name, evaluators,
+           actors.size() - evaluators, log_dir);
 
   // Run until the head is gone (the run ended, or the link went silent past peer_timeout_s).
   self->monitor(gate);
-  for (auto& e : evaluators) self->monitor(e);
-  size_t alive = evaluators.size();
+  for (auto& a : actors) self->monitor(a);
+  size_t alive = actors.size();
   int rc = 0;
   bool head_gone = false;
   while (!head_gone && alive > 0) {
@@ -250,10 +287,10 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
     });
   }
   if (alive == 0 && !head_gone) {
-    lg->error("node {}: every evaluator stopped (see the errors above)", name);
+    lg->error("node {}: every evaluator and sampler stopped (see the errors above)", name);
     rc = 1;
   }
-  for (auto& e : evaluators) self->send_exit(e, caf::exit_reason::user_shutdown);
+  for (auto& a : actors) self->send_exit(a, caf::exit_reason::user_shutdown);
   return rc;
 }
 
@@ -280,10 +317,10 @@ int run_node(const Config& cfg, const std::string& name) {
     return 2;
   }
   for (auto& r : node->roles) {
-    if (r != "evaluator") {
+    if (r != "evaluator" && r != "sampler") {
       std::fprintf(stderr,
                    "launch: --node %s: role \"%s\" runs on the head only in this version; "
-                   "a node of its own runs evaluators\n",
+                   "a node of its own runs evaluators and samplers\n",
                    name.c_str(), r.c_str());
       return 2;
     }

@@ -20,6 +20,7 @@
 #include "launch/cli.hpp"
 #include "launch/cluster.hpp"
 #include "launch/commands.hpp"
+#include "launch/samplers.hpp"
 #include "launch/setup.hpp"
 #include "learner/lora_learner.hpp"
 #include "policy/sampler_backend.hpp"
@@ -292,62 +293,6 @@ void log_start(const Config& cfg, const RunInputs& in, const std::string& run_id
              in.tasks.size(), std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
 }
 
-// One model backend: libtorch on `device`, or openai at `url`, writing its adapters under
-// `adapter_sub` of the adapter folder (one each when there are several).
-std::shared_ptr<SamplerBackend> make_backend(const Config& cfg, const std::string& run_dir, const std::string& device,
-                                             const std::string& url, const std::string& adapter_sub) {
-  if (cfg.sampler.backend == "libtorch") {
-    PolicyOptions po;
-    po.model_dir = cfg.policy.model;
-    po.adapter_dir = cfg.policy.adapter;
-    po.device = device;
-    po.dtype = cfg.policy.dtype;
-    if (traits(cfg.experiment.mode).learns && po.adapter_dir.empty()) {  // somewhere for the learner's weights to go
-      po.lora_rank = cfg.learner.lora_rank;
-      po.lora_alpha = cfg.learner.lora_alpha;
-      po.lora_targets = cfg.learner.lora_targets;
-      po.seed = cfg.experiment.seed;
-    }
-    return make_libtorch_backend(po);
-  }
-  if (cfg.sampler.backend == "openai") {
-    OpenAIOptions oo;
-    oo.url = url;
-    oo.model = cfg.sampler.served_model;
-    oo.timeout_s = cfg.sampler.timeout_s;
-    oo.max_retries = cfg.sampler.max_retries;
-    if (const char* k = std::getenv(cfg.sampler.api_key_env.c_str())) oo.api_key = k;
-    oo.adapter_root =
-        cfg.sampler.adapter_dir.empty() ? (fs::path(run_dir) / "adapters").string() : cfg.sampler.adapter_dir;
-    if (!adapter_sub.empty()) oo.adapter_root = (fs::path(oo.adapter_root) / adapter_sub).string();
-    oo.lora_alpha = cfg.learner.lora_alpha;
-    return make_openai_backend(oo);
-  }
-  return nullptr;
-}
-
-// The samplers' model backends: one for replay (none: the records are the actions), one per
-// [sampler] devices entry (libtorch) or urls entry (openai), else one; throws when a model does
-// not load.
-std::vector<std::shared_ptr<SamplerBackend>> make_backends(const Config& cfg, const std::string& run_dir) {
-  std::vector<std::shared_ptr<SamplerBackend>> out;
-  if (cfg.sampler.backend == "libtorch") {
-    const std::vector<std::string> devices =
-        cfg.sampler.devices.empty() ? std::vector<std::string>{cfg.policy.device} : cfg.sampler.devices;
-    for (auto& d : devices) out.push_back(make_backend(cfg, run_dir, d, "", ""));
-  } else if (cfg.sampler.backend == "openai") {
-    if (cfg.sampler.urls.empty()) {
-      out.push_back(make_backend(cfg, run_dir, "", cfg.sampler.url, ""));
-    } else {  // each its own adapter folder: every backend writes each version's files
-      for (size_t i = 0; i < cfg.sampler.urls.size(); ++i)
-        out.push_back(make_backend(cfg, run_dir, "", cfg.sampler.urls[i], "sampler-" + std::to_string(i)));
-    }
-  } else {
-    out.push_back(nullptr);
-  }
-  return out;
-}
-
 // A learning run's model and adapter (a resumed run: its latest checkpoint's, optimizer
 // included); throws when they do not load.
 std::shared_ptr<LoraLearner> make_engine(const Config& cfg, const std::string& run_dir, bool resume) {
@@ -485,22 +430,13 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   da.max_queue = cfg.sampler.max_pending;
   run.dispatcher = spawn_dispatcher(sys, da, run.reward);
   for (auto& ea : eval_args) run.evaluators.push_back(spawn_evaluator(sys, ea, run.dispatcher));
-  SamplerArgs sma;
+  SamplerArgs sma = sampler_settings(cfg);
   sma.records = std::move(in.records);
-  sma.samples_per_task = cfg.sampler.samples_per_task;
   sma.prompts = std::move(in.prompts);
-  sma.params.temperature = cfg.sampler.temperature;
-  sma.params.top_p = cfg.sampler.top_p;
-  sma.params.max_tokens = cfg.sampler.max_tokens;
-  sma.params.stop = cfg.sampler.stop;
-  sma.params.seed = cfg.sampler.seed;
-  sma.batch_prompts = cfg.sampler.batch_prompts;
-  sma.evaluate_top_m = cfg.experiment.evaluate_top_m;
-  sma.max_failures = cfg.sampler.max_failures;
   for (size_t i = 0; i < backends.size(); ++i) {
     SamplerArgs one = sma;
     one.backend = backends[i];
-    one.id = "sampler-" + std::to_string(i);
+    one.id = sampler_name(head_node(cfg), true, i);
     run.samplers.push_back(spawn_sampler(sys, std::move(one), run.dispatcher));
   }
   if (backends.size() > 1)
@@ -618,7 +554,11 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   std::vector<std::shared_ptr<SamplerBackend>> backends;
   std::shared_ptr<LoraLearner> engine;
   try {
-    backends = make_backends(*cfg, *run_dir);
+    // In a cluster the head runs samplers only with the sampler role; the others join from nodes.
+    if (!is_cluster(*cfg) || has_role(head_node(*cfg), "sampler"))
+      backends = make_backends(*cfg, *run_dir, head_node(*cfg), true);
+    else
+      lg->info("the head runs no sampler: the samplers of the nodes with the sampler role join it");
     if (traits(cfg->experiment.mode).learns) engine = make_engine(*cfg, *run_dir, resume);
   } catch (const std::exception& e) {
     lg->error("{}", e.what());

@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 12;
+inline constexpr uint32_t protocol_version = 13;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -326,6 +326,10 @@ using join_atom = caf::atom_constant<caf::atom("join")>;
 // peer -> gate, before joining: (hello_atom) -> [cluster name, protocol version]. Its shape never
 // changes either; nothing in it is secret.
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
+// A sampler on another node: (register_atom, sampler_atom, actor, id): it is running (node -> gate
+// -> supervisor, which has the learner bring it to the current policy version before it plans
+// work for it); its rollouts go through the gate to the dispatcher.
+using sampler_atom = caf::atom_constant<caf::atom("sampler")>;
 
 // The text of an error for people: the message a peer or an actor put in it (e.g. the gate's
 // "refused by the head: ..."), else CAF's rendering of it.

@@ -447,3 +447,35 @@ TEST_CASE("several samplers: urls for the openai backend, devices for libtorch, 
   CHECK(e[0] ==
         s.cfg() + ":7:11: sampler.devices: expected \"cpu\", \"cuda\" or \"cuda:N\" for each sampler, got \"gpu1\"");
 }
+
+TEST_CASE("a sampler node's own devices or servers are checked, and the replay sampler stays on the head", "[config]") {
+  Scratch s;
+  const std::string tasks = "[tasks]\ndir = \"tasks\"\n";
+  const std::string head =
+      "[[node]]\nname = \"head\"\nport = 47000\nroles = [\"supervisor\", \"learner\", \"evaluator\"]\ncpu_slots = 1\n";
+  fs::create_directories(s.dir / "model");
+  const std::string libtorch = "[policy]\nmodel = \"model\"\n[sampler]\nbackend = \"libtorch\"\n";
+  auto r = parse_config(tasks + libtorch + head +
+                            "[[node]]\nname = \"gen\"\nroles = [\"sampler\"]\nsampler_devices = [\"cuda:0\", "
+                            "\"cuda:1\"]\n",
+                        s.cfg());
+  REQUIRE(std::holds_alternative<Config>(r));
+  CHECK(std::get<Config>(r).nodes[1].sampler_devices == std::vector<std::string>{"cuda:0", "cuda:1"});
+  auto e = errors_of(tasks + libtorch + head +
+                         "[[node]]\nname = \"gen\"\nroles = [\"sampler\"]\nsampler_devices = [\"gpu0\"]\n"
+                         "[[node]]\nname = \"ev\"\nroles = [\"evaluator\"]\ncpu_slots = 1\nsampler_devices = "
+                         "[\"cpu\"]\n"
+                         "[[node]]\nname = \"web\"\nroles = [\"sampler\"]\nsampler_urls = [\"http://a:8000\"]\n",
+                     s.cfg());
+  REQUIRE(e.size() == 3);
+  CHECK(e[0].find("node[1].sampler_devices: expected \"cpu\", \"cuda\" or \"cuda:N\" for each sampler, got \"gpu0\"") !=
+        std::string::npos);
+  CHECK(e[1].find("node[2].sampler_devices: only a node with the sampler role runs samplers") != std::string::npos);
+  CHECK(e[2].find("node[3].sampler_urls: only the openai backend takes server urls (this is the libtorch backend)") !=
+        std::string::npos);
+  // Replay: its records are the run's actions, read on the head.
+  e = errors_of(base + head + "[[node]]\nname = \"gen\"\nroles = [\"sampler\"]\n", s.cfg());
+  REQUIRE(e.size() == 2);
+  CHECK(e[0].find("node[0].roles: the replay sampler runs on the head: give this node") != std::string::npos);
+  CHECK(e[1].find("node[1].roles: the replay sampler runs on the head only") != std::string::npos);
+}

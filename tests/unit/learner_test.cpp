@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <thread>
 
 namespace fs = std::filesystem;
 using namespace kernelrl;
@@ -181,6 +182,57 @@ TEST_CASE("the learner learns each group as it completes and publishes one versi
   self->send_exit(sampler, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a sampler that joins gets the current version first, then every later one", "[learner]") {
+  System s;
+  TempDir tmp;
+  auto engine = std::make_shared<ScriptedEngine>();
+  auto learner = scripted_learner(s, tmp, engine, 5);
+  auto first = s.sys->spawn(fake_sampler, std::string("ok"));
+  caf::scoped_actor self{*s.sys};
+  self->request(learner, std::chrono::seconds(5), sync_atom::value, std::vector<caf::actor>{first})
+      .receive([](uint64_t v) { CHECK(v == 0); }, [](caf::error&) { FAIL("sync failed"); });
+  auto h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{0}, uint64_t{1});
+  self->send(learner, train_atom::value, sample(0, 0, 0, "a", 0, 1.0));
+  self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0));
+  h.receive([](StepUpdate& u) { CHECK(u.policy_version == 1); }, [](caf::error&) { FAIL("step failed"); });
+  // A sampler joins at version 1: it is sent version 1 alone, answered once it acknowledged.
+  auto late = s.sys->spawn(fake_sampler, std::string("ok"));
+  self->request(learner, std::chrono::seconds(5), sync_atom::value, late, std::string("sampler-gen-0"))
+      .receive([](uint64_t v) { CHECK(v == 1); }, [](caf::error&) { FAIL("join failed"); });
+  CHECK(versions_of(self, late) == std::vector<uint64_t>{1});
+  CHECK(versions_of(self, first) == std::vector<uint64_t>{0, 1});
+  // A joiner that refuses the weights is an error for its join only.
+  auto refusing = s.sys->spawn(fake_sampler, std::string("refuse"));
+  self->request(learner, std::chrono::seconds(5), sync_atom::value, refusing, std::string("sampler-bad-0"))
+      .receive([](uint64_t) { FAIL("a refused version was taken as published"); },
+               [&](caf::error& e) {
+                 CHECK(error_text(*s.sys, e).find("sampler-bad-0 did not take policy version 1") != std::string::npos);
+               });
+  // (it stays alive: were it still served, it would refuse the next version and fail the step)
+  // A sampler that never answers dies while the next version waits for it: dropped, the step
+  // completes with the others (the learner watches its samplers).
+  auto mute = s.sys->spawn(fake_sampler, std::string("mute"));
+  self->request(learner, std::chrono::milliseconds(300), sync_atom::value, mute, std::string("sampler-mute-0"))
+      .receive([](uint64_t) { FAIL("a mute sampler acknowledged"); }, [](caf::error&) {});
+  h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{1}, uint64_t{1});
+  self->send(learner, train_atom::value, sample(1, 1, 0, "b", 1, 1.0));
+  self->send(learner, train_atom::value, sample(1, 1, 1, "b", 1, 0.0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  self->send_exit(mute, caf::exit_reason::kill);
+  h.receive(
+      [](StepUpdate& u) {
+        CHECK(u.error.empty());
+        CHECK(u.policy_version == 2);
+      },
+      [](caf::error&) { FAIL("step 1 failed"); });
+  CHECK(versions_of(self, late) == std::vector<uint64_t>{1, 2});
+  CHECK(versions_of(self, first) == std::vector<uint64_t>{0, 1, 2});
+  self->send_exit(learner, caf::exit_reason::user_shutdown);
+  self->send_exit(first, caf::exit_reason::user_shutdown);
+  self->send_exit(late, caf::exit_reason::user_shutdown);
+  self->send_exit(refusing, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("a weight sync that is not acknowledged stops the step with an error", "[learner]") {
   for (std::string behaviour : {"mute", "refuse"}) {
     System s;
@@ -193,7 +245,7 @@ TEST_CASE("a weight sync that is not acknowledged stops the step with an error",
     self->request(learner, std::chrono::seconds(5), sync_atom::value, std::vector<caf::actor>{good, bad})
         .receive([](uint64_t) {}, [&](caf::error& e) { err = error_text(*s.sys, e); });
     INFO(behaviour << ": " << err);
-    CHECK(err.find("sampler 1 did not take policy version 0") != std::string::npos);
+    CHECK(err.find("sampler-1 did not take policy version 0") != std::string::npos);
     if (behaviour == "mute")
       CHECK(err.find("no acknowledgement within 0.3 s") != std::string::npos);
     else
@@ -390,6 +442,59 @@ TEST_CASE("an eval run whose sampler of every task goes away ends with an error,
                [](caf::error&) { FAIL("no summary: the run hung"); });
   INFO(j.dump());
   CHECK(j["ok"] == false);
-  CHECK(j["error"].get<std::string>().find("sampler 0, which was sampling every task, is gone") != std::string::npos);
+  CHECK(j["error"].get<std::string>().find("sampler-0, which was sampling every task, is gone") != std::string::npos);
   for (auto& a : {sup, other, evaluator}) self->send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a cluster run with no sampler of its own waits for one to join, or ends when none does", "[learner]") {
+  System s;
+  TempDir tmp;
+  SupervisorArgs sa;
+  sa.experiment.run_id = "r";
+  sa.experiment.run_dir = tmp.path.string();
+  sa.store_path = (tmp.path / "store.sqlite").string();
+  sa.experiment.mode = *parse_mode("eval");
+  sa.experiment.task_ids = {"t1", "t2"};
+  sa.join_wait_s = 0.5;
+  auto idle = [](caf::event_based_actor*) -> caf::behavior { return {[](stats_atom) { return uint64_t(0); }}; };
+  caf::scoped_actor self{*s.sys};
+  SECTION("nobody joins") {
+    auto sup = spawn_supervisor(*s.sys, sa);
+    auto evaluator = s.sys->spawn(idle);
+    nlohmann::json j;
+    self->request(sup, std::chrono::seconds(20), plan_atom::value, std::vector<caf::actor>{},
+                  std::vector<caf::actor>{evaluator})
+        .receive([&](std::string& summary) { j = nlohmann::json::parse(summary); },
+                 [](caf::error&) { FAIL("no summary: the run hung"); });
+    INFO(j.dump());
+    CHECK(j["ok"] == false);
+    CHECK(j["error"].get<std::string>().find("no sampler joined within 0.5 s") != std::string::npos);
+    for (auto& a : {sup, evaluator}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  SECTION("a sampler joins (through the gate) and samples every task") {
+    sa.join_wait_s = 30;
+    auto sup = spawn_supervisor(*s.sys, sa);
+    auto evaluator = s.sys->spawn(idle);
+    // It answers the plan and stores both tasks' samples, as the dispatcher and reward would.
+    auto joiner = s.sys->spawn([sup](caf::event_based_actor* self) -> caf::behavior {
+      return {
+          [=](plan_atom, uint32_t) -> uint64_t {
+            self->send(sup, record_atom::value, sample(0, 0, 0, "t1", 0, 1.0));
+            self->send(sup, record_atom::value, sample(0, 1, 0, "t2", 0, 0.0));
+            return 2;
+          },
+      };
+    });
+    auto h = self->request(sup, std::chrono::seconds(20), plan_atom::value, std::vector<caf::actor>{},
+                           std::vector<caf::actor>{evaluator});
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    self->send(sup, register_atom::value, sampler_atom::value, joiner, std::string("sampler-gen-0"));
+    nlohmann::json j;
+    h.receive([&](std::string& summary) { j = nlohmann::json::parse(summary); },
+              [](caf::error&) { FAIL("no summary: the run hung"); });
+    INFO(j.dump());
+    CHECK(j["ok"] == true);
+    CHECK(j["samples"] == 2);
+    for (auto& a : {sup, evaluator, joiner}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
 }

@@ -96,10 +96,43 @@ TEST_CASE("a lost sampler's unfinished groups are planned again from their first
   CHECK(pool.groups_open() == 3);
   pool.arrived(t0, g0, 2);
   CHECK(pool.groups_open() == 2);  // the live sampler's own two groups
-  // Losing the last sampler plans nothing and says so.
+  // Losing the last sampler plans nothing and says so; its groups and new plans wait.
   CHECK(pool.lost(live).empty());
   CHECK(pool.alive() == 0);
+  CHECK(pool.waiting() == 2);
   CHECK(pool.assign(plan_of(4, {"a"}, 1, 50)).empty());
+  CHECK(pool.waiting() == 3);
+  CHECK(pool.adopt().empty());  // still nobody
+}
+
+TEST_CASE("a sampler that joins takes the groups that were waiting, and then its share") {
+  SamplerPool pool(0);  // a run whose samplers all live on other nodes
+  auto none = pool.assign(plan_of(0, {"a", "b"}, 2, 0));
+  CHECK(none.empty());
+  CHECK(pool.waiting() == 2);
+  pool.arrived("a", 0, 1);  // (a sample of a waiting group: counted, nobody's load)
+  const size_t j = pool.add();
+  CHECK(j == 0);
+  CHECK(pool.alive() == 1);
+  auto got = pool.adopt();
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].first == j);
+  CHECK(ids_of(got) == std::multiset<std::string>{make_sample_id("a", 0, 0), make_sample_id("a", 0, 1),
+                                                  make_sample_id("b", 1, 0), make_sample_id("b", 1, 1)});
+  CHECK(pool.waiting() == 0);
+  CHECK(pool.load(j) == 3);     // the three samples not yet stored
+  CHECK(pool.adopt().empty());  // nothing waits any more
+  // A second sampler joins: the next step's groups go to it first (it has no load).
+  const size_t k = pool.add();
+  auto next = pool.assign(plan_of(1, {"c"}, 2, 10));
+  REQUIRE(next.size() == 1);
+  CHECK(next[0].first == k);
+  // The first one goes: its groups move to the newcomer, from their first missing sample.
+  auto moved = pool.lost(j);
+  REQUIRE(moved.size() == 1);
+  CHECK(moved[0].first == k);
+  CHECK(ids_of(moved) == std::multiset<std::string>{make_sample_id("a", 0, 0), make_sample_id("a", 0, 1),
+                                                    make_sample_id("b", 1, 0), make_sample_id("b", 1, 1)});
 }
 
 TEST_CASE("every sample of a step is asked for exactly once across the samplers") {
