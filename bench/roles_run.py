@@ -31,9 +31,8 @@ def free_port():
 
 def config(d, a, spread):
     """The run's config: with spread, three [[node]]s on loopback; else one node with every role."""
-    gpu = a.device.startswith("cuda")
-    dev_id = a.device.split(":")[1] if ":" in a.device else "0"
-    evaluator = (f'gpus = [{dev_id}]' if gpu else "cpu_slots = 1")
+    evaluator = 'gpus = "auto"' if a.device.startswith("cuda") else "cpu_slots = 1"
+
     if spread:
         nodes = f"""
 [[node]]
@@ -168,6 +167,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--json")
     ap.add_argument("--keep", action="store_true", help="keep the runs' folder (printed)")
+    ap.add_argument("--logs", help="copy every process's log here")
     a = ap.parse_args()
     if not a.model:
         sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -197,6 +197,15 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
+    if a.logs:
+        import shutil
+        os.makedirs(a.logs, exist_ok=True)
+        for name in os.listdir(d):
+            if name.endswith(".log"):
+                shutil.copy(os.path.join(d, name), os.path.join(a.logs, "roles-" + name))
+        for run in ("single-run", "spread-run"):
+            if os.path.exists(os.path.join(d, run, "store.sqlite")):
+                shutil.copy(os.path.join(d, run, "store.sqlite"), os.path.join(a.logs, "roles-%s.sqlite" % run))
     ok = all(out[k]["ok"] and out[k]["rc"] == 0 and out[k]["samples"] == out[k]["distinct"] == a.steps * a.batch *
              a.group for k in ("single", "spread"))
     if not a.keep and ok:

@@ -325,6 +325,7 @@ int run_node(const Config& cfg, const std::string& name) {
       return 2;
     }
   }
+  if (!check_listed_gpus(cfg, *node)) return 2;
   return serve_node(cfg, *node, "--node " + name);
 }
 
@@ -352,6 +353,7 @@ int run_join(const Config& cfg, const JoinOptions& o) {
     std::fprintf(stderr, "launch: --join: say what this machine evaluates on: --gpus 0,1 or --cpu-slots N\n");
     return 2;
   }
+  if (!check_listed_gpus(cfg, node)) return 2;
   return serve_node(cfg, node, "--join (as " + node.name + ")");
 }
 

@@ -530,6 +530,8 @@ int run_to_end(caf::actor_system& sys, RunActors& run, const std::string& run_di
 int cmd_run(const std::string& config_path, const std::string& run_dir_arg, const std::string& log_level, bool resume) {
   auto cfg = load_with_level(config_path, log_level);
   if (!cfg) return 2;
+  for (auto& n : cfg->nodes)  // this process's evaluators: the head's, or every node's in one process
+    if ((!is_cluster(*cfg) || &n == &head_node(*cfg)) && !check_listed_gpus(*cfg, n)) return 2;
   auto lg = log::get("launch");
   std::string secret;
   if (is_cluster(*cfg)) {

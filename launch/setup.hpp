@@ -19,6 +19,9 @@ std::optional<Config> load_or_report(const std::string& path);
 // Loads CONFIG, sets the log level (the command line's, else [cluster] log_level) and resolves
 // its "auto" devices for this process; nullopt after printing why not.
 std::optional<Config> load_with_level(const std::string& config_path, const std::string& log_level);
+// Whether every GPU `node` lists for its evaluators exists on this machine (else says which does
+// not, on stderr); true when the node lists none.
+bool check_listed_gpus(const Config& cfg, const NodeConfig& node);
 
 // The config's tasks, and the held-out tasks of its periodic evaluation (none without one).
 bool load_experiment_tasks(const Config& cfg, TaskSet& tasks, TaskSet& eval_tasks, std::string& err);

@@ -315,6 +315,20 @@ class MemoryLimitTest(unittest.TestCase):
             self.assertEqual(out.returncode, 2)
             self.assertIn('evaluator.memory_limit_mb: expected an integer or "auto", got "lots"', out.stderr)
 
+    def test_a_listed_gpu_this_machine_lacks_is_refused_before_anything_starts(self):
+        import torch
+        have = torch.cuda.device_count()
+        with tempfile.TemporaryDirectory() as d:
+            cfg = write_config(d, REPLAY)
+            with open(cfg) as f:
+                text = f.read()
+            with open(cfg, "w") as f:
+                f.write(text.replace("cpu_slots = 2", "gpus = [%d]" % have))
+            out = run(cfg, "--run-dir", os.path.join(d, "run"))
+            self.assertEqual(out.returncode, 2, out.stderr)
+            self.assertIn("node test: gpus lists device %d, but this machine has %d GPU(s)" % (have, have), out.stderr)
+            self.assertFalse(os.path.exists(os.path.join(d, "run")))
+
 
 class TempFilesTest(unittest.TestCase):
     """A run keeps its temporary files (workers' sockets, locks, candidates' folders) in one folder
