@@ -42,6 +42,7 @@ struct monitor_state {
   std::map<std::string, double> merged;                           // "source.key" -> value
   std::map<std::string, std::map<std::string, double>> samplers;  // each sampler's last gauges
   std::vector<caf::actor> sources;                                // asked every tick
+  std::map<caf::actor_addr, std::string> names;                   // a source's telemetry name
   std::unique_ptr<std::ofstream> metrics;
   bool tty = false;
   double last_plain = 0;
@@ -81,16 +82,9 @@ void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bo
   if (recorder) self->send(recorder, record_atom::value, std::move(snap));
 }
 
-// A source's gauges into the snapshot, as "source.key". Samplers report as "sampler-N": their
-// gauges are summed as "sampler.key" (rollouts, tokens, tokens/s, queues), and with more than one
-// kept per sampler too.
-void merge(self_ptr self, const Telemetry& t) {
+// The samplers' gauges summed as "sampler.key", and with more than one kept per sampler too.
+void sum_samplers(self_ptr self) {
   auto& st = self->state;
-  if (t.source.rfind("sampler-", 0) != 0) {
-    for (auto& [k, v] : t.values) st.merged[t.source + "." + k] = v;
-    return;
-  }
-  st.samplers[t.source] = t.values;
   std::map<std::string, double> sum;
   for (auto& [src, values] : st.samplers)
     for (auto& [k, v] : values) {
@@ -100,16 +94,52 @@ void merge(self_ptr self, const Telemetry& t) {
   for (auto& [k, v] : sum) st.merged["sampler." + k] = v;
 }
 
+// A source's gauges into the snapshot, as "source.key". Samplers report as "sampler-...": their
+// gauges are summed as "sampler.key" (rollouts, tokens, tokens/s, queues).
+void merge(self_ptr self, const Telemetry& t) {
+  auto& st = self->state;
+  if (t.source.rfind("sampler-", 0) != 0) {
+    for (auto& [k, v] : t.values) st.merged[t.source + "." + k] = v;
+    return;
+  }
+  st.samplers[t.source] = t.values;
+  sum_samplers(self);
+}
+
+// A source is gone: it is no longer asked; a sampler keeps its counts in the sums, but its rate
+// and queues no longer count.
+void source_gone(self_ptr self, const caf::actor_addr& a) {
+  auto& st = self->state;
+  st.sources.erase(std::remove_if(st.sources.begin(), st.sources.end(), [&](auto& s) { return s.address() == a; }),
+                   st.sources.end());
+  auto it = st.names.find(a);
+  if (it == st.names.end()) return;
+  auto s = st.samplers.find(it->second);
+  if (s != st.samplers.end()) {
+    for (const char* k : {"tokens_per_s", "waiting", "to_generate"})
+      if (s->second.count(k)) s->second[k] = 0;
+    sum_samplers(self);
+  }
+  st.names.erase(it);
+}
+
 void poll(self_ptr self, const std::vector<caf::actor>& sources) {
   auto timeout = std::chrono::seconds(2);
   for (auto& src : sources) {
     self->request(src, timeout, stats_atom::value)
-        .then([=](Telemetry& t) { merge(self, t); }, [](caf::error&) { /* busy or gone: skip this tick */ });
+        .then(
+            [=](Telemetry& t) {
+              self->state.names[src.address()] = t.source;
+              merge(self, t);
+            },
+            [](caf::error&) { /* busy or gone: skip this tick */ });
   }
 }
 
 caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::actor> sources0, caf::actor recorder) {
   self->state.sources = std::move(sources0);
+  for (auto& src : self->state.sources) self->monitor(src);
+  self->set_down_handler([=](caf::down_msg& dm) { source_gone(self, dm.source); });
   self->state.tty = isatty(STDERR_FILENO) == 1;
   if (!args.metrics_path.empty())
     self->state.metrics = std::make_unique<std::ofstream>(args.metrics_path, std::ios::app);
@@ -123,7 +153,9 @@ caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::ac
       },
       [=](register_atom, caf::actor src, const std::string&) {  // a sampler on another node (the gate)
         auto& v = self->state.sources;
-        if (std::find(v.begin(), v.end(), src) == v.end()) v.push_back(std::move(src));
+        if (std::find(v.begin(), v.end(), src) != v.end()) return;
+        self->monitor(src);
+        v.push_back(std::move(src));
       },
       [=](stats_atom) {
         Telemetry t;

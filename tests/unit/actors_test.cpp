@@ -1,12 +1,15 @@
 // The dispatcher and evaluators as actors (the learner's and selector's tests: learner_test.cpp).
 #include "actors/dispatcher.hpp"
 #include "actors/evaluator.hpp"
+#include "actors/monitor.hpp"
 #include "messages/messages.hpp"
 #include "actor_system.hpp"
 
 #include <caf/all.hpp>
 #include <catch2/catch.hpp>
 
+#include <functional>
+#include <map>
 #include <thread>
 
 using namespace kernelrl;
@@ -161,4 +164,55 @@ TEST_CASE("a full dispatcher queue holds its producers back until evaluators dra
   REQUIRE(wait_scored(self, scores, n, 10) == uint64_t(n));
   CHECK(answered() == uint64_t(n));
   for (auto& a : {ev, prod, dispatcher, scores}) self->send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+// The monitor sums its samplers' gauges; one that goes away keeps its counts in the sums but not
+// its rate or queues; a sampler registered later (from another node) is asked too.
+namespace {
+caf::behavior fake_sampler_gauges(caf::event_based_actor*, std::string name, double rollouts, double rate) {
+  return {[=](stats_atom) {
+    Telemetry t;
+    t.source = name;
+    t.values = {{"rollouts", rollouts}, {"tokens_per_s", rate}, {"waiting", 2.0}};
+    return t;
+  }};
+}
+
+std::map<std::string, double> snapshot(caf::scoped_actor& self, const caf::actor& monitor) {
+  std::map<std::string, double> out;
+  self->request(monitor, std::chrono::seconds(5), stats_atom::value)
+      .receive([&](Telemetry& t) { out = t.values; }, [](caf::error&) { FAIL("no snapshot"); });
+  return out;
+}
+
+bool eventually(const std::function<bool()>& cond) {
+  for (int i = 0; i < 100; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return cond();
+}
+}  // namespace
+
+TEST_CASE("the monitor sums samplers, forgets a gone one's rate, and asks a registered one", "[actors]") {
+  System s;
+  auto a = s.sys->spawn(fake_sampler_gauges, std::string("sampler-0"), 10.0, 100.0);
+  auto b = s.sys->spawn(fake_sampler_gauges, std::string("sampler-1"), 5.0, 50.0);
+  MonitorArgs ma;
+  ma.progress = false;
+  ma.interval_s = 0.05;
+  auto monitor = spawn_monitor(*s.sys, ma, {a, b}, caf::actor{});
+  caf::scoped_actor self{*s.sys};
+  CHECK(eventually([&] { return snapshot(self, monitor)["sampler.tokens_per_s"] == 150.0; }));
+  CHECK(snapshot(self, monitor)["sampler.rollouts"] == 15.0);
+  self->send_exit(b, caf::exit_reason::kill);
+  CHECK(eventually([&] { return snapshot(self, monitor)["sampler.tokens_per_s"] == 100.0; }));
+  auto m = snapshot(self, monitor);
+  CHECK(m["sampler.rollouts"] == 15.0);  // its rollouts happened
+  CHECK(m["sampler.waiting"] == 2.0);    // its queue is gone
+  auto c = s.sys->spawn(fake_sampler_gauges, std::string("sampler-gen-0"), 1.0, 7.0);
+  self->send(monitor, register_atom::value, c, std::string("sampler-gen-0"));
+  CHECK(eventually([&] { return snapshot(self, monitor)["sampler.tokens_per_s"] == 107.0; }));
+  CHECK(snapshot(self, monitor)["sampler-gen-0.rollouts"] == 1.0);
+  for (auto& x : {a, c, monitor}) self->send_exit(x, caf::exit_reason::user_shutdown);
 }
