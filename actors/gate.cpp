@@ -17,6 +17,7 @@ struct gate_state {
   std::map<caf::node_id, std::string> joined;       // peer -> node name
   std::map<caf::actor_addr, caf::node_id> joiners;  // the actor that joined, watched: its
                                                     // connection dropping ends the membership
+  std::map<caf::actor_addr, std::string> samplers;  // samplers registered by joined nodes
   uint64_t refused = 0;
   static inline const char* name = "gate";
 };
@@ -122,30 +123,42 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
       },
       // A joined node's samplers send their rollouts here: the gate passes each on to the
       // dispatcher (which takes rollouts from this process only) and relays its answer, so the
-      // dispatcher's backpressure reaches them.
+      // dispatcher's backpressure reaches them. Only registered samplers may.
       [=](Rollout& r) -> caf::result<bool> {
-        if (!trusted(self)) return refuse(self, "(not joined)", "rollouts are for peers that have joined");
+        auto sender = self->current_sender();
+        if (!sender || !self->state.samplers.count(sender->address()))
+          return refuse(self, "(not a registered sampler)", "rollouts come from registered samplers only");
         auto rp = self->make_response_promise<bool>();
         self->request(dispatcher, caf::infinite, std::move(r))
             .then([=](bool ok) mutable { rp.deliver(ok); }, [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
       [=](skip_atom, Rollout& r, std::string& why) {
-        if (!trusted(self)) {
+        auto sender = self->current_sender();
+        if (!sender || !self->state.samplers.count(sender->address())) {
           ++self->state.refused;
-          lg->warn("a skipped rollout from a peer that has not joined: dropped");
+          lg->warn("a skipped rollout from an actor that is not a registered sampler: dropped");
           return;
         }
         self->send(dispatcher, skip_atom::value, std::move(r), std::move(why));
       },
-      [=](register_atom, sampler_atom, caf::actor s, std::string id) {
-        if (!trusted(self)) {
-          ++self->state.refused;
-          lg->warn("sampler {} from a peer that has not joined: dropped", id);
-          return;
-        }
+      // A joined node's sampler: its own actor, registered once, named sampler-NODE-i.
+      [=](register_atom, sampler_atom, caf::actor s, std::string id) -> caf::result<bool> {
+        auto sender = self->current_sender();
+        if (!trusted(self) || !sender) return refuse(self, "(not joined)", "samplers come from peers that have joined");
+        auto j = self->state.joined.find(sender->node());
+        const std::string node = j == self->state.joined.end() ? std::string() : j->second;
+        if (!s || s.node() != sender->node())
+          return refuse(self, "\"" + node + "\"", "sampler " + id + ": a node registers its own samplers only");
+        if (node.empty() || id.rfind("sampler-" + node + "-", 0) != 0)
+          return refuse(
+              self, "\"" + node + "\"",
+              "sampler \"" + id + "\": the samplers of node \"" + node + "\" are named sampler-" + node + "-N");
+        if (!self->state.samplers.emplace(s.address(), id).second)
+          return refuse(self, "\"" + node + "\"", "sampler " + id + " is registered already");
         if (supervisor) self->send(supervisor, register_atom::value, sampler_atom::value, s, id);
         if (monitor) self->send(monitor, register_atom::value, s, id);
+        return true;
       },
   };
 }

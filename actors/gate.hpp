@@ -12,8 +12,9 @@
 //               (challenge_atom, peer nonce) -> [nonce, the head's proof of the secret];
 //               (join_atom, node, cluster, protocol, proof) -> bool;
 //               (register_atom, actor, std::string id) from a joined node or this process;
-//               (register_atom, sampler_atom, actor, id): a joined node's sampler is running;
-//               Rollout -> bool and (skip_atom, Rollout, why) from a joined node's samplers;
+//               (register_atom, sampler_atom, actor, id) -> bool: a joined node's sampler is
+//               running (its own actor, once, named sampler-NODE-i; else refused);
+//               Rollout -> bool and (skip_atom, Rollout, why) from registered samplers only;
 //               (stats_atom) -> Telemetry, the monitor's latest snapshot, for joined peers
 //               (`launch monitor HOST:PORT`)
 // Messages out: (register_atom, actor, id) -> dispatcher and supervisor (an evaluator);

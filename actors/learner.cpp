@@ -37,6 +37,7 @@ struct Publication {
   std::vector<caf::actor_addr> waiting;
   std::function<void(std::string)> done;
   bool over = false;
+  bool join = false;  // to one sampler that joined: its going away is this publication's failure
 };
 
 struct learner_state {
@@ -77,30 +78,42 @@ void settle(self_ptr self, Publication& p, std::string err) {
   p.done(std::move(err));
 }
 
-// A sampler has gone away (its actor ended, or its node dropped): the others carry on.
-void sampler_gone(self_ptr self, const caf::actor_addr& a) {
+bool waits_for(const Publication& p, const caf::actor_addr& a) {
+  return std::find(p.waiting.begin(), p.waiting.end(), a) != p.waiting.end();
+}
+
+// Sampler `a` is no longer served: it went away (its actor ended, or its node dropped), or it
+// refused the weights it joined with. It leaves the set and every publication on its way; the
+// others carry on.
+void drop_sampler(self_ptr self, const caf::actor_addr& a, const std::string& why) {
   auto& st = self->state;
   const auto before = st.samplers.size();
   st.samplers.erase(std::remove_if(st.samplers.begin(), st.samplers.end(), [&](auto& s) { return s.address() == a; }),
                     st.samplers.end());
-  if (st.samplers.size() == before) return;
   bool waited = false;
   for (auto p : std::vector<std::shared_ptr<Publication>>(st.publishing)) {
-    auto& w = p->waiting;
-    if (std::find(w.begin(), w.end(), a) == w.end()) continue;
-    w.erase(std::remove(w.begin(), w.end(), a), w.end());
+    if (!waits_for(*p, a)) continue;
+    p->waiting.erase(std::remove(p->waiting.begin(), p->waiting.end(), a), p->waiting.end());
     waited = true;
-    log::get("learner")->warn("{} is gone; policy version {} goes to the {} left", name_of(self, a), p->version,
+    if (p->join) {  // it never took the version it joined with
+      settle(self, *p, fmt::format("{} {} before it took policy version {}", name_of(self, a), why, p->version));
+      continue;
+    }
+    log::get("learner")->warn("{} {}; policy version {} goes to the {} left", name_of(self, a), why, p->version,
                               st.samplers.size());
     // None left: the version is saved all the same, and a sampler that joins later starts from
     // it (the supervisor decides whether the run can wait for one).
-    if (w.empty()) settle(self, *p, "");
+    if (p->waiting.empty()) settle(self, *p, "");
   }
+  if (st.samplers.size() == before) return;
+  self->demonitor(a);
   if (!waited)
-    log::get("learner")->warn("{} is gone; the next policy version goes to the {} left", name_of(self, a),
+    log::get("learner")->warn("{} {}; the next policy version goes to the {} left", name_of(self, a), why,
                               st.samplers.size());
   if (st.samplers.empty()) log::get("learner")->warn("no sampler is left to publish to");
 }
+
+void sampler_gone(self_ptr self, const caf::actor_addr& a) { drop_sampler(self, a, "is gone"); }
 
 // Publishes the engine's weights as `version` to `targets` (every sampler, or one that joined);
 // done("") once all have acknowledged it (a sampler that goes away is dropped from the set, not
@@ -108,7 +121,7 @@ void sampler_gone(self_ptr self, const caf::actor_addr& a) {
 // answer within sync_timeout_s.
 // Returns the bytes of tensor data each sampler is sent (0 when there is none to send to).
 size_t publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::function<void(std::string)> done,
-               std::vector<caf::actor> targets) {
+               std::vector<caf::actor> targets, bool join = false) {
   if (targets.empty()) {
     done("");
     return 0;
@@ -119,6 +132,7 @@ size_t publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::fu
   auto p = std::make_shared<Publication>();
   p->version = version;
   p->done = std::move(done);
+  p->join = join;
   for (auto& t : targets) p->waiting.push_back(t.address());
   self->state.publishing.push_back(p);
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(args.sync_timeout_s * 1000));
@@ -127,7 +141,7 @@ size_t publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::fu
     self->request(target, timeout, u)
         .then(
             [=](uint64_t acked) {
-              if (p->over) return;
+              if (p->over || !waits_for(*p, a)) return;  // (an answer from one already dropped)
               if (acked != version) {
                 settle(
                     self, *p,
@@ -138,7 +152,7 @@ size_t publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::fu
               if (p->waiting.empty()) settle(self, *p, "");
             },
             [=](caf::error& e) {
-              if (p->over) return;
+              if (p->over || !waits_for(*p, a)) return;
               if (e == caf::sec::request_receiver_down) {  // gone before it answered
                 sampler_gone(self, a);
                 return;
@@ -360,20 +374,18 @@ caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
         add_sampler(self, sampler, name);
         auto rp = self->make_response_promise<uint64_t>();
         const uint64_t v = args.engine->version();
-        publish(self, args, v,
-                [=](std::string err) mutable {
-                  if (!err.empty()) {  // not served: later versions do not wait for it
-                    auto& all = self->state.samplers;
-                    all.erase(std::remove(all.begin(), all.end(), sampler), all.end());
-                    self->demonitor(sampler);
-                    rp.deliver(caf::make_error(caf::sec::runtime_error, err));
-                    return;
-                  }
-                  lg->info("{} joined at policy version {} ({} sampler(s) served)", name, v,
-                           self->state.samplers.size());
-                  rp.deliver(v);
-                },
-                {sampler});
+        publish(
+            self, args, v,
+            [=](std::string err) mutable {
+              if (!err.empty()) {  // not served: no version on its way waits for it
+                drop_sampler(self, sampler.address(), "refused the weights it joined with");
+                rp.deliver(caf::make_error(caf::sec::runtime_error, err));
+                return;
+              }
+              lg->info("{} joined at policy version {} ({} sampler(s) served)", name, v, self->state.samplers.size());
+              rp.deliver(v);
+            },
+            {sampler}, true);
         return rp;
       },
       [=](plan_atom, uint32_t step, uint64_t groups) -> caf::result<StepUpdate> {

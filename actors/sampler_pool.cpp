@@ -7,6 +7,21 @@ namespace kernelrl {
 
 SamplerPool::SamplerPool(size_t samplers) : alive_(samplers, true), load_(samplers, 0) {}
 
+// What is left of a group to sample: from its first sample not yet stored on (one stored after
+// that is asked for again; its second copy is dropped by the store).
+SamplerPool::Group SamplerPool::from_first_missing(const Group& g) {
+  uint32_t k = 0;
+  while (k < g.n && g.got[k]) ++k;
+  Group h;
+  h.step = g.step;
+  h.split = g.split;
+  h.first = g.first + k;
+  h.n = g.n - k;
+  h.got.assign(g.got.begin() + k, g.got.end());
+  h.missing = g.missing;
+  return h;
+}
+
 size_t SamplerPool::alive() const { return size_t(std::count(alive_.begin(), alive_.end(), true)); }
 
 size_t SamplerPool::least_loaded() const {
@@ -77,7 +92,7 @@ std::vector<SamplerPool::Assignment> SamplerPool::adopt() {
   if (alive() == 0) return {};
   std::vector<std::pair<std::pair<std::string, uint64_t>, Group>> orphans;
   for (auto& [key, g] : groups_)
-    if (g.owner == unowned || !alive_[g.owner]) orphans.push_back({key, g});
+    if (g.owner == unowned || !alive_[g.owner]) orphans.push_back({key, from_first_missing(g)});
   return place(orphans);
 }
 
@@ -102,17 +117,7 @@ std::vector<SamplerPool::Assignment> SamplerPool::lost(size_t i) {
       ++it;
       continue;
     }
-    const Group& g = it->second;
-    uint32_t k = 0;
-    while (k < g.n && g.got[k]) ++k;
-    Group h;
-    h.step = g.step;
-    h.split = g.split;
-    h.first = g.first + k;
-    h.n = g.n - k;
-    h.got.assign(g.got.begin() + k, g.got.end());
-    h.missing = g.missing;
-    again.push_back({it->first, std::move(h)});
+    again.push_back({it->first, from_first_missing(it->second)});
     it = groups_.erase(it);
   }
   if (alive() == 0) {  // nowhere to go: kept, unowned, until a sampler joins (adopt())

@@ -30,7 +30,8 @@ class SamplerPool {
   // the next assign() or adopt().
   size_t add();
   // The groups waiting for a sampler (planned while none was alive, or left by the last one to
-  // go), spread over the live samplers as assign() spreads a plan.
+  // go), each from its first sample not yet stored, spread over the live samplers as assign()
+  // spreads a plan.
   std::vector<Assignment> adopt();
   size_t waiting() const;  // groups no live sampler owns
   // A stored sample of a planned group (others are ignored).
@@ -56,6 +57,7 @@ class SamplerPool {
     std::vector<bool> got;  // sample first + k stored
     uint32_t missing = 0;
   };
+  static Group from_first_missing(const Group& g);
   size_t least_loaded() const;
   std::vector<Assignment> place(const std::vector<std::pair<std::pair<std::string, uint64_t>, Group>>& groups);
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -30,9 +31,11 @@ struct supervisor_state {
   std::vector<std::pair<caf::actor, std::string>> early;  // joined before the run started
   bool running = false;                                   // the plan has come
   SamplerPool pool{0};
-  size_t sample_all = SIZE_MAX;   // the sampler sampling every task once (eval, best_of_n)
-  bool sample_all_waits = false;  // ... and none was running when it was asked for
-  uint64_t sampler_waits = 0;     // sampler join deadlines started (only the latest counts)
+  size_t sample_all = SIZE_MAX;               // the sampler sampling every task once (eval, best_of_n)
+  bool sample_all_waits = false;              // ... and none was running when it was asked for
+  uint64_t sampler_waits = 0;                 // sampler join deadlines started (only the latest counts)
+  bool sampler_deadline = false;              // one is running
+  std::vector<std::string> refused_samplers;  // joined, but could not take the weights (why)
   bool finished = false;
   uint64_t duplicates = 0, store_failures = 0;
   size_t evaluators_alive = 0;
@@ -121,8 +124,14 @@ void wait_for_sampler(self_ptr self, const SupervisorArgs& args, const std::stri
     finish(self, args, why);
     return;
   }
+  if (st.sampler_deadline) return;  // the first deadline stands
+  st.sampler_deadline = true;
   const uint64_t n = ++st.sampler_waits;
-  log::get("supervisor")->warn("{}; waiting up to {:g} s for a sampler to join", why, args.join_wait_s);
+  // A head without samplers of its own waits for its sampler nodes at every start: not a warning.
+  if (st.samplers.empty())
+    log::get("supervisor")->info("{} (none has joined yet); waiting up to {:g} s for one", why, args.join_wait_s);
+  else
+    log::get("supervisor")->warn("{}; waiting up to {:g} s for a sampler to join", why, args.join_wait_s);
   self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(args.join_wait_s * 1000)), tick_atom::value,
                      sampler_atom::value, n);
 }
@@ -179,7 +188,13 @@ void adopt_sampler(self_ptr self, const SupervisorArgs& args, caf::actor s, cons
 // publishes the current weights to it, so that it never samples with others.
 void sampler_joined(self_ptr self, const SupervisorArgs& args, caf::actor s, const std::string& name) {
   auto& st = self->state;
-  if (st.finished) return;
+  if (st.finished || !s) return;
+  const auto known = [&](const caf::actor& x) { return x == s; };
+  if (std::any_of(st.samplers.begin(), st.samplers.end(), known) ||
+      std::any_of(st.early.begin(), st.early.end(), [&](auto& e) { return e.first == s; })) {
+    log::get("supervisor")->warn("{} registered twice: the second registration is ignored", name);
+    return;
+  }
   if (!st.running) {
     st.early.emplace_back(std::move(s), name);
     return;
@@ -191,9 +206,10 @@ void sampler_joined(self_ptr self, const SupervisorArgs& args, caf::actor s, con
   self->request(args.learner, caf::infinite, sync_atom::value, s, name)
       .then([=](uint64_t) { adopt_sampler(self, args, s, name); },
             [=](caf::error& e) {
+              const std::string why = error_text(self->system(), e);
               log::get("supervisor")
-                  ->warn("{} joined but could not take the current weights ({}): it is not used", name,
-                         error_text(self->system(), e));
+                  ->warn("{} joined but could not take the current weights ({}): it is not used", name, why);
+              self->state.refused_samplers.push_back(name + ": " + why);
             });
 }
 
@@ -359,11 +375,15 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
       },
       [=](tick_atom, sampler_atom, uint64_t n) {  // a sampler join deadline
         auto& st = self->state;
-        if (n != st.sampler_waits || st.finished || st.pool.alive() > 0) return;
+        if (n != st.sampler_waits) return;
+        st.sampler_deadline = false;
+        if (st.finished || st.pool.alive() > 0) return;
         if (st.pool.waiting() == 0 && !st.sample_all_waits) return;
+        std::string refused;
+        for (auto& r : st.refused_samplers) refused += (refused.empty() ? "; refused: " : ", ") + r;
         finish(self, args,
-               fmt::format("no sampler joined within {:g} s ([cluster] join_wait_s); {} samples were not sampled",
-                           args.join_wait_s, st.experiment->outstanding()));
+               fmt::format("no sampler joined within {:g} s ([cluster] join_wait_s); {} samples were not sampled{}",
+                           args.join_wait_s, st.experiment->outstanding(), refused));
       },
       [=](register_atom, caf::actor ev, const std::string& id) {  // from the gate: a remote evaluator
         self->monitor(ev);

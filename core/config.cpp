@@ -817,6 +817,10 @@ ConfigResult read_config(const toml::table& root, const std::string& path) {
     const std::string at = "node[" + std::to_string(i) + "]";
     const bool head = std::find(n.roles.begin(), n.roles.end(), "supervisor") != n.roles.end();
     const bool samples = std::find(n.roles.begin(), n.roles.end(), "sampler") != n.roles.end();
+    if (!cluster && !head && (!n.sampler_devices.empty() || !n.sampler_urls.empty()))
+      errs.push_back({file, 1, 1, at + (n.sampler_devices.empty() ? ".sampler_urls" : ".sampler_devices"),
+                      "no [[node]] has a port, so every role runs in one process: give the samplers to the "
+                      "supervisor's node or to [sampler]"});
     if (cluster && c.sampler.backend == "replay" && head != samples)
       errs.push_back({file, 1, 1, at + ".roles",
                       head ? "the replay sampler runs on the head: give this node (the supervisor's) the sampler role"

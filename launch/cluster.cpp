@@ -263,7 +263,18 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
       one.backend = backends[i];
       one.id = sampler_name(node, false, i);
       auto s = spawn_sampler(sys, std::move(one), gate);  // its rollouts go through the gate
-      self->send(gate, register_atom::value, sampler_atom::value, s, sampler_name(node, false, i));
+      bool registered = false;
+      self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value, s,
+                    sampler_name(node, false, i))
+          .receive([&](bool) { registered = true; },
+                   [&](caf::error& e) {
+                     lg->error("node {}: the head did not take sampler {}: {}", name, sampler_name(node, false, i),
+                               error_text(sys, e));
+                   });
+      if (!registered) {
+        self->send_exit(s, caf::exit_reason::user_shutdown);
+        continue;
+      }
       actors.push_back(s);
     }
   }

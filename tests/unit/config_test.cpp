@@ -473,6 +473,13 @@ TEST_CASE("a sampler node's own devices or servers are checked, and the replay s
   CHECK(e[1].find("node[2].sampler_devices: only a node with the sampler role runs samplers") != std::string::npos);
   CHECK(e[2].find("node[3].sampler_urls: only the openai backend takes server urls (this is the libtorch backend)") !=
         std::string::npos);
+  // Without ports every role runs in one process: a second node's samplers would be ignored.
+  e = errors_of(tasks + libtorch +
+                    "[[node]]\nname = \"head\"\nroles = [\"supervisor\", \"evaluator\"]\ncpu_slots = 1\n"
+                    "[[node]]\nname = \"gen\"\nroles = [\"sampler\"]\nsampler_devices = [\"cpu\"]\n",
+                s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].find("node[1].sampler_devices: no [[node]] has a port") != std::string::npos);
   // Replay: its records are the run's actions, read on the head.
   e = errors_of(base + head + "[[node]]\nname = \"gen\"\nroles = [\"sampler\"]\n", s.cfg());
   REQUIRE(e.size() == 2);
