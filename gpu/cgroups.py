@@ -190,6 +190,27 @@ def oom_killed(pid) -> bool:
     return False
 
 
+def held_at_limit(pid, limit_bytes) -> bool:
+    """Whether pid's group is being held at its memory limit: it has met the limit (memory.events
+    max or oom in v2, memory.failcnt in v1) and uses at least 90% of it now."""
+    for c, base in _base.items():
+        group = os.path.join(base, f"p{pid}")
+        if c == "unified":
+            met = any(key in ("max", "oom", "oom_kill") and value.strip().isdigit() and int(value) > 0
+                      for key, _, value in (line.partition(" ") for line in
+                                            _read(os.path.join(group, "memory.events")).splitlines()))
+            now = _read(os.path.join(group, "memory.current")).strip()
+        elif c == "memory":
+            failcnt = _read(os.path.join(group, "memory.failcnt")).strip()
+            met = failcnt.isdigit() and int(failcnt) > 0
+            now = _read(os.path.join(group, "memory.usage_in_bytes")).strip()
+        else:
+            continue
+        if met and now.isdigit() and int(now) >= 0.9 * limit_bytes:
+            return True
+    return False
+
+
 def release(pid):
     """Kills whatever is left in pid's group and removes it (the process itself is reaped)."""
     for base in _base.values():

@@ -779,6 +779,11 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
             if left <= 0:
                 failure = {"status": "timeout",
                            "error": f"candidate exceeded the {timeout_s:g} s limit; its process group was killed"}
+                if limit > 0 and cgroups.held_at_limit(pid, limit):  # it ran out of time held at its memory limit
+                    failure = {"status": "runtime_error",
+                               "error": f"candidate exceeded the memory limit: it was held at {memory_limit_mb} MB "
+                                        f"(the kernel reclaiming to keep it there) until the {timeout_s:g} s limit; "
+                                        f"its process group was killed"}
                 break
             watch = [rfd] + ([service.from_child] if service is not None else []) + ([out] if out >= 0 else [])
             ready, _, _ = select.select(watch, [], [], min(left, 0.05))
