@@ -30,6 +30,12 @@ caf::error refuse(self_ptr self, const std::string& peer, const std::string& why
   return caf::make_error(caf::sec::runtime_error, "refused by the head: " + why);
 }
 
+// The current message comes from a sampler a joined node registered.
+bool from_registered_sampler(self_ptr self) {
+  auto sender = self->current_sender();
+  return sender && self->state.samplers.count(sender->address()) > 0;
+}
+
 // A peer that has proven the secret, or this process.
 bool trusted(self_ptr self) {
   auto sender = self->current_sender();
@@ -125,8 +131,7 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
       // dispatcher (which takes rollouts from this process only) and relays its answer, so the
       // dispatcher's backpressure reaches them. Only registered samplers may.
       [=](Rollout& r) -> caf::result<bool> {
-        auto sender = self->current_sender();
-        if (!sender || !self->state.samplers.count(sender->address()))
+        if (!from_registered_sampler(self))
           return refuse(self, "(not a registered sampler)", "rollouts come from registered samplers only");
         auto rp = self->make_response_promise<bool>();
         self->request(dispatcher, caf::infinite, std::move(r))
@@ -134,8 +139,7 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
         return rp;
       },
       [=](skip_atom, Rollout& r, std::string& why) {
-        auto sender = self->current_sender();
-        if (!sender || !self->state.samplers.count(sender->address())) {
+        if (!from_registered_sampler(self)) {
           ++self->state.refused;
           lg->warn("a skipped rollout from an actor that is not a registered sampler: dropped");
           return;

@@ -257,26 +257,23 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
   std::vector<caf::actor> actors;  // evaluators, then samplers
   for (auto& ea : node_evaluators(cfg, node, log_dir)) actors.push_back(spawn_evaluator(sys, ea, gate));
   const size_t evaluators = actors.size();
-  if (!backends.empty()) {
-    for (size_t i = 0; i < backends.size(); ++i) {
-      SamplerArgs one = sampling;
-      one.backend = backends[i];
-      one.id = sampler_name(node, false, i);
-      auto s = spawn_sampler(sys, std::move(one), gate);  // its rollouts go through the gate
-      bool registered = false;
-      self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value, s,
-                    sampler_name(node, false, i))
-          .receive([&](bool) { registered = true; },
-                   [&](caf::error& e) {
-                     lg->error("node {}: the head did not take sampler {}: {}", name, sampler_name(node, false, i),
-                               error_text(sys, e));
-                   });
-      if (!registered) {
-        self->send_exit(s, caf::exit_reason::user_shutdown);
-        continue;
-      }
-      actors.push_back(s);
+  for (size_t i = 0; i < backends.size(); ++i) {
+    SamplerArgs one = sampling;
+    one.backend = backends[i];
+    one.id = sampler_name(node, false, i);
+    const std::string id = one.id;
+    auto s = spawn_sampler(sys, std::move(one), gate);  // its rollouts go through the gate
+    bool registered = false;
+    self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value, s, id)
+        .receive([&](bool) { registered = true; },
+                 [&](caf::error& e) {
+                   lg->error("node {}: the head did not take sampler {}: {}", name, id, error_text(sys, e));
+                 });
+    if (!registered) {
+      self->send_exit(s, caf::exit_reason::user_shutdown);
+      continue;
     }
+    actors.push_back(s);
   }
   lg->info("node {}: {} evaluator(s) and {} sampler(s) started; logs in {}", name, evaluators,
            actors.size() - evaluators, log_dir);

@@ -52,21 +52,22 @@ bool render_task_prompts(const Config& cfg, const TaskSet& tasks, const TaskSet&
   return true;
 }
 namespace {
+// The CUDA devices this process sees, asked of LibTorch once (which initialises the driver here).
+int local_gpu_count() {
+  static const int count = [] {
+    const auto info = torch_runtime_info();
+    return info.cuda_available ? info.cuda_devices : 0;
+  }();
+  return count;
+}
+
 // gpus = "auto" and device = "auto", for this process: every GPU LibTorch sees (the cpu_slots
 // CPU evaluators only when there is none), and cuda:0 or cpu. False after printing why not.
-int local_gpus = -1;  // CUDA devices this process sees (-1: not asked)
-
 bool resolve_auto_devices(Config& cfg) {
   bool any = cfg.policy.device == "auto" || cfg.learner.device == "auto";
-  for (auto& n : cfg.nodes) any = any || n.gpus_auto || (!n.gpus.empty() && has_role(n, "evaluator"));
+  for (auto& n : cfg.nodes) any = any || n.gpus_auto;
   if (!any) return true;
-  // The CUDA driver is asked here, before any evaluator starts: for "auto", how many GPUs there
-  // are; for listed GPUs, that they exist (check_listed_gpus). On the lent H200 (2026-11-26), GPU
-  // evaluators started by a launch process that had not initialised the driver failed every
-  // candidate's device set-up ("Invalid device id"); docs/BENCHMARKS.md, "Roles across processes".
-  const auto info = torch_runtime_info();
-  const int gpus = info.cuda_available ? info.cuda_devices : 0;
-  local_gpus = gpus;
+  const int gpus = local_gpu_count();
   for (auto& n : cfg.nodes) {
     if (!n.gpus_auto) continue;
     n.gpus.clear();
@@ -92,10 +93,11 @@ bool resolve_auto_devices(Config& cfg) {
 
 bool check_listed_gpus(const Config& cfg, const NodeConfig& node) {
   if (!has_role(node, "evaluator") || node.gpus.empty()) return true;
-  if (local_gpus < 0) {  // (a machine added with --join --gpus)
-    const auto info = torch_runtime_info();
-    local_gpus = info.cuda_available ? info.cuda_devices : 0;
-  }
+  // Asking initialises the CUDA driver in this process before its evaluators start, as gpus =
+  // "auto" always did: on the lent H200 (2026-11-26), GPU evaluators started by a launch process
+  // that had not initialised it failed every candidate's device set-up ("Invalid device id");
+  // docs/BENCHMARKS.md, "Roles across processes".
+  const int local_gpus = local_gpu_count();
   for (auto g : node.gpus)
     if (g >= local_gpus) {
       std::fprintf(stderr,

@@ -128,6 +128,12 @@ std::vector<uint64_t> versions_of(caf::scoped_actor& self, const caf::actor& sam
   return out;
 }
 
+// The learner starts serving `samplers` at policy version 0.
+void sync_at_version_0(caf::scoped_actor& self, const caf::actor& learner, std::vector<caf::actor> samplers) {
+  self->request(learner, std::chrono::seconds(5), sync_atom::value, std::move(samplers))
+      .receive([](uint64_t v) { CHECK(v == 0); }, [](caf::error&) { FAIL("sync failed"); });
+}
+
 }  // namespace
 
 TEST_CASE("the learner learns each group as it completes and publishes one version per step", "[learner]") {
@@ -137,8 +143,7 @@ TEST_CASE("the learner learns each group as it completes and publishes one versi
   auto learner = scripted_learner(s, tmp, engine, 5);
   auto sampler = s.sys->spawn(fake_sampler, std::string("ok"));
   caf::scoped_actor self{*s.sys};
-  self->request(learner, std::chrono::seconds(5), sync_atom::value, std::vector<caf::actor>{sampler})
-      .receive([](uint64_t v) { CHECK(v == 0); }, [](caf::error&) { FAIL("sync failed"); });
+  sync_at_version_0(self, learner, {sampler});
   CHECK(fs::exists(tmp.path / "checkpoints" / "step-0" / "learner.json"));
 
   auto h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{0}, uint64_t{2});
@@ -189,8 +194,7 @@ TEST_CASE("a sampler that joins gets the current version first, then every later
   auto learner = scripted_learner(s, tmp, engine, 5);
   auto first = s.sys->spawn(fake_sampler, std::string("ok"));
   caf::scoped_actor self{*s.sys};
-  self->request(learner, std::chrono::seconds(5), sync_atom::value, std::vector<caf::actor>{first})
-      .receive([](uint64_t v) { CHECK(v == 0); }, [](caf::error&) { FAIL("sync failed"); });
+  sync_at_version_0(self, learner, {first});
   auto h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{0}, uint64_t{1});
   self->send(learner, train_atom::value, sample(0, 0, 0, "a", 0, 1.0));
   self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0));
