@@ -2,14 +2,22 @@
 // (its heuristic's list, and each with other split-K counts), each timed as the decoder runs it:
 // one captured graph of one product per layer over the layers' distinct weights (so nothing is
 // served from L2), y[M,N] = x[M,K] W[N,K]^T (+ bias), bf16 in and out, float32 accumulation.
-// Prints the heuristic's first choice beside the fastest, as time and as bandwidth.
+// Prints the heuristic's first choice beside the fastest, as time and as bandwidth, and the
+// heuristic's choice reading one weight 28 times (from L2); then the products of our own
+// (bench/skinny_gemm.cuh, versions 1 and 2) at each warps-a-block and split-K count, the fastest
+// and the largest difference from cuBLASLt's output. A third argument `pf` times instead each
+// product after a stand-in for the attention, with and without a bulk L2 prefetch of its weight.
 //
-//   nvcc -O2 -std=c++17 -arch=sm_90 bench/gemm_probe.cu -lcublasLt -o gemm_probe && ./gemm_probe 64
+//   nvcc -O2 -std=c++17 -arch=sm_90 bench/gemm_probe.cu -lcublasLt -o gemm_probe
+//   ./gemm_probe 64 && ./gemm_probe 16 1.5b && ./gemm_probe 64 "" pf
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "skinny_gemm.cuh"
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -40,6 +48,17 @@ __global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed, float scale) {
     h ^= h >> 13;
     p[i] = __float2bfloat16(scale * (float(h & 0xffff) / 32768.0f - 1.0f));
   }
+}
+
+// A stand-in for the decode attention between two products: `blocks` blocks stream `n` bytes
+// (about 1 TB/s with 32 blocks: latency-bound, as the attention is), passing them through L2.
+__global__ void stream_read(const uint4* p, size_t n16, float* sink) {
+  float s = 0.f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    s += __uint_as_float(v.x ^ v.w);
+  }
+  if (s == 1.2345f) *sink = s;
 }
 
 struct Shape {
@@ -100,6 +119,102 @@ int main(int argc, char** argv) {
     std::printf("copy bandwidth %.0f GB/s (read + write)\n", 2.0 * n * 10 / (ms * 1e-3) / 1e9);
     CK(cudaFree(a));
     CK(cudaFree(b));
+  }
+
+  if (argc > 3 && std::string(argv[3]) == "pf") {
+    // L2 prefetch: per layer [stand-in attention, product] with and without a bulk L2 prefetch of
+    // the product's weight queued before the stand-in; the product's share = (graph - stand-ins
+    // alone) / layers. Products: cuBLASLt's heuristic choice.
+    const size_t an = size_t(24) << 20;  // the attention's 24 MB of keys and values
+    uint4* abuf;
+    float* sink;
+    CK(cudaMalloc(&abuf, an));
+    CK(cudaMalloc(&sink, 4));
+    CK(cudaMemsetAsync(abuf, 0, an, st));
+    for (const auto& s : shapes) {
+      if (!only.empty() && std::string(s.name).find(only) == std::string::npos) continue;
+      if (s.layers == 1) continue;
+      std::vector<__nv_bfloat16*> W(s.layers), B(s.layers, nullptr);
+      const size_t wn = size_t(s.N) * s.K;
+      for (int l = 0; l < s.layers; ++l) {
+        CK(cudaMalloc(&W[l], wn * 2));
+        fill<<<1024, 256, 0, st>>>(W[l], wn, 17 + l, 0.05f);
+        if (s.bias) {
+          CK(cudaMalloc(&B[l], size_t(s.N) * 2));
+          fill<<<16, 256, 0, st>>>(B[l], s.N, 1000 + l, 0.1f);
+        }
+      }
+      __nv_bfloat16 *X, *Y;
+      CK(cudaMalloc(&X, size_t(M) * s.K * 2));
+      CK(cudaMalloc(&Y, size_t(M) * s.N * 2));
+      fill<<<64, 256, 0, st>>>(X, size_t(M) * s.K, 5, 1.0f);
+      cublasLtMatmulDesc_t op;
+      LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+      cublasLtMatrixLayout_t la, lb, lc;
+      LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.K, s.N, s.K));
+      LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.K, M, s.K));
+      LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, s.N, M, s.N));
+      cublasLtMatmulPreference_t pref;
+      LT(cublasLtMatmulPreferenceCreate(&pref));
+      LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                              sizeof ws_bytes));
+      cublasLtMatmulHeuristicResult_t res;
+      int got = 0;
+      LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &res, &got));
+      const float one = 1.0f, zero = 0.0f;
+      const int own_s = kernelrl::cuda::skinny::auto_splits(s.N, s.K, 132);
+      // mode: 0 stand-ins only, 1 + cuBLAS, 2 + prefetch + cuBLAS, 3 + own, 4 + prefetch + own
+      auto body = [&](int mode) {
+        for (int l = 0; l < s.layers; ++l) {
+          if (mode == 2 || mode == 4) kernelrl::cuda::skinny::prefetch_l2(W[l], wn * 2, st);
+          stream_read<<<32, 512, 0, st>>>(abuf, an / 16, sink);
+          if (mode == 1 || mode == 2)
+            LT(cublasLtMatmul(lt, op, &one, W[l], la, X, lb, &zero, Y, lc, Y, lc, &res.algo, ws, ws_bytes, st));
+          if (mode >= 3) CK(kernelrl::cuda::skinny::gemm(X, W[l], B[l], Y, M, s.N, s.K, own_s, 2, st));
+        }
+      };
+      float t[5];
+      for (int mode = 0; mode < 5; ++mode) {
+        body(mode);
+        CK(cudaStreamSynchronize(st));
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        body(mode);
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphLaunch(ge, st));
+        std::vector<float> v;
+        for (int r = 0; r < 7; ++r) {
+          CK(cudaEventRecord(e0, st));
+          for (int k = 0; k < 5; ++k) CK(cudaGraphLaunch(ge, st));
+          CK(cudaEventRecord(e1, st));
+          CK(cudaEventSynchronize(e1));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, e0, e1));
+          v.push_back(ms * 1000.0f / (5 * s.layers));
+        }
+        std::sort(v.begin(), v.end());
+        t[mode] = v[v.size() / 2];
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+      }
+      std::printf(
+          "%-14s M %d: stand-in %.2f us; product after it: cuBLAS %.2f, prefetched %.2f; own (split %d) %.2f, "
+          "prefetched %.2f\n",
+          s.name, M, t[0], t[1] - t[0], t[2] - t[0], own_s, t[3] - t[0], t[4] - t[0]);
+      std::fflush(stdout);
+      for (int l = 0; l < s.layers; ++l) {
+        CK(cudaFree(W[l]));
+        if (B[l]) CK(cudaFree(B[l]));
+      }
+      CK(cudaFree(X));
+      CK(cudaFree(Y));
+    }
+    return 0;
   }
 
   std::printf("%-14s %4s %7s %9s %9s %8s %8s  %s\n", "shape", "M", "MB", "heur us", "best us", "heur TB/s", "best TB/s",
@@ -215,11 +330,102 @@ int main(int argc, char** argv) {
       CK(cudaGraphExecDestroy(ge));
       CK(cudaGraphDestroy(g));
     }
+    // The decoder's own kernel: its output against the heuristic's, then every configuration timed
+    // the same way.
+    std::vector<__nv_bfloat16> ref(size_t(M) * s.N), mine(size_t(M) * s.N);
+    {
+      if (s.bias) cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &B[0], sizeof B[0]);
+      LT(cublasLtMatmul(lt, op, &one, W[0], la, X, lb, &zero, Y, lc, Y, lc, &cands.at(0).algo, ws, ws_bytes, st));
+      CK(cudaMemcpyAsync(ref.data(), Y, ref.size() * 2, cudaMemcpyDeviceToHost, st));
+      CK(cudaStreamSynchronize(st));
+    }
+    float own_best = 1e30f;
+    int own_nw = 0, own_s = 0;
+    double own_err = 0;
+    std::string own_all;
+    for (int ver : {1, 2})
+      for (int nw : {2, 4, 8})
+        for (int sk : {1, 2, 3, 4, 6, 8, 12, 16}) {
+          if (s.N % (16 * nw) != 0 || s.K / 128 < sk) continue;
+          if (ver == 1 && nw != 2) continue;
+          CK(cudaMemsetAsync(Y, 0, size_t(M) * s.N * 2, st));
+          if (kernelrl::cuda::skinny::gemm(X, W[0], B[0], Y, M, s.N, s.K, sk, nw, st, ver) != cudaSuccess) {
+            std::printf("  own nw %d splits %d: launch refused: %s\n", nw, sk, cudaGetErrorString(cudaGetLastError()));
+            continue;
+          }
+          CK(cudaMemcpyAsync(mine.data(), Y, mine.size() * 2, cudaMemcpyDeviceToHost, st));
+          CK(cudaStreamSynchronize(st));
+          double err = 0, mx = 0;
+          for (size_t i = 0; i < ref.size(); ++i) {
+            const double a = __bfloat162float(ref[i]), b = __bfloat162float(mine[i]);
+            err = std::max(err, std::abs(a - b));
+            mx = std::max(mx, std::abs(a));
+          }
+          err /= mx;
+          auto run_own = [&] {
+            for (int l = 0; l < s.layers; ++l)
+              CK(kernelrl::cuda::skinny::gemm(X, W[l], B[l], Y, M, s.N, s.K, sk, nw, st, ver));
+          };
+          cudaGraph_t g;
+          cudaGraphExec_t ge;
+          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          run_own();
+          CK(cudaStreamEndCapture(st, &g));
+          CK(cudaGraphInstantiate(&ge, g, 0));
+          CK(cudaGraphLaunch(ge, st));
+          std::vector<float> t;
+          for (int r = 0; r < 7; ++r) {
+            CK(cudaEventRecord(e0, st));
+            for (int k = 0; k < 5; ++k) CK(cudaGraphLaunch(ge, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            t.push_back(ms * 1000.0f / (5 * s.layers));
+          }
+          std::sort(t.begin(), t.end());
+          const float us = t[t.size() / 2];
+          char buf[64];
+          std::snprintf(buf, sizeof buf, " v%d/%d/%d:%.2f", ver, nw, sk, us);
+          own_all += buf;
+          own_err = std::max(own_err, err);
+          if (us < own_best) own_best = us, own_nw = nw + 100 * ver, own_s = sk;
+          CK(cudaGraphExecDestroy(ge));
+          CK(cudaGraphDestroy(g));
+        }
+    // The heuristic's choice reading one weight 28 times (from L2 after the first): what a product
+    // whose weight was prefetched into L2 could take.
+    float hot_us = 0;
+    {
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      for (int l = 0; l < s.layers; ++l)
+        LT(cublasLtMatmul(lt, op, &one, W[0], la, X, lb, &zero, Y, lc, Y, lc, &cands.at(0).algo, ws, ws_bytes, st));
+      CK(cudaStreamEndCapture(st, &g));
+      CK(cudaGraphInstantiate(&ge, g, 0));
+      CK(cudaGraphLaunch(ge, st));
+      CK(cudaEventRecord(e0, st));
+      for (int k = 0; k < 5; ++k) CK(cudaGraphLaunch(ge, st));
+      CK(cudaEventRecord(e1, st));
+      CK(cudaEventSynchronize(e1));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      hot_us = ms * 1000.0f / (5 * s.layers);
+      CK(cudaGraphExecDestroy(ge));
+      CK(cudaGraphDestroy(g));
+    }
+    std::printf("%-14s %4d cuBLAS heuristic with its weight in L2: %.2f us\n", s.name, M, hot_us);
     const Cand& h = cands.at(0);  // the heuristic's first choice
     const Cand& b = *std::min_element(cands.begin(), cands.end(), [](auto& x, auto& y) { return x.us < y.us; });
     const double mb = wn * 2.0 / 1e6;
     std::printf("%-14s %4d %7.1f %9.2f %9.2f %8.2f %8.2f  %d %d %d %d %d  (%zu candidates)\n", s.name, M, mb, h.us,
                 b.us, mb / h.us, mb / b.us, b.id, b.tile, b.splitk, b.stages, b.red, cands.size());
+    std::printf(
+        "%-14s %4d %7.1f own best %.2f us (%.2f TB/s, v/warps %d, split %d, auto split %d), largest |diff| %.2e "
+        "of the largest |y|\n  (version/warps/split:us)%s\n",
+        s.name, M, mb, own_best, mb / own_best, own_nw, own_s, kernelrl::cuda::skinny::auto_splits(s.N, s.K, 132),
+        own_err, own_all.c_str());
     std::fflush(stdout);
     for (int l = 0; l < s.layers; ++l) {
       CK(cudaFree(W[l]));
