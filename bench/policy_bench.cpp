@@ -203,8 +203,8 @@ int lora_op_check(const std::function<std::string(const char*, const char*)>& ge
   return 0;
 }
 
-// --attention-check 1: the decode step's fused attention (cuda::decode_attention: the scalar kernel,
-// or the tensor-core one with KERNELRL_ATTN_MMA=1) against LibTorch float32 arithmetic on the
+// --attention-check 1: the decode step's fused attention (cuda::decode_attention: the tensor-core
+// kernel, or the scalar one with KERNELRL_ATTN_MMA=0) against LibTorch float32 arithmetic on the
 // same bf16 values: the models' head shapes (12/2 and 28/4 heads of 128, 16/4 of 64, 8/8), rows of
 // random lengths (one of a single key, one of the whole bucket), one split, three and the decoder's count,
 // soft and sharp score distributions. Prints each case's largest |difference| over the largest
@@ -228,7 +228,7 @@ int attention_check(const std::function<std::string(const char*, const char*)>& 
   nlohmann::json rows = nlohmann::json::array();
   bool ok = true;
   for (const auto& c : cases)
-    for (int splits : {1, 3, kernelrl::cuda::decode_attention_splits(c.R, c.nkv, c.klen, sms)}) {
+    for (int splits : {1, 3, kernelrl::cuda::decode_attention_splits(c.R, c.nkv, c.D, c.klen, sms)}) {
       torch::manual_seed(1);
       auto bf = torch::TensorOptions().dtype(torch::kBFloat16).device(dev);
       auto q = (torch::randn({c.R, c.nh, c.D}, bf.dtype(torch::kFloat32)) * c.sharp).to(torch::kBFloat16);

@@ -413,18 +413,18 @@ __global__ void __launch_bounds__(kAttnWarps * 32, 2)
                    work, counters, out, out32);
 }
 
-// The same attention on the tensor cores (D = 64 or 128, REP <= 8; sm_80+): a block of 4 warps per
-// (row r, kv head g, split), each warp taking 16-key tiles w, w + 4, ... of the split's keys with
-// mma.sync m16n8k16 (bf16 in, float32 accumulate): scores S = Q K^T with the group's REP queries as
-// the rows of A (rows REP..15 zero), then O += P V with P (bf16) as A. Every operand comes straight
-// from global memory in 16-byte loads: a dot product does not care in which order its terms are
-// summed, so lane (gid, t4) takes dimensions [8 t4 + 32 j, + 8) of key gid for the score product
-// (and the queries' in the same order), and for P V dimensions [(D / 8) gid, + D / 8) of its four
-// keys 2 t4, 2 t4 + 1, 8 + 2 t4, 9 + 2 t4, so that output column gid of n-tile t is dimension
-// (D / 8) gid + t. Online softmax per warp in registers; the warps' partials and the splits' are
-// combined by combine_warps. Opt-in (KERNELRL_ATTN_MMA=1): on the H100 it is correct
-// (policy_bench --attention-check) but was slower than the scalar kernel that came before
-// decode_attention_kernel's warp tiles (32.7 us against about 24 us at 64 rows of up to 512 keys).
+// The same attention on the tensor cores (D = 64 or 128, REP <= 8; sm_80+), the default: a block of
+// 8 warps per (row r, kv head g, split), each warp taking 16-key tiles w, w + 8, ... of the split's
+// keys with mma.sync m16n8k16 (bf16 in, float32 accumulate): scores S = Q K^T with the group's REP
+// queries as the rows of A (rows REP..15 zero), then O += P V with P (bf16) as A. Every operand
+// comes straight from global memory in 16-byte loads: a dot product does not care in which order
+// its terms are summed, so lane (gid, t4) takes dimensions [8 t4 + 32 j, + 8) of key gid for the
+// score product (and the queries' in the same order), and for P V dimensions [(D / 8) gid, + D / 8)
+// of its four keys 2 t4, 2 t4 + 1, 8 + 2 t4, 9 + 2 t4, so that output column gid of n-tile t is
+// dimension (D / 8) gid + t. Online softmax per warp in registers; the warps' partials and the
+// splits' are combined by combine_warps. bench/attention_probe.cu, H200, 64 rows of 384 keys (12/2
+// heads of 128): 10.7 us a call against 19.0 for the scalar kernel at its split count; with 4
+// warps a block (as first written) 17.2 us, with each warp's next tile loaded ahead 10.9 us.
 __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
   const uint32_t z = 0;  // rows 8..15 of A are zero
   asm volatile(
@@ -442,7 +442,7 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
   return uint32_t(to_bf(lo)) | (uint32_t(to_bf(hi)) << 16);
 }
 
-constexpr int kMmaWarps = 4;
+constexpr int kMmaWarps = 8;  // one block an SM (174 registers a thread at D = 128)
 
 template <int D>
 __global__ void __launch_bounds__(kMmaWarps * 32)
@@ -456,7 +456,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int nh = nkv * rep;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, t4 = lane & 3;
   __shared__ float wm[kMmaWarps][8], wl[kMmaWarps][8];
-  __shared__ float wo[kMmaWarps][8][D];
+  extern __shared__ float wo_dyn[];  // [kMmaWarps][8][D]: the warps' partials
 
   const KeySpan ks = key_span(pos, r, g, nkv, cap, klen, span, split, kc, vc, D);
   const int s0 = ks.s0, s1 = ks.s1;
@@ -472,10 +472,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   for (int t = 0; t < NT; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
   float m = -INFINITY, l = 0.f;
 
-  for (int k0 = s0 + 16 * warp; k0 < s1; k0 += 16 * kMmaWarps) {
-    // Keys k0 + gid and k0 + 8 + gid for the scores; k0 + 2 t4 (+1) and k0 + 8 + 2 t4 (+1) for the
-    // values. Keys past s1 read key s1 - 1 (held memory) and are masked (values zeroed).
-    uint4 kf[2][KJ], vf[4][VJ];
+  // Keys k0 + gid and k0 + 8 + gid for the scores; k0 + 2 t4 (+1) and k0 + 8 + 2 t4 (+1) for the
+  // values. Keys past s1 read key s1 - 1 (held memory) and are masked (values zeroed).
+  auto load = [&](int k0, uint4(&kf)[2][KJ], uint4(&vf)[4][VJ]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int key = min(k0 + 8 * h + gid, s1 - 1);
@@ -491,6 +490,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       for (int j = 0; j < VJ; ++j)
         vf[c][j] = key < s1 ? *reinterpret_cast<const uint4*>(vr + 8 * j) : make_uint4(0, 0, 0, 0);
     }
+  };
+  auto compute = [&](int k0, const uint4(&kf)[2][KJ], const uint4(&vf)[4][VJ]) {
     // Scores of head gid: sc[h][0..1] for keys k0 + 8 h + 2 t4 (+1).
     float sc[2][4];
 #pragma unroll
@@ -531,11 +532,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       const uint32_t b1 = __byte_perm(word(vf[2][j], w), word(vf[3][j], w), sel);
       mma_16816(o[t], a0, a2, b0, b1);
     }
+  };
+  for (int k0 = s0 + 16 * warp; k0 < s1; k0 += 16 * kMmaWarps) {
+    uint4 kf[2][KJ], vf[4][VJ];
+    load(k0, kf, vf);
+    compute(k0, kf, vf);
   }
   // The warps' partials: l summed over the row's four lanes; o[t][0..1] is head gid, columns 2 t4
   // and 2 t4 + 1 of n-tile t, i.e. dimensions NT (2 t4) + t and NT (2 t4 + 1) + t.
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
+  float* wo = wo_dyn + warp * 8 * D;
   if (gid < rep) {
     if (t4 == 0) {
       wm[warp][gid] = m;
@@ -543,13 +550,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      wo[warp][gid][NT * (2 * t4) + t] = o[t][0];
-      wo[warp][gid][NT * (2 * t4 + 1) + t] = o[t][1];
+      wo[gid * D + NT * (2 * t4) + t] = o[t][0];
+      wo[gid * D + NT * (2 * t4 + 1) + t] = o[t][1];
     }
   }
   __syncthreads();
-  combine_warps<D>(&wm[0][0], &wl[0][0], &wo[0][0][0], 8 * D, kMmaWarps, rep, int64_t(r) * nh + g * rep, split, splits,
-                   work, counters, out, out32);
+  combine_warps<D>(&wm[0][0], &wl[0][0], wo_dyn, 8 * D, kMmaWarps, rep, int64_t(r) * nh + g * rep, split, splits, work,
+                   counters, out, out32);
 }
 
 // ---------------------------------------------------------------- SwiGLU
@@ -956,6 +963,24 @@ void attention_rep(int rep, dim3 grid, const bf16_t* q, const bf16_t* kc, const 
   }
 }
 
+template <int D>
+void launch_attention_mma(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
+                          int rep, int64_t cap, int klen, int span, float scale, float* work, int* counters,
+                          bf16_t* out, float* out32, Stream s) {
+  constexpr int bytes = kMmaWarps * 8 * D * 4;  // 32 KB at D = 128: within the default limit
+  decode_attention_mma_kernel<D><<<grid, kMmaWarps * 32, bytes, s>>>(q, kc, vc, pos, nkv, rep, cap, klen, span, scale,
+                                                                     work, counters, out, out32);
+}
+
+// The tensor-core kernel unless KERNELRL_ATTN_MMA=0 or the head size is 32.
+bool use_mma_attention(int D) {
+  static const bool off = [] {
+    const char* v = std::getenv("KERNELRL_ATTN_MMA");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  return !off && (D == 64 || D == 128);
+}
+
 }  // namespace
 
 void add_rmsnorm(bf16_t* h, const bf16_t* delta, const float* delta_lora, const bf16_t* w, bf16_t* out, float* out32,
@@ -983,10 +1008,18 @@ bool decode_attention_supported(int nh, int nkv, int D) {
   return nkv > 0 && nh % nkv == 0 && nh / nkv <= 8 && (D == 32 || D == 64 || D == 128);
 }
 
-int decode_attention_splits(int R, int nkv, int klen, int sms) {
+int decode_attention_splits(int R, int nkv, int D, int klen, int sms) {
   const int pairs = R * nkv;
-  int splits = (2 * sms + pairs / 2) / pairs;       // about two blocks an SM (two of the scalar kernel's fit)
-  int most = (klen + 2 * kTile - 1) / (2 * kTile);  // at least two tiles a block
+  int splits, most;
+  if (use_mma_attention(D)) {
+    // One block an SM: as many splits as keep the grid to one wave, each of at least 256 keys
+    // (bench/attention_probe.cu: a merge costs more than it saves below that).
+    splits = sms / pairs;
+    most = klen / 256;
+  } else {
+    splits = (2 * sms + pairs / 2) / pairs;       // about two blocks an SM (two of the scalar kernel's fit)
+    most = (klen + 2 * kTile - 1) / (2 * kTile);  // at least two tiles a block
+  }
   if (most > kMaxSplits) most = kMaxSplits;
   if (splits > most) splits = most;
   return splits < 1 ? 1 : splits;
@@ -999,18 +1032,14 @@ void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_ca
   if (splits < 1 || splits > kMaxSplits) throw std::invalid_argument("decode_attention: splits out of range");
   dim3 grid(R * nkv, splits);
   const int rep = nh / nkv;
-  static const bool mma = [] {  // opt-in: on the H100 it measured slower than the scalar kernel (BENCHMARKS.md)
-    const char* v = std::getenv("KERNELRL_ATTN_MMA");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  if (mma && (D == 64 || D == 128)) {  // the tensor-core kernel: spans of whole 4-warp rounds of 16 keys
-    const int span = ((klen + splits - 1) / splits + 63) / 64 * 64;
+  if (use_mma_attention(D)) {  // spans of whole 16-key tiles
+    const int span = ((klen + splits - 1) / splits + 15) / 16 * 16;
     if (D == 64)
-      decode_attention_mma_kernel<64><<<grid, kMmaWarps * 32, 0, s>>>(q, k_cache, v_cache, pos, nkv, rep, cap, klen,
-                                                                      span, scale, work, counters, out, out32);
+      launch_attention_mma<64>(grid, q, k_cache, v_cache, pos, nkv, rep, cap, klen, span, scale, work, counters, out,
+                               out32, s);
     else
-      decode_attention_mma_kernel<128><<<grid, kMmaWarps * 32, 0, s>>>(q, k_cache, v_cache, pos, nkv, rep, cap, klen,
-                                                                       span, scale, work, counters, out, out32);
+      launch_attention_mma<128>(grid, q, k_cache, v_cache, pos, nkv, rep, cap, klen, span, scale, work, counters, out,
+                                out32, s);
     check("decode_attention");
     return;
   }

@@ -33,13 +33,13 @@ void rope_qkv(const bf16_t* qkv, const float* lora, const int64_t* pos, const fl
 // q [R, nh, D], caches [R, nkv, cap, D]; out [R, nh * D] (and out32, optional, its float32 copy).
 // The keys are split over `splits` blocks per (row, kv head), the last of which to finish combines
 // the partials (work: R * nh * splits * (D + 2) floats; counters: R * nkv ints, zero before the
-// first call, left zero by each; splits <= 64, as decode_attention_splits() picks them: about two
-// blocks an SM, at least 64 keys a block; a block whose keys lie past its row's length leaves an
-// empty partial). Supports D in {32, 64, 128} and nh / nkv <= 8; decode_attention_supported() says
-// whether a shape is. KERNELRL_ATTN_MMA=1: a tensor-core kernel for D 64 and 128 (correct,
-// measured slower on the H100).
+// first call, left zero by each; splits <= 64, as decode_attention_splits() picks them for the
+// kernel that runs: a block a key range whose keys lie past its row's length leaves an empty
+// partial). Supports D in {32, 64, 128} and nh / nkv <= 8; decode_attention_supported() says
+// whether a shape is. D 64 and 128 run on the tensor cores (KERNELRL_ATTN_MMA=0: the scalar
+// kernel, which D 32 always takes).
 bool decode_attention_supported(int nh, int nkv, int D);
-int decode_attention_splits(int R, int nkv, int klen, int sms);
+int decode_attention_splits(int R, int nkv, int D, int klen, int sms);
 void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_cache, const int64_t* pos, int R, int nh,
                       int nkv, int D, int64_t cap, int klen, float scale, int splits, float* work, int* counters,
                       bf16_t* out, float* out32, Stream s);

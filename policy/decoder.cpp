@@ -318,7 +318,7 @@ struct Decoder::Run {
       cuda::lora_decode(fp(x32), fp(g.a), fp(g.bt), int(R), int(in), int(rs), int(N), fp(part), fp(out), stream);
       return out;
     };
-    const int splits = cuda::decode_attention_splits(int(R), int(nkv), int(klen), sms);
+    const int splits = cuda::decode_attention_splits(int(R), int(nkv), int(D), int(klen), sms);
     auto h = torch::embedding(m.embed_, ids);  // [R, H], the residual stream (updated in place)
     torch::Tensor delta, dl;
     const float eps = float(c.rms_norm_eps);
