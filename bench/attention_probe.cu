@@ -72,14 +72,15 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&e1));
   const double mb = double(R) * nkv * keys * D * 2 * 2 / 1e6;
   const int picked = kernelrl::cuda::decode_attention_splits(R, nkv, D, klen, prop.multiProcessorCount);
-  std::printf("%s, %d SMs; rows %d, keys %d, heads %d/%d of %d: %.1f MB of keys and values a call; decoder's split %d\n",
-              prop.name, prop.multiProcessorCount, R, keys, nh, nkv, D, mb, picked);
+  std::printf(
+      "%s, %d SMs; rows %d, keys %d, heads %d/%d of %d: %.1f MB of keys and values a call; decoder's split %d\n",
+      prop.name, prop.multiProcessorCount, R, keys, nh, nkv, D, mb, picked);
   const float scale = 1.0f / std::sqrt(float(D));
   for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
     auto body = [&] {
       for (int l = 0; l < layers; ++l)
-        kernelrl::cuda::decode_attention(q, kc[l], vc[l], pos, R, nh, nkv, D, cap, klen, scale, splits, work,
-                                         counters, out, nullptr, st);
+        kernelrl::cuda::decode_attention(q, kc[l], vc[l], pos, R, nh, nkv, D, cap, klen, scale, splits, work, counters,
+                                         out, nullptr, st);
     };
     body();
     CK(cudaStreamSynchronize(st));

@@ -29,6 +29,53 @@ void check(const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// Programmatic dependent launch (Hopper): the decode step's own kernels are launched with
+// programmatic stream serialization (launch_k), so that a kernel's launch and block scheduling
+// overlap the end of the kernel before it; each begins with pdl_wait (griddepcontrol.wait), which
+// returns once the kernel before has completed and its memory is visible, so nothing is read or
+// written earlier than under plain stream order, and then lets its own successor start launching.
+// KERNELRL_PDL=0 launches them plainly; devices before compute capability 9.0 always do.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+bool pdl_on() {
+  static const bool off = [] {
+    const char* v = std::getenv("KERNELRL_PDL");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  if (off) return false;
+  static std::array<std::atomic<int>, 64> major{};  // per device, 0 until asked
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= int(major.size())) return false;
+  if (major[dev].load() == 0) {
+    int m = 0;
+    cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev);
+    major[dev] = m > 0 ? m : -1;
+  }
+  return major[dev].load() >= 9;
+}
+
+template <typename... P, typename... A>
+void launch_k(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream s, A... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  if (pdl_on()) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+}
+
 template <int N>
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -65,6 +112,7 @@ template <int PAIRS>
 __global__ void __launch_bounds__(kNormThreads)
     add_rmsnorm_kernel(bf16_t* h, const bf16_t* delta, const float* dl, const bf16_t* w, bf16_t* out, float* out32,
                        int H, float eps) {
+  pdl_wait();
   const int64_t row = blockIdx.x;
   const int H2 = H / 2;
   uint32_t* hr = reinterpret_cast<uint32_t*>(h + row * H);
@@ -116,6 +164,7 @@ __global__ void __launch_bounds__(kNormThreads)
 
 __global__ void rope_qkv_kernel(const bf16_t* qkv, const float* lora, const int64_t* pos, const float* inv_freq, int nh,
                                 int nkv, int D, bf16_t* q_out, bf16_t* kc, bf16_t* vc, int64_t cap) {
+  pdl_wait();
   const int64_t r = blockIdx.x;
   const int half = D / 2, width = (nh + 2 * nkv) * D;
   const int64_t p = pos[r];
@@ -280,6 +329,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, 2)
     decode_attention_kernel(const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
                             int64_t cap, int klen, int span, float scale, float* work, int* counters, bf16_t* out,
                             float* out32) {
+  pdl_wait();
   constexpr int KV = D / 8;                // 16-byte pieces of a key or value row
   constexpr int DPL = D / 32;              // value dimensions a lane takes
   constexpr int REPP = (REP + 3) / 4 * 4;  // a key's probabilities, padded for 16-byte access
@@ -449,6 +499,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     decode_attention_mma_kernel(const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
                                 int rep, int64_t cap, int klen, int span, float scale, float* work, int* counters,
                                 bf16_t* out, float* out32) {
+  pdl_wait();
   constexpr int KJ = D / 32;  // 16-byte pieces of a key row per lane (score product)
   constexpr int NT = D / 8;   // n-tiles of the value product; also the dimensions per lane and key
   constexpr int VJ = NT / 8;  // 16-byte pieces of a value row per lane and key
@@ -562,6 +613,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 // ---------------------------------------------------------------- SwiGLU
 
 __global__ void silu_mul_kernel(const bf16_t* gu, const float* lora, int64_t n, int I, bf16_t* out, float* out32) {
+  pdl_wait();
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = k / I, i = k % I;
     const int64_t gi = r * 2 * I + i, ui = gi + I;
@@ -616,6 +668,7 @@ constexpr int kSampleThreads = 256;
 // Gumbel key with the index.
 __global__ void sample_partial_kernel(const bf16_t* logits, int V, float inv_t, bool greedy, uint64_t seed,
                                       const int64_t* step, float* work) {
+  pdl_wait();
   const int r = blockIdx.y, chunk = blockIdx.x;
   const int per = (V + kSampleBlocks - 1) / kSampleBlocks;
   const int i0 = chunk * per, i1 = min(V, i0 + per);
@@ -677,6 +730,7 @@ __global__ void sample_partial_kernel(const bf16_t* logits, int V, float inv_t, 
 __global__ void sample_final_kernel(const bf16_t* logits, int R, int V, float inv_t, int64_t* step, const float* work,
                                     int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens, float* hist_logprobs,
                                     int64_t hist_steps) {
+  pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t st = *step;
   for (int r = warp; r < R; r += kSampleThreads / 32) {
@@ -724,6 +778,7 @@ constexpr int kLoraMaxRank = 192;               // the group's stacked rank (thr
 // over the block's warps in a fixed order (the same bits every call).
 __global__ void __launch_bounds__(256)
     lora_shrink_kernel(const float* x, const float* a, int R, int in, int rs, float* part) {
+  pdl_wait();
   __shared__ float red[8][kShrinkRows][kShrinkK];
   const int r0 = blockIdx.x * kShrinkRows, s = blockIdx.y, k0 = blockIdx.z * kShrinkK;
   const int h0 = s * kShrinkChunk + threadIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -771,6 +826,7 @@ constexpr int kExpandTileCols = 32, kExpandTileRows = 16;
 // loads, all threads), then thread (column c, group g) adds up rows 2 g and 2 g + 1.
 __global__ void __launch_bounds__(256)
     lora_expand_kernel(const float* part, int parts, const float* bt, int R, int rs, int N, float* out) {
+  pdl_wait();
   __shared__ float ts[kExpandTileRows][kLoraMaxRank + 1];
   __shared__ float bs[kLoraMaxRank][kExpandTileCols];
   const int n0 = blockIdx.x * kExpandTileCols, r0 = blockIdx.y * kExpandTileRows;
@@ -936,8 +992,8 @@ void launch_attention(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t
                                cudaGetErrorString(e));
     sized[dev] = true;
   }
-  decode_attention_kernel<D, REP>
-      <<<grid, kAttnWarps * 32, bytes, s>>>(q, kc, vc, pos, nkv, cap, klen, span, scale, work, counters, out, out32);
+  launch_k(decode_attention_kernel<D, REP>, grid, dim3(kAttnWarps * 32), bytes, s, q, kc, vc, pos, nkv, cap, klen, span,
+           scale, work, counters, out, out32);
 }
 
 template <int D>
@@ -968,8 +1024,8 @@ void launch_attention_mma(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf
                           int rep, int64_t cap, int klen, int span, float scale, float* work, int* counters,
                           bf16_t* out, float* out32, Stream s) {
   constexpr int bytes = kMmaWarps * 8 * D * 4;  // 32 KB at D = 128: within the default limit
-  decode_attention_mma_kernel<D><<<grid, kMmaWarps * 32, bytes, s>>>(q, kc, vc, pos, nkv, rep, cap, klen, span, scale,
-                                                                     work, counters, out, out32);
+  launch_k(decode_attention_mma_kernel<D>, grid, dim3(kMmaWarps * 32), bytes, s, q, kc, vc, pos, nkv, rep, cap, klen,
+           span, scale, work, counters, out, out32);
 }
 
 // The tensor-core kernel unless KERNELRL_ATTN_MMA=0 or the head size is 32.
@@ -988,19 +1044,20 @@ void add_rmsnorm(bf16_t* h, const bf16_t* delta, const float* delta_lora, const 
   if (H % 2 != 0 || H > 2 * kNormThreads * 32) throw std::invalid_argument("add_rmsnorm: unsupported hidden size");
   const int pairs = (H / 2 + kNormThreads - 1) / kNormThreads;
   if (pairs <= 4)
-    add_rmsnorm_kernel<4><<<R, kNormThreads, 0, s>>>(h, delta, delta_lora, w, out, out32, H, eps);
+    launch_k(add_rmsnorm_kernel<4>, dim3(R), dim3(kNormThreads), 0, s, h, delta, delta_lora, w, out, out32, H, eps);
   else if (pairs <= 8)
-    add_rmsnorm_kernel<8><<<R, kNormThreads, 0, s>>>(h, delta, delta_lora, w, out, out32, H, eps);
+    launch_k(add_rmsnorm_kernel<8>, dim3(R), dim3(kNormThreads), 0, s, h, delta, delta_lora, w, out, out32, H, eps);
   else if (pairs <= 16)
-    add_rmsnorm_kernel<16><<<R, kNormThreads, 0, s>>>(h, delta, delta_lora, w, out, out32, H, eps);
+    launch_k(add_rmsnorm_kernel<16>, dim3(R), dim3(kNormThreads), 0, s, h, delta, delta_lora, w, out, out32, H, eps);
   else
-    add_rmsnorm_kernel<32><<<R, kNormThreads, 0, s>>>(h, delta, delta_lora, w, out, out32, H, eps);
+    launch_k(add_rmsnorm_kernel<32>, dim3(R), dim3(kNormThreads), 0, s, h, delta, delta_lora, w, out, out32, H, eps);
   check("add_rmsnorm");
 }
 
 void rope_qkv(const bf16_t* qkv, const float* lora, const int64_t* pos, const float* inv_freq, int R, int nh, int nkv,
               int D, bf16_t* q_out, bf16_t* k_cache, bf16_t* v_cache, int64_t cap, Stream s) {
-  rope_qkv_kernel<<<R, 256, 0, s>>>(qkv, lora, pos, inv_freq, nh, nkv, D, q_out, k_cache, v_cache, cap);
+  launch_k(rope_qkv_kernel, dim3(R), dim3(256), 0, s, qkv, lora, pos, inv_freq, nh, nkv, D, q_out, k_cache, v_cache,
+           cap);
   check("rope_qkv");
 }
 
@@ -1061,11 +1118,12 @@ void lora_decode(const float* x, const float* a, const float* bt, int R, int in,
                  Stream s) {
   if (!lora_decode_supported(rs)) throw std::invalid_argument("lora_decode: stacked rank above 192");
   const int parts = lora_decode_parts(in);
-  lora_shrink_kernel<<<dim3((R + kShrinkRows - 1) / kShrinkRows, parts, (rs + kShrinkK - 1) / kShrinkK), 256, 0, s>>>(
-      x, a, R, in, rs, part);
+  launch_k(lora_shrink_kernel, dim3((R + kShrinkRows - 1) / kShrinkRows, parts, (rs + kShrinkK - 1) / kShrinkK),
+           dim3(256), 0, s, x, a, R, in, rs, part);
   check("lora_decode (A)");
-  lora_expand_kernel<<<dim3((N + kExpandTileCols - 1) / kExpandTileCols, (R + kExpandTileRows - 1) / kExpandTileRows),
-                       256, 0, s>>>(part, parts, bt, R, rs, N, out);
+  launch_k(lora_expand_kernel,
+           dim3((N + kExpandTileCols - 1) / kExpandTileCols, (R + kExpandTileRows - 1) / kExpandTileRows), dim3(256), 0,
+           s, part, parts, bt, R, rs, N, out);
   check("lora_decode (B)");
 }
 
@@ -1073,7 +1131,7 @@ void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, fl
   const int64_t n = int64_t(R) * I;
   int blocks = int((n + 255) / 256);
   if (blocks > 4096) blocks = 4096;
-  silu_mul_kernel<<<blocks, 256, 0, s>>>(gu, lora, n, I, out, out32);
+  launch_k(silu_mul_kernel, dim3(blocks), dim3(256), 0, s, gu, lora, n, I, out, out32);
   check("silu_mul");
 }
 
@@ -1082,10 +1140,11 @@ void sample_tokens(const bf16_t* logits, int R, int V, float temperature, uint64
                    int64_t hist_steps, Stream s) {
   const bool greedy = temperature <= 0;
   const float inv_t = greedy ? 1.f : 1.f / temperature;
-  sample_partial_kernel<<<dim3(kSampleBlocks, R), kSampleThreads, 0, s>>>(logits, V, inv_t, greedy, seed, step, work);
+  launch_k(sample_partial_kernel, dim3(kSampleBlocks, R), dim3(kSampleThreads), 0, s, logits, V, inv_t, greedy, seed,
+           step, work);
   check("sample_tokens");
-  sample_final_kernel<<<1, kSampleThreads, 0, s>>>(logits, R, V, inv_t, step, work, ids, pos, cap, hist_tokens,
-                                                   hist_logprobs, hist_steps);
+  launch_k(sample_final_kernel, dim3(1), dim3(kSampleThreads), 0, s, logits, R, V, inv_t, step, work, ids, pos, cap,
+           hist_tokens, hist_logprobs, hist_steps);
   check("sample_tokens final");
 }
 

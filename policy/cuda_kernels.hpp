@@ -3,6 +3,8 @@
 // with nvcc alone; policy/decoder.cpp is the only caller. Every kernel rounds to bf16 where the
 // eager LibTorch step (transformers' arithmetic) rounds, so the two agree to the order of
 // reductions. Row-major contiguous tensors throughout; `R` is the number of rows (sequences).
+// On Hopper the decode-step kernels are launched with programmatic dependent launch (each waits
+// for the kernel before it at its first instruction; KERNELRL_PDL=0 launches them plainly).
 #pragma once
 
 #include <cstdint>
