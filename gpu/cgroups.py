@@ -192,21 +192,23 @@ def oom_killed(pid) -> bool:
 
 def held_at_limit(pid, limit_bytes) -> bool:
     """Whether pid's group is being held at its memory limit: it has met the limit (memory.events
-    max or oom in v2, memory.failcnt in v1) and uses at least 90% of it now."""
+    max or oom in v2, memory.failcnt in v1) and uses at least 90% of it now, or did at its peak
+    (memory.peak in v2, memory.max_usage_in_bytes in v1: the kernel may have just reclaimed)."""
     for c, base in _base.items():
         group = os.path.join(base, f"p{pid}")
         if c == "unified":
             met = any(key in ("max", "oom", "oom_kill") and value.strip().isdigit() and int(value) > 0
                       for key, _, value in (line.partition(" ") for line in
                                             _read(os.path.join(group, "memory.events")).splitlines()))
-            now = _read(os.path.join(group, "memory.current")).strip()
+            used = [_read(os.path.join(group, name)).strip() for name in ("memory.current", "memory.peak")]
         elif c == "memory":
             failcnt = _read(os.path.join(group, "memory.failcnt")).strip()
             met = failcnt.isdigit() and int(failcnt) > 0
-            now = _read(os.path.join(group, "memory.usage_in_bytes")).strip()
+            used = [_read(os.path.join(group, name)).strip()
+                    for name in ("memory.usage_in_bytes", "memory.max_usage_in_bytes")]
         else:
             continue
-        if met and now.isdigit() and int(now) >= 0.9 * limit_bytes:
+        if met and any(u.isdigit() and int(u) >= 0.9 * limit_bytes for u in used):
             return True
     return False
 
@@ -255,3 +257,4 @@ def _kill(group):
             os.kill(int(line), signal.SIGKILL)
         except (OSError, ValueError):
             pass
+
