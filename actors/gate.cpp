@@ -18,6 +18,7 @@ struct gate_state {
   std::map<caf::actor_addr, caf::node_id> joiners;  // the actor that joined, watched: its
                                                     // connection dropping ends the membership
   std::map<caf::actor_addr, std::string> samplers;  // samplers registered by joined nodes
+  bool learner = false;                             // the learner node's learner registered
   uint64_t refused = 0;
   static inline const char* name = "gate";
 };
@@ -41,6 +42,19 @@ bool trusted(self_ptr self) {
   auto sender = self->current_sender();
   if (!sender) return false;
   return sender->node() == self->node() || self->state.joined.count(sender->node()) > 0;
+}
+
+// The name of the joined peer that sent the current message, if it is the run's learner node.
+caf::expected<std::string> learner_peer(self_ptr self, const GateArgs& args) {
+  auto sender = self->current_sender();
+  if (!trusted(self) || !sender) return refuse(self, "(not joined)", "the learner comes from a peer that has joined");
+  auto j = self->state.joined.find(sender->node());
+  const std::string node = j == self->state.joined.end() ? std::string() : j->second;
+  if (args.learner_node.empty() || node != args.learner_node)
+    return refuse(self, "\"" + node + "\"",
+                  args.learner_node.empty() ? std::string("this run's learner runs on the head")
+                                            : "this run's learner is node \"" + args.learner_node + "\"'s");
+  return node;
 }
 
 caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, caf::actor supervisor,
@@ -145,6 +159,26 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
           return;
         }
         self->send(dispatcher, skip_atom::value, std::move(r), std::move(why));
+      },
+      // The learner node: where the run's checkpoints go, then its learner and selector.
+      [=](learner_atom) -> caf::result<std::string, bool> {
+        auto node = learner_peer(self, args);
+        if (!node) return std::move(node.error());
+        return {args.run_dir, args.resume};
+      },
+      [=](register_atom, learner_atom, caf::actor l, caf::actor sel) -> caf::result<bool> {
+        auto found = learner_peer(self, args);
+        if (!found) return std::move(found.error());
+        const std::string node = *found;
+        auto sender = self->current_sender();
+        if (!l || l.node() != sender->node() || (sel && sel.node() != sender->node()))
+          return refuse(self, "\"" + node + "\"", "a node registers its own learner only");
+        if (self->state.learner) return refuse(self, "\"" + node + "\"", "this run's learner is registered already");
+        self->state.learner = true;
+        lg->info("the learner of node \"{}\" registered", node);
+        if (supervisor) self->send(supervisor, register_atom::value, learner_atom::value, l, sel, node);
+        if (monitor) self->send(monitor, register_atom::value, l, std::string("learner"));
+        return true;
       },
       // A joined node's sampler: its own actor, registered once, named sampler-NODE-i.
       [=](register_atom, sampler_atom, caf::actor s, std::string id) -> caf::result<bool> {

@@ -15,11 +15,16 @@
 //               (register_atom, sampler_atom, actor, id) -> bool: a joined node's sampler is
 //               running (its own actor, once, named sampler-NODE-i; else refused);
 //               Rollout -> bool and (skip_atom, Rollout, why) from registered samplers only;
+//               (learner_atom) -> (run_dir, resume) and (register_atom, learner_atom, learner,
+//               selector) -> bool: from the joined node named learner_node only, its own actors,
+//               once;
 //               (stats_atom) -> Telemetry, the monitor's latest snapshot, for joined peers
 //               (`launch monitor HOST:PORT`)
 // Messages out: (register_atom, actor, id) -> dispatcher and supervisor (an evaluator);
 //               (register_atom, sampler_atom, actor, id) -> supervisor and (register_atom, actor,
-//               id) -> monitor (a sampler); Rollout (a request, its answer relayed) and
+//               id) -> monitor (a sampler); (register_atom, learner_atom, learner, selector,
+//               node) -> supervisor and (register_atom, learner, "learner") -> monitor (the learner
+//               node's); Rollout (a request, its answer relayed) and
 //               (skip_atom, Rollout, why) -> dispatcher
 #pragma once
 
@@ -30,8 +35,11 @@
 namespace kernelrl {
 
 struct GateArgs {
-  std::string cluster;  // [cluster] name; a node naming another is refused
-  std::string secret;   // the cluster secret (never logged)
+  std::string cluster;       // [cluster] name; a node naming another is refused
+  std::string secret;        // the cluster secret (never logged)
+  std::string learner_node;  // the node whose learner this run waits for ("": the head's own)
+  std::string run_dir;       // told to that node: where the run's checkpoints go
+  bool resume = false;       // ... and whether it resumes from the newest of them
 };
 
 // `monitor` answers (stats_atom) with the merged snapshot; may be invalid.

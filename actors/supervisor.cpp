@@ -36,6 +36,9 @@ struct supervisor_state {
   uint64_t sampler_waits = 0;                 // sampler join deadlines started (only the latest counts)
   bool sampler_deadline = false;              // one is running
   std::vector<std::string> refused_samplers;  // joined, but could not take the weights (why)
+  caf::actor learner, selector;               // args' or, from the learner node, as registered
+  bool start_waits = false;                   // the plan has come; a learning run waits for its learner
+  std::string last_checkpoint;                // the newest the learner saved ("": none this run)
   bool finished = false;
   uint64_t duplicates = 0, store_failures = 0;
   size_t evaluators_alive = 0;
@@ -84,6 +87,7 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
 }
 
 void apply(self_ptr self, const SupervisorArgs& args, Actions actions);
+void learner_lost(self_ptr self, const SupervisorArgs& args, const std::string& why);
 
 // Sends each sampler its part of a plan; `done` once every part is answered (a part whose sampler
 // went away counts as answered: the pool plans its groups again). A sampler refusing its part
@@ -195,15 +199,15 @@ void sampler_joined(self_ptr self, const SupervisorArgs& args, caf::actor s, con
     log::get("supervisor")->warn("{} registered twice: the second registration is ignored", name);
     return;
   }
-  if (!st.running) {
+  if (!st.running || st.start_waits) {  // the run has not started (or waits for its learner)
     st.early.emplace_back(std::move(s), name);
     return;
   }
-  if (!traits(args.experiment.mode).learns || !args.learner) {
+  if (!traits(args.experiment.mode).learns || !st.learner) {
     adopt_sampler(self, args, std::move(s), name);
     return;
   }
-  self->request(args.learner, caf::infinite, sync_atom::value, s, name)
+  self->request(st.learner, caf::infinite, sync_atom::value, s, name)
       .then([=](uint64_t) { adopt_sampler(self, args, s, name); },
             [=](caf::error& e) {
               const std::string why = error_text(self->system(), e);
@@ -253,20 +257,25 @@ void apply(self_ptr self, const SupervisorArgs& args, Actions actions) {
             [&](act::SampleAll&) { sample_all(self, args); },
             [&](act::LearnStep& a) {
               const uint32_t step = a.step;
-              self->request(args.learner, caf::infinite, plan_atom::value, a.step, a.groups)
+              self->request(st.learner, caf::infinite, plan_atom::value, a.step, a.groups)
                   .then([=](StepUpdate& u) { apply(self, args, self->state.experiment->updated(u)); },
                         [=](caf::error& e) {
+                          if (e == caf::sec::request_receiver_down && !args.learner_node.empty()) {
+                            learner_lost(self, args, fmt::format("it went away during step {}", step));
+                            return;
+                          }
                           finish(self, args,
                                  fmt::format("learner failed at step {}: {}", step, error_text(self->system(), e)));
                         });
             },
-            [&](act::Learn& a) { self->send(args.learner, train_atom::value, std::move(a.sample)); },
+            [&](act::Learn& a) { self->send(st.learner, train_atom::value, std::move(a.sample)); },
             [&](act::StepDone& a) {
               if (st.store && !st.store->record_step(run_id, a.stats))
                 lg->error("store: cannot record step {}: {}", a.stats.step, st.store->last_error());
-              if (args.selector) self->send(args.selector, record_atom::value, a.stats);
+              if (st.selector) self->send(st.selector, record_atom::value, a.stats);
             },
             [&](act::StepLearned& a) {
+              st.last_checkpoint = a.checkpoint.path;
               if (!st.store) return;
               if (!st.store->record_step(run_id, a.stats, a.learner))
                 lg->error("store: cannot record step {}: {}", a.stats.step, st.store->last_error());
@@ -274,12 +283,24 @@ void apply(self_ptr self, const SupervisorArgs& args, Actions actions) {
                 lg->error("store: cannot record checkpoint {}: {}", a.checkpoint.path, st.store->last_error());
             },
             [&](act::Keep& a) {
-              if (args.selector) self->send(args.selector, keep_atom::value, uint32_t(a.version));
+              if (st.selector) self->send(st.selector, keep_atom::value, uint32_t(a.version));
             },
             [&](act::Finish& a) { finish(self, args, a.error); },
         },
         action);
   }
+}
+
+// The learner node's learner is gone: the run ends, naming where it can go on from.
+void learner_lost(self_ptr self, const SupervisorArgs& args, const std::string& why) {
+  auto& st = self->state;
+  const std::string at = st.last_checkpoint.empty() ? std::string("no checkpoint of this run was saved")
+                                                    : fmt::format("its last checkpoint is {} (on node {})",
+                                                                  st.last_checkpoint, args.learner_node);
+  finish(self, args,
+         fmt::format("the learner of node {} is gone ({}); {}; once the node runs again, `launch CONFIG --resume "
+                     "{}` continues the run",
+                     args.learner_node, why, at, args.experiment.run_dir));
 }
 
 // The experiment starts: a learning mode once the learner has published its weights (a resumed
@@ -290,11 +311,21 @@ void start(self_ptr self, const SupervisorArgs& args) {
     apply(self, args, st.experiment->start(0, {}, {}));
     return;
   }
-  if (!args.learner) {
+  if (!st.learner && !args.learner_node.empty()) {  // the learner node's has not registered yet
+    if (st.start_waits) return;
+    st.start_waits = true;
+    log::get("supervisor")
+        ->info("waiting up to {:g} s for the learner of node {} to join", args.join_wait_s, args.learner_node);
+    self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(args.join_wait_s * 1000)), tick_atom::value,
+                       learner_atom::value);
+    return;
+  }
+  st.start_waits = false;
+  if (!st.learner) {
     finish(self, args, fmt::format("{} mode needs a learner", name(args.experiment.mode)));
     return;
   }
-  self->request(args.learner, caf::infinite, sync_atom::value, st.samplers)
+  self->request(st.learner, caf::infinite, sync_atom::value, st.samplers)
       .then(
           [=](uint64_t v) {
             auto& st = self->state;
@@ -315,6 +346,8 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
   auto lg = log::get("supervisor");
   std::string err;
   auto& st0 = self->state;
+  st0.learner = args.learner;
+  st0.selector = args.selector;
   st0.experiment = make_experiment(args.experiment);
   st0.store = Store::open(args.store_path, args.synchronous, err);
   if (!st0.store)
@@ -337,6 +370,10 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
   };
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
+    if (st.learner && dm.source == st.learner.address()) {  // the learner node's (the only one watched)
+      learner_lost(self, args, self->system().render(dm.reason));
+      return;
+    }
     for (size_t i = 0; i < st.samplers.size(); ++i)
       if (st.samplers[i].address() == dm.source) {
         sampler_lost(self, args, i, self->system().render(dm.reason));
@@ -367,11 +404,35 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
           if (st.finished) return st.done;
         }
         start(self, args);
-        for (auto& [s, name] : std::exchange(st.early, {})) sampler_joined(self, args, s, name);
+        if (!st.start_waits)  // else they are taken once the learner has joined
+          for (auto& [s, name] : std::exchange(st.early, {})) sampler_joined(self, args, s, name);
         return st.done;
       },
       [=](register_atom, sampler_atom, caf::actor s, const std::string& name) {  // from the gate
         sampler_joined(self, args, std::move(s), name);
+      },
+      [=](register_atom, learner_atom, caf::actor l, caf::actor sel, const std::string& node) {  // from the gate
+        auto& st = self->state;
+        if (st.finished || !l) return;
+        if (st.learner || args.learner_node.empty()) {
+          lg->warn("a learner from node {} registered, but this run has its learner: ignored", node);
+          return;
+        }
+        st.learner = std::move(l);
+        st.selector = std::move(sel);
+        self->monitor(st.learner);
+        lg->info("the learner of node {} joined", node);
+        if (!st.start_waits) return;  // the plan has not come yet: start() finds it
+        start(self, args);
+        for (auto& [s, name] : std::exchange(st.early, {})) sampler_joined(self, args, s, name);
+      },
+      [=](tick_atom, learner_atom) {  // the learner join deadline
+        auto& st = self->state;
+        if (st.finished || st.learner) return;
+        finish(self, args,
+               fmt::format("the learner of node {} did not join within {:g} s ([cluster] join_wait_s): start it with "
+                           "`launch CONFIG --node {}`",
+                           args.learner_node, args.join_wait_s, args.learner_node));
       },
       [=](tick_atom, sampler_atom, uint64_t n) {  // a sampler join deadline
         auto& st = self->state;

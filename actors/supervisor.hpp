@@ -16,10 +16,15 @@
 // gate) is first brought to the current policy version by the learner, then takes its share and
 // any groups that waited. The learner publishes to all of them.
 // (eval and best_of_n sample every task once on the first live sampler; its loss ends the run.)
+// The learner on another node (learner_node set, learner not): a learning run starts once that
+// node's learner and checkpoint selector register ((register_atom, learner_atom, learner,
+// selector, node), through the gate), waiting join_wait_s for them; losing that learner ends the
+// run with an error that names its last checkpoint (`launch CONFIG --resume RUN_DIR` continues).
 // Messages in:  (plan_atom, vector<actor> samplers, vector<actor> evaluators) -> std::string summary JSON;
 //               (record_atom, ScoredRollout); (record_atom, Telemetry) (kept in the store);
 //               (register_atom, actor, id) (a remote evaluator joined); (register_atom,
-//               sampler_atom, actor, id) (a remote sampler joined); (stats_atom) -> Telemetry;
+//               sampler_atom, actor, id) (a remote sampler joined); (register_atom, learner_atom,
+//               actor learner, actor selector, node) (the learner node's); (stats_atom) -> Telemetry;
 //               down messages of the samplers and evaluators it watches
 #pragma once
 
@@ -41,6 +46,7 @@ struct SupervisorArgs {
   bool resume = false;                 // continue a run from its store and checkpoints
   caf::actor learner;                  // learning modes: the learner actor
   caf::actor selector;                 // checkpoint_selector (StepStats score its checkpoints)
+  std::string learner_node;            // learning modes, cluster: the node whose learner joins (learner unset)
 };
 
 caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args);

@@ -1,6 +1,6 @@
 """A short train run with its roles in separate `launch` processes on one machine, beside the same
-run in one process: the head (supervisor, learner, monitor), a sampler node and an evaluator node,
-each started as a user starts it on its own machine, sharing this machine's GPU; then the same
+run in one process: the head (supervisor, monitor), a sampler node, a learner node and an evaluator
+node, each started as a user starts it on its own machine, sharing this machine's GPU; then the same
 config with every role in one process. Figures of each: samples per second over the run's wall
 time, the median time between steps, and the weight sync (seconds until every sampler
 acknowledged a new version, and the megabytes each was sent).
@@ -30,7 +30,7 @@ def free_port():
 
 
 def config(d, a, spread):
-    """The run's config: with spread, three [[node]]s on loopback; else one node with every role."""
+    """The run's config: with spread, four [[node]]s on loopback; else one node with every role."""
     evaluator = 'gpus = "auto"' if a.device.startswith("cuda") else "cpu_slots = 1"
 
     if spread:
@@ -39,12 +39,16 @@ def config(d, a, spread):
 name = "head"
 host = "127.0.0.1"
 port = {free_port()}
-roles = ["supervisor", "learner", "monitor"]
+roles = ["supervisor", "monitor"]
 [[node]]
 name = "gen"
 host = "127.0.0.1"
 roles = ["sampler"]
 sampler_devices = ["{a.device}"]
+[[node]]
+name = "train"
+host = "127.0.0.1"
+roles = ["learner"]
 [[node]]
 name = "eval"
 host = "127.0.0.1"
@@ -133,15 +137,15 @@ def run_single(launch, cfg, d, env):
 
 def run_spread(launch, cfg, d, env):
     run_dir = os.path.join(d, "spread-run")
-    logs = {n: open(os.path.join(d, "spread-%s.log" % n), "w") for n in ("head", "gen", "eval")}
+    logs = {n: open(os.path.join(d, "spread-%s.log" % n), "w") for n in ("head", "gen", "train", "eval")}
     procs = {"head": subprocess.Popen([launch, cfg, "--run-dir", run_dir], stdout=logs["head"],
                                       stderr=subprocess.STDOUT, env=env)}
     time.sleep(1)
-    for n in ("eval", "gen"):
+    for n in ("eval", "train", "gen"):
         procs[n] = subprocess.Popen([launch, cfg, "--node", n], stdout=logs[n], stderr=subprocess.STDOUT, env=env)
     try:
         rc = procs["head"].wait(timeout=3600)
-        for n in ("gen", "eval"):
+        for n in ("gen", "train", "eval"):
             procs[n].wait(timeout=120)
     finally:
         for p in procs.values():
@@ -182,10 +186,10 @@ def main():
     single_dir, rc = run_single(a.launch, config(d, a, False), d, env)
     out["single"] = dict(figures(single_dir), rc=rc, processes=1)
     spread_dir, rc, rcs = run_spread(a.launch, config(d, a, True), d, env)
-    out["spread"] = dict(figures(spread_dir), rc=rc, node_rcs=rcs, processes=3)
+    out["spread"] = dict(figures(spread_dir), rc=rc, node_rcs=rcs, processes=4)
     print("%-28s %9s %8s %9s %10s %12s %12s %8s" % ("run", "samples", "wall s", "samples/s", "step s", "sync s (med)",
                                                    "sync s (max)", "MB/ver"))
-    for k, label in (("single", "one process"), ("spread", "head + sampler + evaluator")):
+    for k, label in (("single", "one process"), ("spread", "head+sampler+learner+eval")):
         f = out[k]
         fmt = lambda v, p=3: "-" if v is None else ("%.*f" % (p, v))  # noqa: E731
         print("%-28s %9d %8.1f %9.2f %10s %12s %12s %8s" % (label, f["samples"], f["wall_s"], f["samples_per_s"],

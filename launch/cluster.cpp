@@ -3,6 +3,7 @@
 // and learner, and stops when the head is gone.
 #include "launch/cluster.hpp"
 #include "launch/commands.hpp"
+#include "launch/learning.hpp"
 #include "launch/samplers.hpp"
 #include "launch/setup.hpp"
 
@@ -19,6 +20,9 @@
 #include <caf/openssl/all.hpp>
 
 #include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -54,6 +58,13 @@ const NodeConfig& head_node(const Config& cfg) {
   for (auto& n : cfg.nodes)
     if (has_role(n, "supervisor")) return n;
   return cfg.nodes.front();
+}
+
+const NodeConfig* learner_node(const Config& cfg) {
+  if (!is_cluster(cfg) || has_role(head_node(cfg), "learner")) return nullptr;
+  for (auto& n : cfg.nodes)
+    if (has_role(n, "learner")) return &n;
+  return nullptr;
 }
 
 void head_address(const Config& cfg, std::string& host, uint16_t& port) {
@@ -129,6 +140,31 @@ std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& 
     out.push_back(ea);
   }
   return out;
+}
+
+void stop_actor_system(std::unique_ptr<caf::actor_system> sys, std::chrono::seconds grace, int code) {
+  // The system is destroyed here, on this thread, as it would be without the watch; a watchdog
+  // ends the process if that takes longer than `grace`.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock lk(mu);
+    if (cv.wait_for(lk, grace, [&] { return done; })) return;
+    log::get("launch")->warn("the actor system did not stop within {} s after the work ended; leaving without it",
+                             grace.count());
+    spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
+  });
+  sys.reset();
+  {
+    std::lock_guard lk(mu);
+    done = true;
+  }
+  cv.notify_all();
+  watchdog.join();
 }
 
 std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::string& host, uint16_t port,
@@ -215,14 +251,17 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
   // joining (a model that does not load is a clear error here, not a dead sampler later).
   SamplerArgs sampling;
   std::vector<std::shared_ptr<SamplerBackend>> backends;
-  if (has_role(node, "sampler")) {
+  const bool learns = has_role(node, "learner") && traits(cfg.experiment.mode).learns;
+  std::vector<RenderedPrompt> rendered;
+  if (has_role(node, "sampler") || (learns && cfg.experiment.mode == Mode::sdpo)) {
     TaskSet tasks, eval_tasks;
-    std::vector<RenderedPrompt> rendered;
     if (!load_experiment_tasks(cfg, tasks, eval_tasks, err) ||
         !render_task_prompts(cfg, tasks, eval_tasks, rendered, err)) {
       std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), err.c_str());
       return 2;
     }
+  }
+  if (has_role(node, "sampler")) {
     sampling = sampler_settings(cfg);
     for (auto& p : rendered) sampling.prompts.push_back({p.task_id, p.prompt});
     try {
@@ -237,69 +276,117 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
   add_message_types(sys_cfg);
   configure_middleman(sys_cfg, cfg.cluster);
   sys_cfg.set("logger.verbosity", caf::atom("quiet"));
-  caf::actor_system sys{sys_cfg};
-
-  bool refused = false;
-  // The join is made by an actor that lives as long as this node: the head watches it, and
-  // its connection dropping ends this node's membership.
-  caf::scoped_actor self{sys};
-  auto joined = join_cluster(self, host, port, name, cfg.cluster.name, *secret, std::max(1.0, cfg.cluster.join_wait_s),
-                             err, refused, nullptr);
-  if (!joined) {
-    std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), err.c_str());
-    return refused ? 2 : 1;
-  }
-  caf::actor gate = *joined;
-  std::printf("node %s joined cluster %s at %s:%u\n", name.c_str(), cfg.cluster.name.c_str(), host.c_str(),
-              unsigned(port));
-  std::fflush(stdout);
-
-  std::vector<caf::actor> actors;  // evaluators, then samplers
-  for (auto& ea : node_evaluators(cfg, node, log_dir)) actors.push_back(spawn_evaluator(sys, ea, gate));
-  const size_t evaluators = actors.size();
-  for (size_t i = 0; i < backends.size(); ++i) {
-    SamplerArgs one = sampling;
-    one.backend = backends[i];
-    one.id = sampler_name(node, false, i);
-    const std::string id = one.id;
-    auto s = spawn_sampler(sys, std::move(one), gate);  // its rollouts go through the gate
-    bool registered = false;
-    self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value, s, id)
-        .receive([&](bool) { registered = true; },
-                 [&](caf::error& e) {
-                   lg->error("node {}: the head did not take sampler {}: {}", name, id, error_text(sys, e));
-                 });
-    if (!registered) {
-      self->send_exit(s, caf::exit_reason::user_shutdown);
-      continue;
+  auto sysp = std::make_unique<caf::actor_system>(sys_cfg);
+  auto& sys = *sysp;
+  const int code = [&]() -> int {
+    bool refused = false;
+    // The join is made by an actor that lives as long as this node: the head watches it, and
+    // its connection dropping ends this node's membership.
+    caf::scoped_actor self{sys};
+    auto joined = join_cluster(self, host, port, name, cfg.cluster.name, *secret,
+                               std::max(1.0, cfg.cluster.join_wait_s), err, refused, nullptr);
+    if (!joined) {
+      std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), err.c_str());
+      return refused ? 2 : 1;
     }
-    actors.push_back(s);
-  }
-  lg->info("node {}: {} evaluator(s) and {} sampler(s) started; logs in {}", name, evaluators,
-           actors.size() - evaluators, log_dir);
+    caf::actor gate = *joined;
+    std::printf("node %s joined cluster %s at %s:%u\n", name.c_str(), cfg.cluster.name.c_str(), host.c_str(),
+                unsigned(port));
+    std::fflush(stdout);
 
-  // Run until the head is gone (the run ended, or the link went silent past peer_timeout_s).
-  self->monitor(gate);
-  for (auto& a : actors) self->monitor(a);
-  size_t alive = actors.size();
-  int rc = 0;
-  bool head_gone = false;
-  while (!head_gone && alive > 0) {
-    self->receive([&](caf::down_msg& dm) {
-      if (dm.source == gate.address()) {
-        head_gone = true;
-        lg->info("node {}: the head is gone ({}); stopping", name, sys.render(dm.reason));
-      } else {
-        --alive;
+    std::vector<caf::actor> actors;  // evaluators, then samplers, then the learner and its selector
+    // The learner role: the head names the run directory (its checkpoints go there, on this
+    // machine) and whether the run resumes; the model loads, then the learner registers.
+    LearningActors learning;
+    if (learns) {
+      std::string run_dir, fail;
+      bool resume = false;
+      self->request(gate, std::chrono::seconds(30), learner_atom::value)
+          .receive(
+              [&](std::string& dir, bool r) {
+                run_dir = std::move(dir);
+                resume = r;
+              },
+              [&](caf::error& e) { fail = error_text(sys, e); });
+      if (!fail.empty()) {
+        std::fprintf(stderr, "launch: %s: the head did not take this node's learner: %s\n", how.c_str(), fail.c_str());
+        return 2;
       }
-    });
-  }
-  if (alive == 0 && !head_gone) {
-    lg->error("node {}: every evaluator and sampler stopped (see the errors above)", name);
-    rc = 1;
-  }
-  for (auto& a : actors) self->send_exit(a, caf::exit_reason::user_shutdown);
-  return rc;
+      std::map<std::string, std::string> users;
+      for (auto& p : rendered) users[p.task_id] = p.user;
+      try {
+        fs::create_directories(fs::path(run_dir) / "checkpoints");
+        learning = spawn_learning(sys, cfg, users, run_dir, make_engine(cfg, run_dir, resume));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), e.what());
+        return 2;
+      }
+      bool registered = false;
+      self->request(gate, std::chrono::seconds(30), register_atom::value, learner_atom::value, learning.learner,
+                    learning.selector)
+          .receive([&](bool) { registered = true; },
+                   [&](caf::error& e) {
+                     lg->error("node {}: the head did not take its learner: {}", name, error_text(sys, e));
+                   });
+      if (!registered) {
+        self->send_exit(learning.learner, caf::exit_reason::user_shutdown);
+        self->send_exit(learning.selector, caf::exit_reason::user_shutdown);
+        return 1;
+      }
+      lg->info("node {}: the learner runs here; checkpoints in {}/checkpoints", name, run_dir);
+    }
+    for (auto& ea : node_evaluators(cfg, node, log_dir)) actors.push_back(spawn_evaluator(sys, ea, gate));
+    const size_t evaluators = actors.size();
+    for (size_t i = 0; i < backends.size(); ++i) {
+      SamplerArgs one = sampling;
+      one.backend = backends[i];
+      one.id = sampler_name(node, false, i);
+      const std::string id = one.id;
+      auto s = spawn_sampler(sys, std::move(one), gate);  // its rollouts go through the gate
+      bool registered = false;
+      self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value, s, id)
+          .receive([&](bool) { registered = true; },
+                   [&](caf::error& e) {
+                     lg->error("node {}: the head did not take sampler {}: {}", name, id, error_text(sys, e));
+                   });
+      if (!registered) {
+        self->send_exit(s, caf::exit_reason::user_shutdown);
+        continue;
+      }
+      actors.push_back(s);
+    }
+    lg->info("node {}: {} evaluator(s) and {} sampler(s) started; logs in {}", name, evaluators,
+             actors.size() - evaluators, log_dir);
+    if (learning.learner) {
+      actors.push_back(learning.learner);
+      actors.push_back(learning.selector);
+    }
+
+    // Run until the head is gone (the run ended, or the link went silent past peer_timeout_s).
+    self->monitor(gate);
+    for (auto& a : actors) self->monitor(a);
+    size_t alive = actors.size();
+    int rc = 0;
+    bool head_gone = false;
+    while (!head_gone && alive > 0) {
+      self->receive([&](caf::down_msg& dm) {
+        if (dm.source == gate.address()) {
+          head_gone = true;
+          lg->info("node {}: the head is gone ({}); stopping", name, sys.render(dm.reason));
+        } else {
+          --alive;
+        }
+      });
+    }
+    if (alive == 0 && !head_gone) {
+      lg->error("node {}: every evaluator, sampler and learner stopped (see the errors above)", name);
+      rc = 1;
+    }
+    for (auto& a : actors) self->send_exit(a, caf::exit_reason::user_shutdown);
+    return rc;
+  }();
+  stop_actor_system(std::move(sysp), std::chrono::seconds(10), code);
+  return code;
 }
 
 }  // namespace
@@ -325,10 +412,10 @@ int run_node(const Config& cfg, const std::string& name) {
     return 2;
   }
   for (auto& r : node->roles) {
-    if (r != "evaluator" && r != "sampler") {
+    if (r != "evaluator" && r != "sampler" && r != "learner") {
       std::fprintf(stderr,
                    "launch: --node %s: role \"%s\" runs on the head only in this version; "
-                   "a node of its own runs evaluators and samplers\n",
+                   "a node of its own runs evaluators, samplers and the learner\n",
                    name.c_str(), r.c_str());
       return 2;
     }

@@ -7,7 +7,9 @@
 
 #include <caf/fwd.hpp>
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +22,9 @@ bool has_role(const NodeConfig& n, const std::string& role);
 bool is_cluster(const Config& cfg);
 // The node with the supervisor role (config validation guarantees one).
 const NodeConfig& head_node(const Config& cfg);
+// In a cluster, the node other than the head that has the learner role (its learner and checkpoint
+// selector join the head from there); null when the head runs the learner.
+const NodeConfig* learner_node(const Config& cfg);
 // Where nodes reach the head: [cluster] head, else the head node's host and port.
 void head_address(const Config& cfg, std::string& host, uint16_t& port);
 // Loads the io middleman with heartbeats and the peer timeout of [cluster].
@@ -35,6 +40,13 @@ void unpublish_gate(const caf::actor& gate);
 std::vector<std::string> evaluator_devices(const NodeConfig& node);
 
 std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& node, const std::string& log_dir);
+// Destroys the actor system (which waits for every actor to be gone), for at most `grace`; past
+// it the process ends at once with `code`, its logs flushed. CAF 0.17 can keep a detached actor
+// alive until its last request's timeout or hang on its thread at shutdown (CAF issues 698 and
+// 1196, fixed in 0.18): a process whose work is done must not linger for that. (Evaluator workers
+// end with their parent: they watch it.)
+void stop_actor_system(std::unique_ptr<caf::actor_system> sys, std::chrono::seconds grace, int code);
+
 // Connects to the head's gate at host:port (retrying for wait_s) and proves the secret as peer
 // `name` of `cluster` ("": the name the head announces). The gate, or nullopt with `err` and
 // `refused` (true: the head answered and said no; false: it could not be reached). `self` makes

@@ -20,6 +20,7 @@
 #include "launch/cli.hpp"
 #include "launch/cluster.hpp"
 #include "launch/commands.hpp"
+#include "launch/learning.hpp"
 #include "launch/samplers.hpp"
 #include "launch/setup.hpp"
 #include "learner/lora_learner.hpp"
@@ -233,7 +234,9 @@ std::optional<std::string> open_run_dir(const Config& cfg, const std::string& co
               mode.name);
     return std::nullopt;
   }
-  if (resume && (!fs::exists(fs::path(arg) / cfg.store.file) || latest_checkpoint(arg).empty())) {
+  // (A learner on another node keeps the checkpoints there: it checks them when it joins.)
+  if (resume &&
+      (!fs::exists(fs::path(arg) / cfg.store.file) || (latest_checkpoint(arg).empty() && !learner_node(cfg)))) {
     lg->error("--resume {}: not a train run directory (no {} or no checkpoints/step-N)", arg, cfg.store.file);
     return std::nullopt;
   }
@@ -293,61 +296,6 @@ void log_start(const Config& cfg, const RunInputs& in, const std::string& run_id
              in.tasks.size(), std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
 }
 
-// A learning run's model and adapter (a resumed run: its latest checkpoint's, optimizer
-// included); throws when they do not load.
-std::shared_ptr<LoraLearner> make_engine(const Config& cfg, const std::string& run_dir, bool resume) {
-  LearnerOptions lo;
-  lo.model_dir = cfg.policy.model;
-  lo.adapter_dir = cfg.policy.adapter;
-  lo.device = cfg.learner.device;
-  lo.dtype = cfg.learner.dtype;
-  lo.lora_rank = cfg.learner.lora_rank;
-  lo.lora_alpha = cfg.learner.lora_alpha;
-  lo.lora_dropout = cfg.learner.lora_dropout;
-  lo.lora_targets = cfg.learner.lora_targets;
-  lo.seed = cfg.experiment.seed;
-  lo.estimator = cfg.learner.algorithm;
-  lo.adv_eps = cfg.learner.adv_eps;
-  lo.learning_rate = cfg.learner.learning_rate;
-  lo.weight_decay = cfg.learner.weight_decay;
-  lo.max_grad_norm = cfg.learner.max_grad_norm;
-  lo.schedule = cfg.learner.lr_schedule;
-  lo.warmup_steps = cfg.learner.warmup_steps;
-  lo.total_steps = cfg.learner.steps;
-  lo.temperature = cfg.sampler.temperature;
-  lo.clip_low = cfg.learner.clip_low;
-  lo.clip_high = cfg.learner.clip_high;
-  lo.kl_coef = cfg.learner.kl_coef;
-  lo.entropy_coef = cfg.learner.entropy_coef;
-  lo.objective = traits(cfg.experiment.mode).objective;
-  lo.sdpo_beta = cfg.sdpo.beta;
-  lo.aggregation = cfg.learner.aggregation;
-  lo.minibatch_size = cfg.learner.minibatch_size;
-  lo.activation_checkpointing = cfg.learner.activation_checkpointing;
-  auto engine = LoraLearner::create(lo);
-  if (!resume) return engine;
-  // The newest checkpoint that is whole (its manifest's sizes and hashes) and loads; a damaged one
-  // (a disk that filled while it was written, a file changed since) is passed over, said so.
-  auto lg = log::get("launch");
-  auto all = list_checkpoints((fs::path(run_dir) / "checkpoints").string());
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    std::string why;
-    if (fs::exists(fs::path(it->second) / "manifest.json") && !verify_manifest(it->second, true, why)) {
-      lg->warn("checkpoint {} is not whole ({}); trying the one before it", it->second, why);
-      continue;
-    }
-    try {
-      engine->load_checkpoint(it->second);
-    } catch (const std::exception& e) {
-      lg->warn("{}; trying the checkpoint before it", e.what());
-      continue;
-    }
-    lg->info("resuming from {} (policy version {})", it->second, engine->version());
-    return engine;
-  }
-  throw std::runtime_error("--resume " + run_dir + ": no checkpoint in " + run_dir + "/checkpoints is whole");
-}
-
 // The actors of one run on the head, and their shutdown.
 struct RunActors {
   caf::actor supervisor, reward, dispatcher, learner, selector, monitor, gate;
@@ -360,33 +308,6 @@ struct RunActors {
     for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
   }
 };
-
-// The learner and its checkpoint selector (learning modes).
-void spawn_learning(caf::actor_system& sys, const Config& cfg, const RunInputs& in, const std::string& run_dir,
-                    std::shared_ptr<LoraLearner> engine, RunActors& run) {
-  const auto checkpoints = (fs::path(run_dir) / "checkpoints").string();
-  run.selector = spawn_checkpoint_selector(sys, SelectorArgs{checkpoints, cfg.learner.keep_last});
-  LearnerArgs la;
-  la.engine = std::move(engine);
-  la.group_size = cfg.learner.group_size;
-  la.selector = run.selector;
-  la.checkpoint_dir = checkpoints;
-  la.sync_timeout_s = cfg.learner.sync_timeout_s;
-  if (cfg.experiment.mode == Mode::sdpo) {
-    la.sdpo_enabled = true;
-    la.sdpo.context = cfg.sdpo.context;
-    la.sdpo.demonstration = cfg.sdpo.demonstration;
-    la.sdpo.beta = cfg.sdpo.beta;
-    la.sdpo.max_error_chars = cfg.sdpo.max_error_chars;
-    la.teacher_log = (fs::path(run_dir) / "teacher.jsonl").string();
-    la.teacher_prompt = [policy = cfg.policy, users = in.user_messages](const std::string& task,
-                                                                        const std::string& section) {
-      auto it = users.find(task);
-      return render_prompt(policy, teacher_user_message(it == users.end() ? std::string() : it->second, section));
-    };
-  }
-  run.learner = spawn_learner(sys, la);
-}
 
 // Every actor of the run on this process (the head): evaluators first (their workers take a few
 // seconds to import torch), then the rest; in a cluster, the gate other nodes join through.
@@ -413,9 +334,13 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   sa.resume = resume;
   if (cluster) sa.join_wait_s = cfg.cluster.join_wait_s;
   if (traits(cfg.experiment.mode).learns) {
-    spawn_learning(sys, cfg, in, run_dir, std::move(engine), run);
-    sa.learner = run.learner;
-    sa.selector = run.selector;
+    if (const NodeConfig* ln = learner_node(cfg)) {  // it joins from its node
+      sa.learner_node = ln->name;
+    } else {
+      auto la = spawn_learning(sys, cfg, in.user_messages, run_dir, std::move(engine));
+      run.learner = sa.learner = la.learner;
+      run.selector = sa.selector = la.selector;
+    }
   }
   run.supervisor = spawn_supervisor(sys, sa);
   run.reward = spawn_reward(sys, cfg.reward, run.supervisor, caf::actor{});
@@ -481,7 +406,13 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   run.monitor = spawn_monitor(sys, ma, watched, run.supervisor);
   if (!cluster) return run;
   const auto& head = head_node(cfg);  // it listens on its own host and port
-  run.gate = spawn_gate(sys, GateArgs{cfg.cluster.name, secret}, run.dispatcher, run.supervisor, run.monitor);
+  GateArgs ga{cfg.cluster.name, secret};
+  if (traits(cfg.experiment.mode).learns && learner_node(cfg)) {
+    ga.learner_node = learner_node(cfg)->name;
+    ga.run_dir = fs::absolute(run_dir).string();
+    ga.resume = resume;
+  }
+  run.gate = spawn_gate(sys, ga, run.dispatcher, run.supervisor, run.monitor);
   auto bound = publish_gate(run.gate, head.port, head.host);
   if (!bound) {
     lg->error("cannot listen on {}:{}: {}", head.host, head.port, sys.render(bound.error()));
@@ -561,7 +492,11 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
       backends = make_backends(*cfg, *run_dir, head_node(*cfg), true);
     else
       lg->info("the head runs no sampler: the samplers of the nodes with the sampler role join it");
-    if (traits(cfg->experiment.mode).learns) engine = make_engine(*cfg, *run_dir, resume);
+    if (traits(cfg->experiment.mode).learns && !learner_node(*cfg))
+      engine = make_engine(*cfg, *run_dir, resume);
+    else if (traits(cfg->experiment.mode).learns)
+      lg->info("the learner runs on node {}: it joins the head with `launch {} --node {}`", learner_node(*cfg)->name,
+               config_path, learner_node(*cfg)->name);
   } catch (const std::exception& e) {
     lg->error("{}", e.what());
     return 2;
@@ -570,10 +505,15 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   add_message_types(sys_cfg);
   if (is_cluster(*cfg)) configure_middleman(sys_cfg, cfg->cluster);
   sys_cfg.set("logger.verbosity", caf::atom("quiet"));
-  caf::actor_system sys{sys_cfg};
-  auto run = spawn_run(sys, *cfg, std::move(*in), *run_dir, run_id, resume, backends, engine, secret, config_path);
-  if (!run) return 2;
-  return run_to_end(sys, *run, *run_dir);
+  auto sys = std::make_unique<caf::actor_system>(sys_cfg);
+  const int code = [&] {
+    auto run = spawn_run(*sys, *cfg, std::move(*in), *run_dir, run_id, resume, backends, std::move(engine), secret,
+                         config_path);
+    return run ? run_to_end(*sys, *run, *run_dir) : 2;
+  }();
+  backends.clear();
+  stop_actor_system(std::move(sys), std::chrono::seconds(10), code);
+  return code;
 }
 
 }  // namespace kernelrl

@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 13;
+inline constexpr uint32_t protocol_version = 14;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -330,6 +330,11 @@ using hello_atom = caf::atom_constant<caf::atom("hello")>;
 // -> supervisor, which has the learner bring it to the current policy version before it plans
 // work for it); its rollouts go through the gate to the dispatcher.
 using sampler_atom = caf::atom_constant<caf::atom("sampler")>;
+// The learner on another node: (learner_atom) -> (std::string run_dir, bool resume) (node -> gate:
+// where its checkpoints go, and whether it resumes from the newest there); then (register_atom,
+// learner_atom, learner, checkpoint_selector) -> bool (node -> gate -> supervisor, which starts a
+// learning run once its learner is in).
+using learner_atom = caf::atom_constant<caf::atom("learner")>;
 
 // The text of an error for people: the message a peer or an actor put in it (e.g. the gate's
 // "refused by the head: ..."), else CAF's rendering of it.

@@ -2,8 +2,9 @@
 // through CAF's middleman like a node, but lets the test choose what it claims and what it
 // skips, to check that the gate refuses each with a clear message:
 //   peer_probe HOST PORT [--name N] [--cluster NAME] [--protocol N] [--secret S] [--no-join] ACTION
-// ACTION: join (hello, challenge, join), register (register an actor as an evaluator), stats
-// (ask for telemetry). Prints one line per answer: "ok ..." or "refused: <the head's error>".
+// ACTION: join (hello, challenge, join), register (register an actor as an evaluator), learner
+// (ask for the run directory, then register an actor as the run's learner), stats (ask for
+// telemetry). Prints one line per answer: "ok ..." or "refused: <the head's error>".
 // Exit 0 when every step was accepted, 3 when one was refused, 1 when the head is unreachable.
 #include "core/auth.hpp"
 #include "messages/messages.hpp"
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   if (argc < 4) {
     std::fprintf(stderr,
                  "usage: peer_probe HOST PORT [--name N] [--cluster NAME] [--protocol N] "
-                 "[--secret S] [--no-join] join|register|stats\n");
+                 "[--secret S] [--no-join] join|register|learner|stats\n");
     return 2;
   }
   std::string host = argv[1], name = "probe", cluster, secret, action;
@@ -83,6 +84,14 @@ int main(int argc, char** argv) {
     // was processed, and read the outcome from the head's log.
     self->request(*gate, t, hello_atom::value)
         .receive([&](std::vector<std::string>&) { std::printf("ok sent register\n"); }, refused);
+    anon_send_exit(dummy, caf::exit_reason::user_shutdown);
+  }
+  if (rc == 0 && action == "learner") {  // claims the run's learner: asks where it goes, then registers one
+    self->request(*gate, t, learner_atom::value)
+        .receive([&](std::string& dir, bool) { std::printf("ok learner run dir %s\n", dir.c_str()); }, refused);
+    auto dummy = sys.spawn([]() -> caf::behavior { return {[](stats_atom) { return uint64_t(0); }}; });
+    self->request(*gate, t, register_atom::value, learner_atom::value, dummy, caf::actor{})
+        .receive([&](bool) { std::printf("ok learner registered\n"); }, refused);
     anon_send_exit(dummy, caf::exit_reason::user_shutdown);
   }
   if (rc == 0 && action == "stats")

@@ -8,7 +8,14 @@ once a later step is under way and must be brought to the current policy version
 samples; then the first is killed with SIGKILL (its whole process group, as a machine dies) while
 it holds work. The run must finish with every planned sample stored exactly once, each sampled by
 the policy of its step, the dead node's unfinished groups sampled by the other.
+
+LearnerNodeTest: a train run whose learner (and checkpoint selector) runs on a node of its own,
+which writes the run's checkpoints; that node is killed with SIGKILL once step 2's checkpoint is
+written. The head must end the run naming the last checkpoint and the way on; then the head with
+--resume and the learner node started again finish the run, every step learned once and every
+planned sample stored once, each by the policy of its step.
 """
+import contextlib
 import json
 import os
 import re
@@ -20,7 +27,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_cluster import free_port, recorded, start_launch, wait_for, SECRET  # noqa: E402
+from test_cluster import PROBE, free_port, recorded, start_launch, wait_for, SECRET  # noqa: E402
 from test_train import tiny_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,7 +35,55 @@ LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch")
 STEPS, BATCH, GROUP = 10, 4, 2
 
 
-class SamplerNodesTest(unittest.TestCase):
+def read_log(f):
+    f.flush()
+    f.seek(0)
+    return f.read()
+
+
+@contextlib.contextmanager
+def launched(logs):
+    """The test's `launch` processes by name: on a failure every log's tail goes to stderr, and
+    whatever still runs at the end is killed (its whole process group)."""
+    procs = {}
+    try:
+        yield procs
+    except BaseException:
+        for n, f in logs.items():
+            sys.stderr.write("---- %s ----\n%s\n" % (n, read_log(f)[-3000:]))
+        raise
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def stored_once_on_policy(test, run_dir):
+    """The run's samples (`launch export`), checked: every planned sample stored once, each by the
+    policy of its step."""
+    export = [json.loads(line) for line in subprocess.run([LAUNCH, "export", run_dir, "--jsonl"], capture_output=True,
+                                                          text=True, check=True).stdout.splitlines()]
+    test.assertEqual(len(export), STEPS * BATCH * GROUP)
+    test.assertEqual(len({x["sample_id"] for x in export}), len(export))
+    for x in export:
+        test.assertEqual(x["policy_version"], x["step"], x["sample_id"])
+    return export
+
+
+def head_node(role):
+    """The head's [[node]] (port left to fill in): supervisor, evaluator, monitor and `role`."""
+    return """
+[[node]]
+name = "head"
+host = "127.0.0.1"
+port = {port}
+roles = ["supervisor", "%s", "evaluator", "monitor"]
+cpu_slots = 1""" % role
+
+
+class TinyModelCase(unittest.TestCase):
+    """A scratch folder with a tiny random Qwen2 in it, for the whole class."""
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="kernelrl-roles-")
@@ -38,7 +93,20 @@ class SamplerNodesTest(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def config(self, port):
+
+class SamplerNodesTest(TinyModelCase):
+
+    def config(self, port, nodes=None):
+        nodes = nodes or head_node("learner") + """
+[[node]]
+name = "gen-a"
+roles = ["sampler"]
+sampler_devices = ["cpu"]
+[[node]]
+name = "gen-b"
+roles = ["sampler"]
+sampler_devices = ["cpu"]
+"""
         with open(os.path.join(self.tmp, "cluster.secret"), "w") as f:
             f.write(SECRET + "\n")
         path = os.path.join(self.tmp, "roles.toml")
@@ -50,20 +118,7 @@ secret_file = "cluster.secret"
 heartbeat_s = 0.5
 peer_timeout_s = 3.0
 join_wait_s = 120.0
-[[node]]
-name = "head"
-host = "127.0.0.1"
-port = {port}
-roles = ["supervisor", "learner", "evaluator", "monitor"]
-cpu_slots = 1
-[[node]]
-name = "gen-a"
-roles = ["sampler"]
-sampler_devices = ["cpu"]
-[[node]]
-name = "gen-b"
-roles = ["sampler"]
-sampler_devices = ["cpu"]
+{nodes.format(port=port)}
 [tasks]
 dir = "{os.path.join(ROOT, "tasks", "bundled")}"
 ids = ["06_swish", "07_hardtanh_scale", "09_row_sum", "10_row_max"]
@@ -99,8 +154,7 @@ progress = false
         run_dir = os.path.join(self.tmp, "run")
         store = os.path.join(run_dir, "store.sqlite")
         logs = {n: open(os.path.join(self.tmp, n + ".log"), "w+") for n in ("head", "gen-a", "gen-b")}
-        procs = {}
-        try:
+        with launched(logs) as procs:
             procs["head"] = start_launch(cfg, logs["head"], "--run-dir", run_dir)
             procs["gen-a"] = start_launch(cfg, logs["gen-a"], "--node", "gen-a")
             wait_for(lambda: recorded(store, "step >= 2") > 0, 300, "samples of step 2")
@@ -110,26 +164,10 @@ progress = false
             procs["gen-a"].wait(timeout=30)
             self.assertEqual(procs["head"].wait(timeout=900), 0, self.read(logs["head"])[-4000:])
             self.assertEqual(procs["gen-b"].wait(timeout=60), 0, self.read(logs["gen-b"])[-3000:])
-        except BaseException:
-            for n, f in logs.items():
-                sys.stderr.write("---- %s ----\n%s\n" % (n, self.read(f)[-3000:]))
-            raise
-        finally:
-            for p in procs.values():
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-            head_log = self.read(logs["head"])
-            for f in logs.values():
-                f.close()
-        export = [json.loads(line) for line in subprocess.run([LAUNCH, "export", run_dir, "--jsonl"],
-                                                              capture_output=True, text=True,
-                                                              check=True).stdout.splitlines()]
-        # Every planned sample stored once, each by the policy of its step.
-        self.assertEqual(len(export), STEPS * BATCH * GROUP)
-        self.assertEqual(len({x["sample_id"] for x in export}), len(export))
-        for x in export:
-            self.assertEqual(x["policy_version"], x["step"], x["sample_id"])
+        head_log = self.read(logs["head"])
+        for f in logs.values():
+            f.close()
+        export = stored_once_on_policy(self, run_dir)
         by = {}
         for x in export:
             by.setdefault(x["sampler_id"], []).append(x["step"])
@@ -153,11 +191,64 @@ progress = false
             self.assertGreater(s["learner"]["weight_sync_mb"], 0, s)
             self.assertGreater(s["learner"]["weight_sync_s"], 0, s)
 
-    @staticmethod
-    def read(f):
-        f.flush()
-        f.seek(0)
-        return f.read()
+    read = staticmethod(read_log)
+
+
+class LearnerNodeTest(TinyModelCase):
+    NODES = head_node("sampler") + """
+[[node]]
+name = "trainer"
+roles = ["learner"]
+"""
+
+    def test_the_learner_on_its_own_node_dies_and_the_run_resumes(self):
+        cfg = SamplerNodesTest.config(self, free_port(), self.NODES)
+        run_dir = os.path.join(self.tmp, "run")
+        logs = {n: open(os.path.join(self.tmp, n + ".log"), "w+") for n in ("head", "trainer", "head2", "trainer2")}
+        read = read_log
+        with launched(logs) as procs:
+            procs["head"] = start_launch(cfg, logs["head"], "--run-dir", run_dir)
+            procs["trainer"] = start_launch(cfg, logs["trainer"], "--node", "trainer")
+            marker = os.path.join(run_dir, "checkpoints", "step-2", "learner.json")
+            wait_for(lambda: os.path.exists(marker) or procs["head"].poll() is not None, 600, "step 2's checkpoint")
+            self.assertTrue(os.path.exists(marker), read(logs["head"])[-3000:])
+            # A joined peer that is not the learner node gets neither the run directory nor the role.
+            with open(cfg) as f:
+                port = re.search(r"port = (\d+)", f.read()).group(1)
+            r = subprocess.run([PROBE, "127.0.0.1", port, "--cluster", "roles-test", "--secret", SECRET, "--name",
+                                "intruder", "learner"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+            self.assertIn("refused: refused by the head: this run's learner is node \"trainer\"'s", r.stdout)
+            os.killpg(procs["trainer"].pid, signal.SIGKILL)  # as its machine dies
+            procs["trainer"].wait(timeout=30)
+            self.assertNotEqual(procs["head"].wait(timeout=120), 0)
+            first = read(logs["head"])
+            self.assertIn("the learner of node trainer joined", first)
+            self.assertRegex(first, r"the learner of node trainer is gone \(.*\); its last checkpoint is \S+step-\d+ "
+                                    r"\(on node trainer\); once the node runs again, `launch CONFIG --resume \S+` "
+                                    r"continues the run")
+            # Started again, the other way round: the node first, it waits for the head.
+            procs["trainer2"] = start_launch(cfg, logs["trainer2"], "--node", "trainer")
+            procs["head2"] = start_launch(cfg, logs["head2"], "--resume", run_dir)
+            self.assertEqual(procs["head2"].wait(timeout=900), 0, read(logs["head2"])[-4000:])
+            self.assertEqual(procs["trainer2"].wait(timeout=60), 0, read(logs["trainer2"])[-3000:])
+        trainer2_log = read(logs["trainer2"])
+        for f in logs.values():
+            f.close()
+        self.assertIn("resuming from", trainer2_log)
+        self.assertIn("the learner runs here; checkpoints in", trainer2_log)
+        stored_once_on_policy(self, run_dir)
+        steps = json.loads(subprocess.run([LAUNCH, "analyze", run_dir, "--json"], capture_output=True, text=True,
+                                          check=True).stdout)["steps"]
+        self.assertEqual([s["step"] for s in steps], list(range(STEPS)))
+        self.assertTrue(os.path.isdir(os.path.join(run_dir, "checkpoints", "step-%d" % STEPS)))
+
+    def test_a_role_that_stays_on_the_head_is_refused_on_a_node(self):
+        cfg = SamplerNodesTest.config(self, free_port(), self.NODES + '[[node]]\nname = "watch"\nroles = ["monitor"]\n')
+        r = subprocess.run([LAUNCH, cfg, "--node", "watch"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn('role "monitor" runs on the head only in this version; a node of its own runs evaluators, '
+                      'samplers and the learner', r.stderr)
 
 
 if __name__ == "__main__":

@@ -485,4 +485,15 @@ TEST_CASE("a sampler node's own devices or servers are checked, and the replay s
   REQUIRE(e.size() == 2);
   CHECK(e[0].find("node[0].roles: the replay sampler runs on the head: give this node") != std::string::npos);
   CHECK(e[1].find("node[1].roles: the replay sampler runs on the head only") != std::string::npos);
+  // One node runs the learner: the head, or a node of its own.
+  const std::string sampler_head =
+      "[[node]]\nname = \"head\"\nport = 47000\nroles = [\"supervisor\", \"sampler\", \"evaluator\"]\n"
+      "cpu_slots = 1\n";
+  r = parse_config(tasks + libtorch + sampler_head + "[[node]]\nname = \"trainer\"\nroles = [\"learner\"]\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(r));
+  e = errors_of(tasks + libtorch + head + "[[node]]\nname = \"trainer\"\nroles = [\"learner\", \"sampler\"]\n",
+                s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].find("node[1].roles: the learner role is on node \"head\" already: one node runs a run's learner") !=
+        std::string::npos);
 }

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -500,5 +501,81 @@ TEST_CASE("a cluster run with no sampler of its own waits for one to join, or en
     CHECK(j["ok"] == true);
     CHECK(j["samples"] == 2);
     for (auto& a : {sup, evaluator, joiner}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+}
+
+TEST_CASE("a learning run whose learner is on another node starts once it joins and ends when it dies", "[learner]") {
+  ScriptedRun r("train", 3, 2, 0);
+  r.sa.learner_node = "trainer";
+  r.sa.join_wait_s = 30;
+  caf::scoped_actor self{*r.s.sys};
+  auto run = [&](caf::actor sup, caf::actor pipe, std::function<void()> meanwhile) {
+    auto h = self->request(sup, std::chrono::seconds(30), plan_atom::value, std::vector<caf::actor>{pipe},
+                           std::vector<caf::actor>{pipe});
+    meanwhile();
+    nlohmann::json j;
+    h.receive([&](std::string& summary) { j = nlohmann::json::parse(summary); },
+              [](caf::error&) { FAIL("no summary: the run hung"); });
+    return j;
+  };
+  SECTION("it joins after the plan: the run waits, then learns every step") {
+    auto sup = spawn_supervisor(*r.s.sys, r.sa);
+    auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
+    auto learner = scripted_learner(r.s, r.tmp, r.engine, 300);
+    auto j = run(sup, pipe, [&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      CHECK(r.engine->v == 0);  // nothing learned before it joined
+      self->send(sup, register_atom::value, learner_atom::value, learner, caf::actor{}, std::string("trainer"));
+    });
+    INFO(j.dump());
+    CHECK(j["ok"] == true);
+    CHECK(r.engine->v == 3);
+    for (auto& a : {learner, sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  SECTION("it never joins: the run ends after join_wait_s, saying how to start it") {
+    r.sa.join_wait_s = 0.3;
+    auto sup = spawn_supervisor(*r.s.sys, r.sa);
+    auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
+    auto j = run(sup, pipe, [] {});
+    INFO(j.dump());
+    CHECK(j["ok"] == false);
+    CHECK(j["error"].get<std::string>().find(
+              "the learner of node trainer did not join within 0.3 s ([cluster] join_wait_s): start it with "
+              "`launch CONFIG --node trainer`") != std::string::npos);
+    for (auto& a : {sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  SECTION("it dies mid-run: the run ends naming its last checkpoint and --resume") {
+    r.sa.experiment.steps = 100000;
+    auto sup = spawn_supervisor(*r.s.sys, r.sa);
+    auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
+    auto learner = scripted_learner(r.s, r.tmp, r.engine, 300);
+    auto j = run(sup, pipe, [&] {
+      self->send(sup, register_atom::value, learner_atom::value, learner, caf::actor{}, std::string("trainer"));
+      for (int i = 0; i < 5000 && !fs::exists(r.tmp.path / "checkpoints" / "step-2" / "learner.json"); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      self->send_exit(learner, caf::exit_reason::kill);
+    });
+    INFO(j.dump());
+    CHECK(j["ok"] == false);
+    const auto err = j["error"].get<std::string>();
+    CHECK(err.find("the learner of node trainer is gone") != std::string::npos);
+    CHECK(err.find("its last checkpoint is " + (r.tmp.path / "checkpoints" / "step-").string()) != std::string::npos);
+    CHECK(err.find("(on node trainer); once the node runs again, `launch CONFIG --resume " + r.tmp.path.string() +
+                   "` continues the run") != std::string::npos);
+    for (auto& a : {sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  SECTION("a second learner is ignored") {
+    r.sa.learner_node.clear();
+    auto learner = scripted_learner(r.s, r.tmp, r.engine, 300);
+    r.sa.learner = learner;
+    auto sup = spawn_supervisor(*r.s.sys, r.sa);
+    auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
+    auto other = r.s.sys->spawn(fake_pipeline, sup, false);  // would answer nothing a learner is asked
+    self->send(sup, register_atom::value, learner_atom::value, other, caf::actor{}, std::string("trainer"));
+    auto j = run(sup, pipe, [] {});
+    INFO(j.dump());
+    CHECK(j["ok"] == true);
+    CHECK(r.engine->v == 3);
+    for (auto& a : {learner, sup, pipe, other}) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
 }

@@ -1,0 +1,103 @@
+#include "launch/learning.hpp"
+
+#include "actors/checkpoint_selector.hpp"
+#include "actors/learner.hpp"
+#include "core/files.hpp"
+#include "core/log.hpp"
+#include "core/paths.hpp"
+#include "experiment/experiment.hpp"
+#include "learner/lora_learner.hpp"
+#include "learner/sdpo.hpp"
+#include "tasks/prompt.hpp"
+
+#include <caf/all.hpp>
+
+#include <filesystem>
+
+namespace fs = std::filesystem;
+
+namespace kernelrl {
+
+std::shared_ptr<LoraLearner> make_engine(const Config& cfg, const std::string& run_dir, bool resume) {
+  LearnerOptions lo;
+  lo.model_dir = cfg.policy.model;
+  lo.adapter_dir = cfg.policy.adapter;
+  lo.device = cfg.learner.device;
+  lo.dtype = cfg.learner.dtype;
+  lo.lora_rank = cfg.learner.lora_rank;
+  lo.lora_alpha = cfg.learner.lora_alpha;
+  lo.lora_dropout = cfg.learner.lora_dropout;
+  lo.lora_targets = cfg.learner.lora_targets;
+  lo.seed = cfg.experiment.seed;
+  lo.estimator = cfg.learner.algorithm;
+  lo.adv_eps = cfg.learner.adv_eps;
+  lo.learning_rate = cfg.learner.learning_rate;
+  lo.weight_decay = cfg.learner.weight_decay;
+  lo.max_grad_norm = cfg.learner.max_grad_norm;
+  lo.schedule = cfg.learner.lr_schedule;
+  lo.warmup_steps = cfg.learner.warmup_steps;
+  lo.total_steps = cfg.learner.steps;
+  lo.temperature = cfg.sampler.temperature;
+  lo.clip_low = cfg.learner.clip_low;
+  lo.clip_high = cfg.learner.clip_high;
+  lo.kl_coef = cfg.learner.kl_coef;
+  lo.entropy_coef = cfg.learner.entropy_coef;
+  lo.objective = traits(cfg.experiment.mode).objective;
+  lo.sdpo_beta = cfg.sdpo.beta;
+  lo.aggregation = cfg.learner.aggregation;
+  lo.minibatch_size = cfg.learner.minibatch_size;
+  lo.activation_checkpointing = cfg.learner.activation_checkpointing;
+  auto engine = LoraLearner::create(lo);
+  if (!resume) return engine;
+  // The newest checkpoint that is whole (its manifest's sizes and hashes) and loads; a damaged one
+  // (a disk that filled while it was written, a file changed since) is passed over, said so.
+  auto lg = log::get("launch");
+  auto all = list_checkpoints((fs::path(run_dir) / "checkpoints").string());
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    std::string why;
+    if (fs::exists(fs::path(it->second) / "manifest.json") && !verify_manifest(it->second, true, why)) {
+      lg->warn("checkpoint {} is not whole ({}); trying the one before it", it->second, why);
+      continue;
+    }
+    try {
+      engine->load_checkpoint(it->second);
+    } catch (const std::exception& e) {
+      lg->warn("{}; trying the checkpoint before it", e.what());
+      continue;
+    }
+    lg->info("resuming from {} (policy version {})", it->second, engine->version());
+    return engine;
+  }
+  throw std::runtime_error("--resume " + run_dir + ": no checkpoint in " + run_dir + "/checkpoints is whole");
+}
+
+LearningActors spawn_learning(caf::actor_system& sys, const Config& cfg,
+                              const std::map<std::string, std::string>& user_messages, const std::string& run_dir,
+                              std::shared_ptr<LoraLearner> engine) {
+  LearningActors run;
+  const auto checkpoints = (fs::path(run_dir) / "checkpoints").string();
+  run.selector = spawn_checkpoint_selector(sys, SelectorArgs{checkpoints, cfg.learner.keep_last});
+  LearnerArgs la;
+  la.engine = std::move(engine);
+  la.group_size = cfg.learner.group_size;
+  la.selector = run.selector;
+  la.checkpoint_dir = checkpoints;
+  la.sync_timeout_s = cfg.learner.sync_timeout_s;
+  if (cfg.experiment.mode == Mode::sdpo) {
+    la.sdpo_enabled = true;
+    la.sdpo.context = cfg.sdpo.context;
+    la.sdpo.demonstration = cfg.sdpo.demonstration;
+    la.sdpo.beta = cfg.sdpo.beta;
+    la.sdpo.max_error_chars = cfg.sdpo.max_error_chars;
+    la.teacher_log = (fs::path(run_dir) / "teacher.jsonl").string();
+    la.teacher_prompt = [policy = cfg.policy, users = user_messages](const std::string& task,
+                                                                        const std::string& section) {
+      auto it = users.find(task);
+      return render_prompt(policy, teacher_user_message(it == users.end() ? std::string() : it->second, section));
+    };
+  }
+  run.learner = spawn_learner(sys, la);
+  return run;
+}
+
+}  // namespace kernelrl
