@@ -91,7 +91,7 @@ LearningActors spawn_learning(caf::actor_system& sys, const Config& cfg,
     la.sdpo.max_error_chars = cfg.sdpo.max_error_chars;
     la.teacher_log = (fs::path(run_dir) / "teacher.jsonl").string();
     la.teacher_prompt = [policy = cfg.policy, users = user_messages](const std::string& task,
-                                                                        const std::string& section) {
+                                                                     const std::string& section) {
       auto it = users.find(task);
       return render_prompt(policy, teacher_user_message(it == users.end() ? std::string() : it->second, section));
     };
