@@ -88,6 +88,7 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
 
 void apply(self_ptr self, const SupervisorArgs& args, Actions actions);
 void learner_lost(self_ptr self, const SupervisorArgs& args, const std::string& why);
+void begin_experiment(self_ptr self, const SupervisorArgs& args);
 
 // Sends each sampler its part of a plan; `done` once every part is answered (a part whose sampler
 // went away counts as answered: the pool plans its groups again). A sampler refusing its part
@@ -304,8 +305,16 @@ void learner_lost(self_ptr self, const SupervisorArgs& args, const std::string& 
 }
 
 // The experiment starts: a learning mode once the learner has published its weights (a resumed
-// run: its checkpoint's, with the store's samples and steps of the run so far).
+// run: its checkpoint's, with the store's samples and steps of the run so far). Then the samplers
+// that joined before it are taken.
 void start(self_ptr self, const SupervisorArgs& args) {
+  auto& st = self->state;
+  begin_experiment(self, args);
+  if (!st.start_waits)  // else they are taken once the learner has joined
+    for (auto& [s, name] : std::exchange(st.early, {})) sampler_joined(self, args, s, name);
+}
+
+void begin_experiment(self_ptr self, const SupervisorArgs& args) {
   auto& st = self->state;
   if (!traits(args.experiment.mode).learns) {
     apply(self, args, st.experiment->start(0, {}, {}));
@@ -404,8 +413,6 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
           if (st.finished) return st.done;
         }
         start(self, args);
-        if (!st.start_waits)  // else they are taken once the learner has joined
-          for (auto& [s, name] : std::exchange(st.early, {})) sampler_joined(self, args, s, name);
         return st.done;
       },
       [=](register_atom, sampler_atom, caf::actor s, const std::string& name) {  // from the gate
@@ -422,9 +429,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
         st.selector = std::move(sel);
         self->monitor(st.learner);
         lg->info("the learner of node {} joined", node);
-        if (!st.start_waits) return;  // the plan has not come yet: start() finds it
-        start(self, args);
-        for (auto& [s, name] : std::exchange(st.early, {})) sampler_joined(self, args, s, name);
+        if (st.start_waits) start(self, args);  // else the plan has not come yet: start() finds it
       },
       [=](tick_atom, learner_atom) {  // the learner join deadline
         auto& st = self->state;

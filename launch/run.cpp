@@ -407,8 +407,8 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   if (!cluster) return run;
   const auto& head = head_node(cfg);  // it listens on its own host and port
   GateArgs ga{cfg.cluster.name, secret};
-  if (traits(cfg.experiment.mode).learns && learner_node(cfg)) {
-    ga.learner_node = learner_node(cfg)->name;
+  if (!sa.learner_node.empty()) {  // learning modes only
+    ga.learner_node = sa.learner_node;
     ga.run_dir = fs::absolute(run_dir).string();
     ga.resume = resume;
   }
@@ -492,11 +492,13 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
       backends = make_backends(*cfg, *run_dir, head_node(*cfg), true);
     else
       lg->info("the head runs no sampler: the samplers of the nodes with the sampler role join it");
-    if (traits(cfg->experiment.mode).learns && !learner_node(*cfg))
-      engine = make_engine(*cfg, *run_dir, resume);
-    else if (traits(cfg->experiment.mode).learns)
-      lg->info("the learner runs on node {}: it joins the head with `launch {} --node {}`", learner_node(*cfg)->name,
-               config_path, learner_node(*cfg)->name);
+    if (traits(cfg->experiment.mode).learns) {
+      if (const NodeConfig* ln = learner_node(*cfg))
+        lg->info("the learner runs on node {}: it joins the head with `launch {} --node {}`", ln->name, config_path,
+                 ln->name);
+      else
+        engine = make_engine(*cfg, *run_dir, resume);
+    }
   } catch (const std::exception& e) {
     lg->error("{}", e.what());
     return 2;
