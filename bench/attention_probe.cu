@@ -14,16 +14,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "graph_timer.cuh"
 #include "policy/cuda_kernels.cu"
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 __global__ void fill_bf16(uint16_t* p, size_t n, unsigned seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -67,9 +59,6 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&work, size_t(R) * nh * 64 * (D + 2) * 4));
   CK(cudaMalloc(&counters, size_t(R) * nkv * 4));
   CK(cudaMemset(counters, 0, size_t(R) * nkv * 4));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   const double mb = double(R) * nkv * keys * D * 2 * 2 / 1e6;
   const int picked = kernelrl::cuda::decode_attention_splits(R, nkv, D, klen, prop.multiProcessorCount);
   std::printf(
@@ -84,29 +73,12 @@ int main(int argc, char** argv) {
     };
     body();
     CK(cudaStreamSynchronize(st));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    body();
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st));
-    std::vector<float> t;
-    for (int r = 0; r < 7; ++r) {
-      CK(cudaEventRecord(e0, st));
-      for (int k = 0; k < 5; ++k) CK(cudaGraphLaunch(ge, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      t.push_back(ms * 1000.0f / (5 * layers));
-    }
-    std::sort(t.begin(), t.end());
-    const float us = t[t.size() / 2];
+    const float us = graph_us(st, layers, [&] {
+      body();
+      return true;
+    });
     std::printf("splits %2d: %6.2f us a call, %.2f TB/s%s\n", splits, us, mb / us,
                 splits == picked ? "  (the decoder's)" : "");
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
   }
   return 0;
 }

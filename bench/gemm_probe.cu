@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "graph_timer.cuh"
 #include "skinny_gemm.cuh"
 
 #include <algorithm>
@@ -23,14 +24,6 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 #define LT(x)                                                                                \
   do {                                                                                       \
     cublasStatus_t s_ = (x);                                                                 \
@@ -180,27 +173,10 @@ int main(int argc, char** argv) {
       for (int mode = 0; mode < 5; ++mode) {
         body(mode);
         CK(cudaStreamSynchronize(st));
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        body(mode);
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        CK(cudaGraphLaunch(ge, st));
-        std::vector<float> v;
-        for (int r = 0; r < 7; ++r) {
-          CK(cudaEventRecord(e0, st));
-          for (int k = 0; k < 5; ++k) CK(cudaGraphLaunch(ge, st));
-          CK(cudaEventRecord(e1, st));
-          CK(cudaEventSynchronize(e1));
-          float ms;
-          CK(cudaEventElapsedTime(&ms, e0, e1));
-          v.push_back(ms * 1000.0f / (5 * s.layers));
-        }
-        std::sort(v.begin(), v.end());
-        t[mode] = v[v.size() / 2];
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
+        t[mode] = graph_us(st, s.layers, [&] {
+          body(mode);
+          return true;
+        });
       }
       std::printf(
           "%-14s M %d: stand-in %.2f us; product after it: cuBLAS %.2f, prefetched %.2f; own (split %d) %.2f, "
@@ -307,28 +283,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "algorithm failed\n");
         std::exit(1);
       }
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      bool ok = run_all(c);
-      CK(cudaStreamEndCapture(st, &g));
-      if (!ok) continue;
-      CK(cudaGraphInstantiate(&ge, g, 0));
-      CK(cudaGraphLaunch(ge, st));
-      std::vector<float> t;
-      for (int r = 0; r < 7; ++r) {
-        CK(cudaEventRecord(e0, st));
-        for (int k = 0; k < 5; ++k) CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        t.push_back(ms * 1000.0f / (5 * s.layers));
-      }
-      std::sort(t.begin(), t.end());
-      c.us = t[t.size() / 2];
-      CK(cudaGraphExecDestroy(ge));
-      CK(cudaGraphDestroy(g));
+      const float us = graph_us(st, s.layers, [&] { return run_all(c); });
+      if (us >= 0) c.us = us;
     }
     // The decoder's own kernel: its output against the heuristic's, then every configuration timed
     // the same way.
@@ -362,59 +318,24 @@ int main(int argc, char** argv) {
             mx = std::max(mx, std::abs(a));
           }
           err /= mx;
-          auto run_own = [&] {
+          const float us = graph_us(st, s.layers, [&] {
             for (int l = 0; l < s.layers; ++l)
               CK(kernelrl::cuda::skinny::gemm(X, W[l], B[l], Y, M, s.N, s.K, sk, nw, st, ver));
-          };
-          cudaGraph_t g;
-          cudaGraphExec_t ge;
-          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-          run_own();
-          CK(cudaStreamEndCapture(st, &g));
-          CK(cudaGraphInstantiate(&ge, g, 0));
-          CK(cudaGraphLaunch(ge, st));
-          std::vector<float> t;
-          for (int r = 0; r < 7; ++r) {
-            CK(cudaEventRecord(e0, st));
-            for (int k = 0; k < 5; ++k) CK(cudaGraphLaunch(ge, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            t.push_back(ms * 1000.0f / (5 * s.layers));
-          }
-          std::sort(t.begin(), t.end());
-          const float us = t[t.size() / 2];
+            return true;
+          });
           char buf[64];
           std::snprintf(buf, sizeof buf, " v%d/%d/%d:%.2f", ver, nw, sk, us);
           own_all += buf;
           own_err = std::max(own_err, err);
           if (us < own_best) own_best = us, own_nw = nw + 100 * ver, own_s = sk;
-          CK(cudaGraphExecDestroy(ge));
-          CK(cudaGraphDestroy(g));
         }
     // The heuristic's choice reading one weight 28 times (from L2 after the first): what a product
     // whose weight was prefetched into L2 could take.
-    float hot_us = 0;
-    {
-      cudaGraph_t g;
-      cudaGraphExec_t ge;
-      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    const float hot_us = graph_us(st, s.layers, [&] {
       for (int l = 0; l < s.layers; ++l)
         LT(cublasLtMatmul(lt, op, &one, W[0], la, X, lb, &zero, Y, lc, Y, lc, &cands.at(0).algo, ws, ws_bytes, st));
-      CK(cudaStreamEndCapture(st, &g));
-      CK(cudaGraphInstantiate(&ge, g, 0));
-      CK(cudaGraphLaunch(ge, st));
-      CK(cudaEventRecord(e0, st));
-      for (int k = 0; k < 5; ++k) CK(cudaGraphLaunch(ge, st));
-      CK(cudaEventRecord(e1, st));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      hot_us = ms * 1000.0f / (5 * s.layers);
-      CK(cudaGraphExecDestroy(ge));
-      CK(cudaGraphDestroy(g));
-    }
+      return true;
+    });
     std::printf("%-14s %4d cuBLAS heuristic with its weight in L2: %.2f us\n", s.name, M, hot_us);
     const Cand& h = cands.at(0);  // the heuristic's first choice
     const Cand& b = *std::min_element(cands.begin(), cands.end(), [](auto& x, auto& y) { return x.us < y.us; });

@@ -54,6 +54,68 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The block's output tile from each warp's accumulators (rows g and g + 8, outputs 2t and 2t + 1
+// of its two n-tiles): with one split straight to y (+ bias); with more, through `red` (this
+// block's shared memory, MT * 16 rows of 16 NW + 4 floats) and the cluster: each block sums one
+// slice of the rows over the cluster's blocks in rank order, adds the bias and stores bf16.
+template <int MT, int NW>
+__device__ __forceinline__ void store_tile(const float (&acc)[MT][2][4], float* red,
+                                           const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ y, int M,
+                                           int N) {
+  constexpr int BN = NW * 16, LD = BN + 4;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int splits = gridDim.x, split = blockIdx.x;
+  const int nw0 = blockIdx.y * BN + warp * 16;
+  if (splits == 1) {  // straight from the accumulators: rows g and g + 8, outputs 2t and 2t + 1
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int n = nw0 + j * 8 + 2 * t;
+      float bx = 0.f, by = 0.f;
+      if (bias) bx = __bfloat162float(bias[n]), by = __bfloat162float(bias[n + 1]);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = mt * 16 + g + 8 * h;
+          if (r < M)
+            *reinterpret_cast<uint32_t*>(y + int64_t(r) * N + n) =
+                pack_bf16(acc[mt][j][2 * h] + bx, acc[mt][j][2 * h + 1] + by);
+        }
+    }
+    return;
+  }
+
+  namespace cg = cooperative_groups;
+  cg::cluster_group cl = cg::this_cluster();
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float2*>(&red[(mt * 16 + g + 8 * h) * LD + warp * 16 + j * 8 + 2 * t]) =
+            make_float2(acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
+  cl.sync();
+  // This block's slice of the tile's rows, summed over the cluster in rank order.
+  const int rows = min(M, MT * 16), per = (rows + splits - 1) / splits;
+  const int r0 = split * per, r1 = min(rows, r0 + per);
+  const int n0 = blockIdx.y * BN;
+  for (int e = threadIdx.x; e < (r1 - r0) * (BN / 4); e += NW * 32) {
+    const int r = r0 + e / (BN / 4), col = (e % (BN / 4)) * 4;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int q = 0; q < splits; ++q) {
+      const float4 v = *reinterpret_cast<const float4*>(cl.map_shared_rank(&red[r * LD + col], q));
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    if (bias) {
+      s.x += __bfloat162float(bias[n0 + col]), s.y += __bfloat162float(bias[n0 + col + 1]);
+      s.z += __bfloat162float(bias[n0 + col + 2]), s.w += __bfloat162float(bias[n0 + col + 3]);
+    }
+    *reinterpret_cast<uint2*>(y + int64_t(r) * N + n0 + col) = make_uint2(pack_bf16(s.x, s.y), pack_bf16(s.z, s.w));
+  }
+  cl.sync();  // no block leaves while another still reads its shared memory
+}
+
 // grid (splits, N / (16 NW)), cluster (splits, 1, 1), NW * 32 threads; dynamic shared memory
 // MT * 16 * (16 NW + 4) floats when splits > 1.
 template <int MT, int NW>
@@ -61,7 +123,7 @@ __global__ void __launch_bounds__(NW * 32)
     gemm_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ W,
                 const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ y, int M, int N, int K) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int BN = NW * 16, LD = BN + 4;
+  constexpr int BN = NW * 16;
   extern __shared__ float red[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int splits = gridDim.x, split = blockIdx.x;
@@ -118,54 +180,7 @@ __global__ void __launch_bounds__(NW * 32)
     }
   }
 
-  if (splits == 1) {  // straight from the accumulators: rows g and g + 8, outputs 2t and 2t + 1
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int n = nw0 + j * 8 + 2 * t;
-      float bx = 0.f, by = 0.f;
-      if (bias) bx = __bfloat162float(bias[n]), by = __bfloat162float(bias[n + 1]);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = mt * 16 + g + 8 * h;
-          if (r < M)
-            *reinterpret_cast<uint32_t*>(y + int64_t(r) * N + n) =
-                pack_bf16(acc[mt][j][2 * h] + bx, acc[mt][j][2 * h + 1] + by);
-        }
-    }
-    return;
-  }
-
-  namespace cg = cooperative_groups;
-  cg::cluster_group cl = cg::this_cluster();
-#pragma unroll
-  for (int j = 0; j < 2; ++j)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(&red[(mt * 16 + g + 8 * h) * LD + warp * 16 + j * 8 + 2 * t]) =
-            make_float2(acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
-  cl.sync();
-  // This block's slice of the tile's rows, summed over the cluster in rank order.
-  const int rows = min(M, MT * 16), per = (rows + splits - 1) / splits;
-  const int r0 = split * per, r1 = min(rows, r0 + per);
-  const int n0 = blockIdx.y * BN;
-  for (int e = threadIdx.x; e < (r1 - r0) * (BN / 4); e += NW * 32) {
-    const int r = r0 + e / (BN / 4), col = (e % (BN / 4)) * 4;
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int q = 0; q < splits; ++q) {
-      const float4 v = *reinterpret_cast<const float4*>(cl.map_shared_rank(&red[r * LD + col], q));
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
-    if (bias) {
-      s.x += __bfloat162float(bias[n0 + col]), s.y += __bfloat162float(bias[n0 + col + 1]);
-      s.z += __bfloat162float(bias[n0 + col + 2]), s.w += __bfloat162float(bias[n0 + col + 3]);
-    }
-    *reinterpret_cast<uint2*>(y + int64_t(r) * N + n0 + col) = make_uint2(pack_bf16(s.x, s.y), pack_bf16(s.z, s.w));
-  }
-  cl.sync();  // no block leaves while another still reads its shared memory
+  store_tile<MT, NW>(acc, red, bias, y, M, N);
 #else
   __trap();
 #endif
@@ -188,7 +203,7 @@ __global__ void __launch_bounds__(NW * 32)
     gemm2_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ W,
                  const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ y, int M, int N, int K) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int BN = NW * 16, LD = BN + 4;
+  constexpr int BN = NW * 16;
   constexpr int kRing = kStages * 16 * kStageK * 2;  // bytes of one warp's ring
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -265,55 +280,8 @@ __global__ void __launch_bounds__(NW * 32)
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 
-  if (splits == 1) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int n = nw0 + j * 8 + 2 * t;
-      float bx = 0.f, by = 0.f;
-      if (bias) bx = __bfloat162float(bias[n]), by = __bfloat162float(bias[n + 1]);
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = mt * 16 + g + 8 * h;
-          if (r < M)
-            *reinterpret_cast<uint32_t*>(y + int64_t(r) * N + n) =
-                pack_bf16(acc[mt][j][2 * h] + bx, acc[mt][j][2 * h + 1] + by);
-        }
-    }
-    return;
-  }
-  // The partial tile reuses the rings' memory once every warp is done with its ring.
-  __syncthreads();
-  float* red = reinterpret_cast<float*>(smem_raw);
-  namespace cg = cooperative_groups;
-  cg::cluster_group cl = cg::this_cluster();
-#pragma unroll
-  for (int j = 0; j < 2; ++j)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<float2*>(&red[(mt * 16 + g + 8 * h) * LD + warp * 16 + j * 8 + 2 * t]) =
-            make_float2(acc[mt][j][2 * h], acc[mt][j][2 * h + 1]);
-  cl.sync();
-  const int rows = min(M, MT * 16), per = (rows + splits - 1) / splits;
-  const int r0 = split * per, r1 = min(rows, r0 + per);
-  const int n0 = blockIdx.y * BN;
-  for (int e = threadIdx.x; e < (r1 - r0) * (BN / 4); e += NW * 32) {
-    const int r = r0 + e / (BN / 4), col = (e % (BN / 4)) * 4;
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int q = 0; q < splits; ++q) {
-      const float4 v = *reinterpret_cast<const float4*>(cl.map_shared_rank(&red[r * LD + col], q));
-      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-    }
-    if (bias) {
-      s.x += __bfloat162float(bias[n0 + col]), s.y += __bfloat162float(bias[n0 + col + 1]);
-      s.z += __bfloat162float(bias[n0 + col + 2]), s.w += __bfloat162float(bias[n0 + col + 3]);
-    }
-    *reinterpret_cast<uint2*>(y + int64_t(r) * N + n0 + col) = make_uint2(pack_bf16(s.x, s.y), pack_bf16(s.z, s.w));
-  }
-  cl.sync();
+  if (gridDim.x > 1) __syncthreads();  // the partial tile reuses the rings once every warp is done
+  store_tile<MT, NW>(acc, reinterpret_cast<float*>(smem_raw), bias, y, M, N);
 #else
   __trap();
 #endif
