@@ -612,6 +612,25 @@ void read_learner(TableReader& r, Config& c, const toml::table& root) {
   r.number("kl_coef", l.kl_coef, 0, 1e3);
   r.number("entropy_coef", l.entropy_coef, 0, 1e3);
   r.str("device", l.device);
+  r.str_array("devices", l.devices);
+  if (!l.devices.empty()) {
+    if (!l.device.empty())
+      r.error_here("devices", "give either device (one learner) or devices (data-parallel ranks), not both");
+    std::set<std::string> seen;
+    size_t cpus = 0;
+    for (auto& d : l.devices) {
+      if (d == "cpu") {
+        ++cpus;
+      } else if (d.rfind("cuda:", 0) != 0 || !is_device(d)) {
+        r.error_here("devices", "expected \"cpu\" or \"cuda:N\" for each rank, got \"" + d + "\"");
+      } else if (!seen.insert(d).second) {
+        r.error_here("devices", d + " is listed twice (NCCL takes one GPU a rank)");
+      }
+    }
+    if (cpus > 0 && cpus < l.devices.size())
+      r.error_here("devices", "the ranks mix \"cpu\" and GPUs: expected every rank on \"cpu\" or every rank on a GPU");
+    l.device = l.devices.front();
+  }
   if (l.device.empty()) l.device = c.policy.device;
   r.str("dtype", l.dtype);
   if (l.dtype.empty())

@@ -177,6 +177,9 @@ struct LearnerConfig {
   double entropy_coef = 0;                 // entropy bonus: the loss minus entropy_coef x the policy's
                                            // mean token entropy (entropy-regularized training); 0: none
   std::string device;                      // where the learner trains ("": [policy] device)
+  std::vector<std::string> devices;        // data-parallel: one rank per entry, all "cpu" or all
+                                           // distinct "cuda:N" (c10d gloo / NCCL); device is then
+                                           // the first; empty: device alone
   std::string dtype;                       // base weights' dtype ("": [policy] dtype); the adapter is f32
   uint32_t max_staleness = 0;              // samples from a policy this many versions behind the newest
                                            // are still learned from (0: strictly on-policy); older ones

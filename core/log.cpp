@@ -55,5 +55,6 @@ std::shared_ptr<spdlog::logger> get(const std::string& component) {
 namespace kernelrl::log {
 
 void info(const std::string& component, const std::string& message) { get(component)->info("{}", message); }
+void error(const std::string& component, const std::string& message) { get(component)->error("{}", message); }
 
 }  // namespace kernelrl::log

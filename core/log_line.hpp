@@ -7,5 +7,6 @@
 namespace kernelrl::log {
 
 void info(const std::string& component, const std::string& message);
+void error(const std::string& component, const std::string& message);
 
 }  // namespace kernelrl::log

@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace kernelrl {
 
-std::shared_ptr<LoraLearner> make_engine(const Config& cfg, const std::string& run_dir, bool resume) {
+std::shared_ptr<LearnerEngine> make_engine(const Config& cfg, const std::string& run_dir, bool resume) {
   LearnerOptions lo;
   lo.model_dir = cfg.policy.model;
   lo.adapter_dir = cfg.policy.adapter;
@@ -47,7 +47,8 @@ std::shared_ptr<LoraLearner> make_engine(const Config& cfg, const std::string& r
   lo.aggregation = cfg.learner.aggregation;
   lo.minibatch_size = cfg.learner.minibatch_size;
   lo.activation_checkpointing = cfg.learner.activation_checkpointing;
-  auto engine = LoraLearner::create(lo);
+  lo.devices = cfg.learner.devices;
+  std::shared_ptr<LearnerEngine> engine = create_learner(lo);
   if (!resume) return engine;
   // The newest checkpoint that is whole (its manifest's sizes and hashes) and loads; a damaged one
   // (a disk that filled while it was written, a file changed since) is passed over, said so.
@@ -73,7 +74,7 @@ std::shared_ptr<LoraLearner> make_engine(const Config& cfg, const std::string& r
 
 LearningActors spawn_learning(caf::actor_system& sys, const Config& cfg,
                               const std::map<std::string, std::string>& user_messages, const std::string& run_dir,
-                              std::shared_ptr<LoraLearner> engine) {
+                              std::shared_ptr<LearnerEngine> engine) {
   LearningActors run;
   const auto checkpoints = (fs::path(run_dir) / "checkpoints").string();
   run.selector = spawn_checkpoint_selector(sys, SelectorArgs{checkpoints, cfg.learner.keep_last});

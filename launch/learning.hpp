@@ -14,11 +14,11 @@
 
 namespace kernelrl {
 
-class LoraLearner;
+class LearnerEngine;
 
 // A learning run's model and adapter (resume: the newest whole checkpoint under
 // RUN_DIR/checkpoints, optimizer included); throws when they do not load.
-std::shared_ptr<LoraLearner> make_engine(const Config& cfg, const std::string& run_dir, bool resume);
+std::shared_ptr<LearnerEngine> make_engine(const Config& cfg, const std::string& run_dir, bool resume);
 
 struct LearningActors {
   caf::actor learner, selector;
@@ -28,6 +28,6 @@ struct LearningActors {
 // prompts from user_messages (by task: what the student was asked).
 LearningActors spawn_learning(caf::actor_system& sys, const Config& cfg,
                               const std::map<std::string, std::string>& user_messages, const std::string& run_dir,
-                              std::shared_ptr<LoraLearner> engine);
+                              std::shared_ptr<LearnerEngine> engine);
 
 }  // namespace kernelrl

@@ -199,8 +199,8 @@ std::string resume_conflicts(const Config& cfg, const std::string& run_dir) {
     // Where things are reached: the inference server, the interpreter, the build cache.
     for (const char* same :
          {"learner.steps", "learner.activation_checkpointing", "experiment.name", "experiment.run_root", "sampler.url",
-          "sampler.urls", "sampler.devices", "sampler.timeout_s", "sampler.max_retries", "sampler.api_key_env",
-          "evaluator.python", "evaluator.cache_dir"})
+          "sampler.urls", "sampler.devices", "learner.device", "learner.devices", "sampler.timeout_s",
+          "sampler.max_retries", "sampler.api_key_env", "evaluator.python", "evaluator.cache_dir"})
       if (k == same) return true;
     return false;
   };
@@ -315,7 +315,7 @@ struct RunActors {
 std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, RunInputs in, const std::string& run_dir,
                                    const std::string& run_id, bool resume,
                                    std::vector<std::shared_ptr<SamplerBackend>> backends,
-                                   std::shared_ptr<LoraLearner> engine, const std::string& secret,
+                                   std::shared_ptr<LearnerEngine> engine, const std::string& secret,
                                    const std::string& config_path) {
   auto lg = log::get("launch");
   const bool cluster = is_cluster(cfg);
@@ -485,7 +485,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   // The engines are made before the actor system: a model that does not load is a clear error
   // here, not a dead actor later.
   std::vector<std::shared_ptr<SamplerBackend>> backends;
-  std::shared_ptr<LoraLearner> engine;
+  std::shared_ptr<LearnerEngine> engine;
   try {
     // In a cluster the head runs samplers only with the sampler role; the others join from nodes.
     if (!is_cluster(*cfg) || has_role(head_node(*cfg), "sampler"))

@@ -5,19 +5,34 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
+#ifdef KERNELRL_HAVE_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#if defined(KERNELRL_HAVE_GLOO) || defined(KERNELRL_HAVE_NCCL)
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#endif
 
 #include <cstdlib>
+#include <exception>
+#include <set>
 #include <stdexcept>
+#include <thread>
 
 namespace kernelrl {
 
-#ifdef KERNELRL_HAVE_GLOO
+#if defined(KERNELRL_HAVE_GLOO) || defined(KERNELRL_HAVE_NCCL)
 namespace {
 
-class GlooReducer : public GradientReducer {
+// One rank of a c10d process group (gloo or NCCL).
+class BackendReducer : public GradientReducer {
  public:
-  GlooReducer(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int size)
+  BackendReducer(c10::intrusive_ptr<c10d::Backend> pg, int rank, int size)
       : pg_(std::move(pg)), rank_(rank), size_(size) {}
+  ~BackendReducer() override {
+    try {
+      pg_->shutdown();  // NCCL: its communicators and watchdog go with the group
+    } catch (...) {}
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void sum(torch::Tensor& flat) override {
@@ -26,12 +41,14 @@ class GlooReducer : public GradientReducer {
   }
 
  private:
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  c10::intrusive_ptr<c10d::Backend> pg_;
   int rank_, size_;
 };
 
 }  // namespace
+#endif
 
+#ifdef KERNELRL_HAVE_GLOO
 bool gloo_available() { return true; }
 
 std::unique_ptr<GradientReducer> gloo_reducer(const std::string& store, int rank, int size, const std::string& host,
@@ -62,7 +79,7 @@ std::unique_ptr<GradientReducer> gloo_reducer(const std::string& store, int rank
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
   opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
   auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(st, rank, size, opts);
-  return std::make_unique<GlooReducer>(std::move(pg), rank, size);
+  return std::make_unique<BackendReducer>(std::move(pg), rank, size);
 }
 
 #else
@@ -77,5 +94,82 @@ std::unique_ptr<GradientReducer> gloo_reducer(const std::string&, int, int, cons
 }
 
 #endif
+
+#ifdef KERNELRL_HAVE_NCCL
+bool nccl_available() { return true; }
+#else
+bool nccl_available() { return false; }
+#endif
+
+std::vector<std::shared_ptr<GradientReducer>> local_reducers(const std::vector<std::string>& devices,
+                                                             std::chrono::milliseconds timeout) {
+  const int size = int(devices.size());
+  if (size < 1) throw std::invalid_argument("data-parallel learner: no devices");
+  std::set<std::string> seen;
+  bool cpu = false, cuda = false;
+  for (auto& d : devices) {
+    if (d == "cpu") {
+      cpu = true;
+    } else if (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.find_first_not_of("0123456789", 5) == std::string::npos) {
+      cuda = true;
+      if (!seen.insert(d).second)
+        throw std::invalid_argument("data-parallel learner: " + d +
+                                    " is listed twice (NCCL takes one GPU a rank: name each GPU once)");
+    } else {
+      throw std::invalid_argument("data-parallel learner: device \"" + d + "\": expected \"cpu\" or \"cuda:N\"");
+    }
+  }
+  if (cpu && cuda)
+    throw std::invalid_argument(
+        "data-parallel learner: the ranks mix the CPU and GPUs (expected every device cpu, "
+        "or every device cuda:N)");
+  std::vector<std::shared_ptr<GradientReducer>> out(static_cast<size_t>(size));
+  if (size == 1) return out;  // one rank: nothing to reduce
+#if defined(KERNELRL_HAVE_GLOO) || defined(KERNELRL_HAVE_NCCL)
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  store->setTimeout(timeout);
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < size; ++rank)
+    threads.emplace_back([&, rank] {
+      try {
+        c10::intrusive_ptr<c10d::Backend> pg;
+        if (cpu) {
+#ifdef KERNELRL_HAVE_GLOO
+          auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+          opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+          pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+#else
+          throw std::runtime_error(
+              "data-parallel learner on the CPU: this build has no c10d gloo backend (the gloo headers were not "
+              "found when it was configured; scripts/setup unpacks them)");
+#endif
+        } else {
+#ifdef KERNELRL_HAVE_NCCL
+          auto opts = c10d::ProcessGroupNCCL::Options::create();
+          opts->timeout = timeout;
+          pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+#else
+          throw std::runtime_error(
+              "data-parallel learner on GPUs: this build has no c10d NCCL backend (nccl.h was not found beside "
+              "torch when it was configured)");
+#endif
+        }
+        out[size_t(rank)] = std::make_shared<BackendReducer>(std::move(pg), rank, size);
+      } catch (...) {
+        errors[size_t(rank)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
+#else
+  (void)timeout;
+  throw std::runtime_error(
+      "data-parallel learner: this build has no c10d backend (neither the gloo headers nor nccl.h were found when "
+      "it was configured)");
+#endif
+}
 
 }  // namespace kernelrl

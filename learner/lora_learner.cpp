@@ -147,11 +147,8 @@ std::unique_ptr<LoraLearner> LoraLearner::create(const LearnerOptions& o) {
   return std::unique_ptr<LoraLearner>(new LoraLearner(std::move(impl)));
 }
 
-GroupOutcome LoraLearner::add_group(const std::vector<LearnSample>& group) {
-  auto& im = *impl_;
+GroupOutcome LoraLearner::plan_group(const LearnerOptions& o, const std::vector<LearnSample>& group) {
   GroupOutcome out;
-  std::vector<double> rewards;
-  for (auto& s : group) rewards.push_back(s.reward);
   bool per_token = false;
   for (size_t i = 0; i < group.size(); ++i) {
     const auto& s = group[i];
@@ -167,6 +164,35 @@ GroupOutcome LoraLearner::add_group(const std::vector<LearnSample>& group) {
       per_token = true;
     }
   }
+  if (o.objective == "sdpo") return out;  // its advantages need the model (add_group)
+  if (per_token) {
+    for (auto& s : group)
+      if (s.token_advantages.empty() && !s.token_ids.empty())
+        throw LearnerError("learner: a group mixes per-token and per-sequence advantages");
+    return out;
+  }
+  std::vector<double> rewards;
+  for (auto& s : group) rewards.push_back(s.reward);
+  AdvantageOptions ao;
+  ao.estimator = o.estimator;
+  ao.eps = o.adv_eps;
+  GroupAdvantages ga;
+  try {
+    ga = group_advantages(rewards, ao);
+  } catch (const std::exception& e) {
+    throw LearnerError(std::string("learner: ") + e.what());
+  }
+  out.advantages = ga.advantages;
+  out.skipped = ga.skipped;
+  return out;
+}
+
+GroupOutcome LoraLearner::add_group(const std::vector<LearnSample>& group) {
+  auto& im = *impl_;
+  GroupOutcome out = plan_group(im.opt, group);
+  if (out.skipped) return out;
+  bool per_token = false;
+  for (auto& s : group) per_token = per_token || !s.token_advantages.empty();
   std::vector<std::vector<float>> sdpo_adv;  // objective sdpo: per-token advantages, per sample
   if (im.opt.objective == "sdpo") {
     out.teacher_logprob_sum.assign(group.size(), 0.0);
@@ -210,23 +236,6 @@ GroupOutcome LoraLearner::add_group(const std::vector<LearnSample>& group) {
       return out;
     }
     per_token = true;
-  } else if (per_token) {
-    for (auto& s : group)
-      if (s.token_advantages.empty() && !s.token_ids.empty())
-        throw LearnerError("learner: a group mixes per-token and per-sequence advantages");
-  } else {
-    AdvantageOptions ao;
-    ao.estimator = im.opt.estimator;
-    ao.eps = im.opt.adv_eps;
-    GroupAdvantages ga;
-    try {
-      ga = group_advantages(rewards, ao);
-    } catch (const std::exception& e) {
-      throw LearnerError(std::string("learner: ") + e.what());
-    }
-    out.advantages = ga.advantages;
-    out.skipped = ga.skipped;
-    if (out.skipped) return out;
   }
   double t0 = mono_s();
   const size_t mb = std::max<uint32_t>(1, im.opt.minibatch_size);
@@ -277,11 +286,17 @@ UpdateStats to_stats(const StepReport& r) {
 }
 }  // namespace
 
-UpdateStats LoraLearner::step() {
+UpdateStats LoraLearner::step() { return step(pending()); }
+
+bool LoraLearner::pending() const { return impl_->any_gradient && impl_->trainer->pending(); }
+
+void LoraLearner::set_reducer(std::shared_ptr<GradientReducer> r) { impl_->trainer->set_reducer(std::move(r)); }
+
+UpdateStats LoraLearner::step(bool optimizer) {
   auto& im = *impl_;
   UpdateStats u;
   double t0 = mono_s();
-  if (im.any_gradient && im.trainer->pending()) {
+  if (optimizer) {
     try {
       u = to_stats(im.trainer->step());
     } catch (const std::exception& e) {

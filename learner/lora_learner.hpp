@@ -26,8 +26,11 @@ struct LearnerOptions {
   std::string model_dir;       // Hugging Face model directory (the policy's base model)
   std::string adapter_dir;     // PEFT adapter to start from ("": a fresh one)
   std::string device = "cpu";  // cpu or cuda[:N]
-  std::string dtype = "f32";   // base weights' dtype; the adapter is float32
-  int64_t lora_rank = 16;      // fresh adapter: rank, alpha, dropout, target modules, init seed
+  // Data-parallel: one rank per entry ("cpu" each, or "cuda:N" each with distinct N), made by
+  // create_learner; empty or one entry: `device` alone.
+  std::vector<std::string> devices;
+  std::string dtype = "f32";  // base weights' dtype; the adapter is float32
+  int64_t lora_rank = 16;     // fresh adapter: rank, alpha, dropout, target modules, init seed
   double lora_alpha = 32;
   double lora_dropout = 0;
   std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
@@ -95,7 +98,11 @@ class LearnerEngine {
   // DIR/adapter_config.json + adapter_model.safetensors (PEFT), DIR/optimizer.safetensors and
   // DIR/learner.json (version, optimizer steps); written whole or not at all.
   virtual void save_checkpoint(const std::string& dir) const = 0;
+  // Restores a directory written by save_checkpoint: adapter, optimizer state and version.
+  virtual void load_checkpoint(const std::string& dir) = 0;
 };
+
+class GradientReducer;  // learner/data_parallel.hpp
 
 class LoraLearner : public LearnerEngine {
  public:
@@ -108,8 +115,16 @@ class LoraLearner : public LearnerEngine {
   uint64_t version() const override;
   std::vector<TensorBlob> adapter_blobs() const override;
   void save_checkpoint(const std::string& dir) const override;
-  // Restores a directory written by save_checkpoint: adapter, optimizer state and version.
-  void load_checkpoint(const std::string& dir);
+  void load_checkpoint(const std::string& dir) override;
+  // Checks a group's samples and, for objective grpo, computes its advantages (or finds it
+  // skipped) without touching a model: what add_group does first. Throws LearnerError.
+  static GroupOutcome plan_group(const LearnerOptions& o, const std::vector<LearnSample>& group);
+  // Data-parallel rank: step(true) takes the optimizer step through the reducer's collective even
+  // when this rank learned nothing since the last step (another rank did); step(false) only counts
+  // the version (no rank learned). Every rank makes the same call for every step.
+  void set_reducer(std::shared_ptr<GradientReducer> r);
+  UpdateStats step(bool optimizer);
+  bool pending() const;  // gradients learned since the last step
   // One SFT optimizer step on `demos` (prompt, completion): cross-entropy of the completion
   // tokens and an end-of-sequence token. Does not change version().
   UpdateStats sft_step(const std::vector<std::pair<std::string, std::string>>& demos);
@@ -120,5 +135,10 @@ class LoraLearner : public LearnerEngine {
   explicit LoraLearner(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The engine LearnerOptions ask for: a LoraLearner on `device`, or, with two or more `devices`, a
+// data-parallel learner of one LoraLearner rank per device in this process (each on its own
+// thread, gradients summed by c10d; learner/parallel_learner.cpp). Throws LearnerError.
+std::unique_ptr<LearnerEngine> create_learner(const LearnerOptions& o);
 
 }  // namespace kernelrl

@@ -32,11 +32,18 @@
 //       optimizer state before step K and continues from them in a fresh trainer (--drop-state 1:
 //       without the optimizer state). Saves the
 //       adapter to DIR (PEFT format) with DIR/report.json (each step's loss, gradient norm, lr, ...)
+//   policy_probe engine-step --model DIR [--adapter DIR] --groups FILE --out DIR [--devices D1,D2,...]
+//                            [--dtype T] [--steps S] [--lr X] [--minibatch M] [--estimator E]
+//       the learner's engine as `launch` makes it (create_learner: one rank, or data-parallel
+//       ranks on D1, D2, ...) learns S steps, each from every group of FILE (JSON: a list of
+//       groups, each a list of {prompt, token_ids, logprobs, reward}); saves its checkpoint to DIR
+//       with DIR/report.json (each step's loss, grad_norm, tokens, seconds, wall_s)
 //   policy_probe update --model DIR --rank R --alpha A --targets ... --from DIR --ids ... --out FILE
 //       a policy with a fresh adapter takes DIR's adapter as a WeightsUpdate, then writes logits
 #include "policy/sampler_backend.hpp"
 #include "learner/advantages.hpp"
 #include "learner/grpo.hpp"
+#include "learner/lora_learner.hpp"
 #include "policy/model.hpp"
 #include "learner/data_parallel.hpp"
 #include "learner/trainer.hpp"
@@ -44,6 +51,7 @@
 #include "policy/safetensors.hpp"
 #include "policy/tokenizer.hpp"
 #include "messages/messages.hpp"
+#include "core/paths.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -290,6 +298,50 @@ int main(int argc, char** argv) {
           if (name.find("lora_B") != std::string::npos) t.normal_(0, bstd);
       }
       m.save_lora(get("--out"), get("--model"));
+      return 0;
+    }
+    if (cmd == "engine-step") {
+      LearnerOptions lo;
+      lo.model_dir = get("--model");
+      lo.adapter_dir = get("--adapter");
+      lo.devices = split(get("--devices", "cpu"), ',');
+      lo.device = lo.devices.front();
+      lo.dtype = get("--dtype", "f32");
+      lo.learning_rate = std::stod(get("--lr", "0.01"));
+      lo.minibatch_size = uint32_t(std::stoul(get("--minibatch", "4")));
+      lo.estimator = get("--estimator", "grpo");
+      lo.seed = std::stoull(get("--seed", "0"));
+      lo.activation_checkpointing = get("--checkpoint", "0") == "1";
+      std::ifstream in(get("--groups"));
+      auto j = nlohmann::json::parse(in);
+      std::vector<std::vector<LearnSample>> groups;
+      for (auto& g : j) {
+        std::vector<LearnSample> group;
+        for (auto& x : g)
+          group.push_back({x.at("prompt").get<std::string>(),
+                           x.at("token_ids").get<std::vector<int32_t>>(),
+                           x.at("logprobs").get<std::vector<float>>(),
+                           x.at("reward").get<double>(),
+                           {},
+                           {}});
+        groups.push_back(std::move(group));
+      }
+      auto engine = create_learner(lo);
+      nlohmann::json report = nlohmann::json::array();
+      for (int s = 0, S = std::stoi(get("--steps", "1")); s < S; ++s) {
+        const double t0 = mono_s();
+        for (auto& g : groups) engine->add_group(g);
+        auto u = engine->step();
+        report.push_back({{"loss", u.loss},
+                          {"grad_norm", u.grad_norm},
+                          {"tokens", u.tokens},
+                          {"sequences", u.sequences},
+                          {"version", u.version},
+                          {"seconds", u.seconds},
+                          {"wall_s", mono_s() - t0}});
+      }
+      engine->save_checkpoint(get("--out"));
+      std::ofstream(get("--out") + "/report.json") << report.dump(2) << "\n";
       return 0;
     }
     if (cmd == "encode") {

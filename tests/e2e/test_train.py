@@ -31,11 +31,12 @@ from test_policy import run_and_export, start_openai_server, train_tokenizer, wr
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
+PROBE = os.environ.get("KERNELRL_POLICY_PROBE", os.path.join(ROOT, "build", "tests", "policy_probe"))
 TASKS = ["06_swish", "07_hardtanh_scale", "09_row_sum"]
 STEPS, BATCH, GROUP = 4, 2, 4
 
 
-def config(tmp, url, model, name, mode="train", steps=STEPS, extra="", experiment=""):
+def config(tmp, url, model, name, mode="train", steps=STEPS, extra="", experiment="", learner=""):
     path = os.path.join(tmp, name + ".toml")
     with open(path, "w") as f:
         f.write("""
@@ -76,6 +77,7 @@ lora_targets = ["q_proj", "v_proj", "down_proj"]
 learning_rate = 0.05
 keep_last = 10
 sync_timeout_s = 60
+%s
 [evaluator]
 timeout_s = 60
 compile_workers = 0
@@ -88,7 +90,7 @@ run_root = "%s"
 [monitor]
 progress = false
 """ % (os.path.join(ROOT, "tasks", "bundled"), json.dumps(TASKS), model, url, os.path.join(tmp, "adapters-" + name),
-       steps, BATCH, GROUP, mode, name, os.path.join(tmp, "runs"), experiment) + extra)
+       steps, BATCH, GROUP, learner, mode, name, os.path.join(tmp, "runs"), experiment) + extra)
     return path
 
 
@@ -178,6 +180,94 @@ class SftTest(unittest.TestCase):
                            capture_output=True, text=True, timeout=120)
         self.assertEqual(p.returncode, 2)
         self.assertIn("bad.jsonl:2: expected an object with string fields", p.stderr)
+
+
+class DataParallelEngineTest(unittest.TestCase):
+    """The learner's engine as `launch` makes it from [learner] devices (policy_probe engine-step):
+    ranks on threads of one process, gradients summed by c10d's ProcessGroupGloo, against the
+    one-rank engine on the same groups."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-dp-")
+        cls.model = tiny_model(cls.tmp)
+        # An adapter whose B is not zero (a fresh one's is), so every LoRA tensor has a gradient.
+        cls.adapter = os.path.join(cls.tmp, "adapter")
+        subprocess.run([PROBE, "lora-init", "--model", cls.model, "--rank", "4", "--alpha", "8", "--targets",
+                        "q_proj,v_proj,down_proj", "--seed", "1", "--b-std", "0.05", "--out", cls.adapter], check=True)
+        with open(os.path.join(cls.model, "config.json")) as f:
+            vocab = json.load(f)["vocab_size"]
+        rng = np.random.default_rng(7)
+
+        def group(rewards):
+            return [{"prompt": "Task %d: write the kernel.\n" % int(rng.integers(100)),
+                     "token_ids": [int(t) for t in rng.integers(0, vocab, int(rng.integers(3, 12)))],
+                     "reward": r} for r in rewards]
+
+        cls.groups = [group([1.0, 0.0, 0.5, 0.0]), group([0.2, 0.9, 0.1, 0.4]), group([1.0, 1.0, 1.0, 1.0]),
+                      group([0.0, 0.0, 1.0, 0.3]), group([0.7, 0.1, 0.0, 0.2])]
+        for g in cls.groups:
+            for x in g:
+                x["logprobs"] = [float(v) for v in -4.0 + 0.1 * rng.standard_normal(len(x["token_ids"]))]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def step(self, devices, groups, *extra):
+        path = tempfile.mktemp(suffix=".json", dir=self.tmp)
+        with open(path, "w") as f:
+            json.dump(groups, f)
+        out = tempfile.mkdtemp(prefix="out-", dir=self.tmp)
+        p = subprocess.run([PROBE, "engine-step", "--model", self.model, "--adapter", self.adapter, "--groups", path,
+                            "--out", out, "--devices", devices, "--steps", "2", "--lr", "0.01", "--minibatch", "3"]
+                           + list(extra),
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            raise AssertionError("engine-step %s failed:\n%s" % (devices, p.stderr))
+        with open(os.path.join(out, "report.json")) as f:
+            return load_file(os.path.join(out, "adapter_model.safetensors")), json.load(f), p.stderr
+
+    def assert_same(self, got, want, what):
+        (a, ra, _), (b, rb, _) = got, want
+        self.assertEqual(sorted(a), sorted(b))
+        for k in a:
+            self.assertLess((a[k] - b[k]).abs().max().item(), 1e-5, (what, k))
+        for s1, s2 in zip(ra, rb):
+            for key in ("loss", "grad_norm", "tokens", "sequences"):
+                self.assertAlmostEqual(s1[key], s2[key], delta=1e-5 * max(1.0, abs(s2[key])), msg=(what, key))
+            self.assertEqual(s1["version"], s2["version"])
+
+    def test_ranks_take_the_one_rank_step_on_the_same_groups(self):
+        one = self.step("cpu", self.groups)
+        two = self.step("cpu,cpu", self.groups)
+        self.assertIn("data-parallel over 2 ranks (cpu, cpu), gradients summed by c10d gloo", two[2])
+        self.assertGreater(one[1][0]["tokens"], 0)
+        self.assertEqual([r["version"] for r in one[1]], [1, 2])
+        self.assert_same(two, one, "2 ranks")
+        # More ranks than groups with data: a rank that learned nothing still takes the step.
+        few = [self.groups[0], self.groups[2]]
+        self.assert_same(self.step("cpu,cpu,cpu", few), self.step("cpu", few), "3 ranks, one group")
+        # The check can fail: one rank on part of the groups lands elsewhere.
+        part, _, _ = self.step("cpu", self.groups[:2])
+        self.assertTrue(any((part[k] - one[0][k]).abs().max().item() > 1e-4 for k in part))
+
+    def test_a_step_of_skipped_groups_counts_the_version_on_every_rank(self):
+        adapter, report, _ = self.step("cpu,cpu", [self.groups[2]])
+        self.assertEqual([r["version"] for r in report], [1, 2])
+        self.assertEqual([r["sequences"] for r in report], [0, 0])
+        fresh, _, _ = self.step("cpu", [self.groups[2]])
+        for k in adapter:
+            self.assertTrue(torch.equal(adapter[k], fresh[k]), k)
+
+    def test_ranks_that_mix_the_cpu_and_gpus_are_refused(self):
+        path = os.path.join(self.tmp, "g.json")
+        with open(path, "w") as f:
+            json.dump(self.groups, f)
+        p = subprocess.run([PROBE, "engine-step", "--model", self.model, "--groups", path, "--devices", "cpu,cuda:0",
+                            "--out", os.path.join(self.tmp, "x")], capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("data-parallel learner: the ranks mix the CPU and GPUs", p.stderr)
 
 
 class TrainRunTest(unittest.TestCase):
@@ -747,6 +837,29 @@ adapter = "arm:rl"
         r = subprocess.run([LAUNCH, cfg, "--resume", run_dir], capture_output=True, text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         self.assertIn("all %d steps are done" % STEPS, r.stderr)
+
+    def test_a_data_parallel_learner_ends_with_the_one_rank_adapter(self):
+        # [learner] devices: two ranks on the CPU (c10d gloo), the same run otherwise: the same
+        # samples and rewards reach the learner, so each step's adapter is the one-rank run's.
+        run_dir = os.path.join(self.tmp, "dp")
+        cfg = config(self.tmp, self.url, self.model, "dp", learner='devices = ["cpu", "cpu"]')
+        r = subprocess.run([LAUNCH, cfg, "--run-dir", run_dir], capture_output=True, text=True, timeout=900)
+        self.assertEqual(r.returncode, 0, r.stderr[-4000:])
+        self.assertIn("data-parallel over 2 ranks (cpu, cpu), gradients summed by c10d gloo", r.stderr)
+        steps, samples = steps_of(run_dir)
+        self.assertEqual([s["step"] for s in steps], list(range(STEPS)))
+        self.assertEqual(len({sid for _, _, sid in samples}), len(samples))
+        full, _ = steps_of(self.full_dir)
+        self.assertEqual(len(samples), STEPS * BATCH * GROUP)
+        for s, f in zip(steps, full):
+            mine, one = s["learner"], f["learner"]
+            self.assertAlmostEqual(mine["loss"], one["loss"], delta=1e-5 * max(1.0, abs(one["loss"])), msg=s)
+            self.assertEqual(mine["tokens"], one["tokens"], s)
+        for step in range(1, STEPS + 1):
+            a, b = adapter(run_dir, step), adapter(self.full_dir, step)
+            self.assertEqual(sorted(a), sorted(b))
+            for k in a:
+                torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=(step, k))
 
     def test_a_checkpoint_that_fails_to_write_stops_the_run_and_resume_continues_from_the_last_whole_one(self):
         files = ["learner.json", "adapter_model.safetensors", "optimizer.safetensors", "adapter_config.json",

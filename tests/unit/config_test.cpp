@@ -448,6 +448,28 @@ TEST_CASE("several samplers: urls for the openai backend, devices for libtorch, 
         s.cfg() + ":7:11: sampler.devices: expected \"cpu\", \"cuda\" or \"cuda:N\" for each sampler, got \"gpu1\"");
 }
 
+TEST_CASE("data-parallel learner ranks: every rank on the CPU or each on a GPU of its own", "[config]") {
+  Scratch s;
+  auto ok = parse_config(base + "[learner]\ndevices = [\"cuda:0\", \"cuda:1\"]\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(ok));
+  CHECK(std::get<Config>(ok).learner.devices == std::vector<std::string>{"cuda:0", "cuda:1"});
+  CHECK(std::get<Config>(ok).learner.device == "cuda:0");  // rank 0's
+  auto e = errors_of(base + "[learner]\ndevice = \"cpu\"\ndevices = [\"cpu\", \"cpu\"]\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() +
+                    ":7:11: learner.devices: give either device (one learner) or devices (data-parallel ranks), "
+                    "not both");
+  e = errors_of(base + "[learner]\ndevices = [\"cuda:0\", \"cuda\", \"cuda:0\"]\n", s.cfg());
+  REQUIRE(e.size() == 2);
+  CHECK(e[0] == s.cfg() + ":6:11: learner.devices: expected \"cpu\" or \"cuda:N\" for each rank, got \"cuda\"");
+  CHECK(e[1] == s.cfg() + ":6:11: learner.devices: cuda:0 is listed twice (NCCL takes one GPU a rank)");
+  e = errors_of(base + "[learner]\ndevices = [\"cpu\", \"cuda:1\"]\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == s.cfg() +
+                    ":6:11: learner.devices: the ranks mix \"cpu\" and GPUs: expected every rank on \"cpu\" or "
+                    "every rank on a GPU");
+}
+
 TEST_CASE("a sampler node's own devices or servers are checked, and the replay sampler stays on the head", "[config]") {
   Scratch s;
   const std::string tasks = "[tasks]\ndir = \"tasks\"\n";

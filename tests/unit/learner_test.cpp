@@ -69,6 +69,7 @@ struct ScriptedEngine : LearnerEngine {
     fs::create_directories(dir);
     std::ofstream(fs::path(dir) / "learner.json") << "{\"version\": " << version() << "}\n";
   }
+  void load_checkpoint(const std::string&) override { throw LearnerError("scripted engine: no checkpoints"); }
   size_t n_groups() const {
     std::lock_guard lk(mu);
     return groups.size();
