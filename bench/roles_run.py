@@ -2,10 +2,16 @@
 run in one process: the head (supervisor, monitor), a sampler node, a learner node and an evaluator
 node, each started as a user starts it on its own machine, sharing this machine's GPU; then the same
 config with every role in one process. Figures of each: samples per second over the run's wall
-time, the median time between steps, and the weight sync (seconds until every sampler
-acknowledged a new version, and the megabytes each was sent).
+time, the median time between steps, the weight sync (seconds until every sampler acknowledged a
+new version, and the megabytes each was sent), and each GPU's utilization over the run
+(nvidia-smi, sampled every 0.5 s).
+
+With --two-gpus (a machine of two GPUs): the one-process run, then the head, a sampler node on
+GPU 0, a learner node on GPU 1 and an evaluator node on each GPU (five processes), then the same
+with the learner data-parallel over both GPUs (c10d NCCL).
 
     scripts/gpu-check --roles [--roles-args "--size 1.5b --steps 4"]      (on the GPU machine)
+    scripts/gpu-check --two-gpus                                          (on a two-GPU machine)
     scripts/python bench/roles_run.py --device cpu --model DIR --steps 2  (anywhere, small)
 """
 import argparse
@@ -29,40 +35,35 @@ def free_port():
         return s.getsockname()[1]
 
 
-def config(d, a, spread):
-    """The run's config: with spread, four [[node]]s on loopback; else one node with every role."""
-    evaluator = 'gpus = "auto"' if a.device.startswith("cuda") else "cpu_slots = 1"
+# The processes of each layout, after the head: the nodes started with `launch CONFIG --node NAME`.
+NODES = {"single": [], "spread": ["eval", "train", "gen"], "two-gpus": ["eval0", "eval1", "train", "gen"],
+         "two-gpus-dp": ["eval0", "eval1", "train", "gen"]}
 
-    if spread:
-        nodes = f"""
-[[node]]
-name = "head"
-host = "127.0.0.1"
-port = {free_port()}
-roles = ["supervisor", "monitor"]
-[[node]]
-name = "gen"
-host = "127.0.0.1"
-roles = ["sampler"]
-sampler_devices = ["{a.device}"]
-[[node]]
-name = "train"
-host = "127.0.0.1"
-roles = ["learner"]
-[[node]]
-name = "eval"
-host = "127.0.0.1"
-roles = ["evaluator"]
-{evaluator}
-"""
+
+def config(d, a, layout):
+    """The run's config: "single", one node with every role; "spread", four [[node]]s on loopback
+    sharing the device; "two-gpus" / "two-gpus-dp", the sampler on GPU 0, the learner on GPU 1 (or
+    data-parallel on both) and an evaluator node on each GPU."""
+    evaluator = 'gpus = "auto"' if a.device.startswith("cuda") else "cpu_slots = 1"
+    learner = f'device = "{a.device}"'
+
+    def node(name, roles, extra=""):
+        return "\n[[node]]\nname = \"%s\"\nhost = \"127.0.0.1\"\nroles = %s\n%s" % (name, json.dumps(roles), extra)
+
+    if layout == "single":
+        nodes = "\n[[node]]\nname = \"local\"\nroles = %s\n%s\n" % (
+            json.dumps(["supervisor", "learner", "sampler", "evaluator", "monitor"]), evaluator)
     else:
-        nodes = f"""
-[[node]]
-name = "local"
-roles = ["supervisor", "learner", "sampler", "evaluator", "monitor"]
-{evaluator}
-"""
-    path = os.path.join(d, ("spread" if spread else "single") + ".toml")
+        two = layout.startswith("two-gpus")
+        nodes = node("head", ["supervisor", "monitor"], f"port = {free_port()}\n")
+        nodes += node("gen", ["sampler"], 'sampler_devices = ["%s"]\n' % ("cuda:0" if two else a.device))
+        nodes += node("train", ["learner"])
+        if two:
+            learner = 'devices = ["cuda:0", "cuda:1"]' if layout == "two-gpus-dp" else 'device = "cuda:1"'
+            nodes += node("eval0", ["evaluator"], "gpus = [0]\n") + node("eval1", ["evaluator"], "gpus = [1]\n")
+        else:
+            nodes += node("eval", ["evaluator"], evaluator + "\n")
+    path = os.path.join(d, layout + ".toml")
     with open(path, "w") as f:
         f.write(f"""
 [cluster]
@@ -90,7 +91,7 @@ group_size = {a.group}
 minibatch_size = {a.batch * a.group}
 lora_rank = 16
 lora_alpha = 32
-device = "{a.device}"
+{learner}
 dtype = "{a.dtype}"
 sync_timeout_s = 600
 [evaluator]
@@ -127,34 +128,67 @@ def figures(run_dir):
             "weight_sync_mb": mb[0] if mb else None}
 
 
-def run_single(launch, cfg, d, env):
-    run_dir = os.path.join(d, "single-run")
-    with open(os.path.join(d, "single.log"), "w") as log:
-        p = subprocess.run([launch, cfg, "--run-dir", run_dir], stdout=log, stderr=subprocess.STDOUT, env=env,
-                           timeout=3600)
-    return run_dir, p.returncode
+class GpuSampler:
+    """nvidia-smi's utilization and memory of every GPU every 0.5 s while a run goes."""
+
+    def __init__(self, path):
+        self.path = path
+        self.proc = None
+
+    def __enter__(self):
+        try:
+            self.out = open(self.path, "w")
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
+                                          "--format=csv,noheader,nounits", "-lms", "500"], stdout=self.out,
+                                         stderr=subprocess.DEVNULL)
+        except OSError:  # no nvidia-smi (a CPU machine)
+            self.proc = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait()
+            self.out.close()
+
+    def figures(self):
+        per = {}
+        if not self.proc:
+            return per
+        with open(self.path) as f:
+            for line in f:
+                parts = [x.strip() for x in line.split(",")]
+                if len(parts) == 3 and all(p.isdigit() for p in parts):
+                    per.setdefault(int(parts[0]), []).append((int(parts[1]), int(parts[2])))
+        return {str(g): {"util_mean": statistics.mean(u for u, _ in v), "util_busy_share":
+                         sum(1 for u, _ in v if u > 0) / len(v), "mem_max_mib": max(m for _, m in v),
+                         "samples": len(v)} for g, v in sorted(per.items())}
 
 
-def run_spread(launch, cfg, d, env):
-    run_dir = os.path.join(d, "spread-run")
-    logs = {n: open(os.path.join(d, "spread-%s.log" % n), "w") for n in ("head", "gen", "train", "eval")}
-    procs = {"head": subprocess.Popen([launch, cfg, "--run-dir", run_dir], stdout=logs["head"],
-                                      stderr=subprocess.STDOUT, env=env)}
-    time.sleep(1)
-    for n in ("eval", "train", "gen"):
-        procs[n] = subprocess.Popen([launch, cfg, "--node", n], stdout=logs[n], stderr=subprocess.STDOUT, env=env)
-    try:
-        rc = procs["head"].wait(timeout=3600)
-        for n in ("gen", "train", "eval"):
-            procs[n].wait(timeout=120)
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in logs.values():
-            f.close()
-    return run_dir, rc, {n: p.returncode for n, p in procs.items()}
+def run_layout(launch, layout, cfg, d, env):
+    """The head, then each node of the layout as its own process; the head's exit code and each node's."""
+    run_dir = os.path.join(d, layout + "-run")
+    names = ["head"] + NODES[layout]
+    logs = {n: open(os.path.join(d, "%s-%s.log" % (layout, n)), "w") for n in names}
+    with GpuSampler(os.path.join(d, layout + "-gpus.csv")) as gpus:
+        procs = {"head": subprocess.Popen([launch, cfg, "--run-dir", run_dir], stdout=logs["head"],
+                                          stderr=subprocess.STDOUT, env=env)}
+        if NODES[layout]:
+            time.sleep(1)
+        for n in NODES[layout]:
+            procs[n] = subprocess.Popen([launch, cfg, "--node", n], stdout=logs[n], stderr=subprocess.STDOUT, env=env)
+        try:
+            rc = procs["head"].wait(timeout=3600)
+            for n in NODES[layout]:
+                procs[n].wait(timeout=120)
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for f in logs.values():
+                f.close()
+    return run_dir, rc, {n: p.returncode for n, p in procs.items()}, gpus.figures()
 
 
 def main():
@@ -172,6 +206,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--keep", action="store_true", help="keep the runs' folder (printed)")
     ap.add_argument("--logs", help="copy every process's log here")
+    ap.add_argument("--two-gpus", action="store_true",
+                    help="the sampler on GPU 0, the learner on GPU 1, then data-parallel on both (a two-GPU machine)")
     a = ap.parse_args()
     if not a.model:
         sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -183,21 +219,26 @@ def main():
     env = dict(os.environ)
     out = {"model": a.model, "device": a.device, "steps": a.steps, "batch": a.batch, "group": a.group,
            "max_tokens": a.max_tokens, "dir": d}
-    single_dir, rc = run_single(a.launch, config(d, a, False), d, env)
-    out["single"] = dict(figures(single_dir), rc=rc, processes=1)
-    spread_dir, rc, rcs = run_spread(a.launch, config(d, a, True), d, env)
-    out["spread"] = dict(figures(spread_dir), rc=rc, node_rcs=rcs, processes=4)
-    print("%-28s %9s %8s %9s %10s %12s %12s %8s" % ("run", "samples", "wall s", "samples/s", "step s", "sync s (med)",
-                                                   "sync s (max)", "MB/ver"))
-    for k, label in (("single", "one process"), ("spread", "head+sampler+learner+eval")):
+    layouts = ["single"] + (["two-gpus", "two-gpus-dp"] if a.two_gpus else ["spread"])
+    labels = {"single": "one process", "spread": "head+sampler+learner+eval",
+              "two-gpus": "sampler gpu0, learner gpu1", "two-gpus-dp": "learner NCCL over gpu0+1"}
+    for layout in layouts:
+        run_dir, rc, rcs, gpus = run_layout(a.launch, layout, config(d, a, layout), d, env)
+        out[layout] = dict(figures(run_dir), rc=rc, node_rcs=rcs, processes=len(rcs), gpus=gpus)
+    print("%-28s %9s %8s %9s %10s %12s %12s %8s  %s" % ("run", "samples", "wall s", "samples/s", "step s",
+                                                       "sync s (med)", "sync s (max)", "MB/ver", "GPU util % (mean)"))
+    for k in layouts:
         f = out[k]
         fmt = lambda v, p=3: "-" if v is None else ("%.*f" % (p, v))  # noqa: E731
-        print("%-28s %9d %8.1f %9.2f %10s %12s %12s %8s" % (label, f["samples"], f["wall_s"], f["samples_per_s"],
-                                                           fmt(f["step_s_median"], 2), fmt(f["weight_sync_s_median"]),
-                                                           fmt(f["weight_sync_s_max"]), fmt(f["weight_sync_mb"], 1)))
+        util = " ".join("gpu%s %.0f" % (g, v["util_mean"]) for g, v in f["gpus"].items())
+        print("%-28s %9d %8.1f %9.2f %10s %12s %12s %8s  %s" % (labels[k], f["samples"], f["wall_s"],
+                                                               f["samples_per_s"], fmt(f["step_s_median"], 2),
+                                                               fmt(f["weight_sync_s_median"]),
+                                                               fmt(f["weight_sync_s_max"]), fmt(f["weight_sync_mb"], 1),
+                                                               util))
         if not f["ok"] or f["samples"] != f["distinct"] or f["rc"] != 0:
-            print("  %s: FAILED (rc %s, %d samples, %d distinct): %s" % (label, f["rc"], f["samples"], f["distinct"],
-                                                                        f["error"]))
+            print("  %s: FAILED (rc %s, %d samples, %d distinct): %s" % (labels[k], f["rc"], f["samples"],
+                                                                        f["distinct"], f["error"]))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
@@ -207,11 +248,14 @@ def main():
         for name in os.listdir(d):
             if name.endswith(".log"):
                 shutil.copy(os.path.join(d, name), os.path.join(a.logs, "roles-" + name))
-        for run in ("single-run", "spread-run"):
+            if name.endswith("-gpus.csv"):
+                shutil.copy(os.path.join(d, name), os.path.join(a.logs, "roles-" + name))
+        for layout in layouts:
+            run = layout + "-run"
             if os.path.exists(os.path.join(d, run, "store.sqlite")):
                 shutil.copy(os.path.join(d, run, "store.sqlite"), os.path.join(a.logs, "roles-%s.sqlite" % run))
     ok = all(out[k]["ok"] and out[k]["rc"] == 0 and out[k]["samples"] == out[k]["distinct"] == a.steps * a.batch *
-             a.group for k in ("single", "spread"))
+             a.group for k in layouts)
     if not a.keep and ok:
         import shutil
         shutil.rmtree(d, ignore_errors=True)

@@ -8,6 +8,7 @@
 #include "policy/cuda_kernels.hpp"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #endif
 #include "messages/messages.hpp"
 
@@ -211,7 +212,12 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 cuda::bf16_t* bptr(const torch::Tensor& t) { return reinterpret_cast<cuda::bf16_t*>(t.data_ptr()); }
-cuda::Stream stream_of(const torch::Tensor&) { return at::cuda::getCurrentCUDAStream().stream(); }
+// The current stream of t's device. Our kernels launch on the calling thread's current device, so
+// every path that launches one holds a device guard for its tensors' device first (OnDevice): a
+// model on cuda:1 driven from a thread whose current device is cuda:0 (a learner's main thread, a
+// second data-parallel rank) must not launch on cuda:0 against cuda:1's memory.
+cuda::Stream stream_of(const torch::Tensor& t) { return at::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+using OnDevice = c10::cuda::CUDAGuard;
 
 // x (float32) as hi + lo in bf16, x - hi - lo within about 2^-17 |x|: products of bf16 activations
 // with float32 adapter weights on the tensor cores, accumulated in float32, agree with PEFT's
@@ -229,6 +235,7 @@ std::pair<torch::Tensor, torch::Tensor> split_bf16(const torch::Tensor& x) {
 struct FastLora : torch::autograd::Function<FastLora> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& y,
                                const torch::Tensor& a, const torch::Tensor& bb, const Linear* l) {
+    OnDevice on(x.device());
     const int64_t r = a.size(0), N = x.size(0), out_cols = y.size(1);
     const auto& f = l->fast_form();
     auto t2 = at::mm(x, f.a_t, torch::kFloat32);  // [N, 2r]
@@ -245,6 +252,7 @@ struct FastLora : torch::autograd::Function<FastLora> {
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     auto s = ctx->get_saved_variables();
     const auto &x = s[0], &t = s[1];
+    OnDevice on(x.device());
     const auto* l = reinterpret_cast<const Linear*>(intptr_t(ctx->saved_data["l"].toInt()));
     const auto& f = l->fast_form();
     const int64_t r = t.size(1);
@@ -558,6 +566,7 @@ struct ChunkedLogprobs : torch::autograd::Function<ChunkedLogprobs> {
     ctx->saved_data["fused"] = fast_logprob(h, w);
 #ifdef KERNELRL_CUDA_KERNELS
     if (ctx->saved_data["fused"].toBool()) {  // one pass over each chunk's bf16 logits
+      OnDevice on(h.device());
       const int64_t V = w.size(0);
       auto tg = targets.contiguous();
       for (int64_t c0 = 0; c0 < N; c0 += chunk) {
@@ -594,6 +603,7 @@ struct ChunkedLogprobs : torch::autograd::Function<ChunkedLogprobs> {
     auto gh = torch::empty_like(h);
 #ifdef KERNELRL_CUDA_KERNELS
     if (ctx->saved_data["fused"].toBool()) {
+      OnDevice on(h.device());
       const int64_t V = w.size(0);
       auto glp = g_lp.defined() ? g_lp.contiguous() : torch::Tensor();
       auto gent = g_ent.defined() ? g_ent.contiguous() : torch::Tensor();

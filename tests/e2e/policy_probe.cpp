@@ -37,7 +37,8 @@
 //       the learner's engine as `launch` makes it (create_learner: one rank, or data-parallel
 //       ranks on D1, D2, ...) learns S steps, each from every group of FILE (JSON: a list of
 //       groups, each a list of {prompt, token_ids, logprobs, reward}); saves its checkpoint to DIR
-//       with DIR/report.json (each step's loss, grad_norm, tokens, seconds, wall_s)
+//       (and, with --each 1, step K's to DIR.step-K) with DIR/report.json (each step's loss,
+//       grad_norm, tokens, seconds, wall_s)
 //   policy_probe update --model DIR --rank R --alpha A --targets ... --from DIR --ids ... --out FILE
 //       a policy with a fresh adapter takes DIR's adapter as a WeightsUpdate, then writes logits
 #include "policy/sampler_backend.hpp"
@@ -339,6 +340,7 @@ int main(int argc, char** argv) {
                           {"version", u.version},
                           {"seconds", u.seconds},
                           {"wall_s", mono_s() - t0}});
+        if (get("--each", "0") == "1") engine->save_checkpoint(get("--out") + ".step-" + std::to_string(s + 1));
       }
       engine->save_checkpoint(get("--out"));
       std::ofstream(get("--out") + "/report.json") << report.dump(2) << "\n";
