@@ -97,7 +97,7 @@ sync_timeout_s = 600
 [evaluator]
 timeout_s = 60
 [experiment]
-mode = "train"
+mode = "{a.mode}"
 seed = 1
 name = "roles-bench"
 run_root = "{os.path.join(d, "runs")}"
@@ -118,6 +118,8 @@ def figures(run_dir):
     learner = [s.get("learner", {}) for s, _ in steps]
     sync = [x["weight_sync_s"] for x in learner if "weight_sync_s" in x]
     mb = [x["weight_sync_mb"] for x in learner if "weight_sync_mb" in x]
+    learned = sum(int(x.get("groups", 0) - x.get("groups_skipped", 0)) for x in learner)
+    learner_s = [x["learner_s"] for x in learner if x.get("applied")]
     wall = summary.get("wall_s", 0.0)
     return {"ok": summary.get("ok", False), "error": summary.get("error", ""), "samples": samples[0],
             "distinct": samples[1], "steps": len(steps), "wall_s": wall,
@@ -125,7 +127,9 @@ def figures(run_dir):
             "step_s_median": statistics.median(gaps) if gaps else None,
             "weight_sync_s_median": statistics.median(sync) if sync else None,
             "weight_sync_s_max": max(sync) if sync else None,
-            "weight_sync_mb": mb[0] if mb else None}
+            "weight_sync_mb": mb[0] if mb else None, "groups_learned": learned,
+            "learner_s_median": statistics.median(learner_s) if learner_s else None,
+            "loss": [x.get("loss") for x in learner]}
 
 
 class GpuSampler:
@@ -206,6 +210,10 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--keep", action="store_true", help="keep the runs' folder (printed)")
     ap.add_argument("--logs", help="copy every process's log here")
+    ap.add_argument("--mode", default="train", choices=["train", "sdpo"],
+                    help="sdpo: per-token advantages from the teacher's execution feedback, so a random model, "
+                         "whose groups are all equally wrong (skipped in train mode), still learns every step")
+    ap.add_argument("--layouts", help="which runs, comma-separated (single, spread, two-gpus, two-gpus-dp)")
     ap.add_argument("--two-gpus", action="store_true",
                     help="the sampler on GPU 0, the learner on GPU 1, then data-parallel on both (a two-GPU machine)")
     a = ap.parse_args()
@@ -217,25 +225,28 @@ def main():
     with open(os.path.join(d, "cluster.secret"), "w") as f:
         f.write(os.urandom(24).hex() + "\n")
     env = dict(os.environ)
-    out = {"model": a.model, "device": a.device, "steps": a.steps, "batch": a.batch, "group": a.group,
+    out = {"model": a.model, "device": a.device, "mode": a.mode, "steps": a.steps, "batch": a.batch, "group": a.group,
            "max_tokens": a.max_tokens, "dir": d}
-    layouts = ["single"] + (["two-gpus", "two-gpus-dp"] if a.two_gpus else ["spread"])
+    layouts = a.layouts.split(",") if a.layouts else ["single"] + (["two-gpus", "two-gpus-dp"] if a.two_gpus
+                                                                    else ["spread"])
     labels = {"single": "one process", "spread": "head+sampler+learner+eval",
               "two-gpus": "sampler gpu0, learner gpu1", "two-gpus-dp": "learner NCCL over gpu0+1"}
     for layout in layouts:
         run_dir, rc, rcs, gpus = run_layout(a.launch, layout, config(d, a, layout), d, env)
         out[layout] = dict(figures(run_dir), rc=rc, node_rcs=rcs, processes=len(rcs), gpus=gpus)
-    print("%-28s %9s %8s %9s %10s %12s %12s %8s  %s" % ("run", "samples", "wall s", "samples/s", "step s",
-                                                       "sync s (med)", "sync s (max)", "MB/ver", "GPU util % (mean)"))
+    print("%-28s %9s %8s %9s %10s %12s %12s %8s %8s %9s  %s" % (
+        "run", "samples", "wall s", "samples/s", "step s", "sync s (med)", "sync s (max)", "MB/ver", "learned",
+        "learner s", "GPU util % (mean)"))
     for k in layouts:
         f = out[k]
         fmt = lambda v, p=3: "-" if v is None else ("%.*f" % (p, v))  # noqa: E731
         util = " ".join("gpu%s %.0f" % (g, v["util_mean"]) for g, v in f["gpus"].items())
-        print("%-28s %9d %8.1f %9.2f %10s %12s %12s %8s  %s" % (labels[k], f["samples"], f["wall_s"],
-                                                               f["samples_per_s"], fmt(f["step_s_median"], 2),
-                                                               fmt(f["weight_sync_s_median"]),
-                                                               fmt(f["weight_sync_s_max"]), fmt(f["weight_sync_mb"], 1),
-                                                               util))
+        print("%-28s %9d %8.1f %9.2f %10s %12s %12s %8s %8d %9s  %s" % (
+            labels[k], f["samples"], f["wall_s"], f["samples_per_s"], fmt(f["step_s_median"], 2),
+            fmt(f["weight_sync_s_median"]), fmt(f["weight_sync_s_max"]), fmt(f["weight_sync_mb"], 1),
+            f["groups_learned"], fmt(f["learner_s_median"], 2), util))
+        if f["groups_learned"]:
+            print("  losses: %s" % ", ".join("-" if x is None else "%.5g" % x for x in f["loss"]))
         if not f["ok"] or f["samples"] != f["distinct"] or f["rc"] != 0:
             print("  %s: FAILED (rc %s, %d samples, %d distinct): %s" % (labels[k], f["rc"], f["samples"],
                                                                         f["distinct"], f["error"]))
@@ -254,8 +265,9 @@ def main():
             run = layout + "-run"
             if os.path.exists(os.path.join(d, run, "store.sqlite")):
                 shutil.copy(os.path.join(d, run, "store.sqlite"), os.path.join(a.logs, "roles-%s.sqlite" % run))
-    ok = all(out[k]["ok"] and out[k]["rc"] == 0 and out[k]["samples"] == out[k]["distinct"] == a.steps * a.batch *
-             a.group for k in layouts)
+    # train: steps x batch x group samples; sdpo samples every task of the split each step
+    ok = all(out[k]["ok"] and out[k]["rc"] == 0 and out[k]["samples"] == out[k]["distinct"] > 0 and
+             (a.mode != "train" or out[k]["samples"] == a.steps * a.batch * a.group) for k in layouts)
     if not a.keep and ok:
         import shutil
         shutil.rmtree(d, ignore_errors=True)
