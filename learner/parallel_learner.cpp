@@ -9,6 +9,7 @@
 #include "learner/lora_learner.hpp"
 
 #include "core/log_line.hpp"
+#include "core/paths.hpp"
 
 #include <c10/cuda/CUDAFunctions.h>
 
@@ -161,8 +162,11 @@ class ParallelLearner : public LearnerEngine {
                  })->get();
     rank->queued_tokens += tokens;
     if (opt_.objective == "sdpo") {  // the outcome needs the teacher's scores: wait for them
+      const double t0 = mono_s();
       auto f = rank->run([rank, group] { return rank->learner().add_group(group); });
-      return f.get();
+      auto got = f.get();
+      serial_s_ += mono_s() - t0;  // the ranks took these one at a time
+      return got;
     }
     pending_.push_back(rank->run([rank, group] {
       try {
@@ -177,6 +181,7 @@ class ParallelLearner : public LearnerEngine {
   }
 
   UpdateStats step() override {
+    const double t0 = mono_s();
     for (auto& f : pending_) f.get();
     pending_.clear();
     std::vector<std::future<bool>> drained;
@@ -200,6 +205,10 @@ class ParallelLearner : public LearnerEngine {
                            std::to_string(u.version) + " and " + std::to_string(s.version) + ")");
       u.seconds = std::max(u.seconds, s.seconds);
     }
+    // The step's compute time: queued groups run on the ranks at once (the busiest rank's time);
+    // SDPO's groups ran one at a time, so their time is the sum the caller waited.
+    if (serial_s_ > 0) u.seconds = serial_s_ + (mono_s() - t0);
+    serial_s_ = 0;
     return u;
   }
 
@@ -241,6 +250,7 @@ class ParallelLearner : public LearnerEngine {
   LearnerOptions opt_;
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<std::future<bool>> pending_;  // the step's queued groups
+  double serial_s_ = 0;                     // SDPO: time spent waiting on groups in this step
 };
 
 }  // namespace
