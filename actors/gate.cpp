@@ -13,12 +13,14 @@ namespace kernelrl {
 namespace {
 
 struct gate_state {
-  std::map<caf::node_id, std::string> nonces;       // one outstanding challenge per peer
-  std::map<caf::node_id, std::string> joined;       // peer -> node name
-  std::map<caf::actor_addr, caf::node_id> joiners;  // the actor that joined, watched: its
-                                                    // connection dropping ends the membership
-  std::map<caf::actor_addr, std::string> samplers;  // samplers registered by joined nodes
-  bool learner = false;                             // the learner node's learner registered
+  std::map<caf::node_id, std::string> nonces;               // one outstanding challenge per peer
+  std::map<caf::node_id, std::string> joined;               // peer -> node name
+  std::map<caf::actor_addr, caf::node_id> joiners;          // the actor that joined, watched: its
+                                                            // connection dropping ends the membership
+  std::map<caf::actor_addr, std::string> samplers;          // samplers registered by joined nodes
+  bool learner = false;                                     // the learner node's learner registered
+  caf::actor monitor;                                       // the head's, or the monitor node's once registered
+  std::vector<std::pair<caf::actor, std::string>> sources;  // telemetry sources registered from nodes
   uint64_t refused = 0;
   static inline const char* name = "gate";
 };
@@ -44,24 +46,39 @@ bool trusted(self_ptr self) {
   return sender->node() == self->node() || self->state.joined.count(sender->node()) > 0;
 }
 
-// The name of the joined peer that sent the current message, if it is the run's learner node.
-caf::expected<std::string> learner_peer(self_ptr self, const GateArgs& args) {
+// The name of the joined peer that sent the current message, if it is the node named `owner` that
+// runs this run's `role` (learner, monitor; "" owner: the head runs it).
+caf::expected<std::string> role_peer(self_ptr self, const std::string& owner, const std::string& role) {
   auto sender = self->current_sender();
-  if (!trusted(self) || !sender) return refuse(self, "(not joined)", "the learner comes from a peer that has joined");
+  if (!trusted(self) || !sender)
+    return refuse(self, "(not joined)", "the " + role + " comes from a peer that has joined");
   auto j = self->state.joined.find(sender->node());
   const std::string node = j == self->state.joined.end() ? std::string() : j->second;
-  if (args.learner_node.empty() || node != args.learner_node)
+  if (owner.empty() || node != owner)
     return refuse(self, "\"" + node + "\"",
-                  args.learner_node.empty() ? std::string("this run's learner runs on the head")
-                                            : "this run's learner is node \"" + args.learner_node + "\"'s");
+                  owner.empty() ? "this run's " + role + " runs on the head"
+                                : "this run's " + role + " is node \"" + owner + "\"'s");
   return node;
+}
+
+// A telemetry source from a node: to the monitor now, and to a monitor that registers later.
+void add_source(self_ptr self, const caf::actor& src, const std::string& id) {
+  self->state.sources.emplace_back(src, id);
+  if (self->state.monitor) self->send(self->state.monitor, register_atom::value, src, id);
 }
 
 caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, caf::actor supervisor,
                          caf::actor monitor) {
   auto lg = log::get("gate");
+  self->state.monitor = monitor;
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
+    if (st.monitor && dm.source == st.monitor.address()) {
+      lg->warn("the monitor of node \"{}\" is gone ({}); the run goes on without its telemetry", args.monitor_node,
+               caf::to_string(dm.reason));
+      st.monitor = nullptr;
+      return;
+    }
     auto it = st.joiners.find(dm.source);
     if (it == st.joiners.end()) return;
     auto nid = it->second;
@@ -125,9 +142,13 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
       },
       [=](stats_atom) -> caf::result<Telemetry> {
         if (!trusted(self)) return refuse(self, "(not joined)", "telemetry is for peers that have joined");
-        if (!monitor) return caf::make_error(caf::sec::runtime_error, "this head runs no monitor");
+        if (!self->state.monitor)
+          return caf::make_error(caf::sec::runtime_error,
+                                 args.monitor_node.empty()
+                                     ? std::string("this head runs no monitor")
+                                     : "the monitor runs on node \"" + args.monitor_node + "\", which has not joined");
         auto rp = self->make_response_promise<Telemetry>();
-        self->request(monitor, std::chrono::seconds(5), stats_atom::value)
+        self->request(self->state.monitor, std::chrono::seconds(5), stats_atom::value)
             .then([=](Telemetry& t) mutable { rp.deliver(std::move(t)); },
                   [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
@@ -162,12 +183,12 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
       },
       // The learner node: where the run's checkpoints go, then its learner and selector.
       [=](learner_atom) -> caf::result<std::string, bool> {
-        auto node = learner_peer(self, args);
+        auto node = role_peer(self, args.learner_node, "learner");
         if (!node) return std::move(node.error());
         return {args.run_dir, args.resume};
       },
       [=](register_atom, learner_atom, caf::actor l, caf::actor sel) -> caf::result<bool> {
-        auto found = learner_peer(self, args);
+        auto found = role_peer(self, args.learner_node, "learner");
         if (!found) return std::move(found.error());
         const std::string node = *found;
         auto sender = self->current_sender();
@@ -177,11 +198,11 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
         self->state.learner = true;
         lg->info("the learner of node \"{}\" registered", node);
         if (supervisor) self->send(supervisor, register_atom::value, learner_atom::value, l, sel, node);
-        if (monitor) self->send(monitor, register_atom::value, l, std::string("learner"));
+        add_source(self, l, "learner");
         return true;
       },
       // A joined node's sampler: its own actor, registered once, named sampler-NODE-i.
-      [=](register_atom, sampler_atom, caf::actor s, std::string id) -> caf::result<bool> {
+      [=](register_atom, sampler_atom, caf::actor s, std::string id, std::string digest) -> caf::result<bool> {
         auto sender = self->current_sender();
         if (!trusted(self) || !sender) return refuse(self, "(not joined)", "samplers come from peers that have joined");
         auto j = self->state.joined.find(sender->node());
@@ -192,11 +213,49 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
           return refuse(
               self, "\"" + node + "\"",
               "sampler \"" + id + "\": the samplers of node \"" + node + "\" are named sampler-" + node + "-N");
+        if (!args.prompts_digest.empty() && digest != args.prompts_digest)
+          return refuse(self, "\"" + node + "\"",
+                        "sampler " + id + ": node \"" + node +
+                            "\" renders the tasks' prompts differently from the head (prompt digest " +
+                            digest.substr(0, 12) + " against " + args.prompts_digest.substr(0, 12) +
+                            "): give every node the same config, task files and model tokenizer");
         if (!self->state.samplers.emplace(s.address(), id).second)
           return refuse(self, "\"" + node + "\"", "sampler " + id + " is registered already");
         if (supervisor) self->send(supervisor, register_atom::value, sampler_atom::value, s, id);
-        if (monitor) self->send(monitor, register_atom::value, s, id);
+        add_source(self, s, id);
         return true;
+      },
+      // The monitor node: where its metrics.jsonl goes and who stores its snapshots; then its
+      // monitor, which gets every source of the run.
+      [=](monitor_atom) -> caf::result<std::string, caf::actor> {
+        auto node = role_peer(self, args.monitor_node, "monitor");
+        if (!node) return std::move(node.error());
+        return {args.run_dir, args.recorder};
+      },
+      [=](register_atom, monitor_atom, caf::actor m) -> caf::result<bool> {
+        auto found = role_peer(self, args.monitor_node, "monitor");
+        if (!found) return std::move(found.error());
+        auto sender = self->current_sender();
+        if (!m || m.node() != sender->node())
+          return refuse(self, "\"" + *found + "\"", "a node registers its own monitor only");
+        if (self->state.monitor) return refuse(self, "\"" + *found + "\"", "this run's monitor is registered already");
+        self->state.monitor = m;
+        self->monitor(m);
+        for (auto& [src, id] : args.sources) self->send(m, register_atom::value, src, id);
+        for (auto& [src, id] : self->state.sources) self->send(m, register_atom::value, src, id);
+        lg->info("the monitor of node \"{}\" registered", *found);
+        return true;
+      },
+      // The run's end (this process only): the monitor's last snapshot, wherever it runs.
+      [=](finish_atom) -> caf::result<bool> {
+        auto sender = self->current_sender();
+        if (!sender || sender->node() != self->node())
+          return refuse(self, "(another process)", "the run's end is the head's to call");
+        if (!self->state.monitor) return false;
+        auto rp = self->make_response_promise<bool>();
+        self->request(self->state.monitor, std::chrono::seconds(10), finish_atom::value)
+            .then([=](bool b) mutable { rp.deliver(b); }, [=](caf::error&) mutable { rp.deliver(false); });
+        return rp;
       },
   };
 }

@@ -12,14 +12,20 @@
 //               (challenge_atom, peer nonce) -> [nonce, the head's proof of the secret];
 //               (join_atom, node, cluster, protocol, proof) -> bool;
 //               (register_atom, actor, std::string id) from a joined node or this process;
-//               (register_atom, sampler_atom, actor, id) -> bool: a joined node's sampler is
-//               running (its own actor, once, named sampler-NODE-i; else refused);
+//               (register_atom, sampler_atom, actor, id, prompts digest) -> bool: a joined
+//               node's sampler is running (its own actor, once, named sampler-NODE-i, its node
+//               rendering the head's prompts; else refused);
 //               Rollout -> bool and (skip_atom, Rollout, why) from registered samplers only;
 //               (learner_atom) -> (run_dir, resume) and (register_atom, learner_atom, learner,
 //               selector) -> bool: from the joined node named learner_node only, its own actors,
 //               once;
+//               (monitor_atom) -> (run_dir, recorder) and (register_atom, monitor_atom, monitor)
+//               -> bool: from the joined node named monitor_node only, its own actor; the gate
+//               then registers every telemetry source with it (and each one registered later);
 //               (stats_atom) -> Telemetry, the monitor's latest snapshot, for joined peers
-//               (`launch monitor HOST:PORT`)
+//               (`launch monitor HOST:PORT`);
+//               (finish_atom) -> bool from this process: the monitor's last snapshot (false
+//               when no monitor is registered)
 // Messages out: (register_atom, actor, id) -> dispatcher and supervisor (an evaluator);
 //               (register_atom, sampler_atom, actor, id) -> supervisor and (register_atom, actor,
 //               id) -> monitor (a sampler); (register_atom, learner_atom, learner, selector,
@@ -28,9 +34,12 @@
 //               (skip_atom, Rollout, why) -> dispatcher
 #pragma once
 
+#include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kernelrl {
 
@@ -40,9 +49,14 @@ struct GateArgs {
   std::string learner_node;  // the node whose learner this run waits for ("": the head's own)
   std::string run_dir;       // told to that node: where the run's checkpoints go
   bool resume = false;       // ... and whether it resumes from the newest of them
+  std::string monitor_node;  // the node whose monitor this run takes ("": the head's own)
+  caf::actor recorder;       // ... told to it: where its snapshots are stored (the supervisor)
+  std::vector<std::pair<caf::actor, std::string>> sources;  // ... and what it watches (this process's)
+  std::string prompts_digest;  // the head's rendered prompts (launch/setup.hpp); a sampler node's must match
 };
 
-// `monitor` answers (stats_atom) with the merged snapshot; may be invalid.
+// `monitor` answers (stats_atom) with the merged snapshot; may be invalid (then a monitor node's
+// registers later).
 caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, caf::actor dispatcher, caf::actor supervisor,
                       caf::actor monitor);
 

@@ -831,17 +831,19 @@ ConfigResult read_config(const toml::table& root, const std::string& path) {
   }
   bool cluster = false;
   for (auto& n : c.nodes) cluster = cluster || n.port != 0;
-  std::string learner_at;                        // the first node with the learner role
+  std::string learner_at, monitor_at;            // the first node with the learner, monitor role
   for (size_t i = 0; i < c.nodes.size(); ++i) {  // a node's samplers are of the run's backend
     const auto& n = c.nodes[i];
     const std::string at = "node[" + std::to_string(i) + "]";
-    if (cluster && std::find(n.roles.begin(), n.roles.end(), "learner") != n.roles.end()) {
-      if (!learner_at.empty())
-        errs.push_back({file, 1, 1, at + ".roles",
-                        "the learner role is on " + learner_at + " already: one node runs a run's learner"});
-      else
-        learner_at = "node \"" + n.name + "\"";
-    }
+    for (auto [role, first] : {std::pair<const char*, std::string*>{"learner", &learner_at}, {"monitor", &monitor_at}})
+      if (cluster && std::find(n.roles.begin(), n.roles.end(), role) != n.roles.end()) {
+        if (!first->empty())
+          errs.push_back(
+              {file, 1, 1, at + ".roles",
+               std::string("the ") + role + " role is on " + *first + " already: one node runs a run's " + role});
+        else
+          *first = "node \"" + n.name + "\"";
+      }
     const bool head = std::find(n.roles.begin(), n.roles.end(), "supervisor") != n.roles.end();
     const bool samples = std::find(n.roles.begin(), n.roles.end(), "sampler") != n.roles.end();
     if (!cluster && !head && (!n.sampler_devices.empty() || !n.sampler_urls.empty()))

@@ -31,26 +31,16 @@ std::string sha256_file(const std::string& path, std::string& err) {
     err = path + ": " + errno_text(errno);
     return "";
   }
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  Sha256 h;
   std::vector<char> buf(1 << 20);
   size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) EVP_DigestUpdate(ctx, buf.data(), n);
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) h.add(buf.data(), n);
   const bool failed = std::ferror(f);
   std::fclose(f);
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, md, &len);
-  EVP_MD_CTX_free(ctx);
+  std::string out = h.hex();
   if (failed) {
     err = path + ": read error";
     return "";
-  }
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < len; ++i) {
-    out.push_back(hex[md[i] >> 4]);
-    out.push_back(hex[md[i] & 15]);
   }
   return out;
 }
@@ -182,6 +172,36 @@ bool verify_manifest(const std::string& dir, bool hashes, std::string& why) {
     return false;
   }
   return true;
+}
+
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr); }
+
+Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+
+Sha256& Sha256::add(const void* data, size_t n) {
+  EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, n);
+  return *this;
+}
+
+Sha256& Sha256::add_u64(uint64_t v) {
+  unsigned char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+  return add(b, 8);
+}
+
+Sha256& Sha256::add_sized(const std::string& s) { return add_u64(s.size()).add(s.data(), s.size()); }
+
+std::string Sha256::hex() {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), md, &len);
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < len; ++i) {
+    out.push_back(digits[md[i] >> 4]);
+    out.push_back(digits[md[i] & 15]);
+  }
+  return out;
 }
 
 }  // namespace kernelrl

@@ -6,6 +6,8 @@
 // checked write of a file whose path ends with PATH (whole components: "learner.json",
 // "step-1.partial/learner.json") fail as a full disk does (ENOSPC).
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace kernelrl {
@@ -29,5 +31,21 @@ bool write_manifest(const std::string& dir, std::string& err);
 // Checks DIR against its manifest: every listed file present with its size (and, with `hashes`,
 // its SHA-256). False with `why` when it does not hold or there is no manifest.
 bool verify_manifest(const std::string& dir, bool hashes, std::string& why);
+
+// SHA-256 over pieces fed in order (OpenSSL); hex() ends it and gives the digest in lowercase hex.
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  Sha256& add(const void* data, size_t n);
+  Sha256& add_u64(uint64_t v);              // 8 bytes, little-endian
+  Sha256& add_sized(const std::string& s);  // its length (add_u64), then its bytes
+  std::string hex();
+
+ private:
+  void* ctx_;
+};
 
 }  // namespace kernelrl

@@ -8,8 +8,10 @@
 #include "launch/setup.hpp"
 
 #include "actors/gate.hpp"
+#include "actors/monitor.hpp"
 #include "actors/sampler.hpp"
 #include "core/auth.hpp"
+#include "core/curve.hpp"
 #include "core/log.hpp"
 #include "core/machine.hpp"
 #include "core/paths.hpp"
@@ -65,6 +67,50 @@ const NodeConfig* learner_node(const Config& cfg) {
   for (auto& n : cfg.nodes)
     if (has_role(n, "learner")) return &n;
   return nullptr;
+}
+
+const NodeConfig* monitor_node(const Config& cfg) {
+  if (!is_cluster(cfg)) return nullptr;
+  for (auto& n : cfg.nodes)
+    if (&n != &head_node(cfg) && has_role(n, "monitor")) return &n;
+  return nullptr;
+}
+
+std::optional<MonitorArgs> monitor_settings(const Config& cfg, const std::string& run_dir) {
+  auto lg = log::get("launch");
+  MonitorArgs ma;
+  ma.progress = cfg.monitor.progress;
+  ma.interval_s = cfg.monitor.interval_s;
+  ma.metrics_path = (fs::path(run_dir) / cfg.monitor.metrics_file).string();
+  ma.label = name(cfg.experiment.mode);
+  if (!cfg.monitor.publish.empty()) {
+    std::string perr;
+    std::optional<std::string> key;
+    std::optional<std::vector<std::string>> readers;
+    if (!cfg.monitor.publish_key.empty()) {  // checked when read; read again here, as the run starts
+      key = read_curve_key(cfg.monitor.publish_key, true, perr);
+      if (key) readers = read_curve_clients(cfg.monitor.publish_clients, perr);
+      if (!key || !readers) {
+        lg->error("[monitor] {}", perr);
+        return std::nullopt;
+      }
+    }
+    ma.publisher = TelemetryPublisher::bind(cfg.monitor.publish, perr, key.value_or(""),
+                                            readers.value_or(std::vector<std::string>{}));
+    if (!ma.publisher) {
+      lg->error("{}", perr);
+      return std::nullopt;
+    }
+    if (key)
+      lg->info(
+          "telemetry published on {} (ZeroMQ PUB, topic \"{}\", msgpack; CURVE: encrypted, {} reader key(s) "
+          "admitted, server public key {})",
+          ma.publisher->endpoint(), telemetry_topic, readers->size(), curve_public_of(*key));
+    else
+      lg->info("telemetry published on {} (ZeroMQ PUB, topic \"{}\", msgpack)", ma.publisher->endpoint(),
+               telemetry_topic);
+  }
+  return ma;
 }
 
 void head_address(const Config& cfg, std::string& host, uint16_t& port) {
@@ -335,7 +381,42 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
       }
       lg->info("node {}: the learner runs here; checkpoints in {}/checkpoints", name, run_dir);
     }
+    // The monitor role: the head names the run directory (metrics.jsonl goes there, on this
+    // machine) and the supervisor that stores the snapshots; the gate hands it every source.
+    caf::actor monitor;
+    if (has_role(node, "monitor")) {
+      std::string run_dir, fail;
+      caf::actor recorder;
+      self->request(gate, std::chrono::seconds(30), monitor_atom::value)
+          .receive(
+              [&](std::string& dir, caf::actor& r) {
+                run_dir = std::move(dir);
+                recorder = std::move(r);
+              },
+              [&](caf::error& e) { fail = error_text(sys, e); });
+      if (!fail.empty()) {
+        std::fprintf(stderr, "launch: %s: the head did not take this node's monitor: %s\n", how.c_str(), fail.c_str());
+        return 2;
+      }
+      std::error_code ec;
+      fs::create_directories(run_dir, ec);
+      auto ma = monitor_settings(cfg, run_dir);
+      if (!ma) return 2;
+      monitor = spawn_monitor(sys, std::move(*ma), {}, recorder);
+      bool registered = false;
+      self->request(gate, std::chrono::seconds(30), register_atom::value, monitor_atom::value, monitor)
+          .receive([&](bool) { registered = true; },
+                   [&](caf::error& e) {
+                     lg->error("node {}: the head did not take its monitor: {}", name, error_text(sys, e));
+                   });
+      if (!registered) {
+        self->send_exit(monitor, caf::exit_reason::user_shutdown);
+        return 1;
+      }
+      lg->info("node {}: the monitor runs here; metrics in {}/{}", name, run_dir, cfg.monitor.metrics_file);
+    }
     for (auto& ea : node_evaluators(cfg, node, log_dir)) actors.push_back(spawn_evaluator(sys, ea, gate));
+    const std::string digest = prompts_digest(rendered);
     const size_t evaluators = actors.size();
     for (size_t i = 0; i < backends.size(); ++i) {
       SamplerArgs one = sampling;
@@ -344,7 +425,7 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
       const std::string id = one.id;
       auto s = spawn_sampler(sys, std::move(one), gate);  // its rollouts go through the gate
       bool registered = false;
-      self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value, s, id)
+      self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value, s, id, digest)
           .receive([&](bool) { registered = true; },
                    [&](caf::error& e) {
                      lg->error("node {}: the head did not take sampler {}: {}", name, id, error_text(sys, e));
@@ -361,6 +442,7 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
       actors.push_back(learning.learner);
       actors.push_back(learning.selector);
     }
+    if (monitor) actors.push_back(monitor);
 
     // Run until the head is gone (the run ended, or the link went silent past peer_timeout_s).
     self->monitor(gate);
@@ -379,7 +461,7 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
       });
     }
     if (alive == 0 && !head_gone) {
-      lg->error("node {}: every evaluator, sampler and learner stopped (see the errors above)", name);
+      lg->error("node {}: every evaluator, sampler, learner and monitor stopped (see the errors above)", name);
       rc = 1;
     }
     for (auto& a : actors) self->send_exit(a, caf::exit_reason::user_shutdown);
@@ -412,10 +494,10 @@ int run_node(const Config& cfg, const std::string& name) {
     return 2;
   }
   for (auto& r : node->roles) {
-    if (r != "evaluator" && r != "sampler" && r != "learner") {
+    if (r != "evaluator" && r != "sampler" && r != "learner" && r != "monitor") {
       std::fprintf(stderr,
-                   "launch: --node %s: role \"%s\" runs on the head only in this version; "
-                   "a node of its own runs evaluators, samplers and the learner\n",
+                   "launch: --node %s: role \"%s\" runs on the head only; "
+                   "a node of its own runs evaluators, samplers, the learner and the monitor\n",
                    name.c_str(), r.c_str());
       return 2;
     }

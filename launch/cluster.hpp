@@ -3,6 +3,7 @@
 #pragma once
 
 #include "actors/evaluator.hpp"
+#include "actors/monitor.hpp"
 #include "core/config.hpp"
 
 #include <caf/fwd.hpp>
@@ -25,6 +26,11 @@ const NodeConfig& head_node(const Config& cfg);
 // In a cluster, the node other than the head that has the learner role (its learner and checkpoint
 // selector join the head from there); null when the head runs the learner.
 const NodeConfig* learner_node(const Config& cfg);
+// The node other than the head with the monitor role, if any (then the head runs no monitor).
+const NodeConfig* monitor_node(const Config& cfg);
+// The monitor's settings for a run writing under `run_dir` ([monitor]: progress line, interval,
+// metrics file, the ZeroMQ publisher bound on this machine); nullopt after logging why not.
+std::optional<MonitorArgs> monitor_settings(const Config& cfg, const std::string& run_dir);
 // Where nodes reach the head: [cluster] head, else the head node's host and port.
 void head_address(const Config& cfg, std::string& host, uint16_t& port);
 // Loads the io middleman with heartbeats and the peer timeout of [cluster].

@@ -110,6 +110,7 @@ struct RunInputs {
   std::vector<ReplayRecord> records;
   std::vector<SamplerArgs::TaskPrompt> prompts;
   std::map<std::string, std::string> user_messages;  // by task: what the student was asked (SDPO's teacher sees more)
+  std::string prompts_digest;                        // sampler nodes must render the same prompts
   std::vector<std::string> ids(const TaskSet& set) const {
     std::vector<std::string> out;
     for (auto& t : set.tasks()) out.push_back(t.id);
@@ -140,6 +141,7 @@ std::optional<RunInputs> read_inputs(const Config& cfg) {
       in.prompts.push_back({p.task_id, p.prompt});
       in.user_messages[p.task_id] = p.user;
     }
+    in.prompts_digest = prompts_digest(rendered);
     return in;
   }
   std::vector<std::string> replay_errors;
@@ -366,51 +368,37 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   }
   if (backends.size() > 1)
     lg->info("{} samplers ({} backend): each step's groups are spread over them", backends.size(), cfg.sampler.backend);
-  MonitorArgs ma;
-  ma.progress = cfg.monitor.progress;
-  ma.interval_s = cfg.monitor.interval_s;
-  ma.metrics_path = (fs::path(run_dir) / cfg.monitor.metrics_file).string();
-  ma.label = name(cfg.experiment.mode);
-  if (!cfg.monitor.publish.empty()) {
-    std::string perr;
-    std::optional<std::string> key;
-    std::optional<std::vector<std::string>> readers;
-    if (!cfg.monitor.publish_key.empty()) {  // checked when read; read again here, as the run starts
-      key = read_curve_key(cfg.monitor.publish_key, true, perr);
-      if (key) readers = read_curve_clients(cfg.monitor.publish_clients, perr);
-      if (!key || !readers) {
-        lg->error("[monitor] {}", perr);
-        run.stop(sys);
-        return std::nullopt;
-      }
-    }
-    ma.publisher = TelemetryPublisher::bind(cfg.monitor.publish, perr, key.value_or(""),
-                                            readers.value_or(std::vector<std::string>{}));
-    if (!ma.publisher) {
-      lg->error("{}", perr);
+  const NodeConfig* mon_node = monitor_node(cfg);
+  std::optional<MonitorArgs> ma;
+  if (!mon_node) {
+    ma = monitor_settings(cfg, run_dir);
+    if (!ma) {
       run.stop(sys);
       return std::nullopt;
     }
-    if (key)
-      lg->info(
-          "telemetry published on {} (ZeroMQ PUB, topic \"{}\", msgpack; CURVE: encrypted, {} reader key(s) "
-          "admitted, server public key {})",
-          ma.publisher->endpoint(), telemetry_topic, readers->size(), curve_public_of(*key));
-    else
-      lg->info("telemetry published on {} (ZeroMQ PUB, topic \"{}\", msgpack)", ma.publisher->endpoint(),
-               telemetry_topic);
   }
   std::vector<caf::actor> watched{run.supervisor, run.dispatcher};
   for (auto& s : run.samplers) watched.push_back(s);
   if (run.learner) watched.push_back(run.learner);
-  run.monitor = spawn_monitor(sys, ma, watched, run.supervisor);
+  if (ma)
+    run.monitor = spawn_monitor(sys, *ma, watched, run.supervisor);
+  else
+    lg->info("the monitor runs on node {}: it joins the head with `launch {} --node {}`", mon_node->name, config_path,
+             mon_node->name);
   if (!cluster) return run;
   const auto& head = head_node(cfg);  // it listens on its own host and port
   GateArgs ga{cfg.cluster.name, secret};
+  ga.prompts_digest = in.prompts_digest;
   if (!sa.learner_node.empty()) {  // learning modes only
     ga.learner_node = sa.learner_node;
     ga.run_dir = fs::absolute(run_dir).string();
     ga.resume = resume;
+  }
+  if (mon_node) {
+    ga.monitor_node = mon_node->name;
+    ga.run_dir = fs::absolute(run_dir).string();
+    ga.recorder = run.supervisor;
+    for (auto& w : watched) ga.sources.emplace_back(w, "head");
   }
   run.gate = spawn_gate(sys, ga, run.dispatcher, run.supervisor, run.monitor);
   auto bound = publish_gate(run.gate, head.port, head.host);
@@ -444,7 +432,10 @@ int run_to_end(caf::actor_system& sys, RunActors& run, const std::string& run_di
                [&](caf::error& e) {
                  summary = nlohmann::json{{"ok", false}, {"error", sys.render(e)}}.dump();
                });
-  self->request(run.monitor, std::chrono::seconds(10), finish_atom::value).receive([](bool) {}, [](caf::error&) {});
+  // The last snapshot: from this process's monitor, or through the gate from a monitor node's.
+  if (run.monitor || run.gate)
+    self->request(run.monitor ? run.monitor : run.gate, std::chrono::seconds(12), finish_atom::value)
+        .receive([](bool) {}, [](caf::error&) {});
   auto j = nlohmann::json::parse(summary);
   if (j.contains("tasks") && j.value("samples", 0) > 0)
     print_summary(j, run_dir);

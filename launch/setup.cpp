@@ -1,5 +1,8 @@
 #include "launch/setup.hpp"
 
+#include <algorithm>
+
+#include "core/files.hpp"
 #include "core/log.hpp"
 #include "launch/cluster.hpp"
 #include "policy/runtime_info.hpp"
@@ -154,6 +157,15 @@ std::vector<AnalysisSample> analysis_samples(Store& store) {
                    r.record.rollout.split});
   }
   return out;
+}
+
+std::string prompts_digest(const std::vector<RenderedPrompt>& prompts) {
+  std::vector<const RenderedPrompt*> order;
+  for (auto& p : prompts) order.push_back(&p);
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->task_id < b->task_id; });
+  Sha256 h;  // length-prefixed: no two lists hash alike by moving a boundary
+  for (auto* p : order) h.add_sized(p->task_id).add_sized(p->prompt);
+  return h.hex();
 }
 
 }  // namespace kernelrl

@@ -33,6 +33,10 @@ struct RenderedPrompt {
 // Each task's prompt as the sampler renders it: the tasks, then the eval tasks not among them.
 bool render_task_prompts(const Config& cfg, const TaskSet& tasks, const TaskSet& eval_tasks,
                          std::vector<RenderedPrompt>& out, std::string& err);
+// SHA-256 (hex) over every rendered task's id and prompt, in task-id order: a sampler node's
+// must equal the head's (the same tasks, template and model tokenizer's chat format), else the
+// head refuses its samplers.
+std::string prompts_digest(const std::vector<RenderedPrompt>& prompts);
 
 // The store of RUN_DIR (or a store file), read-only, for subcommand `cmd`; null after printing
 // why, with rc 2 when there is none and 1 when it cannot be read.

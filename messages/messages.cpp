@@ -1,10 +1,10 @@
 #include "messages/messages.hpp"
 
+#include "core/files.hpp"
+
 #include <caf/actor_system.hpp>
 #include <caf/error.hpp>
 #include <caf/message.hpp>
-
-#include <openssl/evp.h>
 
 #include <array>
 
@@ -65,35 +65,14 @@ std::string make_sample_id(const std::string& task_id, uint64_t group_id, uint32
 }
 
 std::string weights_checksum(const std::vector<TensorBlob>& tensors) {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  auto u64 = [&](uint64_t v) {
-    unsigned char b[8];
-    for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));  // little-endian
-    EVP_DigestUpdate(ctx, b, 8);
-  };
-  u64(tensors.size());
+  Sha256 h;
+  h.add_u64(tensors.size());
   for (auto& t : tensors) {
-    for (auto* s : {&t.name, &t.dtype}) {
-      u64(s->size());
-      EVP_DigestUpdate(ctx, s->data(), s->size());
-    }
-    u64(t.shape.size());
-    for (auto d : t.shape) u64(static_cast<uint64_t>(d));
-    u64(t.data.size());
-    EVP_DigestUpdate(ctx, t.data.data(), t.data.size());
+    h.add_sized(t.name).add_sized(t.dtype).add_u64(t.shape.size());
+    for (auto d : t.shape) h.add_u64(static_cast<uint64_t>(d));
+    h.add_u64(t.data.size()).add(t.data.data(), t.data.size());
   }
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx, md, &len);
-  EVP_MD_CTX_free(ctx);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < len; ++i) {
-    out += hex[md[i] >> 4];
-    out += hex[md[i] & 15];
-  }
-  return out;
+  return h.hex();
 }
 
 WeightsUpdate make_weights_update(uint64_t version, std::vector<TensorBlob> tensors) {

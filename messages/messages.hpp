@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 14;
+inline constexpr uint32_t protocol_version = 15;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -335,6 +335,11 @@ using sampler_atom = caf::atom_constant<caf::atom("sampler")>;
 // learner_atom, learner, checkpoint_selector) -> bool (node -> gate -> supervisor, which starts a
 // learning run once its learner is in).
 using learner_atom = caf::atom_constant<caf::atom("learner")>;
+// The monitor on another node: (monitor_atom) -> (std::string run_dir, actor recorder) (node ->
+// gate: where its metrics.jsonl goes, and the supervisor that stores its snapshots); then
+// (register_atom, monitor_atom, monitor) -> bool (the gate registers every telemetry source with
+// it and forwards `launch monitor HOST:PORT` and the run's final snapshot to it).
+using monitor_atom = caf::atom_constant<caf::atom("monitor")>;
 
 // The text of an error for people: the message a peer or an actor put in it (e.g. the gate's
 // "refused by the head: ..."), else CAF's rendering of it.

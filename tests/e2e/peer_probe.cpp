@@ -3,8 +3,8 @@
 // skips, to check that the gate refuses each with a clear message:
 //   peer_probe HOST PORT [--name N] [--cluster NAME] [--protocol N] [--secret S] [--no-join] ACTION
 // ACTION: join (hello, challenge, join), register (register an actor as an evaluator), learner
-// (ask for the run directory, then register an actor as the run's learner), stats (ask for
-// telemetry). Prints one line per answer: "ok ..." or "refused: <the head's error>".
+// (ask for the run directory, then register an actor as the run's learner), monitor (the same
+// for the run's monitor), stats (ask for telemetry). Prints one line per answer: "ok ..." or "refused: <the head's error>".
 // Exit 0 when every step was accepted, 3 when one was refused, 1 when the head is unreachable.
 #include "core/auth.hpp"
 #include "messages/messages.hpp"
@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   if (argc < 4) {
     std::fprintf(stderr,
                  "usage: peer_probe HOST PORT [--name N] [--cluster NAME] [--protocol N] "
-                 "[--secret S] [--no-join] join|register|learner|stats\n");
+                 "[--secret S] [--no-join] join|register|learner|monitor|stats\n");
     return 2;
   }
   std::string host = argv[1], name = "probe", cluster, secret, action;
@@ -92,6 +92,14 @@ int main(int argc, char** argv) {
     auto dummy = sys.spawn([]() -> caf::behavior { return {[](stats_atom) { return uint64_t(0); }}; });
     self->request(*gate, t, register_atom::value, learner_atom::value, dummy, caf::actor{})
         .receive([&](bool) { std::printf("ok learner registered\n"); }, refused);
+    anon_send_exit(dummy, caf::exit_reason::user_shutdown);
+  }
+  if (rc == 0 && action == "monitor") {  // claims the run's monitor: asks where it goes, then registers one
+    self->request(*gate, t, monitor_atom::value)
+        .receive([&](std::string& dir, caf::actor&) { std::printf("ok monitor run dir %s\n", dir.c_str()); }, refused);
+    auto dummy = sys.spawn([]() -> caf::behavior { return {[](stats_atom) { return uint64_t(0); }}; });
+    self->request(*gate, t, register_atom::value, monitor_atom::value, dummy)
+        .receive([&](bool) { std::printf("ok monitor registered\n"); }, refused);
     anon_send_exit(dummy, caf::exit_reason::user_shutdown);
   }
   if (rc == 0 && action == "stats")

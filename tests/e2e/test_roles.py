@@ -13,7 +13,10 @@ LearnerNodeTest: a train run whose learner (and checkpoint selector) runs on a n
 which writes the run's checkpoints; that node is killed with SIGKILL once step 2's checkpoint is
 written. The head must end the run naming the last checkpoint and the way on; then the head with
 --resume and the learner node started again finish the run, every step learned once and every
-planned sample stored once, each by the policy of its step.
+planned sample stored once, each by the policy of its step. Also: the monitor on a node of its own
+(telemetry, metrics.jsonl, the store's snapshots and `launch monitor` through the head; the run
+outlives it), a sampler node whose prompts differ from the head's refused, and a sampler and
+learner node on the far side of a veth link between two network namespaces.
 """
 import contextlib
 import json
@@ -21,13 +24,14 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_cluster import PROBE, free_port, recorded, start_launch, wait_for, SECRET  # noqa: E402
+from test_cluster import PROBE, NamespaceTest, free_port, recorded, start_launch, wait_for, SECRET  # noqa: E402
 from test_train import tiny_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -191,6 +195,28 @@ progress = false
             self.assertGreater(s["learner"]["weight_sync_mb"], 0, s)
             self.assertGreater(s["learner"]["weight_sync_s"], 0, s)
 
+    def test_a_sampler_node_rendering_other_prompts_is_refused(self):
+        # The node's own copy of the config asks for another prompt template: its prompts are not
+        # the head's, and the head refuses its sampler rather than learn from other prompts.
+        cfg = self.config(free_port())
+        with open(cfg) as f:
+            text = f.read()
+        other = cfg.replace(".toml", "-other.toml")
+        with open(other, "w") as f:
+            f.write(text.replace('template = "plain"', 'template = "chatml"'))
+        logs = {n: open(os.path.join(self.tmp, "digest-" + n + ".log"), "w+") for n in ("head", "gen-a")}
+        with launched(logs) as procs:
+            procs["head"] = start_launch(cfg, logs["head"], "--run-dir", os.path.join(self.tmp, "digest-run"))
+            procs["gen-a"] = start_launch(other, logs["gen-a"], "--node", "gen-a")
+            self.assertEqual(procs["gen-a"].wait(timeout=300), 1, self.read(logs["gen-a"])[-3000:])
+            node_log = self.read(logs["gen-a"])
+            os.killpg(procs["head"].pid, signal.SIGTERM)
+            procs["head"].wait(timeout=60)
+        for f in logs.values():
+            f.close()
+        self.assertIn('sampler-gen-a-0: node "gen-a" renders the tasks\' prompts differently from the head', node_log)
+        self.assertIn("give every node the same config, task files and model tokenizer", node_log)
+
     read = staticmethod(read_log)
 
 
@@ -243,13 +269,141 @@ roles = ["learner"]
         self.assertEqual([s["step"] for s in steps], list(range(STEPS)))
         self.assertTrue(os.path.isdir(os.path.join(run_dir, "checkpoints", "step-%d" % STEPS)))
 
-    def test_a_role_that_stays_on_the_head_is_refused_on_a_node(self):
-        cfg = SamplerNodesTest.config(self, free_port(), self.NODES + '[[node]]\nname = "watch"\nroles = ["monitor"]\n')
-        r = subprocess.run([LAUNCH, cfg, "--node", "watch"], capture_output=True, text=True, timeout=60)
-        self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn('role "monitor" runs on the head only in this version; a node of its own runs evaluators, '
-                      'samplers and the learner', r.stderr)
+    def test_the_monitor_on_a_node_of_its_own_and_the_run_outliving_it(self):
+        # The head runs no monitor; node "watch" does: it draws the telemetry of the head's
+        # actors across the network, writes metrics.jsonl, publishes on its own ZeroMQ socket,
+        # has the head store its snapshots, and answers `launch monitor` through the gate. Killed
+        # mid-run, it takes only the telemetry with it.
+        from test_cluster import Subscriber
+        port, pub_port = free_port(), free_port()
+        nodes = """
+[[node]]
+name = "head"
+host = "127.0.0.1"
+port = {port}
+roles = ["supervisor", "sampler", "learner", "evaluator"]
+cpu_slots = 1
+[[node]]
+name = "watch"
+host = "127.0.0.1"
+roles = ["monitor"]
+"""
+        cfg = SamplerNodesTest.config(self, port, nodes)
+        with open(cfg, "a") as f:  # [monitor] is the config's last table
+            f.write('interval_s = 0.2\npublish = "tcp://127.0.0.1:%d"\n' % pub_port)
+        run_dir = os.path.join(self.tmp, "watched")
+        store = os.path.join(run_dir, "store.sqlite")
+        logs = {n: open(os.path.join(self.tmp, "watch-" + n + ".log"), "w+") for n in ("head", "watch")}
+        sub = Subscriber(f"tcp://127.0.0.1:{pub_port}")
+        sub.start()
+        try:
+            with launched(logs) as procs:
+                procs["head"] = start_launch(cfg, logs["head"], "--run-dir", run_dir)
+                procs["watch"] = start_launch(cfg, logs["watch"], "--node", "watch")
+                wait_for(lambda: "the monitor runs here" in read_log(logs["watch"]), 120, "the monitor node")
+                wait_for(lambda: recorded(store, "step >= 2") > 0, 300, "samples of step 2")
+                m = subprocess.run([LAUNCH, "monitor", f"127.0.0.1:{port}", "--once", "--json", "--secret-file",
+                                    os.path.join(self.tmp, "cluster.secret")], capture_output=True, text=True,
+                                   timeout=60)
+                self.assertEqual(m.returncode, 0, m.stderr)
+                v = json.loads(m.stdout.strip().splitlines()[-1])["values"]
+                self.assertGreaterEqual(v["supervisor.step"], 2)
+                self.assertGreater(v["supervisor.samples_done"], 0)
+                self.assertIn("dispatcher.queue_depth", v)
+                self.assertIn("learner.updates", v)
+                wait_for(lambda: len(sub.frames) > 0, 30, "a snapshot on the monitor node's socket")
+                os.killpg(procs["watch"].pid, signal.SIGKILL)
+                procs["watch"].wait(timeout=30)
+                self.assertEqual(procs["head"].wait(timeout=900), 0, read_log(logs["head"])[-4000:])
+                head_log = read_log(logs["head"])
+        finally:
+            sub.stop = True
+            sub.join()
+        for f in logs.values():
+            f.close()
+        self.assertIn("the monitor runs on node watch", head_log)
+        self.assertIn('the monitor of node "watch" registered', head_log)
+        self.assertIn('the monitor of node "watch" is gone', head_log)
+        stored_once_on_policy(self, run_dir)
+        self.assertEqual(sub.frames[0][0], b"kernelrl.telemetry")
+        # Its snapshots, on its machine's disk under the run directory and in the head's store.
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        self.assertGreater(len(lines), 0)
+        db = sqlite3.connect(store)
+        rows = db.execute("SELECT COUNT(*) FROM telemetry").fetchone()[0]
+        db.close()
+        self.assertGreater(rows, 0)
 
+    def test_the_monitor_role_is_the_monitor_nodes_alone(self):
+        # Another joined node asking for the monitor's place is refused by the head.
+        nodes = head_node("learner").replace('"monitor"', '"sampler"') + """
+[[node]]
+name = "watch"
+host = "127.0.0.1"
+roles = ["monitor"]
+"""
+        port = free_port()
+        cfg = SamplerNodesTest.config(self, port, nodes)
+        run_dir = os.path.join(self.tmp, "intruded")
+        logs = {"head": open(os.path.join(self.tmp, "intruded-head.log"), "w+")}
+        with launched(logs) as procs:
+            procs["head"] = start_launch(cfg, logs["head"], "--run-dir", run_dir)
+            wait_for(lambda: "the monitor runs on node watch" in read_log(logs["head"]), 120, "the head")
+            r = subprocess.run([PROBE, "127.0.0.1", str(port), "--cluster", "roles-test", "--secret", SECRET, "--name",
+                                "intruder", "monitor"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+            self.assertIn('refused: refused by the head: this run\'s monitor is node "watch"\'s', r.stdout)
+            os.killpg(procs["head"].pid, signal.SIGTERM)
+            procs["head"].wait(timeout=60)
+        logs["head"].close()
+
+
+class RolesAcrossNamespacesTest(TinyModelCase, NamespaceTest):
+    """A train run whose sampler and learner run on a node in another network namespace, joined to
+    the head's by a veth pair only (as two machines): the sampler's rollouts, the weights of every
+    version and the learner's checkpoint notices all cross that link."""
+
+    # The namespaces come from NamespaceTest (setUp/tearDown); its own test is not repeated here.
+    test_a_node_in_another_namespace_evaluates_over_the_veth_link = None
+
+    def test_sampler_and_learner_on_the_far_side_of_a_link(self):
+        head_ip, node_ip = self.subnet + ".1", self.subnet + ".2"
+        port = 47900 + os.getpid() % 90
+        nodes = f"""
+[[node]]
+name = "head"
+host = "{head_ip}"
+port = {{port}}
+roles = ["supervisor", "evaluator", "monitor"]
+cpu_slots = 1
+[[node]]
+name = "far"
+host = "{node_ip}"
+roles = ["sampler", "learner"]
+sampler_devices = ["cpu"]
+"""
+        cfg = SamplerNodesTest.config(self, port, nodes)
+        run_dir = os.path.join(self.tmp, "run")
+        logs = {n: open(os.path.join(self.tmp, "ns-" + n + ".log"), "w+") for n in ("head", "far")}
+        with launched(logs) as procs:
+            procs["head"] = subprocess.Popen(["ip", "netns", "exec", self.ns_head, LAUNCH, cfg, "--run-dir", run_dir],
+                                             stdout=logs["head"], stderr=subprocess.STDOUT, start_new_session=True)
+            procs["far"] = subprocess.Popen(["ip", "netns", "exec", self.ns_node, LAUNCH, cfg, "--node", "far"],
+                                            stdout=logs["far"], stderr=subprocess.STDOUT, start_new_session=True)
+            self.assertEqual(procs["head"].wait(timeout=900), 0, read_log(logs["head"])[-4000:])
+            self.assertEqual(procs["far"].wait(timeout=60), 0, read_log(logs["far"])[-3000:])
+            head_log, far_log = read_log(logs["head"]), read_log(logs["far"])
+        for f in logs.values():
+            f.close()
+        self.assertIn(f"head listening on {head_ip}:{port}", head_log)
+        self.assertIn("the learner runs here", far_log)
+        export = stored_once_on_policy(self, run_dir)
+        self.assertEqual({x["sampler_id"] for x in export}, {"sampler-far-0"})
+        self.assertTrue(os.path.isdir(os.path.join(run_dir, "checkpoints", "step-%d" % STEPS)))
+        steps = json.loads(subprocess.run([LAUNCH, "analyze", run_dir, "--json"], capture_output=True, text=True,
+                                          check=True).stdout)["steps"]
+        self.assertEqual([s["step"] for s in steps], list(range(STEPS)))
 
 if __name__ == "__main__":
     unittest.main()

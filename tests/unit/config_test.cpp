@@ -518,4 +518,14 @@ TEST_CASE("a sampler node's own devices or servers are checked, and the replay s
   REQUIRE(e.size() == 1);
   CHECK(e[0].find("node[1].roles: the learner role is on node \"head\" already: one node runs a run's learner") !=
         std::string::npos);
+  // One node runs the monitor: the head, or a node of its own.
+  r = parse_config(tasks + libtorch + sampler_head + "[[node]]\nname = \"watch\"\nroles = [\"monitor\"]\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(r));
+  e = errors_of(tasks + libtorch + sampler_head +
+                    "[[node]]\nname = \"watch\"\nroles = [\"monitor\"]\n[[node]]\nname = \"watch2\"\nroles = "
+                    "[\"monitor\", \"evaluator\"]\ncpu_slots = 1\n",
+                s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].find("node[2].roles: the monitor role is on node \"watch\" already: one node runs a run's monitor") !=
+        std::string::npos);
 }
