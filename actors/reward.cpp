@@ -13,11 +13,18 @@ bool rejected_as_lazy(const RewardConfig& cfg, const EvalResult& r) {
          r.kernel_coverage < cfg.min_coverage;
 }
 
+namespace {
+// The speedup the reward sees: the raw one, or clipped to [reward] max_speedup when it is set.
+double capped(const RewardConfig& cfg, double speedup) {
+  return cfg.max_speedup > 0 ? std::clamp(speedup, 0.0, cfg.max_speedup) : std::max(speedup, 0.0);
+}
+}  // namespace
+
 double compute_reward(const RewardConfig& cfg, const EvalResult& r, double task_mean_speedup) {
   switch (r.status) {
     case EvalStatus::ok: {
       if (rejected_as_lazy(cfg, r)) return cfg.lazy_reward;
-      double s = std::clamp(r.speedup, 0.0, cfg.max_speedup);
+      double s = capped(cfg, r.speedup);
       if (cfg.normalize == "task_mean" && task_mean_speedup > 0) s /= task_mean_speedup;
       double shaped = cfg.shape == "log_speedup" ? std::log(std::max(s, 1e-9))
                       : cfg.shape == "none"      ? 0.0
@@ -54,7 +61,7 @@ caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig
         ScoredRollout s;
         s.reward = compute_reward(cfg, res, mean);
         if (res.status == EvalStatus::ok && res.speedup > 0) {
-          acc.first += std::min(res.speedup, cfg.max_speedup);
+          acc.first += capped(cfg, res.speedup);
           acc.second += 1;
         }
         s.rollout = std::move(ro);

@@ -1,6 +1,7 @@
 // reward: EvalResult -> reward, deterministic given the verdict, the [reward] config and (for
 // per-task normalization) the correct speedups the actor has seen for that task so far.
-//   correct:   shape(min(speedup, max_speedup) [/ task mean speedup]) + correct_bonus
+//   correct:   shape(speedup, or min(speedup, max_speedup) with a cap [/ task mean speedup]) +
+//              correct_bonus
 //              (shape none: 0, the reward is correct_bonus: correctness alone)
 //              + coverage_weight * kernel_coverage   (coverage measured on GPU only)
 //              ... or lazy_reward when measured coverage < min_coverage (rejected as lazy)

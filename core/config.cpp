@@ -569,7 +569,12 @@ void read_evaluator(TableReader& r, Config& c, const toml::table& root) {
 void read_reward(TableReader& r, Config& c, const toml::table& root) {
   r.one_of("shape", c.reward.shape, {"speedup", "log_speedup", "none", "threshold"});
   r.number("threshold", c.reward.threshold, 0, 1e6);
-  r.number("max_speedup", c.reward.max_speedup, 1, 1e6);
+  r.number("max_speedup", c.reward.max_speedup, 0, 1e6);
+  if (c.reward.max_speedup > 0 && c.reward.max_speedup < 1) {
+    std::ostringstream v;
+    v << c.reward.max_speedup;
+    r.error_here("max_speedup", "expected 0 (no cap) or a cap of at least 1, got " + v.str());
+  }
   r.number("correct_bonus", c.reward.correct_bonus, -1e6, 1e6);
   r.number("incorrect_reward", c.reward.incorrect_reward, -1e6, 1e6);
   r.number("failure_reward", c.reward.failure_reward, -1e6, 1e6);

@@ -139,7 +139,9 @@ struct RewardConfig {
                                    // threshold (1 when correct and speedup > threshold, else 0:
                                    // the sparse fast_p reward)
   double threshold = 1.0;          // shape = "threshold": the speedup to beat
-  double max_speedup = 10;         // speedups are clipped to this before shaping (the cap)
+  double max_speedup = 0;          // 0: no cap, the raw speedup (the seeds' reward); N >= 1: speedups
+                                   // are clipped to N before shaping. Either way a speedup above
+                                   // [evaluator] reverify_speedup is re-verified in full first
   double correct_bonus = 0;        // added to the reward of every correct sample
   std::string normalize = "none";  // none, or task_mean: the speedup term over the running mean
                                    // of that task's correct speedups (per-task normalization)

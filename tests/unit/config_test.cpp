@@ -413,6 +413,9 @@ TEST_CASE("sdpo mode, its [sdpo] table, the threshold reward and the entropy bon
   e = errors_of(base + "[reward]\nshape = \"sparse\"\n[learner]\nentropy_coef = -1\n", s.cfg());
   CHECK(has("reward.shape: expected one of speedup, log_speedup, none, threshold"));
   CHECK(has("learner.entropy_coef:"));
+  e = errors_of(base + "[reward]\nmax_speedup = 0.5\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(has("reward.max_speedup: expected 0 (no cap) or a cap of at least 1, got 0.5"));
 }
 
 TEST_CASE("several samplers: urls for the openai backend, devices for libtorch, each checked", "[config]") {

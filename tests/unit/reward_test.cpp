@@ -28,6 +28,17 @@ TEST_CASE("correct samples earn their clipped speedup plus the bonus", "[reward]
   CHECK(compute_reward(c, verdict(EvalStatus::ok, 2.0)) == Approx(std::log(2.0) + 0.25));
 }
 
+TEST_CASE("by default the reward is the raw speedup, gated by correctness, as the seeds reward it", "[reward]") {
+  RewardConfig c;  // no cap
+  CHECK(c.max_speedup == 0);
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 860.0)) == 860.0);
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 0.4)) == 0.4);
+  CHECK(compute_reward(c, verdict(EvalStatus::incorrect, 860.0)) == 0.0);
+  CHECK(compute_reward(c, verdict(EvalStatus::compile_error, 860.0)) == 0.0);
+  c.max_speedup = 10;  // the cap, as an option
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 860.0)) == 10.0);
+}
+
 TEST_CASE("the threshold shape is the sparse fast_p reward: 1 above the threshold, else 0", "[reward]") {
   RewardConfig c;
   c.shape = "threshold";
