@@ -116,7 +116,7 @@ double spearman(const std::vector<double>& x, const std::vector<double>& y) { re
 double equivalent_k(const std::vector<std::pair<double, double>>& curve, double target) {
   for (size_t i = 0; i < curve.size(); ++i) {
     if (curve[i].second < target) continue;
-    if (i == 0) return curve[0].first;
+    if (i == 0) return target < curve[0].second ? -std::numeric_limits<double>::infinity() : curve[0].first;
     auto [k0, v0] = curve[i - 1];
     auto [k1, v1] = curve[i];
     return v1 == v0 ? k1 : k0 + (target - v0) / (v1 - v0) * (k1 - k0);

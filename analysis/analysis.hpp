@@ -70,7 +70,8 @@ std::map<std::string, Selection> select_group(const std::vector<AnalysisSample>&
 
 // The k at which a scaling curve (points (k, value) in increasing k, values non-decreasing, e.g.
 // fast_1@k) first reaches `target`, interpolated linearly between points; NaN when the curve never
-// reaches it. At or below the first point: the first point's k.
+// reaches it; -infinity when `target` is below the first point (fewer samples than its k would
+// do: the seeds' "< 1"); the first point's k when `target` equals its value.
 double equivalent_k(const std::vector<std::pair<double, double>>& curve, double target);
 
 // The mean of a sample's token logprobs, summed in double as the store computes it (0 for none).

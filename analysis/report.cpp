@@ -260,10 +260,11 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
     const auto& a = r.value("analysis", nlohmann::json::object());
     auto count = [&](const char* k) { return cp.contains(k) ? cp[k].dump() : std::string("-"); };
     auto secs = [&](const char* k) { return fmt_num(value(cp, k), "{:.1f}"); };
-    std::string ek = r.contains("equivalent_k") && r["equivalent_k"].is_number()
-                         ? fmt_num(r["equivalent_k"].get<double>(), "{:.1f}")
-                     : c.contains("curve_of") && !c["curve_of"].is_null() ? "> K"
-                                                                          : "-";
+    std::string ek =
+        r.contains("equivalent_k") && r["equivalent_k"].is_number() ? fmt_num(r["equivalent_k"].get<double>(), "{:.1f}")
+        : r.contains("equivalent_k") && r["equivalent_k"].is_string() ? r["equivalent_k"].get<std::string>()
+        : c.contains("curve_of") && !c["curve_of"].is_null()          ? "> K"
+                                                                      : "-";
     rows.push_back({name(r.value("run_dir", std::string())),
                     cp.contains("settings") ? cp["settings"].value("mode", std::string("?")) : "?", count("rollouts"),
                     count("evaluations"), count("student_tokens"), count("teacher_tokens"), secs("eval_seconds"),
@@ -277,7 +278,7 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
       "<p class=\"note\">score: fast_1, or the fast_1 of a ttt/sdpo/train arm's Best-of-Adaptation step. equiv K: the "
       "k "
       "at which the reference arm's fast_1@k curve reaches that score (linear between points; &gt; K: never within its "
-      "samples).</p>\n";
+      "samples; &lt; 1: below the curve's first point, what fewer than one sample a task would do).</p>\n";
   const auto& diffs = c.value("differences", nlohmann::json::array());
   if (!diffs.empty()) {
     h += "<h2>Budget differences (compared anyway)</h2>\n<ul>\n";
@@ -305,16 +306,19 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
       if (&r == ref) continue;
       Series s{name(r.value("run_dir", std::string())) + " score"};
       s.line = false;
-      // At its equivalent K; above the curve's end when the curve never reaches it.
-      s.x.push_back(r.contains("equivalent_k") && r["equivalent_k"].is_number() ? r["equivalent_k"].get<double>()
-                                                                                : kmax);
+      // At its equivalent K; at the curve's first k when below it ("< 1"), at its end when the
+      // curve never reaches it.
+      const double kmin = curve.x.empty() ? 1 : curve.x.front();
+      s.x.push_back(r.contains("equivalent_k") && r["equivalent_k"].is_number()   ? r["equivalent_k"].get<double>()
+                    : r.contains("equivalent_k") && r["equivalent_k"].is_string() ? kmin
+                                                                                  : kmax);
       s.y.push_back(value(r, "score"));
       ch.series.push_back(s);
     }
     h += "<h2>Scores on the reference's scaling curve</h2>\n<p class=\"note\">The line is " +
          esc(name((*ref)["run_dir"].get<std::string>())) +
          "'s fast_1@k; each other arm's score sits at its equivalent K "
-         "(at the curve's last k when it is never reached).</p>\n" +
+         "(at the curve's first k when below it, at its last k when it is never reached).</p>\n" +
          svg_chart(ch);
   }
   h +=

@@ -104,6 +104,8 @@ int cmd_compare(const CompareOptions& o) {
   auto equiv = [&](const Run& r) -> nlohmann::json {
     if (curve.empty()) return nullptr;
     double k = equivalent_k(curve, r.score);
+    if (std::isinf(k) && k < 0)  // below the curve's first point: fewer samples than its k
+      return nlohmann::json("< " + fmt::format("{:g}", curve.front().first));
     return std::isfinite(k) ? nlohmann::json(k) : nlohmann::json(nullptr);
   };
   if (o.json) {
@@ -126,7 +128,9 @@ int cmd_compare(const CompareOptions& o) {
     auto& sel = a["selection"]["strategies"];
     std::string oracle = sel.contains("oracle") ? fmt::format("{:.3f}", sel["oracle"]["fast_1"].get<double>()) : "-";
     auto ek = equiv(r);
-    std::string eks = ek.is_number() ? fmt::format("{:.1f}", ek.get<double>()) : (curve.empty() ? "-" : "> K");
+    std::string eks = ek.is_number()   ? fmt::format("{:.1f}", ek.get<double>())
+                      : ek.is_string() ? ek.get<std::string>()
+                                       : (curve.empty() ? "-" : "> K");
     std::printf(
         "%-40s %-10s %9llu %14llu %9.1f %9.1f %8.3f %8.3f %8.3f %8s %8.3f %7s\n",
         fs::path(r.dir).filename().string().c_str(), r.compute["settings"].value("mode", std::string("?")).c_str(),

@@ -289,7 +289,10 @@ evaluate_top_m = 2
         run = next(r for r in c["runs"] if r["run_dir"].endswith("top2"))
         self.assertEqual(len(top2), 1)
         self.assertAlmostEqual(float(top2[0]["data-y"]), run["score"], places=12)
-        if run["equivalent_k"] is not None:
+        if isinstance(run["equivalent_k"], str):  # "< 1": drawn at the curve's first k
+            self.assertEqual(run["equivalent_k"], "< 1")
+            self.assertEqual(float(top2[0]["data-x"]), curve[0][0])
+        elif run["equivalent_k"] is not None:
             self.assertAlmostEqual(float(top2[0]["data-x"]), run["equivalent_k"], places=9)
         # Run again into the same folder: finished arms are kept, not run twice.
         again = subprocess.run([LAUNCH, cfg, "--run-dir", root], capture_output=True, text=True, timeout=300)
@@ -439,7 +442,10 @@ adapter = "arm:rl"
         shutil.copytree(self.run_dir, twin, dirs_exist_ok=True)
         db = sqlite3.connect(os.path.join(twin, "store.sqlite"))
         summary = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])
-        for target, expect_none in [(0.3, False), (1.01, True)]:
+        first = json.loads(subprocess.run([LAUNCH, "analyze", self.run_dir, "--json"], capture_output=True, text=True,
+                                          check=True).stdout)["at_k"][0]["fast_1"]
+        self.assertGreater(first, 0)  # so that a score below the curve's start exists
+        for target, expect_none in [(0.3, False), (first / 2, False), (1.01, True)]:
             summary["boa"] = {"step": 0, "fast_1": target}  # as an adapted run reports it
             db.execute("UPDATE runs SET summary_json = ?", (json.dumps(summary),))
             db.commit()
@@ -458,13 +464,24 @@ adapter = "arm:rl"
             self.assertTrue(np.all(np.diff(vs) >= -1e-12))  # the curve does not fall
 
             def crossing(t):  # the first point at or above t, linearly interpolated from the one before
+                if t < vs[0]:
+                    return "< 1"  # below the curve's start: fewer than one sample a task (the seeds' "< 1")
                 i = int(np.argmax(vs >= t))
                 if i == 0:
                     return ks[0]
                 return float(ks[i - 1] + (t - vs[i - 1]) / (vs[i] - vs[i - 1]) * (ks[i] - ks[i - 1]))
 
-            self.assertAlmostEqual(j["runs"][1]["equivalent_k"], crossing(target), places=9)
-            self.assertAlmostEqual(j["runs"][0]["equivalent_k"], crossing(j["runs"][0]["score"]), places=9)
+            for run, t in ((j["runs"][1], target), (j["runs"][0], j["runs"][0]["score"])):
+                want = crossing(t)
+                if isinstance(want, str):
+                    self.assertEqual(run["equivalent_k"], want)
+                else:
+                    self.assertAlmostEqual(run["equivalent_k"], want, places=9)
+            if target == first / 2:
+                self.assertEqual(j["runs"][1]["equivalent_k"], "< 1")
+                table = subprocess.run([LAUNCH, "compare", self.run_dir, twin], capture_output=True, text=True,
+                                       timeout=120).stdout
+                self.assertRegex(table, r"twin-k .* < 1\n")
         db.close()
 
     def test_report_plots_what_analyze_computes_and_opens_offline(self):
