@@ -22,6 +22,7 @@
 // --lora-op-check N,IN,OUT[;...]: one LoRA layer against float64 (lora_op_check, below).
 // --attention-check 1: the fused decode attention against LibTorch (attention_check, below).
 // --lora-decode-check 1: the decode step's float32 LoRA (lora_decode_check, below).
+// --sample-check 1: the decode step's draw against float64 softmax (sample_check, below).
 // --colocated 1 --model DIR: a sampler's and a learner's models sharing the base weights against
 // two separate loads, device memory of each (colocated, below).
 #include "policy/model.hpp"
@@ -332,6 +333,117 @@ int lora_decode_check(const std::function<std::string(const char*, const char*)>
 #endif
 }
 
+// --sample-check 1: cuda::sample_tokens (the fused decode step's draw) against float64 softmax on
+// 64 rows of a 151,936-token vocabulary (flat, moderately sharp, one dominant token, very sharp
+// rows), at temperatures 1 and 0.6, over --steps draws (default 2,000) of every row: the largest
+// |difference| of the reported logprob from float64 log_softmax; the randomized probability
+// integral transform of each draw (F(k-1) + v p(k), uniform exactly when the draws follow p) by a
+// Kolmogorov-Smirnov statistic over all draws and over each kind of row, against the 1e-4 critical
+// value; the draws' bias (log p + H summed, in standard errors); and at T = 0 the argmax. Also the
+// microseconds a call (both kernels) over the timed draws.
+int sample_check(const std::function<std::string(const char*, const char*)>& get) {
+#ifdef KERNELRL_CUDA_KERNELS
+  torch::Device dev(get("--device", "cuda:0"));
+  const int R = 64, V = 151936, steps = std::stoi(get("--steps", "2000"));
+  torch::manual_seed(3);
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+  auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(dev);
+  auto kind = torch::arange(R, i64).remainder(4);
+  auto scale = torch::tensor({1.0, 4.0, 1.0, 8.0}, f32).index({kind}).view({R, 1});
+  auto logits = torch::randn({R, V}, f32) * scale;
+  for (int r = 2; r < R; r += 4) logits.index_put_({r, (r * 7919) % V}, 12.0);
+  logits = logits.to(torch::kBFloat16);
+  auto stream = at::cuda::getCurrentCUDAStream(dev.index()).stream();
+  namespace kc = kernelrl::cuda;
+  auto work = torch::empty({kc::sample_work_floats(R)}, f32);
+  auto draw = [&](double T, int n, float* us) {
+    auto step = torch::zeros({1}, i64), ids = torch::zeros({R}, i64), pos = torch::zeros({R}, i64);
+    auto tok = torch::full({n, R}, -1, i64.dtype(torch::kInt32));
+    auto lp = torch::zeros({n, R}, f32);
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, stream);
+    for (int i = 0; i < n; ++i)
+      kc::sample_tokens(reinterpret_cast<const kc::bf16_t*>(logits.data_ptr()), R, V, float(T), 1234,
+                        step.data_ptr<int64_t>(), work.data_ptr<float>(), ids.data_ptr<int64_t>(),
+                        pos.data_ptr<int64_t>(), 1 << 20, tok.data_ptr<int32_t>(), lp.data_ptr<float>(), n, stream);
+    cudaEventRecord(b, stream);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    if (us) *us = ms * 1e3f / float(n);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    const bool counted = step.item<int64_t>() == n && torch::equal(ids, tok[n - 1].to(torch::kInt64));
+    return std::make_tuple(tok.to(torch::kInt64), lp, counted);
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  bool ok = true;
+  const double crit = 2.226;       // sqrt(-ln(1e-4 / 2) / 2): the one-sample KS critical value, times sqrt(n)
+  auto ks = [](torch::Tensor u) {  // the KS statistic of u (1-D, float64) against uniform(0, 1)
+    u = std::get<0>(u.sort());
+    const auto n = u.size(0);
+    auto i = torch::arange(1, n + 1, u.options());
+    return std::max((i / double(n) - u).max().item<double>(), (u - (i - 1) / double(n)).max().item<double>());
+  };
+  for (double T : {1.0, 0.6}) {
+    float us = 0;
+    auto [tok, lp, counted] = draw(T, steps, &us);
+    auto logp = torch::log_softmax(logits.to(torch::kFloat64) / T, 1);  // [R, V]
+    auto p = logp.exp();
+    auto cdf = p.cumsum(1);
+    auto rows_i = torch::arange(R, i64).view({1, R}).expand({steps, R});
+    auto pk = p.index({rows_i, tok}), ref_lp = logp.index({rows_i, tok});
+    const double lp_err = (lp.to(torch::kFloat64) - ref_lp).abs().max().item<double>();
+    auto u = cdf.index({rows_i, tok}) - pk + torch::rand({steps, R}, pk.options()) * pk;  // randomized PIT
+    const int64_t n_all = int64_t(steps) * R;
+    const double d_all = ks(u.reshape({-1}));
+    bool ks_ok = d_all * std::sqrt(double(n_all)) < crit;
+    nlohmann::json kinds = nlohmann::json::array();
+    for (int k = 0; k < 4; ++k) {
+      auto sel = u.index({torch::indexing::Slice(), torch::indexing::Slice(k, R, 4)}).reshape({-1});
+      const double d = ks(sel);
+      ks_ok = ks_ok && d * std::sqrt(double(sel.size(0))) < crit;
+      kinds.push_back({{"kind", k}, {"ks", d}, {"ks_bound", crit / std::sqrt(double(sel.size(0)))}});
+    }
+    auto H = -(p * logp).sum(1);                  // [R]
+    auto var = (p * logp * logp).sum(1) - H * H;  // Var[log p] a row
+    const double z = ((ref_lp + H.view({1, R})).sum() / (var.sum() * steps).sqrt()).item<double>();
+    const bool row_ok = counted && lp_err < 2e-3 && ks_ok && std::abs(z) < 4;
+    ok = ok && row_ok;
+    rows.push_back({{"temperature", T},
+                    {"draws", n_all},
+                    {"us_per_call", us},
+                    {"logprob_max_abs_diff", lp_err},
+                    {"ks", d_all},
+                    {"ks_bound", crit / std::sqrt(double(n_all))},
+                    {"kinds", kinds},
+                    {"bias_z", z},
+                    {"counter_ok", counted},
+                    {"ok", row_ok}});
+  }
+  {  // T = 0: the argmax, with its logprob under softmax(logits)
+    auto [tok, lp, counted] = draw(0.0, 2, nullptr);
+    auto lf = logits.to(torch::kFloat64);
+    auto am = lf.argmax(1);
+    const bool same = torch::equal(tok[0], am) && torch::equal(tok[1], am);
+    const double lp_err = (lp[0].to(torch::kFloat64) - torch::log_softmax(lf, 1).gather(1, am.view({R, 1})).view({R}))
+                              .abs()
+                              .max()
+                              .item<double>();
+    const bool row_ok = counted && same && lp_err < 2e-3;
+    ok = ok && row_ok;
+    rows.push_back({{"temperature", 0}, {"argmax_equal", same}, {"logprob_max_abs_diff", lp_err}, {"ok", row_ok}});
+  }
+  std::printf("%s\n", nlohmann::json{{"ok", ok}, {"rows", rows}}.dump().c_str());
+  return ok ? 0 : 1;
+#else
+  (void)get;
+  throw std::runtime_error("--sample-check: built without the CUDA kernels");
+#endif
+}
+
 // --colocated 1: the device memory that a sampler and a learner of one process hold for their
 // models (each with a rank-16 adapter), loaded as they load them (load_shared_model: one copy of
 // the base weights) against two separate loads. Prints the bytes allocated after each.
@@ -380,6 +492,7 @@ int main(int argc, char** argv) {
     if (a.count("--lora-op-check")) return lora_op_check(get);
     if (a.count("--attention-check")) return attention_check(get);
     if (a.count("--lora-decode-check")) return lora_decode_check(get);
+    if (a.count("--sample-check")) return sample_check(get);
     if (a.count("--colocated")) return colocated(get);
     kernelrl::PolicyOptions o;
     o.model_dir = get("--model", "");

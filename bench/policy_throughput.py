@@ -284,6 +284,7 @@ def main():
     ap.add_argument("--baseline", help="another policy_bench (an earlier version) timed beside --bench")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' generate (its figure is known)")
     ap.add_argument("--no-checks", action="store_true", help="skip the tiny models' parity and f32 decode checks")
+    ap.add_argument("--no-sample-check", action="store_true", help="skip the fused draw's check against float64")
     ap.add_argument("--models", help="a folder for the random models (made once, reused by later runs)")
     ap.add_argument("--check-sizes", default="small", help="sizes whose bf16 decode paths are checked")
     ap.add_argument("--unfused", action="store_true", help="also time the decode step without the fused kernels")
@@ -299,6 +300,12 @@ def main():
     if not args.no_checks:
         result["parity"] = parity(args.probe, args.device, tmp)
         result["greedy"] = graph_check(args.launch, args.probe, args.device, tmp)
+    if args.device.startswith("cuda") and not args.no_sample_check:
+        # the fused draw against float64 softmax (KS of the randomized PIT, bias, logprobs, argmax)
+        r = subprocess.run([args.bench, "--sample-check", "1", "--device", args.device], capture_output=True, text=True)
+        result["sample_check"] = json.loads(r.stdout) if r.stdout.strip() else {"ok": False, "stderr": r.stderr[-2000:]}
+        for row in result["sample_check"].get("rows", []):
+            print("sample check T=%s: %s" % (row["temperature"], json.dumps(row)), flush=True)
     bw = result["copy_bytes_per_s"]
     if bw:
         print("device-to-device copy: %.2f TB/s (read + written)" % (bw / 1e12), flush=True)
@@ -396,7 +403,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
     ok = (args.no_checks or (all(r["ok"] for r in result["parity"].values()) and result["greedy"]["ok"])) and all(
-        r["ok"] for r in result.get("decode_bf16", {}).values())
+        r["ok"] for r in result.get("decode_bf16", {}).values()) and result.get("sample_check", {"ok": True})["ok"]
     sys.exit(0 if ok else 1)
 
 

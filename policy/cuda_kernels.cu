@@ -664,104 +664,187 @@ __device__ __forceinline__ void warp_merge_draw(float& m, float& s, float& best,
 constexpr int kSampleBlocks = 64;  // vocabulary chunks per row
 constexpr int kSampleThreads = 256;
 
-// Block (row, chunk): the chunk's max and sum of exp (for the row's logsumexp) and its best
-// Gumbel key with the index.
-__global__ void sample_partial_kernel(const bf16_t* logits, int V, float inv_t, bool greedy, uint64_t seed,
-                                      const int64_t* step, float* work) {
+// Block (row, chunk): the chunk's max (and the lowest index holding it) and its sum of exp
+// relative to that max. Block (0, 0) also copies the step counter into the work area, where the
+// final kernel's blocks read it (the final kernel moves the counter on).
+__global__ void sample_partial_kernel(const bf16_t* logits, int V, float inv_t, const int64_t* step, float* work) {
   pdl_wait();
   const int r = blockIdx.y, chunk = blockIdx.x;
   const int per = (V + kSampleBlocks - 1) / kSampleBlocks;
   const int i0 = chunk * per, i1 = min(V, i0 + per);
-  const uint64_t st = uint64_t(*step);
-  const uint2 key = make_uint2(uint32_t(seed), uint32_t(seed >> 32));
-  float m = -INFINITY, s = 0, best = -INFINITY;
-  int besti = i0;
+  if (r == 0 && chunk == 0 && threadIdx.x == 0)
+    *reinterpret_cast<int64_t*>(work + int64_t(gridDim.y) * kSampleBlocks * 4) = *step;
+  float m = -INFINITY, s = 0;
+  int mi = 0x7fffffff;
+  const bf16_t* row = logits + int64_t(r) * V;
   for (int i = i0 + threadIdx.x; i < i1; i += kSampleThreads) {
-    const float x = bf(logits[int64_t(r) * V + i]) * inv_t;
+    const float x = bf(row[i]) * inv_t;
+    if (x == -INFINITY) continue;
     if (x > m) {
       s = s * __expf(m - x) + 1.f;
       m = x;
+      mi = i;
     } else {
       s += __expf(x - m);
     }
-    float kv = x;
-    if (!greedy) {
-      const uint4 u = philox(make_uint4(uint32_t(i), uint32_t(r), uint32_t(st), uint32_t(st >> 32)), key);
-      const float U = (float(u.x >> 9) + 0.5f) * (1.0f / 8388608.0f);  // in (0, 1)
-      kv = x - logf(-logf(U));
-    }
-    if (kv > best) {
-      best = kv;
-      besti = i;
-    }
   }
-  // Reduce (m, s) and (best, besti) over the block.
-  __shared__ float sm[kSampleThreads / 32], ssum[kSampleThreads / 32], sb[kSampleThreads / 32];
+  // Reduce (m, s) and (m, its index) over the block.
+  __shared__ float sm[kSampleThreads / 32], ssum[kSampleThreads / 32];
   __shared__ int si[kSampleThreads / 32];
-  warp_merge_draw(m, s, best, besti);
+  float best = m;
+  warp_merge_draw(m, s, best, mi);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) {
     sm[warp] = m;
     ssum[warp] = s;
-    sb[warp] = best;
-    si[warp] = besti;
+    si[warp] = mi;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    float M = -INFINITY, S = 0, B = -INFINITY;
-    int BI = i0;
+    float M = -INFINITY, S = 0;
+    int MI = 0x7fffffff;
     for (int w = 0; w < kSampleThreads / 32; ++w) M = fmaxf(M, sm[w]);
     for (int w = 0; w < kSampleThreads / 32; ++w) {
-      if (sm[w] != -INFINITY) S += ssum[w] * __expf(sm[w] - M);
-      if (sb[w] > B || (sb[w] == B && si[w] < BI)) {
-        B = sb[w];
-        BI = si[w];
-      }
+      if (sm[w] == -INFINITY) continue;
+      S += ssum[w] * __expf(sm[w] - M);
+      if (sm[w] == M && si[w] < MI) MI = si[w];
     }
     float* wp = work + (int64_t(r) * kSampleBlocks + chunk) * 4;
     wp[0] = M;
     wp[1] = S;
-    wp[2] = B;
-    wp[3] = __int_as_float(BI);
+    wp[3] = __int_as_float(MI);
   }
 }
 
-// One block: warp w combines rows w, w + 8, ...; then the step counter moves on.
-__global__ void sample_final_kernel(const bf16_t* logits, int R, int V, float inv_t, int64_t* step, const float* work,
-                                    int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens, float* hist_logprobs,
-                                    int64_t hist_steps) {
+// Block r: row r's token by inverse transform sampling. Warp 0 rescales the chunks' sums to the
+// row's max, takes their prefix sums, draws one uniform u (Philox 4x32-10 keyed by the seed, counter
+// (row, step)) and finds the chunk where the cumulative mass first passes u S; the block then
+// scans that chunk's probabilities in index order (each thread a contiguous segment) to the token.
+// Float rounding that leaves u S at or past a total picks the last token of positive mass before it.
+// T = 0: the lowest index of the row's max. Block 0 moves the step counter on.
+__global__ void __launch_bounds__(kSampleThreads)
+    sample_final_kernel(const bf16_t* logits, int R, int V, float inv_t, bool greedy, uint64_t seed, int64_t* step,
+                        const float* work, int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens,
+                        float* hist_logprobs, int64_t hist_steps) {
   pdl_wait();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t st = *step;
-  for (int r = warp; r < R; r += kSampleThreads / 32) {
-    float m = -INFINITY, s = 0, best = -INFINITY;
-    int besti = 0x7fffffff;
-    for (int c = lane; c < kSampleBlocks; c += 32) {
-      const float* wp = work + (int64_t(r) * kSampleBlocks + c) * 4;
-      const float m2 = wp[0];
-      if (m2 != -INFINITY) {
-        const float mm = fmaxf(m, m2);
-        s = (m == -INFINITY ? 0.f : s * __expf(m - mm)) + wp[1] * __expf(m2 - mm);
-        m = mm;
-      }
-      const int i2 = __float_as_int(wp[3]);
-      if (wp[2] > best || (wp[2] == best && i2 < besti)) {
-        best = wp[2];
-        besti = i2;
+  const int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t st = *reinterpret_cast<const int64_t*>(work + int64_t(R) * kSampleBlocks * 4);
+  const int per = (V + kSampleBlocks - 1) / kSampleBlocks;
+  const bf16_t* row = logits + int64_t(r) * V;
+  __shared__ float s_M, s_S, s_t;
+  __shared__ int s_chunk, s_token, s_last;
+  __shared__ float s_scan[kSampleThreads / 32];
+  if (warp == 0) {
+    static_assert(kSampleBlocks == 64, "two chunks a lane");
+    const float* w0 = work + (int64_t(r) * kSampleBlocks + lane) * 4;
+    const float* w1 = w0 + 32 * 4;
+    const float m0 = w0[0], m1 = w1[0];
+    float M = fmaxf(m0, m1);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float p0 = m0 == -INFINITY ? 0.f : w0[1] * __expf(m0 - M);
+    const float p1 = m1 == -INFINITY ? 0.f : w1[1] * __expf(m1 - M);
+    // Inclusive prefix sums over chunks 0..31 (lanes), then 32..63.
+    float c0 = p0, c1 = p1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float a = __shfl_up_sync(0xffffffffu, c0, o), b = __shfl_up_sync(0xffffffffu, c1, o);
+      if (lane >= o) {
+        c0 += a;
+        c1 += b;
       }
     }
-    warp_merge_draw(m, s, best, besti);
+    const float half = __shfl_sync(0xffffffffu, c0, 31);
+    c1 += half;
+    const float S = __shfl_sync(0xffffffffu, c1, 31);
+    int token = 0x7fffffff;
+    if (greedy) {
+      int cand = min(m0 == M ? __float_as_int(w0[3]) : 0x7fffffff, m1 == M ? __float_as_int(w1[3]) : 0x7fffffff);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) cand = min(cand, __shfl_xor_sync(0xffffffffu, cand, o));
+      token = cand;
+    }
+    const uint4 u4 = philox(make_uint4(uint32_t(r), 0x5A3Du, uint32_t(st), uint32_t(uint64_t(st) >> 32)),
+                            make_uint2(uint32_t(seed), uint32_t(seed >> 32)));
+    const float t = (float(u4.x >> 8) + 0.5f) * (1.0f / 16777216.0f) * S;  // u in (0, 1)
+    unsigned hit = __ballot_sync(0xffffffffu, c0 > t && p0 > 0);
+    int chunk;
+    float before;
+    if (hit) {
+      chunk = __ffs(hit) - 1;
+      before = __shfl_sync(0xffffffffu, c0 - p0, chunk);
+    } else if ((hit = __ballot_sync(0xffffffffu, c1 > t && p1 > 0))) {
+      chunk = 32 + __ffs(hit) - 1;
+      before = __shfl_sync(0xffffffffu, c1 - p1, chunk - 32);
+    } else {  // rounding: the last chunk of positive mass, and its last token
+      const unsigned h1 = __ballot_sync(0xffffffffu, p1 > 0), h0 = __ballot_sync(0xffffffffu, p0 > 0);
+      chunk = h1 ? 32 + 31 - __clz(h1) : (h0 ? 31 - __clz(h0) : 0);
+      before = -INFINITY;  // every token of the chunk lies below t
+    }
     if (lane == 0) {
-      const float lp = bf(logits[int64_t(r) * V + besti]) * inv_t - (m + logf(s));
-      ids[r] = besti;
-      if (pos[r] > 0 && pos[r] + 1 < cap) pos[r] += 1;  // (0: a parked row, which stays)
-      const int64_t slot = st % hist_steps;
-      hist_tokens[slot * R + r] = besti;
-      hist_logprobs[slot * R + r] = lp;
+      s_M = M;
+      s_S = S;
+      s_t = t - before;
+      s_chunk = chunk;
+      s_token = token;
+      s_last = -1;
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) *step = st + 1;
+  const float M = s_M;
+  if (!greedy) {
+    const int c = s_chunk, i0 = c * per, i1 = min(V, i0 + per);
+    const int seg = (max(i1 - i0, 0) + kSampleThreads - 1) / kSampleThreads;
+    const int j0 = i0 + threadIdx.x * seg, j1 = min(i1, j0 + seg);
+    float local = 0;
+    int last = -1;
+    for (int i = j0; i < j1; ++i) {
+      const float x = bf(row[i]) * inv_t;
+      if (x == -INFINITY) continue;
+      local += __expf(x - M);
+      last = i;
+    }
+    // Exclusive prefix of the threads' sums in thread order.
+    float incl = local;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float a = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += a;
+    }
+    if (lane == 31) s_scan[warp] = incl;
+    if (last >= 0) atomicMax(&s_last, last);
+    __syncthreads();
+    float base = 0;
+    for (int w = 0; w < warp; ++w) base += s_scan[w];
+    const float excl = base + incl - local, t = s_t;
+    if (last >= 0 && t >= excl && t < excl + local) {
+      float cum = excl;
+      int tok = last;
+      for (int i = j0; i < j1; ++i) {
+        const float x = bf(row[i]) * inv_t;
+        if (x == -INFINITY) continue;
+        cum += __expf(x - M);
+        if (cum > t) {
+          tok = i;
+          break;
+        }
+      }
+      s_token = tok;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && s_token == 0x7fffffff) s_token = s_last;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int tok = s_token >= 0 && s_token < V ? s_token : 0;  // (no token of positive mass: a row of -inf)
+    const float lp = bf(row[tok]) * inv_t - (M + logf(s_S));
+    ids[r] = tok;
+    if (pos[r] > 0 && pos[r] + 1 < cap) pos[r] += 1;  // (0: a parked row, which stays)
+    const int64_t slot = st % hist_steps;
+    hist_tokens[slot * R + r] = tok;
+    hist_logprobs[slot * R + r] = lp;
+    if (r == 0) *step = st + 1;
+  }
 }
 
 // ---------------------------------------------------------------- LoRA of the decode step (float32)
@@ -1135,16 +1218,17 @@ void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, fl
   check("silu_mul");
 }
 
+int64_t sample_work_floats(int R) { return int64_t(R) * kSampleBlocks * 4 + 2; }
+
 void sample_tokens(const bf16_t* logits, int R, int V, float temperature, uint64_t seed, int64_t* step, float* work,
                    int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens, float* hist_logprobs,
                    int64_t hist_steps, Stream s) {
   const bool greedy = temperature <= 0;
   const float inv_t = greedy ? 1.f : 1.f / temperature;
-  launch_k(sample_partial_kernel, dim3(kSampleBlocks, R), dim3(kSampleThreads), 0, s, logits, V, inv_t, greedy, seed,
-           step, work);
+  launch_k(sample_partial_kernel, dim3(kSampleBlocks, R), dim3(kSampleThreads), 0, s, logits, V, inv_t, step, work);
   check("sample_tokens");
-  launch_k(sample_final_kernel, dim3(1), dim3(kSampleThreads), 0, s, logits, R, V, inv_t, step, work, ids, pos, cap,
-           hist_tokens, hist_logprobs, hist_steps);
+  launch_k(sample_final_kernel, dim3(R), dim3(kSampleThreads), 0, s, logits, R, V, inv_t, greedy, seed, step, work, ids,
+           pos, cap, hist_tokens, hist_logprobs, hist_steps);
   check("sample_tokens final");
 }
 

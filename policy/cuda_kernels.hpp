@@ -62,12 +62,13 @@ void lora_decode(const float* x, const float* a, const float* bt, int R, int in,
 // transformers' bf16 rounding (silu rounded, then the product). out [R, I]; out32 optional.
 void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, float* out32, Stream s);
 
-// One token per row from softmax(logits / T) by a Gumbel-max race on counter-based random numbers
-// (Philox 4x32-10 keyed by seed, counter (step, row, index)); T = 0: the argmax. logits [R, V]
-// bf16; writes the token and its logprob under softmax(logits / max(T, 1 if T = 0)) to
-// hist_tokens / hist_logprobs[(step % hist_steps) * R + r] (int32 / float32), then sets the
-// next step's inputs: ids[r] = token, pos[r] + 1 (unless pos[r] is 0, a parked row, or the cache
-// is full), and ++*step. work: R * 64 * 4 floats.
+// One token per row from softmax(logits / T) by inverse transform sampling: one uniform a row
+// (Philox 4x32-10 keyed by seed, counter (row, step)) placed on the row's cumulative probabilities in
+// index order; T = 0: the argmax (its lowest index). logits [R, V] bf16; writes the token and its
+// logprob under softmax(logits / max(T, 1 if T = 0)) to hist_tokens / hist_logprobs[(step %
+// hist_steps) * R + r] (int32 / float32), then sets the next step's inputs: ids[r] = token, pos[r] + 1
+// (unless pos[r] is 0, a parked row, or the cache is full), and ++*step. work: sample_work_floats(R).
+int64_t sample_work_floats(int R);
 void sample_tokens(const bf16_t* logits, int R, int V, float temperature, uint64_t seed, int64_t* step, float* work,
                    int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens, float* hist_logprobs,
                    int64_t hist_steps, Stream s);

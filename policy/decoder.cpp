@@ -287,7 +287,7 @@ struct Decoder::Run {
   void sample() {
 #ifdef KERNELRL_CUDA_KERNELS
     if (fused && s.top_p >= 1) {
-      auto work = torch::empty({R * 64 * 4}, logits.options().dtype(torch::kFloat32));
+      auto work = torch::empty({cuda::sample_work_floats(int(R))}, logits.options().dtype(torch::kFloat32));
       cuda::sample_tokens(reinterpret_cast<const cuda::bf16_t*>(logits.data_ptr()), int(R), int(V),
                           float(s.temperature), s.seed, step.data_ptr<int64_t>(), work.data_ptr<float>(),
                           ids.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), cap, hist_tok.data_ptr<int32_t>(),
