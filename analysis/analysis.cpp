@@ -203,6 +203,46 @@ std::vector<size_t> surprisal_order(const std::vector<double>& means) {
   return idx;
 }
 
+double incomplete_beta(double a, double b, double x) {
+  if (!(a > 0 && b > 0) || !(x >= 0 && x <= 1)) return std::numeric_limits<double>::quiet_NaN();
+  if (x == 0 || x == 1) return x;
+  // The continued fraction converges fast for x < (a + 1) / (a + b + 2); otherwise use the symmetry
+  // I_x(a, b) = 1 - I_{1-x}(b, a).
+  if (x > (a + 1) / (a + b + 2)) return 1 - incomplete_beta(b, a, 1 - x);
+  const double front =
+      std::exp(std::lgamma(a + b) - std::lgamma(a) - std::lgamma(b) + a * std::log(x) + b * std::log1p(-x)) / a;
+  // Lentz's method on 1 / (1 + d1 / (1 + d2 / (1 + ...))).
+  const double tiny = 1e-300;
+  double f = 1, c = 1, d = 0;
+  for (int i = 0; i <= 400; ++i) {
+    const int m = i / 2;
+    double num;
+    if (i == 0)
+      num = 1;
+    else if (i % 2 == 0)
+      num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m));
+    else
+      num = -((a + m) * (a + b + m) * x) / ((a + 2 * m) * (a + 2 * m + 1));
+    d = 1 + num * d;
+    d = std::abs(d) < tiny ? tiny : d;
+    d = 1 / d;
+    c = 1 + num / c;
+    c = std::abs(c) < tiny ? tiny : c;
+    const double cd = c * d;
+    f *= cd;
+    if (std::abs(1 - cd) < 1e-15) return front * (f - 1);
+  }
+  return front * (f - 1);
+}
+
+double spearman_p_value(double rho, size_t n, int covariates) {
+  const double df = double(n) - 2 - covariates;
+  if (!std::isfinite(rho) || df < 1) return std::numeric_limits<double>::quiet_NaN();
+  if (std::abs(rho) >= 1) return 0;
+  const double t2 = rho * rho * df / (1 - rho * rho);
+  return incomplete_beta(df / 2, 0.5, df / (df + t2));  // P(|T| > |t|)
+}
+
 double partial_spearman(const std::vector<double>& x, const std::vector<double>& y, const std::vector<double>& z) {
   auto rx = ranks(x), ry = ranks(y), rz = ranks(z);
   double xy = pearson(rx, ry), xz = pearson(rx, rz), yz = pearson(ry, rz);
@@ -311,27 +351,32 @@ nlohmann::json analyze(const std::vector<AnalysisSample>& all_samples, const Ana
       len.push_back(double(s.num_tokens));
     }
   nlohmann::json lj = {{"n", lp.size()}};
-  lj["spearman_rho"] = num(spearman(lp, sp));
-  lj["partial_spearman_rho_length"] = num(partial_spearman(lp, sp, len));
-  // Quartiles of surprisal (-mean logprob): Q1 the most confident quarter, Q4 the most surprising.
+  const double rho = spearman(lp, sp), prho = partial_spearman(lp, sp, len), lrho = spearman(len, sp);
+  lj["spearman_rho"] = num(rho);
+  lj["spearman_p"] = num(spearman_p_value(rho, lp.size()));
+  lj["partial_spearman_rho_length"] = num(prho);
+  lj["partial_spearman_p_length"] = num(spearman_p_value(prho, lp.size(), 1));
+  lj["length_vs_speedup"] = {{"spearman_rho", num(lrho)}, {"spearman_p", num(spearman_p_value(lrho, lp.size()))}};
+  // Quartiles of surprisal (-mean logprob), as the seeds number them: Q1 the most surprising
+  // quarter (lowest mean logprob), Q4 the most confident.
   nlohmann::json quart = nlohmann::json::array();
   if (lp.size() >= 4) {
-    std::vector<size_t> idx(lp.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return lp[a] > lp[b]; });
+    std::vector<size_t> idx = surprisal_order(lp);
     for (int q = 0; q < 4; ++q) {
       size_t b = idx.size() * q / 4, e = idx.size() * (q + 1) / 4;
-      double ssum = 0, lsum = 0;
+      double ssum = 0, lsum = 0, tsum = 0;
       uint64_t faster = 0;
       for (size_t i = b; i < e; ++i) {
         ssum += sp[idx[i]];
         lsum += lp[idx[i]];
+        tsum += len[idx[i]];
         faster += sp[idx[i]] > 1.0 ? 1 : 0;
       }
       double n = double(e - b);
       quart.push_back({{"quartile", q + 1},
                        {"n", e - b},
                        {"mean_logprob", lsum / n},
+                       {"mean_tokens", tsum / n},
                        {"mean_speedup", ssum / n},
                        {"faster_share", double(faster) / n}});
     }

@@ -46,6 +46,13 @@ double pass_at_k(uint64_t n, uint64_t c, uint64_t k);
 double spearman(const std::vector<double>& x, const std::vector<double>& y);
 // Spearman's rho of x and y with z partialled out (partial correlation of the ranks).
 double partial_spearman(const std::vector<double>& x, const std::vector<double>& y, const std::vector<double>& z);
+// The two-sided p-value of a rank correlation rho over n pairs with `covariates` variables
+// partialled out, by the t approximation (t = rho sqrt(df / (1 - rho^2)), df = n - 2 - covariates,
+// Student's t with df degrees of freedom), as scipy.stats.spearmanr reports it; 0 when |rho| = 1,
+// NaN when rho is NaN or df < 1.
+double spearman_p_value(double rho, size_t n, int covariates = 0);
+// The regularized incomplete beta function I_x(a, b) (a, b > 0, 0 <= x <= 1).
+double incomplete_beta(double a, double b, double x);
 
 // Selection strategies over the K samples of one task (one group of a best-of-N step). Each
 // picks one sample, or none:

@@ -507,8 +507,21 @@ std::string render_report(const ReportInputs& in) {
     auto lv = a.value("logprob_vs_speedup", nlohmann::json::object());
     h += "<h2>Per-task scatter</h2>\n<p class=\"note\">Every correct sample, coloured by task: its surprisal against "
          "its speedup. Spearman's rho of mean logprob against speedup: " +
-         fmt_num(value(lv, "spearman_rho")) +
-         " (partial on length: " + fmt_num(value(lv, "partial_spearman_rho_length")) + ").</p>\n" + svg_chart(c);
+         fmt_num(value(lv, "spearman_rho")) + " (p " + fmt_num(value(lv, "spearman_p"), "{:.3g}") +
+         "; partial on length: " + fmt_num(value(lv, "partial_spearman_rho_length")) + ", p " +
+         fmt_num(value(lv, "partial_spearman_p_length"), "{:.3g}") + "); length against speedup: " +
+         fmt_num(value(lv.value("length_vs_speedup", nlohmann::json::object()), "spearman_rho")) + " (p " +
+         fmt_num(value(lv.value("length_vs_speedup", nlohmann::json::object()), "spearman_p"), "{:.3g}") + ").</p>\n" +
+         svg_chart(c);
+    std::vector<std::vector<std::string>> qr;
+    for (auto& q : lv.value("surprisal_quartiles", nlohmann::json::array()))
+      qr.push_back({"Q" + std::to_string(q["quartile"].get<int>()), std::to_string(q["n"].get<uint64_t>()),
+                    fmt_num(value(q, "mean_logprob")), fmt_num(value(q, "mean_tokens"), "{:.0f}"),
+                    fmt_num(value(q, "mean_speedup"), "{:.2f}x"), fmt_num(value(q, "faster_share"))});
+    if (!qr.empty())
+      h += "<p class=\"note\">Surprisal quartiles of the correct samples, Q1 the most surprising (lowest mean "
+           "logprob).</p>\n" +
+           table({"quartile", "samples", "mean logprob", "mean tokens", "mean speedup", "faster share"}, qr);
   }
 
   // Per-task table.

@@ -655,6 +655,11 @@ void read_experiment(TableReader& r, Config& c, const toml::table& root) {
   const ModeTraits& mode = traits(c.experiment.mode);
   const std::string m = mode.name;
   r.integer("patience", c.experiment.patience, 0, 1 << 20);
+  r.one_of("early_stop", c.experiment.early_stop, {"no_better", "regressions"});
+  if (c.experiment.early_stop == "regressions" && c.experiment.patience == 0)
+    r.error_here("early_stop",
+                 "early_stop = \"regressions\" needs patience = P >= 1 (the regressions in a row that "
+                 "stop the run)");
   r.integer("k", c.experiment.k, 0, 1 << 20);
   r.integer("evaluate_top_m", c.experiment.evaluate_top_m, 0, 1 << 20);
   if (c.experiment.evaluate_top_m > 0) {

@@ -201,16 +201,18 @@ struct SdpoConfig {
 };
 
 struct ExperimentConfig {
-  Mode mode = Mode::eval;       // eval; best_of_n (k samples per task, for selection
-                                // strategies); train (RLVR: [learner] steps of GRPO on the tasks);
-                                // ttt (test-time adaptation: every step on all the tasks);
-                                // sdpo (ttt's loop, learning by self-distillation: [sdpo])
-  uint32_t k = 0;               // best_of_n: samples per task (sets [sampler] samples_per_task)
-  uint32_t evaluate_top_m = 0;  // best_of_n: evaluate only each task's m most surprising samples
-                                // (ranked by mean logprob before any evaluation; the deployable
-                                // top-m); the rest are stored unevaluated. 0: evaluate all K
-  uint32_t patience = 0;        // train, ttt, sdpo: stop after this many steps without a better
-                                // fast_1 (0: run every step); the best step is reported (BoA)
+  Mode mode = Mode::eval;                // eval; best_of_n (k samples per task, for selection
+                                         // strategies); train (RLVR: [learner] steps of GRPO on the tasks);
+                                         // ttt (test-time adaptation: every step on all the tasks);
+                                         // sdpo (ttt's loop, learning by self-distillation: [sdpo])
+  uint32_t k = 0;                        // best_of_n: samples per task (sets [sampler] samples_per_task)
+  uint32_t evaluate_top_m = 0;           // best_of_n: evaluate only each task's m most surprising samples
+                                         // (ranked by mean logprob before any evaluation; the deployable
+                                         // top-m); the rest are stored unevaluated. 0: evaluate all K
+  uint32_t patience = 0;                 // train, ttt, sdpo: stop after this many steps without a better
+                                         // fast_1 (0: run every step); the best step is reported (BoA)
+  std::string early_stop = "no_better";  // patience's rule: "no_better" (steps without a new best)
+                                         // or "regressions" (steps each below the one before)
   // train: periodic evaluation on held-out tasks (an eval split): the policy of every
   // eval_every-th version (and the first and the last) samples eval_samples completions of each
   // eval task; they are evaluated and stored (Rollout::split "eval") but never learned from.

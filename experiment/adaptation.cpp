@@ -9,6 +9,8 @@
 namespace kernelrl {
 
 bool AdaptationTracker::record(uint32_t step, double score) {
+  falling = any && score < last ? falling + 1 : 0;
+  last = score;
   if (!any || score > best) {
     best = score;
     best_step = step;
@@ -17,7 +19,7 @@ bool AdaptationTracker::record(uint32_t step, double score) {
     ++since_best;
   }
   any = true;
-  return patience > 0 && since_best >= patience;
+  return patience > 0 && (regressions ? falling : since_best) >= patience;
 }
 
 size_t train_task_index(uint64_t seed, size_t n, uint64_t i) {

@@ -9,10 +9,14 @@
 namespace kernelrl {
 
 // Best-of-Adaptation and early stopping over per-step scores (each step's fast_1): the best step
-// is the highest score, the earliest on a tie; with patience P > 0 the run stops once P steps in a
-// row have not beaten it.
+// is the highest score, the earliest on a tie. With patience P > 0 the run stops once P steps in a
+// row have not beaten it, or, with `regressions`, once P steps in a row have each scored below the
+// step before.
 struct AdaptationTracker {
-  uint32_t patience = 0;  // 0: never stop early
+  uint32_t patience = 0;     // 0: never stop early
+  bool regressions = false;  // the rule: P consecutive regressions (true) or P steps without a new best
+  double last = 0;           // the previous step's score
+  uint32_t falling = 0;      // consecutive steps below the step before
   double best = 0;
   uint32_t best_step = 0;
   uint32_t since_best = 0;  // steps since the best

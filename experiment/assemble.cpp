@@ -40,6 +40,7 @@ ExperimentArgs experiment_args(const Config& cfg, const std::vector<std::string>
   ex.max_staleness = cfg.learner.max_staleness;
   ex.seed = cfg.experiment.seed;
   ex.patience = cfg.experiment.patience;
+  ex.stop_on_regressions = cfg.experiment.early_stop == "regressions";
   ex.eval_task_ids = eval_task_ids;
   ex.eval_every = cfg.experiment.eval_every;
   ex.eval_samples = cfg.experiment.eval_samples ? cfg.experiment.eval_samples : cfg.learner.group_size;

@@ -36,12 +36,13 @@ struct ExperimentArgs {
   Mode mode = Mode::eval;             // [experiment] mode
   std::vector<std::string> task_ids;  // tasks of the experiment, in order
   // learning modes
-  uint32_t steps = 0;          // [learner] steps
-  uint32_t batch_size = 8;     // tasks per step (ttt and sdpo: every task)
-  uint32_t group_size = 8;     // samples per task per step
-  uint32_t max_staleness = 0;  // [learner] max_staleness
-  uint64_t seed = 0;           // task order
-  uint32_t patience = 0;       // early stopping (AdaptationTracker)
+  uint32_t steps = 0;                // [learner] steps
+  uint32_t batch_size = 8;           // tasks per step (ttt and sdpo: every task)
+  uint32_t group_size = 8;           // samples per task per step
+  uint32_t max_staleness = 0;        // [learner] max_staleness
+  uint64_t seed = 0;                 // task order
+  uint32_t patience = 0;             // early stopping (AdaptationTracker)
+  bool stop_on_regressions = false;  // its rule: patience consecutive regressions
   // Periodic evaluation on held-out tasks (empty: none): the first version served, every
   // eval_every-th and the last, each with eval_samples samples per task.
   std::vector<std::string> eval_task_ids;

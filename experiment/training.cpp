@@ -19,6 +19,7 @@ void append(Actions& out, Actions more) {
 Training::Training(ExperimentArgs args)
     : Experiment(std::move(args)), held_out_(args_.eval_task_ids, args_.eval_every, args_.eval_samples) {
   tracker_.patience = args_.patience;
+  tracker_.regressions = args_.stop_on_regressions;
 }
 
 const std::string& Training::task_for(uint32_t step, uint32_t k) const {
@@ -198,9 +199,14 @@ Actions Training::updated(const StepUpdate& u) {
   }
   if (t.written && tracker_.record(u.step, t.stats.fast_1)) {
     stopped_early_ = true;
-    log::get("supervisor")
-        ->info("step {}: no better fast_1 than step {} ({:.3f}) for {} steps: stopping early", u.step,
-               tracker_.best_step, tracker_.best, tracker_.patience);
+    if (tracker_.regressions)
+      log::get("supervisor")
+          ->info("step {}: fast_1 fell {} steps in a row (best: step {}, {:.3f}): stopping early", u.step,
+                 tracker_.falling, tracker_.best_step, tracker_.best);
+    else
+      log::get("supervisor")
+          ->info("step {}: no better fast_1 than step {} ({:.3f}) for {} steps: stopping early", u.step,
+                 tracker_.best_step, tracker_.best, tracker_.patience);
     end_learning(out);
     return out;
   }

@@ -151,13 +151,20 @@ int cmd_analyze(const AnalyzeOptions& o) {
                 ci((fk + "_ci").c_str()).c_str());
   }
   auto& lj = j["logprob_vs_speedup"];
-  std::printf("\nmean logprob vs speedup (%llu correct samples with tokens): Spearman rho %s, partial on length %s\n",
-              (unsigned long long)lj["n"].get<uint64_t>(), f(lj["spearman_rho"], "{:.3f}").c_str(),
-              f(lj["partial_spearman_rho_length"], "{:.3f}").c_str());
+  std::printf(
+      "\nmean logprob vs speedup (%llu correct samples with tokens): Spearman rho %s (p %s), partial on length %s "
+      "(p %s); length vs speedup: rho %s (p %s)\n",
+      (unsigned long long)lj["n"].get<uint64_t>(), f(lj["spearman_rho"], "{:.3f}").c_str(),
+      f(lj["spearman_p"], "{:.3g}").c_str(), f(lj["partial_spearman_rho_length"], "{:.3f}").c_str(),
+      f(lj["partial_spearman_p_length"], "{:.3g}").c_str(),
+      f(lj["length_vs_speedup"]["spearman_rho"], "{:.3f}").c_str(),
+      f(lj["length_vs_speedup"]["spearman_p"], "{:.3g}").c_str());
   for (auto& q : lj["surprisal_quartiles"])
-    std::printf("  surprisal Q%d: %llu samples, mean logprob %.3f, mean speedup %.2fx, faster %.2f\n",
-                q["quartile"].get<int>(), (unsigned long long)q["n"].get<uint64_t>(), q["mean_logprob"].get<double>(),
-                q["mean_speedup"].get<double>(), q["faster_share"].get<double>());
+    std::printf(
+        "  surprisal Q%d%s: %llu samples, mean logprob %.3f, mean tokens %.0f, mean speedup %.2fx, faster %.2f\n",
+        q["quartile"].get<int>(), q["quartile"].get<int>() == 1 ? " (most surprising)" : "",
+        (unsigned long long)q["n"].get<uint64_t>(), q["mean_logprob"].get<double>(), q["mean_tokens"].get<double>(),
+        q["mean_speedup"].get<double>(), q["faster_share"].get<double>());
   auto& sel = j["selection"];
   if (sel["groups"].get<uint64_t>() > 0) {
     std::printf("\nselection over %llu groups (a task's samples in one step), m = %u:\n%-18s %7s %8s %13s %12s\n",

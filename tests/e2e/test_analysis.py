@@ -193,12 +193,29 @@ progress = false
         rxy, rxz, ryz = rho(lp, sp), rho(lp, ln), rho(sp, ln)
         self.assertAlmostEqual(a["partial_spearman_rho_length"],
                                (rxy - rxz * ryz) / math.sqrt((1 - rxz ** 2) * (1 - ryz ** 2)), places=9)
-        order = sorted(range(len(c)), key=lambda i: -lp[i])
+        # p-values: Student's t with n - 2 (n - 3 with length partialled out) degrees of freedom,
+        # through mpmath's regularized incomplete beta (scipy.stats.spearmanr's approximation).
+        import mpmath
+
+        def p_value(r, df):
+            t2 = r * r * df / (1 - r * r)
+            return float(mpmath.betainc(df / 2, 0.5, 0, df / (df + t2), regularized=True))
+
+        n = len(c)
+        self.assertAlmostEqual(a["spearman_p"], p_value(rxy, n - 2), places=10)
+        self.assertAlmostEqual(a["partial_spearman_p_length"], p_value(a["partial_spearman_rho_length"], n - 3),
+                               places=10)
+        self.assertAlmostEqual(a["length_vs_speedup"]["spearman_rho"], rho(ln, sp), places=9)
+        self.assertAlmostEqual(a["length_vs_speedup"]["spearman_p"], p_value(rho(ln, sp), n - 2), places=10)
+        # Quartiles as the seeds number them: Q1 the most surprising (lowest mean logprob).
+        order = sorted(range(len(c)), key=lambda i: lp[i])
         for q, row in enumerate(a["surprisal_quartiles"]):
             part = order[len(order) * q // 4: len(order) * (q + 1) // 4]
             self.assertEqual(row["n"], len(part))
             self.assertAlmostEqual(row["mean_speedup"], np.mean([sp[i] for i in part]), places=9)
             self.assertAlmostEqual(row["mean_logprob"], np.mean([lp[i] for i in part]), places=5)
+            self.assertAlmostEqual(row["mean_tokens"], np.mean([ln[i] for i in part]), places=9)
+        self.assertLess(a["surprisal_quartiles"][0]["mean_logprob"], a["surprisal_quartiles"][3]["mean_logprob"])
 
     def test_selection_strategies_equal_a_direct_computation(self):
         m = 2

@@ -297,6 +297,14 @@ TEST_CASE("the learner's keys and the train mode are checked", "[config][learner
   auto e3 = errors_of(base + "[experiment]\nk = 4\n", s.cfg());
   REQUIRE(e3.size() == 1);
   CHECK(e3[0].find("experiment.k: k is for mode = \"best_of_n\"") != std::string::npos);
+  // early stopping's rule: a choice, and consecutive regressions need a patience
+  auto e6 = errors_of(base + "[experiment]\nearly_stop = \"regressions\"\n", s.cfg());
+  REQUIRE(e6.size() == 1);
+  CHECK(e6[0].find("experiment.early_stop: early_stop = \"regressions\" needs patience = P >= 1") != std::string::npos);
+  auto e7 = errors_of(base + "[experiment]\nearly_stop = \"plateau\"\n", s.cfg());
+  REQUIRE(e7.size() == 1);
+  CHECK(e7[0].find("experiment.early_stop: expected one of no_better, regressions, got \"plateau\"") !=
+        std::string::npos);
 }
 
 TEST_CASE("gpus = \"auto\" and device = \"auto\" are kept for the node's process to resolve", "[config]") {

@@ -29,6 +29,23 @@ TEST_CASE("Best-of-Adaptation picks the best step, the earliest on a tie; patien
   CHECK(v.best_step == 1);  // the earlier of two 0.3s
 }
 
+TEST_CASE("early stopping on consecutive regressions: P steps in a row each below the step before", "[experiment]") {
+  AdaptationTracker t;
+  t.patience = 2;
+  t.regressions = true;
+  // falls in a row: 0.3 (1), 0.35 rises (0), 0.2 (1), 0.2 (a tie is no regression: 0), 0.1 (1), 0.05 (2)
+  const std::vector<double> scores = {0.4, 0.3, 0.35, 0.2, 0.2, 0.1, 0.05};
+  std::vector<bool> stop;
+  for (uint32_t s = 0; s < scores.size(); ++s) stop.push_back(t.record(s, scores[s]));
+  CHECK(stop == std::vector<bool>{false, false, false, false, false, false, true});
+  CHECK(t.best_step == 0);  // Best-of-Adaptation is the same under either rule
+  AdaptationTracker u;      // the default rule stops at step 2 (two steps without a new best)
+  u.patience = 2;
+  std::vector<bool> stop_u;
+  for (uint32_t s = 0; s < scores.size(); ++s) stop_u.push_back(u.record(s, scores[s]));
+  CHECK(stop_u == std::vector<bool>{false, false, true, true, true, true, true});
+}
+
 TEST_CASE("the train sequence visits every task once per epoch, in a seeded order", "[experiment]") {
   for (uint64_t epoch = 0; epoch < 4; ++epoch) {
     std::set<size_t> seen;
