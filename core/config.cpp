@@ -656,6 +656,10 @@ void read_experiment(TableReader& r, Config& c, const toml::table& root) {
   const std::string m = mode.name;
   r.integer("patience", c.experiment.patience, 0, 1 << 20);
   r.one_of("early_stop", c.experiment.early_stop, {"no_better", "regressions"});
+  r.boolean("per_task", c.experiment.per_task);
+  if (c.experiment.per_task && !mode.adapts)
+    r.error_here("per_task",
+                 "per_task is for mode = \"ttt\" or \"sdpo\" (one adapter per task); got mode = \"" + m + "\"");
   if (c.experiment.early_stop == "regressions" && c.experiment.patience == 0)
     r.error_here("early_stop",
                  "early_stop = \"regressions\" needs patience = P >= 1 (the regressions in a row that "

@@ -211,6 +211,8 @@ struct ExperimentConfig {
                                          // top-m); the rest are stored unevaluated. 0: evaluate all K
   uint32_t patience = 0;                 // train, ttt, sdpo: stop after this many steps without a better
                                          // fast_1 (0: run every step); the best step is reported (BoA)
+  bool per_task = false;                 // ttt, sdpo: one run per task (a fresh adapter from the same start each),
+                                         // aggregated into one run's figures (launch/per_task.cpp)
   std::string early_stop = "no_better";  // patience's rule: "no_better" (steps without a new best)
                                          // or "regressions" (steps each below the one before)
   // train: periodic evaluation on held-out tasks (an eval split): the policy of every

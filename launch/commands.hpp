@@ -41,6 +41,10 @@ int cmd_prompts(const std::string& config_path);
 bool is_comparison_config(const std::string& path);
 int cmd_check_comparison(const std::string& path);
 int cmd_run_comparison(const std::string& path, const std::string& run_dir, const std::string& log_level);
+// [experiment] per_task = true (launch/per_task.cpp): one `launch` run per task in RUN_DIR/tasks/ID,
+// then aggregated into RUN_DIR as one run (store, compute.json, a per-task Best-of-Adaptation).
+struct Config;
+int cmd_run_per_task(const Config& cfg, const std::string& run_dir, const std::string& log_level);
 // launch export RUN_DIR --jsonl
 int cmd_export(const std::string& run_dir);
 // launch version

@@ -8,7 +8,9 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <array>
 #include <cstdio>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -24,7 +26,8 @@ int cmd_compare(const CompareOptions& o) {
   struct Run {
     std::string dir;
     nlohmann::json compute, analysis;
-    double score = 0;  // fast_1, or the Best-of-Adaptation step's fast_1
+    double score = 0;             // fast_1, or the Best-of-Adaptation step's fast_1
+    nlohmann::json per_task_boa;  // a per-task run's tasks: each one's Best-of-Adaptation
   };
   std::vector<Run> runs;
   for (auto& d : o.run_dirs) {
@@ -58,11 +61,17 @@ int cmd_compare(const CompareOptions& o) {
     r.analysis = analyze(samples, ao);
     // A run's score against another's curve: its Best-of-Adaptation fast_1 when it adapted, else its fast_1.
     r.score = r.analysis["fast_1"].get<double>();
+    // (A per-task run's own summary holds the mean over its tasks; its task runs' summaries, one task each.)
     for (auto& id : store->runs()) {
       auto text = store->summary(id);
       if (text.empty()) continue;
       auto sj = nlohmann::json::parse(text, nullptr, false);
-      if (sj.is_object() && sj.contains("boa")) r.score = sj["boa"].value("fast_1", r.score);
+      if (!sj.is_object() || !sj.contains("boa")) continue;
+      r.score = sj["boa"].value("fast_1", r.score);
+      if (sj.value("per_task", false)) {
+        r.per_task_boa = sj.value("per_task_boa", nlohmann::json::array());
+        break;
+      }
     }
     runs.push_back(std::move(r));
   }
@@ -108,9 +117,46 @@ int cmd_compare(const CompareOptions& o) {
       return nlohmann::json("< " + fmt::format("{:g}", curve.front().first));
     return std::isfinite(k) ? nlohmann::json(k) : nlohmann::json(nullptr);
   };
+  // Per task, best-of-N against Best-of-Adaptation: for each per-task run beside the curve's run, each
+  // task's fast_1@K of the best-of-N samples (some sample correct and faster) and its Best-of-
+  // Adaptation fast_1, split by the base policy's coverage: whether any of the K samples is correct.
+  nlohmann::json per_task = nlohmann::json::array();
+  if (ref)
+    for (auto& r : runs) {
+      if (&r == ref || r.per_task_boa.empty()) continue;
+      std::map<std::string, const nlohmann::json*> bon;
+      for (auto& t : ref->analysis["per_task"]) bon[t["task_id"].get<std::string>()] = &t;
+      nlohmann::json rows = nlohmann::json::array();
+      std::map<std::string, std::array<double, 3>> regimes;  // tasks, sum of BoN fast_1@K, of BoA fast_1
+      for (auto& t : r.per_task_boa) {
+        const std::string id = t["task_id"].get<std::string>();
+        auto it = bon.find(id);
+        if (it == bon.end()) continue;
+        const auto& b = *it->second;
+        const bool covered = b.value("correct", uint64_t{0}) > 0;
+        const double bon_fast = b["best_speedup"].is_number() && b["best_speedup"].get<double>() > 1.0 ? 1.0 : 0.0;
+        const double boa = t.value("boa_fast_1", 0.0);
+        rows.push_back({{"task_id", id},
+                        {"base_correct_rate", b.value("correct_rate", 0.0)},
+                        {"base_fast_1", b.value("fast_1", 0.0)},
+                        {"bon_fast_1_at_k", bon_fast},
+                        {"boa_fast_1", boa},
+                        {"boa_step", t.value("boa_step", 0u)},
+                        {"regime", covered ? "covered" : "uncovered"}});
+        auto& g = regimes[covered ? "covered" : "uncovered"];
+        g[0] += 1;
+        g[1] += bon_fast;
+        g[2] += boa;
+      }
+      nlohmann::json by_regime = nlohmann::json::object();
+      for (auto& [name, g] : regimes)
+        by_regime[name] = {{"tasks", uint64_t(g[0])}, {"bon_fast_1_at_k", g[1] / g[0]}, {"boa_fast_1", g[2] / g[0]}};
+      per_task.push_back({{"run_dir", r.dir}, {"bon_run_dir", ref->dir}, {"tasks", rows}, {"regimes", by_regime}});
+    }
   if (o.json) {
     nlohmann::json j = {{"differences", differences},
                         {"runs", nlohmann::json::array()},
+                        {"per_task_bon_vs_boa", per_task},
                         {"curve_of", ref ? nlohmann::json(ref->dir) : nlohmann::json(nullptr)}};
     for (auto& r : runs)
       j["runs"].push_back({{"run_dir", r.dir},
@@ -141,9 +187,25 @@ int cmd_compare(const CompareOptions& o) {
   }
   if (ref)
     std::printf(
-        "score: fast_1 (a train/ttt run: its Best-of-Adaptation step's); equiv K: the k at which %s's fast_1@k "
-        "reaches that score\n",
+        "score: fast_1 (a train/ttt run: its Best-of-Adaptation step's; a per-task run: the mean over tasks of "
+        "each task's); equiv K: the k at which %s's fast_1@k reaches that score\n",
         fs::path(ref->dir).filename().string().c_str());
+  for (auto& pt : per_task) {
+    std::printf("\nper task: %s's best-of-N (fast_1@K) against %s's Best-of-Adaptation\n%-40s %9s %8s %9s %9s %8s\n",
+                fs::path(pt["bon_run_dir"].get<std::string>()).filename().string().c_str(),
+                fs::path(pt["run_dir"].get<std::string>()).filename().string().c_str(), "task", "regime", "base c",
+                "BoN@K", "BoA", "BoA step");
+    for (auto& t : pt["tasks"])
+      std::printf("%-40s %9s %8.3f %9.3f %9.3f %8u\n", t["task_id"].get<std::string>().c_str(),
+                  t["regime"].get<std::string>().c_str(), t["base_correct_rate"].get<double>(),
+                  t["bon_fast_1_at_k"].get<double>(), t["boa_fast_1"].get<double>(), t["boa_step"].get<uint32_t>());
+    for (auto& [name, g] : pt["regimes"].items())
+      std::printf("%-40s %9s %8s %9.3f %9.3f   (%llu tasks)\n", ("mean, " + name).c_str(), name.c_str(), "",
+                  g["bon_fast_1_at_k"].get<double>(), g["boa_fast_1"].get<double>(),
+                  (unsigned long long)g["tasks"].get<uint64_t>());
+    std::printf(
+        "regime: covered when some base sample of the task is correct; base c: the base samples' correct rate\n");
+  }
   return 0;
 }
 

@@ -20,6 +20,7 @@
 // `launch compare` puts the arms side by side (refusing unequal budgets unless allowed) and its
 // JSON goes to RUN_DIR/comparison.json.
 #include "launch/commands.hpp"
+#include "launch/child.hpp"
 
 #include "core/config.hpp"
 #include "core/config_toml.hpp"
@@ -30,19 +31,12 @@
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
-#include <spawn.h>
-#include <sys/wait.h>
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
-
-extern char** environ;
 
 namespace fs = std::filesystem;
 
@@ -214,6 +208,14 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
           ok = false;
           continue;
         }
+        if (earlier->cfg.experiment.per_task) {
+          std::fprintf(stderr,
+                       "%s: arm %s: policy.adapter = \"%s\": arm %s adapts one adapter per task (per_task = true): "
+                       "there is no one checkpoint to start from\n",
+                       path.c_str(), n.c_str(), ad.c_str(), from.c_str());
+          ok = false;
+          continue;
+        }
         pol->erase("adapter");  // validated without it; set when the arm starts
       }
     }
@@ -229,29 +231,6 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
     arms.push_back({n, std::get<Config>(std::move(r)), from});
   }
   return ok;
-}
-
-// Runs argv as a child process (stdout to `out` when given); its exit status, or -1.
-int run_child(const std::vector<std::string>& argv, const std::string& out = "") {
-  std::vector<char*> av;
-  for (auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
-  av.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  if (!out.empty()) posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, av[0], &fa, nullptr, av.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return -1;
-  int status = 0;
-  if (waitpid(pid, &status, 0) < 0) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-}
-
-std::string self_exe() {
-  std::error_code ec;
-  auto p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("launch") : p.string();
 }
 
 }  // namespace

@@ -452,6 +452,21 @@ int run_to_end(caf::actor_system& sys, RunActors& run, const std::string& run_di
 int cmd_run(const std::string& config_path, const std::string& run_dir_arg, const std::string& log_level, bool resume) {
   auto cfg = load_with_level(config_path, log_level);
   if (!cfg) return 2;
+  if (cfg->experiment.per_task) {
+    if (resume) {
+      log::get("launch")->error(
+          "--resume: a per-task run goes on where it stopped with --run-dir DIR (finished tasks are kept)");
+      return 2;
+    }
+    if (is_cluster(*cfg)) {
+      log::get("launch")->error(
+          "{}: [experiment] per_task runs one run per task from this process; a cluster's nodes would have to join "
+          "each of them (run the tasks' configs one by one instead)",
+          config_path);
+      return 2;
+    }
+    return cmd_run_per_task(*cfg, run_dir_arg, log_level);
+  }
   for (auto& n : cfg->nodes)  // this process's evaluators: the head's, or every node's in one process
     if ((!is_cluster(*cfg) || &n == &head_node(*cfg)) && !check_listed_gpus(*cfg, n)) return 2;
   auto lg = log::get("launch");

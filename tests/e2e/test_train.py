@@ -36,6 +36,48 @@ TASKS = ["06_swish", "07_hardtanh_scale", "09_row_sum"]
 STEPS, BATCH, GROUP = 4, 2, 4
 
 
+def export_of(run_dir):
+    """`launch export RUN_DIR --jsonl`, one dict a sample."""
+    out = subprocess.run([LAUNCH, "export", run_dir, "--jsonl"], capture_output=True, text=True, check=True).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def in_process_comparison(tmp, model, name, tasks, arms):
+    """A comparison config on the in-process sampler (the embedded policy, 8 tokens) over `tasks`:
+    2 steps x 2 samples for the learning arms; `arms` is its [comparison] and [arm.*] tables."""
+    path = os.path.join(tmp, name + ".toml")
+    with open(path, "w") as f:
+        f.write("""
+[[node]]
+name = "local"
+roles = ["supervisor", "learner", "sampler", "evaluator", "monitor"]
+cpu_slots = 1
+[tasks]
+dir = "%s"
+ids = %s
+[policy]
+model = "%s"
+dtype = "f32"
+template = "plain"
+[sampler]
+backend = "libtorch"
+max_tokens = 8
+[learner]
+steps = 2
+batch_size = 2
+group_size = 2
+lora_rank = 4
+lora_alpha = 8
+learning_rate = 0.05
+[experiment]
+name = "%s"
+run_root = "%s"
+[monitor]
+progress = false
+""" % (os.path.join(ROOT, "tasks", "bundled"), json.dumps(tasks), model, name, os.path.join(tmp, "runs")) + arms)
+    return path
+
+
 def config(tmp, url, model, name, mode="train", steps=STEPS, extra="", experiment="", learner=""):
     path = os.path.join(tmp, name + ".toml")
     with open(path, "w") as f:
@@ -525,35 +567,7 @@ class TrainRunTest(unittest.TestCase):
         # RL first, then best-of-N and TTT from its best checkpoint, compared at equal budgets (the
         # pipeline of configs/local.toml); the in-process sampler, so the adapter is loaded here.
         root = os.path.join(self.tmp, "pipeline")
-        cfg = os.path.join(self.tmp, "pipeline.toml")
-        with open(cfg, "w") as f:
-            f.write("""
-[[node]]
-name = "local"
-roles = ["supervisor", "learner", "sampler", "evaluator", "monitor"]
-cpu_slots = 1
-[tasks]
-dir = "%s"
-ids = ["06_swish", "07_hardtanh_scale"]
-[policy]
-model = "%s"
-dtype = "f32"
-template = "plain"
-[sampler]
-backend = "libtorch"
-max_tokens = 8
-[learner]
-steps = 2
-batch_size = 2
-group_size = 2
-lora_rank = 4
-lora_alpha = 8
-learning_rate = 0.05
-[experiment]
-name = "pipeline"
-run_root = "%s"
-[monitor]
-progress = false
+        cfg = in_process_comparison(self.tmp, self.model, "pipeline", ["06_swish", "07_hardtanh_scale"], """
 [comparison]
 arms = ["rl", "bon", "ttt"]
 compare = ["bon", "ttt"]
@@ -571,7 +585,7 @@ adapter = "arm:rl"
 mode = "ttt"
 [arm.ttt.policy]
 adapter = "arm:rl"
-""" % (os.path.join(ROOT, "tasks", "bundled"), self.model, os.path.join(self.tmp, "runs")))
+""")
         chk = subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True)
         self.assertEqual(chk.returncode, 0, chk.stderr)
         self.assertIn("compared: bon, ttt", chk.stdout)
@@ -608,6 +622,79 @@ adapter = "arm:rl"
         p = subprocess.run([LAUNCH, "check", bad], capture_output=True, text=True)
         self.assertEqual(p.returncode, 2)
         self.assertIn('arm bon: policy.adapter = "arm:ttt": expected an arm listed before "bon"', p.stderr)
+
+    def test_per_task_adaptation_is_compared_with_best_of_n_task_by_task(self):
+        # The seeds' per-task TTT: one adapter per task from the same start, each with its own
+        # Best-of-Adaptation, aggregated into one arm, against best-of-N at the same rollouts per task.
+        root = os.path.join(self.tmp, "per-task")
+        tasks = ["06_swish", "07_hardtanh_scale"]
+        cfg = in_process_comparison(self.tmp, self.model, "per-task", tasks, """
+[comparison]
+arms = ["bon", "ttt"]
+[arm.bon.experiment]
+mode = "best_of_n"
+k = 4
+[arm.ttt.experiment]
+mode = "ttt"
+per_task = true
+""")
+        p = subprocess.run([LAUNCH, cfg, "--run-dir", root], capture_output=True, text=True, timeout=900)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        arm = os.path.join(root, "ttt")
+        self.assertIn("per-task ttt: 2 tasks, each from the same start", p.stdout)
+        boa = {}
+        for t in tasks:  # a run of its own per task, on that task alone
+            export = export_of(os.path.join(arm, "tasks", t))
+            self.assertEqual({x["task_id"] for x in export}, {t})
+            self.assertEqual(len(export), 2 * 2)
+            db = sqlite3.connect(os.path.join(arm, "tasks", t, "store.sqlite"))
+            boa[t] = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0])["boa"]
+            db.close()
+            self.assertTrue(boa[t]["checkpoint"].startswith(os.path.join(os.path.realpath(arm), "tasks", t)))
+        # Aggregated: every task run's samples in the arm's store, the compute summed, the score the
+        # mean of the tasks' Best-of-Adaptation fast_1.
+        export = export_of(arm)
+        self.assertEqual(sorted(x["task_id"] for x in export), sorted(tasks * 4))
+        with open(os.path.join(arm, "compute.json")) as f:
+            compute = json.load(f)
+        self.assertEqual(compute["rollouts"], 8)
+        self.assertEqual((compute["settings"]["tasks"], compute["settings"]["per_task"]), ("2", "true"))
+        with open(os.path.join(root, "comparison.json")) as f:
+            c = json.load(f)
+        self.assertEqual(c["differences"], [])  # equal budgets: 4 rollouts per task on both sides
+        mean_boa = sum(boa[t]["fast_1"] for t in tasks) / 2
+        self.assertAlmostEqual(c["runs"][1]["score"], mean_boa, places=12)
+        bon = export_of(os.path.join(root, "bon"))
+        rows = {r["task_id"]: r for r in c["per_task_bon_vs_boa"][0]["tasks"]}
+        self.assertEqual(sorted(rows), sorted(tasks))
+        for t in tasks:
+            mine = [x for x in bon if x["task_id"] == t]
+            self.assertEqual(rows[t]["bon_fast_1_at_k"], float(any(x["status"] == "ok" and x["speedup"] > 1 for x in mine)))
+            self.assertAlmostEqual(rows[t]["boa_fast_1"], boa[t]["fast_1"], places=12)
+            self.assertEqual(rows[t]["boa_step"], boa[t]["step"])
+            self.assertEqual(rows[t]["regime"], "covered" if any(x["status"] == "ok" for x in mine) else "uncovered")
+        self.assertIn("per task: bon's best-of-N (fast_1@K) against ttt's Best-of-Adaptation", p.stdout)
+        # The same command again: every task run is done, the arms are kept, nothing runs twice.
+        again = subprocess.run([LAUNCH, os.path.join(root, "ttt.toml"), "--run-dir", arm], capture_output=True,
+                               text=True, timeout=300)
+        self.assertEqual(again.returncode, 0, again.stderr[-3000:])
+        self.assertIn("task 1/2 06_swish: already done", again.stdout)
+        self.assertEqual(len(export_of(arm)), 8)
+        # per_task is for modes that adapt, and a per-task arm hands on no single checkpoint.
+        bad = os.path.join(self.tmp, "per-task-bad.toml")
+        with open(cfg) as f:
+            text = f.read()
+        with open(bad, "w") as f:
+            f.write(text.replace('mode = "best_of_n"\nk = 4', 'mode = "best_of_n"\nk = 4\nper_task = true'))
+        p = subprocess.run([LAUNCH, "check", bad], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn('experiment.per_task: per_task is for mode = "ttt" or "sdpo"', p.stderr)
+        with open(bad, "w") as f:
+            f.write(text.replace('arms = ["bon", "ttt"]', 'arms = ["ttt", "bon"]').replace(
+                'mode = "best_of_n"\nk = 4\n', 'mode = "best_of_n"\nk = 4\n[arm.bon.policy]\nadapter = "arm:ttt"\n'))
+        p = subprocess.run([LAUNCH, "check", bad], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("arm ttt adapts one adapter per task (per_task = true)", p.stderr)
 
     def test_train_evaluates_held_out_tasks_periodically_and_never_learns_from_them(self):
         run_dir = os.path.join(self.tmp, "held-out")
