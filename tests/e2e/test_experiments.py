@@ -24,24 +24,39 @@ def rollouts_per_task(cfg):
     return None
 
 
-class ExperimentConfigsTest(unittest.TestCase):
+class ConfigLayout(unittest.TestCase):
+    """configs/FOLDER copied into a scratch repository layout, with an (empty) checkpoint folder
+    where the configs expect the policy; `checked` runs `launch check` on one of them."""
+    FOLDER = ""
+
     @classmethod
     def setUpClass(cls):
-        # The configs' layout, with an (empty) checkpoint folder where they expect the policy.
-        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-experiments-")
+        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-%s-" % cls.FOLDER)
         os.makedirs(os.path.join(cls.tmp, "configs"))
-        shutil.copytree(os.path.join(ROOT, "configs", "experiments"), os.path.join(cls.tmp, "configs", "experiments"))
+        shutil.copytree(os.path.join(ROOT, "configs", cls.FOLDER), os.path.join(cls.tmp, "configs", cls.FOLDER))
         os.makedirs(os.path.join(cls.tmp, "models", "policy"))
-        os.symlink(os.path.join(ROOT, "tasks"), os.path.join(cls.tmp, "tasks"))
 
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def check(self, name):
-        p = subprocess.run([LAUNCH, "check", os.path.join(self.tmp, "configs", "experiments", name)],
+    def checked(self, name):
+        p = subprocess.run([LAUNCH, "check", os.path.join(self.tmp, "configs", self.FOLDER, name)],
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(p.returncode, 0, name + ":\n" + p.stderr)
+        return p
+
+
+class ExperimentConfigsTest(ConfigLayout):
+    FOLDER = "experiments"
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        os.symlink(os.path.join(ROOT, "tasks"), os.path.join(cls.tmp, "tasks"))
+
+    def check(self, name):
+        p = self.checked(name)
         if "# arm " not in p.stdout:
             return {None: tomllib.loads(p.stdout.split("\n", 1)[1])}
         arms = {}
@@ -90,6 +105,86 @@ class ExperimentConfigsTest(unittest.TestCase):
         self.assertEqual([r["shaped"]["reward"]["shape"], r["sparse"]["reward"]["shape"]], ["speedup", "threshold"])
         self.assertEqual(self.check("rlvr.toml")[None]["experiment"]["mode"], "train")
 
+
+SEEDS = sorted(glob.glob(os.path.join(ROOT, "configs", "seeds", "*.toml")))
+TEN = ["4", "5", "12", "14", "15", "18", "28", "29", "30", "32"]  # the seeds' KernelBench level-1 problems
+
+
+def numbers(ids):
+    """Problem numbers that a [tasks] ids list of numbers and ranges selects."""
+    out = set()
+    for i in ids:
+        lo, _, hi = i.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+class SeedConfigsTest(ConfigLayout):
+    """configs/seeds/: the seeds' protocols with the seeds' settings, on KernelBench level 1 by path."""
+    FOLDER = "seeds"
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        level = os.path.join(cls.tmp, "KernelBench", "KernelBench", "level1")  # a checkout's 100 problems
+        os.makedirs(level)
+        for n in range(1, 101):
+            with open(os.path.join(level, "%d_problem.py" % n), "w") as f:
+                f.write("# a KernelBench problem\n")
+
+    def check(self, name):
+        p = self.checked(name)
+        arms, starts = {}, {}
+        for part in p.stdout.split("\n# arm ")[1:]:
+            head, text = part.split("\n", 1)
+            arm = head.split(" ")[0]
+            arms[arm] = tomllib.loads(text)
+            starts[arm] = "policy.adapter: arm rlvr's best checkpoint" in head
+        compared = p.stdout.split("compared: ", 1)[1].split("\n", 1)[0].split(", ")
+        return arms, starts, compared
+
+    def test_the_seed_configs_are_there_and_documented(self):
+        names = {os.path.basename(c)[:-5] for c in SEEDS}
+        self.assertEqual(names, {"bon-vs-ttt", "bon-vs-ttt-1gpu", "selection", "sdpo"})
+        with open(os.path.join(ROOT, "docs", "EXPERIMENTS.md")) as f:
+            doc = f.read()
+        self.assertIn("## Reproducing the seeds", doc)
+        for n in names:
+            self.assertIn("configs/seeds/%s.toml" % n, doc)
+
+    def test_the_seeds_settings_and_equal_budgets(self):
+        for path in SEEDS:
+            name = os.path.basename(path)
+            arms, starts, compared = self.check(name)
+            one_gpu = "1gpu" in name
+            for arm in compared:
+                c = arms[arm]
+                msg = "%s arm %s" % (name, arm)
+                self.assertEqual((c["sampler"]["temperature"], c["sampler"]["max_tokens"]), (0.25, 1024), msg)
+                self.assertEqual(c["evaluator"]["mode"], "full", msg)  # 50 timed trials
+                self.assertEqual(c["evaluator"]["full_trials"], 50, msg)
+                self.assertEqual(c["reward"]["max_speedup"], 0, msg)  # raw speedup, no cap
+                self.assertEqual(c["tasks"]["level"], 1, msg)
+                self.assertEqual(c["tasks"]["ids"], TEN[:5] if one_gpu else TEN, msg)
+                self.assertEqual(starts[arm], not one_gpu, msg)  # from the RLVR checkpoint (1 GPU: the base)
+                if c["experiment"]["mode"] in ("ttt", "sdpo"):
+                    self.assertTrue(c["experiment"]["per_task"], msg)  # one adapter per task
+            budget = {a: rollouts_per_task(arms[a]) for a in compared}
+            self.assertEqual(len(set(budget.values())), 1, "%s: rollouts per task differ: %s" % (name, budget))
+            self.assertEqual(next(iter(budget.values())), 16 if one_gpu else 64, name)
+            if "rlvr" in arms:  # 40 constant-lr steps, no clip-higher, trained on level 1 less the ten
+                r = arms["rlvr"]
+                self.assertEqual((r["learner"]["steps"], r["learner"]["lr_schedule"]), (40, "constant"))
+                self.assertEqual(r["learner"]["clip_high"], r["learner"]["clip_low"])
+                self.assertEqual(numbers(r["tasks"]["ids"]), set(range(1, 101)) - {int(n) for n in TEN})
+                self.assertEqual(r["experiment"]["eval_ids"], TEN)
+        a, _, _ = self.check("bon-vs-ttt.toml")
+        self.assertEqual((a["ttt"]["learner"]["steps"], a["ttt"]["learner"]["group_size"]), (2, 32))
+        self.assertEqual((a["ttt"]["experiment"]["patience"], a["bon"]["experiment"]["k"]), (1, 64))
+        s, _, _ = self.check("selection.toml")
+        self.assertEqual(s["top3"]["experiment"]["evaluate_top_m"], 3)
+        d, _, _ = self.check("sdpo.toml")
+        self.assertEqual(d["sdpo"]["sdpo"]["context"], "feedback")
 
 if __name__ == "__main__":
     unittest.main()
