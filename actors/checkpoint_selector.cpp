@@ -52,7 +52,8 @@ void prune(self_ptr self, const SelectorArgs& args) {
   for (size_t i = 0; i < n; ++i) {
     uint32_t s = steps[i];
     auto& e = st.entries[s];
-    bool keep = s == 0 || i + args.keep_last >= n || !e.scored || (best && best->c.step == s) || st.pinned.count(s);
+    bool keep = s == 0 || args.keep_last == 0 || i + args.keep_last >= n || !e.scored || (best && best->c.step == s) ||
+                st.pinned.count(s);
     if (keep) continue;
     std::string err;
     if (!remove_tree(e.c.path, err)) log::get("checkpoint_selector")->warn("cannot delete {}: {}", e.c.path, err);

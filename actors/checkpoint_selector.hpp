@@ -20,7 +20,7 @@ namespace kernelrl {
 
 struct SelectorArgs {
   std::string dir;         // RUN_DIR/checkpoints ("": keep nothing on disk, only answer best)
-  uint32_t keep_last = 3;  // newest checkpoints kept besides step 0 and the best
+  uint32_t keep_last = 3;  // newest checkpoints kept besides step 0 and the best (0: all)
 };
 
 caf::actor spawn_checkpoint_selector(caf::actor_system& sys, SelectorArgs args);

@@ -644,7 +644,7 @@ void read_learner(TableReader& r, Config& c, const toml::table& root) {
     r.error_here("dtype", "expected f32, f16 or bf16, got \"" + l.dtype + "\"");
   r.integer("max_staleness", l.max_staleness, 0, 1 << 20);
   r.number("sync_timeout_s", l.sync_timeout_s, 0.1, 86400);
-  r.integer("keep_last", l.keep_last, 1, 1 << 20);
+  r.integer("keep_last", l.keep_last, 0, 1 << 20);
 }
 
 // [experiment]: the mode and its settings.

@@ -189,6 +189,7 @@ struct LearnerConfig {
   double sync_timeout_s = 300;             // a sampler must acknowledge new weights within this; if it
                                            // does not, the run stops with an error
   uint32_t keep_last = 3;                  // checkpoints kept besides the best by fast_1 and step 0
+                                           // (0: every checkpoint, e.g. for `launch probe`)
 };
 
 // SDPO (mode = "sdpo"): the teacher's context; see learner/sdpo.hpp.

@@ -109,7 +109,8 @@ int cmd_compare(const CompareOptions& o);
 // launch probe RUN_DIR: fixed samples rescored under every checkpoint of the run (the NLL probe).
 struct ProbeOptions {
   std::string run_dir;
-  uint32_t samples = 16;      // the first N samples of the first step that have tokens
+  std::string samples_from;   // another run whose samples are rescored ("": run_dir's own first step)
+  uint32_t samples = 16;      // the first N samples that have tokens (0: all of them)
   std::string device, dtype;  // "": the run's [policy] device and dtype
   bool json = false;
 };

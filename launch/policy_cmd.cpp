@@ -3,6 +3,7 @@
 // (a missing file, an unsupported checkpoint) print one line and exit 2.
 #include "launch/cli.hpp"
 #include "launch/commands.hpp"
+#include "analysis/analysis.hpp"
 
 #include "core/config.hpp"
 #include "core/paths.hpp"
@@ -13,10 +14,12 @@
 #include "policy/policy.hpp"
 #include "policy/tokenizer.hpp"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -155,6 +158,42 @@ int cmd_merge(const PolicyCliOptions& o) {
   }
 }
 
+namespace {
+// Over the correct samples: Spearman's rho of a checkpoint's NLL against speedup (with its p-value),
+// and the same within each quartile of NLL, Q1 the most surprising quarter (the highest NLL).
+nlohmann::json nll_vs_speedup(const std::vector<SampleRow>& picked, const nlohmann::json& nll) {
+  std::vector<double> x, y;
+  for (size_t i = 0; i < picked.size(); ++i)
+    if (picked[i].status == "ok") {
+      x.push_back(nll[i].get<double>());
+      y.push_back(picked[i].speedup);
+    }
+  auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  const double rho = spearman(x, y);
+  nlohmann::json j = {
+      {"n", x.size()}, {"spearman_rho", num(rho)}, {"spearman_p", num(spearman_p_value(rho, x.size()))}};
+  nlohmann::json quart = nlohmann::json::array();
+  if (x.size() >= 8) {
+    std::vector<double> neg(x.size());
+    for (size_t i = 0; i < x.size(); ++i) neg[i] = -x[i];
+    auto order = surprisal_order(neg);  // the highest NLL first
+    for (int q = 0; q < 4; ++q) {
+      std::vector<double> qx, qy;
+      for (size_t k = order.size() * q / 4; k < order.size() * (q + 1) / 4; ++k) {
+        qx.push_back(x[order[k]]);
+        qy.push_back(y[order[k]]);
+      }
+      double mean = 0;
+      for (double v : qy) mean += v / double(qy.size());
+      quart.push_back(
+          {{"quartile", q + 1}, {"n", qx.size()}, {"spearman_rho", num(spearman(qx, qy))}, {"mean_speedup", mean}});
+    }
+  }
+  j["quartiles"] = quart;
+  return j;
+}
+}  // namespace
+
 int cmd_probe(const ProbeOptions& o) {
   namespace fs = std::filesystem;
   const fs::path dir = o.run_dir;
@@ -166,9 +205,26 @@ int cmd_probe(const ProbeOptions& o) {
   const Config& cfg = std::get<Config>(loaded);
   if (cfg.policy.model.empty()) return fail("probe", o.run_dir + ": the run has no [policy] model to score with");
   std::string err;
-  auto store = Store::open_readonly((dir / cfg.store.file).string(), err);
+  // The fixed samples: the first N with tokens of the earliest such step of this run, or of
+  // every step of --samples-from (another run of the same model: e.g. best-of-N samples rescored
+  // under a TTT run's checkpoints).
+  const fs::path src = o.samples_from.empty() ? dir : fs::path(o.samples_from);
+  std::string src_file = cfg.store.file;
+  if (!o.samples_from.empty()) {
+    auto other = load_config((src / "config.resolved.toml").string());
+    if (auto* errs = std::get_if<std::vector<ConfigError>>(&other)) {
+      for (auto& e : *errs) std::fprintf(stderr, "launch probe: --samples-from: %s\n", e.format().c_str());
+      return 2;
+    }
+    const Config& oc = std::get<Config>(other);
+    if (oc.policy.model != cfg.policy.model)
+      return fail("probe", "--samples-from " + o.samples_from + ": its samples are of model " + oc.policy.model +
+                               ", the checkpoints adapt " + cfg.policy.model +
+                               " (token ids of one are not the other's)");
+    src_file = oc.store.file;
+  }
+  auto store = Store::open_readonly((src / src_file).string(), err);
   if (!store) return fail("probe", err);
-  // The fixed samples: the first N of the earliest step that carry tokens.
   std::vector<SampleRow> picked;
   {
     auto rows = store->samples();
@@ -176,9 +232,11 @@ int cmd_probe(const ProbeOptions& o) {
     for (auto& r : rows)
       if (!r.record.rollout.token_ids.empty()) first = std::min(first, r.step);
     for (auto& r : rows)
-      if (r.step == first && !r.record.rollout.token_ids.empty() && picked.size() < o.samples) picked.push_back(r);
+      if ((!o.samples_from.empty() || r.step == first) && !r.record.rollout.token_ids.empty() &&
+          (o.samples == 0 || picked.size() < o.samples))
+        picked.push_back(r);
   }
-  if (picked.empty()) return fail("probe", o.run_dir + ": no sample with token ids to rescore");
+  if (picked.empty()) return fail("probe", src.string() + ": no sample with token ids to rescore");
   auto checkpoints = list_checkpoints((dir / "checkpoints").string());
   if (checkpoints.empty()) return fail("probe", o.run_dir + ": no checkpoints/step-N adapters");
   const double T = cfg.sampler.temperature > 0 ? cfg.sampler.temperature : 1.0;
@@ -211,8 +269,11 @@ int cmd_probe(const ProbeOptions& o) {
         nll.push_back(mean);
         sum += mean;
       }
-      out["checkpoints"].push_back(
-          {{"step", step}, {"path", path}, {"mean_nll", sum / double(lps.size())}, {"nll", nll}});
+      out["checkpoints"].push_back({{"step", step},
+                                    {"path", path},
+                                    {"mean_nll", sum / double(lps.size())},
+                                    {"nll", nll},
+                                    {"nll_vs_speedup", nll_vs_speedup(picked, nll)}});
     }
   } catch (const std::exception& e) {
     return fail("probe", e.what());
@@ -221,9 +282,22 @@ int cmd_probe(const ProbeOptions& o) {
     std::printf("%s\n", dump(out).c_str());
     return 0;
   }
-  std::printf("%zu samples of the first step rescored at temperature %g (mean per-token NLL):\n", picked.size(), T);
-  for (auto& c : out["checkpoints"])
-    std::printf("  step-%llu  %.4f\n", (unsigned long long)c["step"].get<uint64_t>(), c["mean_nll"].get<double>());
+  auto f = [](const nlohmann::json& v) {
+    return v.is_number() ? fmt::format("{:.3f}", v.get<double>()) : std::string("-");
+  };
+  std::printf(
+      "%zu samples of %s rescored at temperature %g: mean per-token NLL; over the correct ones, Spearman rho "
+      "of NLL against speedup (p), and within each NLL quartile (Q1 the most surprising)\n",
+      picked.size(), o.samples_from.empty() ? "the first step" : src.string().c_str(), T);
+  for (auto& c : out["checkpoints"]) {
+    auto& v = c["nll_vs_speedup"];
+    std::string qs;
+    for (auto& q : v["quartiles"]) qs += fmt::format("  Q{} {}", q["quartile"].get<int>(), f(q["spearman_rho"]));
+    std::printf("  step-%llu  %.4f  rho %s (p %s, %llu correct)%s\n", (unsigned long long)c["step"].get<uint64_t>(),
+                c["mean_nll"].get<double>(), f(v["spearman_rho"]).c_str(),
+                v["spearman_p"].is_number() ? fmt::format("{:.3g}", v["spearman_p"].get<double>()).c_str() : "-",
+                (unsigned long long)v["n"].get<uint64_t>(), qs.c_str());
+  }
   return 0;
 }
 
@@ -423,12 +497,16 @@ void add_policy(CLI::App& app, cli::Action& action) {
                      "  fold a LoRA adapter into a plain checkpoint");
 
   auto probe = std::make_shared<ProbeOptions>();
-  auto* p = cli::subcommand(app, "probe",
-                            "launch probe RUN_DIR [--samples N] [--device D] [--dtype T] [--json]\n"
-                            "  NLL of fixed samples under every checkpoint of a run");
+  auto* p =
+      cli::subcommand(app, "probe",
+                      "launch probe RUN_DIR [--samples-from RUN_DIR] [--samples N] [--device D] [--dtype T] [--json]\n"
+                      "  NLL of fixed samples under every checkpoint of a run");
   p->add_option("RUN_DIR", probe->run_dir, "a train run")->required()->type_name("");
-  p->add_option("--samples", probe->samples, "the first N samples of the first step (default 16)")
-      ->check(cli::count(1, 100000));
+  p->add_option("--samples-from", probe->samples_from,
+                "another run of the same model whose samples are rescored (default: RUN_DIR's first step)")
+      ->type_name("RUN_DIR");
+  p->add_option("--samples", probe->samples, "the first N samples with tokens (default 16; 0: all)")
+      ->check(cli::count(0, 1000000));
   p->add_option("--device", probe->device, "default: the run's [policy] device");
   p->add_option("--dtype", probe->dtype, "default: the run's [policy] dtype");
   p->add_flag("--json", probe->json, "one JSON object");

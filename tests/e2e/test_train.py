@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_analysis import report_marks  # noqa: E402
+from test_analysis import report_marks, rho  # noqa: E402
 from test_policy import run_and_export, start_openai_server, train_tokenizer, write_config  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -537,6 +537,48 @@ class TrainRunTest(unittest.TestCase):
         # step-0 is the sampling policy of those samples: its NLL is minus their recorded mean logprob.
         for i, got in zip(ids, j["checkpoints"][0]["nll"]):
             self.assertAlmostEqual(got, -float(np.mean(export[i]["logprobs"])), delta=1e-4)
+
+    def test_nll_probe_rescores_another_runs_samples_and_ranks_them_against_speedup(self):
+        # The seeds' probe: a best-of-N run's samples rescored under every checkpoint of a train run
+        # of the same model, with rho(NLL, speedup) over the correct ones, per checkpoint.
+        bon = os.path.join(self.tmp, "probe-bon")
+        p = subprocess.run([LAUNCH, config(self.tmp, self.url, self.model, "probe-bon", mode="best_of_n",
+                                           experiment="k = 16"), "--run-dir", bon], capture_output=True, text=True,
+                           timeout=900)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        p = subprocess.run([LAUNCH, "probe", self.full_dir, "--samples-from", bon, "--samples", "0", "--json"],
+                           capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        j = json.loads(p.stdout)
+        export = {x["sample_id"]: x for x in export_of(bon)}
+        ids = [s["sample_id"] for s in j["samples"]]
+        self.assertEqual(sorted(ids), sorted(export))  # every sample of the other run (all have tokens)
+        self.assertEqual([c["step"] for c in j["checkpoints"]], list(range(STEPS + 1)))
+        # step-0 (a fresh adapter: the base policy) sampled them: its NLL is minus their mean logprob.
+        for i, got in zip(ids, j["checkpoints"][0]["nll"]):
+            self.assertAlmostEqual(got, -float(np.mean(export[i]["logprobs"])), delta=1e-4)
+        ok = [k for k, i in enumerate(ids) if export[i]["status"] == "ok"]
+        self.assertGreaterEqual(len(ok), 8, "too few correct samples to rank")
+        for c in j["checkpoints"]:
+            v = c["nll_vs_speedup"]
+            x, y = [c["nll"][k] for k in ok], [export[ids[k]]["speedup"] for k in ok]
+            self.assertEqual(v["n"], len(ok))
+            if v["spearman_rho"] is not None:
+                self.assertAlmostEqual(v["spearman_rho"], rho(x, y), places=9)
+            order = sorted(range(len(x)), key=lambda k: -x[k])  # Q1: the highest NLL
+            for q, row in enumerate(v["quartiles"]):
+                part = order[len(order) * q // 4: len(order) * (q + 1) // 4]
+                self.assertEqual(row["n"], len(part))
+                self.assertAlmostEqual(row["mean_speedup"], float(np.mean([y[k] for k in part])), places=9)
+        text = subprocess.run([LAUNCH, "probe", self.full_dir, "--samples-from", bon, "--samples", "5"],
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertIn("5 samples of %s rescored" % bon, text.stdout)
+        self.assertRegex(text.stdout, r"step-%d +[0-9.]+ +rho " % STEPS)
+        missing = subprocess.run([LAUNCH, "probe", self.full_dir, "--samples-from", os.path.join(self.tmp, "nowhere")],
+                                 capture_output=True, text=True, timeout=60)
+        self.assertEqual(missing.returncode, 2)
+        self.assertIn("--samples-from", missing.stderr)
 
     def test_best_of_n_with_the_policy_draws_k_per_task_and_selects_among_them(self):
         run_dir = os.path.join(self.tmp, "bon")

@@ -276,16 +276,19 @@ TEST_CASE("the checkpoint selector keeps step 0, the newest and the best, and an
       .receive([](Checkpoint&) {}, [&](caf::error&) { none = true; });
   CHECK(none);
   const std::vector<double> fast_1 = {0.1, 0.5, 0.3, 0.5, 0.2, 0.0};
-  for (uint32_t k = 0; k < fast_1.size(); ++k) {
-    auto p = dir / ("step-" + std::to_string(k));
-    fs::create_directories(p);
-    std::ofstream(p / "learner.json") << "{}";
-    self->send(sel, Checkpoint{k, k, p.string(), -1});
-    StepStats st;
-    st.step = k;
-    st.fast_1 = fast_1[k];
-    self->send(sel, record_atom::value, st);
-  }
+  auto feed = [&](const caf::actor& selector, const fs::path& folder) {  // a checkpoint a step, then its score
+    for (uint32_t k = 0; k < fast_1.size(); ++k) {
+      auto p = folder / ("step-" + std::to_string(k));
+      fs::create_directories(p);
+      std::ofstream(p / "learner.json") << "{}";
+      self->send(selector, Checkpoint{k, k, p.string(), -1});
+      StepStats st;
+      st.step = k;
+      st.fast_1 = fast_1[k];
+      self->send(selector, record_atom::value, st);
+    }
+  };
+  feed(sel, dir);
   self->request(sel, std::chrono::seconds(5), best_atom::value)
       .receive(
           [&](Checkpoint& c) {
@@ -304,6 +307,16 @@ TEST_CASE("the checkpoint selector keeps step 0, the newest and the best, and an
   self->request(again, std::chrono::seconds(5), best_atom::value)
       .receive([&](Checkpoint& c) { CHECK(c.step == 1); }, [](caf::error&) { FAIL("no best after restart"); });
   self->send_exit(again, caf::exit_reason::user_shutdown);
+  // keep_last = 0: every checkpoint stays (the NLL probe rescores under each).
+  auto all_dir = tmp.path / "all";
+  auto keep_all = spawn_checkpoint_selector(*s.sys, SelectorArgs{all_dir.string(), 0});
+  feed(keep_all, all_dir);
+  self->request(keep_all, std::chrono::seconds(5), best_atom::value)
+      .receive([&](Checkpoint& c) { CHECK(c.step == 1); }, [](caf::error&) { FAIL("no best"); });
+  size_t kept = 0;
+  for (auto& d : fs::directory_iterator(all_dir)) kept += d.is_directory() ? 1 : 0;
+  CHECK(kept == fast_1.size());
+  self->send_exit(keep_all, caf::exit_reason::user_shutdown);
 }
 
 namespace {
