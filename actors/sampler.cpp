@@ -256,6 +256,7 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
       r.split = pp.split;
       r.sample_id = make_sample_id(r.task_id, r.group_id, r.sample_index);
       r.prompt = tp.prompt;
+      r.prompt_tokens = tp.prompt_tokens;
       r.completion = std::move(g.text);
       r.token_ids = std::move(g.token_ids);
       r.logprobs = std::move(g.logprobs);

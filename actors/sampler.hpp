@@ -47,6 +47,7 @@ struct SamplerArgs {
   std::shared_ptr<SamplerBackend> backend;
   struct TaskPrompt {
     std::string task_id, prompt;
+    uint32_t prompt_tokens = 0;  // 0: unknown
   };
   std::vector<TaskPrompt> prompts;  // one per task, in group order
   SamplingParams params;            // n is samples_per_task (at least 1)

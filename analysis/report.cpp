@@ -267,12 +267,12 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
                                                                       : "-";
     rows.push_back({name(r.value("run_dir", std::string())),
                     cp.contains("settings") ? cp["settings"].value("mode", std::string("?")) : "?", count("rollouts"),
-                    count("evaluations"), count("student_tokens"), count("teacher_tokens"), secs("eval_seconds"),
-                    secs("learner_seconds"), fmt_num(value(a, "correct_rate")), fmt_num(value(a, "fast_1")),
-                    fmt_num(value(r, "score")), ek});
+                    count("evaluations"), count("student_tokens"), count("teacher_tokens"), count("total_tokens"),
+                    secs("eval_seconds"), secs("learner_seconds"), fmt_num(value(a, "correct_rate")),
+                    fmt_num(value(a, "fast_1")), fmt_num(value(r, "score")), ek});
   }
   h += "<h2>Arms</h2>\n" + table({"arm", "mode", "rollouts", "evaluations", "student tokens", "teacher tokens",
-                                  "eval s", "learner s", "correct", "fast_1", "score", "equiv K"},
+                                  "total tokens", "eval s", "learner s", "correct", "fast_1", "score", "equiv K"},
                                  rows);
   h +=
       "<p class=\"note\">score: fast_1, or the fast_1 of a ttt/sdpo/train arm's Best-of-Adaptation step. equiv K: the "
@@ -362,7 +362,8 @@ std::string render_report(const ReportInputs& in) {
   h += "<h2>Summary</h2>\n" + table({"figure", "value"}, rows);
   if (in.compute.is_object()) {
     std::vector<std::vector<std::string>> cr;
-    for (auto k : {"rollouts", "student_tokens", "teacher_tokens"})
+    for (auto k : {"rollouts", "student_prompt_tokens", "student_completion_tokens", "student_tokens", "teacher_tokens",
+                   "total_tokens"})
       if (in.compute.contains(k)) cr.push_back({k, fmt::format("{}", in.compute[k].dump())});
     for (auto k : {"eval_seconds", "eval_device_seconds", "compile_seconds", "learner_seconds"})
       if (in.compute.contains(k)) cr.push_back({k, fmt_num(in.compute[k].get<double>(), "{:.1f}")});

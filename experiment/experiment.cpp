@@ -13,6 +13,7 @@ void RunTotals::count(const ScoredRollout& s, double now) {
   t_last_record = now;
   if (t_first_record < 0) t_first_record = now;
   student_tokens += s.rollout.token_ids.size();
+  student_prompt_tokens += s.rollout.prompt_tokens;
   eval_wall_s += s.result.wall_s;
   compile_s += s.result.compile_s;
   if (s.result.device_start > 0 && s.result.device_end > s.result.device_start)
@@ -87,7 +88,10 @@ nlohmann::json Experiment::summary(const std::string& error, const std::vector<S
   j["compute"] = {{"rollouts", t.recorded},
                   {"evaluations", evaluations},
                   {"eval_split_rollouts", t.eval_rollouts},
-                  {"student_tokens", t.student_tokens},
+                  {"student_prompt_tokens", t.student_prompt_tokens},
+                  {"student_completion_tokens", t.student_tokens},
+                  {"student_tokens", t.student_prompt_tokens + t.student_tokens},
+                  {"total_tokens", t.student_prompt_tokens + t.student_tokens + uint64_t(teacher_tokens)},
                   {"teacher_tokens", uint64_t(teacher_tokens)},
                   {"eval_seconds", t.eval_wall_s},
                   {"eval_device_seconds", t.eval_device_s},

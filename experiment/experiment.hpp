@@ -97,8 +97,9 @@ struct RunTotals {
   uint32_t step = 0;                  // latest step a sample belongs to
   uint64_t policy_version = 0;        // newest policy version seen in a sample
   uint64_t stale_max = 0, stale_sum = 0;
-  uint64_t eval_rollouts = 0;  // samples of held-out rounds (Rollout::split not empty)
-  uint64_t student_tokens = 0;
+  uint64_t eval_rollouts = 0;          // samples of held-out rounds (Rollout::split not empty)
+  uint64_t student_tokens = 0;         // completion tokens
+  uint64_t student_prompt_tokens = 0;  // prompt tokens, each sample counting its prompt
   double eval_wall_s = 0, eval_device_s = 0, compile_s = 0;
   double t_start = 0, t_first_record = -1, t_last_record = -1;  // mono_s
   // Counts a sample's compute; its scores only when it is the experiment's (not a held-out round's).

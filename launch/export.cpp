@@ -37,6 +37,7 @@ int cmd_export(const std::string& run_dir) {
         {"logprob_mean", r.logprob_mean},
         {"completion", r.record.rollout.completion},
         {"prompt", r.record.rollout.prompt},
+        {"prompt_tokens", r.record.rollout.prompt_tokens},
         {"token_ids", r.record.rollout.token_ids},
         {"logprobs", r.record.rollout.logprobs},
         {"sampler_id", r.record.rollout.sampler_id},

@@ -61,8 +61,9 @@ bool aggregate(const Config& cfg, const std::string& root, const std::vector<std
   auto store = Store::open(store_path.string(), cfg.store.synchronous, err);
   if (!store) return false;
   static const std::vector<std::string> summed = {
-      "rollouts",     "evaluations",         "eval_split_rollouts", "student_tokens", "teacher_tokens",
-      "eval_seconds", "eval_device_seconds", "compile_seconds",     "learner_seconds"};
+      "rollouts",       "evaluations",           "eval_split_rollouts",       "student_tokens",
+      "teacher_tokens", "student_prompt_tokens", "student_completion_tokens", "total_tokens",
+      "eval_seconds",   "eval_device_seconds",   "compile_seconds",           "learner_seconds"};
   nlohmann::json compute = nlohmann::json::object(), per = nlohmann::json::array();
   for (auto& k : summed) compute[k] = 0.0;
   double boa_sum = 0;
@@ -124,7 +125,8 @@ bool aggregate(const Config& cfg, const std::string& root, const std::vector<std
   }
   compute["settings"]["tasks"] = std::to_string(ids.size());
   compute["settings"]["per_task"] = "true";
-  for (auto& k : {"rollouts", "evaluations", "eval_split_rollouts", "student_tokens", "teacher_tokens"})
+  for (auto& k : {"rollouts", "evaluations", "eval_split_rollouts", "student_tokens", "teacher_tokens",
+                  "student_prompt_tokens", "student_completion_tokens", "total_tokens"})
     compute[k] = uint64_t(compute[k].get<double>());
   std::ofstream(fs::path(root) / "compute.json") << compute.dump(1) << "\n";
   std::printf("\n%-40s %6s %9s %10s %8s\n", "task", "steps", "BoA step", "BoA fast_1", "stopped");

@@ -138,7 +138,7 @@ std::optional<RunInputs> read_inputs(const Config& cfg) {
       return std::nullopt;
     }
     for (auto& p : rendered) {
-      in.prompts.push_back({p.task_id, p.prompt});
+      in.prompts.push_back({p.task_id, p.prompt, p.prompt_tokens});
       in.user_messages[p.task_id] = p.user;
     }
     in.prompts_digest = prompts_digest(rendered);

@@ -6,6 +6,7 @@
 #include "core/log.hpp"
 #include "launch/cluster.hpp"
 #include "policy/runtime_info.hpp"
+#include "policy/tokenizer.hpp"
 #include "store/store.hpp"
 #include "tasks/prompt.hpp"
 
@@ -44,12 +45,24 @@ bool load_experiment_tasks(const Config& cfg, TaskSet& tasks, TaskSet& eval_task
 bool render_task_prompts(const Config& cfg, const TaskSet& tasks, const TaskSet& eval_tasks,
                          std::vector<RenderedPrompt>& out, std::string& err) {
   std::set<std::string> seen;
+  // The prompts' token counts (compute.json counts them), when the model's tokenizer is at hand.
+  std::shared_ptr<Tokenizer> tok;
+  if (!cfg.policy.model.empty() &&
+      std::filesystem::exists(std::filesystem::path(cfg.policy.model) / "tokenizer.json")) {
+    try {
+      tok = Tokenizer::load(cfg.policy.model);
+    } catch (const std::exception& e) {
+      err = cfg.policy.model + "/tokenizer.json: " + e.what();
+      return false;
+    }
+  }
   for (auto* set : {&tasks, &eval_tasks})
     for (auto& t : set->tasks()) {
       if (!seen.insert(t.id).second) continue;  // an eval task that is also a training task
-      RenderedPrompt p{t.id, set == &tasks ? "" : "eval", "", ""};
+      RenderedPrompt p{t.id, set == &tasks ? "" : "eval", "", "", 0};
       if (!task_user_message(t, cfg.evaluator.action_space, p.user, err)) return false;
       p.prompt = render_prompt(cfg.policy, p.user);
+      if (tok) p.prompt_tokens = uint32_t(tok->encode(p.prompt).size());
       out.push_back(std::move(p));
     }
   return true;

@@ -29,6 +29,7 @@ bool load_experiment_tasks(const Config& cfg, TaskSet& tasks, TaskSet& eval_task
 struct RenderedPrompt {
   std::string task_id, split;  // split: "" for [tasks], "eval" for an eval task
   std::string user, prompt;    // the user message, and the prompt the sampler sends
+  uint32_t prompt_tokens = 0;  // its tokens under [policy] model's tokenizer (0: no tokenizer there)
 };
 // Each task's prompt as the sampler renders it: the tasks, then the eval tasks not among them.
 bool render_task_prompts(const Config& cfg, const TaskSet& tasks, const TaskSet& eval_tasks,

@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 15;
+inline constexpr uint32_t protocol_version = 16;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -62,9 +62,10 @@ struct Rollout {
   std::string split;               // "": a sample of the experiment; "eval": a train run's periodic
                                    // evaluation on its eval split (never learned from; `step` is
                                    // the policy version it evaluates)
+  uint32_t prompt_tokens = 0;      // tokens of `prompt` under the policy's tokenizer (0: unknown)
   friend bool operator==(const Rollout&, const Rollout&) = default;
   MSGPACK_DEFINE_MAP(sample_id, task_id, group_id, sample_index, step, prompt, completion, token_ids, logprobs,
-                     policy_version, sampler_id, split);
+                     policy_version, sampler_id, split, prompt_tokens);
 };
 
 // What the dispatcher asks an evaluator to do with one rollout.

@@ -421,8 +421,11 @@ adapter = "arm:rl"
         with open(os.path.join(self.run_dir, "compute.json")) as f:
             c = json.load(f)
         self.assertEqual(c["rollouts"], len(self.samples))
-        self.assertEqual(c["student_tokens"], sum(len(s["token_ids"]) for s in self.samples))
+        self.assertEqual(c["student_completion_tokens"], sum(len(s["token_ids"]) for s in self.samples))
+        self.assertEqual(c["student_prompt_tokens"], 0)  # replayed text: no model, no tokenizer to count with
+        self.assertEqual(c["student_tokens"], c["student_completion_tokens"])
         self.assertEqual(c["teacher_tokens"], 0)
+        self.assertEqual(c["total_tokens"], c["student_tokens"])
         self.assertAlmostEqual(c["eval_seconds"], sum(s["wall_s"] for s in self.samples), places=6)
         self.assertGreater(c["eval_seconds"], 0)
         self.assertEqual(c["learner_seconds"], 0)

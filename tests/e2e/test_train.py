@@ -597,6 +597,16 @@ class TrainRunTest(unittest.TestCase):
             compute = json.load(f)
         self.assertEqual(compute["rollouts"], len(TASKS) * k)
         self.assertEqual(compute["settings"]["samples_per_task"], str(k))
+        # Student tokens: each sample's prompt (as the model's tokenizer in transformers counts it)
+        # and completion; the total adds the teacher's (none here).
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(self.model)
+        prompt_tokens = [len(tok(x["prompt"], add_special_tokens=False)["input_ids"]) for x in export]
+        self.assertEqual([x["prompt_tokens"] for x in export], prompt_tokens)
+        self.assertEqual(compute["student_prompt_tokens"], sum(prompt_tokens))
+        self.assertEqual(compute["student_completion_tokens"], sum(len(x["token_ids"]) for x in export))
+        self.assertEqual(compute["student_tokens"], compute["student_prompt_tokens"] + compute["student_completion_tokens"])
+        self.assertEqual(compute["total_tokens"], compute["student_tokens"] + compute["teacher_tokens"])
         a = json.loads(subprocess.run([LAUNCH, "analyze", run_dir, "--json"], capture_output=True, text=True,
                                       check=True).stdout)
         self.assertEqual(a["selection"]["groups"], len(TASKS))
