@@ -235,12 +235,61 @@ double incomplete_beta(double a, double b, double x) {
   return front * (f - 1);
 }
 
+double student_t_p_value(double t, double df) {
+  if (std::isnan(t) || !(df > 0)) return std::numeric_limits<double>::quiet_NaN();
+  if (std::isinf(t)) return 0;
+  return incomplete_beta(df / 2, 0.5, df / (df + t * t));  // P(|T| > |t|)
+}
+
 double spearman_p_value(double rho, size_t n, int covariates) {
   const double df = double(n) - 2 - covariates;
   if (!std::isfinite(rho) || df < 1) return std::numeric_limits<double>::quiet_NaN();
   if (std::abs(rho) >= 1) return 0;
-  const double t2 = rho * rho * df / (1 - rho * rho);
-  return incomplete_beta(df / 2, 0.5, df / (df + t2));  // P(|T| > |t|)
+  return student_t_p_value(rho * std::sqrt(df / (1 - rho * rho)), df);
+}
+
+SeedTests seed_tests(const std::vector<double>& a, const std::vector<double>& b) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto mean_var = [](const std::vector<double>& x) {
+    double m = 0, v = 0;
+    for (double y : x) m += y / double(x.size());
+    for (double y : x) v += (y - m) * (y - m) / double(x.size() - 1);
+    return std::make_pair(m, v);
+  };
+  // A t statistic whose standard error is 0: infinite when the means differ, 0 when they agree.
+  auto t_of = [](double diff, double se) { return se > 0 ? diff / se : diff == 0 ? 0.0 : diff * INFINITY; };
+  SeedTests r;
+  std::vector<double> d;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d.push_back(a[i] - b[i]);
+  r.n = d.size();
+  r.paired_t = r.paired_p = r.welch_t = r.welch_df = r.welch_p = r.sign_flip_p = nan;
+  r.mean_difference = d.empty() ? nan : 0;
+  for (double x : d) r.mean_difference += x / double(d.size());
+  if (d.size() >= 2) {
+    auto [md, vd] = mean_var(d);
+    r.paired_t = t_of(md, std::sqrt(vd / double(d.size())));
+    r.paired_p = r.paired_t == 0 && vd == 0 ? 1.0 : student_t_p_value(r.paired_t, double(d.size() - 1));
+    if (d.size() <= 20) {  // every sign pattern of the differences: how often is |mean| as large?
+      const uint64_t patterns = uint64_t(1) << d.size();
+      uint64_t extreme = 0;
+      for (uint64_t m = 0; m < patterns; ++m) {
+        double s = 0;
+        for (size_t i = 0; i < d.size(); ++i) s += (m >> i & 1) ? -d[i] : d[i];
+        if (std::abs(s) >= std::abs(md * double(d.size())) * (1 - 1e-12)) ++extreme;
+      }
+      r.sign_flip_p = double(extreme) / double(patterns);
+    }
+  }
+  if (a.size() >= 2 && b.size() >= 2) {
+    auto [ma, va] = mean_var(a);
+    auto [mb, vb] = mean_var(b);
+    const double qa = va / double(a.size()), qb = vb / double(b.size());
+    r.welch_t = t_of(ma - mb, std::sqrt(qa + qb));
+    r.welch_df =
+        qa + qb > 0 ? (qa + qb) * (qa + qb) / (qa * qa / double(a.size() - 1) + qb * qb / double(b.size() - 1)) : nan;
+    r.welch_p = qa + qb > 0 ? student_t_p_value(r.welch_t, r.welch_df) : (ma == mb ? 1.0 : 0.0);
+  }
+  return r;
 }
 
 double partial_spearman(const std::vector<double>& x, const std::vector<double>& y, const std::vector<double>& z) {

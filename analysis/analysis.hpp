@@ -51,6 +51,21 @@ double partial_spearman(const std::vector<double>& x, const std::vector<double>&
 // Student's t with df degrees of freedom), as scipy.stats.spearmanr reports it; 0 when |rho| = 1,
 // NaN when rho is NaN or df < 1.
 double spearman_p_value(double rho, size_t n, int covariates = 0);
+// The two-sided p-value P(|T| >= |t|) of Student's t with df > 0 degrees of freedom (df need not
+// be whole: Welch's test); 0 for an infinite t, NaN for a NaN t or df <= 0.
+double student_t_p_value(double t, double df);
+// Tests of one arm against another over seeds (scores a[i], b[i]; paired by index where both
+// exist): the paired t-test on the differences, Welch's unequal-variance t-test, and the exact
+// sign-flip permutation test of the paired differences (every one of the 2^n sign patterns, n <=
+// 20; NaN beyond). Each p is two-sided; NaN where it is undefined (fewer than two seeds).
+struct SeedTests {
+  size_t n = 0;                // paired seeds
+  double mean_difference = 0;  // mean of a - b over the pairs
+  double paired_t = 0, paired_p = 0;
+  double welch_t = 0, welch_df = 0, welch_p = 0;
+  double sign_flip_p = 0;
+};
+SeedTests seed_tests(const std::vector<double>& a, const std::vector<double>& b);
 // The regularized incomplete beta function I_x(a, b) (a, b > 0, 0 <= x <= 1).
 double incomplete_beta(double a, double b, double x);
 

@@ -4,6 +4,7 @@
 //   arms = ["rl", "best_of_n", "ttt"]  # run in this order, each in RUN_DIR/ARM
 //   compare = ["best_of_n", "ttt"]     # the arms put side by side (default: all)
 //   allow_mismatch = false             # compare even when the arms' budgets differ
+//   seeds = [0, 1, 2]                  # each arm once per seed, in RUN_DIR/ARM/seed-S (default: once)
 //   [arm.best_of_n.experiment]         # overrides merged into the rest of the file
 //   mode = "best_of_n"
 //   k = 64
@@ -35,6 +36,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -67,8 +69,8 @@ void merge(toml::table& base, toml::table&& over) {
 }
 
 // The arms of a comparison config, validated; false after printing every problem.
-bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mismatch,
-               std::vector<std::string>& compare) {
+bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mismatch, std::vector<std::string>& compare,
+               std::vector<uint64_t>& seeds) {
   toml::table root;
   try {
     root = toml::parse_file(path);
@@ -107,6 +109,25 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
     std::string key(k.str());
     if (key == "arms" || key == "compare") {
       ok = read_names(v, key, key == "arms" ? names : compare) && ok;
+    } else if (key == "seeds") {
+      auto* a = v.as_array();
+      std::set<int64_t> distinct;
+      bool good = a && !a->empty();
+      if (a)
+        for (auto& x : *a) {
+          auto i = x.value<int64_t>();
+          if (!x.is_integer() || !i || *i < 0 || !distinct.insert(*i).second)
+            good = false;
+          else
+            seeds.push_back(uint64_t(*i));
+        }
+      if (!good) {
+        std::fprintf(stderr,
+                     "%s: comparison.seeds: expected a non-empty array of distinct seeds (integers >= 0), e.g. "
+                     "[0, 1, 2]\n",
+                     where(v).c_str());
+        ok = false;
+      }
     } else if (key == "allow_mismatch") {
       if (!v.is_boolean()) {
         std::fprintf(stderr, "%s: comparison.allow_mismatch: expected true or false\n", where(v).c_str());
@@ -115,7 +136,7 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
         allow_mismatch = v.as_boolean()->get();
       }
     } else {
-      std::fprintf(stderr, "%s: comparison.%s: unknown key (expected arms, compare, allow_mismatch)\n",
+      std::fprintf(stderr, "%s: comparison.%s: unknown key (expected arms, compare, allow_mismatch, seeds)\n",
                    where(v).c_str(), key.c_str());
       ok = false;
     }
@@ -247,12 +268,16 @@ bool is_comparison_config(const std::string& path) {
 int cmd_check_comparison(const std::string& path) {
   std::vector<Arm> arms;
   std::vector<std::string> compare;
+  std::vector<uint64_t> seeds;
   bool allow = false;
-  if (!load_arms(path, arms, allow, compare)) return 2;
+  if (!load_arms(path, arms, allow, compare, seeds)) return 2;
   std::string list;
   for (auto& c : compare) list += (list.empty() ? "" : ", ") + c;
-  std::printf("# %s: a comparison of %zu arms, each valid (budgets %s); compared: %s\n", path.c_str(), arms.size(),
-              allow ? "may differ: allow_mismatch = true" : "must match", list.c_str());
+  std::string seed_list;
+  for (auto s : seeds) seed_list += (seed_list.empty() ? "" : ", ") + std::to_string(s);
+  std::printf("# %s: a comparison of %zu arms, each valid (budgets %s)%s; compared: %s\n", path.c_str(), arms.size(),
+              allow ? "may differ: allow_mismatch = true" : "must match",
+              seeds.empty() ? "" : (", each run with seeds " + seed_list).c_str(), list.c_str());
   for (auto& a : arms)
     std::printf(
         "\n# arm %s%s\n%s\n", a.name.c_str(),
@@ -284,8 +309,9 @@ std::string best_checkpoint(const std::string& run_dir, std::string& err) {
 int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, const std::string& log_level) {
   std::vector<Arm> arms;
   std::vector<std::string> compare;
+  std::vector<uint64_t> seeds;
   bool allow = false;
-  if (!load_arms(path, arms, allow, compare)) return 2;
+  if (!load_arms(path, arms, allow, compare, seeds)) return 2;
   const auto& first = arms.front().cfg;
   std::string root = run_dir_arg.empty() ? make_run_dir(first.experiment.run_root, first.experiment.name)
                                          : fs::absolute(run_dir_arg).lexically_normal().string();
@@ -296,49 +322,65 @@ int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, 
                  ec.message().c_str());
     return 2;
   }
-  std::printf("comparison of %zu arms in %s\n", arms.size(), root.c_str());
+  std::printf("comparison of %zu arms in %s%s\n", arms.size(), root.c_str(),
+              seeds.empty() ? "" : (", each with " + std::to_string(seeds.size()) + " seeds").c_str());
   std::fflush(stdout);
   const std::string exe = self_exe();
   std::vector<std::string> dirs;
+  // Each arm once, or once per seed ([experiment] seed and [sampler] seed set to it) in ARM/seed-S.
+  const std::vector<std::optional<uint64_t>> runs_of = [&] {
+    std::vector<std::optional<uint64_t>> v;
+    for (auto s : seeds) v.push_back(s);
+    if (v.empty()) v.push_back(std::nullopt);
+    return v;
+  }();
   for (auto& a : arms) {
-    std::string dir = (fs::path(root) / a.name).string();
-    if (std::find(compare.begin(), compare.end(), a.name) != compare.end()) dirs.push_back(dir);
-    if (fs::exists(fs::path(dir) / "compute.json")) {
-      std::printf("arm %s: already done in %s\n", a.name.c_str(), dir.c_str());
-      continue;
-    }
-    std::string cfg = (fs::path(root) / (a.name + ".toml")).string();
-    std::string text = a.cfg.resolved_toml;
-    if (!a.adapter_from.empty()) {  // the earlier arm's best checkpoint
-      std::string err;
-      std::string ck = best_checkpoint((fs::path(root) / a.adapter_from).string(), err);
-      if (ck.empty()) {
-        std::fprintf(stderr, "launch: arm %s starts from arm %s's best checkpoint, but %s\n", a.name.c_str(),
-                     a.adapter_from.c_str(), err.c_str());
-        return 2;
+    const fs::path arm_dir = fs::path(root) / a.name;
+    if (std::find(compare.begin(), compare.end(), a.name) != compare.end()) dirs.push_back(arm_dir.string());
+    for (auto& seed : runs_of) {
+      const std::string sub = seed ? "seed-" + std::to_string(*seed) : std::string();
+      const std::string label = a.name + (seed ? " (seed " + std::to_string(*seed) + ")" : std::string());
+      const std::string dir = (seed ? arm_dir / sub : arm_dir).string();
+      if (fs::exists(fs::path(dir) / "compute.json")) {
+        std::printf("arm %s: already done in %s\n", label.c_str(), dir.c_str());
+        continue;
       }
-      auto t = toml::parse(text);
-      if (!t["policy"].is_table()) t.insert("policy", toml::table{});
-      t["policy"].as_table()->insert_or_assign("adapter", ck);
-      std::ostringstream out;
-      out << t;
-      text = out.str();
-      std::printf("arm %s starts from arm %s's best checkpoint: %s\n", a.name.c_str(), a.adapter_from.c_str(),
-                  ck.c_str());
-    }
-    std::ofstream(cfg) << text;
-    std::printf("arm %s (%s): launch %s --run-dir %s\n", a.name.c_str(), name(a.cfg.experiment.mode), cfg.c_str(),
-                dir.c_str());
-    std::fflush(stdout);
-    std::vector<std::string> argv = {exe, cfg, "--run-dir", dir};
-    if (!log_level.empty()) argv.insert(argv.end(), {"--log-level", log_level});
-    int rc = run_child(argv);
-    if (rc != 0) {
-      std::fprintf(stderr,
-                   "launch: arm %s failed (exit %d); the arms before it are kept; run the same command with "
-                   "--run-dir %s to go on\n",
-                   a.name.c_str(), rc, root.c_str());
-      return rc < 0 ? 1 : rc;
+      std::string cfg = (fs::path(root) / (a.name + (seed ? "." + sub : std::string()) + ".toml")).string();
+      auto t = toml::parse(a.cfg.resolved_toml);
+      if (seed) {
+        t["experiment"].as_table()->insert_or_assign("seed", int64_t(*seed));
+        t["sampler"].as_table()->insert_or_assign("seed", int64_t(*seed));
+      }
+      if (!a.adapter_from.empty()) {  // the earlier arm's best checkpoint (of the same seed)
+        std::string err;
+        const fs::path from = fs::path(root) / a.adapter_from;
+        std::string ck = best_checkpoint((seed ? from / sub : from).string(), err);
+        if (ck.empty()) {
+          std::fprintf(stderr, "launch: arm %s starts from arm %s's best checkpoint, but %s\n", label.c_str(),
+                       a.adapter_from.c_str(), err.c_str());
+          return 2;
+        }
+        if (!t["policy"].is_table()) t.insert("policy", toml::table{});
+        t["policy"].as_table()->insert_or_assign("adapter", ck);
+        std::printf("arm %s starts from arm %s's best checkpoint: %s\n", label.c_str(), a.adapter_from.c_str(),
+                    ck.c_str());
+      }
+      std::ostringstream text;
+      text << t;
+      std::ofstream(cfg) << text.str();
+      std::printf("arm %s (%s): launch %s --run-dir %s\n", label.c_str(), name(a.cfg.experiment.mode), cfg.c_str(),
+                  dir.c_str());
+      std::fflush(stdout);
+      std::vector<std::string> argv = {exe, cfg, "--run-dir", dir};
+      if (!log_level.empty()) argv.insert(argv.end(), {"--log-level", log_level});
+      int rc = run_child(argv);
+      if (rc != 0) {
+        std::fprintf(stderr,
+                     "launch: arm %s failed (exit %d); the runs before it are kept; run the same command with "
+                     "--run-dir %s to go on\n",
+                     label.c_str(), rc, root.c_str());
+        return rc < 0 ? 1 : rc;
+      }
     }
   }
   std::vector<std::string> cmp = {exe, "compare"};

@@ -10,6 +10,7 @@ body; a run killed with SIGKILL between steps and resumed ends with the same ada
 that was never interrupted (which needs the optimizer state restored) and counts no sample twice.
 """
 import json
+import math
 import os
 import shutil
 import signal
@@ -40,6 +41,18 @@ def export_of(run_dir):
     """`launch export RUN_DIR --jsonl`, one dict a sample."""
     out = subprocess.run([LAUNCH, "export", run_dir, "--jsonl"], capture_output=True, text=True, check=True).stdout
     return [json.loads(line) for line in out.splitlines()]
+
+
+def assert_check_refuses(test, cfg, edit, message):
+    """`launch check` on a copy of `cfg` changed by `edit` (text -> text) exits 2 naming `message`."""
+    with open(cfg) as f:
+        text = f.read()
+    bad = cfg[:-len(".toml")] + "-bad.toml"
+    with open(bad, "w") as f:
+        f.write(edit(text))
+    p = subprocess.run([LAUNCH, "check", bad], capture_output=True, text=True)
+    test.assertEqual(p.returncode, 2, p.stderr)
+    test.assertIn(message, p.stderr)
 
 
 def in_process_comparison(tmp, model, name, tasks, arms):
@@ -733,20 +746,77 @@ per_task = true
         self.assertIn("task 1/2 06_swish: already done", again.stdout)
         self.assertEqual(len(export_of(arm)), 8)
         # per_task is for modes that adapt, and a per-task arm hands on no single checkpoint.
-        bad = os.path.join(self.tmp, "per-task-bad.toml")
-        with open(cfg) as f:
-            text = f.read()
-        with open(bad, "w") as f:
-            f.write(text.replace('mode = "best_of_n"\nk = 4', 'mode = "best_of_n"\nk = 4\nper_task = true'))
-        p = subprocess.run([LAUNCH, "check", bad], capture_output=True, text=True)
-        self.assertEqual(p.returncode, 2)
-        self.assertIn('experiment.per_task: per_task is for mode = "ttt" or "sdpo"', p.stderr)
-        with open(bad, "w") as f:
-            f.write(text.replace('arms = ["bon", "ttt"]', 'arms = ["ttt", "bon"]').replace(
-                'mode = "best_of_n"\nk = 4\n', 'mode = "best_of_n"\nk = 4\n[arm.bon.policy]\nadapter = "arm:ttt"\n'))
-        p = subprocess.run([LAUNCH, "check", bad], capture_output=True, text=True)
-        self.assertEqual(p.returncode, 2)
-        self.assertIn("arm ttt adapts one adapter per task (per_task = true)", p.stderr)
+        assert_check_refuses(self, cfg, lambda t: t.replace('mode = "best_of_n"\nk = 4', 'mode = "best_of_n"\nk = 4\nper_task = true'),
+                             'experiment.per_task: per_task is for mode = "ttt" or "sdpo"')
+        assert_check_refuses(self, cfg, lambda t: t.replace('arms = ["bon", "ttt"]', 'arms = ["ttt", "bon"]').replace(
+            'mode = "best_of_n"\nk = 4\n', 'mode = "best_of_n"\nk = 4\n[arm.bon.policy]\nadapter = "arm:ttt"\n'),
+            "arm ttt adapts one adapter per task (per_task = true)")
+
+    def test_a_seeded_comparison_aggregates_its_arms_over_seeds_with_significance_tests(self):
+        # [comparison] seeds: each arm once per seed (its sampling and task order), then each arm's
+        # mean and standard deviation over seeds and the tests of one arm against the other.
+        import itertools
+        import mpmath
+        root = os.path.join(self.tmp, "seeded")
+        cfg = in_process_comparison(self.tmp, self.model, "seeded", ["06_swish", "07_hardtanh_scale"], """
+[comparison]
+arms = ["bon", "ttt"]
+seeds = [0, 1, 2]
+[arm.bon.experiment]
+mode = "best_of_n"
+k = 4
+[arm.ttt.experiment]
+mode = "ttt"
+""")
+        chk = subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True)
+        self.assertEqual(chk.returncode, 0, chk.stderr)
+        self.assertIn("each run with seeds 0, 1, 2", chk.stdout)
+        p = subprocess.run([LAUNCH, cfg, "--run-dir", root], capture_output=True, text=True, timeout=900)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        for arm in ("bon", "ttt"):
+            for seed in (0, 1, 2):
+                with open(os.path.join(root, "%s.seed-%d.toml" % (arm, seed))) as f:
+                    text = f.read()
+                self.assertRegex(text, r"(?m)^seed = %d$" % seed)
+                self.assertTrue(os.path.exists(os.path.join(root, arm, "seed-%d" % seed, "compute.json")))
+        draws = [tuple(x["completion"] for x in export_of(os.path.join(root, "bon", "seed-%d" % s))) for s in (0, 1, 2)]
+        self.assertEqual(len(set(draws)), 3)  # another seed, other samples
+        with open(os.path.join(root, "comparison.json")) as f:
+            c = json.load(f)
+        self.assertEqual([(r["arm"], r["seed"]) for r in c["runs"]], [(a, s) for a in ("bon", "ttt") for s in (0, 1, 2)])
+        score = {(r["arm"], r["seed"]): r["score"] for r in c["runs"]}
+        arms = {a["arm"]: a for a in c["seeds"]["arms"]}
+        for arm in ("bon", "ttt"):
+            xs = [score[(arm, s)] for s in (0, 1, 2)]
+            self.assertAlmostEqual(arms[arm]["score_mean"], float(np.mean(xs)), places=12)
+            self.assertAlmostEqual(arms[arm]["score_std"], float(np.std(xs, ddof=1)), places=12)
+            self.assertEqual([r["seed"] for r in arms[arm]["runs"]], [0, 1, 2])
+        t = c["seeds"]["tests"][0]
+        self.assertEqual((t["arm"], t["against"], t["paired_seeds"]), ("ttt", "bon", 3))
+        a = np.array([score[("ttt", s)] for s in (0, 1, 2)])
+        b = np.array([score[("bon", s)] for s in (0, 1, 2)])
+        d = a - b
+        self.assertAlmostEqual(t["mean_difference"], float(d.mean()), places=12)
+
+        def p_of(tv, df):  # Student's t, two-sided, through mpmath
+            return float(mpmath.betainc(df / 2, 0.5, 0, df / (df + tv * tv), regularized=True))
+
+        if d.std(ddof=1) > 0:
+            tv = d.mean() / (d.std(ddof=1) / math.sqrt(3))
+            self.assertAlmostEqual(t["paired_t"], tv, places=9)
+            self.assertAlmostEqual(t["paired_p"], p_of(tv, 2), places=9)
+        flips = [abs(sum(s * x for s, x in zip(signs, d))) >= abs(d.sum()) * (1 - 1e-12)
+                 for signs in itertools.product([1, -1], repeat=3)]
+        self.assertAlmostEqual(t["sign_flip_p"], sum(flips) / 8, places=12)
+        qa, qb = a.var(ddof=1) / 3, b.var(ddof=1) / 3
+        if qa + qb > 0:
+            df = (qa + qb) ** 2 / (qa ** 2 / 2 + qb ** 2 / 2)
+            self.assertAlmostEqual(t["welch_df"], df, places=9)
+            self.assertAlmostEqual(t["welch_p"], p_of((a.mean() - b.mean()) / math.sqrt(qa + qb), df), places=9)
+        self.assertIn("over seeds (mean +- standard deviation):", p.stdout)
+        self.assertIn("ttt against bon: score difference", p.stdout)
+        assert_check_refuses(self, cfg, lambda t: t.replace("seeds = [0, 1, 2]", "seeds = [0, 0]"),
+                             "comparison.seeds: expected a non-empty array of distinct seeds")
 
     def test_train_evaluates_held_out_tasks_periodically_and_never_learns_from_them(self):
         run_dir = os.path.join(self.tmp, "held-out")

@@ -35,3 +35,27 @@ TEST_CASE("Spearman p-values by the t approximation equal mpmath's", "[analysis]
   CHECK(std::isnan(spearman_p_value(0.5, 2)));  // no degree of freedom
   CHECK(std::isnan(spearman_p_value(std::nan(""), 10)));
 }
+
+TEST_CASE("Student's t p-values and the tests over seeds equal mpmath's and a direct enumeration", "[analysis]") {
+  CHECK(student_t_p_value(2.5, 3) == Approx(0.087706647008065547).epsilon(1e-12));
+  CHECK(student_t_p_value(-1.2, 4.7) == Approx(0.28710945873298567).epsilon(1e-12));  // a Welch df
+  CHECK(student_t_p_value(INFINITY, 3) == 0);
+  CHECK(std::isnan(student_t_p_value(1, 0)));
+  // scores of arm a and arm b over four seeds (numpy for t and Welch's df, mpmath for the p-values,
+  // the 16 sign patterns for the sign-flip test)
+  auto r = seed_tests({0.5, 0.7, 0.6, 0.9}, {0.4, 0.5, 0.65, 0.6});
+  CHECK(r.n == 4);
+  CHECK(r.mean_difference == Approx(0.1375));
+  CHECK(r.paired_t == Approx(1.841880388213626).epsilon(1e-12));
+  CHECK(r.paired_p == Approx(0.16273310982429386).epsilon(1e-10));
+  CHECK(r.welch_t == Approx(1.3506000899655952).epsilon(1e-12));
+  CHECK(r.welch_df == Approx(5.147220657683808).epsilon(1e-12));
+  CHECK(r.welch_p == Approx(0.23316477959866688).epsilon(1e-10));
+  CHECK(r.sign_flip_p == 0.25);
+  auto same = seed_tests({0.5, 0.5}, {0.5, 0.5});  // no difference and no spread: nothing to reject
+  CHECK(same.paired_p == 1);
+  CHECK(same.welch_p == 1);
+  auto one = seed_tests({0.5}, {0.4});  // one seed: no test
+  CHECK(std::isnan(one.paired_p));
+  CHECK(std::isnan(one.welch_p));
+}
