@@ -253,6 +253,12 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
     auto p = s.rfind('/');
     return p == std::string::npos ? s : s.substr(p + 1);
   };
+  // A run's label: its folder, or ARM/seed-S in a seeded comparison.
+  auto label = [&](const nlohmann::json& r) {
+    if (r.contains("seed") && r["seed"].is_number())
+      return r.value("arm", std::string("?")) + "/seed-" + r["seed"].dump();
+    return name(r.value("run_dir", std::string()));
+  };
   std::vector<std::vector<std::string>> rows;
   const auto& runs = c.value("runs", nlohmann::json::array());
   for (auto& r : runs) {
@@ -265,11 +271,10 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
         : r.contains("equivalent_k") && r["equivalent_k"].is_string() ? r["equivalent_k"].get<std::string>()
         : c.contains("curve_of") && !c["curve_of"].is_null()          ? "> K"
                                                                       : "-";
-    rows.push_back({name(r.value("run_dir", std::string())),
-                    cp.contains("settings") ? cp["settings"].value("mode", std::string("?")) : "?", count("rollouts"),
-                    count("evaluations"), count("student_tokens"), count("teacher_tokens"), count("total_tokens"),
-                    secs("eval_seconds"), secs("learner_seconds"), fmt_num(value(a, "correct_rate")),
-                    fmt_num(value(a, "fast_1")), fmt_num(value(r, "score")), ek});
+    rows.push_back({label(r), cp.contains("settings") ? cp["settings"].value("mode", std::string("?")) : "?",
+                    count("rollouts"), count("evaluations"), count("student_tokens"), count("teacher_tokens"),
+                    count("total_tokens"), secs("eval_seconds"), secs("learner_seconds"),
+                    fmt_num(value(a, "correct_rate")), fmt_num(value(a, "fast_1")), fmt_num(value(r, "score")), ek});
   }
   h += "<h2>Arms</h2>\n" + table({"arm", "mode", "rollouts", "evaluations", "student tokens", "teacher tokens",
                                   "total tokens", "eval s", "learner s", "correct", "fast_1", "score", "equiv K"},
@@ -294,7 +299,7 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
     Chart ch{"comparison", "k (samples per task)", "fast_1"};
     ch.log2x = true;
     ch.ymin = 0;
-    Series curve{name((*ref)["run_dir"].get<std::string>()) + " fast_1@k"};
+    Series curve{label(*ref) + " fast_1@k"};
     double kmax = 1;
     for (auto& p : (*ref)["analysis"].value("at_k", nlohmann::json::array())) {
       curve.x.push_back(p["k"].get<double>());
@@ -304,7 +309,7 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
     ch.series.push_back(curve);
     for (auto& r : runs) {
       if (&r == ref) continue;
-      Series s{name(r.value("run_dir", std::string())) + " score"};
+      Series s{label(r) + " score"};
       s.line = false;
       // At its equivalent K; at the curve's first k when below it ("< 1"), at its end when the
       // curve never reaches it.
@@ -315,11 +320,43 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
       s.y.push_back(value(r, "score"));
       ch.series.push_back(s);
     }
-    h += "<h2>Scores on the reference's scaling curve</h2>\n<p class=\"note\">The line is " +
-         esc(name((*ref)["run_dir"].get<std::string>())) +
+    h += "<h2>Scores on the reference's scaling curve</h2>\n<p class=\"note\">The line is " + esc(label(*ref)) +
          "'s fast_1@k; each other arm's score sits at its equivalent K "
          "(at the curve's first k when below it, at its last k when it is never reached).</p>\n" +
          svg_chart(ch);
+  }
+  // Per task: best-of-N's fast_1@K against each task's Best-of-Adaptation.
+  for (auto& pt : c.value("per_task_bon_vs_boa", nlohmann::json::array())) {
+    std::vector<std::vector<std::string>> tr;
+    for (auto& t : pt["tasks"])
+      tr.push_back({t["task_id"].get<std::string>(), t["regime"].get<std::string>(),
+                    fmt_num(value(t, "base_correct_rate")), fmt_num(value(t, "bon_fast_1_at_k")),
+                    fmt_num(value(t, "boa_fast_1")), t["boa_step"].dump()});
+    for (auto& [rg, g] : pt["regimes"].items())
+      tr.push_back({"mean (" + std::to_string(g["tasks"].get<uint64_t>()) + " tasks)", rg, "",
+                    fmt_num(value(g, "bon_fast_1_at_k")), fmt_num(value(g, "boa_fast_1")), ""});
+    h += "<h2>Per task: " + esc(name(pt["bon_run_dir"].get<std::string>())) + "'s best-of-N against " +
+         esc(name(pt["run_dir"].get<std::string>())) +
+         "'s Best-of-Adaptation</h2>\n<p class=\"note\">BoN fast_1@K: some sample correct and faster; regime: "
+         "covered when some base sample of the task is correct.</p>\n" +
+         table({"task", "regime", "base correct", "BoN fast_1@K", "BoA fast_1", "BoA step"}, tr);
+  }
+  // Over seeds: mean and standard deviation of each arm, and each arm against the first.
+  if (c.contains("seeds") && c["seeds"].is_object()) {
+    const auto& sd = c["seeds"];
+    std::vector<std::vector<std::string>> ar, tr;
+    auto pm = [](const nlohmann::json& a, const std::string& k) {
+      return fmt_num(value(a, k + "_mean")) + " ± " + fmt_num(value(a, k + "_std"));
+    };
+    for (auto& a : sd["arms"])
+      ar.push_back(
+          {a["arm"].get<std::string>(), a["seeds"].dump(), pm(a, "score"), pm(a, "fast_1"), pm(a, "correct_rate")});
+    for (auto& t : sd["tests"])
+      tr.push_back({t["arm"].get<std::string>() + " vs " + t["against"].get<std::string>(), t["paired_seeds"].dump(),
+                    fmt_num(value(t, "mean_difference"), "{:+.3f}"), fmt_num(value(t, "paired_p"), "{:.3g}"),
+                    fmt_num(value(t, "sign_flip_p"), "{:.3g}"), fmt_num(value(t, "welch_p"), "{:.3g}")});
+    h += "<h2>Over seeds</h2>\n" + table({"arm", "seeds", "score", "fast_1", "correct"}, ar) +
+         table({"test", "paired seeds", "score difference", "paired t p", "sign-flip p", "Welch p"}, tr);
   }
   h +=
       "<p class=\"note\">Made by <code>launch report</code> from comparison.json (<code>launch compare --json</code>); "

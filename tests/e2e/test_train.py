@@ -739,6 +739,8 @@ per_task = true
             self.assertEqual(rows[t]["boa_step"], boa[t]["step"])
             self.assertEqual(rows[t]["regime"], "covered" if any(x["status"] == "ok" for x in mine) else "uncovered")
         self.assertIn("per task: bon's best-of-N (fast_1@K) against ttt's Best-of-Adaptation", p.stdout)
+        with open(os.path.join(root, "report.html")) as f:
+            self.assertIn("<h2>Per task: bon's best-of-N against ttt's Best-of-Adaptation</h2>", f.read())
         # The same command again: every task run is done, the arms are kept, nothing runs twice.
         again = subprocess.run([LAUNCH, os.path.join(root, "ttt.toml"), "--run-dir", arm], capture_output=True,
                                text=True, timeout=300)
@@ -815,6 +817,10 @@ mode = "ttt"
             self.assertAlmostEqual(t["welch_p"], p_of((a.mean() - b.mean()) / math.sqrt(qa + qb), df), places=9)
         self.assertIn("over seeds (mean +- standard deviation):", p.stdout)
         self.assertIn("ttt against bon: score difference", p.stdout)
+        with open(os.path.join(root, "report.html")) as f:
+            page = f.read()
+        for mark in ("<h2>Over seeds</h2>", "<td>bon/seed-2</td>", "<td>ttt vs bon</td>"):
+            self.assertIn(mark, page)
         assert_check_refuses(self, cfg, lambda t: t.replace("seeds = [0, 1, 2]", "seeds = [0, 0]"),
                              "comparison.seeds: expected a non-empty array of distinct seeds")
 
