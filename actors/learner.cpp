@@ -277,6 +277,8 @@ void try_step(self_ptr self, const LearnerArgs& args) {
              {"clip_fraction", r.clip_fraction},
              {"ratio_mean", r.ratio_mean},
              {"entropy", r.entropy},
+             {"mismatch_tokens", r.mismatch_tokens},
+             {"mismatch_sequences", r.mismatch_sequences},
              {"applied", r.applied ? 1.0 : 0.0},
              {"learner_s", r.seconds},
              {"groups", double(plan.groups)},

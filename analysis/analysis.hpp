@@ -27,6 +27,7 @@ struct AnalysisSample {
   uint32_t num_tokens = 0;  // completion tokens (0: unknown, e.g. replayed text)
   std::string split;        // "eval": a train run's periodic evaluation on held-out tasks (`step`
                             // is the policy version evaluated); analysed apart, under "eval"
+  bool hacked = false;      // status hacked: caught gaming the harness (counts in hacked_share)
 };
 
 struct AnalysisOptions {

@@ -414,14 +414,15 @@ std::string render_report(const ReportInputs& in) {
   const auto& steps = a.value("steps", nlohmann::json::array());
   if (steps.size() > 1) {
     Chart c{"training curves", "step", "rate / reward"};
-    Series f1{"fast_1"}, cr{"correct rate"}, rw{"mean reward"};
+    Series f1{"fast_1"}, cr{"correct rate"}, rw{"mean reward"}, hk{"hacked share"};
     for (auto& s : steps) {
       double x = s["step"].get<double>();
       f1.x.push_back(x), f1.y.push_back(value(s, fk));
       cr.x.push_back(x), cr.y.push_back(value(s, "correct_rate"));
       rw.x.push_back(x), rw.y.push_back(value(s, "mean_reward"));
+      hk.x.push_back(x), hk.y.push_back(value(s, "hacked_share"));
     }
-    c.series = {f1, cr, rw};
+    c.series = {f1, cr, rw, hk};
     std::string held_note;
     if (a.contains("eval")) {  // the periodic evaluation on held-out tasks, at the versions evaluated
       Series hf{"held-out fast_1"}, hc{"held-out correct rate"};
@@ -438,7 +439,8 @@ std::string render_report(const ReportInputs& in) {
     }
     c.ymin = 0;
     h += "<h2>Training curves</h2>\n<p class=\"note\">Each step's samples: fast_1 (correct and faster than the "
-         "reference), correct rate and mean reward. A train run's steps are sampled by the policy of that version; a "
+         "reference), correct rate, mean reward and the share caught gaming the harness (status hacked). A train run's "
+         "steps are sampled by the policy of that version; a "
          "ttt/sdpo run's best step is its Best-of-Adaptation." +
          held_note + "</p>\n" + svg_chart(c);
     Chart l{"learner", "step", "value"};

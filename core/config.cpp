@@ -613,6 +613,8 @@ void read_learner(TableReader& r, Config& c, const toml::table& root) {
   r.integer("warmup_steps", l.warmup_steps, 0, 1 << 24);
   r.number("clip_low", l.clip_low, 0, 1);
   r.number("clip_high", l.clip_high, 0, 100);
+  r.one_of("mismatch", l.mismatch, {"off", "token", "sequence"});
+  r.number("mismatch_threshold", l.mismatch_threshold, 0, 100);
   r.one_of("aggregation", l.aggregation, {"token_mean", "seq_mean"});
   r.number("kl_coef", l.kl_coef, 0, 1e3);
   r.number("entropy_coef", l.entropy_coef, 0, 1e3);

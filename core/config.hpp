@@ -174,6 +174,9 @@ struct LearnerConfig {
   uint32_t warmup_steps = 0;               // linear warmup steps before the schedule
   double clip_low = 0.2;                   // PPO clip range below 1
   double clip_high = 0.2;                  // PPO clip range above 1 (clip-higher: e.g. 0.28)
+  std::string mismatch = "off";            // mismatch rejection sampling: "token" or "sequence" drops
+                                           // tokens / sequences whose learner and sampler logprobs
+  double mismatch_threshold = 0.5;         // differ by more than this |log ratio| (sequence: mean)
   std::string aggregation = "token_mean";  // token_mean or seq_mean
   double kl_coef = 0;                      // k3 KL to the base policy (adapter off); 0: none
   double entropy_coef = 0;                 // entropy bonus: the loss minus entropy_coef x the policy's

@@ -114,13 +114,15 @@ int cmd_analyze(const AnalyzeOptions& o) {
               (unsigned long long)j["tasks"].get<uint64_t>(), j["correct_rate"].get<double>(), fast_line.c_str(),
               f(j["mean_speedup"], "{:.2f}x").c_str(), f(j["geomean_speedup"], "{:.2f}x").c_str());
   if (j["steps"].size() > 1 || learner) {
-    std::printf("\n%5s %8s %8s%s %11s %10s\n", "step", "samples", "correct", fast_cols.c_str(), "mean reward", "loss");
+    std::printf("\n%5s %8s %8s%s %7s %11s %10s\n", "step", "samples", "correct", fast_cols.c_str(), "hacked",
+                "mean reward", "loss");
     for (auto& st : j["steps"]) {
       std::string loss =
           st.contains("learner") && st["learner"].contains("loss") ? f(st["learner"]["loss"], "{:.4f}") : "-";
-      std::printf("%5u %8llu %8.3f%s %11.3f %10s\n", st["step"].get<uint32_t>(),
+      std::printf("%5u %8llu %8.3f%s %7.3f %11.3f %10s\n", st["step"].get<uint32_t>(),
                   (unsigned long long)st["samples"].get<uint64_t>(), st["correct_rate"].get<double>(),
-                  fast_vals(st).c_str(), st["mean_reward"].get<double>(), loss.c_str());
+                  fast_vals(st).c_str(), st["hacked_share"].get<double>(), st["mean_reward"].get<double>(),
+                  loss.c_str());
     }
   }
   if (j.contains("eval")) {  // a train run's periodic evaluation on held-out tasks

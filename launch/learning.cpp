@@ -42,6 +42,8 @@ std::shared_ptr<LearnerEngine> make_engine(const Config& cfg, const std::string&
   lo.clip_high = cfg.learner.clip_high;
   lo.kl_coef = cfg.learner.kl_coef;
   lo.entropy_coef = cfg.learner.entropy_coef;
+  lo.mismatch = cfg.learner.mismatch;
+  lo.mismatch_threshold = cfg.learner.mismatch_threshold;
   lo.objective = traits(cfg.experiment.mode).objective;
   lo.sdpo_beta = cfg.sdpo.beta;
   lo.aggregation = cfg.learner.aggregation;

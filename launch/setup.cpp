@@ -167,7 +167,7 @@ std::vector<AnalysisSample> analysis_samples(Store& store) {
     EvalStatus status = EvalStatus::runtime_error;
     const bool verdict = !from_string(r.status, status) || is_verdict(status);
     out.push_back({verdict, r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean, r.num_tokens,
-                   r.record.rollout.split});
+                   r.record.rollout.split, r.status == "hacked"});
   }
   return out;
 }

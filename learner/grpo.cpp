@@ -31,6 +31,19 @@ LossTerms loss_terms(const torch::Tensor& logp, const torch::Tensor& old_logp, c
   return t;
 }
 
+torch::Tensor mismatch_mask(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& mask,
+                            const std::string& mode, double threshold) {
+  if (mode == "off") return mask;
+  torch::NoGradGuard ng;
+  auto d = logp.detach() - old_logp;
+  if (mode == "token") return mask * (d.abs() <= threshold).to(mask.scalar_type());
+  if (mode == "sequence") {
+    auto mean = (d * mask).sum(1) / mask.sum(1).clamp_min(1);
+    return mask * (mean.abs() <= threshold).to(mask.scalar_type()).unsqueeze(1);
+  }
+  throw std::invalid_argument("loss: mismatch \"" + mode + "\" (expected off, token or sequence)");
+}
+
 torch::Tensor per_token_loss(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& advantages,
                              const torch::Tensor& ref_logp, const LossOptions& o) {
   return loss_terms(logp, old_logp, advantages, ref_logp, o).per_token;

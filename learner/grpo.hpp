@@ -22,7 +22,19 @@ struct LossOptions {
   std::string aggregation = "token_mean";  // token_mean or seq_mean
   double kl_coef = 0;                      // weight of the k3 KL to the reference policy (0: none)
   double entropy_coef = 0;                 // weight of the entropy bonus (0: none)
+  // Mismatch rejection sampling: tokens (or whole sequences) whose logprob under the policy being
+  // trained and under the sampler that drew them disagree by more than mismatch_threshold in |log
+  // ratio| (a sequence: the mean over its tokens) leave the loss, as if masked. "off", "token" or
+  // "sequence" (LoraTrainer::accumulate applies it and counts what it dropped).
+  std::string mismatch = "off";
+  double mismatch_threshold = 0.5;
 };
+
+// The mask of mismatch rejection sampling: `mask` [B, T] with the tokens (mode "token") or the
+// sequences (mode "sequence": the mean of log(ratio) over the sequence's masked tokens) whose
+// |logp - old_logp| exceeds `threshold` set to 0; `mask` itself for mode "off".
+torch::Tensor mismatch_mask(const torch::Tensor& logp, const torch::Tensor& old_logp, const torch::Tensor& mask,
+                            const std::string& mode, double threshold);
 
 struct LossResult {
   torch::Tensor loss;        // scalar, differentiable in logp

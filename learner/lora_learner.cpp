@@ -32,6 +32,8 @@ TrainOptions train_options(const LearnerOptions& o) {
   to.loss.clip_high = o.clip_high;
   to.loss.kl_coef = o.kl_coef;
   to.loss.entropy_coef = o.entropy_coef;
+  to.loss.mismatch = o.mismatch;
+  to.loss.mismatch_threshold = o.mismatch_threshold;
   to.loss.aggregation = o.aggregation;
   to.activation_checkpointing = o.activation_checkpointing;
   return to;
@@ -281,6 +283,8 @@ UpdateStats to_stats(const StepReport& r) {
   u.clip_fraction = r.clip_fraction;
   u.ratio_mean = r.ratio_mean;
   u.entropy = r.entropy;
+  u.mismatch_tokens = r.mismatch_tokens;
+  u.mismatch_sequences = r.mismatch_sequences;
   u.applied = true;
   return u;
 }

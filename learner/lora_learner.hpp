@@ -43,6 +43,8 @@ struct LearnerOptions {
   int64_t warmup_steps = 0, total_steps = 0;
   double temperature = 1.0;  // the sampler's temperature: logprobs are recomputed at it
   double clip_low = 0.2, clip_high = 0.2, kl_coef = 0, entropy_coef = 0;
+  std::string mismatch = "off";     // mismatch rejection sampling: off, token or sequence
+  double mismatch_threshold = 0.5;  // |log(learner / sampler probability)| beyond which it rejects
   std::string aggregation = "token_mean";
   uint32_t minibatch_size = 8;            // sequences per forward/backward
   bool activation_checkpointing = false;  // recompute each layer in the backward pass
@@ -78,8 +80,9 @@ struct UpdateStats {
   uint64_t version = 0;  // policy version after the step
   double loss = 0, grad_norm = 0, lr = 0, tokens = 0, sequences = 0;
   double pg = 0, kl = 0, clip_fraction = 0, ratio_mean = 0, entropy = 0;
-  bool applied = false;  // false: no group carried a gradient (all skipped)
-  double seconds = 0;    // forward/backward and optimizer time of the step
+  double mismatch_tokens = 0, mismatch_sequences = 0;  // left out by mismatch rejection sampling
+  bool applied = false;                                // false: no group carried a gradient (all skipped)
+  double seconds = 0;                                  // forward/backward and optimizer time of the step
 };
 
 // What the learner actor drives (actors/learner.cpp calls nothing else, so it links without

@@ -40,6 +40,10 @@ LoraTrainer::LoraTrainer(CausalLM& model, const TrainOptions& o) : model_(model)
   model_.set_checkpointing(o.activation_checkpointing);
 }
 
+// The sums a step accumulates: loss, tokens, pg, k3, clipped tokens, ratio, entropy, tokens and
+// sequences left out by mismatch rejection sampling.
+constexpr int64_t kStats = 9;
+
 void LoraTrainer::accumulate(const TrainBatch& b) {
   if (sft_ && sequences_ > 0) throw std::logic_error("trainer: GRPO and SFT minibatches mixed in one step");
   sft_ = false;
@@ -61,8 +65,10 @@ void LoraTrainer::accumulate(const TrainBatch& b) {
   }
   torch::Tensor ent;
   auto lp = model_.sequence_logprobs(b.ids, /*training=*/true, o_.temperature, &ent, o_.loss.entropy_coef != 0);
-  auto m = b.mask.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
+  auto m0 = b.mask.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
   auto old = b.old_logp.to(dev, torch::kFloat32).narrow(1, 1, L - 1);
+  // Mismatch rejection sampling: what it leaves out is counted (tokens, and sequences left empty).
+  auto m = mismatch_mask(lp, old, m0, o_.loss.mismatch, o_.loss.mismatch_threshold);
   auto adv = b.advantages.to(dev, torch::kFloat32);
   if (adv.dim() == 2) adv = adv.narrow(1, 1, L - 1);
   const LossTerms t = loss_terms(lp, old, adv, ref, o_.loss, ent);
@@ -78,9 +84,12 @@ void LoraTrainer::accumulate(const TrainBatch& b) {
   auto pg = t.pg.detach() * m;
   auto pg_sum = o_.loss.aggregation == "token_mean" ? pg.sum() : (pg.sum(1) / m.sum(1).clamp_min(1)).sum();
   auto kl = t.k3.defined() ? (t.k3.detach() * m).sum() : torch::zeros({}, m.options());
+  auto dropped = (m0 - m).sum();
+  auto dropped_seqs = ((m0.sum(1) > 0) & (m.sum(1) == 0)).to(m.scalar_type()).sum();
   auto stats =
       torch::stack({sum.detach(), m.sum(), pg_sum, kl, ((t.clipped > t.unclipped).to(m.scalar_type()) * m).sum(),
-                    (t.ratio.detach() * m).sum(), (ent.detach() * m).sum()});
+                    (t.ratio.detach() * m).sum(),
+                    ent.defined() ? (ent.detach() * m).sum() : torch::zeros({}, m.options()), dropped, dropped_seqs});
   stats_ = stats_.defined() ? stats_ + stats : stats;
   sequences_ += double(B);
 }
@@ -95,7 +104,7 @@ void LoraTrainer::accumulate_sft(const torch::Tensor& ids, const torch::Tensor& 
   sum.backward();
   torch::NoGradGuard ng;
   auto z = torch::zeros({}, m.options());
-  auto stats = torch::stack({sum.detach(), m.sum(), z, z, z, z, z});
+  auto stats = torch::stack({sum.detach(), m.sum(), z, z, z, z, z, z, z});
   stats_ = stats_.defined() ? stats_ + stats : stats;
   sequences_ += double(ids.size(0));
 }
@@ -106,7 +115,7 @@ void LoraTrainer::reduce_ranks() {
   torch::NoGradGuard ng;
   auto f32 = params_.front().options().dtype(torch::kFloat32);
   const bool has = stats_.defined();
-  std::vector<torch::Tensor> parts{has ? stats_.to(torch::kFloat32) : torch::zeros({7}, f32),
+  std::vector<torch::Tensor> parts{has ? stats_.to(torch::kFloat32) : torch::zeros({kStats}, f32),
                                    torch::tensor({sequences_, has && sft_ ? 1.0 : 0.0, has && !sft_ ? 1.0 : 0.0},
                                                  torch::TensorOptions().dtype(torch::kFloat32))
                                        .to(f32.device())};
@@ -114,16 +123,16 @@ void LoraTrainer::reduce_ranks() {
     parts.push_back(p.grad().defined() ? p.grad().reshape(-1).to(torch::kFloat32) : torch::zeros({p.numel()}, f32));
   auto flat = torch::cat(parts);
   reducer_->sum(flat);
-  auto head = flat.narrow(0, 7, 3).to(torch::kCPU, torch::kFloat64);
+  auto head = flat.narrow(0, kStats, 3).to(torch::kCPU, torch::kFloat64);
   const double sequences = head[0].item<double>(), sft_ranks = head[1].item<double>(),
                grpo_ranks = head[2].item<double>();
   if (sft_ranks > 0 && grpo_ranks > 0)
     throw std::logic_error("trainer: GRPO and SFT minibatches mixed in one data-parallel step");
   if (sequences <= 0) throw std::runtime_error("trainer: step without any accumulated tokens (on any rank)");
-  stats_ = flat.narrow(0, 0, 7).clone();
+  stats_ = flat.narrow(0, 0, kStats).clone();
   sequences_ = sequences;
   sft_ = sft_ranks > 0;
-  int64_t off = 10;
+  int64_t off = kStats + 3;
   for (auto& p : params_) {
     auto g = flat.narrow(0, off, p.numel()).view(p.sizes()).to(p.scalar_type());
     off += p.numel();
@@ -160,7 +169,11 @@ StepReport LoraTrainer::step() {
     r.ratio_mean = h[5] / tokens;
     r.entropy = h[6] / tokens;
   }
-  r.grad_norm = std::sqrt(h[7]) / norm;
+  if (!sft_) {
+    r.mismatch_tokens = h[7];
+    r.mismatch_sequences = h[8];
+  }
+  r.grad_norm = std::sqrt(h[kStats]) / norm;
   double scale = 1.0 / norm;
   if (o_.max_grad_norm > 0 && r.grad_norm > o_.max_grad_norm) scale *= o_.max_grad_norm / (r.grad_norm + 1e-6);
   for (auto& p : params_)

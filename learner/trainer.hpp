@@ -50,6 +50,9 @@ struct StepReport {
   // Token means over the step (GRPO steps; 0 for SFT): the policy-gradient term, k3 KL to the
   // reference, share of tokens whose clipped term was taken, importance ratio, entropy.
   double pg = 0, kl = 0, clip_fraction = 0, ratio_mean = 0, entropy = 0;
+  // Mismatch rejection sampling (LossOptions::mismatch): tokens it left out, and sequences it left
+  // without any token.
+  double mismatch_tokens = 0, mismatch_sequences = 0;
 };
 
 class GradientReducer;  // learner/data_parallel.hpp

@@ -34,6 +34,7 @@
 //       adapter to DIR (PEFT format) with DIR/report.json (each step's loss, gradient norm, lr, ...)
 //   policy_probe engine-step --model DIR [--adapter DIR] --groups FILE --out DIR [--devices D1,D2,...]
 //                            [--dtype T] [--steps S] [--lr X] [--minibatch M] [--estimator E]
+//                            [--mismatch off|token|sequence] [--mismatch-threshold X]
 //       the learner's engine as `launch` makes it (create_learner: one rank, or data-parallel
 //       ranks on D1, D2, ...) learns S steps, each from every group of FILE (JSON: a list of
 //       groups, each a list of {prompt, token_ids, logprobs, reward}); saves its checkpoint to DIR
@@ -313,6 +314,8 @@ int main(int argc, char** argv) {
       lo.estimator = get("--estimator", "grpo");
       lo.seed = std::stoull(get("--seed", "0"));
       lo.activation_checkpointing = get("--checkpoint", "0") == "1";
+      lo.mismatch = get("--mismatch", "off");
+      lo.mismatch_threshold = std::stod(get("--mismatch-threshold", "0.5"));
       std::ifstream in(get("--groups"));
       auto j = nlohmann::json::parse(in);
       std::vector<std::vector<LearnSample>> groups;
@@ -337,6 +340,8 @@ int main(int argc, char** argv) {
                           {"grad_norm", u.grad_norm},
                           {"tokens", u.tokens},
                           {"sequences", u.sequences},
+                          {"mismatch_tokens", u.mismatch_tokens},
+                          {"mismatch_sequences", u.mismatch_sequences},
                           {"version", u.version},
                           {"seconds", u.seconds},
                           {"wall_s", mono_s() - t0}});

@@ -95,6 +95,9 @@ class AnalyzeTest(unittest.TestCase):
                         r["token_ids"] = [rng.randint(5, 500) for _ in range(n)]
                         r["logprobs"] = [-rng.random() * 3 for _ in range(n)]
                         out.write(json.dumps(r) + "\n")
+            # One action that games the harness (it runs the reference itself): status hacked.
+            out.write(json.dumps({"task_id": "06_swish", "completion": "return Model()(x)", "token_ids": [7, 8, 9],
+                                  "logprobs": [-1.0, -2.0, -0.5]}) + "\n")
         cfg = os.path.join(cls.tmp, "eval.toml")
         with open(cfg, "w") as f:
             f.write("""
@@ -155,6 +158,10 @@ progress = false
                 self.assertAlmostEqual(per_task[t]["best_speedup"], sp[ok & m].max(), places=9)
         self.assertEqual([s["step"] for s in a["steps"]], [0])
         self.assertAlmostEqual(a["steps"][0]["fast_1"], a["fast_1"], places=12)
+        hacked = np.array([s["status"] == "hacked" for s in self.samples])
+        self.assertEqual(hacked.sum(), 1)
+        self.assertAlmostEqual(a["hacked_share"], hacked.mean(), places=12)
+        self.assertAlmostEqual(a["steps"][0]["hacked_share"], hacked.mean(), places=12)
 
     def test_pass_and_fast_at_k_use_the_unbiased_estimator(self):
         a = self.analyze("--k", "1,2,3,5", "--bootstrap", "400", "--seed", "3")

@@ -293,6 +293,57 @@ class DataParallelEngineTest(unittest.TestCase):
                 self.assertAlmostEqual(s1[key], s2[key], delta=1e-5 * max(1.0, abs(s2[key])), msg=(what, key))
             self.assertEqual(s1["version"], s2["version"])
 
+    def test_mismatch_rejection_leaves_out_the_tokens_and_sequences_the_sampler_got_wrong(self):
+        # The sampler's logprobs set to PEFT's own (float32) under the starting adapter, then a few
+        # tokens (and, for the sequence mode, one whole sequence) moved by 2: those leave the loss.
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(self.model)
+        m = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(self.model, dtype=torch.float32),
+                                      self.adapter).eval()
+        groups = json.loads(json.dumps(self.groups))
+        for g in groups:
+            for x in g:
+                p = tok(x["prompt"], add_special_tokens=False)["input_ids"]
+                with torch.no_grad():
+                    lp = torch.log_softmax(m(input_ids=torch.tensor([p + x["token_ids"]])).logits[0, :-1], -1)
+                x["logprobs"] = lp[len(p) - 1:].gather(-1, torch.tensor(x["token_ids"])[:, None])[:, 0].tolist()
+        truth = json.loads(json.dumps(groups))
+        moved = [(0, 1, 0), (1, 2, 1), (4, 0, 2)]  # (group, sample, token)
+        for gi, si, ti in moved:
+            groups[gi][si]["logprobs"][ti] += 2.0
+        learned = [g for g in groups if len(set(x["reward"] for x in g)) > 1]  # (equal rewards: no gradient)
+        total = sum(len(x["token_ids"]) for g in learned for x in g)
+        off = self.step("cpu", groups)[1][0]
+        token = self.step("cpu", groups, "--mismatch", "token", "--mismatch-threshold", "0.5")[1][0]
+        self.assertEqual((off["tokens"], off["mismatch_tokens"]), (total, 0))
+        self.assertEqual((token["tokens"], token["mismatch_tokens"], token["mismatch_sequences"]),
+                         (total - len(moved), len(moved), 0))
+        # The token mean of -A x ratio over the tokens kept (ratio 1 up to float32: the logprobs are
+        # the learner's own), A the group's (r - mean) / (sample std + 1e-4).
+        num = den = 0.0
+        for gi, g in enumerate(groups):
+            r = np.array([x["reward"] for x in g])
+            if len(set(r)) == 1:
+                continue
+            adv = (r - r.mean()) / (r.std(ddof=1) + 1e-4)
+            for si, x in enumerate(g):
+                kept = len(x["token_ids"]) - sum(1 for a, b, _ in moved if (a, b) == (gi, si))
+                num += -adv[si] * kept
+                den += kept
+        self.assertAlmostEqual(token["loss"], num / den, delta=1e-4)
+        # Sequence mode: a sequence goes when the mean of its log ratios is beyond the threshold.
+        whole = json.loads(json.dumps(groups))
+        whole[1][0]["logprobs"] = [v + 1.0 for v in whole[1][0]["logprobs"]]
+        seq = self.step("cpu", whole, "--mismatch", "sequence", "--mismatch-threshold", "0.5")[1][0]
+        # (a sample with one token moved by 2 goes too when it has fewer than 4 tokens)
+        dropped = [(gi, si) for gi, g in enumerate(whole) if len(set(x["reward"] for x in g)) > 1
+                   for si, x in enumerate(g)
+                   if abs(np.mean(np.array(x["logprobs"]) - np.array(truth[gi][si]["logprobs"]))) > 0.5]
+        self.assertIn((1, 0), dropped)
+        self.assertEqual(seq["mismatch_sequences"], len(dropped))
+        self.assertEqual(seq["tokens"], total - sum(len(whole[gi][si]["token_ids"]) for gi, si in dropped))
+
     def test_ranks_take_the_one_rank_step_on_the_same_groups(self):
         one = self.step("cpu", self.groups)
         two = self.step("cpu,cpu", self.groups)

@@ -248,10 +248,11 @@ TEST_CASE("the evaluator backend and the telemetry endpoint are checked", "[conf
 
 TEST_CASE("the learner's keys and the train mode are checked", "[config][learner]") {
   Scratch s;
-  auto e = errors_of(base +
-                         "[learner]\ngroup_size = 1\nlr_schedule = \"step\"\nlora_targets = [\"qkv\"]\n"
-                         "aggregation = \"sum\"\ndtype = \"f8\"\n[experiment]\nmode = \"train\"\n",
-                     s.cfg());
+  auto e =
+      errors_of(base +
+                    "[learner]\ngroup_size = 1\nlr_schedule = \"step\"\nlora_targets = [\"qkv\"]\n"
+                    "aggregation = \"sum\"\ndtype = \"f8\"\nmismatch = \"tokens\"\n[experiment]\nmode = \"train\"\n",
+                s.cfg());
   auto has = [&](const std::string& prefix) {
     for (auto& x : e)
       if (x.find(prefix) != std::string::npos) return true;
@@ -263,6 +264,7 @@ TEST_CASE("the learner's keys and the train mode are checked", "[config][learner
   CHECK(has("learner.lora_targets: \"qkv\" is not one of q_proj"));
   CHECK(has("learner.aggregation:"));
   CHECK(has("learner.dtype: expected f32, f16 or bf16"));
+  CHECK(has("learner.mismatch: expected one of off, token, sequence, got \"tokens\""));
   // train with the replay sampler and no model: both named
   CHECK(has("experiment.mode: train needs a model sampler"));
   CHECK(has("experiment.mode: train needs [policy] model"));
