@@ -22,11 +22,12 @@ namespace kernelrl {
 namespace {
 
 struct StepPlan {
-  uint64_t groups = 0;           // groups the supervisor planned
-  uint64_t learned = 0;          // groups learned from (including skipped ones)
-  uint64_t skipped = 0;          // groups with equal rewards
-  uint64_t teacher_tokens = 0;   // sdpo: tokens the teacher read
-  uint64_t teacher_samples = 0;  // sdpo: samples with a teacher signal
+  uint64_t groups = 0;             // groups the supervisor planned
+  uint64_t learned = 0;            // groups learned from (including skipped ones)
+  uint64_t skipped = 0;            // groups with equal rewards
+  uint64_t teacher_tokens = 0;     // sdpo: tokens the teacher read
+  uint64_t teacher_samples = 0;    // sdpo: samples with a teacher signal
+  uint64_t coverage_rejected = 0;  // samples profiling rejection sampling took out of their groups
   caf::response_promise rp;
 };
 
@@ -196,6 +197,24 @@ void write_teacher_log(const LearnerArgs& args, StepPlan& plan, const std::vecto
   }
 }
 
+}  // namespace
+
+bool rejected_for_coverage(const ScoredRollout& s, double below, double keep_probability, uint64_t seed) {
+  if (below <= 0 || s.result.status != EvalStatus::ok || s.result.kernel_coverage < 0 ||
+      s.result.kernel_coverage >= below)
+    return false;
+  if (keep_probability <= 0) return true;
+  // A draw fixed by the sample: the same sample is kept or rejected in every replay of the run.
+  uint64_t h = seed ^ 0x9E3779B97F4A7C15ull;
+  for (unsigned char c : s.rollout.sample_id) h = (h ^ c) * 0x100000001B3ull;
+  h ^= h >> 33;
+  h *= 0xFF51AFD7ED558CCDull;
+  h ^= h >> 33;
+  return double(h >> 11) * (1.0 / 9007199254740992.0) >= keep_probability;
+}
+
+namespace {
+
 // Learns from every complete group of the current step that is waiting, then steps if the
 // step's groups are all in.
 void learn_ready(self_ptr self, const LearnerArgs& args) {
@@ -207,6 +226,23 @@ void learn_ready(self_ptr self, const LearnerArgs& args) {
     if (g->second.size() < args.group_size) {
       ++g;
       continue;
+    }
+    if (args.reject_coverage_below > 0) {  // profiling rejection sampling: lazy correct samples leave the group
+      const size_t before = g->second.size();
+      std::erase_if(g->second, [&](const ScoredRollout& s) {
+        return rejected_for_coverage(s, args.reject_coverage_below, args.reject_keep_probability, args.reject_seed);
+      });
+      it->second.coverage_rejected += before - g->second.size();
+      if (g->second.size() < 2) {  // nothing left to compare within the group
+        lg->info("step {} group {}: {} of its {} samples rejected for kernel coverage below {}; the group is skipped",
+                 st.current, g->first.second, before - g->second.size(), before, args.reject_coverage_below);
+        ++it->second.skipped;
+        ++st.groups_skipped;
+        ++it->second.learned;
+        ++st.groups_learned;
+        g = st.groups.erase(g);
+        continue;
+      }
     }
     std::vector<LearnSample> samples;
     for (auto& s : g->second)
@@ -283,6 +319,7 @@ void try_step(self_ptr self, const LearnerArgs& args) {
              {"learner_s", r.seconds},
              {"groups", double(plan.groups)},
              {"groups_skipped", double(plan.skipped)}};
+  if (args.reject_coverage_below > 0) u.stats["coverage_rejected"] = double(plan.coverage_rejected);
   if (args.sdpo_enabled) {
     u.stats["teacher_tokens"] = double(plan.teacher_tokens);
     u.stats["teacher_samples"] = double(plan.teacher_samples);

@@ -52,7 +52,17 @@ struct LearnerArgs {
   SdpoOptions sdpo;
   std::function<std::string(const std::string& task_id, const std::string& section)> teacher_prompt;
   std::string teacher_log;  // RUN_DIR/teacher.jsonl
+  // Profiling rejection sampling: a correct sample whose own kernels were measured to cover less
+  // than reject_coverage_below of the GPU time (kernel_coverage, GPU evaluations only) leaves its
+  // group before the group is learned from, unless a draw keeps it (reject_keep_probability, by a
+  // hash of its sample id and reject_seed); counted per step (coverage_rejected). 0: off.
+  double reject_coverage_below = 0;
+  double reject_keep_probability = 0;
+  uint64_t reject_seed = 0;
 };
+
+// Whether profiling rejection sampling (LearnerArgs::reject_coverage_below) takes `s` out of its group.
+bool rejected_for_coverage(const ScoredRollout& s, double below, double keep_probability, uint64_t seed);
 
 caf::actor spawn_learner(caf::actor_system& sys, LearnerArgs args);
 

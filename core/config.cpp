@@ -582,6 +582,8 @@ void read_reward(TableReader& r, Config& c, const toml::table& root) {
   r.one_of("normalize", c.reward.normalize, {"none", "task_mean"});
   r.number("coverage_weight", c.reward.coverage_weight, -1e6, 1e6);
   r.number("min_coverage", c.reward.min_coverage, 0, 1);
+  r.number("reject_coverage_below", c.reward.reject_coverage_below, 0, 1);
+  r.number("reject_keep_probability", c.reward.reject_keep_probability, 0, 1);
   r.number("lazy_reward", c.reward.lazy_reward, -1e6, 1e6);
 }
 

@@ -134,24 +134,27 @@ struct EvaluatorConfig {
 };
 
 struct RewardConfig {
-  std::string shape = "speedup";   // speedup, log_speedup, none (correct samples get
-                                   // correct_bonus alone: a reward of correctness only), or
-                                   // threshold (1 when correct and speedup > threshold, else 0:
-                                   // the sparse fast_p reward)
-  double threshold = 1.0;          // shape = "threshold": the speedup to beat
-  double max_speedup = 0;          // 0: no cap, the raw speedup (the seeds' reward); N >= 1: speedups
-                                   // are clipped to N before shaping. Either way a speedup above
-                                   // [evaluator] reverify_speedup is re-verified in full first
-  double correct_bonus = 0;        // added to the reward of every correct sample
-  std::string normalize = "none";  // none, or task_mean: the speedup term over the running mean
-                                   // of that task's correct speedups (per-task normalization)
-  double coverage_weight = 0;      // + weight * kernel coverage for correct samples (GPU)
-  double min_coverage = 0;         // correct samples whose measured coverage is below this are
-                                   // rejected as lazy: reward lazy_reward
-  double lazy_reward = 0;          // reward of a rejected lazy sample
-  double incorrect_reward = 0;     // reward of a sample that ran but was wrong
-  double failure_reward = 0;       // reward of format/compile/runtime errors and timeouts
-  double hacked_reward = 0;        // reward of a sample caught gaming the harness
+  std::string shape = "speedup";       // speedup, log_speedup, none (correct samples get
+                                       // correct_bonus alone: a reward of correctness only), or
+                                       // threshold (1 when correct and speedup > threshold, else 0:
+                                       // the sparse fast_p reward)
+  double threshold = 1.0;              // shape = "threshold": the speedup to beat
+  double max_speedup = 0;              // 0: no cap, the raw speedup (the seeds' reward); N >= 1: speedups
+                                       // are clipped to N before shaping. Either way a speedup above
+                                       // [evaluator] reverify_speedup is re-verified in full first
+  double correct_bonus = 0;            // added to the reward of every correct sample
+  std::string normalize = "none";      // none, or task_mean: the speedup term over the running mean
+                                       // of that task's correct speedups (per-task normalization)
+  double coverage_weight = 0;          // + weight * kernel coverage for correct samples (GPU)
+  double min_coverage = 0;             // correct samples whose measured coverage is below this are
+                                       // rejected as lazy: reward lazy_reward
+  double lazy_reward = 0;              // reward of a rejected lazy sample
+  double reject_coverage_below = 0;    // profiling rejection sampling: correct samples whose measured
+                                       // coverage is below this leave the learner's batch (0: off)
+  double reject_keep_probability = 0;  // ... unless kept by a draw with this probability
+  double incorrect_reward = 0;         // reward of a sample that ran but was wrong
+  double failure_reward = 0;           // reward of format/compile/runtime errors and timeouts
+  double hacked_reward = 0;            // reward of a sample caught gaming the harness
 };
 
 struct LearnerConfig {

@@ -83,6 +83,9 @@ LearningActors spawn_learning(caf::actor_system& sys, const Config& cfg,
   LearnerArgs la;
   la.engine = std::move(engine);
   la.group_size = cfg.learner.group_size;
+  la.reject_coverage_below = cfg.reward.reject_coverage_below;
+  la.reject_keep_probability = cfg.reward.reject_keep_probability;
+  la.reject_seed = cfg.experiment.seed;
   la.selector = run.selector;
   la.checkpoint_dir = checkpoints;
   la.sync_timeout_s = cfg.learner.sync_timeout_s;

@@ -13,6 +13,8 @@
 
 #include <caf/all.hpp>
 #include <catch2/catch.hpp>
+
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include <atomic>
@@ -263,6 +265,64 @@ TEST_CASE("a weight sync that is not acknowledged stops the step with an error",
               [](caf::error&) { FAIL("expected a StepUpdate carrying the error"); });
     for (auto& a : {learner, good, bad}) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
+}
+
+TEST_CASE("profiling rejection sampling takes lazy correct samples out of their groups, counted per step",
+          "[learner]") {
+  // Which samples go: correct ones measured below the threshold; never unmeasured or wrong ones.
+  auto covered = [](double reward, double coverage, const std::string& task = "a", uint32_t i = 0) {
+    auto x = sample(0, 0, i, task, 0, reward);
+    x.result.kernel_coverage = coverage;
+    return x;
+  };
+  CHECK(rejected_for_coverage(covered(2.0, 0.1), 0.3, 0, 0));
+  CHECK_FALSE(rejected_for_coverage(covered(2.0, 0.5), 0.3, 0, 0));
+  CHECK_FALSE(rejected_for_coverage(covered(2.0, -1), 0.3, 0, 0));   // not measured (a CPU evaluation)
+  CHECK_FALSE(rejected_for_coverage(covered(0.0, 0.1), 0.3, 0, 0));  // wrong: nothing to reject
+  CHECK_FALSE(rejected_for_coverage(covered(2.0, 0.1), 0, 0, 0));    // off
+  // Kept with a probability: about that share of many lazy samples stays, the same ones each time.
+  int kept = 0;
+  for (uint32_t i = 0; i < 2000; ++i) {
+    const bool r = rejected_for_coverage(covered(2.0, 0.1, "t", i), 0.3, 0.25, 7);
+    CHECK(r == rejected_for_coverage(covered(2.0, 0.1, "t", i), 0.3, 0.25, 7));
+    kept += r ? 0 : 1;
+  }
+  CHECK(kept > 2000 * 0.25 - 4 * std::sqrt(2000 * 0.25 * 0.75));
+  CHECK(kept < 2000 * 0.25 + 4 * std::sqrt(2000 * 0.25 * 0.75));
+
+  System s;
+  TempDir tmp;
+  auto engine = std::make_shared<ScriptedEngine>();
+  LearnerArgs la;
+  la.engine = engine;
+  la.group_size = 3;
+  la.checkpoint_dir = (tmp.path / "checkpoints").string();
+  la.reject_coverage_below = 0.3;
+  auto learner = spawn_learner(*s.sys, la);
+  auto sampler = s.sys->spawn(fake_sampler, std::string("ok"));
+  caf::scoped_actor self{*s.sys};
+  sync_at_version_0(self, learner, {sampler});
+  auto h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{0}, uint64_t{2});
+  // Group 0: one lazy correct sample of three; group 1: two of three, leaving one: skipped.
+  std::vector<ScoredRollout> g0 = {covered(2.0, 0.1, "a", 0), covered(1.5, 0.9, "a", 1), covered(0, -1, "a", 2)};
+  std::vector<ScoredRollout> g1 = {covered(2.0, 0.05, "b", 0), covered(3.0, 0.2, "b", 1), covered(0, -1, "b", 2)};
+  for (auto* g : {&g0, &g1})
+    for (auto& x : *g) {
+      x.rollout.group_id = g == &g0 ? 0 : 1;
+      x.rollout.sample_id = make_sample_id(x.rollout.task_id, x.rollout.group_id, x.rollout.sample_index);
+      self->send(learner, train_atom::value, x);
+    }
+  h.receive(
+      [&](StepUpdate& u) {
+        CHECK(u.error.empty());
+        CHECK(u.stats["coverage_rejected"] == 3);
+        CHECK(u.stats["groups_skipped"] == 1);
+      },
+      [](caf::error&) { FAIL("no step update"); });
+  REQUIRE(engine->n_groups() == 1);
+  CHECK(engine->groups[0].size() == 2);  // the lazy sample left group 0 before it was learned from
+  CHECK(engine->groups[0][0].reward == 1.5);
+  for (auto& a : {learner, sampler}) self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("the checkpoint selector keeps step 0, the newest and the best, and answers the best", "[learner]") {
