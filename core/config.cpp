@@ -431,6 +431,9 @@ void read_tasks(TableReader& r, Config& c, const toml::table& root) {
   r.str("split", c.tasks.split);
   if (!r.raw("split_file") && !c.tasks.split.empty()) c.tasks.split_file = source_dir() + "/tasks/splits.toml";
   r.path("split_file", c.tasks.split_file, PathKind::file);
+  r.str_array("languages", c.tasks.languages, {"cuda", "triton"});
+  if (auto* langs = r.raw("languages") ? r.raw("languages")->as_array() : nullptr; langs && langs->empty())
+    r.error_here("languages", "expected at least one of cuda, triton");
   if (c.tasks.dir.empty() == c.tasks.kernelbench_dir.empty()) {
     r.error_here("dir", c.tasks.dir.empty() ? "missing required key (or kernelbench_dir)"
                                             : "set dir or kernelbench_dir, not both");

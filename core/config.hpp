@@ -46,12 +46,13 @@ struct NodeConfig {
 };
 
 struct TasksConfig {
-  std::string dir;               // folder of KernelBench-format task files (bundled: tasks/bundled)
-  std::string kernelbench_dir;   // or a KernelBench checkout, used as it is (instead of dir)
-  uint32_t level = 1;            // with kernelbench_dir: the level folder (KernelBench/levelN)
-  std::vector<std::string> ids;  // file stems, problem numbers "7" or ranges "1-10"; empty: all
-  std::string split;             // a named split of split_file (e.g. "train", "eval"); "": none
-  std::string split_file;        // TOML file with [splits] name = [ids...] (default: tasks/splits.toml)
+  std::string dir;                             // folder of KernelBench-format task files (bundled: tasks/bundled)
+  std::string kernelbench_dir;                 // or a KernelBench checkout, used as it is (instead of dir)
+  uint32_t level = 1;                          // with kernelbench_dir: the level folder (KernelBench/levelN)
+  std::vector<std::string> ids;                // file stems, problem numbers "7" or ranges "1-10"; empty: all
+  std::string split;                           // a named split of split_file (e.g. "train", "eval"); "": none
+  std::string split_file;                      // TOML file with [splits] name = [ids...] (default: tasks/splits.toml)
+  std::vector<std::string> languages{"cuda"};  // the kernel languages the prompt offers: cuda, triton
   // The folder the tasks come from: dir, or kernelbench_dir's level folder.
   std::string folder() const;
 };

@@ -20,11 +20,14 @@ import gc
 import hashlib
 import importlib.util
 import io
+import linecache
 import math
 import os
 import random
+import re
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 import types
@@ -76,11 +79,34 @@ class Verdict(Exception):
         self.status, self.error, self.log = status, error, log
 
 
+_CANDIDATE_FILES = set()  # the files candidate programs were compiled under
+
+
+def _compile_candidate(code: str, sample_id: str):
+    """The candidate program compiled under a file of its own in this process's temporary folder
+    (Triton's @triton.jit reads its kernels' source through inspect; exec'd text has none), also
+    registered in linecache; "<candidate ID>" when no file can be written. Triton's kernel cache
+    goes to that folder too unless TRITON_CACHE_DIR says where. Returns (code object, file name)."""
+    name = f"<candidate {sample_id}>"
+    try:
+        folder = tempfile.mkdtemp(prefix="kernelrl-candidate-")
+        path = os.path.join(folder, "candidate_%s.py" % re.sub(r"[^A-Za-z0-9_.-]", "_", sample_id)[:100])
+        with open(path, "w") as f:
+            f.write(code)
+        name = path
+        os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(tempfile.gettempdir(), "kernelrl-triton-cache"))
+    except OSError:
+        pass
+    _CANDIDATE_FILES.add(name)
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    return compile(code, name, "exec"), name
+
+
 def _short_exc(e: BaseException) -> str:
     """'Type: message (candidate line N)' for an exception raised by candidate code."""
     line = ""
     for frame in reversed(traceback.extract_tb(e.__traceback__)):
-        if frame.filename.startswith("<candidate"):
+        if frame.filename.startswith("<candidate") or frame.filename in _CANDIDATE_FILES:
             line = f" (candidate line {frame.lineno})"
             break
     msg = str(e).strip().splitlines()
@@ -603,7 +629,7 @@ class Harness:
         mod = types.ModuleType("kernelrl_candidate")
         captured = bounded.BoundedText()  # the first and last 4 KB of what import prints
         try:
-            compiled = compile(code, f"<candidate {req['sample_id']}>", "exec")
+            compiled, mod.__dict__["__file__"] = _compile_candidate(code, req["sample_id"])
             with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
                 exec(compiled, mod.__dict__)
         except BaseException as e:  # noqa: BLE001
@@ -719,11 +745,10 @@ class Harness:
 
         # Load the candidate program: module-level errors (imports, kernel builds) are compile errors.
         mod = types.ModuleType("kernelrl_candidate")
-        mod.__dict__["__file__"] = f"<candidate {req['sample_id']}>"
         allocated_before = self._allocated()
         captured = bounded.BoundedText()  # the first and last 4 KB of what import prints
         try:
-            compiled = compile(code, f"<candidate {req['sample_id']}>", "exec")
+            compiled, mod.__dict__["__file__"] = _compile_candidate(code, req["sample_id"])
             with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
                 exec(compiled, mod.__dict__)
         except SyntaxError as e:

@@ -60,7 +60,7 @@ bool render_task_prompts(const Config& cfg, const TaskSet& tasks, const TaskSet&
     for (auto& t : set->tasks()) {
       if (!seen.insert(t.id).second) continue;  // an eval task that is also a training task
       RenderedPrompt p{t.id, set == &tasks ? "" : "eval", "", "", 0};
-      if (!task_user_message(t, cfg.evaluator.action_space, p.user, err)) return false;
+      if (!task_user_message(t, cfg.evaluator.action_space, cfg.tasks.languages, p.user, err)) return false;
       p.prompt = render_prompt(cfg.policy, p.user);
       if (tok) p.prompt_tokens = uint32_t(tok->encode(p.prompt).size());
       out.push_back(std::move(p));

@@ -2,12 +2,14 @@
 
 #include "tasks/task_set.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 namespace kernelrl {
 
-bool task_user_message(const Task& task, const std::string& action_space, std::string& out, std::string& err) {
+bool task_user_message(const Task& task, const std::string& action_space, const std::vector<std::string>& languages,
+                       std::string& out, std::string& err) {
   std::ifstream in(task.path);
   if (!in) {
     err = task.path + ": cannot read the task";
@@ -15,8 +17,28 @@ bool task_user_message(const Task& task, const std::string& action_space, std::s
   }
   std::stringstream ss;
   ss << in.rdbuf();
+  const bool cuda = std::find(languages.begin(), languages.end(), "cuda") != languages.end();
+  const bool triton = std::find(languages.begin(), languages.end(), "triton") != languages.end();
+  // What kernels the policy may write: CUDA through load_inline (the default wording), Triton's
+  // @triton.jit kernels, or either.
+  const std::string triton_how = "Triton kernels (import triton and triton.language as tl; @triton.jit functions)";
+  const std::string may = cuda && triton ? "You may write custom CUDA kernels, built with "
+                                           "torch.utils.cpp_extension.load_inline, or " +
+                                               triton_how + "."
+                                         : "You may write custom " + triton_how + ".";
   std::string what;
-  if (action_space == "full_program") {
+  if (triton) {
+    what = action_space == "full_program"
+               ? "Write a complete Python program that defines `class ModelNew(nn.Module)` with the same constructor "
+                 "arguments and outputs as `Model`, but faster on the GPU. " +
+                     may + " Keep get_inputs and get_init_inputs unchanged."
+               : "Write the body of `ModelNew.forward`: the statements that replace `Model.forward`'s body, with the "
+                 "same arguments (and `self`, which holds everything `Model.__init__` created) and the same outputs, "
+                 "but faster on the GPU. " +
+                     may +
+                     " Definitions the body needs (imports, kernels) may come first, followed by a line "
+                     "`# --- forward ---` and then the body. The body must end with a return statement.";
+  } else if (action_space == "full_program") {
     what =
         "Write a complete Python program that defines `class ModelNew(nn.Module)` with the same constructor "
         "arguments and outputs as `Model`, but faster on the GPU. You may write custom CUDA kernels and build them "

@@ -13,7 +13,7 @@
    candidate after it.
 
 Usage: python tests/e2e/gpu_suite.py --launch PATH/TO/launch [--device cuda:0] [--json OUT.json]
-           [--parts replay,sandbox,cuda,stability]
+           [--parts replay,sandbox,cuda,triton,stability]
 Exits 1 when any check fails.
 """
 
@@ -80,6 +80,25 @@ def launch_evaluate(launch, device, files, mode="fast", extra=()):
     return [json.loads(l) for l in out.stdout.splitlines()], wall
 
 
+def judge(suite, expect, results, rows):
+    """Each result against its (candidate, status, error fragment); an ok one must also have run its
+    own kernels (coverage above 0.9). The count of mismatches."""
+    bad = 0
+    for (f, status, frag), r in zip(expect, results):
+        ok = r["status"] == status and frag in r["error"]
+        if status == "ok":
+            ok = ok and r["kernel_coverage"] > 0.9
+        bad += not ok
+        rows.append({"suite": suite, "candidate": f, "status": r["status"], "expected": status, "ok": ok,
+                     "speedup": r["speedup"], "runtime_ms": r["runtime_ms"], "coverage": r["kernel_coverage"],
+                     "compile_s": r["compile_s"], "compile_cached": r["compile_cached"],
+                     "wall_s": r["wall_s"], "error": r["error"][:300]})
+        print(f"{'ok ' if ok else 'BAD'} {f:34} {r['status']:13} x{r['speedup']:6.2f} cov {r['kernel_coverage']:.3f} "
+              f"compile {r['compile_s']:5.1f}s{' cached' if r['compile_cached'] else ''} {r['error'][:80]}",
+              flush=True)
+    return bad
+
+
 def cuda_suite(launch, device, rows):
     expect = [("swish_cuda.txt", "ok", ""), ("swish_cuda_wrong.txt", "incorrect", "values differ"),
               ("swish_cuda_illegal_address.txt", "runtime_error", "illegal memory access"),
@@ -87,20 +106,19 @@ def cuda_suite(launch, device, rows):
               ("swish_side_stream.txt", "hacked", "another CUDA stream"), ("swish_cuda.txt", "ok", "")]
     results, wall = launch_evaluate(launch, device, [e[0] for e in expect],
                                     extra=["--compile-workers", "4"])
-    bad = 0
-    for (f, status, frag), r in zip(expect, results):
-        ok = r["status"] == status and frag in r["error"]
-        if status == "ok":
-            ok = ok and r["kernel_coverage"] > 0.9
-        bad += not ok
-        rows.append({"suite": "cuda", "candidate": f, "status": r["status"], "expected": status, "ok": ok,
-                     "speedup": r["speedup"], "runtime_ms": r["runtime_ms"], "coverage": r["kernel_coverage"],
-                     "compile_s": r["compile_s"], "compile_cached": r["compile_cached"],
-                     "wall_s": r["wall_s"], "error": r["error"][:200]})
-        print(f"{'ok ' if ok else 'BAD'} {f:34} {r['status']:13} x{r['speedup']:6.2f} cov {r['kernel_coverage']:.3f} "
-              f"compile {r['compile_s']:5.1f}s{' cached' if r['compile_cached'] else ''} {r['error'][:80]}",
-              flush=True)
+    bad = judge("cuda", expect, results, rows)
     print(f"cuda suite: {len(results)} candidates in {wall:.1f} s (launch evaluate, cold cache)")
+    return bad
+
+
+def triton_suite(launch, device, rows):
+    # Triton kernels (a @triton.jit kernel defined before the body, launched in it): the sandboxed
+    # candidate process compiles them, the checks judge them, the kernel counts as the candidate's own.
+    expect = [("swish_triton.txt", "ok", ""), ("swish_triton_wrong.txt", "incorrect", "values differ"),
+              ("swish_triton.txt", "ok", "")]
+    results, wall = launch_evaluate(launch, device, [e[0] for e in expect])
+    bad = judge("triton", expect, results, rows)
+    print(f"triton suite: {len(results)} candidates in {wall:.1f} s (launch evaluate)")
     return bad
 
 
@@ -159,7 +177,7 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--skip-replay", action="store_true")
     ap.add_argument("--only-stability", action="store_true", help="the timing-stability check alone")
-    ap.add_argument("--parts", default="replay,sandbox,cuda,stability", help="which parts, comma-separated")
+    ap.add_argument("--parts", default="replay,sandbox,cuda,triton,stability", help="which parts, comma-separated")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     if args.skip_replay:
@@ -175,6 +193,8 @@ def main():
         bad += sandbox_suite(args.device, rows)
     if "cuda" in parts:
         bad += cuda_suite(args.launch, args.device, rows)
+    if "triton" in parts:
+        bad += triton_suite(args.launch, args.device, rows)
     if "stability" in parts:
         bad += stability(args.launch, args.device, rows)
     if args.json:

@@ -1,5 +1,6 @@
 // Config validation: every kind of mistake is rejected with FILE:LINE:COLUMN: key.path: message.
 #include "core/config.hpp"
+#include "tasks/prompt.hpp"
 #include "tasks/task_set.hpp"
 
 #include <catch2/catch.hpp>
@@ -541,4 +542,36 @@ TEST_CASE("a sampler node's own devices or servers are checked, and the replay s
   REQUIRE(e.size() == 1);
   CHECK(e[0].find("node[2].roles: the monitor role is on node \"watch\" already: one node runs a run's monitor") !=
         std::string::npos);
+}
+
+TEST_CASE("the prompt offers the kernel languages of [tasks] languages: CUDA by default, Triton on request",
+          "[config][tasks]") {
+  Scratch s;
+  auto user = [&](const std::string& languages, const std::string& action_space) {
+    auto r = parse_config("[tasks]\ndir = \"tasks\"\n" + languages + "[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+    REQUIRE(std::holds_alternative<Config>(r));
+    const auto& c = std::get<Config>(r);
+    TaskSet ts;
+    std::string err, out;
+    REQUIRE(ts.load(c.tasks, err));
+    REQUIRE(task_user_message(ts.tasks()[0], action_space, c.tasks.languages, out, err));
+    return out;
+  };
+  auto cuda = user("", "forward_body");
+  CHECK(cuda.find("load_inline") != std::string::npos);
+  CHECK(cuda.find("Triton") == std::string::npos);
+  auto both = user("languages = [\"cuda\", \"triton\"]\n", "forward_body");
+  CHECK(both.find("load_inline") != std::string::npos);
+  CHECK(both.find("Triton kernels (import triton and triton.language as tl; @triton.jit functions)") !=
+        std::string::npos);
+  CHECK(both.find("`# --- forward ---`") != std::string::npos);  // where module-level kernels go
+  auto triton = user("languages = [\"triton\"]\n", "full_program");
+  CHECK(triton.find("load_inline") == std::string::npos);
+  CHECK(triton.find("Triton kernels") != std::string::npos);
+  CHECK(triton.find("Keep get_inputs and get_init_inputs unchanged.") != std::string::npos);
+  auto e =
+      errors_of("[tasks]\ndir = \"tasks\"\nlanguages = [\"fortran\"]\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].find("tasks.languages") != std::string::npos);
+  CHECK(e[0].find("fortran") != std::string::npos);
 }
