@@ -21,7 +21,7 @@ def run(*args, timeout=600):
     return subprocess.run([LAUNCH, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def write_config(dirname, replay, extra_eval="", extra=""):
+def write_config(dirname, replay, extra_eval="", extra="", timeout_s=8):
     path = os.path.join(dirname, "test.toml")
     with open(path, "w") as f:
         f.write(f"""
@@ -36,7 +36,7 @@ dir = "{TASKS}"
 [sampler]
 replay = "{replay}"
 [evaluator]
-timeout_s = 8
+timeout_s = {timeout_s}
 {extra_eval}
 [monitor]
 interval_s = 0.2
@@ -283,7 +283,9 @@ class MemoryLimitTest(unittest.TestCase):
             with open(replay, "w") as f:
                 for task in ("06_swish", "09_row_sum"):
                     f.write(json.dumps({"task_id": task, "completion": hog}) + "\n")
-            cfg = write_config(d, replay)
+            # (A hog never returns: only the memory limit stops it. The time limit is generous so
+            # that a slow machine cannot pass its allocations off as a timeout.)
+            cfg = write_config(d, replay, timeout_s=60)
             out = run("check", cfg)
             self.assertEqual(out.returncode, 0, out.stderr)
             m = re.search(r"# node test on this machine: memory_limit_mb (\d+) \(auto\) per candidate x (\d+) at once",
