@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 namespace kernelrl {
@@ -60,6 +61,11 @@ void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bo
   bool planned = get(st.merged, "supervisor.samples_total") > 0;
   if (args.progress && (planned || final_line)) {
     if (st.tty) {
+      // Clipped to the terminal's width (asked each time: it may be resized), so that the carriage
+      // return rewrites one line and never a wrapped one.
+      winsize ws{};
+      if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 && line.size() >= ws.ws_col)
+        line.resize(ws.ws_col - 1);
       std::string pad = line.size() < st.last_len ? std::string(st.last_len - line.size(), ' ') : "";
       std::fprintf(stderr, "\r%s%s%s", line.c_str(), pad.c_str(), final_line ? "\n" : "");
       st.last_len = line.size();

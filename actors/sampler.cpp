@@ -115,6 +115,10 @@ struct PendingPrompt {
   uint32_t n;          // samples of it
   std::string split;   // Rollout::split
   uint32_t first = 0;  // sample_index of its first sample
+  // A later turn of an episode (turn > 1): one sample, its own prompt, continuing `parent`.
+  uint32_t turn = 0;
+  std::string parent, text;
+  uint32_t text_tokens = 0;
 };
 
 struct sampler_state {
@@ -209,17 +213,23 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
   auto lg = log::get("sampler");
   // Prompts generated together share n; the seed follows from what is generated (step and first
   // group), so a run resumed from a checkpoint draws what the uninterrupted run would have.
+  // Later turns (one sample a prompt of its own) go together whatever their sample index.
   const auto& first = st.to_generate.front();
+  const auto together = [&](const PendingPrompt& x) {
+    return x.n == first.n && (x.turn > 1 ? first.turn > 1 : first.turn <= 1 && x.first == first.first);
+  };
   size_t take = 0;
-  while (take < std::min<size_t>(args.batch_prompts, st.to_generate.size()) && st.to_generate[take].n == first.n &&
-         st.to_generate[take].first == first.first)
-    ++take;
+  while (take < std::min<size_t>(args.batch_prompts, st.to_generate.size()) && together(st.to_generate[take])) ++take;
   std::vector<std::string> prompts;
-  for (size_t i = 0; i < take; ++i) prompts.push_back(args.prompts[st.to_generate[i].prompt].prompt);
+  for (size_t i = 0; i < take; ++i) {
+    const auto& pp = st.to_generate[i];
+    prompts.push_back(pp.turn > 1 ? pp.text : args.prompts[pp.prompt].prompt);
+  }
   SamplingParams p = args.params;
   p.n = first.n;
   // A group completed after a restart (first > 0) draws new samples, not its stored ones again.
-  p.seed = args.params.seed * 1000003 + uint64_t(first.step) * 7919 + first.group + uint64_t(first.first) * 104729;
+  p.seed = args.params.seed * 1000003 + uint64_t(first.step) * 7919 + first.group + uint64_t(first.first) * 104729 +
+           uint64_t(first.turn) * 15485863;
   std::vector<GenSample> out;
   try {
     out = args.backend->generate(prompts, p);
@@ -255,8 +265,10 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
       r.step = pp.step;
       r.split = pp.split;
       r.sample_id = make_sample_id(r.task_id, r.group_id, r.sample_index);
-      r.prompt = tp.prompt;
-      r.prompt_tokens = tp.prompt_tokens;
+      r.prompt = pp.turn > 1 ? pp.text : tp.prompt;
+      r.prompt_tokens = pp.turn > 1 ? pp.text_tokens : tp.prompt_tokens;
+      r.turn = pp.turn;
+      r.parent_id = pp.parent;
       r.completion = std::move(g.text);
       r.token_ids = std::move(g.token_ids);
       r.logprobs = std::move(g.logprobs);
@@ -285,6 +297,18 @@ uint64_t enqueue_plan(sampler_ptr self, const SamplerArgs& args, const SamplePla
     return 0;
   }
   std::vector<PendingPrompt> add;
+  const uint32_t n_each = std::max<uint32_t>(1, plan.n);
+  if (plan.turn > 1 && (plan.task_ids.size() != 1 || plan.history.size() != n_each)) {
+    err = fmt::format(
+        "plan for turn {} of step {} has {} groups and {} histories for {} samples (expected one group "
+        "and a history a sample)",
+        plan.turn, plan.step, plan.task_ids.size(), plan.history.size(), n_each);
+    return 0;
+  }
+  if (plan.turn > 1 && !args.render_turn) {
+    err = "this sampler renders no later turns (its launch gave it no turn template)";
+    return 0;
+  }
   for (size_t i = 0; i < plan.task_ids.size(); ++i) {
     size_t k = 0;
     while (k < args.prompts.size() && args.prompts[k].task_id != plan.task_ids[i]) ++k;
@@ -292,13 +316,29 @@ uint64_t enqueue_plan(sampler_ptr self, const SamplerArgs& args, const SamplePla
       err = "task " + plan.task_ids[i] + " of step " + std::to_string(plan.step) + " has no prompt at this sampler";
       return 0;
     }
-    add.push_back({plan.step, plan.group_ids[i], k, std::max<uint32_t>(1, plan.n), plan.split, plan.first_index});
+    if (plan.turn <= 1) {
+      add.push_back({plan.step, plan.group_ids[i], k, n_each, plan.split, plan.first_index, plan.turn, "", "", 0});
+      continue;
+    }
+    for (uint32_t j = 0; j < n_each; ++j) {  // episode first_index + j: its own prompt
+      const auto& h = plan.history[j];
+      if (h.empty()) {
+        err = fmt::format("plan for turn {} of step {}: sample {} has no earlier attempt", plan.turn, plan.step,
+                          plan.first_index + j);
+        return 0;
+      }
+      auto t = args.render_turn(args.prompts[k].user, h);
+      add.push_back({plan.step, plan.group_ids[i], k, 1, plan.split, plan.first_index + j, plan.turn,
+                     h.back().sample_id, std::move(t.prompt), t.tokens});
+    }
   }
   if (st.t_start < 0) st.t_start = mono_s();
   for (auto& a : add) st.to_generate.push_back(a);
-  uint64_t n = uint64_t(add.size()) * std::max<uint32_t>(1, plan.n);
-  log::get("sampler")->info("{}: {} {}: sampling {} completions over {} tasks ({} backend, policy version {})", args.id,
-                            plan.split.empty() ? "step" : plan.split + " of version", plan.step, n, add.size(),
+  uint64_t n = 0;
+  for (auto& a : add) n += a.n;
+  log::get("sampler")->info("{}: {} {}{}: sampling {} completions over {} tasks ({} backend, policy version {})",
+                            args.id, plan.split.empty() ? "step" : plan.split + " of version", plan.step,
+                            plan.turn > 1 ? fmt::format(" turn {}", plan.turn) : std::string(), n, plan.task_ids.size(),
                             args.backend->name(), args.backend->version());
   if (!st.generating && !st.to_generate.empty()) {
     st.generating = true;

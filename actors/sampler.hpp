@@ -15,6 +15,7 @@
 
 #include <caf/fwd.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,10 +49,19 @@ struct SamplerArgs {
   struct TaskPrompt {
     std::string task_id, prompt;
     uint32_t prompt_tokens = 0;  // 0: unknown
+    std::string user;            // the task's user message (a later turn's prompt starts with it)
   };
   std::vector<TaskPrompt> prompts;  // one per task, in group order
-  SamplingParams params;            // n is samples_per_task (at least 1)
-  uint32_t batch_prompts = 8;       // prompts generated together
+  // Multi-turn: a later turn's prompt (and its token count, 0: unknown) from the task's user
+  // message and the episode's earlier attempts (tasks/prompt.hpp, render_turn_prompt). Unset:
+  // plans of later turns are refused.
+  struct TurnRender {
+    std::string prompt;
+    uint32_t tokens = 0;
+  };
+  std::function<TurnRender(const std::string& user, const std::vector<Attempt>& history)> render_turn;
+  SamplingParams params;       // n is samples_per_task (at least 1)
+  uint32_t batch_prompts = 8;  // prompts generated together
   // Deployable top-m (best_of_n): of each group's samples only the evaluate_top_m most surprising
   // (lowest mean logprob) go to evaluation; the rest go to the dispatcher as (skip_atom, ...) and
   // are stored unevaluated. 0: evaluate every sample.

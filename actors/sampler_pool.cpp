@@ -19,6 +19,8 @@ SamplerPool::Group SamplerPool::from_first_missing(const Group& g) {
   h.n = g.n - k;
   h.got.assign(g.got.begin() + k, g.got.end());
   h.missing = g.missing;
+  h.turn = g.turn;
+  if (k <= g.history.size()) h.history.assign(g.history.begin() + k, g.history.end());
   return h;
 }
 
@@ -33,8 +35,11 @@ size_t SamplerPool::least_loaded() const {
 
 std::vector<SamplerPool::Assignment> SamplerPool::place(
     const std::vector<std::pair<std::pair<std::string, uint64_t>, Group>>& groups) {
-  // Sub-plans by sampler and by what a SamplePlan holds once for all its groups.
-  using Key = std::tuple<size_t, uint32_t, std::string, uint32_t, uint32_t>;  // sampler, step, split, first, n
+  // Sub-plans by sampler and by what a SamplePlan holds once for all its groups (a later turn's
+  // group, with its samples' histories, is a plan of its own).
+  using Key = std::tuple<size_t, uint32_t, std::string, uint32_t, uint32_t, uint32_t, uint64_t>;  // sampler, step,
+                                                                                                  // split, first, n,
+                                                                                                  // turn, group
   std::map<Key, SamplePlan> plans;
   for (auto& [key, g0] : groups) {
     const size_t to = least_loaded();
@@ -42,11 +47,13 @@ std::vector<SamplerPool::Assignment> SamplerPool::place(
     Group g = g0;
     g.owner = to;
     load_[to] += g.missing;
-    SamplePlan& p = plans[Key{to, g.step, g.split, g.first, g.n}];
+    SamplePlan& p = plans[Key{to, g.step, g.split, g.first, g.n, g.turn, g.turn > 1 ? key.second : 0}];
     p.step = g.step;
     p.split = g.split;
     p.first_index = g.first;
     p.n = g.n;
+    p.turn = g.turn;
+    p.history = g.history;
     p.task_ids.push_back(key.first);
     p.group_ids.push_back(key.second);
     groups_[key] = std::move(g);
@@ -67,6 +74,8 @@ std::vector<SamplerPool::Assignment> SamplerPool::assign(const SamplePlan& plan)
     g.split = plan.split;
     g.got.assign(n, false);
     g.missing = n;
+    g.turn = plan.turn;
+    if (plan.turn > 1) g.history = plan.history;
     groups.push_back({{plan.task_ids[i], plan.group_ids[i]}, std::move(g)});
   }
   if (alive() == 0) {  // no sampler yet: the groups wait for one

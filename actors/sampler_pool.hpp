@@ -56,6 +56,8 @@ class SamplerPool {
     size_t owner = unowned;
     std::vector<bool> got;  // sample first + k stored
     uint32_t missing = 0;
+    uint32_t turn = 0;                          // SamplePlan::turn
+    std::vector<std::vector<Attempt>> history;  // turn > 1: sample first + k's earlier attempts
   };
   static Group from_first_missing(const Group& g);
   size_t least_loaded() const;

@@ -302,6 +302,64 @@ double partial_spearman(const std::vector<double>& x, const std::vector<double>&
   return (xy - xz * yz) / d;
 }
 
+namespace {
+
+// Multi-turn runs: each turn's figures, and the best so far over each episode's turns.
+nlohmann::json turn_figures(const std::vector<AnalysisSample>& samples, const std::vector<double>& p) {
+  std::map<std::string, const AnalysisSample*> by_id;
+  bool any = false;
+  for (auto& s : samples) {
+    any = any || s.turn > 0;
+    if (!s.sample_id.empty()) by_id[s.sample_id] = &s;
+  }
+  nlohmann::json out = nlohmann::json::array();
+  if (!any) return out;
+  struct Turn {
+    Counts now, best;
+    uint64_t format_errors = 0, after_format_error = 0, fixed = 0;
+  };
+  std::map<uint32_t, Turn> turns;
+  for (auto& s : samples) {
+    if (s.turn == 0 || !s.evaluated) continue;
+    Turn& t = turns[s.turn];
+    add(t.now, s, p);
+    t.format_errors += s.format_error ? 1 : 0;
+    // The episode so far: this sample and its ancestors (a bounded walk: ids are unique).
+    AnalysisSample best = s;
+    const AnalysisSample* at = &s;
+    for (uint32_t hops = 0; hops < 1024 && !at->parent_id.empty(); ++hops) {
+      auto it = by_id.find(at->parent_id);
+      if (it == by_id.end()) break;
+      const AnalysisSample* parent = it->second;
+      if (at == &s) {
+        t.after_format_error += parent->format_error ? 1 : 0;
+        t.fixed += parent->format_error && !s.format_error ? 1 : 0;
+      }
+      if (parent->evaluated && parent->correct && (!best.correct || parent->speedup > best.speedup)) {
+        best.correct = true;
+        best.speedup = parent->speedup;
+      }
+      at = parent;
+    }
+    add(t.best, best, p);
+  }
+  for (auto& [turn, t] : turns) {
+    auto j = summary(t.now, p);
+    j["turn"] = turn;
+    j["format_errors"] = t.format_errors;
+    j["after_format_error"] = t.after_format_error;
+    j["format_fixed"] = t.fixed;
+    j["format_fixed_rate"] = t.after_format_error ? num(double(t.fixed) / double(t.after_format_error)) : nullptr;
+    auto b = summary(t.best, p);
+    j["best_so_far"] = {{"correct_rate", b["correct_rate"]}};
+    for (double x : p) j["best_so_far"][p_key(x)] = b[p_key(x)];
+    out.push_back(j);
+  }
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json analyze(const std::vector<AnalysisSample>& all_samples, const AnalysisOptions& o,
                        const std::map<uint32_t, std::map<std::string, double>>& learner) {
   std::vector<AnalysisSample> samples, held_out;
@@ -463,6 +521,7 @@ nlohmann::json analyze(const std::vector<AnalysisSample>& all_samples, const Ana
                                {"evaluations_per_group", double(t.first.evaluations) / n}};
   }
   out["selection"] = sel;
+  if (auto turns = turn_figures(samples, o.p); !turns.empty()) out["turns"] = turns;
   if (!held.is_null()) out["eval"] = held;
   return out;
 }

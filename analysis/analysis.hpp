@@ -28,6 +28,11 @@ struct AnalysisSample {
   std::string split;        // "eval": a train run's periodic evaluation on held-out tasks (`step`
                             // is the policy version evaluated); analysed apart, under "eval"
   bool hacked = false;      // status hacked: caught gaming the harness (counts in hacked_share)
+  // Multi-turn episodes: the turn (0: single-turn), the sample's id and its parent's (the turn
+  // before in its episode), and whether it was a format error.
+  uint32_t turn = 0;
+  std::string sample_id, parent_id;
+  bool format_error = false;
 };
 
 struct AnalysisOptions {
@@ -104,7 +109,10 @@ double mean_logprob(const std::vector<float>& logprobs);
 std::vector<size_t> surprisal_order(const std::vector<double>& means);
 
 // Everything above as one JSON object: the run's summary, "steps", "per_task", "per_step_task"
-// (each task's figures per step: TTT trajectories), "at_k", "logprob_vs_speedup", "selection".
+// (each task's figures per step: TTT trajectories), "at_k", "logprob_vs_speedup", "selection";
+// for multi-turn runs "turns": per turn its samples' figures, their format errors and how many of
+// the samples after a format error are none, and the best so far (each sample standing for the
+// best of its episode's turns up to it: correct if any was, its best speedup).
 // `learner` maps a step to its learner figures (loss, ...) and is merged into "steps". Samples
 // of a periodic evaluation (split "eval") are in none of these: "eval" is the same analysis of
 // them alone, its "steps" being the versions evaluated.

@@ -458,6 +458,37 @@ std::string render_report(const ReportInputs& in) {
     }
   }
 
+  // Multi-turn episodes: each turn's samples and the best so far over the turns.
+  const auto& turns = a.value("turns", nlohmann::json::array());
+  if (!turns.empty()) {
+    Chart c{"turns", "turn", "rate"};
+    c.ymin = 0;
+    Series f1{fk}, f12{"fast_1.2"}, bf1{"best so far " + fk}, bf12{"best so far fast_1.2"}, fe{"format errors"};
+    std::vector<std::vector<std::string>> rows;
+    for (auto& t : turns) {
+      const double x = t["turn"].get<double>(), n = std::max(1.0, value(t, "samples"));
+      f1.x.push_back(x), f1.y.push_back(value(t, fk));
+      f12.x.push_back(x), f12.y.push_back(value(t, "fast_1.2"));
+      bf1.x.push_back(x), bf1.y.push_back(value(t["best_so_far"], fk));
+      bf12.x.push_back(x), bf12.y.push_back(value(t["best_so_far"], "fast_1.2"));
+      fe.x.push_back(x), fe.y.push_back(value(t, "format_errors") / n);
+      rows.push_back(
+          {fmt::format("{}", t["turn"].get<uint32_t>()), fmt::format("{}", t["samples"].get<uint64_t>()),
+           fmt::format("{:.3f}", value(t, "correct_rate")), fmt::format("{:.3f}", value(t, fk)),
+           fmt::format("{:.3f}", value(t, "fast_1.2")), fmt::format("{:.3f}", value(t["best_so_far"], fk)),
+           fmt::format("{:.3f}", value(t["best_so_far"], "fast_1.2")),
+           fmt::format("{} / {}", t["format_fixed"].get<uint64_t>(), t["after_format_error"].get<uint64_t>())});
+    }
+    c.series = {f1, f12, bf1, bf12, fe};
+    h +=
+        "<h2>Turns</h2>\n<p class=\"note\">Multi-turn episodes: each turn's samples (the policy seeing its earlier "
+        "attempts and the evaluator's feedback), and the best so far, each episode counted by the best of its turns up "
+        "to that one (sequential test-time scaling). \"fixed\": samples after a format error that are none.</p>\n" +
+        svg_chart(c) +
+        table({"turn", "samples", "correct", fk, "fast_1.2", "best so far " + fk, "best so far fast_1.2", "fixed"},
+              rows);
+  }
+
   // Scaling curve.
   const auto& at_k = a.value("at_k", nlohmann::json::array());
   if (!at_k.empty()) {

@@ -593,8 +593,9 @@ void read_reward(TableReader& r, Config& c, const toml::table& root) {
 // [learner]: the GRPO/SDPO learner.
 void read_learner(TableReader& r, Config& c, const toml::table& root) {
   auto& l = c.learner;
-  r.one_of("algorithm", l.algorithm, {"grpo", "dr_grpo", "rloo"});
+  r.one_of("algorithm", l.algorithm, {"grpo", "dr_grpo", "rloo", "trloo"});
   r.number("adv_eps", l.adv_eps, 0, 1);
+  r.number("turn_gamma", l.turn_gamma, 0, 1);
   r.integer("steps", l.steps, 1, 1 << 24);
   r.integer("batch_size", l.batch_size, 1, 1 << 20);
   r.integer("group_size", l.group_size, 2, 1 << 20);
@@ -672,7 +673,24 @@ void read_experiment(TableReader& r, Config& c, const toml::table& root) {
                  "early_stop = \"regressions\" needs patience = P >= 1 (the regressions in a row that "
                  "stop the run)");
   r.integer("k", c.experiment.k, 0, 1 << 20);
+  r.integer("turns", c.experiment.turns, 1, 64);
+  r.integer("turn_prompt_tokens", c.experiment.turn_prompt_tokens, 256, 1 << 22);
+  r.integer("feedback_chars", c.experiment.feedback_chars, 64, 1 << 20);
+  if (c.experiment.turns > 1) {
+    if (c.experiment.mode == Mode::sdpo)
+      r.error_here("turns",
+                   "multi-turn episodes are for mode = \"train\", \"ttt\", \"eval\" or \"best_of_n\" "
+                   "(sdpo's teacher already sees the feedback)");
+    else if (c.sampler.backend == "replay")
+      r.error_here("turns", "turns = " + std::to_string(c.experiment.turns) +
+                                " needs a model sampler (each later turn is written after the evaluator's feedback): "
+                                "set [sampler] backend = \"libtorch\" or \"openai\"");
+  }
   r.integer("evaluate_top_m", c.experiment.evaluate_top_m, 0, 1 << 20);
+  if (c.experiment.turns > 1 && c.experiment.evaluate_top_m > 0)
+    r.error_here("evaluate_top_m",
+                 "evaluate_top_m leaves samples unevaluated, so a later turn would have no "
+                 "feedback: it is for single-turn runs (turns = 1)");
   if (c.experiment.evaluate_top_m > 0) {
     if (!mode.selects)
       r.error_here("evaluate_top_m", "evaluate_top_m is for mode = \"best_of_n\"");
@@ -891,7 +909,7 @@ ConfigResult read_config(const toml::table& root, const std::string& path) {
   return c;
 }
 
-ConfigResult load_config(const std::string& path) {
+ConfigResult load_config(const std::string& path, const std::vector<std::string>& sets) {
   std::error_code ec;
   if (fs::is_directory(path, ec))
     return std::vector<ConfigError>{{path, 0, 0, "(file)", "is a directory, not a config file"}};
@@ -899,7 +917,95 @@ ConfigResult load_config(const std::string& path) {
   if (!in) return std::vector<ConfigError>{{path, 0, 0, "(file)", "cannot open config file"}};
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_config(ss.str(), path);
+  if (sets.empty()) return parse_config(ss.str(), path);
+  toml::table root;
+  try {
+    root = toml::parse(ss.str(), path);
+  } catch (const toml::parse_error& e) {
+    return std::vector<ConfigError>{
+        {path, e.source().begin.line, e.source().begin.column, "(syntax)", std::string(e.description())}};
+  }
+  std::vector<ConfigError> errs;
+  if (!apply_overrides(root, sets, errs)) return errs;
+  auto r = read_config(root, path);
+  if (auto* e = std::get_if<std::vector<ConfigError>>(&r)) blame_overrides(*e, sets);
+  return r;
+}
+
+namespace {
+// KEY and VALUE of "KEY=VALUE" (false: no '=' or an empty key).
+bool split_set(const std::string& set, std::string& key, std::string& value) {
+  const auto eq = set.find('=');
+  if (eq == std::string::npos || eq == 0) return false;
+  key = set.substr(0, eq);
+  value = set.substr(eq + 1);
+  while (!key.empty() && key.back() == ' ') key.pop_back();
+  return !key.empty();
+}
+}  // namespace
+
+bool apply_overrides(toml::table& root, const std::vector<std::string>& sets, std::vector<ConfigError>& errs) {
+  const size_t before = errs.size();
+  for (auto& set : sets) {
+    std::string key, text;
+    if (!split_set(set, key, text)) {
+      errs.push_back({"--set " + set, 0, 0, "(override)", "expected KEY=VALUE, e.g. learner.learning_rate=2e-5"});
+      continue;
+    }
+    std::vector<std::string> path;
+    for (size_t at = 0;;) {
+      const auto dot = key.find('.', at);
+      path.push_back(key.substr(at, dot == std::string::npos ? std::string::npos : dot - at));
+      if (dot == std::string::npos) break;
+      at = dot + 1;
+    }
+    if (std::any_of(path.begin(), path.end(), [](const std::string& p) { return p.empty(); }) || path.size() < 2) {
+      errs.push_back({"--set " + set, 0, 0, key,
+                      "expected SECTION.KEY (a dotted path such as sampler.temperature), got \"" + key + "\""});
+      continue;
+    }
+    // The value as TOML; a bare word that is not TOML is a string.
+    toml::table parsed;
+    try {
+      parsed = toml::parse("v = " + text);
+    } catch (const toml::parse_error&) {
+      parsed = toml::table{{"v", text}};
+    }
+    toml::table* t = &root;
+    bool ok = true;
+    for (size_t i = 0; i + 1 < path.size() && ok; ++i) {
+      toml::node* n = t->get(path[i]);
+      if (!n) {
+        t->insert(path[i], toml::table{});
+        n = t->get(path[i]);
+      }
+      if (!n->is_table()) {
+        errs.push_back({"--set " + set, 0, 0, key,
+                        path[i] + (n->is_array_of_tables() ? " is an array of tables ([[" + path[i] +
+                                                                 "]]): edit it in "
+                                                                 "the file"
+                                                           : " is not a table")});
+        ok = false;
+        break;
+      }
+      t = n->as_table();
+    }
+    if (ok) t->insert_or_assign(path.back(), std::move(*parsed.get("v")));
+  }
+  return errs.size() == before;
+}
+
+void blame_overrides(std::vector<ConfigError>& errs, const std::vector<std::string>& sets) {
+  for (auto& e : errs)
+    for (auto& set : sets) {
+      std::string key, value;
+      if (!split_set(set, key, value)) continue;
+      // The reader names a key as SECTION.KEY (a node's as node[i].KEY, never overridden).
+      if (e.key == key || e.key.rfind(key + ".", 0) == 0) {
+        e.file = "--set " + set;
+        e.line = e.column = 0;
+      }
+    }
 }
 
 }  // namespace kernelrl

@@ -159,8 +159,10 @@ struct RewardConfig {
 };
 
 struct LearnerConfig {
-  std::string algorithm = "grpo";         // advantage estimator: grpo, dr_grpo or rloo
+  std::string algorithm = "grpo";         // advantage estimator: grpo, dr_grpo, rloo or trloo
   double adv_eps = 1e-4;                  // grpo: added to the group's reward std
+  double turn_gamma = 1.0;                // multi-turn ([experiment] turns > 1): each turn learns from its
+                                          // return r_t + turn_gamma * (the next turn's return)
   uint32_t steps = 10;                    // train: optimizer steps (policy versions) of the run
   uint32_t batch_size = 8;                // tasks per step
   uint32_t group_size = 8;                // samples per task per step (a GRPO group)
@@ -236,6 +238,15 @@ struct ExperimentConfig {
   std::string name = "run";       // prefix of the run directory name
   std::string run_root = "runs";  // where run directories are created
   uint64_t seed = 0;              // experiment seed
+  // Multi-turn refinement: each episode is `turns` samples, turn t's prompt the task with the
+  // episode's earlier attempts and the evaluator's feedback on each (train, ttt, eval,
+  // best_of_n; a model sampler). Each turn of a group is a group of its own (GRPO over the
+  // group's episodes at that turn); later turns are planned as the turn before comes in.
+  uint32_t turns = 1;
+  uint32_t turn_prompt_tokens = 8192;  // a later turn's prompt is cut to this many tokens: the
+                                       // oldest attempts' code goes first, then the middle of the
+                                       // latest (tasks/prompt.hpp, render_turn_prompt)
+  uint32_t feedback_chars = 2000;      // one attempt's feedback at most (logs keep head and tail)
 };
 
 struct StoreConfig {
@@ -285,8 +296,9 @@ struct ConfigError {
 // Either a valid config or every problem found in it (never both, never neither).
 using ConfigResult = std::variant<Config, std::vector<ConfigError>>;
 
-// Reads and validates a config file.
-ConfigResult load_config(const std::string& path);
+// Reads and validates a config file, with command-line overrides (`--set KEY=VALUE`, see
+// config_toml.hpp apply_overrides) applied before it is read.
+ConfigResult load_config(const std::string& path, const std::vector<std::string>& sets = {});
 // Validates config text as if it came from `path` (used by tests and the embedded default).
 ConfigResult parse_config(const std::string& text, const std::string& path);
 

@@ -28,11 +28,19 @@ ExperimentArgs experiment_args(const Config& cfg, const std::vector<std::string>
                  {"replay", cfg.sampler.replay},
                  {"tasks", std::to_string(task_ids.size())}};
   if (cfg.experiment.mode == Mode::sdpo) ex.settings["sdpo_context"] = cfg.sdpo.context;
+  ex.turns = cfg.experiment.turns;
+  ex.feedback_chars = cfg.experiment.feedback_chars;
+  ex.turn_gamma = cfg.learner.turn_gamma;
+  if (ex.turns > 1) {
+    ex.settings["turns"] = std::to_string(ex.turns);
+    ex.settings["turn_prompt_tokens"] = std::to_string(cfg.experiment.turn_prompt_tokens);
+  }
   if (cfg.experiment.evaluate_top_m > 0) ex.settings["evaluate_top_m"] = std::to_string(cfg.experiment.evaluate_top_m);
   if (!eval_task_ids.empty()) {
     ex.settings["eval_tasks"] = std::to_string(eval_task_ids.size());
     ex.settings["eval_every"] = std::to_string(cfg.experiment.eval_every);
   }
+  ex.group_size = k;  // eval and best_of_n: the episodes of a task (multi-turn)
   if (!mode.learns) return ex;
   ex.steps = cfg.learner.steps;
   ex.batch_size = cfg.learner.batch_size;  // ttt and sdpo: every task (experiment/adaptation.cpp)

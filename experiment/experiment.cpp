@@ -1,6 +1,7 @@
 #include "experiment/experiment.hpp"
 
 #include "core/paths.hpp"
+#include "experiment/refinement.hpp"
 #include "experiment/sample_all.hpp"
 #include "experiment/training.hpp"
 
@@ -135,7 +136,10 @@ std::unique_ptr<Experiment> make_experiment(ExperimentArgs args) {
   switch (args.mode) {
     case Mode::eval:
     case Mode::best_of_n:
-      e = std::make_unique<SampleAll>(std::move(args));
+      if (args.turns > 1)
+        e = std::make_unique<Refinement>(std::move(args));
+      else
+        e = std::make_unique<SampleAll>(std::move(args));
       break;
     case Mode::train:
       e = std::make_unique<Training>(std::move(args));

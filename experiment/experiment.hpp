@@ -6,7 +6,8 @@
 // held-out rounds, when the run is over) is decided here.
 //
 //   eval, best_of_n:  SampleAll (experiment/sample_all.cpp): the sampler's own plan of every task, K
-//                     samples each; done when every sample has a verdict.
+//                     samples each; done when every sample has a verdict. With turns > 1:
+//                     Refinement (experiment/refinement.cpp), K episodes of T turns a task.
 //   train:            Training (experiment/training.cpp): RLVR over batches of a shuffled task sequence.
 //   ttt, sdpo:        Adaptation (experiment/adaptation.cpp): train's loop on every task every step
 //                     (the learner's objective tells sdpo from ttt).
@@ -48,6 +49,11 @@ struct ExperimentArgs {
   std::vector<std::string> eval_task_ids;
   uint32_t eval_every = 0;
   uint32_t eval_samples = 1;
+  // Multi-turn episodes (train, ttt, eval, best_of_n): turns per episode, the feedback's length
+  // limit, and the discount of the returns a learning mode learns from.
+  uint32_t turns = 1;
+  uint32_t feedback_chars = 2000;
+  double turn_gamma = 1.0;
   // What makes two runs' budgets comparable (K, temperature, max_tokens, eval mode, checkpoint),
   // written with the run's compute into RUN_DIR/compute.json.
   std::map<std::string, std::string> settings;

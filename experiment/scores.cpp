@@ -1,5 +1,7 @@
 #include "experiment/scores.hpp"
 
+#include "tasks/prompt.hpp"
+
 #include <algorithm>
 
 namespace kernelrl {
@@ -56,6 +58,23 @@ double quantile(std::vector<double>& xs, double q) {
   size_t k = std::min(xs.size() - 1, static_cast<size_t>(q * double(xs.size() - 1) + 0.5));
   std::nth_element(xs.begin(), xs.begin() + k, xs.end());
   return xs[k];
+}
+
+void sort_by_sample_index(std::vector<ScoredRollout>& group) {
+  std::sort(group.begin(), group.end(), [](const ScoredRollout& a, const ScoredRollout& b) {
+    return a.rollout.sample_index < b.rollout.sample_index;
+  });
+}
+
+std::vector<std::vector<Attempt>> next_turn_histories(const std::vector<std::vector<ScoredRollout>>& turns, uint32_t n,
+                                                      size_t feedback_chars) {
+  std::vector<std::vector<Attempt>> out(n);
+  for (uint32_t j = 0; j < n; ++j)
+    for (auto& turn : turns)
+      if (j < turn.size())
+        out[j].push_back(
+            {turn[j].rollout.sample_id, turn[j].rollout.completion, feedback_text(turn[j].result, feedback_chars)});
+  return out;
 }
 
 }  // namespace kernelrl

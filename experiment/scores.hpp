@@ -31,6 +31,13 @@ const std::vector<std::string>& reward_histogram_bins();
 // The bin of reward r: (-inf, 0], (0, 0.5], (0.5, 1], (1, 1.5], (1.5, 2], (2, 5], (5, inf).
 size_t reward_bin(double r);
 
+// Multi-turn episodes: a turn's group in episode order (by sample index).
+void sort_by_sample_index(std::vector<ScoredRollout>& group);
+// The histories of a task's next turn: for each episode j < n, its attempt in each of `turns` (the
+// earlier turns' groups, each in episode order) with the evaluator's feedback (feedback_text).
+std::vector<std::vector<Attempt>> next_turn_histories(const std::vector<std::vector<ScoredRollout>>& turns, uint32_t n,
+                                                      size_t feedback_chars);
+
 // The q-quantile (0..1, nearest rank) of xs; xs is reordered.
 double quantile(std::vector<double>& xs, double q);
 

@@ -2,6 +2,7 @@
 
 #include "core/log.hpp"
 #include "core/paths.hpp"
+#include "learner/advantages.hpp"
 
 #include <fmt/format.h>
 
@@ -69,7 +70,7 @@ void Training::resume(const std::vector<ScoredRollout>& earlier, const std::vect
       held_out_.add(rec);
     } else if (r.step < from) {
       totals_.count(rec, mono_s());
-    } else if (r.step == from) {
+    } else if (r.step == from && !multi_turn()) {
       by_group[r.group_id].push_back(rec);
     } else {
       ++abandoned_;
@@ -103,10 +104,11 @@ void Training::plan_more(Actions& out) {
 
 void Training::plan_step(uint32_t s, Actions& out) {
   auto& t = steps_[s];
-  t.groups = args_.batch_size;
+  t.groups = uint64_t(args_.batch_size) * args_.turns;  // multi-turn: a group a turn
   SamplePlan plan;
   plan.step = s;
   plan.n = args_.group_size;
+  plan.turn = multi_turn() ? 1 : 0;
   std::vector<std::vector<ScoredRollout>> reused;
   Actions completions;  // the rest of groups left unfinished by a restart
   for (uint32_t k = 0; k < args_.batch_size; ++k) {
@@ -128,16 +130,16 @@ void Training::plan_step(uint32_t s, Actions& out) {
       for (auto& x : samples) rest.first_index = std::max(rest.first_index, x.rollout.sample_index + 1);
       rest.task_ids = {task};
       rest.group_ids = {samples.front().rollout.group_id};
-      groups_[rest.group_ids[0]] = Group{task, s, std::move(samples), false, 0, 0};
+      groups_[rest.group_ids[0]] = Group{task, s, std::move(samples), false, 0, 0, 0, {}};
       completions.push_back(act::Sample{std::move(rest)});
       continue;
     }
     uint64_t gid = uint64_t(s) * group_stride + t.next_j++;
-    groups_[gid] = Group{task, s, {}, false, 0, 0};
+    groups_[gid] = Group{task, s, {}, false, 0, 0, plan.turn, {}};
     plan.task_ids.push_back(task);
     plan.group_ids.push_back(gid);
   }
-  out.push_back(act::LearnStep{s, args_.batch_size});
+  out.push_back(act::LearnStep{s, t.groups});
   if (!reused.empty())
     log::get("supervisor")->info("step {}: {} groups evaluated before the restart are reused", s, reused.size());
   for (auto& g : reused) accept_group(s, g, out);
@@ -151,13 +153,17 @@ void Training::plan_step(uint32_t s, Actions& out) {
   if (!plan.task_ids.empty()) out.push_back(act::Sample{std::move(plan)});
 }
 
-// A complete group within the staleness bound: counted in its step and handed to the learner.
-void Training::accept_group(uint32_t s, std::vector<ScoredRollout>& samples, Actions& out) {
+// A complete group within the staleness bound: counted in its step and handed to the learner
+// (each sample learning from learned[i] instead of its reward when given: a turn's return).
+void Training::accept_group(uint32_t s, std::vector<ScoredRollout>& samples, Actions& out,
+                            const std::vector<double>* learned) {
   auto& t = steps_[s];
-  for (auto& x : samples) {
+  for (size_t i = 0; i < samples.size(); ++i) {
+    auto& x = samples[i];
     add_to(t.tasks, x);
     ++t.status_counts[to_string(x.result.status)];
     t.version = std::max(t.version, x.rollout.policy_version);
+    if (learned) x.reward = (*learned)[i];
     out.push_back(act::Learn{std::move(x)});
   }
   if (++t.accepted < t.groups) return;
@@ -169,6 +175,44 @@ void Training::accept_group(uint32_t s, std::vector<ScoredRollout>& samples, Act
   log::get("supervisor")
       ->info("step {}: {} samples, fast_1 {:.3f}, mean reward {:.3f} (policy version {})", s, t.stats.samples,
              t.stats.fast_1, t.stats.mean_reward, t.version);
+}
+
+// Multi-turn: the next turn of a task whose turn g.turn is in, each sample continuing its episode
+// with the episode's attempts so far and the evaluator's feedback on each.
+void Training::next_turn(uint64_t gid, Group& g, Actions& out) {
+  auto by_index = [](std::vector<ScoredRollout>& v) {
+    std::sort(v.begin(), v.end(), [](const ScoredRollout& a, const ScoredRollout& b) {
+      return a.rollout.sample_index < b.rollout.sample_index;
+    });
+  };
+  by_index(g.samples);
+  Group next{g.task_id, g.step, {}, false, 0, g.replans, g.turn + 1, std::move(g.earlier)};
+  next.earlier.push_back(std::move(g.samples));
+  groups_.erase(gid);
+  const uint64_t ngid = uint64_t(next.step) * group_stride + steps_[next.step].next_j++;
+  SamplePlan plan;
+  plan.step = next.step;
+  plan.n = args_.group_size;
+  plan.turn = next.turn;
+  plan.task_ids = {next.task_id};
+  plan.group_ids = {ngid};
+  plan.history = next_turn_histories(next.earlier, args_.group_size, args_.feedback_chars);
+  groups_[ngid] = std::move(next);
+  out.push_back(act::Sample{std::move(plan)});
+}
+
+// Multi-turn: a task's T turn groups are all in; each turn's group goes to the learner with its
+// samples' returns (episode j: sample j of every turn).
+void Training::accept_episodes(uint32_t s, std::vector<std::vector<ScoredRollout>>& turns, Actions& out) {
+  const size_t T = turns.size(), E = turns.empty() ? 0 : turns[0].size();
+  std::vector<std::vector<double>> learned(T, std::vector<double>(E, 0.0));
+  for (size_t e = 0; e < E; ++e) {
+    std::vector<double> r;
+    for (size_t t = 0; t < T; ++t) r.push_back(e < turns[t].size() ? turns[t][e].reward : 0.0);
+    auto g = turn_returns(r, args_.turn_gamma);
+    for (size_t t = 0; t < T; ++t) learned[t][e] = g[t];
+  }
+  for (size_t t = 0; t < T; ++t) accept_group(s, turns[t], out, &learned[t]);
 }
 
 // No more learning (the last step, or early stopping): the newest version is evaluated on the
@@ -248,12 +292,25 @@ Actions Training::record(const ScoredRollout& s) {
   if (g.samples.size() < args_.group_size) return {};
   const uint32_t step = g.step;
   Actions out;
+  if (!g.stale && multi_turn() && g.turn < args_.turns) {
+    next_turn(it->first, g, out);
+    return out;
+  }
+  if (!g.stale && multi_turn()) {
+    sort_by_sample_index(g.samples);
+    auto turns = std::move(g.earlier);
+    turns.push_back(std::move(g.samples));
+    groups_.erase(it);
+    accept_episodes(step, turns, out);
+    return out;
+  }
   if (!g.stale) {
     auto samples = std::move(g.samples);
     groups_.erase(it);
     accept_group(step, samples, out);
     return out;
   }
+  for (auto& e : g.earlier) stale_rejected_ += e.size();
   stale_rejected_ += g.samples.size();
   lg->warn(
       "step {}: group {} of task {} rejected: sampled by policy version {} while the learner is at {} "
@@ -265,13 +322,14 @@ Actions Training::record(const ScoredRollout& s) {
         "is at {}",
         g.task_id, step, g.replans + 1, g.stale_version, version_));
   uint64_t gid = uint64_t(step) * group_stride + steps_[step].next_j++;
-  Group again{g.task_id, step, {}, false, 0, g.replans + 1};
+  Group again{g.task_id, step, {}, false, 0, g.replans + 1, multi_turn() ? 1u : 0u, {}};
   groups_.erase(it);
   groups_[gid] = again;
   ++groups_replanned_;
   SamplePlan plan;
   plan.step = step;
   plan.n = args_.group_size;
+  plan.turn = again.turn;
   plan.task_ids = {again.task_id};
   plan.group_ids = {gid};
   out.push_back(act::Sample{std::move(plan)});

@@ -10,6 +10,13 @@
 // once the last one is in.
 // Resumed, the run continues from the learner's version: the stored samples of earlier steps are
 // counted once, complete and fresh groups of the resumed step are reused, the rest abandoned.
+// Multi-turn (turns T > 1): each of a step's tasks is group_size episodes of T turns. Turn 1 is
+// planned with the step; turn t + 1 of a task once its turn t group is in, each sample's prompt
+// showing its episode's earlier attempts and their feedback; each turn is a group of its own (its
+// own group id). Once the last turn is in, the T groups go to the learner together, each sample
+// learning from its return r_t + turn_gamma * G_{t+1} (with rloo or trloo: TRLOO), the step
+// counting T groups a task. A stale turn makes the whole episode set stale (sampled again from turn
+// 1); a resumed run abandons the resumed step's multi-turn samples and samples the step again.
 
 #include "experiment/adaptation.hpp"
 #include "experiment/experiment.hpp"
@@ -43,9 +50,11 @@ class Training : public Experiment {
     std::string task_id;
     uint32_t step = 0;
     std::vector<ScoredRollout> samples;
-    bool stale = false;          // a sample was staler than allowed: the group is rejected
-    uint64_t stale_version = 0;  // the stale sample's version
-    uint32_t replans = 0;        // how often this task was sampled again in this step
+    bool stale = false;                               // a sample was staler than allowed: the group is rejected
+    uint64_t stale_version = 0;                       // the stale sample's version
+    uint32_t replans = 0;                             // how often this task was sampled again in this step
+    uint32_t turn = 0;                                // multi-turn: the turn it samples (1..T)
+    std::vector<std::vector<ScoredRollout>> earlier;  // multi-turn: the turns before it, in order
   };
   struct Step {
     uint64_t groups = 0, accepted = 0;  // planned, and complete and accepted
@@ -59,7 +68,11 @@ class Training : public Experiment {
   void resume(const std::vector<ScoredRollout>& earlier, const std::vector<Store::StepRow>& earlier_steps);
   void plan_more(Actions& out);
   void plan_step(uint32_t s, Actions& out);
-  void accept_group(uint32_t s, std::vector<ScoredRollout>& samples, Actions& out);
+  void accept_group(uint32_t s, std::vector<ScoredRollout>& samples, Actions& out,
+                    const std::vector<double>* learned = nullptr);
+  void accept_episodes(uint32_t s, std::vector<std::vector<ScoredRollout>>& turns, Actions& out);
+  void next_turn(uint64_t gid, Group& g, Actions& out);
+  bool multi_turn() const { return args_.turns > 1; }
   void end_learning(Actions& out);
   Actions record(const ScoredRollout& s);
 

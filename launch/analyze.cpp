@@ -135,6 +135,23 @@ int cmd_analyze(const AnalyzeOptions& o) {
                   (unsigned long long)st["samples"].get<uint64_t>(), st["correct_rate"].get<double>(),
                   fast_vals(st).c_str(), f(st["geomean_speedup"], "{:.2f}x").c_str());
   }
+  if (j.contains("turns")) {  // multi-turn episodes: each turn, and the best so far over the turns
+    std::string best_cols;
+    for (double p : o.p) best_cols += fmt::format(" {:>11}", fmt::format("best f_{:g}", p));
+    std::printf("\n%5s %8s %8s%s %9s %13s%s\n", "turn", "samples", "correct", fast_cols.c_str(), "format", "fixed",
+                best_cols.c_str());
+    for (auto& t : j["turns"]) {
+      std::string best_vals;
+      for (double p : o.p)
+        best_vals += fmt::format(" {:>11.3f}", t["best_so_far"][fmt::format("fast_{:g}", p)].get<double>());
+      std::printf(
+          "%5u %8llu %8.3f%s %9llu %13s%s\n", t["turn"].get<uint32_t>(),
+          (unsigned long long)t["samples"].get<uint64_t>(), t["correct_rate"].get<double>(), fast_vals(t).c_str(),
+          (unsigned long long)t["format_errors"].get<uint64_t>(),
+          fmt::format("{}/{}", t["format_fixed"].get<uint64_t>(), t["after_format_error"].get<uint64_t>()).c_str(),
+          best_vals.c_str());
+    }
+  }
   std::printf("\n%-32s %8s %8s%s %9s %9s\n", "task", "samples", "correct", fast_cols.c_str(), "geomean", "best");
   for (auto& t : j["per_task"])
     std::printf("%-32s %8llu %8.3f%s %9s %9s\n", t["task_id"].get<std::string>().c_str(),

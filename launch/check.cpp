@@ -68,19 +68,29 @@ int cmd_version() {
 
 void add_check(CLI::App& app, cli::Action& action) {
   auto config = std::make_shared<std::string>();
+  auto sets = std::make_shared<std::vector<std::string>>();
   auto* check = cli::subcommand(app, "check",
-                                "launch check CONFIG\n"
+                                "launch check CONFIG [--set KEY=VALUE ...]\n"
                                 "  validate CONFIG and print it resolved (every default filled in); exit 2 on an "
                                 "error,\n  each named FILE:LINE:COL");
   check->add_option("CONFIG", *config, "the config to check")->required()->type_name("");
-  check->callback([&action, config] { action = [config] { return cmd_check(*config); }; });
+  check->add_option("--set", *sets, "override a key of CONFIG, e.g. --set sampler.temperature=0.8 (repeatable)")
+      ->type_name("KEY=VALUE");
+  check->callback([&action, config, sets] {
+    set_config_overrides(*sets);
+    action = [config] { return cmd_check(*config); };
+  });
   auto* prompts = cli::subcommand(app, "prompts",
                                   "launch prompts CONFIG\n  print each task's prompt as the sampler renders it (JSON "
                                   "lines)");
   prompts->add_option("CONFIG", *config, "the config whose tasks and template render the prompts")
       ->required()
       ->type_name("");
-  prompts->callback([&action, config] { action = [config] { return cmd_prompts(*config); }; });
+  prompts->add_option("--set", *sets, "override a key of CONFIG (repeatable)")->type_name("KEY=VALUE");
+  prompts->callback([&action, config, sets] {
+    set_config_overrides(*sets);
+    action = [config] { return cmd_prompts(*config); };
+  });
   auto* version =
       cli::subcommand(app, "version", "launch version (or launch --version)\n  versions of kernelrl and LibTorch");
   version->callback([&action] { action = [] { return cmd_version(); }; });

@@ -309,7 +309,7 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
   }
   if (has_role(node, "sampler")) {
     sampling = sampler_settings(cfg);
-    for (auto& p : rendered) sampling.prompts.push_back({p.task_id, p.prompt, p.prompt_tokens});
+    for (auto& p : rendered) sampling.prompts.push_back({p.task_id, p.prompt, p.prompt_tokens, p.user});
     try {
       backends = make_backends(cfg, log_dir, node, false);
     } catch (const std::exception& e) {

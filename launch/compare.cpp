@@ -65,8 +65,12 @@ int load_run(Run& r) {
     for (uint64_t k = 1; k <= min_n; ++k) ao.ks.push_back(uint32_t(k));
   }
   r.analysis = analyze(samples, ao);
-  // A run's score against another's curve: its Best-of-Adaptation fast_1 when it adapted, else its fast_1.
+  // A run's score against another's curve: its Best-of-Adaptation fast_1 when it adapted, a
+  // multi-turn inference run's best so far at its last turn (an episode counting as its best
+  // attempt: sequential test-time scaling), else its fast_1.
   r.score = r.analysis["fast_1"].get<double>();
+  if (r.analysis.contains("turns") && !r.analysis["turns"].empty())
+    r.score = r.analysis["turns"].back()["best_so_far"].value("fast_1", r.score);
   // (A per-task run's own summary holds the mean over its tasks; its task runs' summaries, one task each.)
   for (auto& id : store->runs()) {
     auto text = store->summary(id);
@@ -162,8 +166,8 @@ int cmd_compare(const CompareOptions& o) {
   // Equivalent K: where each run's score falls on the fast_1@k curve of the first sampled run (with
   // at least two samples per task: a best-of-N or eval run of K samples) of its seed.
   const Run* ref = nullptr;
-  for (auto& r : runs)
-    if (!ref && r.analysis["at_k"].size() >= 2) ref = &r;
+  for (auto& r : runs)  // (a multi-turn run's samples of a task are not independent draws: never the curve)
+    if (!ref && r.analysis["at_k"].size() >= 2 && !r.analysis.contains("turns")) ref = &r;
   auto ref_of = [&](const Run& r) -> const Run* {
     if (!ref || !r.seed) return ref;
     for (auto& x : runs)
@@ -324,7 +328,8 @@ int cmd_compare(const CompareOptions& o) {
   if (ref)
     std::printf(
         "score: fast_1 (a train/ttt run: its Best-of-Adaptation step's; a per-task run: the mean over tasks of "
-        "each task's); equiv K: the k at which %s's fast_1@k reaches that score%s\n",
+        "each task's; a multi-turn run: its episodes' best so far at the last turn); equiv K: the k at which %s's "
+        "fast_1@k reaches that score%s\n",
         ref->seed ? ref->arm.c_str() : fs::path(ref->dir).filename().string().c_str(),
         seeded ? " (of the same seed)" : "");
   for (auto& pt : per_task) {

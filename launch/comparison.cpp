@@ -22,6 +22,7 @@
 // JSON goes to RUN_DIR/comparison.json.
 #include "launch/commands.hpp"
 #include "launch/child.hpp"
+#include "launch/setup.hpp"
 
 #include "core/config.hpp"
 #include "core/config_toml.hpp"
@@ -240,8 +241,14 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
         pol->erase("adapter");  // validated without it; set when the arm starts
       }
     }
+    std::vector<ConfigError> set_errs;
+    if (!apply_overrides(t, config_overrides(), set_errs)) {
+      for (auto& e : set_errs) std::fprintf(stderr, "%s\n", e.format().c_str());
+      return false;
+    }
     auto r = read_config(t, path);
     if (auto* errs = std::get_if<std::vector<ConfigError>>(&r)) {
+      blame_overrides(*errs, config_overrides());
       std::fprintf(stderr, "%s: arm %s (the file's settings with [arm.%s] merged in) is not a valid config:\n",
                    path.c_str(), n.c_str(), n.c_str());
       for (auto& e : *errs) std::fprintf(stderr, "  %s\n", e.format().c_str());

@@ -38,6 +38,8 @@ int cmd_export(const std::string& run_dir) {
         {"completion", r.record.rollout.completion},
         {"prompt", r.record.rollout.prompt},
         {"prompt_tokens", r.record.rollout.prompt_tokens},
+        {"turn", r.record.rollout.turn},
+        {"parent_id", r.record.rollout.parent_id},
         {"token_ids", r.record.rollout.token_ids},
         {"logprobs", r.record.rollout.logprobs},
         {"sampler_id", r.record.rollout.sampler_id},

@@ -19,7 +19,7 @@ const char* usage =
     "  launch CONFIG --join [--name NAME] (--cpu-slots N | --gpus 0,1,...) [--log-level LEVEL]\n"
     "                                                      add this machine (not in CONFIG) to CONFIG's cluster\n"
     "  launch monitor HOST:PORT ...                        watch a running cluster's telemetry\n"
-    "  launch check CONFIG                                 validate CONFIG, print it resolved\n"
+    "  launch check CONFIG [--set KEY=VALUE ...]           validate CONFIG, print it resolved\n"
     "  launch prompts CONFIG                               print each task's prompt (JSON lines)\n"
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
     "  launch analyze RUN_DIR ...                          fast_p, pass@k / fast_1@k with CIs, per step and task\n"
@@ -34,7 +34,9 @@ const char* usage =
     "  launch sft --model DIR --data FILE.jsonl --out DIR  LoRA SFT on prompt/completion lines (a warm start)\n"
     "  launch version | --version                          versions of kernelrl and LibTorch\n"
     "  launch SUBCOMMAND --help                            one subcommand's arguments\n"
-    "LEVEL: trace, debug, info, warn, error, off (default: [cluster] log_level)";
+    "LEVEL: trace, debug, info, warn, error, off (default: [cluster] log_level)\n"
+    "--set KEY=VALUE (launch CONFIG, check, prompts; repeatable): override a key of CONFIG, e.g.\n"
+    "  --set learner.learning_rate=2e-5 --set sampler.temperature=0.8";
 
 }  // namespace
 

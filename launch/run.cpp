@@ -138,7 +138,7 @@ std::optional<RunInputs> read_inputs(const Config& cfg) {
       return std::nullopt;
     }
     for (auto& p : rendered) {
-      in.prompts.push_back({p.task_id, p.prompt, p.prompt_tokens});
+      in.prompts.push_back({p.task_id, p.prompt, p.prompt_tokens, p.user});
       in.user_messages[p.task_id] = p.user;
     }
     in.prompts_digest = prompts_digest(rendered);
@@ -532,6 +532,7 @@ namespace {
 
 struct RunArgs {
   std::string config, run_dir, resume, node, log_level;
+  std::vector<std::string> sets;  // --set KEY=VALUE
   bool join = false;
   JoinOptions join_options;
 };
@@ -584,8 +585,14 @@ void add_run(CLI::App& app, cli::Action& action) {
       ->type_name("0,1,...");
   app.add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off (default: [cluster] log_level)")
       ->type_name("LEVEL");
+  app.add_option("--set", a->sets,
+                 "override a key of CONFIG, e.g. --set learner.learning_rate=2e-5 --set sampler.temperature=0.8 "
+                 "(repeatable; the run keeps the effective config in RUN_DIR/config.resolved.toml)")
+      ->type_name("KEY=VALUE");
   app.callback([&app, &action, a] {
-    if (app.get_subcommands().empty()) action = [a] { return run_command(*a); };
+    if (!app.get_subcommands().empty()) return;  // (a subcommand's own --set is its callback's)
+    set_config_overrides(a->sets);
+    action = [a] { return run_command(*a); };
   });
 }
 

@@ -2,6 +2,8 @@
 
 #include "core/mode.hpp"
 #include "policy/sampler_backend.hpp"
+#include "policy/tokenizer.hpp"
+#include "tasks/prompt.hpp"
 
 #include <cstdlib>
 #include <filesystem>
@@ -85,6 +87,26 @@ SamplerArgs sampler_settings(const Config& cfg) {
   sma.batch_prompts = cfg.sampler.batch_prompts;
   sma.evaluate_top_m = cfg.experiment.evaluate_top_m;
   sma.max_failures = cfg.sampler.max_failures;
+  if (cfg.experiment.turns > 1) {
+    // Later turns' prompts are measured in [policy] model's tokens where its tokenizer is at hand
+    // (the libtorch backend always; openai when the model folder is given), else as a quarter of
+    // their bytes.
+    std::shared_ptr<Tokenizer> tok;
+    if (!cfg.policy.model.empty() && fs::exists(fs::path(cfg.policy.model) / "tokenizer.json")) {
+      try {
+        tok = Tokenizer::load(cfg.policy.model);
+      } catch (const std::exception&) {  // render_task_prompts reports a bad tokenizer first
+      }
+    }
+    std::function<size_t(const std::string&)> count = [tok](const std::string& text) -> size_t {
+      return tok ? tok->encode(text).size() : (text.size() + 3) / 4;
+    };
+    sma.render_turn = [policy = cfg.policy, budget = size_t(cfg.experiment.turn_prompt_tokens), count](
+                          const std::string& user, const std::vector<Attempt>& history) {
+      auto t = render_turn_prompt(policy, user, history, budget, count);
+      return SamplerArgs::TurnRender{std::move(t.text), uint32_t(t.tokens)};
+    };
+  }
   return sma;
 }
 

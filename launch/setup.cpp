@@ -21,8 +21,18 @@ namespace fs = std::filesystem;
 namespace kernelrl {
 
 // Loads a config or prints every error (FILE:LINE:COLUMN: key: message) and returns nullopt.
+namespace {
+std::vector<std::string>& overrides() {
+  static std::vector<std::string> sets;
+  return sets;
+}
+}  // namespace
+
+void set_config_overrides(std::vector<std::string> sets) { overrides() = std::move(sets); }
+const std::vector<std::string>& config_overrides() { return overrides(); }
+
 std::optional<Config> load_or_report(const std::string& path) {
-  auto res = load_config(path);
+  auto res = load_config(path, config_overrides());
   if (auto* errs = std::get_if<std::vector<ConfigError>>(&res)) {
     for (auto& e : *errs) std::fprintf(stderr, "%s\n", e.format().c_str());
     std::fprintf(stderr, "launch: %zu error%s in %s\n", errs->size(), errs->size() == 1 ? "" : "s", path.c_str());
@@ -167,7 +177,8 @@ std::vector<AnalysisSample> analysis_samples(Store& store) {
     EvalStatus status = EvalStatus::runtime_error;
     const bool verdict = !from_string(r.status, status) || is_verdict(status);
     out.push_back({verdict, r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean, r.num_tokens,
-                   r.record.rollout.split, r.status == "hacked"});
+                   r.record.rollout.split, r.status == "hacked", r.record.rollout.turn, r.sample_id,
+                   r.record.rollout.parent_id, r.status == "format_error"});
   }
   return out;
 }

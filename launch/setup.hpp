@@ -16,6 +16,10 @@ namespace kernelrl {
 
 // Loads a config or prints every error (FILE:LINE:COLUMN: key: message) and returns nullopt.
 std::optional<Config> load_or_report(const std::string& path);
+// The command line's `--set KEY=VALUE` overrides, applied to every config this process loads
+// from the command line's CONFIG (a comparison's arms after their tables are merged in).
+void set_config_overrides(std::vector<std::string> sets);
+const std::vector<std::string>& config_overrides();
 // Loads CONFIG, sets the log level (the command line's, else [cluster] log_level) and resolves
 // its "auto" devices for this process; nullopt after printing why not.
 std::optional<Config> load_with_level(const std::string& config_path, const std::string& log_level);

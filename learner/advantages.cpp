@@ -8,8 +8,9 @@ namespace kernelrl {
 GroupAdvantages group_advantages(const std::vector<double>& rewards, const AdvantageOptions& o) {
   const size_t g = rewards.size();
   if (g < 2) throw std::invalid_argument("advantages: a group needs at least 2 samples, got " + std::to_string(g));
-  if (o.estimator != "grpo" && o.estimator != "dr_grpo" && o.estimator != "rloo")
-    throw std::invalid_argument("advantages: estimator \"" + o.estimator + "\" (expected grpo, dr_grpo or rloo)");
+  if (o.estimator != "grpo" && o.estimator != "dr_grpo" && o.estimator != "rloo" && o.estimator != "trloo")
+    throw std::invalid_argument("advantages: estimator \"" + o.estimator +
+                                "\" (expected grpo, dr_grpo, rloo or trloo)");
   GroupAdvantages out;
   out.advantages.assign(g, 0.0);
   double sum = 0;
@@ -21,7 +22,7 @@ GroupAdvantages group_advantages(const std::vector<double>& rewards, const Advan
     out.skipped = true;
     return out;
   }
-  if (o.estimator == "rloo") {
+  if (o.estimator == "rloo" || o.estimator == "trloo") {
     for (size_t i = 0; i < g; ++i) out.advantages[i] = rewards[i] - (sum - rewards[i]) / double(g - 1);
     return out;
   }
@@ -33,6 +34,33 @@ GroupAdvantages group_advantages(const std::vector<double>& rewards, const Advan
   }
   for (size_t i = 0; i < g; ++i)
     out.advantages[i] = o.estimator == "grpo" ? (rewards[i] - mean) / (std + o.eps) : rewards[i] - mean;
+  return out;
+}
+
+std::vector<double> turn_returns(const std::vector<double>& rewards, double gamma) {
+  std::vector<double> g(rewards.size());
+  double next = 0;
+  for (size_t t = rewards.size(); t-- > 0;) next = g[t] = rewards[t] + (t + 1 < rewards.size() ? gamma * next : 0.0);
+  return g;
+}
+
+EpisodeAdvantages episode_advantages(const std::vector<std::vector<double>>& rewards, double gamma,
+                                     const AdvantageOptions& o) {
+  const size_t turns = rewards.empty() ? 0 : rewards[0].size();
+  std::vector<std::vector<double>> returns;
+  for (auto& e : rewards) {
+    if (e.size() != turns) throw std::invalid_argument("advantages: the episodes have different numbers of turns");
+    returns.push_back(turn_returns(e, gamma));
+  }
+  EpisodeAdvantages out;
+  out.advantages.assign(rewards.size(), std::vector<double>(turns, 0.0));
+  for (size_t t = 0; t < turns; ++t) {
+    std::vector<double> at;
+    for (auto& e : returns) at.push_back(e[t]);
+    auto g = group_advantages(at, o);
+    out.skipped.push_back(g.skipped);
+    for (size_t e = 0; e < returns.size(); ++e) out.advantages[e][t] = g.advantages[e];
+  }
   return out;
 }
 

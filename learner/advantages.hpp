@@ -9,7 +9,10 @@ namespace kernelrl {
 
 struct AdvantageOptions {
   // grpo: (r - mean) / (std + eps), std the unbiased (G - 1) one, as GRPO and TRL compute it;
-  // dr_grpo: r - mean (no std scaling, Dr. GRPO); rloo: r - mean of the other G - 1 rewards.
+  // dr_grpo: r - mean (no std scaling, Dr. GRPO); rloo: r - mean of the other G - 1 rewards;
+  // trloo: rloo's formula over one turn's group of a multi-turn run, whose values are the
+  // episodes' returns at that turn (episode_advantages): the turn-level REINFORCE leave-one-out
+  // of Dr. Kernel. With one turn it is rloo.
   std::string estimator = "grpo";
   double eps = 1e-4;  // added to the std (grpo)
 };
@@ -21,5 +24,20 @@ struct GroupAdvantages {
 
 // Throws std::invalid_argument for an unknown estimator or a group of fewer than 2 samples.
 GroupAdvantages group_advantages(const std::vector<double>& rewards, const AdvantageOptions& o);
+
+// Multi-turn: the return of each turn of one episode from its turns' rewards (in turn order),
+// G_t = r_t + gamma * G_{t+1}, G_T = r_T.
+std::vector<double> turn_returns(const std::vector<double>& rewards, double gamma);
+
+// A group's episodes (rewards[e][t]: episode e's reward at turn t, every episode with the same
+// number of turns): each turn's advantages over the episodes' returns at that turn, as the learner
+// computes them from the turn's group (advantages[e][t]; skipped[t]: that turn's returns are all
+// equal). With estimator trloo (or rloo): TRLOO.
+struct EpisodeAdvantages {
+  std::vector<std::vector<double>> advantages;
+  std::vector<bool> skipped;
+};
+EpisodeAdvantages episode_advantages(const std::vector<std::vector<double>>& rewards, double gamma,
+                                     const AdvantageOptions& o);
 
 }  // namespace kernelrl

@@ -43,6 +43,9 @@ void add_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<StepStats>("kernelrl.StepStats");
   cfg.add_message_type<Checkpoint>("kernelrl.Checkpoint");
   cfg.add_message_type<TensorBlob>("kernelrl.TensorBlob");
+  cfg.add_message_type<Attempt>("kernelrl.Attempt");
+  cfg.add_message_type<std::vector<Attempt>>("kernelrl.AttemptList");
+  cfg.add_message_type<std::vector<std::vector<Attempt>>>("kernelrl.AttemptLists");
   cfg.add_message_type<SamplePlan>("kernelrl.SamplePlan");
   cfg.add_message_type<StepUpdate>("kernelrl.StepUpdate");
   cfg.add_message_type<WeightsUpdate>("kernelrl.WeightsUpdate");

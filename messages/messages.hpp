@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 16;
+inline constexpr uint32_t protocol_version = 17;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -63,9 +63,14 @@ struct Rollout {
                                    // evaluation on its eval split (never learned from; `step` is
                                    // the policy version it evaluates)
   uint32_t prompt_tokens = 0;      // tokens of `prompt` under the policy's tokenizer (0: unknown)
+  // Multi-turn episodes ([experiment] turns): which turn of its episode this is (0: a single-turn
+  // sample, else 1..T) and the sample of the turn before, whose action and feedback the prompt
+  // shows ("" for a first turn). Sample i of a turn's group continues episode i.
+  uint32_t turn = 0;
+  std::string parent_id;
   friend bool operator==(const Rollout&, const Rollout&) = default;
   MSGPACK_DEFINE_MAP(sample_id, task_id, group_id, sample_index, step, prompt, completion, token_ids, logprobs,
-                     policy_version, sampler_id, split, prompt_tokens);
+                     policy_version, sampler_id, split, prompt_tokens, turn, parent_id);
 };
 
 // What the dispatcher asks an evaluator to do with one rollout.
@@ -193,18 +198,31 @@ struct WeightsUpdate {
 std::string weights_checksum(const std::vector<TensorBlob>& tensors);
 WeightsUpdate make_weights_update(uint64_t version, std::vector<TensorBlob> tensors);
 
+// One earlier turn of an episode, as a later turn's prompt shows it.
+struct Attempt {
+  std::string sample_id;   // the stored sample it was
+  std::string completion;  // the policy's action
+  std::string feedback;    // the evaluator's verdict on it, written for the policy (feedback_text)
+  friend bool operator==(const Attempt&, const Attempt&) = default;
+  MSGPACK_DEFINE_MAP(sample_id, completion, feedback);
+};
+
 // What the supervisor asks a sampler for in one step: n samples of task_ids[i] as group
 // group_ids[i] (group ids are unique within a run, so sample ids are too).
+// A later turn of multi-turn episodes (turn > 1) is one group: sample j continues episode j, its
+// prompt the task's with history[j] (that episode's earlier attempts, oldest first) after it.
 struct SamplePlan {
   uint32_t step = 0;
   std::vector<std::string> task_ids;
-  std::vector<uint64_t> group_ids;  // one per task id
-  uint32_t n = 1;                   // samples per group
-  std::string split;                // Rollout::split of every sample of the plan
-  uint32_t first_index = 0;         // sample_index of each group's first sample (a group completed
-                                    // after a restart continues where its stored samples end)
+  std::vector<uint64_t> group_ids;            // one per task id
+  uint32_t n = 1;                             // samples per group
+  std::string split;                          // Rollout::split of every sample of the plan
+  uint32_t first_index = 0;                   // sample_index of each group's first sample (a group completed
+                                              // after a restart continues where its stored samples end)
+  uint32_t turn = 0;                          // Rollout::turn of every sample (0: single-turn)
+  std::vector<std::vector<Attempt>> history;  // turn > 1: one per sample, from first_index on
   friend bool operator==(const SamplePlan&, const SamplePlan&) = default;
-  MSGPACK_DEFINE_MAP(step, task_ids, group_ids, n, split, first_index);
+  MSGPACK_DEFINE_MAP(step, task_ids, group_ids, n, split, first_index, turn, history);
 };
 
 // The learner's report of one optimizer step, sent to the supervisor once every sampler has
@@ -234,7 +252,8 @@ struct Telemetry {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Rollout& x) {
   return f(caf::meta::type_name("kernelrl.Rollout"), x.sample_id, x.task_id, x.group_id, x.sample_index, x.step,
-           x.prompt, x.completion, x.token_ids, x.logprobs, x.policy_version, x.sampler_id);
+           x.prompt, x.completion, x.token_ids, x.logprobs, x.policy_version, x.sampler_id, x.split, x.prompt_tokens,
+           x.turn, x.parent_id);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EvalRequest& x) {
@@ -280,8 +299,13 @@ typename Inspector::result_type inspect(Inspector& f, WeightsUpdate& x) {
   return f(caf::meta::type_name("kernelrl.WeightsUpdate"), x.version, x.tensors, x.checksum);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Attempt& x) {
+  return f(caf::meta::type_name("kernelrl.Attempt"), x.sample_id, x.completion, x.feedback);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SamplePlan& x) {
-  return f(caf::meta::type_name("kernelrl.SamplePlan"), x.step, x.task_ids, x.group_ids, x.n, x.split, x.first_index);
+  return f(caf::meta::type_name("kernelrl.SamplePlan"), x.step, x.task_ids, x.group_ids, x.n, x.split, x.first_index,
+           x.turn, x.history);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepUpdate& x) {
@@ -346,7 +370,8 @@ using monitor_atom = caf::atom_constant<caf::atom("monitor")>;
 // "refused by the head: ..."), else CAF's rendering of it.
 std::string error_text(caf::actor_system& sys, const caf::error& e);
 
-// Helpers to build ids the same way everywhere.
+// Helpers to build ids the same way everywhere. A later turn of an episode (turn > 1) has its own
+// group id, so the id needs nothing more.
 std::string make_sample_id(const std::string& task_id, uint64_t group_id, uint32_t sample_index);
 
 }  // namespace kernelrl

@@ -12,7 +12,8 @@
 //                        --adapter-root DIR
 //       an openai backend takes the adapter as WeightsUpdates of each version (hot-loaded by the
 //       server), sampling once after each; prints one JSON line per version
-//   policy_probe advantages --estimator grpo|dr_grpo|rloo --rewards 1,0,0.5
+//   policy_probe advantages --estimator grpo|dr_grpo|rloo|trloo --rewards 1,0,0.5
+//   policy_probe episodes --estimator trloo --gamma 0.9 --rewards "1,0;0,1;0.5,0.5" (episode;turn)
 //       one JSON line: advantages, skipped
 //   policy_probe loss --in FILE --out FILE [--clip-low X --clip-high X --agg A --kl-coef X]
 //       FILE: logp, old_logp, adv ([B] or [B,T]), mask, optional ref_logp, entropy (float64);
@@ -149,6 +150,18 @@ int main(int argc, char** argv) {
       for (auto& x : split(get("--rewards"), ',')) r.push_back(std::stod(x));
       auto g = group_advantages(r, o);
       std::cout << nlohmann::json({{"advantages", g.advantages}, {"skipped", g.skipped}}).dump() << "\n";
+      return 0;
+    }
+    if (cmd == "episodes") {  // --estimator E --gamma G --rewards "r00,r01;r10,r11;..." (episode;turn)
+      AdvantageOptions o;
+      o.estimator = get("--estimator", "trloo");
+      std::vector<std::vector<double>> r;
+      for (auto& e : split(get("--rewards"), ';')) {
+        r.emplace_back();
+        for (auto& x : split(e, ',')) r.back().push_back(std::stod(x));
+      }
+      auto a = episode_advantages(r, std::stod(get("--gamma", "1")), o);
+      std::cout << nlohmann::json({{"advantages", a.advantages}, {"skipped", a.skipped}}).dump() << "\n";
       return 0;
     }
     if (cmd == "loss") {

@@ -17,8 +17,8 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "experiments", "*.toml"
 
 def rollouts_per_task(cfg):
     mode = cfg["experiment"]["mode"]
-    if mode == "best_of_n":
-        return cfg["experiment"]["k"]
+    if mode == "best_of_n":  # K episodes of `turns` turns each (one turn: K samples)
+        return cfg["experiment"]["k"] * cfg["experiment"].get("turns", 1)
     if mode in ("ttt", "sdpo"):
         return cfg["learner"]["steps"] * cfg["learner"]["group_size"]
     return None
@@ -67,7 +67,8 @@ class ExperimentConfigsTest(ConfigLayout):
 
     def test_the_protocols_are_all_there(self):
         names = {os.path.basename(c)[:-5] for c in CONFIGS}
-        self.assertEqual(names, {"rlvr", "bon-vs-ttt", "ttt-batched", "selection", "sdpo", "ttt-entropy", "ttt-sparse"})
+        self.assertEqual(names, {"rlvr", "bon-vs-ttt", "ttt-batched", "selection", "sdpo", "ttt-entropy", "ttt-sparse",
+                                 "multi-turn", "refine-vs-bon"})
         with open(os.path.join(ROOT, "docs", "EXPERIMENTS.md")) as f:
             doc = f.read()
         for n in names:
@@ -104,6 +105,15 @@ class ExperimentConfigsTest(ConfigLayout):
         r = self.check("ttt-sparse.toml")
         self.assertEqual([r["shaped"]["reward"]["shape"], r["sparse"]["reward"]["shape"]], ["speedup", "threshold"])
         self.assertEqual(self.check("rlvr.toml")[None]["experiment"]["mode"], "train")
+        # The Dr. Kernel recipe: 3 turns, groups of 16, 16 tasks a step, lr 1e-6, TRLOO, profiling reward 0.5 and
+        # profiling rejection below 30% coverage.
+        m = self.check("multi-turn.toml")[None]
+        self.assertEqual((m["experiment"]["turns"], m["learner"]["group_size"], m["learner"]["batch_size"]), (3, 16, 16))
+        self.assertEqual((m["learner"]["learning_rate"], m["learner"]["algorithm"]), (1e-6, "trloo"))
+        self.assertEqual((m["reward"]["coverage_weight"], m["reward"]["reject_coverage_below"]), (0.5, 0.3))
+        v = self.check("refine-vs-bon.toml")
+        self.assertEqual((v["refine"]["experiment"]["turns"], v["refine"]["experiment"]["k"]), (3, 8))
+        self.assertEqual(v["best_of_n"]["experiment"]["k"], 24)
 
 
 SEEDS = sorted(glob.glob(os.path.join(ROOT, "configs", "seeds", "*.toml")))

@@ -29,7 +29,7 @@ def ref_advantages(rewards, estimator, eps=1e-4):
     r = torch.tensor(rewards, dtype=torch.float64)
     if bool((r == r[0]).all()):
         return [0.0] * len(rewards), True
-    if estimator == "rloo":
+    if estimator in ("rloo", "trloo"):
         loo = (r.sum() - r) / (len(r) - 1)
         return (r - loo).tolist(), False
     a = r - r.mean()
@@ -64,13 +64,35 @@ class GrpoMathTest(unittest.TestCase):
 
     def test_group_advantages(self):
         groups = [[1.0, 0.0, 0.0, 0.5], [2.5, 2.5, 0.0, 7.0, 1.0, 0.25, 3.0, 3.0], [0.0, 1.0], [0.3, 0.3, 0.3]]
-        for est in ["grpo", "dr_grpo", "rloo"]:
+        for est in ["grpo", "dr_grpo", "rloo", "trloo"]:
             for g in groups:
                 out = json.loads(run([PROBE, "advantages", "--estimator", est, "--rewards", ",".join(map(str, g))]))
                 want, skipped = ref_advantages(g, est)
                 self.assertEqual(out["skipped"], skipped, (est, g))
                 for a, b in zip(out["advantages"], want):
                     self.assertAlmostEqual(a, b, delta=1e-10, msg=(est, g))
+
+    def test_trloo_over_episodes(self):
+        # Multi-turn: returns G[:, t] = r[:, t] + gamma G[:, t + 1], then per turn the leave-one-out baseline over the
+        # group's episodes, written as Dr. Kernel's code writes it: (G - mean) * N / (N - 1).
+        episodes = [[[0.0, 1.0, 1.0], [1.0, 0.0, 0.5], [0.0, 0.0, 0.0], [0.25, 1.0, 2.0]], [[1.0, 2.0], [1.0, 0.0]],
+                    [[3.0], [1.0], [2.0]]]
+        for r in episodes:
+            for gamma in [1.0, 0.8]:
+                rt = torch.tensor(r, dtype=torch.float64)
+                g = torch.zeros_like(rt)
+                for t in reversed(range(rt.shape[1])):
+                    g[:, t] = rt[:, t] + (gamma * g[:, t + 1] if t + 1 < rt.shape[1] else 0)
+                n = rt.shape[0]
+                want = (g - g.mean(0, keepdim=True)) * n / (n - 1)
+                out = json.loads(run([PROBE, "episodes", "--estimator", "trloo", "--gamma", str(gamma), "--rewards",
+                                      ";".join(",".join(map(str, e)) for e in r)]))
+                got = torch.tensor(out["advantages"], dtype=torch.float64)
+                for t in range(rt.shape[1]):
+                    flat = bool((g[:, t] == g[0, t]).all())
+                    self.assertEqual(out["skipped"][t], flat)
+                    if not flat:
+                        self.assertTrue(torch.allclose(got[:, t], want[:, t], atol=1e-12), (r, gamma, t, got, want))
 
     def test_loss_and_its_gradient(self):
         torch.manual_seed(0)

@@ -82,6 +82,39 @@ class CheckTest(unittest.TestCase):
             self.assertEqual(out.returncode, 2)
             self.assertFalse(os.path.exists(os.path.join(d, "run")))
 
+    def test_set_overrides_keys_and_names_a_bad_one(self):
+        import tomllib
+        with tempfile.TemporaryDirectory() as d:
+            cfg = write_config(d, REPLAY)
+            # Read back by the config's own reader (the resolved config check prints) and by tomllib.
+            out = run("check", cfg, "--set", "evaluator.fast_trials=7", "--set", "reward.max_speedup=2.5",
+                      "--set", "experiment.name=overridden", "--set", "sampler.stop=[\"```\", \"END\"]")
+            self.assertEqual(out.returncode, 0, out.stderr)
+            resolved = tomllib.loads(out.stdout.split("\n", 1)[1])
+            self.assertEqual(resolved["evaluator"]["fast_trials"], 7)
+            self.assertEqual(resolved["reward"]["max_speedup"], 2.5)
+            self.assertEqual(resolved["experiment"]["name"], "overridden")  # a bare word: a string
+            self.assertEqual(resolved["sampler"]["stop"], ["```", "END"])
+            for sets, message in [
+                (["evaluator.fast_trials=many"], "--set evaluator.fast_trials=many: evaluator.fast_trials: expected an "
+                                                 "integer, got a string"),
+                (["learner.lr=2e-5"], "--set learner.lr=2e-5: learner.lr: unknown key"),
+                (["sampler.temperature=-1"], "--set sampler.temperature=-1: sampler.temperature:"),
+                (["temperature"], "--set temperature: (override): expected KEY=VALUE"),
+                (["temperature=0.5"], "expected SECTION.KEY"),
+                (["node.name=x"], "node is an array of tables"),
+            ]:
+                args = [x for s in sets for x in ("--set", s)]
+                out = run("check", cfg, *args)
+                self.assertEqual(out.returncode, 2, (sets, out.stdout))
+                self.assertIn(message, out.stderr)
+            # A run keeps the effective config.
+            run_dir = os.path.join(d, "run")
+            out = run(cfg, "--run-dir", run_dir, "--set", "evaluator.fast_trials=3", "--set", "monitor.progress=false")
+            self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+            with open(os.path.join(run_dir, "config.resolved.toml"), "rb") as f:
+                self.assertEqual(tomllib.load(f)["evaluator"]["fast_trials"], 3)
+
     def test_unknown_arguments_are_refused(self):
         self.assertEqual(run("export", "somewhere").returncode, 2)
         self.assertEqual(run(os.path.join(ROOT, "configs", "replay.toml"), "--bogus").returncode, 2)
@@ -89,6 +122,52 @@ class CheckTest(unittest.TestCase):
             out = run(write_config(d, REPLAY), "--log-level", "loud", "--run-dir", d + "/r")
             self.assertEqual(out.returncode, 2)
             self.assertIn("--log-level", out.stderr)
+
+
+class ProgressLineTest(unittest.TestCase):
+    """The live progress line: on a terminal, rewritten in place and never wider than the terminal; into a file or a
+    pipe, plain lines."""
+
+    def test_clipped_to_the_terminal_and_plain_elsewhere(self):
+        import fcntl
+        import pty
+        import struct
+        import termios
+        with tempfile.TemporaryDirectory() as d:
+            cfg = write_config(d, REPLAY)
+            master, slave = pty.openpty()
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
+            # (warn: the evaluators' info lines would share the terminal with the progress line)
+            p = subprocess.Popen([LAUNCH, cfg, "--run-dir", os.path.join(d, "tty"), "--log-level", "warn"],
+                                 stdout=subprocess.DEVNULL,
+                                 stderr=slave, stdin=subprocess.DEVNULL)
+            os.close(slave)
+            out = b""
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the child closed its end
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            p.wait(timeout=300)
+            os.close(master)
+            self.assertEqual(p.returncode, 0, out[-3000:])
+            text = out.decode(errors="replace").replace("\r\n", "\n")
+            lines = [x for part in text.split("\n") for x in part.split("\r")]
+            progress = [x for x in lines if x.startswith("[") and "samples" in x]
+            self.assertTrue(progress, text[-2000:])
+            self.assertIn("\r", text)  # rewritten in place
+            for x in progress:
+                self.assertLessEqual(len(x.rstrip()), 59, x)
+            # Into a pipe: whole lines, no carriage returns, nothing clipped.
+            plain = run(cfg, "--run-dir", os.path.join(d, "pipe"))
+            self.assertEqual(plain.returncode, 0, plain.stderr[-3000:])
+            self.assertNotIn("\r", plain.stderr)
+            ends = [x for x in plain.stderr.splitlines() if x.startswith("[") and " samples | " in x]
+            self.assertTrue(ends, plain.stderr[-2000:])
+            self.assertGreater(max(len(x) for x in ends), 60)
 
 
 class EvalPipelineTest(unittest.TestCase):

@@ -376,21 +376,18 @@ class DataParallelEngineTest(unittest.TestCase):
         self.assertIn("data-parallel learner: the ranks mix the CPU and GPUs", p.stderr)
 
 
-class TrainRunTest(unittest.TestCase):
+class PolicyServerCase(unittest.TestCase):
+    """Tests sharing a tiny model (cls.model) served by tests/fixtures/openai_server.py --policy at cls.url (its
+    request log cls.log), in a scratch folder cls.tmp."""
+    PREFIX = "kernelrl-train-"
+
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="kernelrl-train-")
+        cls.tmp = tempfile.mkdtemp(prefix=cls.PREFIX)
         cls.model = tiny_model(cls.tmp)
         cls.log = os.path.join(cls.tmp, "requests.jsonl")
         cls.server, port = start_openai_server(cls.log, "--policy", cls.model)
         cls.url = "http://127.0.0.1:%s" % port
-        # The uninterrupted run every test compares with.
-        cls.full_dir = os.path.join(cls.tmp, "full")
-        p = subprocess.run([LAUNCH, config(cls.tmp, cls.url, cls.model, "full"), "--run-dir", cls.full_dir],
-                           capture_output=True, text=True, timeout=900)
-        cls.full = p
-        if p.returncode != 0:
-            raise AssertionError("train run failed (%d):\n%s" % (p.returncode, p.stderr[-4000:]))
 
     @classmethod
     def tearDownClass(cls):
@@ -398,6 +395,19 @@ class TrainRunTest(unittest.TestCase):
         cls.server.wait()
         cls.server.stdout.close()
         shutil.rmtree(cls.tmp, ignore_errors=True)
+
+
+class TrainRunTest(PolicyServerCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        # The uninterrupted run every test compares with.
+        cls.full_dir = os.path.join(cls.tmp, "full")
+        p = subprocess.run([LAUNCH, config(cls.tmp, cls.url, cls.model, "full"), "--run-dir", cls.full_dir],
+                           capture_output=True, text=True, timeout=900)
+        cls.full = p
+        if p.returncode != 0:
+            raise AssertionError("train run failed (%d):\n%s" % (p.returncode, p.stderr[-4000:]))
 
     def test_every_step_is_sampled_on_policy_and_learned(self):
         steps, samples = steps_of(self.full_dir)

@@ -575,3 +575,28 @@ TEST_CASE("the prompt offers the kernel languages of [tasks] languages: CUDA by 
   CHECK(e[0].find("tasks.languages") != std::string::npos);
   CHECK(e[0].find("fortran") != std::string::npos);
 }
+
+TEST_CASE("multi-turn settings: turns needs a model sampler, and neither sdpo nor evaluate_top_m", "[config][turns]") {
+  Scratch s;
+  const std::string model =
+      "[tasks]\ndir = \"tasks\"\n[sampler]\nbackend = \"openai\"\nurl = \"http://127.0.0.1:1\"\nserved_model = \"m\"\n";
+  auto ok = parse_config(model + "[experiment]\nmode = \"best_of_n\"\nk = 4\nturns = 3\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(ok));
+  CHECK(std::get<Config>(ok).experiment.turns == 3);
+  CHECK(std::get<Config>(ok).experiment.turn_prompt_tokens == 8192);
+  auto replay = errors_of(base + "[experiment]\nturns = 2\n", s.cfg());
+  REQUIRE(replay.size() == 1);
+  CHECK(replay[0].find("experiment.turns: turns = 2 needs a model sampler") != std::string::npos);
+  auto top = errors_of(model + "[experiment]\nmode = \"best_of_n\"\nk = 4\nturns = 2\nevaluate_top_m = 2\n", s.cfg());
+  REQUIRE(top.size() == 1);
+  CHECK(top[0].find("experiment.evaluate_top_m: evaluate_top_m leaves samples unevaluated") != std::string::npos);
+  auto zero = errors_of(model + "[experiment]\nturns = 0\n", s.cfg());
+  REQUIRE(zero.size() == 1);
+  CHECK(zero[0].find("experiment.turns") != std::string::npos);
+  auto trloo = parse_config(base + "[learner]\nalgorithm = \"trloo\"\nturn_gamma = 0.9\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(trloo));
+  CHECK(std::get<Config>(trloo).learner.turn_gamma == 0.9);
+  auto gamma = errors_of(base + "[learner]\nturn_gamma = 1.5\n", s.cfg());
+  REQUIRE(gamma.size() == 1);
+  CHECK(gamma[0].find("learner.turn_gamma") != std::string::npos);
+}

@@ -4,6 +4,8 @@
 #include "experiment/scores.hpp"
 #include "experiment/training.hpp"
 
+#include "tests/unit/actions.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <set>
@@ -112,13 +114,7 @@ TEST_CASE("reward bins close on the right and quantiles take the nearest rank", 
 // act::Sample with its samples (every one correct, `speedup` faster), a fake learner each LearnStep.
 namespace {
 
-template <class A>
-std::vector<A> of(const Actions& xs) {
-  std::vector<A> out;
-  for (auto& x : xs)
-    if (auto* a = std::get_if<A>(&x)) out.push_back(*a);
-  return out;
-}
+using test::of;
 
 bool finishes(const Actions& xs, const std::string& error = "") {
   auto f = of<act::Finish>(xs);
