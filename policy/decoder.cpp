@@ -135,7 +135,8 @@ struct Decoder::Run {
     graphs = cuda && gm != "0" && gm != "static";
     bucketed = graphs || gm == "static";
 #ifdef KERNELRL_CUDA_KERNELS
-    fused = cuda && m.dtype() == torch::kBFloat16 && fused_kernels_enabled() &&
+    // (Qwen3's per-head q/k norms are not in the fused step's kernels: its LibTorch ops in the graphs.)
+    fused = cuda && m.dtype() == torch::kBFloat16 && fused_kernels_enabled() && !c.qk_norm &&
             cuda::decode_attention_supported(int(c.num_heads), int(c.num_kv_heads), int(c.head_dim)) &&
             c.hidden_size % 2 == 0 && c.hidden_size <= 16384;
     if (cuda) sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;

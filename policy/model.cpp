@@ -122,8 +122,8 @@ ModelConfig load_model_config(const std::string& dir) {
   ModelConfig c;
   try {
     c.model_type = j.value("model_type", "");
-    if (c.model_type != "qwen2" && c.model_type != "llama")
-      fail(file, "model_type: \"" + c.model_type + "\" is not supported (qwen2 or llama)");
+    if (c.model_type != "qwen2" && c.model_type != "qwen3" && c.model_type != "llama")
+      fail(file, "model_type: \"" + c.model_type + "\" is not supported (qwen2, qwen3 or llama)");
     auto need = [&](const char* k) -> int64_t {
       if (!j.contains(k) || !j[k].is_number_integer()) fail(file, std::string(k) + ": expected an integer");
       int64_t v = j[k];
@@ -147,6 +147,11 @@ ModelConfig load_model_config(const std::string& dir) {
     if (act != "silu") fail(file, "hidden_act: \"" + act + "\" is not supported (silu)");
     if (c.model_type == "qwen2") {
       c.qkv_bias = true;
+      if (j.value("use_sliding_window", false))
+        fail(file, "use_sliding_window: sliding-window attention is not supported");
+    } else if (c.model_type == "qwen3") {  // no q/k/v bias unless attention_bias; q and k normed per head
+      c.qkv_bias = c.o_bias = j.value("attention_bias", false);
+      c.qk_norm = true;
       if (j.value("use_sliding_window", false))
         fail(file, "use_sliding_window: sliding-window attention is not supported");
     } else {
@@ -389,6 +394,10 @@ CausalLM::CausalLM(const std::string& dir, torch::Device device, torch::ScalarTy
     Layer L;
     L.in_norm = get(p + "input_layernorm.weight", {H});
     L.post_norm = get(p + "post_attention_layernorm.weight", {H});
+    if (cfg_.qk_norm) {
+      L.q_norm = get(p + "self_attn.q_norm.weight", {D});
+      L.k_norm = get(p + "self_attn.k_norm.weight", {D});
+    }
     auto lin = [&](const std::string& n, int64_t out, int64_t in, bool bias) {
       Linear l;
       l.w = get(p + n + ".weight", {out, in});
@@ -453,8 +462,14 @@ torch::Tensor CausalLM::layer_forward(size_t l, const torch::Tensor& h, const to
   const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, rep = nh / nkv;
   auto x = rms(h, L.in_norm);
   auto x32 = lora_input(x);
-  auto q = L.q.forward(x, x32, training, lora_enabled_).view({B, T, nh, D}).transpose(1, 2);
-  auto k = L.k.forward(x, x32, training, lora_enabled_).view({B, T, nkv, D}).transpose(1, 2);
+  auto q = L.q.forward(x, x32, training, lora_enabled_).view({B, T, nh, D});
+  auto k = L.k.forward(x, x32, training, lora_enabled_).view({B, T, nkv, D});
+  if (cfg_.qk_norm) {  // Qwen3: each head of q and k normed before the rotary embedding
+    q = rms(q, L.q_norm);
+    k = rms(k, L.k_norm);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
   auto v = L.v.forward(x, x32, training, lora_enabled_).view({B, T, nkv, D}).transpose(1, 2);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
@@ -1000,6 +1015,10 @@ std::map<std::string, torch::Tensor> CausalLM::base_tensors() const {
     std::string p = "model.layers." + std::to_string(i) + ".";
     out[p + "input_layernorm.weight"] = layers_[i].in_norm;
     out[p + "post_attention_layernorm.weight"] = layers_[i].post_norm;
+    if (cfg_.qk_norm) {
+      out[p + "self_attn.q_norm.weight"] = layers_[i].q_norm;
+      out[p + "self_attn.k_norm.weight"] = layers_[i].k_norm;
+    }
     for (auto& m : lora_modules) {
       Linear* l = const_cast<CausalLM*>(this)->find_linear(i, m);
       out[p + m + ".weight"] = l->w;

@@ -22,7 +22,7 @@ struct TensorBlob;
 
 // config.json of a Qwen2 or Llama checkpoint.
 struct ModelConfig {
-  std::string model_type;  // "qwen2" or "llama"
+  std::string model_type;  // "qwen2", "qwen3" or "llama"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -36,6 +36,7 @@ struct ModelConfig {
   bool qkv_bias = false;  // q/k/v projections carry a bias (Qwen2; Llama's attention_bias)
   bool o_bias = false;    // o_proj carries a bias (Llama's attention_bias)
   bool mlp_bias = false;  // gate/up/down carry a bias (Llama's mlp_bias)
+  bool qk_norm = false;   // RMSNorm over each head of q and k before the rotary embedding (Qwen3)
   double rope_theta = 10000;
   std::string rope_type = "default";  // default, linear or llama3
   double rope_factor = 1, rope_low_freq_factor = 1, rope_high_freq_factor = 4;
@@ -167,6 +168,7 @@ class CausalLM {
   std::shared_ptr<const CausalLM> base_owner_;
   struct Layer {
     torch::Tensor in_norm, post_norm;
+    torch::Tensor q_norm, k_norm;  // qk_norm: [head_dim] each
     Linear q, k, v, o, gate, up, down;
     // q|k|v and gate|up weights (and biases) in one tensor each: q.w, k.w, v.w, gate.w and up.w
     // are row slices of them, so the decoder's fused step runs one GEMM for each group.

@@ -21,7 +21,8 @@ import unittest
 import torch
 from safetensors.torch import load_file
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
@@ -109,6 +110,16 @@ class PolicyTest(unittest.TestCase):
                                          tie_word_embeddings=True, rope_theta=10000.0, initializer_range=0.25,
                                          eos_token_id=cls.toks["qwen2"].token_to_id("<|im_end|>")))
         cls.save(q, "qwen2", "qwen2")
+        # Qwen3: per-head q/k RMSNorms, no q/k/v bias, a head size of its own (not hidden / heads).
+        q3 = Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                          head_dim=32, tie_word_embeddings=False, rope_theta=1000000.0,
+                                          initializer_range=0.25, eos_token_id=cls.toks["qwen2"].token_to_id("<|im_end|>")))
+        with torch.no_grad():  # norms that are not all ones, so that a missing one shows
+            for layer in q3.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+        cls.save(q3, "qwen3", "qwen2")
         llama = LlamaForCausalLM(LlamaConfig(
             vocab_size=cls.toks["llama3"].get_vocab_size(), hidden_size=64, intermediate_size=96,
             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, attention_bias=True,
@@ -193,9 +204,21 @@ class PolicyTest(unittest.TestCase):
 
     def test_logits_match_transformers(self):
         ids = [5, 17, 250, 3, 99, 400, 12, 7, 301, 42, 8, 150, 2, 77]
-        for name in ["qwen2", "llama", "llama-bf16"]:
+        for name in ["qwen2", "qwen3", "llama", "llama-bf16"]:
             ref_model = AutoModelForCausalLM.from_pretrained(self.models[name], dtype=torch.float32).eval()
             self.assert_close(self.ours_logits(name, ids), self.hf_logits(ref_model, ids), what=name)
+
+    def test_an_unknown_model_type_is_refused_with_its_name(self):
+        bad = os.path.join(self.tmp, "mistral")
+        shutil.copytree(self.models["qwen2"], bad)
+        with open(os.path.join(bad, "config.json")) as f:
+            c = json.load(f)
+        c["model_type"] = "mistral"
+        with open(os.path.join(bad, "config.json"), "w") as f:
+            json.dump(c, f)
+        p = run([LAUNCH, "generate", "--model", bad, "--prompt", "x", "--max-tokens", "2"], check=False)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn('model_type: "mistral" is not supported (qwen2, qwen3 or llama)', p.stderr)
 
     def test_lora_kernelrl_to_peft_and_back(self):
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -285,8 +308,17 @@ class PolicyTest(unittest.TestCase):
 
     def test_greedy_generation_matches_transformers(self):
         tok = self.toks["qwen2"]
-        ref_model = AutoModelForCausalLM.from_pretrained(self.models["qwen2"], dtype=torch.float32).eval()
         prompts = ["def relu(x):", "Write a CUDA kernel that adds two vectors of floats and", "x"]
+        # Qwen3 (q/k norms) through the KV cache too: its greedy tokens are transformers'.
+        q3 = AutoModelForCausalLM.from_pretrained(self.models["qwen3"], dtype=torch.float32).eval()
+        for prompt, c in zip(prompts, self.generate(prompts, "--temperature", "0", "--max-tokens", "12",
+                                                    model="qwen3")):
+            ids = tok.encode(prompt, add_special_tokens=False).ids
+            with torch.no_grad():
+                out = q3.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12,
+                                  attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+            self.assertEqual(c["token_ids"], out[0, len(ids):].tolist()[: len(c["token_ids"])], "qwen3: " + prompt)
+        ref_model = AutoModelForCausalLM.from_pretrained(self.models["qwen2"], dtype=torch.float32).eval()
         ours = self.generate(prompts, "--temperature", "0", "--max-tokens", "12")
         self.assertEqual(len(ours), 3)
         for prompt, c in zip(prompts, ours):
