@@ -486,8 +486,8 @@ void read_policy(TableReader& r, Config& c, const toml::table& root) {
     r.error_here("device", "expected \"cpu\", \"cuda\", \"cuda:N\" or \"auto\", got \"" + d + "\"");
   r.str("template", c.policy.template_);
   auto& t = c.policy.template_;
-  if (t != "chatml" && t != "llama3" && t != "plain" && t.find("{user}") == std::string::npos)
-    r.error_here("template", "expected chatml, llama3, plain or a string containing {user}");
+  if (t != "auto" && t != "chatml" && t != "llama3" && t != "plain" && t.find("{user}") == std::string::npos)
+    r.error_here("template", "expected auto, chatml, llama3, plain or a string containing {user}");
   r.str("system", c.policy.system);
 }
 

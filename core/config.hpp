@@ -5,6 +5,7 @@
 
 #include "core/mode.hpp"
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -63,10 +64,20 @@ struct PolicyConfig {
   std::string dtype = "bf16";  // f32, f16, bf16
   std::string device = "cpu";  // where the libtorch sampler runs the model: cpu, cuda[:N], or auto
                                // (cuda:0 when this process sees a GPU, else cpu)
-  // Prompt template: "chatml" (Qwen2), "llama3", "plain", or a string holding {system} and {user}
-  // (the assistant's turn starts where the string ends).
-  std::string template_ = "chatml";
+  // Prompt template: "auto" (the model's own chat template, tokenizer_config.json's chat_template
+  // as transformers renders it; "chatml" where the model has none, said at start), "chatml"
+  // (Qwen2), "llama3", "plain", or a string holding {system} and {user} (the assistant's turn
+  // starts where the string ends).
+  std::string template_ = "auto";
   std::string system = "You are an expert CUDA and PyTorch performance engineer.";  // system message
+  // Filled when "auto" is resolved (launch/setup.cpp resolve_chat_template), never read from a
+  // file: template_ then holds the model's first-turn template with {system} and {user}, and these
+  // the text its template puts between a user message and the answer after it, between an answer
+  // and the next user message, and after the last user message (multi-turn prompts).
+  struct TurnText {
+    std::string user_to_assistant, assistant_to_user, generation;
+  };
+  std::optional<TurnText> model_turns;
 };
 
 struct SamplerConfig {

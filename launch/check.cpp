@@ -43,6 +43,7 @@ int cmd_check(const std::string& config_path) {
 int cmd_prompts(const std::string& config_path) {
   auto cfg = load_or_report(config_path);
   if (!cfg) return 2;
+  resolve_chat_template(*cfg);
   TaskSet tasks, eval_tasks;
   std::vector<RenderedPrompt> prompts;
   std::string err;

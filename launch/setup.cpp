@@ -4,6 +4,8 @@
 
 #include "core/files.hpp"
 #include "core/log.hpp"
+#include "core/paths.hpp"
+#include "launch/child.hpp"
 #include "launch/cluster.hpp"
 #include "policy/runtime_info.hpp"
 #include "policy/tokenizer.hpp"
@@ -11,9 +13,12 @@
 #include "tasks/prompt.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <unistd.h>
 #include <set>
 
 namespace fs = std::filesystem;
@@ -148,7 +153,55 @@ std::optional<Config> load_with_level(const std::string& config_path, const std:
     return std::nullopt;
   }
   if (!resolve_auto_devices(*loaded)) return std::nullopt;
+  resolve_chat_template(*loaded);
   return loaded;
+}
+
+namespace {
+// The JSON in `path` (a parse error or an unreadable file throws).
+nlohmann::json json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(path + ": cannot read it");
+  return nlohmann::json::parse(in);
+}
+}  // namespace
+
+void resolve_chat_template(Config& cfg) {
+  auto& p = cfg.policy;
+  if (p.template_ != "auto") return;
+  auto lg = log::get("launch");
+  auto fallback = [&](const std::string& why) {
+    p.template_ = "chatml";
+    lg->info("prompts: [policy] template = \"auto\": {}; the built-in chatml template is used", why);
+  };
+  if (p.model.empty()) return fallback("no [policy] model to read a chat template from");
+  const bool has =
+      fs::exists(fs::path(p.model) / "chat_template.jinja") ||
+      (fs::exists(fs::path(p.model) / "tokenizer_config.json") && [&] {
+        try {
+          return json_file((fs::path(p.model) / "tokenizer_config.json").string()).contains("chat_template");
+        } catch (const std::exception&) {
+          return false;
+        }
+      }());
+  if (!has) return fallback(p.model + " has no chat template (tokenizer_config.json chat_template)");
+  // Rendered by transformers (tasks/chat_template.py): the template's pieces, once per process.
+  const std::string out =
+      (fs::temp_directory_path() / ("kernelrl-chat-" + std::to_string(::getpid()) + ".json")).string();
+  const int rc = run_child({cfg.evaluator.python, source_dir() + "/tasks/chat_template.py", p.model}, out);
+  nlohmann::json j;
+  try {
+    j = json_file(out);
+  } catch (const std::exception& e) {
+    j = {{"error", fmt::format("tasks/chat_template.py exited with {}", rc)}};
+  }
+  std::error_code ec;
+  fs::remove(out, ec);
+  if (j.contains("error")) return fallback(j["error"].get<std::string>());
+  p.template_ = j["template"].get<std::string>();
+  p.model_turns = PolicyConfig::TurnText{j["user_to_assistant"].get<std::string>(),
+                                         j["assistant_to_user"].get<std::string>(), j["generation"].get<std::string>()};
+  lg->info("prompts: {}'s own chat template (rendered by transformers)", p.model);
 }
 
 // The store of RUN_DIR (or a store file), read-only; null after printing why, with rc 2 when

@@ -16,6 +16,10 @@ namespace kernelrl {
 
 // Loads a config or prints every error (FILE:LINE:COLUMN: key: message) and returns nullopt.
 std::optional<Config> load_or_report(const std::string& path);
+// [policy] template = "auto": the model's own chat template (tasks/chat_template.py renders its
+// pieces with transformers) in place of "auto", or the built-in chatml where the model has none
+// or it cannot be used, said in the log either way. Other templates are left as they are.
+void resolve_chat_template(Config& cfg);
 // The command line's `--set KEY=VALUE` overrides, applied to every config this process loads
 // from the command line's CONFIG (a comparison's arms after their tables are merged in).
 void set_config_overrides(std::vector<std::string> sets);

@@ -65,15 +65,23 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
 }
 }  // namespace
 
-std::string render_prompt(const PolicyConfig& policy, const std::string& user) {
+namespace {
+// The template string of `policy` (a named one expanded; "auto" unresolved: chatml).
+std::string template_text(const PolicyConfig& policy) {
   std::string t = policy.template_;
-  if (t == "chatml")
+  if (t == "chatml" || t == "auto")
     t = "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n";
   else if (t == "llama3")
     t = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n{system}<|eot_id|>"
         "<|start_header_id|>user<|end_header_id|>\n\n{user}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
   else if (t == "plain")
     t = "{system}\n\n{user}\n\n";
+  return t;
+}
+}  // namespace
+
+std::string render_prompt(const PolicyConfig& policy, const std::string& user) {
+  std::string t = template_text(policy);
   // {user} last, so that braces inside the task's code are never taken for placeholders.
   replace_all(t, "{system}", policy.system);
   auto at = t.find("{user}");
@@ -160,17 +168,23 @@ std::string feedback_text(const EvalResult& r, size_t max_chars) {
 namespace {
 
 struct Markers {
-  bool chat = false;  // turn markers of its own; else the attempts go into the one user message
-  std::string start, assistant, user, end;
+  bool chat = false;          // turn markers of its own; else the attempts go into the one user message
+  std::string u2a, a2u, gen;  // user -> assistant (an earlier answer), assistant -> user, user -> generation
 };
 
 Markers markers_of(const PolicyConfig& policy) {
+  if (policy.model_turns)
+    return {true, policy.model_turns->user_to_assistant, policy.model_turns->assistant_to_user,
+            policy.model_turns->generation};
   const std::string& t = policy.template_;
-  if (t == "chatml") return {true, "", "<|im_start|>assistant\n", "<|im_start|>user\n", "<|im_end|>\n"};
+  if (t == "chatml" || t == "auto")
+    return {true, "<|im_end|>\n<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>user\n",
+            "<|im_end|>\n<|im_start|>assistant\n"};
   if (t == "llama3")
-    return {true, "", "<|start_header_id|>assistant<|end_header_id|>\n\n",
-            "<|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>"};
-  if (t == "plain") return {true, "", "", "", "\n\n"};
+    return {true, "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+            "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n",
+            "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"};
+  if (t == "plain") return {true, "\n\n", "\n\n", "\n\n"};
   return {};
 }
 
@@ -183,12 +197,15 @@ std::string render_turns(const PolicyConfig& policy, const std::string& user, co
       u += fmt::format("\n\nYour attempt {}:\n{}\n\n{}\n\n{}", k + 1, code[k], history[k].feedback, refine_instruction);
     return render_prompt(policy, u);
   }
-  // The first turn as render_prompt writes it, less where the assistant's answer begins.
+  // The first turn as render_prompt writes it, up to the end of the task's message; then each
+  // attempt as the assistant's turn and its feedback as the user's next.
+  std::string t = template_text(policy);
+  replace_all(t, "{system}", policy.system);
   std::string p = render_prompt(policy, user);
-  p.resize(p.size() - m.assistant.size());
+  p.resize(p.size() - (t.size() - t.find("{user}") - 6));
   for (size_t k = 0; k < history.size(); ++k)
-    p += m.assistant + code[k] + m.end + m.user + history[k].feedback + "\n\n" + refine_instruction + m.end;
-  return p + m.assistant;
+    p += m.u2a + code[k] + m.a2u + history[k].feedback + "\n\n" + refine_instruction;
+  return p + m.gen;
 }
 
 }  // namespace

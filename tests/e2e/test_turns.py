@@ -15,6 +15,7 @@ avoided them before training. (The tiny model barely reads the feedback: its fir
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import unittest
@@ -187,6 +188,74 @@ class MultiTurnRunTest(PolicyServerCase):
         # Later turns carry the conversation so far: more prompt tokens for the same rollouts.
         self.assertGreater(runs["refine"]["compute"]["student_prompt_tokens"],
                            runs["bon"]["compute"]["student_prompt_tokens"])
+
+    def test_the_models_own_chat_template_renders_every_turn(self):
+        # A model with a chat template of its own (markers no built-in template has): prompts are rendered by it, as
+        # transformers' apply_chat_template renders them, at the first turn and at later ones.
+        from transformers import AutoTokenizer
+        model = os.path.join(self.tmp, "templated")
+        if not os.path.exists(model):
+            shutil.copytree(self.model, model)
+            tok = AutoTokenizer.from_pretrained(model)
+            tok.chat_template = ("{% for m in messages %}<<{{ m['role'] | upper }}>>\n{{ m['content'] }}\n<</"
+                                 "{{ m['role'] | upper }}>>\n{% endfor %}{% if add_generation_prompt %}<<ASSISTANT>>\n"
+                                 "{% endif %}")
+            tok.save_pretrained(model)
+        tok = AutoTokenizer.from_pretrained(model)
+        run_dir = os.path.join(self.tmp, "templated-run")
+        cfg = config(self.tmp, self.url, model, "templated", mode="best_of_n", experiment="k = 2\nturns = 2")
+        with open(cfg) as f:
+            text = f.read().replace('template = "plain"', 'template = "auto"').replace('served_model = "menu"',
+                                                                                      'served_model = "ok"')
+        with open(cfg, "w") as f:
+            f.write(text)
+        prompts = subprocess.run([LAUNCH, "prompts", cfg, "--set", "cluster.log_level=info"], capture_output=True,
+                                 text=True, check=True)
+        self.assertIn("own chat template", prompts.stderr)
+        system = tomllib_policy_system(cfg)
+        users = {}
+        for line in prompts.stdout.splitlines():
+            j = json.loads(line)
+            user = j["prompt"].split("<<USER>>\n", 1)[1].rsplit("\n<</USER>>", 1)[0]
+            users[j["task_id"]] = user
+            want = tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}],
+                                           tokenize=False, add_generation_prompt=True)
+            self.assertEqual(j["prompt"], want)
+        p = subprocess.run([LAUNCH, cfg, "--run-dir", run_dir], capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        samples = export_of(run_dir)
+        by_id = {s["sample_id"]: s for s in samples}
+        later = [s for s in samples if s["turn"] == 2]
+        self.assertTrue(later)
+        mark = "\x00FEEDBACK\x00"
+        for s in later:
+            parent = by_id[s["parent_id"]]
+            self.assertEqual(parent["prompt"], tok.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": users[s["task_id"]]}],
+                tokenize=False, add_generation_prompt=True))
+            # The conversation [system, task, the parent's answer, the feedback] as transformers renders it.
+            want = tok.apply_chat_template([{"role": "system", "content": system},
+                                            {"role": "user", "content": users[s["task_id"]]},
+                                            {"role": "assistant", "content": parent["completion"]},
+                                            {"role": "user", "content": mark}], tokenize=False,
+                                           add_generation_prompt=True)
+            head, tail = want.split(mark)
+            self.assertTrue(s["prompt"].startswith(head), s["prompt"][:300])
+            self.assertTrue(s["prompt"].endswith(tail))
+            self.assertIn("Write an improved version", s["prompt"][len(head):len(s["prompt"]) - len(tail)])
+        # A model without a template: the built-in one, said so.
+        plain = subprocess.run([LAUNCH, "prompts", cfg, "--set", "policy.model=" + self.model, "--set",
+                                "cluster.log_level=info"], capture_output=True, text=True, check=True)
+        self.assertIn("has no chat template", plain.stderr)
+        self.assertIn("the built-in chatml template is used", plain.stderr)
+        self.assertTrue(json.loads(plain.stdout.splitlines()[0])["prompt"].startswith("<|im_start|>system\n"))
+
+
+def tomllib_policy_system(cfg):
+    """[policy] system as `launch check` resolves it (the default when the file has none)."""
+    import tomllib
+    out = subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True, check=True).stdout
+    return tomllib.loads(out.split("\n", 1)[1])["policy"]["system"]
 
 
 if __name__ == "__main__":
