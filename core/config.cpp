@@ -759,6 +759,17 @@ void read_sdpo(TableReader& r, Config& c, const toml::table& root) {
                  "student did not see: set demonstration = true or context = \"feedback\"");
 }
 
+// [tracking]: an experiment tracker beside the run.
+void read_tracking(TableReader& r, Config& c, const toml::table& root) {
+  auto& t = c.tracking;
+  r.one_of("backend", t.backend, {"none", "wandb", "tensorboard", "mlflow"});
+  r.str("project", t.project);
+  r.str("name", t.name);
+  r.path("dir", t.dir, PathKind::any);
+  if (!r.raw("python")) t.python = source_dir() + "/scripts/tracking-python";
+  r.path("python", t.python, PathKind::file);
+}
+
 // [store]: the run store.
 void read_store(TableReader& r, Config& c, const toml::table& root) {
   r.file_name("file", c.store.file);
@@ -821,14 +832,14 @@ ConfigResult read_config(const toml::table& root, const std::string& path) {
   const std::string& file = path;
 
   toml::table resolved;
-  std::set<std::string> sections = {"cluster", "node",    "tasks",      "policy", "sampler", "evaluator",
-                                    "reward",  "learner", "experiment", "sdpo",   "store",   "monitor"};
+  std::set<std::string> sections = {"cluster", "node",       "tasks", "policy",   "sampler", "evaluator", "reward",
+                                    "learner", "experiment", "sdpo",  "tracking", "store",   "monitor"};
   for (auto& [k, n] : root) {
     std::string key(k.str());
     if (!sections.count(key)) {
       errs.push_back({file, n.source().begin.line, n.source().begin.column, key,
                       "unknown section (expected one of cluster, node, tasks, policy, sampler, "
-                      "evaluator, reward, learner, experiment, sdpo, store, monitor)"});
+                      "evaluator, reward, learner, experiment, sdpo, tracking, store, monitor)"});
     } else if (key == "node" ? !n.is_array_of_tables() : !n.is_table()) {
       errs.push_back({file, n.source().begin.line, n.source().begin.column, key,
                       key == "node" ? "expected an array of tables ([[node]])" : "expected a table ([" + key + "])"});
@@ -858,6 +869,7 @@ ConfigResult read_config(const toml::table& root, const std::string& path) {
   section("experiment", read_experiment);
   section("sdpo", read_sdpo);
   if (c.experiment.mode != Mode::sdpo) resolved.erase("sdpo");  // a resolved config re-reads cleanly
+  section("tracking", read_tracking);
   section("store", read_store);
   section("monitor", read_monitor);
 

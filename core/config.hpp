@@ -260,6 +260,17 @@ struct ExperimentConfig {
   uint32_t feedback_chars = 2000;      // one attempt's feedback at most (logs keep head and tail)
 };
 
+// [tracking]: the run's metrics, config and summary in an experiment tracker, logged by
+// tracking/tracker.py (the library's own client) beside the run.
+struct TrackingConfig {
+  std::string backend = "none";      // none, wandb (offline unless WANDB_MODE says otherwise),
+                                     // tensorboard (tensorboardX event files) or mlflow
+  std::string project = "kernelrl";  // the W&B project, the MLflow experiment
+  std::string name;                  // the run's name there ("": the run directory's name)
+  std::string dir;                   // where its local files go ("": RUN_DIR/tracking)
+  std::string python;                // the tracking environment (default: scripts/tracking-python)
+};
+
 struct StoreConfig {
   std::string file = "store.sqlite";   // file name inside the run directory
   std::string synchronous = "normal";  // SQLite synchronous level under WAL: normal or full
@@ -290,6 +301,7 @@ struct Config {
   LearnerConfig learner;
   ExperimentConfig experiment;
   SdpoConfig sdpo;
+  TrackingConfig tracking;
   StoreConfig store;
   MonitorConfig monitor;
   std::string resolved_toml;  // the whole config with defaults filled in and paths resolved

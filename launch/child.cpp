@@ -2,6 +2,7 @@
 
 #include <spawn.h>
 #include <sys/wait.h>
+#include <csignal>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -11,20 +12,50 @@ extern char** environ;
 
 namespace kernelrl {
 
-int run_child(const std::vector<std::string>& argv, const std::string& out) {
+namespace {
+// argv started as a child with `fa`'s redirections; its pid, or -1.
+int spawn(const std::vector<std::string>& argv, posix_spawn_file_actions_t& fa) {
   std::vector<char*> av;
   for (auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
   av.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  if (!out.empty()) posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid = 0;
   int rc = posix_spawn(&pid, av[0], &fa, nullptr, av.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return -1;
+  return rc == 0 ? int(pid) : -1;
+}
+}  // namespace
+
+int run_child(const std::vector<std::string>& argv, const std::string& out) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (!out.empty()) posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int pid = spawn(argv, fa);
+  if (pid < 0) return -1;
   int status = 0;
   if (waitpid(pid, &status, 0) < 0) return -1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+int start_child(const std::vector<std::string>& argv, const std::string& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (!log.empty()) {
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  }
+  return spawn(argv, fa);
+}
+
+bool finish_child(int pid, double timeout_s) {
+  if (pid <= 0) return true;
+  int status = 0;
+  for (double waited = 0; waited < timeout_s; waited += 0.1) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return true;
+    usleep(100000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return false;
 }
 
 std::string self_exe() {

@@ -10,6 +10,11 @@ namespace kernelrl {
 // Runs argv as a child process (stdout to the file `out` when given); its exit status (128 + the
 // signal when one ended it), or -1 when it could not be started.
 int run_child(const std::vector<std::string>& argv, const std::string& out = "");
+// Starts argv as a child process (stdout and stderr to the file `log` when given) without waiting;
+// its pid, or -1 when it could not be started.
+int start_child(const std::vector<std::string>& argv, const std::string& log = "");
+// Waits up to timeout_s for child `pid`; true once it has exited, false (and it is killed) after.
+bool finish_child(int pid, double timeout_s);
 // This executable's path (/proc/self/exe), or "launch".
 std::string self_exe();
 

@@ -311,6 +311,11 @@ std::string best_checkpoint(const std::string& run_dir, std::string& err) {
   if (all.empty()) err = run_dir + ": no checkpoints/step-N";
   return all.empty() ? std::string() : all.back().second;
 }
+// An arm's name in an experiment tracker: ARM, or ARM-seed-S.
+std::string label_of(const std::string& arm, const std::optional<uint64_t>& seed) {
+  return seed ? arm + "-seed-" + std::to_string(*seed) : arm;
+}
+
 }  // namespace
 
 int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, const std::string& log_level) {
@@ -372,6 +377,11 @@ int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, 
         std::printf("arm %s starts from arm %s's best checkpoint: %s\n", label.c_str(), a.adapter_from.c_str(),
                     ck.c_str());
       }
+      if (a.cfg.tracking.backend != "none") {  // every arm and the comparison's table in one place
+        auto* tr = t["tracking"].as_table();
+        if (a.cfg.tracking.name.empty()) tr->insert_or_assign("name", label_of(a.name, seed));
+        if (a.cfg.tracking.dir.empty()) tr->insert_or_assign("dir", (fs::path(root) / "tracking").string());
+      }
       std::ostringstream text;
       text << t;
       std::ofstream(cfg) << text.str();
@@ -404,6 +414,19 @@ int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, 
     std::printf("\ncomparison: %s\nreport: ", (fs::path(root) / "comparison.json").string().c_str());
     std::fflush(stdout);
     run_child({exe, "report", root});  // prints the page's path
+    const auto& tr = first.tracking;
+    if (tr.backend != "none" && fs::exists(fs::path(root) / "comparison.json")) {  // the comparison's table
+      std::vector<std::string> argv = {tr.python,      source_dir() + "/tracking/tracker.py",
+                                       "--comparison", (fs::path(root) / "comparison.json").string(),
+                                       "--backend",    tr.backend,
+                                       "--project",    tr.project,
+                                       "--dir",        tr.dir.empty() ? (fs::path(root) / "tracking").string() : tr.dir,
+                                       "--name",       tr.name.empty() ? fs::path(root).filename().string() : tr.name};
+      const int pid = start_child(argv, (fs::path(root) / "tracking.log").string());
+      if (pid < 0 || !finish_child(pid, 120))
+        std::fprintf(stderr, "launch: [tracking] %s: the comparison's table was not logged (see %s/tracking.log)\n",
+                     tr.backend.c_str(), root.c_str());
+    }
   }
   return rc < 0 ? 1 : rc;
 }

@@ -20,6 +20,7 @@
 #include "launch/cli.hpp"
 #include "launch/cluster.hpp"
 #include "launch/commands.hpp"
+#include "launch/child.hpp"
 #include "launch/learning.hpp"
 #include "launch/samplers.hpp"
 #include "launch/setup.hpp"
@@ -449,6 +450,27 @@ int run_to_end(caf::actor_system& sys, RunActors& run, const std::string& run_di
 
 }  // namespace
 
+// [tracking]: tracking/tracker.py beside the run, following its store and telemetry (its output in
+// RUN_DIR/tracking.log); its pid, or 0 with no tracker.
+int start_tracker(const Config& cfg, const std::string& run_dir) {
+  const auto& t = cfg.tracking;
+  if (t.backend == "none") return 0;
+  std::vector<std::string> argv = {t.python,    source_dir() + "/tracking/tracker.py",
+                                   "--run-dir", run_dir,
+                                   "--backend", t.backend,
+                                   "--project", t.project,
+                                   "--pid",     std::to_string(::getpid())};
+  if (!t.name.empty()) argv.insert(argv.end(), {"--name", t.name});
+  if (!t.dir.empty()) argv.insert(argv.end(), {"--dir", t.dir});
+  const int pid = start_child(argv, (fs::path(run_dir) / "tracking.log").string());
+  auto lg = log::get("launch");
+  if (pid < 0)
+    lg->warn("[tracking] {}: {} could not be started; the run goes on untracked", t.backend, t.python);
+  else
+    lg->info("[tracking] {}: tracking/tracker.py follows the run (its log: {}/tracking.log)", t.backend, run_dir);
+  return pid;
+}
+
 int cmd_run(const std::string& config_path, const std::string& run_dir_arg, const std::string& log_level, bool resume) {
   auto cfg = load_with_level(config_path, log_level);
   if (!cfg) return 2;
@@ -514,6 +536,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   if (is_cluster(*cfg)) configure_middleman(sys_cfg, cfg->cluster);
   sys_cfg.set("logger.verbosity", caf::atom("quiet"));
   auto sys = std::make_unique<caf::actor_system>(sys_cfg);
+  const int tracker = start_tracker(*cfg, *run_dir);
   const int code = [&] {
     auto run = spawn_run(*sys, *cfg, std::move(*in), *run_dir, run_id, resume, backends, std::move(engine), secret,
                          config_path);
@@ -521,6 +544,9 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   }();
   backends.clear();
   stop_actor_system(std::move(sys), std::chrono::seconds(10), code);
+  if (tracker > 0 && !finish_child(tracker, 120))
+    lg->warn("the {} tracker did not finish within 120 s of the run's end; stopped (its log: {}/tracking.log)",
+             cfg->tracking.backend, *run_dir);
   return code;
 }
 
