@@ -196,5 +196,37 @@ class SeedConfigsTest(ConfigLayout):
         d, _, _ = self.check("sdpo.toml")
         self.assertEqual(d["sdpo"]["sdpo"]["context"], "feedback")
 
+
+class KernelBenchConfigTest(unittest.TestCase):
+    """configs/kernelbench-level1.toml (the README's "A real model, step by step") is valid as shipped, next to a
+    KernelBench checkout and a checkpoint folder, and `--set` switches it to a vLLM server as the README says."""
+
+    def test_valid_as_shipped_and_with_the_readme_overrides(self):
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "configs"))
+            shutil.copy(os.path.join(ROOT, "configs", "kernelbench-level1.toml"), os.path.join(d, "configs"))
+            os.makedirs(os.path.join(d, "models", "policy"))
+            level = os.path.join(d, "KernelBench", "KernelBench", "level1")
+            os.makedirs(level)
+            for n in range(1, 101):
+                with open(os.path.join(level, "%d_problem.py" % n), "w") as f:
+                    f.write("# a KernelBench problem\n")
+            cfg = os.path.join(d, "configs", "kernelbench-level1.toml")
+            p = subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            c = tomllib.loads(p.stdout.split("\n", 1)[1])
+            self.assertEqual((c["tasks"]["level"], c["experiment"]["mode"], c["policy"]["template"]), (1, "train", "auto"))
+            with open(os.path.join(ROOT, "README.md")) as f:
+                readme = f.read()
+            self.assertIn("configs/kernelbench-level1.toml", readme)
+            sets = ["sampler.backend=openai", "sampler.url=http://127.0.0.1:8000", "sampler.served_model=models/policy",
+                    "sampler.adapter_dir=" + os.path.join(d, "adapters")]
+            for s in sets:
+                self.assertIn("--set " + s.split("=")[0] + "=", readme)
+            p = subprocess.run([LAUNCH, "check", cfg] + [x for s in sets for x in ("--set", s)], capture_output=True,
+                               text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(tomllib.loads(p.stdout.split("\n", 1)[1])["sampler"]["backend"], "openai")
+
 if __name__ == "__main__":
     unittest.main()
