@@ -69,6 +69,7 @@ void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bo
       std::string pad = line.size() < st.last_len ? std::string(st.last_len - line.size(), ' ') : "";
       std::fprintf(stderr, "\r%s%s%s", line.c_str(), pad.c_str(), final_line ? "\n" : "");
       st.last_len = line.size();
+      if (!final_line) log::progress_line_shown();
     } else if (final_line || mono_s() - st.last_plain >= 10 * args.interval_s) {
       std::fprintf(stderr, "%s\n", line.c_str());
       st.last_plain = mono_s();

@@ -137,8 +137,8 @@ class ProgressLineTest(unittest.TestCase):
             cfg = write_config(d, REPLAY)
             master, slave = pty.openpty()
             fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
-            # (warn: the evaluators' info lines would share the terminal with the progress line)
-            p = subprocess.Popen([LAUNCH, cfg, "--run-dir", os.path.join(d, "tty"), "--log-level", "warn"],
+            # (info: the evaluators' log lines come while the progress line is up; each clears its row first)
+            p = subprocess.Popen([LAUNCH, cfg, "--run-dir", os.path.join(d, "tty"), "--log-level", "info"],
                                  stdout=subprocess.DEVNULL,
                                  stderr=slave, stdin=subprocess.DEVNULL)
             os.close(slave)
@@ -155,6 +155,9 @@ class ProgressLineTest(unittest.TestCase):
             os.close(master)
             self.assertEqual(p.returncode, 0, out[-3000:])
             text = out.decode(errors="replace").replace("\r\n", "\n")
+            # A log line never continues a progress row: it follows a carriage return and the erase-line code.
+            self.assertNotRegex(text, r"\[eval\] [^\r\n]*\d{4}-\d\d-\d\d \d\d:")
+            text = text.replace("\r\x1b[K", "\n")
             lines = [x for part in text.split("\n") for x in part.split("\r")]
             progress = [x for x in lines if x.startswith("[") and "samples" in x]
             self.assertTrue(progress, text[-2000:])
