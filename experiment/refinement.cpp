@@ -51,21 +51,9 @@ Actions Refinement::sampled(const ScoredRollout& s) {
   next.earlier.push_back(std::move(g.samples));
   groups_.erase(it);
   const uint64_t gid = next_gid_++;
-  SamplePlan plan;
-  plan.step = 0;
-  plan.n = k();
-  plan.turn = next.turn;
-  plan.task_ids = {next.task_id};
-  plan.group_ids = {gid};
-  plan.history = next_turn_histories(next.earlier, k(), args_.feedback_chars);
+  SamplePlan plan = next_turn_plan(0, next.task_id, gid, k(), next.earlier, args_.feedback_chars);
   groups_[gid] = std::move(next);
   return {act::Sample{std::move(plan)}};
-}
-
-std::optional<StepStats> Refinement::final_row() const {
-  StepStats s = stats_of(totals_.tasks, totals_.status_counts, 0);
-  if (s.samples == 0) return std::nullopt;
-  return s;
 }
 
 nlohmann::json Refinement::summary(const std::string& error, const std::vector<Store::StepRow>& step_rows) {

@@ -6,7 +6,7 @@
 // the run is done when every task's last turn is in. The whole run is step 0 of the steps
 // table; `launch analyze` shows fast_1 per turn and the best-so-far over the turns.
 
-#include "experiment/experiment.hpp"
+#include "experiment/sample_all.hpp"
 
 #include <map>
 #include <string>
@@ -14,14 +14,14 @@
 
 namespace kernelrl {
 
-class Refinement : public Experiment {
+// SampleAll's final row (the whole run as step 0); its own plans, turn by turn.
+class Refinement : public SampleAll {
  public:
-  using Experiment::Experiment;
+  using SampleAll::SampleAll;
   Actions start(uint64_t version, const std::vector<ScoredRollout>& earlier,
                 const std::vector<Store::StepRow>& earlier_steps) override;
   Actions planned(uint64_t n) override;
   Actions sampled(const ScoredRollout& s) override;
-  std::optional<StepStats> final_row() const override;
   nlohmann::json summary(const std::string& error, const std::vector<Store::StepRow>& step_rows) override;
 
  private:

@@ -66,15 +66,21 @@ void sort_by_sample_index(std::vector<ScoredRollout>& group) {
   });
 }
 
-std::vector<std::vector<Attempt>> next_turn_histories(const std::vector<std::vector<ScoredRollout>>& turns, uint32_t n,
-                                                      size_t feedback_chars) {
-  std::vector<std::vector<Attempt>> out(n);
+SamplePlan next_turn_plan(uint32_t step, const std::string& task_id, uint64_t group_id, uint32_t n,
+                          const std::vector<std::vector<ScoredRollout>>& turns, size_t feedback_chars) {
+  SamplePlan plan;
+  plan.step = step;
+  plan.n = n;
+  plan.turn = uint32_t(turns.size()) + 1;
+  plan.task_ids = {task_id};
+  plan.group_ids = {group_id};
+  plan.history.resize(n);
   for (uint32_t j = 0; j < n; ++j)
     for (auto& turn : turns)
       if (j < turn.size())
-        out[j].push_back(
+        plan.history[j].push_back(
             {turn[j].rollout.sample_id, turn[j].rollout.completion, feedback_text(turn[j].result, feedback_chars)});
-  return out;
+  return plan;
 }
 
 }  // namespace kernelrl

@@ -33,10 +33,11 @@ size_t reward_bin(double r);
 
 // Multi-turn episodes: a turn's group in episode order (by sample index).
 void sort_by_sample_index(std::vector<ScoredRollout>& group);
-// The histories of a task's next turn: for each episode j < n, its attempt in each of `turns` (the
-// earlier turns' groups, each in episode order) with the evaluator's feedback (feedback_text).
-std::vector<std::vector<Attempt>> next_turn_histories(const std::vector<std::vector<ScoredRollout>>& turns, uint32_t n,
-                                                      size_t feedback_chars);
+// The plan of a task's next turn, one group of n samples: each episode j < n with its attempt in
+// each of `turns` (the earlier turns' groups, each in episode order) and the evaluator's feedback
+// on it (feedback_text).
+SamplePlan next_turn_plan(uint32_t step, const std::string& task_id, uint64_t group_id, uint32_t n,
+                          const std::vector<std::vector<ScoredRollout>>& turns, size_t feedback_chars);
 
 // The q-quantile (0..1, nearest rank) of xs; xs is reordered.
 double quantile(std::vector<double>& xs, double q);

@@ -180,23 +180,12 @@ void Training::accept_group(uint32_t s, std::vector<ScoredRollout>& samples, Act
 // Multi-turn: the next turn of a task whose turn g.turn is in, each sample continuing its episode
 // with the episode's attempts so far and the evaluator's feedback on each.
 void Training::next_turn(uint64_t gid, Group& g, Actions& out) {
-  auto by_index = [](std::vector<ScoredRollout>& v) {
-    std::sort(v.begin(), v.end(), [](const ScoredRollout& a, const ScoredRollout& b) {
-      return a.rollout.sample_index < b.rollout.sample_index;
-    });
-  };
-  by_index(g.samples);
+  sort_by_sample_index(g.samples);
   Group next{g.task_id, g.step, {}, false, 0, g.replans, g.turn + 1, std::move(g.earlier)};
   next.earlier.push_back(std::move(g.samples));
   groups_.erase(gid);
   const uint64_t ngid = uint64_t(next.step) * group_stride + steps_[next.step].next_j++;
-  SamplePlan plan;
-  plan.step = next.step;
-  plan.n = args_.group_size;
-  plan.turn = next.turn;
-  plan.task_ids = {next.task_id};
-  plan.group_ids = {ngid};
-  plan.history = next_turn_histories(next.earlier, args_.group_size, args_.feedback_chars);
+  SamplePlan plan = next_turn_plan(next.step, next.task_id, ngid, args_.group_size, next.earlier, args_.feedback_chars);
   groups_[ngid] = std::move(next);
   out.push_back(act::Sample{std::move(plan)});
 }

@@ -9,6 +9,7 @@
 // RUN_DIR like any run. A task run that finished (has compute.json) is not run again: the same
 // command with --run-dir RUN_DIR goes on after an interruption.
 #include "launch/child.hpp"
+#include "launch/json.hpp"
 #include "launch/commands.hpp"
 #include "launch/setup.hpp"
 
@@ -43,17 +44,6 @@ std::string task_config(const Config& cfg, const std::string& id) {
   return out.str();
 }
 
-nlohmann::json read_json(const fs::path& p, std::string& err) {
-  std::ifstream in(p);
-  if (!in) {
-    err = p.string() + ": cannot read";
-    return nullptr;
-  }
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded()) err = p.string() + ": not valid JSON";
-  return j.is_discarded() ? nlohmann::json(nullptr) : j;
-}
-
 // The task runs gathered into root's store and compute.json; false (with `err`) when one cannot be read.
 bool aggregate(const Config& cfg, const std::string& root, const std::vector<std::string>& ids, std::string& err) {
   const fs::path store_path = fs::path(root) / cfg.store.file;
@@ -70,7 +60,7 @@ bool aggregate(const Config& cfg, const std::string& root, const std::vector<std
   uint64_t samples = 0;
   for (auto& id : ids) {
     const fs::path dir = fs::path(root) / "tasks" / id;
-    auto cj = read_json(dir / "compute.json", err);
+    auto cj = read_json_file((dir / "compute.json").string(), err);
     if (cj.is_null()) return false;
     for (auto& k : summed) compute[k] = compute[k].get<double>() + cj.value(k, 0.0);
     if (!compute.contains("settings")) compute["settings"] = cj.value("settings", nlohmann::json::object());

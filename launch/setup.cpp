@@ -7,6 +7,7 @@
 #include "core/paths.hpp"
 #include "launch/child.hpp"
 #include "launch/cluster.hpp"
+#include "launch/json.hpp"
 #include "policy/runtime_info.hpp"
 #include "policy/tokenizer.hpp"
 #include "store/store.hpp"
@@ -157,14 +158,16 @@ std::optional<Config> load_with_level(const std::string& config_path, const std:
   return loaded;
 }
 
-namespace {
-// The JSON in `path` (a parse error or an unreadable file throws).
-nlohmann::json json_file(const std::string& path) {
+nlohmann::json read_json_file(const std::string& path, std::string& err) {
   std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot read it");
-  return nlohmann::json::parse(in);
+  if (!in) {
+    err = path + ": cannot read";
+    return nullptr;
+  }
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded()) err = path + ": not valid JSON";
+  return j.is_discarded() ? nlohmann::json(nullptr) : j;
 }
-}  // namespace
 
 void resolve_chat_template(Config& cfg) {
   auto& p = cfg.policy;
@@ -175,26 +178,19 @@ void resolve_chat_template(Config& cfg) {
     lg->info("prompts: [policy] template = \"auto\": {}; the built-in chatml template is used", why);
   };
   if (p.model.empty()) return fallback("no [policy] model to read a chat template from");
+  std::string err;
+  const auto config = fs::exists(fs::path(p.model) / "tokenizer_config.json")
+                          ? read_json_file((fs::path(p.model) / "tokenizer_config.json").string(), err)
+                          : nlohmann::json(nullptr);
   const bool has =
-      fs::exists(fs::path(p.model) / "chat_template.jinja") ||
-      (fs::exists(fs::path(p.model) / "tokenizer_config.json") && [&] {
-        try {
-          return json_file((fs::path(p.model) / "tokenizer_config.json").string()).contains("chat_template");
-        } catch (const std::exception&) {
-          return false;
-        }
-      }());
+      fs::exists(fs::path(p.model) / "chat_template.jinja") || (config.is_object() && config.contains("chat_template"));
   if (!has) return fallback(p.model + " has no chat template (tokenizer_config.json chat_template)");
   // Rendered by transformers (tasks/chat_template.py): the template's pieces, once per process.
   const std::string out =
       (fs::temp_directory_path() / ("kernelrl-chat-" + std::to_string(::getpid()) + ".json")).string();
   const int rc = run_child({cfg.evaluator.python, source_dir() + "/tasks/chat_template.py", p.model}, out);
-  nlohmann::json j;
-  try {
-    j = json_file(out);
-  } catch (const std::exception& e) {
-    j = {{"error", fmt::format("tasks/chat_template.py exited with {}", rc)}};
-  }
+  nlohmann::json j = read_json_file(out, err);
+  if (!j.is_object()) j = {{"error", fmt::format("tasks/chat_template.py exited with {}", rc)}};
   std::error_code ec;
   fs::remove(out, ec);
   if (j.contains("error")) return fallback(j["error"].get<std::string>());

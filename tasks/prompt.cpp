@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 namespace kernelrl {
 
@@ -80,12 +81,20 @@ std::string template_text(const PolicyConfig& policy) {
 }
 }  // namespace
 
-std::string render_prompt(const PolicyConfig& policy, const std::string& user) {
+namespace {
+// The rendered template before and after the user message ({system} filled; {user} last, so
+// that braces inside the task's code are never taken for placeholders).
+std::pair<std::string, std::string> around_user(const PolicyConfig& policy) {
   std::string t = template_text(policy);
-  // {user} last, so that braces inside the task's code are never taken for placeholders.
   replace_all(t, "{system}", policy.system);
-  auto at = t.find("{user}");
-  return t.substr(0, at) + user + t.substr(at + 6);
+  const auto at = t.find("{user}");
+  return {t.substr(0, at), t.substr(at + 6)};
+}
+}  // namespace
+
+std::string render_prompt(const PolicyConfig& policy, const std::string& user) {
+  auto [before, after] = around_user(policy);
+  return before + user + after;
 }
 
 namespace {
@@ -199,10 +208,7 @@ std::string render_turns(const PolicyConfig& policy, const std::string& user, co
   }
   // The first turn as render_prompt writes it, up to the end of the task's message; then each
   // attempt as the assistant's turn and its feedback as the user's next.
-  std::string t = template_text(policy);
-  replace_all(t, "{system}", policy.system);
-  std::string p = render_prompt(policy, user);
-  p.resize(p.size() - (t.size() - t.find("{user}") - 6));
+  std::string p = around_user(policy).first + user;
   for (size_t k = 0; k < history.size(); ++k)
     p += m.u2a + code[k] + m.a2u + history[k].feedback + "\n\n" + refine_instruction;
   return p + m.gen;
