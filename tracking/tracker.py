@@ -139,7 +139,8 @@ class Run:
     def __init__(self, run_dir):
         self.run_dir = run_dir
         self.db_path = os.path.join(run_dir, "store.sqlite")
-        self.metrics_at = 0
+        self.seq = 0  # the newest sample read (samples.seq)
+        self.verdicts = {}  # (split, step) -> [(status, speedup)] of the samples read so far
 
     def db(self):
         return sqlite3.connect("file:%s?mode=ro" % self.db_path, uri=True, timeout=5)
@@ -158,28 +159,33 @@ class Run:
             return [(s, json.loads(j)) for s, j in
                     c.execute("SELECT step, stats_json FROM steps WHERE run_id = ? ORDER BY step", (run_id,))]
 
-    def samples(self, run_id):
-        """(step, split, status, speedup) of every sample."""
-        out = []
+    def read_samples(self, run_id):
+        """Adds the samples stored since the last call to self.verdicts (each record unpacked once)."""
         with self.db() as c:
-            for step, status, speedup, record in c.execute(
-                    "SELECT step, status, speedup, record FROM samples WHERE run_id = ?", (run_id,)):
+            for seq, step, status, speedup, record in c.execute(
+                    "SELECT seq, step, status, speedup, record FROM samples WHERE run_id = ? AND seq > ? ORDER BY seq",
+                    (run_id, self.seq)):
                 split = msgpack.unpackb(record, raw=False, strict_map_key=False).get("rollout", {}).get("split", "")
-                out.append((step, split, status, speedup))
-        return out
+                self.verdicts.setdefault((split, step), []).append((status, speedup))
+                self.seq = seq
 
     def telemetry(self):
-        """The monitor's latest snapshot (values by "source.key")."""
+        """The monitor's latest snapshot (values by "source.key"): the file's last whole line, read from its end."""
         path = os.path.join(self.run_dir, "metrics.jsonl")
         if not os.path.exists(path):
             return {}
-        last = None
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    last = line
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            end = f.tell()
+            back = 1 << 16
+            while True:
+                f.seek(max(0, end - back))
+                lines = [x for x in f.read().split(b"\n") if x.strip()]
+                if back >= end or len(lines) >= 2:  # the last line, whole (the first may be cut)
+                    break
+                back *= 4
         try:
-            return json.loads(last)["values"] if last else {}
+            return json.loads(lines[-1])["values"] if lines else {}
         except (ValueError, KeyError):
             return {}
 
@@ -217,7 +223,7 @@ def follow(a):
         if state is not None:
             run_id, mode = state[0], state[1]
             steps = run.steps(run_id)
-            samples = run.samples(run_id)
+            run.read_samples(run_id)
             tele = run.telemetry()
             last = max((s for s, _ in steps), default=-1)
             for s, st in steps:
@@ -226,8 +232,7 @@ def follow(a):
                 if s in logged_steps or not ("learner" in st or s < last or finished or gone):
                     continue
                 m = {"reward": st.get("mean_reward"), "samples": st.get("samples")}
-                m.update(rates([(x[2], x[3]) for x in samples if x[0] == s and not x[1]]) or
-                         {"fast_1": st.get("fast_1")})
+                m.update(rates(run.verdicts.get(("", s), [])) or {"fast_1": st.get("fast_1")})
                 for k, v in st.get("status_counts", {}).items():
                     m["status/" + k] = v
                 for k, v in st.get("learner", {}).items():
@@ -239,10 +244,7 @@ def follow(a):
                         m["throughput/" + k if k == "samples_per_s" else "staleness/" + k[10:]] = tele[key]
                 backend.log(m, s)
                 logged_steps.add(s)
-            held = {}
-            for step, split, status, speedup in samples:
-                if split:
-                    held.setdefault(step, []).append((status, speedup))
+            held = {step: rows for (split, step), rows in run.verdicts.items() if split}
             newest = max(held, default=-1)
             for v, rows in sorted(held.items()):
                 if v in logged_versions or not (v < newest or finished or gone):
