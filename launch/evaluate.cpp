@@ -10,6 +10,7 @@
 #include "core/log.hpp"
 #include "core/machine.hpp"
 #include "messages/messages.hpp"
+#include "store/store.hpp"
 
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
@@ -22,49 +23,6 @@
 namespace fs = std::filesystem;
 
 namespace kernelrl {
-
-namespace {
-
-nlohmann::json stats_json(const RuntimeStats& s) {
-  return {{"median_ms", s.median_ms}, {"mean_ms", s.mean_ms}, {"std_ms", s.std_ms},
-          {"min_ms", s.min_ms},       {"max_ms", s.max_ms},   {"trials", s.trials}};
-}
-
-}  // namespace
-
-nlohmann::json result_json(const EvalResult& r) {
-  return {{"sample_id", r.sample_id},
-          {"task_id", r.task_id},
-          {"status", to_string(r.status)},
-          {"error", r.error},
-          {"speedup", r.speedup},
-          {"runtime_ms", r.runtime.median_ms},
-          {"ref_runtime_ms", r.ref_runtime.median_ms},
-          {"runtime", stats_json(r.runtime)},
-          {"ref_runtime", stats_json(r.ref_runtime)},
-          {"correctness",
-           {{"trials", r.correctness.trials},
-            {"passed", r.correctness.passed},
-            {"max_abs_diff", r.correctness.max_abs_diff},
-            {"max_rel_diff", r.correctness.max_rel_diff},
-            {"atol", r.correctness.atol},
-            {"rtol", r.correctness.rtol},
-            {"detail", r.correctness.detail}}},
-          {"kernel_coverage", r.kernel_coverage},
-          {"compile_s", r.compile_s},
-          {"compile_cached", r.compile_cached},
-          {"compile_log", r.compile_log},
-          {"output", r.output},
-          {"reverified", r.reverified},
-          {"isolation_s", r.isolation_s},
-          {"ready_at", r.ready_at},
-          {"device_start", r.device_start},
-          {"device_end", r.device_end},
-          {"device_peak_bytes", r.device_peak_bytes},
-          {"wall_s", r.wall_s},
-          {"device", r.device},
-          {"evaluator_id", r.evaluator_id}};
-}
 
 int cmd_evaluate(const EvaluateOptions& o) {
   struct Cand {

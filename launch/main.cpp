@@ -18,6 +18,7 @@ const char* usage =
     "  launch CONFIG --node NAME [--log-level LEVEL]       run node NAME of the cluster CONFIG describes\n"
     "  launch CONFIG --join [--name NAME] (--cpu-slots N | --gpus 0,1,...) [--log-level LEVEL]\n"
     "                                                      add this machine (not in CONFIG) to CONFIG's cluster\n"
+    "  launch serve CONFIG [--port P] ...                  the evaluator as an HTTP/JSON service (POST /v1/evaluate)\n"
     "  launch monitor HOST:PORT ...                        watch a running cluster's telemetry\n"
     "  launch check CONFIG [--set KEY=VALUE ...]           validate CONFIG, print it resolved\n"
     "  launch prompts CONFIG                               print each task's prompt (JSON lines)\n"
@@ -35,7 +36,7 @@ const char* usage =
     "  launch version | --version                          versions of kernelrl and LibTorch\n"
     "  launch SUBCOMMAND --help                            one subcommand's arguments\n"
     "LEVEL: trace, debug, info, warn, error, off (default: [cluster] log_level)\n"
-    "--set KEY=VALUE (launch CONFIG, check, prompts; repeatable): override a key of CONFIG, e.g.\n"
+    "--set KEY=VALUE (launch CONFIG, check, prompts, serve; repeatable): override a key of CONFIG, e.g.\n"
     "  --set learner.learning_rate=2e-5 --set sampler.temperature=0.8";
 
 }  // namespace
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
   add_evaluate(app, action);
   add_policy(app, action);
   add_monitor(app, action);
+  add_serve(app, action);
   if (argc < 2) {
     std::fprintf(stderr, "launch: missing CONFIG or subcommand\n%s\n", usage);
     return 2;

@@ -226,8 +226,8 @@ std::string resume_conflicts(const Config& cfg, const std::string& run_dir) {
       cfg.source_file, path, list);
 }
 
-// The run's directory: --run-dir (created), a resumed run's, or a new one under run_root; with
-// workers/, the resolved config (a new run) and launch.log. Nullopt after logging why not.
+}  // namespace
+
 std::optional<std::string> open_run_dir(const Config& cfg, const std::string& config_path, const std::string& arg,
                                         bool resume) {
   auto lg = log::get("launch");
@@ -283,6 +283,8 @@ std::optional<std::string> open_run_dir(const Config& cfg, const std::string& co
   log::add_run_file((fs::path(run_dir) / "launch.log").string());
   return run_dir;
 }
+
+namespace {
 
 void log_start(const Config& cfg, const RunInputs& in, const std::string& run_id, const std::string& run_dir) {
   auto lg = log::get("launch");

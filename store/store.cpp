@@ -303,13 +303,98 @@ bool Store::record_telemetry(const std::string& run_id, const Telemetry& t) {
   return true;
 }
 
-std::vector<SampleRow> Store::samples(const std::string& run_id) {
+namespace {
+
+nlohmann::json stats_json(const RuntimeStats& s) {
+  return {{"median_ms", s.median_ms}, {"mean_ms", s.mean_ms}, {"std_ms", s.std_ms},
+          {"min_ms", s.min_ms},       {"max_ms", s.max_ms},   {"trials", s.trials}};
+}
+
+}  // namespace
+
+nlohmann::json result_json(const EvalResult& r) {
+  return {{"sample_id", r.sample_id},
+          {"task_id", r.task_id},
+          {"status", to_string(r.status)},
+          {"error", r.error},
+          {"speedup", r.speedup},
+          {"runtime_ms", r.runtime.median_ms},
+          {"ref_runtime_ms", r.ref_runtime.median_ms},
+          {"runtime", stats_json(r.runtime)},
+          {"ref_runtime", stats_json(r.ref_runtime)},
+          {"correctness",
+           {{"trials", r.correctness.trials},
+            {"passed", r.correctness.passed},
+            {"max_abs_diff", r.correctness.max_abs_diff},
+            {"max_rel_diff", r.correctness.max_rel_diff},
+            {"atol", r.correctness.atol},
+            {"rtol", r.correctness.rtol},
+            {"detail", r.correctness.detail}}},
+          {"kernel_coverage", r.kernel_coverage},
+          {"compile_s", r.compile_s},
+          {"compile_cached", r.compile_cached},
+          {"compile_log", r.compile_log},
+          {"output", r.output},
+          {"reverified", r.reverified},
+          {"isolation_s", r.isolation_s},
+          {"ready_at", r.ready_at},
+          {"device_start", r.device_start},
+          {"device_end", r.device_end},
+          {"device_peak_bytes", r.device_peak_bytes},
+          {"wall_s", r.wall_s},
+          {"device", r.device},
+          {"evaluator_id", r.evaluator_id}};
+}
+
+nlohmann::json sample_json(const SampleRow& r) {
+  const auto& e = r.record.result;
+  nlohmann::json j = result_json(e);
+  j.update({
+      {"run_id", r.run_id},
+      {"sample_id", r.sample_id},
+      {"task_id", r.task_id},
+      {"step", r.step},
+      {"group_id", r.group_id},
+      {"sample_index", r.sample_index},
+      {"status", r.status},
+      {"error", r.error},
+      {"speedup", r.speedup},
+      {"reward", r.reward},
+      {"policy_version", r.policy_version},
+      {"num_tokens", r.num_tokens},
+      {"logprob_mean", r.logprob_mean},
+      {"completion", r.record.rollout.completion},
+      {"prompt", r.record.rollout.prompt},
+      {"prompt_tokens", r.record.rollout.prompt_tokens},
+      {"turn", r.record.rollout.turn},
+      {"parent_id", r.record.rollout.parent_id},
+      {"token_ids", r.record.rollout.token_ids},
+      {"logprobs", r.record.rollout.logprobs},
+      {"sampler_id", r.record.rollout.sampler_id},
+      {"split", r.record.rollout.split},
+      {"assembled_code", e.assembled_code},
+      {"compile_log", e.compile_log},
+      {"output", e.output},
+  });
+  return j;
+}
+
+std::vector<SampleRow> Store::samples(const std::string& run_id) { return rows(run_id, ""); }
+
+std::optional<SampleRow> Store::sample(const std::string& run_id, const std::string& sample_id) {
+  auto r = rows(run_id, sample_id);
+  if (r.empty()) return std::nullopt;
+  return std::move(r.front());
+}
+
+std::vector<SampleRow> Store::rows(const std::string& run_id, const std::string& sample_id) {
   std::vector<SampleRow> out;
   Stmt st(db_,
           "SELECT run_id, sample_id, task_id, status, error, step, group_id, sample_index, speedup,"
           " reward, policy_version, num_tokens, logprob_mean, record FROM samples"
-          " WHERE (?1 = '' OR run_id = ?1) ORDER BY seq");
+          " WHERE (?1 = '' OR run_id = ?1) AND (?2 = '' OR sample_id = ?2) ORDER BY seq");
   st.text(1, run_id);
+  st.text(2, sample_id);
   while (st.step() == SQLITE_ROW) {
     SampleRow r;
     r.run_id = st.col_text(0);

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,15 @@ struct SampleRow {
   double logprob_mean = 0;
   ScoredRollout record;  // the full message, as recorded
 };
+
+// Every field of a verdict: status, error, speedup, runtime_ms, ref_runtime_ms, full timing
+// statistics, correctness, kernel_coverage, compile_s, compile_cached, reverified, isolation_s...
+// (`launch evaluate` prints it per candidate).
+nlohmann::json result_json(const EvalResult& r);
+
+// One stored sample as `launch export` prints it and `launch serve` answers it: the verdict's
+// fields, the sample's identity, reward and tokens, the raw action, the assembled code and logs.
+nlohmann::json sample_json(const SampleRow& r);
 
 // A StepStats as JSON (the store's steps table, checkpoints' stats.json, run summaries).
 nlohmann::json step_stats_json(const StepStats& s);
@@ -65,6 +75,8 @@ class Store {
 
   // Every sample, in insertion order; all runs when run_id is empty.
   std::vector<SampleRow> samples(const std::string& run_id = "");
+  // One sample of a run, as samples() reads it; nullopt when there is none.
+  std::optional<SampleRow> sample(const std::string& run_id, const std::string& sample_id);
   // The summary JSON a finished run was closed with ("" while it runs or when unknown).
   std::string summary(const std::string& run_id);
   // Ids of the runs in this store, oldest first.
@@ -77,6 +89,7 @@ class Store {
  private:
   explicit Store(sqlite3* db) : db_(db) {}
   bool exec(const char* sql);
+  std::vector<SampleRow> rows(const std::string& run_id, const std::string& sample_id);
   sqlite3* db_;
   std::string err_;
 };
