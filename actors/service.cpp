@@ -23,8 +23,11 @@ using linger_atom = caf::atom_constant<caf::atom("linger")>;  // front -> itself
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// JSON text; bytes that are not UTF-8 (a client's, cut reasons) become U+FFFD instead of throwing.
+std::string text(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
 std::string error_body(int status, const std::string& why) {
-  return nlohmann::json{{"error", why}, {"status", status}}.dump();
+  return text(nlohmann::json{{"error", why}, {"status", status}});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -55,7 +58,7 @@ caf::behavior recorder_actor(caf::stateful_actor<recorder_state>* self, std::sha
           body = error_body(500, "the verdict could not be stored: " + st.store->last_error());
         } else if (auto row = st.store->sample(run_id, id)) {
           ++st.recorded;
-          body = sample_json(*row).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+          body = text(sample_json(*row));
         } else {
           status = 500;
           body = error_body(500, "the verdict was stored but cannot be read back: " + st.store->last_error());
@@ -228,7 +231,7 @@ void handle(front_ptr self, const ServiceArgs& args, caf::actor dispatcher, caf:
   };
   if (path == "/v1/health" || path == "/health") {
     if (req.method != "GET") return method_not_allowed("GET");
-    return send_response(self, hdl, 200, health_json(self, args).dump(), keep);
+    return send_response(self, hdl, 200, text(health_json(self, args)), keep);
   }
   if (path == "/v1/tasks") {
     if (req.method != "GET") return method_not_allowed("GET");
@@ -237,7 +240,7 @@ void handle(front_ptr self, const ServiceArgs& args, caf::actor dispatcher, caf:
       auto pr = args.task_prompts.find(id);
       tasks.push_back({{"id", id}, {"prompt", pr == args.task_prompts.end() ? "" : pr->second}});
     }
-    return send_response(self, hdl, 200, nlohmann::json{{"tasks", tasks}}.dump(), keep);
+    return send_response(self, hdl, 200, text(nlohmann::json{{"tasks", tasks}}), keep);
   }
   if (path == "/v1/stats") {
     if (req.method != "GET") return method_not_allowed("GET");
@@ -260,7 +263,7 @@ void handle(front_ptr self, const ServiceArgs& args, caf::actor dispatcher, caf:
                 {"mean_request_s", verdicts ? s.wall_sum / static_cast<double>(verdicts) : 0.0},
                 {"dispatcher", dispatcher_values}});
       c->busy = false;
-      send_response(self, hdl, 200, j.dump(), keep);
+      send_response(self, hdl, 200, text(j), keep);
       process(self, args, dispatcher, hdl);
     };
     self->request(dispatcher, std::chrono::seconds(5), stats_atom::value)
@@ -403,7 +406,7 @@ caf::behavior front_actor(front_ptr self, ServiceArgs args, caf::actor dispatche
           verdict = j.value("status", std::string("?"));
           lg->info("{}: task {} -> {} (speedup {:.3g}) in {:.2f} s", w.peer, w.task_id, verdict,
                    j.value("speedup", 0.0), wall);
-          body = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+          body = text(j);
         }
         ++st.by_verdict[verdict];
         st.wall_sum += wall;

@@ -31,6 +31,7 @@ def main():
     ap.add_argument("--max-completion-length", type=int, default=1024)
     a = ap.parse_args()
 
+    import torch
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -41,7 +42,7 @@ def main():
     dataset = Dataset.from_list(build_rows(client, a.tasks))
     config = GRPOConfig(output_dir=a.out, max_steps=a.steps, num_generations=a.generations,
                         per_device_train_batch_size=a.generations, max_completion_length=a.max_completion_length,
-                        logging_steps=1, bf16=True)
+                        logging_steps=1, bf16=torch.cuda.is_available())
     trainer = GRPOTrainer(model=a.model, reward_funcs=make_trl_reward(a.url), args=config, train_dataset=dataset)
     trainer.train()
 

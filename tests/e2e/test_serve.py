@@ -173,6 +173,8 @@ class ServeTest(unittest.TestCase):
             ("GET", "/v1/evaluate", None, 405, "use POST"),
             ("POST", "/v1/tasks", b"{}", 405, "use GET"),
             ("GET", "/v2/anything", None, 404, "no endpoint /v2/anything"),
+            # Reasons quoting the client's bytes, cut mid-character or not UTF-8 at all, are still answered.
+            ("POST", "/v1/evaluate", json.dumps({"task": "\u00e9" * 150, "action": "x"}).encode(), 404, 'no task "'),
         ]
         for method, path, raw, code, reason in cases:
             with self.subTest(method=method, path=path, reason=reason):
@@ -184,7 +186,10 @@ class ServeTest(unittest.TestCase):
         for data, code, reason in [(b"hello there\r\n\r\n", 400, b"malformed request line"),
                                    (b"GET /v1/health HTTP/2.0\r\nHost: t\r\n\r\n", 505, b"HTTP/2.0"),
                                    (b"POST /v1/evaluate HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n"
-                                    b"hello\r\n0\r\n\r\n", 411, b"Content-Length")]:
+                                    b"hello\r\n0\r\n\r\n", 411, b"Content-Length"),
+                                   (b"GET /\xff\xfe HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n", 404,
+                                    b"no endpoint /\xef\xbf\xbd"),
+                                   (b"GET / HTTP/1.1\r\nHost: t\r\n\xff: 1\r\n\r\n", 400, b"malformed header name")]:
             out = raw_exchange(self.port, data)
             self.assertTrue(out.startswith(b"HTTP/1.1 %d " % code), out[:200])
             self.assertIn(reason, out)
