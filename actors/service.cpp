@@ -51,11 +51,17 @@ caf::behavior recorder_actor(caf::stateful_actor<recorder_state>* self, std::sha
         const std::string id = s.rollout.sample_id;
         int status = 200;
         std::string body;
-        if (st.store->record_sample(run_id, s) == InsertResult::failed) {
+        const InsertResult ins = st.store->record_sample(run_id, s);
+        if (ins == InsertResult::failed) {
           ++st.failed;
           lg->error("sample {}: not stored: {}", id, st.store->last_error());
           status = 500;
           body = error_body(500, "the verdict could not be stored: " + st.store->last_error());
+        } else if (ins == InsertResult::duplicate) {  // never another candidate's record as this one's answer
+          ++st.failed;
+          lg->error("sample {}: the store already holds a sample with this id; this verdict is not kept", id);
+          status = 500;
+          body = error_body(500, "sample id " + id + " is already in the store; this verdict was not kept");
         } else if (auto row = st.store->sample(run_id, id)) {
           ++st.recorded;
           body = text(sample_json(*row));
@@ -98,6 +104,8 @@ struct front_state {
   std::map<std::string, Waiting> waiting;                // sample id -> the request that asked for it
   std::map<std::string, std::string> remote_evaluators;  // actor address -> id (joined nodes)
   uint64_t next_group = 0, next_serial = 0;
+  caf::io::accept_handle acceptor;
+  bool stopping = false;  // (finish_atom): no new evaluations, the listening socket closed
   uint64_t requests = 0, connections = 0;
   std::map<int, uint64_t> by_http_status;
   std::map<std::string, uint64_t> by_verdict;
@@ -195,7 +203,7 @@ int parse_evaluate(front_ptr self, const ServiceArgs& args, const HttpServerRequ
     return 422;
   }
   auto& st = self->state;
-  const uint64_t group = ++st.next_group;
+  const uint64_t group = ++st.next_group;  // from the store's largest: a reused run directory goes on
   ro.task_id = task;
   ro.group_id = group;
   ro.sample_index = 0;
@@ -277,6 +285,11 @@ void handle(front_ptr self, const ServiceArgs& args, caf::actor dispatcher, caf:
     std::string request_id, why;
     if (int code = parse_evaluate(self, args, req, conn.peer, ro, request_id, why); code != 0)
       return send_response(self, hdl, code, error_body(code, why), keep);
+    if (st.stopping) return send_response(self, hdl, 503, error_body(503, "the service is stopping"), false);
+    if (args.local_evaluators + st.remote_evaluators.size() == 0)
+      return send_response(self, hdl, 503,
+                           error_body(503, "no evaluator is running (a cluster's evaluator nodes have not joined)"),
+                           keep, {{"Retry-After", "5"}});
     if (st.waiting.size() >= args.max_pending)
       return send_response(self, hdl, 503,
                            error_body(503, std::to_string(st.waiting.size()) +
@@ -344,6 +357,7 @@ void process(front_ptr self, const ServiceArgs& args, caf::actor dispatcher, caf
 
 caf::behavior front_actor(front_ptr self, ServiceArgs args, caf::actor dispatcher, caf::actor recorder) {
   auto lg = log::get("serve");
+  self->state.next_group = args.first_group;
   self->set_down_handler([=](caf::down_msg& dm) {
     auto key = caf::to_string(dm.source);
     auto it = self->state.remote_evaluators.find(key);
@@ -356,6 +370,7 @@ caf::behavior front_actor(front_ptr self, ServiceArgs args, caf::actor dispatche
       [=](listen_atom) -> caf::result<uint16_t> {
         auto bound = self->add_tcp_doorman(args.port, args.host.c_str(), true);
         if (!bound) return bound.error();
+        self->state.acceptor = bound->first;
         return bound->second;
       },
       [=](const caf::io::new_connection_msg& m) {
@@ -383,6 +398,15 @@ caf::behavior front_actor(front_ptr self, ServiceArgs args, caf::actor dispatche
         if (it == self->state.conns.end() || it->second.draining) return;
         it->second.last_active = now_s();
         it->second.parser.feed(m.buf.data(), m.buf.size());
+        // Requests pipelined behind one being evaluated wait in the parser; more than one request's
+        // worth of bytes is not a client waiting its turn.
+        if (it->second.parser.buffered() > args.limits.max_header_bytes + args.limits.max_body_bytes) {
+          lg->warn("{}: {} bytes sent ahead of the answers; the connection is closed", it->second.peer,
+                   it->second.parser.buffered());
+          self->close(m.handle);
+          self->state.conns.erase(it);
+          return;
+        }
         process(self, args, dispatcher, m.handle);
       },
       [=](const caf::io::connection_closed_msg& m) { self->state.conns.erase(m.handle); },
@@ -391,7 +415,13 @@ caf::behavior front_actor(front_ptr self, ServiceArgs args, caf::actor dispatche
         self->close(hdl);
         self->state.conns.erase(hdl);
       },
-      [=](const caf::io::acceptor_closed_msg&) { lg->error("the listening socket was closed"); },
+      [=](const caf::io::acceptor_closed_msg&) {
+        if (!self->state.stopping) lg->error("the listening socket was closed");
+      },
+      [=](finish_atom) {  // the service is stopping: answer what is in flight, take nothing new
+        self->state.stopping = true;
+        self->close(self->state.acceptor);
+      },
       [=](record_atom, std::string& sample_id, int status, std::string& body) {
         auto& st = self->state;
         auto it = st.waiting.find(sample_id);
@@ -403,9 +433,11 @@ caf::behavior front_actor(front_ptr self, ServiceArgs args, caf::actor dispatche
         if (status == 200) {
           auto j = nlohmann::json::parse(body, nullptr, false);
           if (!w.request_id.empty()) j["request_id"] = w.request_id;
-          verdict = j.value("status", std::string("?"));
-          lg->info("{}: task {} -> {} (speedup {:.3g}) in {:.2f} s", w.peer, w.task_id, verdict,
-                   j.value("speedup", 0.0), wall);
+          if (j.is_object() && j.contains("status") && j["status"].is_string()) verdict = j["status"];
+          const double speedup = j.is_object() && j.contains("speedup") && j["speedup"].is_number()
+                                     ? j["speedup"].get<double>()
+                                     : 0.0;  // (an infinite speedup is stored as null)
+          lg->info("{}: task {} -> {} (speedup {:.3g}) in {:.2f} s", w.peer, w.task_id, verdict, speedup, wall);
           body = text(j);
         }
         ++st.by_verdict[verdict];
@@ -454,13 +486,15 @@ caf::behavior front_actor(front_ptr self, ServiceArgs args, caf::actor dispatche
 }  // namespace
 
 caf::actor spawn_service_recorder(caf::actor_system& sys, const std::string& store_path, const std::string& synchronous,
-                                  const std::string& run_id, const std::string& config_toml, std::string& err) {
+                                  const std::string& run_id, const std::string& config_toml, uint64_t& last_group,
+                                  std::string& err) {
   std::shared_ptr<Store> store = Store::open(store_path, synchronous, err);
   if (!store) return {};
   if (!store->begin_run(run_id, "serve", config_toml)) {
     err = store_path + ": " + store->last_error();
     return {};
   }
+  last_group = store->max_group_id(run_id);
   return sys.spawn(recorder_actor, std::move(store), run_id);
 }
 
@@ -469,6 +503,7 @@ Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, caf::actor
   Service s;
   s.recorder = recorder;
   auto front = sys.middleman().spawn_broker(front_actor, args, dispatcher, recorder);
+  anon_send(recorder, register_atom::value, front);  // before any request can be answered
   caf::scoped_actor self{sys};
   self->request(front, std::chrono::seconds(10), listen_atom::value)
       .receive([&](uint16_t port) { s.port = port; },
@@ -479,7 +514,6 @@ Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, caf::actor
     anon_send_exit(front, caf::exit_reason::user_shutdown);
     return s;
   }
-  anon_send(recorder, register_atom::value, front);
   s.front = front;
   return s;
 }

@@ -37,7 +37,8 @@ struct ServiceArgs {
   uint32_t max_connections = 512;                   // open connections; beyond: 503 and close
   double idle_timeout_s = 120;                      // an idle connection (no request pending) is closed
   HttpLimits limits;
-  std::string run_id;  // Rollout ids and the store's run
+  std::string run_id;        // Rollout ids and the store's run
+  uint64_t first_group = 0;  // group ids continue from here (the store's largest, for a reused run directory)
 };
 
 struct Service {
@@ -46,8 +47,10 @@ struct Service {
 };
 
 // The recorder first (reward needs it), then the front once the dispatcher exists.
+// `last_group`: the largest group id the run already holds (a service restarted in its run directory).
 caf::actor spawn_service_recorder(caf::actor_system& sys, const std::string& store_path, const std::string& synchronous,
-                                  const std::string& run_id, const std::string& config_toml, std::string& err);
+                                  const std::string& run_id, const std::string& config_toml, uint64_t& last_group,
+                                  std::string& err);
 
 // Binds host:port and starts answering; an invalid actor and `err` when it cannot listen.
 Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, caf::actor dispatcher, caf::actor recorder,

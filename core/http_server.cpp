@@ -59,6 +59,7 @@ bool HttpRequestParser::take(HttpServerRequest& out) {
   if (lead) buf_.erase(0, lead);
   const size_t head_end = buf_.find("\r\n\r\n");
   if (head_end == std::string::npos) {
+    if (buf_.find("\n\n") != std::string::npos) return fail(400, "lines must end with CRLF (\\r\\n), not a bare LF");
     if (buf_.size() > limits_.max_header_bytes)
       return fail(431, "the request line and headers exceed " + std::to_string(limits_.max_header_bytes) + " bytes");
     return false;
@@ -67,6 +68,14 @@ bool HttpRequestParser::take(HttpServerRequest& out) {
     return fail(431, "the request line and headers exceed " + std::to_string(limits_.max_header_bytes) + " bytes");
   HttpServerRequest r;
   const std::string head = buf_.substr(0, head_end);
+  // A bare CR or LF, or a NUL, inside the head: two parsers (a proxy's and this one) could split it
+  // differently, so it is refused rather than guessed at.
+  for (size_t i = 0; i < head.size(); ++i) {
+    const char c = head[i];
+    if (c == '\0' || (c == '\r' && (i + 1 >= head.size() || head[i + 1] != '\n')) ||
+        (c == '\n' && (i == 0 || head[i - 1] != '\r')))
+      return fail(400, "a bare CR, LF or NUL in the request line or headers");
+  }
   size_t line_end = head.find("\r\n");
   const std::string request_line = head.substr(0, line_end);
   {
@@ -98,6 +107,7 @@ bool HttpRequestParser::take(HttpServerRequest& out) {
     std::string value = trim(line.substr(colon + 1));
     if (name == "content-length" && r.headers.count(name) && r.headers[name] != value)
       return fail(400, "conflicting Content-Length headers");
+    if (name == "host" && r.headers.count(name)) return fail(400, "more than one Host header");
     auto [it, fresh] = r.headers.emplace(name, value);
     if (!fresh && name != "content-length") it->second += ", " + value;
   }
@@ -117,7 +127,7 @@ bool HttpRequestParser::take(HttpServerRequest& out) {
     return fail(411, r.method + " needs a Content-Length header");
   }
   if (buf_.size() < head_end + 4 + length) {  // the body is still arriving
-    if (!continue_sent_)
+    if (!continue_sent_ && r.version == "HTTP/1.1")
       if (auto ex = r.headers.find("expect"); ex != r.headers.end() && has_token(ex->second, "100-continue"))
         continue_due_ = continue_sent_ = true;
     return false;

@@ -21,7 +21,11 @@
 #include <caf/io/all.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <csignal>
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -38,17 +42,43 @@ struct ServeArgs {
   std::vector<std::string> sets;
   uint32_t max_pending = 1024;
   double max_body_mb = 4;
+  double drain_s = 30;
 };
 
+// SIGINT and SIGTERM, and the HTTP front's end, wake the main thread through a pipe. (Handlers, not a
+// blocked mask: the evaluators' workers and candidates are started by this process and must not
+// inherit blocked signals; a caught signal's handler is reset to the default by exec.)
+int wake_pipe[2] = {-1, -1};
+
+void wake(char why) { [[maybe_unused]] ssize_t n = ::write(wake_pipe[1], &why, 1); }
+
+void on_stop_signal(int sig) { wake(sig == SIGINT ? 'i' : 't'); }
+
+// The next reason to wake: 'i' SIGINT, 't' SIGTERM, 'f' the front stopped; 0 after `timeout_ms` (-1: none).
+char next_wake(int timeout_ms) {
+  pollfd p{wake_pipe[0], POLLIN, 0};
+  int r;
+  while ((r = ::poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {}
+  char c = 0;
+  if (r > 0 && ::read(wake_pipe[0], &c, 1) != 1) c = 0;
+  return c;
+}
+
 int cmd_serve(const ServeArgs& a) {
-  // SIGINT and SIGTERM end the service: blocked here, before any thread exists, so that every
-  // thread inherits the mask and only the sigwait below takes them.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  auto restore = [&] { pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr); };
+  if (::pipe2(wake_pipe, O_CLOEXEC) != 0) {
+    std::perror("launch serve: pipe");
+    return 1;
+  }
+  struct sigaction sa_stop {};
+  sa_stop.sa_handler = on_stop_signal;
+  sigemptyset(&sa_stop.sa_mask);
+  sa_stop.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa_stop, nullptr);
+  sigaction(SIGTERM, &sa_stop, nullptr);
+  auto restore = [] {
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+  };
 
   auto cfg = load_with_level(a.config, a.log_level);
   if (!cfg) return restore(), 2;
@@ -91,8 +121,9 @@ int cmd_serve(const ServeArgs& a) {
   int code = 0;
   {
     std::vector<caf::actor> all;  // stopped at the end
+    uint64_t last_group = 0;
     auto recorder = spawn_service_recorder(*sys, (fs::path(*run_dir) / cfg->store.file).string(),
-                                           cfg->store.synchronous, run_id, cfg->resolved_toml, err);
+                                           cfg->store.synchronous, run_id, cfg->resolved_toml, last_group, err);
     if (!recorder) {
       lg->error("{}", err);
       code = 1;
@@ -130,6 +161,7 @@ int cmd_serve(const ServeArgs& a) {
       sa.host = a.host;
       sa.port = static_cast<uint16_t>(a.port);
       sa.run_id = run_id;
+      sa.first_group = last_group;
       sa.max_pending = a.max_pending;
       sa.limits.max_body_bytes = static_cast<size_t>(a.max_body_mb * 1024 * 1024);
       auto service = spawn_service_front(*sys, sa, dispatcher, recorder, err);
@@ -156,11 +188,38 @@ int cmd_serve(const ServeArgs& a) {
           std::printf("serving %zu tasks on http://%s:%u (POST /v1/evaluate; %u evaluators here; run directory %s)\n",
                       sa.task_paths.size(), a.host.c_str(), service.port, sa.local_evaluators, run_dir->c_str());
           std::fflush(stdout);
-          int sig = 0;
-          sigwait(&stop_signals, &sig);
-          lg->info("{}: stopping the service", sig == SIGINT ? "SIGINT" : "SIGTERM");
+          // A watcher wakes the main thread if the front ever stops (it should not: then the
+          // service ends with an error instead of listening to nothing).
+          auto watcher = sys->spawn([front = service.front](caf::event_based_actor* self) -> caf::behavior {
+            self->monitor(front);
+            self->set_down_handler([](caf::down_msg&) { wake('f'); });
+            return {[](tick_atom) {}};
+          });
+          all.push_back(watcher);
+          char why = 0;
+          while (!why) why = next_wake(-1);
           caf::scoped_actor self{*sys};
-          nlohmann::json summary = {{"ok", true}, {"mode", "serve"}};
+          if (why == 'f') {
+            lg->error("the HTTP front stopped; the service ends");
+            code = 1;
+          } else {
+            // Stop taking requests, then give those in flight up to --drain-s to be answered (a second
+            // signal ends the wait).
+            lg->info("{}: stopping the service", why == 'i' ? "SIGINT" : "SIGTERM");
+            anon_send(service.front, finish_atom::value);
+            const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(a.drain_s);
+            while (std::chrono::steady_clock::now() < until) {
+              double pending = 0;
+              self->request(service.front, std::chrono::seconds(5), stats_atom::value)
+                  .receive([&](Telemetry& t) { pending = t.values["pending"]; }, [&](caf::error&) { pending = 0; });
+              if (pending == 0) break;
+              if (next_wake(250)) {
+                lg->warn("a second signal: {} requests in flight are not answered", pending);
+                break;
+              }
+            }
+          }
+          nlohmann::json summary = {{"ok", code == 0}, {"mode", "serve"}};
           self->request(service.front, std::chrono::seconds(5), stats_atom::value)
               .receive([&](Telemetry& t) { summary["service"] = t.values; }, [](caf::error&) {});
           self->request(recorder, std::chrono::seconds(10), finish_atom::value, summary.dump())
@@ -174,6 +233,8 @@ int cmd_serve(const ServeArgs& a) {
   }
   stop_actor_system(std::move(sys), std::chrono::seconds(10), code);
   restore();
+  ::close(wake_pipe[0]);
+  ::close(wake_pipe[1]);
   return code;
 }
 
@@ -201,6 +262,10 @@ void add_serve(CLI::App& app, cli::Action& action) {
   sub->add_option("--max-body-mb", a->max_body_mb, "the largest request body accepted (default 4 MB; larger: 413)")
       ->check(CLI::Range(0.001, 1024.0))
       ->type_name("MB");
+  sub->add_option("--drain-s", a->drain_s,
+                  "on SIGINT/SIGTERM, how long requests in flight may take to be answered (default 30)")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->type_name("S");
   sub->add_option("--log-level", a->log_level, "trace, debug, info, warn, error, off (default: info)")
       ->type_name("LEVEL");
   sub->add_option("--set", a->sets, "override a key of CONFIG (repeatable), as for `launch CONFIG`")

@@ -387,14 +387,24 @@ std::optional<SampleRow> Store::sample(const std::string& run_id, const std::str
   return std::move(r.front());
 }
 
+uint64_t Store::max_group_id(const std::string& run_id) {
+  Stmt st(db_, "SELECT COALESCE(MAX(group_id), 0) FROM samples WHERE run_id = ?");
+  st.text(1, run_id);
+  return st.step() == SQLITE_ROW ? static_cast<uint64_t>(st.col_i64(0)) : 0;
+}
+
 std::vector<SampleRow> Store::rows(const std::string& run_id, const std::string& sample_id) {
   std::vector<SampleRow> out;
-  Stmt st(db_,
-          "SELECT run_id, sample_id, task_id, status, error, step, group_id, sample_index, speedup,"
-          " reward, policy_version, num_tokens, logprob_mean, record FROM samples"
-          " WHERE (?1 = '' OR run_id = ?1) AND (?2 = '' OR sample_id = ?2) ORDER BY seq");
+  // One sample by the (run_id, sample_id) index, or a scan in insertion order.
+  Stmt st(db_, sample_id.empty()
+                   ? "SELECT run_id, sample_id, task_id, status, error, step, group_id, sample_index, speedup,"
+                     " reward, policy_version, num_tokens, logprob_mean, record FROM samples"
+                     " WHERE (?1 = '' OR run_id = ?1) ORDER BY seq"
+                   : "SELECT run_id, sample_id, task_id, status, error, step, group_id, sample_index, speedup,"
+                     " reward, policy_version, num_tokens, logprob_mean, record FROM samples"
+                     " WHERE run_id = ?1 AND sample_id = ?2");
   st.text(1, run_id);
-  st.text(2, sample_id);
+  if (!sample_id.empty()) st.text(2, sample_id);
   while (st.step() == SQLITE_ROW) {
     SampleRow r;
     r.run_id = st.col_text(0);

@@ -77,6 +77,8 @@ class Store {
   std::vector<SampleRow> samples(const std::string& run_id = "");
   // One sample of a run, as samples() reads it; nullopt when there is none.
   std::optional<SampleRow> sample(const std::string& run_id, const std::string& sample_id);
+  // The largest group id among a run's samples (0: none).
+  uint64_t max_group_id(const std::string& run_id);
   // The summary JSON a finished run was closed with ("" while it runs or when unknown).
   std::string summary(const std::string& run_id);
   // Ids of the runs in this store, oldest first.

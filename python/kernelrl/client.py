@@ -24,8 +24,10 @@ class RequestError(Exception):
 
 class Client:
     """`url`: the service (default $KERNELRL_URL, else http://127.0.0.1:8470). `timeout`: seconds for one
-    answer (a verdict takes as long as the evaluator's compile and timing). Connection failures and 503 (the
-    service's queue is full) are retried `retries` times with a growing pause; 4xx raise RequestError."""
+    answer (a verdict takes as long as the evaluator's compile and timing). Only what cannot have been
+    evaluated is retried, `retries` times with a growing pause: a refused connection and 503 (the service's
+    queue is full, no evaluator has joined, or it is stopping). A timeout or a 5xx raises ServiceError (the
+    candidate may have been evaluated: a retry would evaluate it again); 4xx raise RequestError."""
 
     def __init__(self, url=None, timeout=900.0, retries=5):
         self.url = (url or os.environ.get("KERNELRL_URL") or DEFAULT_URL).rstrip("/")
@@ -47,14 +49,20 @@ class Client:
                     reason = json.loads(text).get("error", text)
                 except ValueError:
                     reason = text
-                if e.code == 503 or e.code >= 500:
+                if e.code == 503:
                     last = "%d: %s" % (e.code, reason)
                     pause = float(e.headers.get("Retry-After") or 0.5 * (attempt + 1))
+                elif e.code >= 500:
+                    raise ServiceError("%s %s%s: %d: %s" % (method, self.url, path, e.code, reason)) from None
                 else:
                     raise RequestError(e.code, reason) from None
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
-                last = "%s: %s" % (self.url, getattr(e, "reason", e))
+            except urllib.error.URLError as e:
+                if not isinstance(e.reason, ConnectionRefusedError):  # it may have been sent: not again
+                    raise ServiceError("%s %s%s: %s" % (method, self.url, path, e.reason)) from None
+                last = "%s: %s" % (self.url, e.reason)
                 pause = 0.5 * (attempt + 1)
+            except (ConnectionError, TimeoutError, OSError) as e:
+                raise ServiceError("%s %s%s: %s" % (method, self.url, path, e)) from None
             if attempt < self.retries:
                 time.sleep(pause)
         raise ServiceError("%s %s%s failed after %d attempts: %s" % (method, self.url, path, self.retries + 1, last))
@@ -88,15 +96,17 @@ class Client:
 
     def evaluate_many(self, requests, max_workers=16, raise_errors=False):
         """Many candidates at once (each a dict of evaluate()'s arguments), answered in order. A refused
-        request (RequestError) or an unreachable service gives {"status": "request_error", "error": ...}
-        in its place unless `raise_errors`."""
+        request (RequestError) gives {"status": "request_error", "http_status": CODE, "error": REASON} in its
+        place unless `raise_errors`; a service that cannot be reached raises ServiceError either way (an outage
+        is not a verdict)."""
         def one(r):
             try:
                 return self.evaluate(**r)
-            except (RequestError, ServiceError) as e:
+            except RequestError as e:
                 if raise_errors:
                     raise
-                return {"status": "request_error", "error": str(e), "reward": None, "speedup": 0.0}
+                return {"status": "request_error", "http_status": e.status, "error": e.reason, "reward": None,
+                        "speedup": 0.0}
 
         if not requests:
             return []

@@ -7,8 +7,12 @@ the task of each completion comes from the dataset column `task_column` (default
 verl: `compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)` (the naive reward
 manager's call) and `compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **kwargs)` (the
 batch manager's), the task from extra_info["task_id"], else ground_truth; the service from $KERNELRL_URL.
+verl loads the file by path (custom_reward_function.path = this file): its imports are absolute.
+
+A request the service refuses (an unknown task, a malformed row) scores `failure_value` (TRL: None, which TRL
+leaves out of the mean; verl: 0.0); a service that cannot be reached raises kernelrl.ServiceError.
 """
-from .client import Client
+from kernelrl.client import Client  # absolute: verl loads this file by its path
 
 _clients = {}
 
@@ -52,7 +56,18 @@ def _text(completion):
     raise TypeError("a completion is a string or a list of messages, not %s" % type(completion).__name__)
 
 
-def make_trl_reward(url=None, task_column="task_id", value="reward", failure_value=0.0, max_workers=32):
+def _prompt_text(prompt):
+    """What the record keeps as the prompt: the text, or a conversation's last user message."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        for m in reversed(prompt):
+            if isinstance(m, dict) and m.get("role") == "user":
+                return m.get("content")
+    return None
+
+
+def make_trl_reward(url=None, task_column="task_id", value="reward", failure_value=None, max_workers=32):
     """A reward function for TRL's GRPOTrainer: every completion of the batch evaluated in parallel."""
     client = _client(url)
 
@@ -67,7 +82,7 @@ def make_trl_reward(url=None, task_column="task_id", value="reward", failure_val
             raise ValueError("%d tasks for %d completions" % (len(tasks), len(completions)))
         prompt_texts = [None] * len(completions)
         if prompts is not None and len(prompts) == len(completions):
-            prompt_texts = [p if isinstance(p, str) else None for p in prompts]
+            prompt_texts = [_prompt_text(p) for p in prompts]
         requests = []
         for t, c, p in zip(tasks, completions, prompt_texts):
             r = {"task": t, "action": _text(c)}

@@ -44,7 +44,7 @@ def replay_records(n_tasks=6):
 def start_serve(args, env=None, timeout=90):
     """`launch serve ARGS --port 0`; (process, port) once it prints its address."""
     p = subprocess.Popen([LAUNCH, "serve"] + args + ["--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env)
+                         text=True, errors="replace", env=env)
     lines = []
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -242,7 +242,7 @@ texts = [r["completion"] for r in records]
 # TRL: plain completions, then conversational ones, the dataset's columns as keyword arguments.
 reward = make_trl_reward(url)
 out["trl_plain"] = reward(prompts=["p"] * len(texts), completions=texts, task_id=tasks, completion_ids=None)
-out["trl_chat"] = reward(prompts=[[{"role": "user", "content": "p"}]] * len(texts),
+out["trl_chat"] = reward(prompts=[[{"role": "user", "content": "chat-prompt"}]] * len(texts),
                          completions=[[{"role": "assistant", "content": t}] for t in texts], task_id=tasks)
 out["trl_correct"] = make_trl_reward(url, value="correct")(prompts=None, completions=texts, task_id=tasks)
 out["trl_name"] = reward.__name__
@@ -259,6 +259,12 @@ try:
 except RequestError as e:
     out["refused"] = [e.status, e.reason]
 out["missing"] = make_trl_reward(url)(prompts=None, completions=["x"], task_id=["no_such_task"])
+# verl loads the reward file by its path, as a module of no package.
+import importlib.util
+spec = importlib.util.spec_from_file_location("custom_module", os.path.join(sys.argv[1], "kernelrl", "rewards.py"))
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+out["verl_by_path"] = module.compute_score(data_source="kb", solution_str=texts[0], ground_truth=tasks[0])
 print(json.dumps(out))
 """
         p = subprocess.run([sys.executable, "-c", script, site, json.dumps(records),
@@ -287,8 +293,41 @@ print(json.dumps(out))
                 if not ok:
                     self.assertEqual(out["verl"][i]["speedup"], 0.0)
         self.assertEqual(out["trl_name"], "kernelrl_reward")
+        # A conversation's prompt is kept as its last user message.
+        self.assertEqual(sum(r["prompt"] == "chat-prompt" for r in stored.values()), len(records))
         self.assertEqual(out["refused"][0], 404)
-        self.assertEqual(out["missing"], [0.0])
+        self.assertEqual(out["missing"], [None])  # TRL leaves a None out of its mean
+        self.assertIn(round(out["verl_by_path"]["score"], 9), by_action[(records[0]["task_id"], records[0]["completion"])])
+
+
+class ServeRestartTest(unittest.TestCase):
+    def test_sigterm_answers_what_is_in_flight_and_a_restart_goes_on_in_the_same_run(self):
+        run_dir = os.path.join(tempfile.mkdtemp(prefix="kernelrl-serve-restart-"), "run")
+        recs = replay_records(1)
+        proc, port = start_serve([CONFIG, "--run-dir", run_dir])
+        answer = {}
+        t = threading.Thread(target=lambda: answer.update(
+            r=call(port, "POST", "/v1/evaluate", {"task": recs[0]["task_id"], "action": recs[0]["completion"]})))
+        t.start()
+        deadline = time.time() + 30
+        while call(port, "GET", "/v1/health")[1]["pending"] == 0 and time.time() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)  # while the request is being evaluated
+        t.join(timeout=120)
+        self.assertEqual(proc.wait(timeout=120), 0)
+        status, first = answer["r"]
+        self.assertEqual((status, first["status"]), (200, recs[0]["expect_status"]))
+        # The same run directory again: new sample ids, each answer its own candidate's record.
+        proc, port = start_serve([CONFIG, "--run-dir", run_dir])
+        try:
+            status, second = call(port, "POST", "/v1/evaluate", {"task": recs[1]["task_id"], "action": recs[1]["completion"]})
+            self.assertEqual((status, second["status"]), (200, recs[1]["expect_status"]))
+            self.assertEqual(second["completion"], recs[1]["completion"])
+            self.assertNotEqual(second["sample_id"], first["sample_id"])
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            self.assertEqual(proc.wait(timeout=60), 0)
+        self.assertEqual(len(export(run_dir)), 2)
 
 
 class ServeClusterTest(unittest.TestCase):
