@@ -1,16 +1,33 @@
 # kernelrl's default job in a container, built by the repository's own scripts on Debian bookworm.
-#   docker build -t kernelrl .
-#   docker run --rm kernelrl                    # build/launch configs/local.toml on the CPU
-#   docker run --rm --gpus all kernelrl         # on the machine's GPUs (NVIDIA Container Toolkit)
+#   docker build --build-arg CUDA_KEYRING_URL=URL -t kernelrl .   # URL: see CUDA_KEYRING_URL below
+#   docker run --rm --privileged kernelrl   # build/launch configs/local.toml on the CPU
+#   docker run --rm --privileged --gpus all kernelrl   # on the GPUs (NVIDIA Container Toolkit)
 #   docker run --rm kernelrl build/launch check configs/kernelbench-level1.toml
 # scripts/setup installs the Debian packages and the two Python environments (torch's and the
-# tracking libraries') into the image; the CUDA decode kernels are built only where the image has
-# nvcc (a CUDA base image), else the policy runs LibTorch's ops on the GPU.
+# tracking libraries') into the image. The locked torch (2.11.0 from PyPI) is a CUDA 13.0 build whose
+# CMake files need a CUDA 13.0 toolkit with nvcc on PATH even to configure a CPU-only build: it comes
+# from NVIDIA's Debian 12 repository.
+# Checked without Docker (none on the development machine), 2026-11-26: these steps replayed in a
+# debootstrap'd bookworm chroot, with a CUDA 13.0 toolkit at /usr/local/cuda, built launch on the
+# image's Python 3.11 and ran the default job to its fifth training step (stopped there). Known issue: where the evaluator's sandbox cannot make
+# namespaces (Docker's default seccomp profile), a candidate cannot enter its temp dir; give the
+# container --privileged (the evaluator confines each candidate itself) until gpu/sandbox.py handles
+# that fallback.
 FROM debian:bookworm
 ENV DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv git \
+# CUDA_KEYRING_URL: the cuda-keyring .deb of NVIDIA's Debian 12 (x86_64) repository, as NVIDIA's CUDA
+# installation guide gives it ("network repo" installation).
+ARG CUDA_KEYRING_URL
+RUN test -n "$CUDA_KEYRING_URL" \
+      || { echo "docker build --build-arg CUDA_KEYRING_URL=...: NVIDIA's cuda-keyring .deb for Debian 12" >&2; exit 1; } \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv git wget \
+ && wget -q -O /tmp/cuda-keyring.deb "$CUDA_KEYRING_URL" \
+ && dpkg -i /tmp/cuda-keyring.deb && rm /tmp/cuda-keyring.deb \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends cuda-toolkit-13-0 \
  && rm -rf /var/lib/apt/lists/*
+ENV PATH=/usr/local/cuda/bin:$PATH
 WORKDIR /opt/kernelrl
 COPY . .
 RUN scripts/build && rm -rf /root/.cache/pip
