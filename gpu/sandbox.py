@@ -252,12 +252,16 @@ def _confine_files(conf):
     return problems
 
 
-def confine(conf, env):
+def confine(conf, env, own=()):
     """Confines this freshly forked (single-threaded) process; returns a dict describing its
     isolation. With ``conf.enabled``: new user (unless root), PID, mount, network, IPC and UTS
     namespaces; this process stays outside as the candidate's parent, and the call returns in
     the candidate, PID 1 of its namespace (every process it starts ends with it, setsid or not).
-    Whatever the kernel refuses is said in the result ("none: why"), never skipped silently."""
+    Whatever the kernel refuses is said in the result ("none: why"), never skipped silently.
+
+    own: folders the candidate must write where it gets no private file view (its temp dir):
+    when the kernel refuses namespaces (a container's default seccomp profile) and this runs as
+    root, the candidate runs as uid NOBODY on the worker's own files, so these are given to it."""
     iso = {"namespaces": "none: disabled", "network": "none: disabled", "files": "none: disabled",
            "user": "none: disabled", "seccomp": "none: disabled"}
     os.setpgid(0, 0)
@@ -277,6 +281,9 @@ def confine(conf, env):
         iso["network"] = isolate_network()
         iso["files"] = "none: no mount namespace"
         try:
+            if root:
+                for path in own:
+                    os.chown(path, NOBODY, NOBODY)
             iso["user"] = _drop_privileges(root)
         except OSError as e:
             iso["user"] = f"none: {e}"
@@ -397,7 +404,7 @@ def _child_setup(conf, env, address_space_limit, memory_limit_mb, tmpdir):
     # Its own control group first (the worker's rights are still its own): every process the
     # candidate starts is counted against its memory and task limits, and removed with it.
     group = cgroups.enter(memory_limit_mb, PROCESS_LIMIT)
-    iso = confine(conf, env)
+    iso = confine(conf, env, own=[tmpdir])
     iso["cgroup"] = group
     if iso["files"].startswith("private"):
         tmpdir = "/tmp"  # the private one

@@ -111,7 +111,18 @@ class ForkServer:
         torch = self.torch
         dev = self.device
 
+        exposed = list(self.conf.expose)
+
         def probe():
+            # What a candidate needs must be within its reach as the user it runs as: without a
+            # private file view (no namespaces), a folder under a 0700 home is not.
+            blocked = [p for p in exposed if not os.access(p, os.R_OK | os.X_OK)]
+            if not os.access(".", os.W_OK | os.X_OK):
+                blocked.append(os.getcwd() + " (its temp dir, to write)")
+            if blocked:
+                shown = ", ".join(blocked[:4]) + (f" and {len(blocked) - 4} more" if len(blocked) > 4 else "")
+                return {"status": "runtime_error", "blocked": blocked,
+                        "error": f"a candidate's process (running as uid {os.getuid()}) cannot reach {shown}"}
             t0 = time.monotonic()
             if dev.startswith("cuda"):
                 d = torch.device(dev)
@@ -125,6 +136,15 @@ class ForkServer:
         reply, failure = self.sandbox.run_isolated(
             probe, timeout_s=120, memory_limit_mb=0, env={}, conf=self.conf,
             address_space_limit=False, tmp_root=self.tmp_root)
+        if reply and reply.get("blocked"):
+            iso = reply.get("isolation", {})
+            raise RuntimeError(
+                f"the sandbox cannot run candidates here: {reply['error']} (namespaces: "
+                f"{iso.get('namespaces', '?')}; user: {iso.get('user', '?')}). Where the kernel refuses "
+                f"namespaces (a container's default seccomp profile), candidates run as that user on "
+                f"this machine's own files: put the Python environment and the build cache where all "
+                f"may read them (KERNELRL_CACHE and XDG_CACHE_HOME outside /root, as the Dockerfile "
+                f"does), or allow namespaces (docker run --privileged)")
         if failure or "device" not in reply:
             why = (failure or reply).get("error", "no reply")
             raise RuntimeError(f"device probe on {dev} failed: {why} {(reply or {}).get('compile_log', '')}")

@@ -3,7 +3,10 @@ ForkServer: one process per candidate): every status, every hacking defense, iso
 a hang, a memory blow-up, no network, a private temp dir), and the content-addressed build cache.
 Candidates are written here; the reference semantics are KernelBench's (see docs/EVALUATION.md)."""
 
+import json
 import os
+import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -674,6 +677,75 @@ class BuildCacheTest(Base):
         self.assertIn("undefined_symbol", bad["compile_log"])
         self.assertStatus(self.evaluate(CPP_BAD), "compile_error")
 
+
+
+class NoNamespacesTest(unittest.TestCase):
+    """Where the kernel refuses new namespaces (a container under Docker's default seccomp
+    profile), a worker running as root runs each candidate as uid 65534 on the machine's own
+    files: the candidate gets a temp dir it can enter and write, cannot write the worker's files,
+    and a worker whose Python environment that user cannot read (under a 0700 /root) refuses to
+    start, naming the paths, instead of failing every candidate. Driven through
+    tests/e2e/no_namespaces_worker.py (a process that installs the filter, then starts the worker)."""
+
+    SCRIPT = os.path.join(ROOT, "tests", "e2e", "no_namespaces_worker.py")
+
+    @classmethod
+    def setUpClass(cls):
+        if os.geteuid() != 0:
+            raise unittest.SkipTest("the fallback drops root to uid 65534: run as root")
+        if platform.machine() != "x86_64":
+            raise unittest.SkipTest("gpu/seccomp.py's filter is written for x86_64")
+
+    def run_worker(self, candidates, *flags):
+        job = {"settings": SETTINGS, "candidates": candidates}
+        p = subprocess.run([sys.executable, self.SCRIPT, *flags], input=json.dumps(job), capture_output=True,
+                           text=True, timeout=900)
+        if "no mount namespace for the test's file view" in p.stderr:
+            self.skipTest("this machine gives the test no mount namespace to arrange its file view")
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    def test_candidates_run_as_nobody_in_a_temp_dir_of_their_own(self):
+        # Tries to write into the worker's scratch folder and build cache (found from its temp
+        # dir and the cache's place beside it), then into its own temp dir.
+        probe = ("import os\nwrote = []\nscratch = os.path.dirname(os.getcwd())\n"
+                 "for d in (scratch, os.path.join(os.path.dirname(scratch), 'cache')):\n"
+                 "    try:\n        open(os.path.join(d, 'mine'), 'w').write('x')\n        wrote.append(d)\n"
+                 "    except OSError:\n        pass\n"
+                 "open('here', 'w').write('x')\n"
+                 "raise RuntimeError(f'uid={os.getuid()} cwd={os.getcwd()} wrote={wrote}')\nreturn x")
+        out = self.run_worker([{"action": GOOD, "task_path": SWISH}, {"action": probe, "task_path": SWISH},
+                               {"action": CPP_OK, "task_path": SWISH}, {"action": CPP_BAD, "task_path": SWISH}],
+                              "--readable-env")
+        self.assertNotIn("start_error", out, out.get("start_error"))
+        self.assertIn("namespaces: none: unshare refused", out["sandbox"])
+        self.assertIn("user: uid 65534", out["sandbox"])
+        v = out["verdicts"]
+        self.assertEqual(v[0]["status"], "ok", v[0]["error"])
+        self.assertEqual(v[1]["status"], "runtime_error")
+        self.assertRegex(v[1]["error"], r"uid=65534 cwd=\S+/scratch/cand-\w+ wrote=\[\]")
+        self.assertEqual(v[2]["status"], "ok", v[2]["error"])  # built by the builder, also as uid 65534
+        self.assertEqual(v[3]["status"], "compile_error", v[3]["error"])
+
+    def test_a_worker_whose_environment_nobody_can_read_refuses_to_start(self):
+        hidden = [p for p in (sys.prefix, sys.base_prefix) if not self._reachable_by_all(p)]
+        if not hidden:
+            self.skipTest(f"the Python environment here ({sys.prefix}) is readable by all")
+        why = self.run_worker([]).get("start_error", "")
+        self.assertIn("the sandbox cannot run candidates here", why)
+        self.assertIn("running as uid 65534", why)
+        self.assertIn(hidden[0], why)
+        self.assertIn("--privileged", why)
+
+    @staticmethod
+    def _reachable_by_all(path):
+        path = os.path.abspath(path)
+        while True:
+            if not os.stat(path).st_mode & 0o001:
+                return False
+            if path == "/":
+                return True
+            path = os.path.dirname(path)
 
 if __name__ == "__main__":
     unittest.main()
