@@ -50,7 +50,8 @@ caf::behavior recorder_actor(caf::stateful_actor<recorder_state>* self, std::sha
         auto& st = self->state;
         const std::string id = s.rollout.sample_id;
         int status = 200;
-        std::string body;
+        std::string body, verdict = "error";
+        double speedup = 0.0;
         const InsertResult ins = st.store->record_sample(run_id, s);
         if (ins == InsertResult::failed) {
           ++st.failed;
@@ -65,11 +66,13 @@ caf::behavior recorder_actor(caf::stateful_actor<recorder_state>* self, std::sha
         } else if (auto row = st.store->sample(run_id, id)) {
           ++st.recorded;
           body = text(sample_json(*row));
+          verdict = row->status;
+          speedup = row->speedup;
         } else {
           status = 500;
           body = error_body(500, "the verdict was stored but cannot be read back: " + st.store->last_error());
         }
-        if (st.front) self->send(st.front, record_atom::value, id, status, std::move(body));
+        if (st.front) self->send(st.front, record_atom::value, id, status, std::move(body), verdict, speedup);
       },
       [=](record_atom, Telemetry& t) { self->state.store->record_telemetry(run_id, t); },
       [=](finish_atom, std::string& summary) { return self->state.store->finish_run(run_id, "finished", summary); },
@@ -422,23 +425,21 @@ caf::behavior front_actor(front_ptr self, ServiceArgs args, caf::actor dispatche
         self->state.stopping = true;
         self->close(self->state.acceptor);
       },
-      [=](record_atom, std::string& sample_id, int status, std::string& body) {
+      [=](record_atom, std::string& sample_id, int status, std::string& body, std::string& verdict, double speedup) {
         auto& st = self->state;
         auto it = st.waiting.find(sample_id);
         if (it == st.waiting.end()) return;
         Waiting w = std::move(it->second);
         st.waiting.erase(it);
         const double wall = now_s() - w.since;
-        std::string verdict = "error";
         if (status == 200) {
-          auto j = nlohmann::json::parse(body, nullptr, false);
-          if (!w.request_id.empty()) j["request_id"] = w.request_id;
-          if (j.is_object() && j.contains("status") && j["status"].is_string()) verdict = j["status"];
-          const double speedup = j.is_object() && j.contains("speedup") && j["speedup"].is_number()
-                                     ? j["speedup"].get<double>()
-                                     : 0.0;  // (an infinite speedup is stored as null)
+          // The record as the store gives it, with the client's id spliced in before its closing brace.
+          if (!w.request_id.empty() && !body.empty() && body.back() == '}')
+            body.insert(body.size() - 1, (body.size() > 2 ? ",\"request_id\":" : "\"request_id\":") +
+                                             text(nlohmann::json(w.request_id)));
           lg->info("{}: task {} -> {} (speedup {:.3g}) in {:.2f} s", w.peer, w.task_id, verdict, speedup, wall);
-          body = text(j);
+        } else {
+          verdict = "error";
         }
         ++st.by_verdict[verdict];
         st.wall_sum += wall;

@@ -80,7 +80,7 @@ int cmd_serve(const ServeArgs& a) {
     std::signal(SIGTERM, SIG_DFL);
   };
 
-  auto cfg = load_with_level(a.config, a.log_level);
+  auto cfg = load_with_level(a.config, a.log_level, /*render_prompts=*/false);  // (it renders no prompt)
   if (!cfg) return restore(), 2;
   auto lg = log::get("serve");
   if (is_comparison_config(a.config)) {
@@ -173,7 +173,10 @@ int cmd_serve(const ServeArgs& a) {
         all.push_back(service.front);
         if (cluster) {
           const auto& head = head_node(*cfg);
-          gate = spawn_gate(*sys, GateArgs{cfg->cluster.name, secret}, dispatcher, service.front, caf::actor{});
+          GateArgs ga;
+          ga.cluster = cfg->cluster.name;
+          ga.secret = secret;
+          gate = spawn_gate(*sys, std::move(ga), dispatcher, service.front, caf::actor{});
           all.push_back(gate);
           auto bound = publish_gate(gate, head.port, head.host);
           if (!bound) {

@@ -143,8 +143,10 @@ bool check_listed_gpus(const Config& cfg, const NodeConfig& node) {
 }
 
 // Loads CONFIG, sets the log level (the command line's, else [cluster] log_level) and resolves
-// its "auto" devices for this process.
-std::optional<Config> load_with_level(const std::string& config_path, const std::string& log_level) {
+// its "auto" devices for this process; with render_prompts, its "auto" chat template too (a process that
+// renders no prompt, such as `launch serve`, skips that transformers call).
+std::optional<Config> load_with_level(const std::string& config_path, const std::string& log_level,
+                                      bool render_prompts) {
   auto loaded = load_or_report(config_path);
   if (!loaded) return std::nullopt;
   std::string level = log_level.empty() ? loaded->cluster.log_level : log_level;
@@ -154,7 +156,7 @@ std::optional<Config> load_with_level(const std::string& config_path, const std:
     return std::nullopt;
   }
   if (!resolve_auto_devices(*loaded)) return std::nullopt;
-  resolve_chat_template(*loaded);
+  if (render_prompts) resolve_chat_template(*loaded);
   return loaded;
 }
 

@@ -25,8 +25,10 @@ void resolve_chat_template(Config& cfg);
 void set_config_overrides(std::vector<std::string> sets);
 const std::vector<std::string>& config_overrides();
 // Loads CONFIG, sets the log level (the command line's, else [cluster] log_level) and resolves
-// its "auto" devices for this process; nullopt after printing why not.
-std::optional<Config> load_with_level(const std::string& config_path, const std::string& log_level);
+// its "auto" devices for this process, and with render_prompts its "auto" chat template (see
+// resolve_chat_template); nullopt after printing why not.
+std::optional<Config> load_with_level(const std::string& config_path, const std::string& log_level,
+                                      bool render_prompts = true);
 // Whether every GPU `node` lists for its evaluators exists on this machine (else says which does
 // not, on stderr); true when the node lists none.
 bool check_listed_gpus(const Config& cfg, const NodeConfig& node);

@@ -27,6 +27,9 @@ import unittest
 import urllib.error
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_cluster import cluster_head, free_port  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 REPLAY = os.path.join(ROOT, "tasks", "replay")
@@ -333,24 +336,9 @@ class ServeRestartTest(unittest.TestCase):
 class ServeClusterTest(unittest.TestCase):
     def test_a_joined_node_evaluates_for_the_service(self):
         tmp = tempfile.mkdtemp(prefix="kernelrl-serve-cluster-")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        with open(os.path.join(tmp, "cluster.secret"), "w") as f:
-            f.write("serve-test-" + os.urandom(12).hex() + "\n")
         cfg = os.path.join(tmp, "cluster.toml")
         with open(cfg, "w") as f:
-            f.write(f"""
-[cluster]
-name = "serve-cluster"
-secret_file = "cluster.secret"
-heartbeat_s = 0.5
-peer_timeout_s = 5.0
-[[node]]
-name = "head"
-host = "127.0.0.1"
-port = {port}
-roles = ["supervisor", "sampler"]
+            f.write(cluster_head(tmp, free_port(), peer_timeout_s=5.0) + f"""
 [[node]]
 name = "eval-a"
 host = "127.0.0.1"
