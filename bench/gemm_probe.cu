@@ -7,15 +7,20 @@
 // (bench/skinny_gemm.cuh, versions 1 and 2) at each warps-a-block and split-K count, the fastest
 // and the largest difference from cuBLASLt's output. A third argument `pf` times instead each
 // product after a stand-in for the attention, with and without a bulk L2 prefetch of its weight.
+// A third argument `pdl` times version 3 (bench/skinny_gemm_pdl.cuh) after a stand-in kernel, with
+// and without programmatic dependent launch, against cuBLASLt after the same stand-in, at every
+// split count, then a stand-in layer (norm, q/k/v, attention, o, norm, gate/up, SwiGLU, down, the
+// elementwise steps and the attention as stand-ins) with cuBLASLt's products and with version 3's.
 //
 //   nvcc -O2 -std=c++17 -arch=sm_90 bench/gemm_probe.cu -lcublasLt -o gemm_probe
-//   ./gemm_probe 64 && ./gemm_probe 16 1.5b && ./gemm_probe 64 "" pf
+//   ./gemm_probe 64 && ./gemm_probe 16 1.5b && ./gemm_probe 64 "" pf && ./gemm_probe 64 1.5b pdl
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "graph_timer.cuh"
 #include "skinny_gemm.cuh"
+#include "skinny_gemm_pdl.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -52,6 +57,49 @@ __global__ void stream_read(const uint4* p, size_t n16, float* sink) {
     s += __uint_as_float(v.x ^ v.w);
   }
   if (s == 1.2345f) *sink = s;
+}
+
+// Stand-ins that take part in programmatic dependent launch as the decoder's kernels do (wait for
+// the kernel before, then let the next one start launching): `touch` reads and writes an [M, H]
+// bf16 activation, one block a row (an RMSNorm's or SwiGLU's size); `stream_pdl` is stream_read.
+__global__ void touch(__nv_bfloat16* a, int H) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  __nv_bfloat16* row = a + size_t(blockIdx.x) * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) row[i] = __float2bfloat16(__bfloat162float(row[i]) * 0.999f);
+}
+
+__global__ void stream_pdl(const uint4* p, size_t n16, float* sink) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  float s = 0.f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    s += __uint_as_float(v.x ^ v.w);
+  }
+  if (s == 1.2345f) *sink = s;
+}
+
+using kernelrl::cuda::skinny3::launch_pdl;
+
+int pdl_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t lt, void* ws, size_t ws_bytes);
+
+// The largest |difference| of y (on the device; copied into `mine`) from ref, over the largest |ref|.
+static double rel_diff(const std::vector<__nv_bfloat16>& ref, std::vector<__nv_bfloat16>& mine, const __nv_bfloat16* y,
+                       cudaStream_t st) {
+  CK(cudaMemcpyAsync(mine.data(), y, mine.size() * 2, cudaMemcpyDeviceToHost, st));
+  CK(cudaStreamSynchronize(st));
+  double err = 0, mx = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double a = __bfloat162float(ref[i]), b = __bfloat162float(mine[i]);
+    err = std::max(err, std::abs(a - b));
+    mx = std::max(mx, std::abs(a));
+  }
+  return err / mx;
 }
 
 struct Shape {
@@ -114,6 +162,7 @@ int main(int argc, char** argv) {
     CK(cudaFree(b));
   }
 
+  if (argc > 3 && std::string(argv[3]) == "pdl") return pdl_mode(M, only, st, lt, ws, ws_bytes);
   if (argc > 3 && std::string(argv[3]) == "pf") {
     // L2 prefetch: per layer [stand-in attention, product] with and without a bulk L2 prefetch of
     // the product's weight queued before the stand-in; the product's share = (graph - stand-ins
@@ -309,15 +358,7 @@ int main(int argc, char** argv) {
             std::printf("  own nw %d splits %d: launch refused: %s\n", nw, sk, cudaGetErrorString(cudaGetLastError()));
             continue;
           }
-          CK(cudaMemcpyAsync(mine.data(), Y, mine.size() * 2, cudaMemcpyDeviceToHost, st));
-          CK(cudaStreamSynchronize(st));
-          double err = 0, mx = 0;
-          for (size_t i = 0; i < ref.size(); ++i) {
-            const double a = __bfloat162float(ref[i]), b = __bfloat162float(mine[i]);
-            err = std::max(err, std::abs(a - b));
-            mx = std::max(mx, std::abs(a));
-          }
-          err /= mx;
+          const double err = rel_diff(ref, mine, Y, st);
           const float us = graph_us(st, s.layers, [&] {
             for (int l = 0; l < s.layers; ++l)
               CK(kernelrl::cuda::skinny::gemm(X, W[l], B[l], Y, M, s.N, s.K, sk, nw, st, ver));
@@ -359,6 +400,211 @@ int main(int argc, char** argv) {
     cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatmulDescDestroy(op);
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- mode `pdl`
+
+namespace {
+
+// A cuBLASLt product y = x W^T (+ bias) with the heuristic's first algorithm.
+struct LtProduct {
+  cublasLtMatmulDesc_t op{};
+  cublasLtMatrixLayout_t la{}, lb{}, lc{};
+  cublasLtMatmulAlgo_t algo{};
+  bool bias = false;
+  LtProduct(cublasLtHandle_t lt, int M, int N, int K, bool with_bias, size_t ws_bytes) : bias(with_bias) {
+    LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (bias) {
+      cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+      cudaDataType_t bt = CUDA_R_16BF;
+      LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
+    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
+    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
+    cublasLtMatmulPreference_t pref;
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                            sizeof ws_bytes));
+    cublasLtMatmulHeuristicResult_t res;
+    int got = 0;
+    LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &res, &got));
+    if (got < 1) {
+      std::fprintf(stderr, "no cuBLASLt algorithm\n");
+      std::exit(1);
+    }
+    algo = res.algo;
+    cublasLtMatmulPreferenceDestroy(pref);
+  }
+  void run(cublasLtHandle_t lt, const __nv_bfloat16* x, const __nv_bfloat16* W, const __nv_bfloat16* B,
+           __nv_bfloat16* y, void* ws, size_t ws_bytes, cudaStream_t st) {
+    const float one = 1.0f, zero = 0.0f;
+    if (bias) LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &B, sizeof B));
+    LT(cublasLtMatmul(lt, op, &one, W, la, x, lb, &zero, y, lc, y, lc, &algo, ws, ws_bytes, st));
+  }
+};
+
+// One projection's weights over the layers, its input and output, and version 3's work buffers.
+struct Proj {
+  const char* name;
+  int N, K;
+  bool bias;
+  std::vector<__nv_bfloat16*> W, B;
+  __nv_bfloat16 *x = nullptr, *y = nullptr;
+  float* part = nullptr;
+  int* counters = nullptr;
+  int best_split = 1;
+  Proj(const char* n, int N_, int K_, bool b, int M, int layers, cudaStream_t st)
+      : name(n), N(N_), K(K_), bias(b), W(layers), B(layers, nullptr) {
+    const size_t wn = size_t(N) * K;
+    for (int l = 0; l < layers; ++l) {
+      CK(cudaMalloc(&W[l], wn * 2));
+      fill<<<1024, 256, 0, st>>>(W[l], wn, 17 + l, 0.05f);
+      if (bias) {
+        CK(cudaMalloc(&B[l], size_t(N) * 2));
+        fill<<<16, 256, 0, st>>>(B[l], N, 1000 + l, 0.1f);
+      }
+    }
+    CK(cudaMalloc(&x, size_t(M) * K * 2));
+    CK(cudaMalloc(&y, size_t(M) * N * 2));
+    fill<<<64, 256, 0, st>>>(x, size_t(M) * K, 5, 1.0f);
+    CK(cudaMalloc(&part, size_t(16) * M * N * 4));
+    CK(cudaMalloc(&counters, size_t(N / 64) * 4));
+    CK(cudaMemsetAsync(counters, 0, size_t(N / 64) * 4, st));
+    CK(cudaStreamSynchronize(st));
+  }
+  ~Proj() {
+    for (auto* p : W) cudaFree(p);
+    for (auto* p : B)
+      if (p) cudaFree(p);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(part);
+    cudaFree(counters);
+  }
+  void own(int M, int l, int split, bool pdl, cudaStream_t st) const {
+    CK(kernelrl::cuda::skinny3::gemm(x, W[l], B[l], y, M, N, K, split, part, counters, pdl, st));
+  }
+};
+
+}  // namespace
+
+int pdl_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t lt, void* ws, size_t ws_bytes) {
+  constexpr int L = 28;
+  struct Model {
+    const char* name;
+    int H, I, qkv;
+    size_t attn_bytes;
+  };
+  const std::vector<Model> models = {{"1.5b", 1536, 8960, 2048, size_t(24) << 20},
+                                     {"7b", 3584, 18944, 4608, size_t(56) << 20}};
+  __nv_bfloat16* act;  // the stand-ins' activation (large enough for [M, I])
+  CK(cudaMalloc(&act, size_t(64) * 18944 * 2));
+  CK(cudaMemsetAsync(act, 0, size_t(64) * 18944 * 2, st));
+  float* sink;
+  CK(cudaMalloc(&sink, 4));
+  for (const auto& m : models) {
+    if (!only.empty() && std::string(m.name).find(only) == std::string::npos) continue;
+    uint4* abuf;
+    CK(cudaMalloc(&abuf, m.attn_bytes));
+    CK(cudaMemsetAsync(abuf, 0, m.attn_bytes, st));
+    std::vector<Proj*> projs = {new Proj("q/k/v", m.qkv, m.H, true, M, L, st), new Proj("o", m.H, m.H, false, M, L, st),
+                                new Proj("gate/up", 2 * m.I, m.H, false, M, L, st),
+                                new Proj("down", m.H, m.I, false, M, L, st)};
+    std::vector<LtProduct*> lts;
+    for (auto* p : projs) lts.push_back(new LtProduct(lt, M, p->N, p->K, p->bias, ws_bytes));
+    // Each product after a norm-sized stand-in: the product's share = graph - stand-ins alone.
+    for (size_t pi = 0; pi < projs.size(); ++pi) {
+      Proj& p = *projs[pi];
+      auto standin = [&](bool pdl) { CK(launch_pdl(pdl, touch, dim3(M), dim3(256), st, act, p.K)); };
+      const float t0 = graph_us(st, L, [&] {
+        for (int l = 0; l < L; ++l) standin(true);
+        return true;
+      });
+      const float tc = graph_us(st, L, [&] {
+        for (int l = 0; l < L; ++l) standin(true), lts[pi]->run(lt, p.x, p.W[l], p.B[l], p.y, ws, ws_bytes, st);
+        return true;
+      });
+      std::vector<__nv_bfloat16> ref(size_t(M) * p.N), mine(ref.size());
+      lts[pi]->run(lt, p.x, p.W[0], p.B[0], p.y, ws, ws_bytes, st);
+      CK(cudaMemcpyAsync(ref.data(), p.y, ref.size() * 2, cudaMemcpyDeviceToHost, st));
+      CK(cudaStreamSynchronize(st));
+      std::printf("%s %-8s M %d (%.1f MB): stand-in %.2f us; after it cuBLAS %.2f us\n", m.name, p.name, M,
+                  2.0 * p.N * p.K / 1e6, t0, tc - t0);
+      float best = 1e30f;
+      double worst_err = 0;
+      int last_used = 0;
+      for (int sk : {1, 2, 3, 4, 5, 6, 8, 12, 16}) {
+        const int used = kernelrl::cuda::skinny3::splits_used(p.K, sk);
+        if (used == last_used || used > 16) continue;
+        last_used = used;
+        CK(cudaMemsetAsync(p.y, 0, ref.size() * 2, st));
+        p.own(M, 0, sk, false, st);
+        p.own(M, 0, sk, false, st);  // twice: the counters are left zero
+        const double err = rel_diff(ref, mine, p.y, st);
+        worst_err = std::max(worst_err, err);
+        const float tn = graph_us(st, L, [&] {
+          for (int l = 0; l < L; ++l) standin(false), p.own(M, l, sk, false, st);
+          return true;
+        });
+        const float tp = graph_us(st, L, [&] {
+          for (int l = 0; l < L; ++l) standin(true), p.own(M, l, sk, true, st);
+          return true;
+        });
+        const float t0n = graph_us(st, L, [&] {
+          for (int l = 0; l < L; ++l) standin(false);
+          return true;
+        });
+        std::printf("   own split %2d (%4d blocks): plain %.2f us, with PDL %.2f us, |diff| %.1e\n", used,
+                    used * p.N / 64, tn - t0n, tp - t0, err);
+        if (tp - t0 < best) best = tp - t0, p.best_split = sk;
+      }
+      std::printf("   own best with PDL: %.2f us (%.2f TB/s) at split %d; cuBLAS %.2f us; largest |diff| %.1e\n", best,
+                  2.0 * p.N * p.K / 1e6 / best, kernelrl::cuda::skinny3::splits_used(p.K, p.best_split), tc - t0,
+                  worst_err);
+      std::fflush(stdout);
+    }
+    // A stand-in layer: norm, q/k/v, attention, o, norm, gate/up, SwiGLU, down.
+    auto layer = [&](int mode) {  // 0 stand-ins only, 1 cuBLAS products, 2 version 3 with PDL
+      for (int l = 0; l < L; ++l) {
+        auto prod = [&](int pi) {
+          if (mode == 1)
+            lts[pi]->run(lt, projs[pi]->x, projs[pi]->W[l], projs[pi]->B[l], projs[pi]->y, ws, ws_bytes, st);
+          if (mode == 2) projs[pi]->own(M, l, projs[pi]->best_split, true, st);
+        };
+        CK(launch_pdl(true, touch, dim3(M), dim3(256), st, act, m.H));
+        prod(0);
+        CK(launch_pdl(true, stream_pdl, dim3(32), dim3(512), st, static_cast<const uint4*>(abuf), m.attn_bytes / 16,
+                      sink));
+        prod(1);
+        CK(launch_pdl(true, touch, dim3(M), dim3(256), st, act, m.H));
+        prod(2);
+        CK(launch_pdl(true, touch, dim3(M), dim3(256), st, act, m.I));
+        prod(3);
+      }
+    };
+    float tl[3];
+    for (int mode = 0; mode < 3; ++mode)
+      tl[mode] = graph_us(st, L, [&] {
+        layer(mode);
+        return true;
+      });
+    double mb = 0;
+    for (auto* p : projs) mb += 2.0 * p->N * p->K / 1e6;
+    std::printf(
+        "%s stand-in layer, M %d: stand-ins alone %.2f us; with cuBLAS's products %.2f us (products %.2f); "
+        "with version 3's %.2f us (products %.2f); the products' %.1f MB at 3 TB/s: %.2f us\n",
+        m.name, M, tl[0], tl[1], tl[1] - tl[0], tl[2], tl[2] - tl[0], mb, mb / 3.0);
+    std::fflush(stdout);
+    for (auto* p : projs) delete p;
+    for (auto* q : lts) delete q;
+    CK(cudaFree(abuf));
   }
   return 0;
 }
