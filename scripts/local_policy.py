@@ -10,16 +10,31 @@
      wrong        a plausible body with the wrong result (tasks/replay, label "wrong")
 2. The prompts the sampler renders for those tasks (`launch prompts` on a config with
    configs/local.toml's [policy] template and system message).
-3. A byte-level BPE tokenizer (the Qwen2 pre-tokenizer) trained on the prompts and the corpus.
-4. The base model: a random Qwen2 with that vocabulary (transformers), pretrained (every weight,
-   AdamW, PyTorch) on the (prompt, demonstration) pairs: a stand-in for the pretraining a real
-   checkpoint comes with, enough to write the corpus' code.
-5. The warm start: the learner's LoRA SFT on the same pairs (`launch sft`), folded into the
-   weights (`launch merge`). Each task's bodies are equally likely in the corpus, so the policy
-   writes a mix of fast, baseline, slow and wrong bodies, and some that are not code at all.
+3. Second turns (multi-turn refinement, [experiment] turns = 2), rendered by the system itself: a
+   2-turn eval run (`launch` on a config, configs/local.toml's evaluator settings) whose sampler
+   is a scripted OpenAI-compatible server on loopback. It answers each task's first turns with
+   eight first attempts: the wrong, slow and reference bodies, the fast or alternative one, and
+   four meant as format errors (the reference's body cut mid-line with a ")" added, a
+   ```python block cut off unclosed, a lone ```, a sentence without code). The real evaluator
+   judges each; the sampler renders each second turn's prompt (the task, the attempt, the
+   evaluator's feedback on it, the refine instruction) exactly as in every run. Each is paired
+   with the task's best correct body (fast, else alternative, else the reference's): 280 turn-2
+   demonstrations, one per task and kind.
+4. A byte-level BPE tokenizer (the Qwen2 pre-tokenizer) trained on the prompts of both turns and
+   the corpus.
+5. The base model: a random Qwen2 with that vocabulary (transformers), pretrained (every weight,
+   AdamW, PyTorch) on the (prompt, demonstration) pairs, --turn2-share of each batch turn-2 pairs:
+   a stand-in for the pretraining a real checkpoint comes with, enough to write the corpus' code.
+6. The warm start: the learner's LoRA SFT (`launch sft`) on every single-turn pair and a seeded
+   draw of turn-2 pairs (--sft-turn2-share of the data), folded into the weights (`launch
+   merge`). Each task's bodies are equally likely at the first turn, so the policy writes a mix
+   of fast, baseline, slow and wrong bodies, and some that are not code at all; at the second
+   turn it writes code again after the feedback (without step 3 it writes a lone ``` there).
 
 The result (config.json, model.safetensors, tokenizer.json) is written to --out (default
-policies/local). Every step is seeded: the same command on the same LibTorch gives the same model.
+policies/local). Every step is seeded: the same command on the same LibTorch gives the same model,
+except that the feedback on the correct first attempts quotes their measured times, which vary
+from run to run and machine to machine (so do a few tokens of those turn-2 prompts).
 """
 import argparse
 import ast
@@ -30,8 +45,14 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T0 = time.monotonic()
+
+
+def say(text):
+    print("[%4.0f s] %s" % (time.monotonic() - T0, text), flush=True)
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -75,6 +96,163 @@ def slow_body(head, expr):
     return (head + "\n" if head else "") + "out = None\nfor _ in range(4):\n    out = %s\nreturn out" % expr
 
 
+# Turn-2 demonstrations. Each task's first attempts, one per kind, each answered by the evaluator:
+#   wrong     the corpus' wrong body                         -> incorrect
+#   slow      the corpus' slow body                          -> correct, slower than the reference
+#   baseline  the reference's own body                       -> correct, about as fast
+#   other     the corpus' fast or alternative body (else the reference's) -> correct
+#   garbled   the reference's body cut mid-line, a ")" added  -> format error (does not parse), the kind
+#             of answer the policy itself writes when it fails
+#   truncated a ```python block cut off mid-line, unclosed    -> format error (a max_tokens cut)
+#   fence     a lone ```                                      -> format error
+#   prose     a sentence, no code                             -> format error
+FIRST_ATTEMPTS = ["wrong", "slow", "baseline", "other", "garbled", "truncated", "fence", "prose"]
+PROSE = ["I would rather not write this kernel.", "Here is a faster version of the model.",
+         "The reference is already fast; no change is needed.", "Use a fused CUDA kernel for this operation.",
+         "Sure! The forward pass can be written with fewer operations."]
+
+
+def first_attempts(task, kinds, rng):
+    """(kind, answer) of each first attempt of `task`; kinds: the task's corpus bodies by kind."""
+    base = kinds["baseline"]
+    lines = base.split("\n")
+    last = lines[-1]
+    cut = last[:max(len("return ") + 1, rng.randrange(len(last) // 3, max(len(last) // 3 + 1, len(last) - 2)))]
+    garbled = "\n".join(lines[:-1] + [cut + ")"])
+    truncated = "```python\n" + "\n".join(lines[:-1] + [cut])
+    other = kinds.get("fast") or kinds.get("alternative") or base
+    out = [("wrong", fenced(kinds["wrong"])), ("slow", fenced(kinds["slow"])), ("baseline", fenced(base)),
+           ("other", fenced(other)),
+           ("garbled", fenced(garbled)), ("truncated", truncated), ("fence", "```"),
+           ("prose", PROSE[rng.randrange(len(PROSE))])]
+    assert [k for k, _ in out] == FIRST_ATTEMPTS
+    return out
+
+
+def second_answer(kinds):
+    """The demonstrated second turn, whatever the first attempt was: the task's best correct body (its fast body,
+    else its alternative, else the reference's): one answer per task, which the small model learns to give."""
+    return fenced(kinds.get("fast") or kinds.get("alternative") or kinds["baseline"])
+
+
+def turn2_demos(launch, tmp, prompts, demos, seed):
+    """(turn-2 prompt, answer) pairs, the prompts rendered by the system itself: a 2-turn eval run (`launch` on a
+    config, [experiment] turns = 2) whose sampler is a scripted OpenAI-compatible server on loopback. It answers each
+    task's first turns with the task's first attempts (one per kind) and every later turn with a lone ``` (not
+    learned from); the real evaluator judges the first attempts, and the sampler renders each second turn's prompt
+    (the task, the attempt, the evaluator's feedback, the refine instruction) as it does in every run."""
+    import random
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    by_task = {}
+    for d in demos:
+        by_task.setdefault(d["task_id"], {})[d["kind"]] = unfenced(d["completion"])
+    attempts = {t: first_attempts(t, k, random.Random("%d|%s" % (seed, t))) for t, k in by_task.items()}
+    task_of = {p: t for t, p in prompts.items()}
+    served = {}
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            ps = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+            choices = []
+            for i, p in enumerate(ps):
+                for j in range(body.get("n", 1)):
+                    text = "```"
+                    if p in task_of:
+                        t = task_of[p]
+                        with lock:
+                            n = served[t] = served.get(t, -1) + 1
+                        text = attempts[t][n % len(FIRST_ATTEMPTS)][1]
+                    ids = list(range(100, 100 + len(text) // 4 + 1))
+                    choices.append({"index": i * body.get("n", 1) + j, "text": text, "finish_reason": "stop",
+                                    "logprobs": {"tokens": ["token_id:%d" % x for x in ids],
+                                                 "token_logprobs": [-1.0] * len(ids), "top_logprobs": None,
+                                                 "text_offset": [0] * len(ids)}})
+            data = json.dumps({"id": "cmpl", "object": "text_completion", "model": body.get("model"),
+                               "choices": choices}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = os.path.join(tmp, "turns.toml")
+        with open(cfg, "w") as f:
+            f.write(TURNS_CONFIG % (os.path.join(ROOT, "tasks", "bundled"), server.server_address[1],
+                                    len(FIRST_ATTEMPTS), seed, os.path.join(tmp, "runs")))
+        run_dir = os.path.join(tmp, "turns")
+        run([launch, cfg, "--run-dir", run_dir])
+        samples = [json.loads(line) for line in run([launch, "export", run_dir, "--jsonl"]).splitlines()]
+    finally:
+        server.shutdown()
+    by_id = {s["sample_id"]: s for s in samples}
+    pairs, verdicts = [], {}
+    for s in sorted((s for s in samples if s["turn"] == 2), key=lambda s: (s["task_id"], s["sample_index"])):
+        parent = by_id[s["parent_id"]]
+        t = parent["task_id"]
+        if parent["prompt"] != prompts[t] or not s["prompt"].startswith(parent["prompt"] + parent["completion"]):
+            raise SystemExit("%s: the 2-turn run's prompts are not the sampler's (launch prompts)" % s["sample_id"])
+        kind = next(k for k, text in attempts[t] if text == parent["completion"])
+        verdicts.setdefault(kind, {}).setdefault(parent["status"], 0)
+        verdicts[kind][parent["status"]] += 1
+        pairs.append({"task_id": t, "first": kind, "prompt": s["prompt"],
+                      "completion": second_answer(by_task[t])})
+    want = len(attempts) * len(FIRST_ATTEMPTS)
+    if len(pairs) != want or any(sum(v.values()) != len(attempts) for v in verdicts.values()):
+        raise SystemExit("the 2-turn run gave %d second turns (%s), expected %d, one per task and kind" %
+                         (len(pairs), verdicts, want))
+    return pairs, verdicts
+
+
+TURNS_CONFIG = """
+[cluster]
+name = "local-policy-turns"
+log_level = "warn"
+[[node]]
+name = "local"
+host = "127.0.0.1"
+roles = ["supervisor", "learner", "sampler", "evaluator", "monitor"]
+cpu_slots = 2
+gpus = []
+[tasks]
+dir = "%s"
+[sampler]
+backend = "openai"
+url = "http://127.0.0.1:%d"
+served_model = "scripted"
+temperature = 1.0
+max_tokens = 96
+samples_per_task = %d
+[evaluator]
+action_space = "forward_body"
+mode = "fast"
+correctness_trials = 3
+warmup = 1
+fast_trials = 5
+timeout_s = 20
+torch_threads = 1
+[experiment]
+name = "local-policy-turns"
+mode = "eval"
+turns = 2
+seed = %d
+run_root = "%s"
+[monitor]
+progress = false
+"""
+
+
 def build_corpus(tasks_dir, replay_dir):
     demos = []
     for name in sorted(os.listdir(tasks_dir)):
@@ -103,17 +281,20 @@ def build_corpus(tasks_dir, replay_dir):
     return demos
 
 
-def pretrain(model, tok, pairs, steps, lr, batch, seed):
-    """Every weight of `model`, AdamW, cross-entropy on the completion tokens (and the end token)."""
+def pretrain(model, tok, pairs, later, share, steps, lr, batch, seed):
+    """Every weight of `model`, AdamW, cross-entropy on the completion tokens (and the end token). Each batch draws
+    round(share x batch) of its pairs from `later` (the turn-2 pairs), the rest from `pairs`."""
     import random
     import torch
     eos = tok.token_to_id("<|im_end|>")
     data = [(tok.encode(p).ids, tok.encode(c).ids + [eos]) for p, c in pairs]
+    data2 = [(tok.encode(p).ids, tok.encode(c).ids + [eos]) for p, c in later]
+    n2 = round(share * batch) if data2 else 0
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
     for step in range(steps):
-        chosen = rng.sample(data, batch)
+        chosen = rng.sample(data, batch - n2) + rng.sample(data2, n2)
         width = max(len(p) + len(c) for p, c in chosen)
         ids = torch.zeros(batch, width, dtype=torch.long)
         labels = torch.full((batch, width), -100, dtype=torch.long)
@@ -125,7 +306,7 @@ def pretrain(model, tok, pairs, steps, lr, batch, seed):
         opt.step()
         opt.zero_grad()
         if step == 0 or step + 1 == steps:
-            print("pretraining step %d/%d: loss %.3f" % (step + 1, steps, loss.item()), flush=True)
+            say("pretraining step %d/%d: loss %.3f" % (step + 1, steps, loss.item()))
     model.eval()
 
 
@@ -148,18 +329,21 @@ def main():
     ap.add_argument("--pretrain-steps", type=int, default=300, help="full-parameter steps of the base model")
     ap.add_argument("--pretrain-lr", type=float, default=2e-3)
     ap.add_argument("--rounds", type=int, default=1, help="SFT rounds, each merged into the weights")
-    ap.add_argument("--steps", type=int, default=150, help="SFT steps per round")
+    ap.add_argument("--steps", type=int, default=450, help="SFT steps per round")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--turn2-share", type=float, default=0.375,
+                    help="share of turn-2 demonstrations in each pretraining batch")
+    ap.add_argument("--sft-turn2-share", type=float, default=0.5, help="share of turn-2 demonstrations in the SFT data")
     a = ap.parse_args()
 
     demos = build_corpus(os.path.join(ROOT, "tasks", "bundled"), os.path.join(ROOT, "tasks", "replay"))
     with open(a.corpus, "w") as f:
         for d in demos:
             f.write(json.dumps(d) + "\n")
-    print("corpus: %d demonstrations over %d tasks -> %s" % (len(demos), len({d["task_id"] for d in demos}), a.corpus))
+    say("corpus: %d demonstrations over %d tasks -> %s" % (len(demos), len({d["task_id"] for d in demos}), a.corpus))
     if a.corpus_only:
         return
 
@@ -179,10 +363,20 @@ def main():
         for line in run([a.launch, "prompts", cfg]).splitlines():
             x = json.loads(line)
             prompts[x["task_id"]] = x["prompt"]
+        # Second turns: each task's first attempts of every kind, the evaluator's feedback on each, rendered by the
+        # sampler; a correct body after each.
+        later, verdicts = turn2_demos(a.launch, tmp, prompts, demos, a.seed)
+        say("turn-2 demonstrations: %d after first attempts judged %s" % (len(later), "; ".join(
+            "%s %s" % (k, ", ".join("%s %d" % sv for sv in sorted(v.items()))) for k, v in verdicts.items())))
+        first = [(prompts[d["task_id"]], d["completion"]) for d in demos]
+        second = [(x["prompt"], x["completion"]) for x in later]
+        # The SFT data: every single-turn pair, and a seeded draw of turn-2 pairs making --sft-turn2-share of it.
+        import random
+        n2 = min(len(second), round(len(first) * a.sft_turn2_share / (1 - a.sft_turn2_share)))
         data = os.path.join(tmp, "sft.jsonl")
         with open(data, "w") as f:
-            for d in demos:
-                f.write(json.dumps({"prompt": prompts[d["task_id"]], "completion": d["completion"]}) + "\n")
+            for p, c in first + random.Random(a.seed).sample(second, n2):
+                f.write(json.dumps({"prompt": p, "completion": c}) + "\n")
 
         tok = Tokenizer(models.BPE())
         tok.normalizer = normalizers.NFC()
@@ -193,7 +387,8 @@ def main():
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=a.vocab, min_frequency=2, special_tokens=SPECIAL,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-        tok.train_from_iterator(list(prompts.values()) + [d["completion"] for d in demos], trainer=trainer)
+        tok.train_from_iterator(list(prompts.values()) + [d["completion"] for d in demos] + [p for p, _ in second],
+                                trainer=trainer)
 
         torch.manual_seed(a.seed)
         model = Qwen2ForCausalLM(Qwen2Config(
@@ -202,10 +397,11 @@ def main():
             max_position_embeddings=4096, rope_theta=10000.0, initializer_range=0.05,
             bos_token_id=None, eos_token_id=tok.token_to_id("<|im_end|>")))
         lengths = [len(tok.encode(p).ids) for p in prompts.values()]
-        print("tokenizer: %d tokens; prompts %d..%d tokens; model: %d parameters" %
-              (tok.get_vocab_size(), min(lengths), max(lengths), sum(p.numel() for p in model.parameters())), flush=True)
-        pretrain(model, tok, [(prompts[d["task_id"]], d["completion"]) for d in demos], a.pretrain_steps,
-                 a.pretrain_lr, a.batch, a.seed)
+        lengths2 = [len(tok.encode(p).ids) for p, _ in second]
+        say("tokenizer: %d tokens; prompts %d..%d tokens (second turns %d..%d); model: %d parameters" %
+            (tok.get_vocab_size(), min(lengths), max(lengths), min(lengths2), max(lengths2),
+             sum(p.numel() for p in model.parameters())))
+        pretrain(model, tok, first, second, a.turn2_share, a.pretrain_steps, a.pretrain_lr, a.batch, a.seed)
         base = os.path.join(tmp, "round-0")
         model.save_pretrained(base)
         tok.save(os.path.join(base, "tokenizer.json"))
@@ -217,7 +413,7 @@ def main():
                        "--batch", str(a.batch), "--lr", str(a.lr), "--rank", str(a.rank), "--alpha", str(a.rank),
                        "--targets", targets, "--seed", str(a.seed + r), "--dtype", "f32", "--json"])
             losses = [json.loads(line)["loss"] for line in out.splitlines()]
-            print("sft round %d: loss %.3f -> %.3f over %d steps" % (r, losses[0], losses[-1], len(losses)), flush=True)
+            say("sft round %d: loss %.3f -> %.3f over %d steps" % (r, losses[0], losses[-1], len(losses)))
             merged = os.path.join(tmp, "round-%d" % r)
             run([a.launch, "merge", "--model", base, "--adapter", adapter, "--out", merged])
             base = merged
@@ -227,7 +423,7 @@ def main():
         for name in ("config.json", "model.safetensors", "tokenizer.json"):
             shutil.copy(os.path.join(base, name), os.path.join(a.out, name))
         size = sum(os.path.getsize(os.path.join(a.out, n)) for n in os.listdir(a.out))
-        print("policy: %s (%.1f MB)" % (a.out, size / 1e6))
+        say("policy: %s (%.1f MB)" % (a.out, size / 1e6))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
