@@ -27,9 +27,15 @@
    a stand-in for the pretraining a real checkpoint comes with, enough to write the corpus' code.
 6. The warm start: the learner's LoRA SFT (`launch sft`) on every single-turn pair and a seeded
    draw of turn-2 pairs (--sft-turn2-share of the data), folded into the weights (`launch
-   merge`). Each task's bodies are equally likely at the first turn, so the policy writes a mix
-   of fast, baseline, slow and wrong bodies, and some that are not code at all; at the second
-   turn it writes code again after the feedback (without step 3 it writes a lone ``` there).
+   merge`). The single-turn pairs hold, beside the corpus' bodies, one prose answer per task (a
+   sentence describing a kernel instead of code: a format error; --prose 0 leaves it out), so the
+   policy writes at the first turn a mix of fast, baseline, slow and wrong bodies and prose; at
+   the second turn it writes code again after the feedback (without step 3 it writes a lone ```
+   there).
+7. A last full-parameter pass (--polish-steps, AdamW at --polish-lr, --polish-turn2-share of each
+   batch turn-2 pairs, the rest single-turn pairs) that makes the second turn's answer nearly
+   certain while the first turn stays a mix: without it, stray tokens at temperature 1 broke the
+   syntax of second turns as often as of first ones.
 
 The result (config.json, model.safetensors, tokenizer.json) is written to --out (default
 policies/local). Every step is seeded: the same command on the same LibTorch gives the same model,
@@ -127,6 +133,14 @@ def first_attempts(task, kinds, rng):
            ("prose", PROSE[rng.randrange(len(PROSE))])]
     assert [k for k, _ in out] == FIRST_ATTEMPTS
     return out
+
+
+def prose_answer(task):
+    """A first answer that is a sentence, not code (a format error): what a policy writes when it describes a kernel
+    instead of writing one. One per task joins the single-turn demonstrations (--prose), so that the policy's first
+    turns keep some answers for the feedback of a second turn to repair."""
+    return "The forward pass computes %s; one fused kernel can do it in a single pass." % (
+        task.split("_", 1)[-1].replace("_", " "))
 
 
 def second_answer(kinds):
@@ -337,6 +351,11 @@ def main():
     ap.add_argument("--turn2-share", type=float, default=0.375,
                     help="share of turn-2 demonstrations in each pretraining batch")
     ap.add_argument("--sft-turn2-share", type=float, default=0.5, help="share of turn-2 demonstrations in the SFT data")
+    ap.add_argument("--prose", type=int, default=1, help="a prose first answer per task among the single-turn pairs")
+    ap.add_argument("--polish-steps", type=int, default=800,
+                    help="full-parameter steps after the SFT, --polish-turn2-share of each batch turn-2 pairs (0: none)")
+    ap.add_argument("--polish-turn2-share", type=float, default=0.85)
+    ap.add_argument("--polish-lr", type=float, default=5e-4)
     a = ap.parse_args()
 
     demos = build_corpus(os.path.join(ROOT, "tasks", "bundled"), os.path.join(ROOT, "tasks", "replay"))
@@ -369,6 +388,8 @@ def main():
         say("turn-2 demonstrations: %d after first attempts judged %s" % (len(later), "; ".join(
             "%s %s" % (k, ", ".join("%s %d" % sv for sv in sorted(v.items()))) for k, v in verdicts.items())))
         first = [(prompts[d["task_id"]], d["completion"]) for d in demos]
+        if a.prose:
+            first += [(prompts[t], prose_answer(t)) for t in sorted(prompts)]
         second = [(x["prompt"], x["completion"]) for x in later]
         # The SFT data: every single-turn pair, and a seeded draw of turn-2 pairs making --sft-turn2-share of it.
         import random
@@ -387,7 +408,7 @@ def main():
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=a.vocab, min_frequency=2, special_tokens=SPECIAL,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-        tok.train_from_iterator(list(prompts.values()) + [d["completion"] for d in demos] + [p for p, _ in second],
+        tok.train_from_iterator(list(prompts.values()) + [c for _, c in first] + [p for p, _ in second],
                                 trainer=trainer)
 
         torch.manual_seed(a.seed)
@@ -417,6 +438,15 @@ def main():
             merged = os.path.join(tmp, "round-%d" % r)
             run([a.launch, "merge", "--model", base, "--adapter", adapter, "--out", merged])
             base = merged
+        if a.polish_steps > 0:
+            # A last full-parameter pass weighted to the second turns: after the SFT, stray tokens at temperature 1
+            # broke the syntax of second turns about as often as of first turns.
+            model = Qwen2ForCausalLM.from_pretrained(base, dtype=torch.float32)
+            pretrain(model, tok, first, second, a.polish_turn2_share, a.polish_steps, a.polish_lr, a.batch, a.seed + 1)
+            polished = os.path.join(tmp, "polished")
+            model.save_pretrained(polished)
+            tok.save(os.path.join(polished, "tokenizer.json"))
+            base = polished
         if os.path.exists(a.out):
             shutil.rmtree(a.out)
         os.makedirs(a.out)
