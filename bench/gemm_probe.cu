@@ -48,6 +48,29 @@ __global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed, float scale) {
   }
 }
 
+// One product's weights (and biases) over the layers, distinct and filled, freed with it.
+struct Weights {
+  std::vector<__nv_bfloat16*> W, B;
+  Weights(int N, int K, bool bias, int layers, cudaStream_t st) : W(layers), B(layers, nullptr) {
+    const size_t wn = size_t(N) * K;
+    for (int l = 0; l < layers; ++l) {
+      CK(cudaMalloc(&W[l], wn * 2));
+      fill<<<1024, 256, 0, st>>>(W[l], wn, 17 + l, 0.05f);
+      if (bias) {
+        CK(cudaMalloc(&B[l], size_t(N) * 2));
+        fill<<<16, 256, 0, st>>>(B[l], N, 1000 + l, 0.1f);
+      }
+    }
+  }
+  Weights(const Weights&) = delete;
+  Weights& operator=(const Weights&) = delete;
+  ~Weights() {
+    for (auto* p : W) cudaFree(p);
+    for (auto* p : B)
+      if (p) cudaFree(p);
+  }
+};
+
 // A stand-in for the decode attention between two products: `blocks` blocks stream `n` bytes
 // (about 1 TB/s with 32 blocks: latency-bound, as the attention is), passing them through L2.
 __global__ void stream_read(const uint4* p, size_t n16, float* sink) {
@@ -176,16 +199,9 @@ int main(int argc, char** argv) {
     for (const auto& s : shapes) {
       if (!only.empty() && std::string(s.name).find(only) == std::string::npos) continue;
       if (s.layers == 1) continue;
-      std::vector<__nv_bfloat16*> W(s.layers), B(s.layers, nullptr);
+      const Weights wts(s.N, s.K, s.bias, s.layers, st);
+      const auto &W = wts.W, &B = wts.B;
       const size_t wn = size_t(s.N) * s.K;
-      for (int l = 0; l < s.layers; ++l) {
-        CK(cudaMalloc(&W[l], wn * 2));
-        fill<<<1024, 256, 0, st>>>(W[l], wn, 17 + l, 0.05f);
-        if (s.bias) {
-          CK(cudaMalloc(&B[l], size_t(s.N) * 2));
-          fill<<<16, 256, 0, st>>>(B[l], s.N, 1000 + l, 0.1f);
-        }
-      }
       __nv_bfloat16 *X, *Y;
       CK(cudaMalloc(&X, size_t(M) * s.K * 2));
       CK(cudaMalloc(&Y, size_t(M) * s.N * 2));
@@ -232,10 +248,6 @@ int main(int argc, char** argv) {
           "prefetched %.2f\n",
           s.name, M, t[0], t[1] - t[0], t[2] - t[0], own_s, t[3] - t[0], t[4] - t[0]);
       std::fflush(stdout);
-      for (int l = 0; l < s.layers; ++l) {
-        CK(cudaFree(W[l]));
-        if (B[l]) CK(cudaFree(B[l]));
-      }
       CK(cudaFree(X));
       CK(cudaFree(Y));
     }
@@ -246,16 +258,9 @@ int main(int argc, char** argv) {
               "best algo (id tile splitk stages red)");
   for (const auto& s : shapes) {
     if (!only.empty() && std::string(s.name).find(only) == std::string::npos) continue;
-    std::vector<__nv_bfloat16*> W(s.layers), B(s.layers, nullptr);
+    const Weights wts(s.N, s.K, s.bias, s.layers, st);
+    const auto &W = wts.W, &B = wts.B;
     const size_t wn = size_t(s.N) * s.K;
-    for (int l = 0; l < s.layers; ++l) {
-      CK(cudaMalloc(&W[l], wn * 2));
-      fill<<<1024, 256, 0, st>>>(W[l], wn, 17 + l, 0.05f);
-      if (s.bias) {
-        CK(cudaMalloc(&B[l], size_t(s.N) * 2));
-        fill<<<16, 256, 0, st>>>(B[l], s.N, 1000 + l, 0.1f);
-      }
-    }
     __nv_bfloat16 *X, *Y;
     CK(cudaMalloc(&X, size_t(M) * s.K * 2));
     CK(cudaMalloc(&Y, size_t(M) * s.N * 2));
@@ -389,10 +394,6 @@ int main(int argc, char** argv) {
         s.name, M, mb, own_best, mb / own_best, own_nw, own_s, kernelrl::cuda::skinny::auto_splits(s.N, s.K, 132),
         own_err, own_all.c_str());
     std::fflush(stdout);
-    for (int l = 0; l < s.layers; ++l) {
-      CK(cudaFree(W[l]));
-      if (B[l]) CK(cudaFree(B[l]));
-    }
     CK(cudaFree(X));
     CK(cudaFree(Y));
     cublasLtMatrixLayoutDestroy(la);
@@ -455,22 +456,14 @@ struct Proj {
   const char* name;
   int N, K;
   bool bias;
-  std::vector<__nv_bfloat16*> W, B;
+  Weights wts;
+  const std::vector<__nv_bfloat16*>&W = wts.W, &B = wts.B;
   __nv_bfloat16 *x = nullptr, *y = nullptr;
   float* part = nullptr;
   int* counters = nullptr;
   int best_split = 1;
   Proj(const char* n, int N_, int K_, bool b, int M, int layers, cudaStream_t st)
-      : name(n), N(N_), K(K_), bias(b), W(layers), B(layers, nullptr) {
-    const size_t wn = size_t(N) * K;
-    for (int l = 0; l < layers; ++l) {
-      CK(cudaMalloc(&W[l], wn * 2));
-      fill<<<1024, 256, 0, st>>>(W[l], wn, 17 + l, 0.05f);
-      if (bias) {
-        CK(cudaMalloc(&B[l], size_t(N) * 2));
-        fill<<<16, 256, 0, st>>>(B[l], N, 1000 + l, 0.1f);
-      }
-    }
+      : name(n), N(N_), K(K_), bias(b), wts(N_, K_, b, layers, st) {
     CK(cudaMalloc(&x, size_t(M) * K * 2));
     CK(cudaMalloc(&y, size_t(M) * N * 2));
     fill<<<64, 256, 0, st>>>(x, size_t(M) * K, 5, 1.0f);
@@ -480,9 +473,6 @@ struct Proj {
     CK(cudaStreamSynchronize(st));
   }
   ~Proj() {
-    for (auto* p : W) cudaFree(p);
-    for (auto* p : B)
-      if (p) cudaFree(p);
     cudaFree(x);
     cudaFree(y);
     cudaFree(part);

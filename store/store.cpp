@@ -396,13 +396,12 @@ uint64_t Store::max_group_id(const std::string& run_id) {
 std::vector<SampleRow> Store::rows(const std::string& run_id, const std::string& sample_id) {
   std::vector<SampleRow> out;
   // One sample by the (run_id, sample_id) index, or a scan in insertion order.
-  Stmt st(db_, sample_id.empty()
-                   ? "SELECT run_id, sample_id, task_id, status, error, step, group_id, sample_index, speedup,"
-                     " reward, policy_version, num_tokens, logprob_mean, record FROM samples"
-                     " WHERE (?1 = '' OR run_id = ?1) ORDER BY seq"
-                   : "SELECT run_id, sample_id, task_id, status, error, step, group_id, sample_index, speedup,"
-                     " reward, policy_version, num_tokens, logprob_mean, record FROM samples"
-                     " WHERE run_id = ?1 AND sample_id = ?2");
+  const std::string select =
+      "SELECT run_id, sample_id, task_id, status, error, step, group_id, sample_index, speedup,"
+      " reward, policy_version, num_tokens, logprob_mean, record FROM samples";
+  const std::string sql = select + (sample_id.empty() ? " WHERE (?1 = '' OR run_id = ?1) ORDER BY seq"
+                                                      : " WHERE run_id = ?1 AND sample_id = ?2");
+  Stmt st(db_, sql.c_str());
   st.text(1, run_id);
   if (!sample_id.empty()) st.text(2, sample_id);
   while (st.step() == SQLITE_ROW) {

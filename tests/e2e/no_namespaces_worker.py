@@ -19,21 +19,22 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "gpu"))
 
-_NEWNS, _REC, _PRIVATE, _BIND = 0x00020000, 16384, 1 << 18, 4096
 
 
 def readable_env():
-    lib = ctypes.CDLL(None, use_errno=True)
+    import sandbox  # its mount helper and flags (importing it changes nothing)
     keep = [p for p in ("/root/.cache", "/root/.pyenv", "/root/.local") if os.path.isdir(p)]
-    if lib.unshare(_NEWNS) != 0 or lib.mount(None, b"/", None, _REC | _PRIVATE, None) != 0:
-        raise OSError(ctypes.get_errno(), "no mount namespace for the test's file view")
+    try:
+        if sandbox._libc.unshare(sandbox._CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare")
+        sandbox._mount(None, "/", None, sandbox._MS_REC | sandbox._MS_PRIVATE)
+    except OSError as e:
+        raise OSError(e.errno, "no mount namespace for the test's file view") from e
     fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in keep}  # (opened in the new namespace)
-    if lib.mount(b"tmpfs", b"/root", b"tmpfs", 0, b"mode=755") != 0:
-        raise OSError(ctypes.get_errno(), "mount tmpfs /root")
+    sandbox._mount("tmpfs", "/root", "tmpfs", 0, "mode=755")
     for p, fd in fds.items():
         os.makedirs(p)
-        if lib.mount(f"/proc/self/fd/{fd}".encode(), p.encode(), None, _BIND | _REC, None) != 0:
-            raise OSError(ctypes.get_errno(), f"bind {p}")
+        sandbox._mount(f"/proc/self/fd/{fd}", p, None, sandbox._MS_BIND | sandbox._MS_REC)
 
 
 def main():
