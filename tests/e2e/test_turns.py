@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures"))
 from test_train import GROUP, LAUNCH, PolicyServerCase, config, export_of, steps_of  # noqa: E402
 
-STEPS = 8
+STEPS = 12  # at 8 the rise in the repair chance was once 0.099 (bar: 0.1); at 12 it was 0.21-0.24 in 9 runs
 PROSE = "I would rather not write this kernel."  # the menu's format error (tests/fixtures/openai_server.py)
 
 

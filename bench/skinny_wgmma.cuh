@@ -1,0 +1,443 @@
+// Version 4 of the few-row product (versions 1-3: bench/skinny_gemm.cuh, bench/skinny_gemm_pdl.cuh),
+// Hopper's own path: y [M, N] = x [M, K] W [N, K]^T for M <= 64 rows (wgmma's M), bf16 in and out,
+// float32 accumulation, with the decode step's elementwise neighbours fused in (MODE bits):
+//  - kNorm: x is the residual stream h and the product is that of transformers' Qwen2RMSNorm
+//    output, g * h / rms(h): each stage's x tile is multiplied by g in shared memory (rounded to
+//    bf16) while the block sums h^2 per row, and each output is scaled by rsqrt(mean h^2 + eps)
+//    at the end (no normalised copy of x in device memory, no norm kernel).
+//  - kSilu: W is the fused gate|up weight [2I, K]; a tile holds 64 gate rows and the same 64 up
+//    rows, and the output is silu(gate) * up [M, I] with transformers' roundings.
+//  - kResid: the output is added to y in place, y = bf16(y + bf16(x W^T)): the residual add.
+// bias (optional) is added before the roundings above. An experiment that bench/gemm_probe.cu
+// (mode `wgmma`) times beside cuBLASLt; the decoder does not use it (docs/BENCHMARKS.md says why).
+//
+// How: the copy engine (cp.async.bulk.tensor, one thread, completing on an mbarrier) brings each
+// stage's KB K-blocks of 64 columns of x (64 rows; rows past M read as zeros) and of the block's
+// BN rows of W into shared memory in the 128-byte swizzle that wgmma reads, STAGES deep; one
+// warpgroup multiplies them from shared memory (wgmma m64nBNk16). K is split over the blocks of a
+// thread-block cluster (rank = split index): each block leaves its float32 tile (and its rows'
+// partial sums of squares) in its shared memory and every block finishes a slice of the tile
+// from all of the cluster's (distributed shared memory, in rank order: deterministic). Under
+// programmatic dependent launch the first weight stages are requested before griddepcontrol.wait
+// (the weights do not depend on the kernel before); x's after it. The kernel body needs sm_90a
+// (nvcc -gencode=arch=compute_90a,code=sm_90a); other targets compile it empty.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (types only: the encoder is fetched through the runtime)
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kernelrl::cuda::skinny4 {
+
+constexpr int kBK = 64;    // K-columns a stage: 128 bytes, one swizzle row
+constexpr int kRows = 64;  // wgmma's M
+constexpr int kThreads = 128;
+constexpr int kNorm = 1, kSilu = 2, kResid = 4;
+
+// A stage: KB K-blocks of 64 columns, x's (64 rows) then W's (BN rows), each K-block its own tile.
+template <int BN, int KB>
+__host__ __device__ constexpr int stage_bytes() {
+  return KB * (kRows + BN) * kBK * 2;
+}
+template <int BN, int STAGES, int KB>
+__host__ __device__ constexpr int smem_bytes() {
+  return STAGES * stage_bytes<BN, KB>() + 1024;  // + alignment slack (the swizzle wants 1024-byte tiles)
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KERNELRL_DGEMM_BODY 1
+
+__device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// A shared-memory matrix descriptor: K-major rows of 128 bytes in the 128-byte swizzle, 8-row
+// groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t desc(uint32_t a) {
+  return uint64_t((a & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void bar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint32_t bar, int phase) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}" ::"r"(bar),
+      "r"(phase)
+      : "memory");
+}
+// Rows [c1, c1 + box) and K-columns [c0, c0 + 64) of the matrix behind `map` into shared memory.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t remote(uint32_t a, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float4 ld_cluster4(uint32_t a) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(a)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ float ld_cluster1(uint32_t a) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ float rnd(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, "
+      "1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
+      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
+      "%57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
+      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, "
+      "%57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, "
+      "%79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, "
+      "%101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, "
+      "%119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]),
+        "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]),
+        "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]),
+        "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]),
+        "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]),
+        "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),
+        "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]),
+        "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),
+        "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db));
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+  if constexpr (BN == 64) wgmma_n64(d, da, db);
+  if constexpr (BN == 128) wgmma_n128(d, da, db);
+  if constexpr (BN == 256) wgmma_n256(d, da, db);
+}
+#endif
+
+// The finished value of output (row, col) from its float32 sum `v` (and, for kSilu, the up sum
+// `u`): the epilogue every path shares.
+template <int MODE>
+__device__ __forceinline__ float finish(float v, float u, float inv, float b, float bu, const __nv_bfloat16* y) {
+  float o = v;
+  if constexpr ((MODE & kNorm) != 0) o *= inv, u *= inv;
+  o += b, u += bu;
+  if constexpr ((MODE & kSilu) != 0) {
+    const float g = __bfloat162float(__float2bfloat16(o)), up = __bfloat162float(__float2bfloat16(u));
+    const float a = __bfloat162float(__float2bfloat16(g / (1.f + expf(-g))));
+    return a * up;
+  }
+  if constexpr ((MODE & kResid) != 0) return __bfloat162float(*y) + __bfloat162float(__float2bfloat16(o));
+  return o;
+}
+
+// grid (tiles * split), cluster (split), 128 threads, smem_bytes<BN, STAGES, KB>(). tiles = N / BN
+// (kSilu: I / 64, W rows t*64.. and I + t*64..); y [M, ldy]; g [K] (kNorm).
+template <int BN, int STAGES, int MODE, int KB>
+__global__ void __launch_bounds__(kThreads)
+    kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
+           const __nv_bfloat16* __restrict__ bias, const __nv_bfloat16* __restrict__ g, __nv_bfloat16* y, int ldy,
+           int M, int nkb, int I, float eps) {
+#ifdef KERNELRL_DGEMM_BODY
+  static_assert((MODE & kSilu) == 0 || BN == 128, "kSilu tiles are 64 gate + 64 up rows");
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full[STAGES];
+  __shared__ float ss_s[kRows];  // this block's partial sums of h^2 a row (kNorm)
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint32_t rank, split;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(split));
+  const int tile = blockIdx.x / split;
+  const int nu = nkb / KB;  // units of KB K-blocks
+  const int u0 = int(rank * nu / split), n = int((rank + 1) * nu / split) - u0;
+  const int kb0 = u0 * KB;
+  const int tid = threadIdx.x;
+  const uint32_t s0 = saddr(smem), b0 = saddr(full);
+  auto xs = [&](int s, int j) { return s0 + uint32_t(s * stage_bytes<BN, KB>() + j * kRows * kBK * 2); };
+  auto ws = [&](int s, int j) {
+    return s0 + uint32_t(s * stage_bytes<BN, KB>() + KB * kRows * kBK * 2 + j * BN * kBK * 2);
+  };
+  auto load_w = [&](int s, int i) {  // unit i of this block's range
+    for (int j = 0; j < KB; ++j) {
+      const int kb = kb0 + i * KB + j;
+      if constexpr ((MODE & kSilu) != 0) {
+        tma_load(ws(s, j), &tw, kb * kBK, tile * 64, b0 + 8 * s);
+        tma_load(ws(s, j) + 64 * 128, &tw, kb * kBK, I + tile * 64, b0 + 8 * s);
+      } else {
+        tma_load(ws(s, j), &tw, kb * kBK, tile * BN, b0 + 8 * s);
+      }
+    }
+  };
+  auto load_x = [&](int s, int i) {
+    for (int j = 0; j < KB; ++j) tma_load(xs(s, j), &tx, (kb0 + i * KB + j) * kBK, 0, b0 + 8 * s);
+  };
+  // kNorm: g (a weight: before griddepcontrol.wait) into shared memory after the stages.
+  const __nv_bfloat16* gs = reinterpret_cast<const __nv_bfloat16*>(smem + STAGES * stage_bytes<BN, KB>());
+  if constexpr ((MODE & kNorm) != 0)
+    for (int c = tid; c < nkb * kBK / 8; c += kThreads)
+      reinterpret_cast<uint4*>(smem + STAGES * stage_bytes<BN, KB>())[c] = __ldg(reinterpret_cast<const uint4*>(g) + c);
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) bar_init(b0 + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  const int pre = n < STAGES ? n : STAGES;
+  if (tid == 0)
+    for (int i = 0; i < pre; ++i) {  // the weight does not depend on the kernel before
+      bar_expect(b0 + 8 * i, stage_bytes<BN, KB>());
+      load_w(i, i);
+    }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (tid == 0)
+    for (int i = 0; i < pre; ++i) load_x(i, i);
+  float d[BN / 2];
+#pragma unroll
+  for (int j = 0; j < BN / 2; ++j) d[j] = 0.f;
+  // kNorm: thread t scales row t / 2's half t % 2 of each x tile (4 of its 8 16-byte chunks,
+  // visited so that a quarter warp's 8 threads touch 8 distinct bank groups).
+  const int nrow = tid >> 1, nhalf = tid & 1;
+  float ss = 0.f;
+  for (int i = 0; i < n; ++i) {
+    const int s = i % STAGES;
+    uint4 gv[4 * KB];
+    if constexpr ((MODE & kNorm) != 0) {
+#pragma unroll
+      for (int q = 0; q < 4 * KB; ++q) {
+        const int p = (nhalf * 4 + q % 4 + nrow) & 7, lc = p ^ (nrow & 7);
+        gv[q] = *reinterpret_cast<const uint4*>(gs + (kb0 + i * KB + q / 4) * kBK + lc * 8);
+      }
+    }
+    bar_wait(b0 + 8 * s, (i / STAGES) & 1);
+    if constexpr ((MODE & kNorm) != 0) {
+#pragma unroll
+      for (int q = 0; q < 4 * KB; ++q) {
+        const int p = (nhalf * 4 + q % 4 + nrow) & 7;
+        uint4* c = reinterpret_cast<uint4*>(smem + s * stage_bytes<BN, KB>() + (q / 4) * kRows * kBK * 2 + nrow * 128 +
+                                            p * 16);
+        uint4 v = *c;
+        __nv_bfloat162* hv = reinterpret_cast<__nv_bfloat162*>(&v);
+        const __nv_bfloat162* wv = reinterpret_cast<const __nv_bfloat162*>(&gv[q]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 h2 = __bfloat1622float2(hv[e]), w2 = __bfloat1622float2(wv[e]);
+          ss += h2.x * h2.x + h2.y * h2.y;
+          hv[e] = __floats2bfloat162_rn(h2.x * w2.x, h2.y * w2.y);
+        }
+        *c = v;
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();
+    }
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < KB; ++j)
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) wgmma<BN>(d, desc(xs(s, j) + 32 * kk), desc(ws(s, j) + 32 * kk));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    if (i + STAGES < n) {
+      __syncthreads();  // every warp's products have read stage s
+      if (tid == 0) {
+        bar_expect(b0 + 8 * s, stage_bytes<BN, KB>());
+        load_w(s, i + STAGES);
+        load_x(s, i + STAGES);
+      }
+    }
+  }
+  if constexpr ((MODE & kNorm) != 0) {
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    if (nhalf == 0) ss_s[nrow] = ss;
+  }
+  const float inv_k = 1.f / float(nkb * kBK);
+  // The accumulator fragment: d[4j + 2h + e] is row warp * 16 + lane / 4 + 8h, column 8j + 2 (lane % 4) + e.
+  const int warp = tid >> 5, lane = tid & 31, r0 = warp * 16 + (lane >> 2), c0 = 2 * (lane & 3);
+  constexpr int OUT = (MODE & kSilu) != 0 ? 64 : BN;  // output columns a tile
+  const int col0 = tile * OUT;
+  auto bias_of = [&](int col) { return bias ? __bfloat162float(bias[col]) : 0.f; };
+  if (split == 1) {
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = r0 + 8 * h;
+      if (row >= M) continue;
+      const float inv = (MODE & kNorm) != 0 ? rsqrtf(ss_s[row] * inv_k + eps) : 1.f;
+#pragma unroll
+      for (int j = 0; j < OUT / 8; ++j) {
+        const int c = 8 * j + c0;
+        float o[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = d[4 * j + 2 * h + e];
+          const float u = (MODE & kSilu) != 0 ? d[4 * (j + OUT / 8) + 2 * h + e] : 0.f;
+          const float bu = (MODE & kSilu) != 0 ? bias_of(I + col0 + c + e) : 0.f;
+          o[e] = finish<MODE>(v, u, inv, bias_of(col0 + c + e), bu, y + size_t(row) * ldy + col0 + c + e);
+        }
+        *reinterpret_cast<__nv_bfloat162*>(y + size_t(row) * ldy + col0 + c) = __floats2bfloat162_rn(o[0], o[1]);
+      }
+    }
+    return;
+  }
+  constexpr int LD = BN + 8;  // floats a row of the partial tile
+  __syncthreads();            // the stages are free: the partial tile goes over them
+  float* part = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float2*>(part + (r0 + 8 * h) * LD + 8 * j + c0) =
+          float2{d[4 * j + 2 * h], d[4 * j + 2 * h + 1]};
+  cluster_sync();
+  __shared__ float inv_s[kRows];
+  if constexpr ((MODE & kNorm) != 0) {
+    if (tid < M) {
+      float t = 0.f;
+      for (int r = 0; r < int(split); ++r) t += ld_cluster1(remote(saddr(ss_s + tid), r));
+      inv_s[tid] = rsqrtf(t * inv_k + eps);
+    }
+    __syncthreads();
+  }
+  const int chunks = M * (OUT / 4);
+  const int c_lo = int(rank * chunks / split), c_hi = int((rank + 1) * chunks / split);
+  for (int c = c_lo + tid; c < c_hi; c += kThreads) {
+    const int row = c / (OUT / 4), col4 = 4 * (c % (OUT / 4));
+    const uint32_t a = saddr(part + row * LD + col4);
+    float4 acc = ld_cluster4(remote(a, 0)), up{0.f, 0.f, 0.f, 0.f};
+    if constexpr ((MODE & kSilu) != 0) up = ld_cluster4(remote(a + 64 * 4, 0));
+    for (int r = 1; r < int(split); ++r) {
+      const float4 v = ld_cluster4(remote(a, r));
+      acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+      if constexpr ((MODE & kSilu) != 0) {
+        const float4 w = ld_cluster4(remote(a + 64 * 4, r));
+        up.x += w.x, up.y += w.y, up.z += w.z, up.w += w.w;
+      }
+    }
+    const float inv = (MODE & kNorm) != 0 ? inv_s[row] : 1.f;
+    const float av[4] = {acc.x, acc.y, acc.z, acc.w}, uv[4] = {up.x, up.y, up.z, up.w};
+    __nv_bfloat16* yr = y + size_t(row) * ldy + col0 + col4;
+    __nv_bfloat162 o[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float p0 = finish<MODE>(av[2 * e], uv[2 * e], inv, bias_of(col0 + col4 + 2 * e),
+                                    (MODE & kSilu) != 0 ? bias_of(I + col0 + col4 + 2 * e) : 0.f, yr + 2 * e);
+      const float p1 = finish<MODE>(av[2 * e + 1], uv[2 * e + 1], inv, bias_of(col0 + col4 + 2 * e + 1),
+                                    (MODE & kSilu) != 0 ? bias_of(I + col0 + col4 + 2 * e + 1) : 0.f, yr + 2 * e + 1);
+      o[e] = __floats2bfloat162_rn(p0, p1);
+    }
+    *reinterpret_cast<uint2*>(yr) = *reinterpret_cast<const uint2*>(o);
+  }
+  cluster_sync();  // no block leaves while another still reads its tile
+#endif
+}
+
+// ---------------------------------------------------------------- host
+
+// The driver's tensor-map encoder, through the runtime (no link against libcuda).
+inline PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A [rows, K] row-major bf16 matrix read in boxes of `box` rows x 64 K-columns (128-byte swizzle;
+// rows past the end read as zeros). False when the driver refuses it.
+inline bool make_map(CUtensorMap* map, const void* p, uint64_t rows, uint64_t K, uint32_t box) {
+  auto enc = encoder();
+  if (!enc) return false;
+  const cuuint64_t dims[2] = {K, rows}, strides[1] = {K * 2};
+  const cuuint32_t boxd[2] = {uint32_t(kBK), box}, es[2] = {1, 1};
+  return enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p), dims, strides, boxd, es,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The product with maps from make_map (x: box 64; W: box BN, or 64 for kSilu). N: W's rows (kSilu:
+// 2I); y [M, ldy] with ldy >= the output width (N, or I). Block r of a cluster takes K-stages
+// [r nkb / split, (r + 1) nkb / split), nkb = K / 64.
+template <int BN, int STAGES, int MODE, int KB = 1>
+cudaError_t gemm(const CUtensorMap& tx, const CUtensorMap& tw, const __nv_bfloat16* bias, const __nv_bfloat16* g,
+                 __nv_bfloat16* y, int ldy, int M, int N, int K, int split, float eps, bool pdl, cudaStream_t st) {
+  const bool silu = (MODE & kSilu) != 0;
+  if (M < 1 || M > kRows || K % (kBK * KB) || split < 1 || split > 16 || split > K / (kBK * KB) ||
+      (silu ? N % 128 : N % BN) != 0 || ((MODE & kNorm) != 0 && !g))
+    return cudaErrorInvalidValue;
+  auto* k = kernel<BN, STAGES, MODE, KB>;
+  const int bytes = smem_bytes<BN, STAGES, KB>() + ((MODE & kNorm) != 0 ? K * 2 : 0);
+  static int allowed = 0;  // the dynamic shared memory this kernel may take so far
+  if (bytes > allowed) {
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess ||
+        cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+      return cudaErrorInvalidValue;
+    allowed = bytes;
+  }
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(split), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[1].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned((silu ? N / 128 : N / BN) * split));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = st;
+  cfg.attrs = at;
+  cfg.numAttrs = 2;
+  return cudaLaunchKernelEx(&cfg, k, tx, tw, bias, g, y, ldy, M, K / kBK, N / 2, eps);
+}
+
+}  // namespace kernelrl::cuda::skinny4
