@@ -492,32 +492,63 @@ struct Proj {
   }
 };
 
+// The two model shapes the layer modes run, and the attention stand-in's bytes.
+struct ProbeModel {
+  const char* name;
+  int H, I, qkv;
+  size_t attn_bytes;
+};
+const std::vector<ProbeModel> kModels = {{"1.5b", 1536, 8960, 2048, size_t(24) << 20},
+                                         {"7b", 3584, 18944, 4608, size_t(56) << 20}};
+
+// The stand-ins' activation (large enough for [64, I]) and a sink for their reads.
+struct StandIns {
+  __nv_bfloat16* act = nullptr;
+  float* sink = nullptr;
+  explicit StandIns(cudaStream_t st) {
+    CK(cudaMalloc(&act, size_t(64) * 18944 * 2));
+    CK(cudaMemsetAsync(act, 0, size_t(64) * 18944 * 2, st));
+    CK(cudaMalloc(&sink, 4));
+  }
+  ~StandIns() {
+    cudaFree(act);
+    cudaFree(sink);
+  }
+};
+
+// One model's four projections (q/k/v, o, gate/up, down) over L layers with their cuBLASLt
+// products, and the attention stand-in's buffer.
+struct ModelLayers {
+  uint4* abuf = nullptr;
+  std::vector<Proj*> projs;
+  std::vector<LtProduct*> lts;
+  ModelLayers(const ProbeModel& m, int M, int L, cudaStream_t st, cublasLtHandle_t lt, size_t ws_bytes) {
+    CK(cudaMalloc(&abuf, m.attn_bytes));
+    CK(cudaMemsetAsync(abuf, 0, m.attn_bytes, st));
+    projs = {new Proj("q/k/v", m.qkv, m.H, true, M, L, st), new Proj("o", m.H, m.H, false, M, L, st),
+             new Proj("gate/up", 2 * m.I, m.H, false, M, L, st), new Proj("down", m.H, m.I, false, M, L, st)};
+    for (auto* p : projs) lts.push_back(new LtProduct(lt, M, p->N, p->K, p->bias, ws_bytes));
+  }
+  ~ModelLayers() {
+    for (auto* p : projs) delete p;
+    for (auto* q : lts) delete q;
+    cudaFree(abuf);
+  }
+};
+
 }  // namespace
 
 int pdl_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t lt, void* ws, size_t ws_bytes) {
   constexpr int L = 28;
-  struct Model {
-    const char* name;
-    int H, I, qkv;
-    size_t attn_bytes;
-  };
-  const std::vector<Model> models = {{"1.5b", 1536, 8960, 2048, size_t(24) << 20},
-                                     {"7b", 3584, 18944, 4608, size_t(56) << 20}};
-  __nv_bfloat16* act;  // the stand-ins' activation (large enough for [M, I])
-  CK(cudaMalloc(&act, size_t(64) * 18944 * 2));
-  CK(cudaMemsetAsync(act, 0, size_t(64) * 18944 * 2, st));
-  float* sink;
-  CK(cudaMalloc(&sink, 4));
-  for (const auto& m : models) {
+  StandIns si(st);
+  __nv_bfloat16* act = si.act;
+  float* sink = si.sink;
+  for (const auto& m : kModels) {
     if (!only.empty() && std::string(m.name).find(only) == std::string::npos) continue;
-    uint4* abuf;
-    CK(cudaMalloc(&abuf, m.attn_bytes));
-    CK(cudaMemsetAsync(abuf, 0, m.attn_bytes, st));
-    std::vector<Proj*> projs = {new Proj("q/k/v", m.qkv, m.H, true, M, L, st), new Proj("o", m.H, m.H, false, M, L, st),
-                                new Proj("gate/up", 2 * m.I, m.H, false, M, L, st),
-                                new Proj("down", m.H, m.I, false, M, L, st)};
-    std::vector<LtProduct*> lts;
-    for (auto* p : projs) lts.push_back(new LtProduct(lt, M, p->N, p->K, p->bias, ws_bytes));
+    ModelLayers ml(m, M, L, st, lt, ws_bytes);
+    uint4* abuf = ml.abuf;
+    std::vector<Proj*>& projs = ml.projs;
+    std::vector<LtProduct*>& lts = ml.lts;
     // Each product after a norm-sized stand-in: the product's share = graph - stand-ins alone.
     for (size_t pi = 0; pi < projs.size(); ++pi) {
       Proj& p = *projs[pi];
@@ -601,9 +632,6 @@ int pdl_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t l
         "with version 3's %.2f us (products %.2f); the products' %.1f MB at 3 TB/s: %.2f us\n",
         m.name, M, tl[0], tl[1], tl[1] - tl[0], tl[2], tl[2] - tl[0], mb, mb / 3.0);
     std::fflush(stdout);
-    for (auto* p : projs) delete p;
-    for (auto* q : lts) delete q;
-    CK(cudaFree(abuf));
   }
   return 0;
 }
@@ -680,28 +708,15 @@ double rel(const std::vector<float>& a, const std::vector<double>& ref) {
 int wgmma_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t lt, void* ws, size_t ws_bytes) {
   constexpr int L = 28;
   constexpr float kEps = 1e-6f;
-  struct Model {
-    const char* name;
-    int H, I, qkv;
-    size_t attn_bytes;
-  };
-  const std::vector<Model> models = {{"1.5b", 1536, 8960, 2048, size_t(24) << 20},
-                                     {"7b", 3584, 18944, 4608, size_t(56) << 20}};
-  __nv_bfloat16* act;
-  CK(cudaMalloc(&act, size_t(64) * 18944 * 2));
-  CK(cudaMemsetAsync(act, 0, size_t(64) * 18944 * 2, st));
-  float* sink;
-  CK(cudaMalloc(&sink, 4));
-  for (const auto& m : models) {
+  StandIns si(st);
+  __nv_bfloat16* act = si.act;
+  float* sink = si.sink;
+  for (const auto& m : kModels) {
     if (!only.empty() && std::string(m.name).find(only) == std::string::npos) continue;
-    uint4* abuf;
-    CK(cudaMalloc(&abuf, m.attn_bytes));
-    CK(cudaMemsetAsync(abuf, 0, m.attn_bytes, st));
-    std::vector<Proj*> projs = {new Proj("q/k/v", m.qkv, m.H, true, M, L, st), new Proj("o", m.H, m.H, false, M, L, st),
-                                new Proj("gate/up", 2 * m.I, m.H, false, M, L, st),
-                                new Proj("down", m.H, m.I, false, M, L, st)};
-    std::vector<LtProduct*> lts;
-    for (auto* p : projs) lts.push_back(new LtProduct(lt, M, p->N, p->K, p->bias, ws_bytes));
+    ModelLayers ml(m, M, L, st, lt, ws_bytes);
+    uint4* abuf = ml.abuf;
+    std::vector<Proj*>& projs = ml.projs;
+    std::vector<LtProduct*>& lts = ml.lts;
     std::vector<Best> best(projs.size()), best_f(projs.size());
     __nv_bfloat16* ones;  // a norm weight for the fused modes' timing
     CK(cudaMalloc(&ones, size_t(m.I) * 2));
@@ -935,9 +950,6 @@ int wgmma_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t
     CK(cudaFree(g));
     CK(cudaFree(a));
     CK(cudaFree(ones));
-    for (auto* p : projs) delete p;
-    for (auto* q : lts) delete q;
-    CK(cudaFree(abuf));
   }
   return 0;
 }
