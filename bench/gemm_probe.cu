@@ -11,7 +11,7 @@
 // and without programmatic dependent launch, against cuBLASLt after the same stand-in, at every
 // split count, then a stand-in layer (norm, q/k/v, attention, o, norm, gate/up, SwiGLU, down, the
 // elementwise steps and the attention as stand-ins) with cuBLASLt's products and with version 3's.
-// A third argument `wgmma` times version 4 (bench/skinny_wgmma.cuh: the copy engine and wgmma) the
+// A third argument `wgmma` times version 4 (policy/wgmma_gemm.cuh, the decoder's fused products: the copy engine and wgmma) the
 // same way at each tile width, depth and split, plain and in the mode a fused layer would run it
 // (q/k/v with the RMSNorm, o and down with the residual add, gate/up with the RMSNorm and SwiGLU),
 // checks the fused modes against float64, then times a layer as the decoder runs it today against
@@ -27,7 +27,7 @@
 #include "graph_timer.cuh"
 #include "skinny_gemm.cuh"
 #include "skinny_gemm_pdl.cuh"
-#include "skinny_wgmma.cuh"
+#include "../policy/wgmma_gemm.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -640,7 +640,7 @@ int pdl_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t l
 
 namespace {
 
-namespace dg = kernelrl::cuda::skinny4;
+namespace dg = kernelrl::cuda::wgmma_gemm;
 using Fn = cudaError_t (*)(const CUtensorMap&, const CUtensorMap&, const __nv_bfloat16*, const __nv_bfloat16*,
                            __nv_bfloat16*, int, int, int, int, int, float, bool, cudaStream_t);
 

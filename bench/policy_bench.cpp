@@ -23,6 +23,7 @@
 // --attention-check 1: the fused decode attention against LibTorch (attention_check, below).
 // --lora-decode-check 1: the decode step's float32 LoRA (lora_decode_check, below).
 // --sample-check 1: the decode step's draw against float64 softmax (sample_check, below).
+// --gemm-check 1: the decode step's Hopper products with their fused steps (gemm_check, below).
 // --colocated 1 --model DIR: a sampler's and a learner's models sharing the base weights against
 // two separate loads, device memory of each (colocated, below).
 #include "policy/model.hpp"
@@ -39,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <chrono>
@@ -47,6 +49,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 
 namespace {
 
@@ -444,6 +447,126 @@ int sample_check(const std::function<std::string(const char*, const char*)>& get
 #endif
 }
 
+// --gemm-check 1: cuda::fused_gemm (the decode step's products on Hopper, each with its fused
+// elementwise steps) against float64 at the 1.5B and 7B shapes and 64, 16 and 1 rows: q/k/v of
+// the RMSNorm of h (+ bias), h += att W_o^T, silu(gate) * up of the RMSNorm of h, h += a W_down^T,
+// beside the bf16 path transformers takes (the norm rounded to bf16, LibTorch's bf16 products, the
+// SwiGLU and the residual add in bf16) against the same float64. ok when each case's largest
+// |difference| over the largest |reference| is within twice the bf16 path's plus 1e-3 and a second
+// call gives the same bits. Where the products cannot run: ok unless the device is a compute
+// capability 9.0 one (whose build should have them).
+int gemm_check(const std::function<std::string(const char*, const char*)>& get) {
+#ifdef KERNELRL_CUDA_KERNELS
+  namespace kc = kernelrl::cuda;
+  torch::Device dev(get("--device", "cuda:0"));
+  c10::cuda::CUDAGuard guard(dev.index());
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  if (!kc::fused_gemm_available()) {
+    const bool ok = !(prop->major == 9 && prop->minor == 0) || std::getenv("KERNELRL_WGMMA") != nullptr;
+    std::printf("%s\n", nlohmann::json{{"ok", ok}, {"available", false}}.dump().c_str());
+    return ok ? 0 : 1;
+  }
+  const int sms = prop->multiProcessorCount;
+  auto stream = at::cuda::getCurrentCUDAStream(dev.index()).stream();
+  auto bf = torch::TensorOptions().dtype(torch::kBFloat16).device(dev);
+  auto p16 = [](const torch::Tensor& t) { return reinterpret_cast<kc::bf16_t*>(t.data_ptr()); };
+  struct Shape {
+    const char* model;
+    int H, I, NQ, A;
+  };
+  const std::vector<Shape> shapes = {{"1.5b", 1536, 8960, 2048, 1536}, {"7b", 3584, 18944, 4608, 3584}};
+  const float eps = 1e-6f;
+  nlohmann::json rows = nlohmann::json::array();
+  bool ok = true;
+  for (const auto& sh : shapes)
+    for (int R : {64, 16, 1}) {
+      torch::manual_seed(3);
+      auto h = (torch::randn({R, sh.H}, bf) * 2).contiguous();
+      auto g = (torch::rand({sh.H}, bf) + 0.5).contiguous();
+      auto h64 = h.to(torch::kFloat64);
+      auto inv = torch::rsqrt(h64.pow(2).mean(-1, true) + eps);
+      auto xn64 = h64 * inv * g.to(torch::kFloat64);
+      // transformers' rounded norm: bf16(g * bf16(h * inv)) with inv in float32
+      auto xn16 = (g.to(torch::kFloat32) *
+                   (h.to(torch::kFloat32) * torch::rsqrt(h.to(torch::kFloat32).pow(2).mean(-1, true) + eps))
+                       .to(torch::kBFloat16)
+                       .to(torch::kFloat32))
+                      .to(torch::kBFloat16);
+      auto rel = [](const torch::Tensor& a, const torch::Tensor& ref) {
+        return (a.to(torch::kFloat64) - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+      };
+      auto record = [&](const char* kind, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& ref,
+                        const torch::Tensor& lib) {
+        const double e = rel(a, ref), el = rel(lib, ref);
+        const bool same = torch::equal(a, b), good = e <= 2 * el + 1e-3 && same;
+        ok = ok && good;
+        rows.push_back({{"model", sh.model},
+                        {"rows", R},
+                        {"kind", kind},
+                        {"err", e},
+                        {"bf16_path_err", el},
+                        {"repeat_same", same},
+                        {"ok", good}});
+      };
+      kc::GemmMap hx;
+      if (!kc::fused_gemm_input_map(p16(h), R, sh.H, &hx)) throw std::runtime_error("--gemm-check: input map");
+      auto weight = [&](kc::Fused kind, int N, int K, kc::GemmMap* m) {
+        auto w = (torch::randn({N, K}, bf) * 0.03).contiguous();
+        if (!kc::fused_gemm_weight_map(kind, p16(w), N, K, m)) throw std::runtime_error("--gemm-check: weight map");
+        return w;
+      };
+      {  // q/k/v of the norm, with a bias
+        kc::GemmMap wm;
+        auto w = weight(kc::Fused::kQkvNorm, sh.NQ, sh.H, &wm);
+        auto b = (torch::randn({sh.NQ}, bf) * 0.1).contiguous();
+        auto run = [&] {
+          auto y = torch::empty({R, sh.NQ}, bf);
+          kc::fused_gemm(kc::Fused::kQkvNorm, hx, wm, p16(b), p16(g), p16(y), R, sh.NQ, sh.H, eps, sms, stream);
+          return y;
+        };
+        auto y = run(), y2 = run();
+        auto ref = torch::matmul(xn64, w.to(torch::kFloat64).t()) + b.to(torch::kFloat64);
+        record("q/k/v kNorm", y, y2, ref, torch::nn::functional::linear(xn16, w, b));
+      }
+      {  // silu(gate) * up of the norm
+        kc::GemmMap wm;
+        auto w = weight(kc::Fused::kGateUpNormSilu, 2 * sh.I, sh.H, &wm);
+        auto run = [&] {
+          auto y = torch::empty({R, sh.I}, bf);
+          kc::fused_gemm(kc::Fused::kGateUpNormSilu, hx, wm, nullptr, p16(g), p16(y), R, 2 * sh.I, sh.H, eps, sms,
+                         stream);
+          return y;
+        };
+        auto y = run(), y2 = run();
+        auto gu = torch::matmul(xn64, w.to(torch::kFloat64).t());
+        auto ref = torch::silu(gu.narrow(1, 0, sh.I)) * gu.narrow(1, sh.I, sh.I);
+        auto gl = torch::nn::functional::linear(xn16, w);
+        record("gate/up kNorm+kSilu", y, y2, ref, torch::silu(gl.narrow(1, 0, sh.I)) * gl.narrow(1, sh.I, sh.I));
+      }
+      for (auto [kind, name, K] :
+           {std::tuple{kc::Fused::kOResid, "o kResid", sh.A}, std::tuple{kc::Fused::kDownResid, "down kResid", sh.I}}) {
+        kc::GemmMap wm, xm;
+        auto w = weight(kind, sh.H, K, &wm);
+        auto x = torch::randn({R, K}, bf).contiguous();
+        if (!kc::fused_gemm_input_map(p16(x), R, K, &xm)) throw std::runtime_error("--gemm-check: input map");
+        auto run = [&] {
+          auto y = h.clone();  // the residual stream, updated in place
+          kc::fused_gemm(kind, xm, wm, nullptr, nullptr, p16(y), R, sh.H, K, eps, sms, stream);
+          return y;
+        };
+        auto y = run(), y2 = run();
+        auto ref = h64 + torch::matmul(x.to(torch::kFloat64), w.to(torch::kFloat64).t());
+        record(name, y, y2, ref, h + torch::nn::functional::linear(x, w));
+      }
+    }
+  std::printf("%s\n", nlohmann::json{{"ok", ok}, {"available", true}, {"rows", rows}}.dump().c_str());
+  return ok ? 0 : 1;
+#else
+  (void)get;
+  throw std::runtime_error("--gemm-check: built without the CUDA kernels");
+#endif
+}
+
 // --colocated 1: the device memory that a sampler and a learner of one process hold for their
 // models (each with a rank-16 adapter), loaded as they load them (load_shared_model: one copy of
 // the base weights) against two separate loads. Prints the bytes allocated after each.
@@ -493,6 +616,7 @@ int main(int argc, char** argv) {
     if (a.count("--attention-check")) return attention_check(get);
     if (a.count("--lora-decode-check")) return lora_decode_check(get);
     if (a.count("--sample-check")) return sample_check(get);
+    if (a.count("--gemm-check")) return gemm_check(get);
     if (a.count("--colocated")) return colocated(get);
     kernelrl::PolicyOptions o;
     o.model_dir = get("--model", "");

@@ -1,11 +1,18 @@
 // Fused CUDA kernels of the sampler's decode step: see cuda_kernels.hpp.
 #include "policy/cuda_kernels.hpp"
 
+#include "policy/wgmma_gemm.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdio>
+#include <tuple>
+#include <mutex>
+#include <map>
 #include <atomic>
 #include <cfloat>
 #include <cstdlib>
@@ -1254,6 +1261,155 @@ void logprob_backward(const bf16_t* logits, int64_t rows, int V, const int64_t* 
   dim3 grid(unsigned((V + 1023) / 1024 < 16 ? (V + 1023) / 1024 : 16), unsigned(rows));
   logprob_bwd_kernel<<<grid, 256, 0, s>>>(logits, V, targets, temperature, lse, ent, g_lp, g_ent, grad);
   check("logprob_backward");
+}
+
+// ---------------------------------------------------------------- the products on Hopper
+
+namespace {
+
+namespace wg = wgmma_gemm;
+static_assert(sizeof(CUtensorMap) == sizeof(GemmMap) && alignof(CUtensorMap) <= alignof(GemmMap));
+
+// Whether this binary's sm_90a code (the only code with the products' bodies) ran.
+__global__ void wgmma_body_kernel(int* out) {
+#ifdef KERNELRL_WGMMA_BODY
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+// Tile width and K-blocks a stage of each kind (measured on the H100 at the 1.5B and 7B shapes:
+// docs/BENCHMARKS.md): 4 K-blocks a stage where K allows, else 1 with a deeper ring.
+struct GemmShape {
+  int bn, kb;
+};
+GemmShape shape_of(Fused kind, int K) {
+  const int nkb = K / 64;
+  switch (kind) {
+    case Fused::kQkvNorm:
+      return {128, nkb % 4 == 0 ? 4 : 1};
+    case Fused::kGateUpNormSilu:
+      return {128, 1};
+    default:
+      return {64, nkb % 2 == 0 ? 2 : 1};
+  }
+}
+
+const CUtensorMap& tmap(const GemmMap& m) { return *reinterpret_cast<const CUtensorMap*>(m.raw); }
+
+// The clusters of `split` blocks the device holds at once for `kind`'s kernel at K.
+int clusters_held(Fused kind, int K, int split) {
+  const GemmShape sh = shape_of(kind, K);
+  switch (kind) {
+    case Fused::kQkvNorm:
+      return sh.kb == 4 ? wg::max_clusters<128, 2, wg::kNorm, 4>(K, split)
+                        : wg::max_clusters<128, 8, wg::kNorm, 1>(K, split);
+    case Fused::kGateUpNormSilu:
+      return wg::max_clusters<128, 4, wg::kNorm | wg::kSilu, 1>(K, split);
+    default:
+      return sh.kb == 2 ? wg::max_clusters<64, 4, wg::kResid, 2>(K, split)
+                        : wg::max_clusters<64, 8, wg::kResid, 1>(K, split);
+  }
+}
+
+// The K split of a product: the largest (at most 8, and at most the tiles' share of the
+// multiprocessors) whose clusters all fit on the device at once, so that no cluster waits for a
+// second wave (clusters are placed within a GPC: 5 blocks of a GPC of 16 leave 1 idle). Decided
+// once a shape and device. KERNELRL_WGMMA_SPLIT=q,o,gu,down (four numbers) sets them instead.
+int fused_gemm_split(Fused kind, int N, int K, int sms) {
+  static const std::array<int, 4> forced = [] {
+    std::array<int, 4> f{0, 0, 0, 0};
+    if (const char* v = std::getenv("KERNELRL_WGMMA_SPLIT")) std::sscanf(v, "%d,%d,%d,%d", &f[0], &f[1], &f[2], &f[3]);
+    return f;
+  }();
+  const GemmShape sh = shape_of(kind, K);
+  const int tiles = kind == Fused::kGateUpNormSilu ? N / 128 : N / sh.bn, units = K / 64 / sh.kb;
+  if (forced[int(kind)] > 0) return std::min({forced[int(kind)], units, 16});
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int, int>, int> chosen;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const auto key = std::make_tuple(dev, int(kind), N, K, sms);
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+  int split = std::max(1, std::min({sms / tiles, units, 8}));
+  while (split > 1 && clusters_held(kind, K, split) < tiles) --split;
+  chosen[key] = split;
+  return split;
+}
+
+}  // namespace
+
+bool fused_gemm_available() {
+  static const bool off = [] {
+    const char* v = std::getenv("KERNELRL_WGMMA");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  if (off || !wg::encoder()) return false;
+  static std::array<std::atomic<int>, 64> state{};  // per device: 0 unknown, 1 yes, -1 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= int(state.size())) return false;
+  if (state[dev].load() == 0) {
+    int major = 0, minor = 0, body = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (major == 9 && minor == 0) {
+      int* d = nullptr;
+      if (cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
+        wgmma_body_kernel<<<1, 1>>>(d);
+        if (cudaMemcpy(&body, d, sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) body = 0;
+        cudaFree(d);
+      }
+      cudaGetLastError();  // a binary without sm_90a code: "no kernel image", not an error here
+    }
+    state[dev] = body == 1 ? 1 : -1;
+  }
+  return state[dev].load() == 1;
+}
+
+bool fused_gemm_supported(Fused kind, int N, int K) {
+  if (K <= 0 || K % 64 != 0 || N <= 0) return false;
+  const GemmShape sh = shape_of(kind, K);
+  return kind == Fused::kGateUpNormSilu ? N % 128 == 0 : N % sh.bn == 0;
+}
+
+bool fused_gemm_weight_map(Fused kind, const bf16_t* w, int N, int K, GemmMap* map) {
+  if (!fused_gemm_supported(kind, N, K)) return false;
+  const int box = kind == Fused::kGateUpNormSilu ? 64 : shape_of(kind, K).bn;
+  return wg::make_map(reinterpret_cast<CUtensorMap*>(map->raw), w, uint64_t(N), uint64_t(K), uint32_t(box));
+}
+
+bool fused_gemm_input_map(const bf16_t* x, int R, int K, GemmMap* map) {
+  if (R < 1 || R > wg::kRows || K % 64 != 0) return false;
+  return wg::make_map(reinterpret_cast<CUtensorMap*>(map->raw), x, uint64_t(R), uint64_t(K), 64);
+}
+
+void fused_gemm(Fused kind, const GemmMap& x, const GemmMap& w, const bf16_t* bias, const bf16_t* g, bf16_t* y, int R,
+                int N, int K, float eps, int sms, Stream s) {
+  if (!fused_gemm_supported(kind, N, K)) throw std::invalid_argument("fused_gemm: unsupported shape");
+  const GemmShape sh = shape_of(kind, K);
+  const int split = fused_gemm_split(kind, N, K, sms);
+  const auto* b = reinterpret_cast<const __nv_bfloat16*>(bias);
+  const auto* gw = reinterpret_cast<const __nv_bfloat16*>(g);
+  auto* out = reinterpret_cast<__nv_bfloat16*>(y);
+  const bool pdl = pdl_on();
+  cudaError_t e = cudaErrorInvalidValue;
+  switch (kind) {
+    case Fused::kQkvNorm:
+      e = sh.kb == 4 ? wg::gemm<128, 2, wg::kNorm, 4>(tmap(x), tmap(w), b, gw, out, N, R, N, K, split, eps, pdl, s)
+                     : wg::gemm<128, 8, wg::kNorm, 1>(tmap(x), tmap(w), b, gw, out, N, R, N, K, split, eps, pdl, s);
+      break;
+    case Fused::kGateUpNormSilu:
+      e = wg::gemm<128, 4, wg::kNorm | wg::kSilu, 1>(tmap(x), tmap(w), b, gw, out, N / 2, R, N, K, split, eps, pdl, s);
+      break;
+    default:
+      e = sh.kb == 2
+              ? wg::gemm<64, 4, wg::kResid, 2>(tmap(x), tmap(w), b, nullptr, out, N, R, N, K, split, eps, pdl, s)
+              : wg::gemm<64, 8, wg::kResid, 1>(tmap(x), tmap(w), b, nullptr, out, N, R, N, K, split, eps, pdl, s);
+  }
+  if (e != cudaSuccess) throw std::runtime_error(std::string("fused_gemm: ") + cudaGetErrorString(e));
+  check("fused_gemm");
 }
 
 }  // namespace kernelrl::cuda

@@ -62,6 +62,33 @@ void lora_decode(const float* x, const float* a, const float* bt, int R, int in,
 // transformers' bf16 rounding (silu rounded, then the product). out [R, I]; out32 optional.
 void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, float* out32, Stream s);
 
+// ---- the decode step's products on Hopper (policy/wgmma_gemm.cuh: the copy engine and wgmma),
+// with the layer's elementwise steps fused into them, so that a layer is five kernels: q/k/v (its
+// RMSNorm inside) -> rope_qkv -> decode_attention -> o (the residual add inside) -> gate/up (the
+// RMSNorm and SwiGLU inside) -> down (the residual add inside).
+// How the copy engine reads a bf16 matrix: a driver tensor map, opaque here (128 bytes, 128-aligned).
+struct GemmMap {
+  alignas(128) unsigned char raw[128];
+};
+enum class Fused : int {
+  kQkvNorm,         // y = (g * rmsnorm(h)) W^T + bias; x is the residual stream h
+  kOResid,          // h += x W^T (+ bias)
+  kGateUpNormSilu,  // y = silu(gate) * up of (g * rmsnorm(h)) W^T (+ bias): W = gate|up [2I, K], y [R, I]
+  kDownResid,       // h += x W^T (+ bias)
+};
+// Whether they run on the current device: compute capability 9.0 with these kernels built for
+// sm_90a (checked by running one), the driver's tensor-map encoder found, KERNELRL_WGMMA not 0.
+bool fused_gemm_available();
+// Whether `kind` takes a weight W [N, K] (N and K multiples of its tiles), and W's map for it.
+bool fused_gemm_supported(Fused kind, int N, int K);
+bool fused_gemm_weight_map(Fused kind, const bf16_t* w, int N, int K, GemmMap* map);
+// The map of an activation x [R, K], R <= 64 (the rows up to 64 read as zeros).
+bool fused_gemm_input_map(const bf16_t* x, int R, int K, GemmMap* map);
+// One product: maps as above, g [K] the norm weight of the Norm kinds, y [R, N] (kGateUpNormSilu:
+// [R, N / 2]; the Resid kinds: h [R, N], updated in place). K is split over up to 8 blocks of a
+// cluster, as many as keep the grid within `sms` blocks. Deterministic (fixed summation order).
+void fused_gemm(Fused kind, const GemmMap& x, const GemmMap& w, const bf16_t* bias, const bf16_t* g, bf16_t* y, int R,
+                int N, int K, float eps, int sms, Stream s);
 // One token per row from softmax(logits / T) by inverse transform sampling: one uniform a row
 // (Philox 4x32-10 keyed by seed, counter (row, step)) placed on the row's cumulative probabilities in
 // index order; T = 0: the argmax (its lowest index). logits [R, V] bf16; writes the token and its

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <array>
 #include <deque>
 #include <map>
 #include <optional>
@@ -119,6 +120,12 @@ struct Decoder::Run {
   std::map<int64_t, std::unique_ptr<at::cuda::CUDAGraph>> graph_of;
   std::optional<at::cuda::MempoolId_t> pool;
   int sms = 0;
+#ifdef KERNELRL_CUDA_KERNELS
+  // The Hopper products with the layer's elementwise steps fused in (cuda::fused_gemm), without an
+  // adapter and for at most 64 rows: each layer's weight maps (q/k/v, o, gate/up, down), built once.
+  bool wgmma = false;
+  std::vector<std::array<cuda::GemmMap, 4>> wmaps;
+#endif
 
   Run(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts_in, const SamplingParams& settings,
       int64_t max_rows, const TokenSink& k, DecodeStats& st)
@@ -143,7 +150,13 @@ struct Decoder::Run {
 #endif
     sample_inside = s.top_p >= 1;
     lora = m.has_lora() && m.lora_enabled_;
+#ifdef KERNELRL_CUDA_KERNELS
+    if (fused && !lora && R <= 64 && cuda::fused_gemm_available()) wgmma = weight_maps();
+#endif
     stats.path = fused ? (graphs ? "fused-graph" : "fused") : graphs ? "graph" : bucketed ? "static" : "eager";
+#ifdef KERNELRL_CUDA_KERNELS
+    if (wgmma) stats.path = graphs ? "fused-wgmma-graph" : "fused-wgmma";
+#endif
     stats.rows = R;
     bucket = decode_bucket(cap);
     K = cuda ? 16 : 1;
@@ -300,6 +313,32 @@ struct Decoder::Run {
     record(next, lp);
   }
 
+#ifdef KERNELRL_CUDA_KERNELS
+  // The tensor maps of every layer's four weights, or false where a shape or weight does not fit
+  // the Hopper products (then the step uses cuBLAS and the separate elementwise kernels).
+  bool weight_maps() {
+    const auto& c = m.config();
+    const int Hd = int(c.hidden_size), I = int(c.intermediate_size), A = int(c.num_heads * c.head_dim);
+    const int NQ = int((c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
+    auto bf = [](const torch::Tensor& t) {
+      return t.defined() && t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && t.is_cuda();
+    };
+    auto ptr = [](const torch::Tensor& t) { return reinterpret_cast<const cuda::bf16_t*>(t.data_ptr()); };
+    for (const auto& L : m.layers_) {
+      if (!bf(L.qkv_w) || !bf(L.o.w) || !bf(L.gu_w) || !bf(L.down.w) || !bf(L.in_norm) || !bf(L.post_norm))
+        return false;
+      std::array<cuda::GemmMap, 4> mp;
+      if (!cuda::fused_gemm_weight_map(cuda::Fused::kQkvNorm, ptr(L.qkv_w), NQ, Hd, &mp[0]) ||
+          !cuda::fused_gemm_weight_map(cuda::Fused::kOResid, ptr(L.o.w), Hd, A, &mp[1]) ||
+          !cuda::fused_gemm_weight_map(cuda::Fused::kGateUpNormSilu, ptr(L.gu_w), 2 * I, Hd, &mp[2]) ||
+          !cuda::fused_gemm_weight_map(cuda::Fused::kDownResid, ptr(L.down.w), Hd, I, &mp[3]))
+        return false;
+      wmaps.push_back(mp);
+    }
+    return true;
+  }
+#endif
+
   void fused_forward(int64_t klen) {
 #ifdef KERNELRL_CUDA_KERNELS
     using cuda::bf16_t;
@@ -323,6 +362,41 @@ struct Decoder::Run {
     auto h = torch::embedding(m.embed_, ids);  // [R, H], the residual stream (updated in place)
     torch::Tensor delta, dl;
     const float eps = float(c.rms_norm_eps);
+    if (wgmma) {
+      // Five kernels a layer: q/k/v of rmsnorm(h), rotary + cache write, attention, h += o,
+      // silu(gate) * up of rmsnorm(h), h += down. The activations' maps hold their addresses (fixed
+      // within a captured graph).
+      const int64_t NQ = (nh + 2 * nkv) * D;
+      auto qkv = torch::empty({R, NQ}, bfo), q = torch::empty({R, nh, D}, bfo);
+      auto att = torch::empty({R, nh * D}, bfo), a = torch::empty({R, I}, bfo);
+      cuda::GemmMap hx, attx, ax;
+      if (!cuda::fused_gemm_input_map(bp(h), int(R), int(Hd), &hx) ||
+          !cuda::fused_gemm_input_map(bp(att), int(R), int(nh * D), &attx) ||
+          !cuda::fused_gemm_input_map(bp(a), int(R), int(I), &ax))
+        throw std::runtime_error("decoder: the copy engine's maps of the step's activations were refused");
+      for (size_t l = 0; l < m.layers_.size(); ++l) {
+        const auto& L = m.layers_[l];
+        const auto& mp = wmaps[l];
+        cuda::fused_gemm(cuda::Fused::kQkvNorm, hx, mp[0], bp(L.qkv_b), bp(L.in_norm), bp(qkv), int(R), int(NQ),
+                         int(Hd), eps, sms, stream);
+        cuda::rope_qkv(bp(qkv), nullptr, pos.data_ptr<int64_t>(), m.inv_freq_.data_ptr<float>(), int(R), int(nh),
+                       int(nkv), int(D), bp(q), bp(cache.k[l]), bp(cache.v[l]), cap, stream);
+        auto work = splits > 1 ? torch::empty({R * nh * splits * (D + 2)}, f32o) : torch::Tensor();
+        cuda::decode_attention(bp(q), bp(cache.k[l]), bp(cache.v[l]), pos.data_ptr<int64_t>(), int(R), int(nh),
+                               int(nkv), int(D), cap, int(klen), float(1.0 / std::sqrt(double(D))), splits, fp(work),
+                               attn_counters.data_ptr<int>(), bp(att), nullptr, stream);
+        cuda::fused_gemm(cuda::Fused::kOResid, attx, mp[1], bp(L.o.b), nullptr, bp(h), int(R), int(Hd), int(nh * D),
+                         eps, sms, stream);
+        cuda::fused_gemm(cuda::Fused::kGateUpNormSilu, hx, mp[2], bp(L.gu_b), bp(L.post_norm), bp(a), int(R),
+                         int(2 * I), int(Hd), eps, sms, stream);
+        cuda::fused_gemm(cuda::Fused::kDownResid, ax, mp[3], bp(L.down.b), nullptr, bp(h), int(R), int(Hd), int(I), eps,
+                         sms, stream);
+      }
+      auto x = torch::empty({R, Hd}, bfo);
+      cuda::add_rmsnorm(bp(h), nullptr, nullptr, bp(m.norm_), bp(x), nullptr, int(R), int(Hd), eps, stream);
+      at::mm_out(logits, x, m.head_.t());
+      return;
+    }
     for (size_t l = 0; l < m.layers_.size(); ++l) {
       const auto& L = m.layers_[l];
       auto x = torch::empty({R, Hd}, bfo);

@@ -1,6 +1,6 @@
-// Version 4 of the few-row product (versions 1-3: bench/skinny_gemm.cuh, bench/skinny_gemm_pdl.cuh),
-// Hopper's own path: y [M, N] = x [M, K] W [N, K]^T for M <= 64 rows (wgmma's M), bf16 in and out,
-// float32 accumulation, with the decode step's elementwise neighbours fused in (MODE bits):
+// The decode step's matrix products on Hopper: y [M, N] = x [M, K] W [N, K]^T for M <= 64 rows
+// (wgmma's M), bf16 in and out, float32 accumulation, with the step's elementwise neighbours fused
+// in (MODE bits):
 //  - kNorm: x is the residual stream h and the product is that of transformers' Qwen2RMSNorm
 //    output, g * h / rms(h): each stage's x tile is multiplied by g in shared memory (rounded to
 //    bf16) while the block sums h^2 per row, and each output is scaled by rsqrt(mean h^2 + eps)
@@ -8,8 +8,9 @@
 //  - kSilu: W is the fused gate|up weight [2I, K]; a tile holds 64 gate rows and the same 64 up
 //    rows, and the output is silu(gate) * up [M, I] with transformers' roundings.
 //  - kResid: the output is added to y in place, y = bf16(y + bf16(x W^T)): the residual add.
-// bias (optional) is added before the roundings above. An experiment that bench/gemm_probe.cu
-// (mode `wgmma`) times beside cuBLASLt; the decoder does not use it (docs/BENCHMARKS.md says why).
+// bias (optional) is added before the roundings above. policy/cuda_kernels.cu runs it for the
+// decoder (fused_gemm in policy/cuda_kernels.hpp); bench/gemm_probe.cu (mode `wgmma`) times it
+// beside cuBLASLt (version 4 of the few-row products there).
 //
 // How: the copy engine (cp.async.bulk.tensor, one thread, completing on an mbarrier) brings each
 // stage's KB K-blocks of 64 columns of x (64 rows; rows past M read as zeros) and of the block's
@@ -28,9 +29,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
-namespace kernelrl::cuda::skinny4 {
+namespace kernelrl::cuda::wgmma_gemm {
 
 constexpr int kBK = 64;    // K-columns a stage: 128 bytes, one swizzle row
 constexpr int kRows = 64;  // wgmma's M
@@ -48,7 +50,7 @@ __host__ __device__ constexpr int smem_bytes() {
 }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define KERNELRL_DGEMM_BODY 1
+#define KERNELRL_WGMMA_BODY 1
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
@@ -98,7 +100,6 @@ __device__ __forceinline__ float ld_cluster1(uint32_t a) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
   return v;
 }
-__device__ __forceinline__ float rnd(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 __device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db) {
   asm volatile(
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
     kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
            const __nv_bfloat16* __restrict__ bias, const __nv_bfloat16* __restrict__ g, __nv_bfloat16* y, int ldy,
            int M, int nkb, int I, float eps) {
-#ifdef KERNELRL_DGEMM_BODY
+#ifdef KERNELRL_WGMMA_BODY
   static_assert((MODE & kSilu) == 0 || BN == 128, "kSilu tiles are 64 gate + 64 up rows");
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full[STAGES];
@@ -364,6 +365,31 @@ inline bool make_map(CUtensorMap* map, const void* p, uint64_t rows, uint64_t K,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// How many clusters of `split` blocks of this kernel the device holds at once (0 if none fit).
+template <int BN, int STAGES, int MODE, int KB = 1>
+int max_clusters(int K, int split) {
+  auto* k = kernel<BN, STAGES, MODE, KB>;
+  const int bytes = smem_bytes<BN, STAGES, KB>() + ((MODE & kNorm) != 0 ? K * 2 : 0);
+  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess ||
+      cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+    return 0;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(split), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(split));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 // The product with maps from make_map (x: box 64; W: box BN, or 64 for kSilu). N: W's rows (kSilu:
 // 2I); y [M, ldy] with ldy >= the output width (N, or I). Block r of a cluster takes K-stages
 // [r nkb / split, (r + 1) nkb / split), nkb = K / 64.
@@ -376,12 +402,14 @@ cudaError_t gemm(const CUtensorMap& tx, const CUtensorMap& tw, const __nv_bfloat
     return cudaErrorInvalidValue;
   auto* k = kernel<BN, STAGES, MODE, KB>;
   const int bytes = smem_bytes<BN, STAGES, KB>() + ((MODE & kNorm) != 0 ? K * 2 : 0);
-  static int allowed = 0;  // the dynamic shared memory this kernel may take so far
-  if (bytes > allowed) {
+  static std::atomic<int> allowed[64];  // per device: the dynamic shared memory granted so far
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (bytes > allowed[dev].load()) {
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess ||
         cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
       return cudaErrorInvalidValue;
-    allowed = bytes;
+    allowed[dev] = bytes;
   }
   cudaLaunchAttribute at[2];
   at[0].id = cudaLaunchAttributeClusterDimension;
@@ -398,4 +426,4 @@ cudaError_t gemm(const CUtensorMap& tx, const CUtensorMap& tw, const __nv_bfloat
   return cudaLaunchKernelEx(&cfg, k, tx, tw, bias, g, y, ldy, M, K / kBK, N / 2, eps);
 }
 
-}  // namespace kernelrl::cuda::skinny4
+}  // namespace kernelrl::cuda::wgmma_gemm
