@@ -1412,4 +1412,29 @@ void fused_gemm(Fused kind, const GemmMap& x, const GemmMap& w, const bf16_t* bi
   check("fused_gemm");
 }
 
+bool fused_qkv_rope_supported(int nh, int nkv, int D) { return nh > 0 && nkv > 0 && (D == 64 || D == 128); }
+
+void fused_qkv_rope(const GemmMap& x, const GemmMap& w, const bf16_t* bias, const bf16_t* g, const int64_t* pos,
+                    const float* inv_freq, int R, int nh, int nkv, int D, int K, float eps, bf16_t* q_out,
+                    bf16_t* k_cache, bf16_t* v_cache, int64_t cap, int sms, Stream s) {
+  const int N = (nh + 2 * nkv) * D;
+  if (!fused_qkv_rope_supported(nh, nkv, D) || !fused_gemm_supported(Fused::kQkvNorm, N, K))
+    throw std::invalid_argument("fused_qkv_rope: unsupported shape");
+  wg::Rope rp;
+  rp.pos = pos, rp.inv_freq = inv_freq, rp.nh = nh, rp.nkv = nkv, rp.D = D, rp.cap = cap;
+  rp.q = reinterpret_cast<__nv_bfloat16*>(q_out);
+  rp.kc = reinterpret_cast<__nv_bfloat16*>(k_cache);
+  rp.vc = reinterpret_cast<__nv_bfloat16*>(v_cache);
+  const int split = fused_gemm_split(Fused::kQkvNorm, N, K, sms);
+  const auto* b = reinterpret_cast<const __nv_bfloat16*>(bias);
+  const auto* gw = reinterpret_cast<const __nv_bfloat16*>(g);
+  constexpr int kMode = wg::kNorm | wg::kRope;
+  const cudaError_t e =
+      shape_of(Fused::kQkvNorm, K).kb == 4
+          ? wg::gemm<128, 2, kMode, 4>(tmap(x), tmap(w), b, gw, nullptr, N, R, N, K, split, eps, pdl_on(), s, rp)
+          : wg::gemm<128, 8, kMode, 1>(tmap(x), tmap(w), b, gw, nullptr, N, R, N, K, split, eps, pdl_on(), s, rp);
+  if (e != cudaSuccess) throw std::runtime_error(std::string("fused_qkv_rope: ") + cudaGetErrorString(e));
+  check("fused_qkv_rope");
+}
+
 }  // namespace kernelrl::cuda

@@ -63,9 +63,10 @@ void lora_decode(const float* x, const float* a, const float* bt, int R, int in,
 void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, float* out32, Stream s);
 
 // ---- the decode step's products on Hopper (policy/wgmma_gemm.cuh: the copy engine and wgmma),
-// with the layer's elementwise steps fused into them, so that a layer is five kernels: q/k/v (its
-// RMSNorm inside) -> rope_qkv -> decode_attention -> o (the residual add inside) -> gate/up (the
-// RMSNorm and SwiGLU inside) -> down (the residual add inside).
+// with the layer's elementwise steps fused into them, so that a layer is four kernels: q/k/v (its
+// RMSNorm inside, the rotary embedding and cache write at its end: fused_qkv_rope) ->
+// decode_attention -> o (the residual add inside) -> gate/up (the RMSNorm and SwiGLU inside) ->
+// down (the residual add inside).
 // How the copy engine reads a bf16 matrix: a driver tensor map, opaque here (128 bytes, 128-aligned).
 struct GemmMap {
   alignas(128) unsigned char raw[128];
@@ -89,6 +90,12 @@ bool fused_gemm_input_map(const bf16_t* x, int R, int K, GemmMap* map);
 // cluster, as many as keep the grid within `sms` blocks. Deterministic (fixed summation order).
 void fused_gemm(Fused kind, const GemmMap& x, const GemmMap& w, const bf16_t* bias, const bf16_t* g, bf16_t* y, int R,
                 int N, int K, float eps, int sms, Stream s);
+// kQkvNorm with rope_qkv fused into its end (the same arithmetic, the same bits): q [R, nh, D] and
+// the caches' slot pos[r] written, the q|k|v product itself not. D 64 or 128.
+bool fused_qkv_rope_supported(int nh, int nkv, int D);
+void fused_qkv_rope(const GemmMap& x, const GemmMap& w, const bf16_t* bias, const bf16_t* g, const int64_t* pos,
+                    const float* inv_freq, int R, int nh, int nkv, int D, int K, float eps, bf16_t* q_out,
+                    bf16_t* k_cache, bf16_t* v_cache, int64_t cap, int sms, Stream s);
 // One token per row from softmax(logits / T) by inverse transform sampling: one uniform a row
 // (Philox 4x32-10 keyed by seed, counter (row, step)) placed on the row's cumulative probabilities in
 // index order; T = 0: the argmax (its lowest index). logits [R, V] bf16; writes the token and its

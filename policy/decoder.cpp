@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <string>
 
 namespace kernelrl {
 
@@ -151,7 +152,14 @@ struct Decoder::Run {
     sample_inside = s.top_p >= 1;
     lora = m.has_lora() && m.lora_enabled_;
 #ifdef KERNELRL_CUDA_KERNELS
-    if (fused && !lora && R <= 64 && cuda::fused_gemm_available()) wgmma = weight_maps();
+    // The Hopper products where they were measured faster than cuBLAS's path (docs/BENCHMARKS.md:
+    // hidden 1,536, 0.29 ms a step less at 64 rows; hidden 3,584 0.17-0.24 ms more, so up to 2,048);
+    // KERNELRL_WGMMA=1 takes them at any size, 0 never.
+    const char* wv = std::getenv("KERNELRL_WGMMA");
+    const bool wgmma_wanted = wv ? std::string(wv) == "1" : c.hidden_size <= 2048;
+    if (fused && !lora && R <= 64 && wgmma_wanted && cuda::fused_gemm_available() &&
+        cuda::fused_qkv_rope_supported(int(c.num_heads), int(c.num_kv_heads), int(c.head_dim)))
+      wgmma = weight_maps();
 #endif
     stats.path = fused ? (graphs ? "fused-graph" : "fused") : graphs ? "graph" : bucketed ? "static" : "eager";
 #ifdef KERNELRL_CUDA_KERNELS
@@ -363,11 +371,10 @@ struct Decoder::Run {
     torch::Tensor delta, dl;
     const float eps = float(c.rms_norm_eps);
     if (wgmma) {
-      // Five kernels a layer: q/k/v of rmsnorm(h), rotary + cache write, attention, h += o,
-      // silu(gate) * up of rmsnorm(h), h += down. The activations' maps hold their addresses (fixed
-      // within a captured graph).
-      const int64_t NQ = (nh + 2 * nkv) * D;
-      auto qkv = torch::empty({R, NQ}, bfo), q = torch::empty({R, nh, D}, bfo);
+      // Four kernels a layer: q/k/v of rmsnorm(h) with the rotary embedding and the cache write,
+      // attention, h += o, silu(gate) * up of rmsnorm(h), h += down. The activations' maps hold their
+      // addresses (fixed within a captured graph).
+      auto q = torch::empty({R, nh, D}, bfo);
       auto att = torch::empty({R, nh * D}, bfo), a = torch::empty({R, I}, bfo);
       cuda::GemmMap hx, attx, ax;
       if (!cuda::fused_gemm_input_map(bp(h), int(R), int(Hd), &hx) ||
@@ -377,10 +384,9 @@ struct Decoder::Run {
       for (size_t l = 0; l < m.layers_.size(); ++l) {
         const auto& L = m.layers_[l];
         const auto& mp = wmaps[l];
-        cuda::fused_gemm(cuda::Fused::kQkvNorm, hx, mp[0], bp(L.qkv_b), bp(L.in_norm), bp(qkv), int(R), int(NQ),
-                         int(Hd), eps, sms, stream);
-        cuda::rope_qkv(bp(qkv), nullptr, pos.data_ptr<int64_t>(), m.inv_freq_.data_ptr<float>(), int(R), int(nh),
-                       int(nkv), int(D), bp(q), bp(cache.k[l]), bp(cache.v[l]), cap, stream);
+        cuda::fused_qkv_rope(hx, mp[0], bp(L.qkv_b), bp(L.in_norm), pos.data_ptr<int64_t>(),
+                             m.inv_freq_.data_ptr<float>(), int(R), int(nh), int(nkv), int(D), int(Hd), eps, bp(q),
+                             bp(cache.k[l]), bp(cache.v[l]), cap, sms, stream);
         auto work = splits > 1 ? torch::empty({R * nh * splits * (D + 2)}, f32o) : torch::Tensor();
         cuda::decode_attention(bp(q), bp(cache.k[l]), bp(cache.v[l]), pos.data_ptr<int64_t>(), int(R), int(nh),
                                int(nkv), int(D), cap, int(klen), float(1.0 / std::sqrt(double(D))), splits, fp(work),

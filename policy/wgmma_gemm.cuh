@@ -8,6 +8,8 @@
 //  - kSilu: W is the fused gate|up weight [2I, K]; a tile holds 64 gate rows and the same 64 up
 //    rows, and the output is silu(gate) * up [M, I] with transformers' roundings.
 //  - kResid: the output is added to y in place, y = bf16(y + bf16(x W^T)): the residual add.
+//  - kRope (with a tile of whole heads): the q|k|v outputs get rope_qkv's rotary embedding and go to
+//    q and the caches' slot (policy/cuda_kernels.cu's rope_qkv arithmetic: the same bits).
 // bias (optional) is added before the roundings above. policy/cuda_kernels.cu runs it for the
 // decoder (fused_gemm in policy/cuda_kernels.hpp); bench/gemm_probe.cu (mode `wgmma`) times it
 // beside cuBLASLt (version 4 of the few-row products there).
@@ -37,7 +39,18 @@ namespace kernelrl::cuda::wgmma_gemm {
 constexpr int kBK = 64;    // K-columns a stage: 128 bytes, one swizzle row
 constexpr int kRows = 64;  // wgmma's M
 constexpr int kThreads = 128;
-constexpr int kNorm = 1, kSilu = 2, kResid = 4;
+constexpr int kNorm = 1, kSilu = 2, kResid = 4, kRope = 8;
+
+// kRope: the outputs are q|k|v [M, (nh + 2 nkv) D]; q rotated into q [M, nh, D], k rotated and v
+// written into the caches [M, nkv, cap, D] at slot pos[row] (rows whose pos is outside [0, cap)
+// write no k or v), as policy/cuda_kernels.cu's rope_qkv does; y is not written.
+struct Rope {
+  const int64_t* pos = nullptr;
+  const float* inv_freq = nullptr;  // [D / 2]
+  __nv_bfloat16 *q = nullptr, *kc = nullptr, *vc = nullptr;
+  int nh = 0, nkv = 0, D = 0;
+  int64_t cap = 0;
+};
 
 // A stage: KB K-blocks of 64 columns, x's (64 rows) then W's (BN rows), each K-block its own tile.
 template <int BN, int KB>
@@ -138,15 +151,68 @@ __device__ __forceinline__ float finish(float v, float u, float inv, float b, fl
   return o;
 }
 
+__device__ __forceinline__ float round_bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+// kRope's end for the finished outputs (row, col) and (row, col + D / 2), col in the first half of
+// its head: rope_qkv's arithmetic (the bf16 q|k|v values, cos and sin rounded to bf16, each product
+// and the sum rounded).
+__device__ __forceinline__ void rope_store(const Rope& rp, int row, int col, float x1, float x2) {
+  const int half = rp.D / 2, hh = col / rp.D, i = col % rp.D;
+  x1 = round_bf(x1), x2 = round_bf(x2);
+  const int64_t p = rp.pos[row];
+  const bool write = p >= 0 && p < rp.cap;
+  if (hh < rp.nh + rp.nkv) {
+    const float f = float(p) * rp.inv_freq[i];
+    const float c = round_bf(cosf(f)), s = round_bf(sinf(f));
+    const float o1 = round_bf(round_bf(x1 * c) + round_bf(-x2 * s));
+    const float o2 = round_bf(round_bf(x2 * c) + round_bf(x1 * s));
+    if (hh < rp.nh) {
+      __nv_bfloat16* q = rp.q + (int64_t(row) * rp.nh + hh) * rp.D;
+      q[i] = __float2bfloat16(o1), q[i + half] = __float2bfloat16(o2);
+    } else if (write) {
+      __nv_bfloat16* k = rp.kc + ((int64_t(row) * rp.nkv + (hh - rp.nh)) * rp.cap + p) * rp.D;
+      k[i] = __float2bfloat16(o1), k[i + half] = __float2bfloat16(o2);
+    }
+  } else if (write) {
+    __nv_bfloat16* v = rp.vc + ((int64_t(row) * rp.nkv + (hh - rp.nh - rp.nkv)) * rp.cap + p) * rp.D;
+    v[i] = __float2bfloat16(x1), v[i + half] = __float2bfloat16(x2);
+  }
+}
+
+// kRope without a split: this thread's pairs of fragment columns, HALF = D / 2 apart.
+template <int BN, int MODE, int HALF>
+__device__ __forceinline__ void rope_direct(const float (&d)[BN / 2], const Rope& rp, int r0, int c0, int col0, int M,
+                                            const float* inv_of, const __nv_bfloat16* bias) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = r0 + 8 * h;
+    if (row >= M) continue;
+    const float inv = inv_of[row];
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      if ((8 * j) % (2 * HALF) >= HALF) continue;
+      constexpr int jp = HALF / 8;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = col0 + 8 * j + c0 + e;
+        const float b1 = bias ? __bfloat162float(bias[c]) : 0.f, b2 = bias ? __bfloat162float(bias[c + HALF]) : 0.f;
+        rope_store(rp, row, c, finish<MODE>(d[4 * j + 2 * h + e], 0.f, inv, b1, 0.f, nullptr),
+                   finish<MODE>(d[4 * (j + jp) + 2 * h + e], 0.f, inv, b2, 0.f, nullptr));
+      }
+    }
+  }
+}
+
 // grid (tiles * split), cluster (split), 128 threads, smem_bytes<BN, STAGES, KB>(). tiles = N / BN
 // (kSilu: I / 64, W rows t*64.. and I + t*64..); y [M, ldy]; g [K] (kNorm).
 template <int BN, int STAGES, int MODE, int KB>
 __global__ void __launch_bounds__(kThreads)
     kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
            const __nv_bfloat16* __restrict__ bias, const __nv_bfloat16* __restrict__ g, __nv_bfloat16* y, int ldy,
-           int M, int nkb, int I, float eps) {
+           int M, int nkb, int I, float eps, const Rope rp) {
 #ifdef KERNELRL_WGMMA_BODY
   static_assert((MODE & kSilu) == 0 || BN == 128, "kSilu tiles are 64 gate + 64 up rows");
+  static_assert((MODE & kRope) == 0 || BN == 128, "kRope tiles hold whole heads of 64 or 128");
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full[STAGES];
   __shared__ float ss_s[kRows];  // this block's partial sums of h^2 a row (kNorm)
@@ -265,23 +331,32 @@ __global__ void __launch_bounds__(kThreads)
   auto bias_of = [&](int col) { return bias ? __bfloat162float(bias[col]) : 0.f; };
   if (split == 1) {
     __syncthreads();
+    if constexpr ((MODE & kRope) != 0) {
+      if (tid < M) ss_s[tid] = (MODE & kNorm) != 0 ? rsqrtf(ss_s[tid] * inv_k + eps) : 1.f;
+      __syncthreads();
+      if (rp.D == 128)
+        rope_direct<BN, MODE, 64>(d, rp, r0, c0, col0, M, ss_s, bias);
+      else
+        rope_direct<BN, MODE, 32>(d, rp, r0, c0, col0, M, ss_s, bias);
+    } else {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = r0 + 8 * h;
-      if (row >= M) continue;
-      const float inv = (MODE & kNorm) != 0 ? rsqrtf(ss_s[row] * inv_k + eps) : 1.f;
+      for (int h = 0; h < 2; ++h) {
+        const int row = r0 + 8 * h;
+        if (row >= M) continue;
+        const float inv = (MODE & kNorm) != 0 ? rsqrtf(ss_s[row] * inv_k + eps) : 1.f;
 #pragma unroll
-      for (int j = 0; j < OUT / 8; ++j) {
-        const int c = 8 * j + c0;
-        float o[2];
+        for (int j = 0; j < OUT / 8; ++j) {
+          const int c = 8 * j + c0;
+          float o[2];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float v = d[4 * j + 2 * h + e];
-          const float u = (MODE & kSilu) != 0 ? d[4 * (j + OUT / 8) + 2 * h + e] : 0.f;
-          const float bu = (MODE & kSilu) != 0 ? bias_of(I + col0 + c + e) : 0.f;
-          o[e] = finish<MODE>(v, u, inv, bias_of(col0 + c + e), bu, y + size_t(row) * ldy + col0 + c + e);
+          for (int e = 0; e < 2; ++e) {
+            const float v = d[4 * j + 2 * h + e];
+            const float u = (MODE & kSilu) != 0 ? d[4 * (j + OUT / 8) + 2 * h + e] : 0.f;
+            const float bu = (MODE & kSilu) != 0 ? bias_of(I + col0 + c + e) : 0.f;
+            o[e] = finish<MODE>(v, u, inv, bias_of(col0 + c + e), bu, y + size_t(row) * ldy + col0 + c + e);
+          }
+          *reinterpret_cast<__nv_bfloat162*>(y + size_t(row) * ldy + col0 + c) = __floats2bfloat162_rn(o[0], o[1]);
         }
-        *reinterpret_cast<__nv_bfloat162*>(y + size_t(row) * ldy + col0 + c) = __floats2bfloat162_rn(o[0], o[1]);
       }
     }
     return;
@@ -304,6 +379,32 @@ __global__ void __launch_bounds__(kThreads)
       inv_s[tid] = rsqrtf(t * inv_k + eps);
     }
     __syncthreads();
+  }
+  if constexpr ((MODE & kRope) != 0) {
+    // pairs of 4-column chunks D / 2 apart, each chunk in the first half of its head
+    const int half = rp.D / 2, pairs = M * (BN / 8);
+    const int p_lo = int(rank * pairs / split), p_hi = int((rank + 1) * pairs / split);
+    for (int q = p_lo + tid; q < p_hi; q += kThreads) {
+      const int row = q / (BN / 8), k = q % (BN / 8);
+      const int col4 = (k / (half / 4)) * rp.D + 4 * (k % (half / 4));
+      const uint32_t a = saddr(part + row * LD + col4), b = a + uint32_t(half) * 4;
+      float4 x = ld_cluster4(remote(a, 0)), z = ld_cluster4(remote(b, 0));
+      for (int r = 1; r < int(split); ++r) {
+        const float4 v = ld_cluster4(remote(a, r)), w = ld_cluster4(remote(b, r));
+        x.x += v.x, x.y += v.y, x.z += v.z, x.w += v.w;
+        z.x += w.x, z.y += w.y, z.z += w.z, z.w += w.w;
+      }
+      const float inv = (MODE & kNorm) != 0 ? inv_s[row] : 1.f;
+      const float xv[4] = {x.x, x.y, x.z, x.w}, zv[4] = {z.x, z.y, z.z, z.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = col0 + col4 + e;
+        rope_store(rp, row, c, finish<MODE>(xv[e], 0.f, inv, bias_of(c), 0.f, nullptr),
+                   finish<MODE>(zv[e], 0.f, inv, bias_of(c + half), 0.f, nullptr));
+      }
+    }
+    cluster_sync();
+    return;
   }
   const int chunks = M * (OUT / 4);
   const int c_lo = int(rank * chunks / split), c_hi = int((rank + 1) * chunks / split);
@@ -395,10 +496,13 @@ int max_clusters(int K, int split) {
 // [r nkb / split, (r + 1) nkb / split), nkb = K / 64.
 template <int BN, int STAGES, int MODE, int KB = 1>
 cudaError_t gemm(const CUtensorMap& tx, const CUtensorMap& tw, const __nv_bfloat16* bias, const __nv_bfloat16* g,
-                 __nv_bfloat16* y, int ldy, int M, int N, int K, int split, float eps, bool pdl, cudaStream_t st) {
+                 __nv_bfloat16* y, int ldy, int M, int N, int K, int split, float eps, bool pdl, cudaStream_t st,
+                 const Rope& rope = Rope{}) {
   const bool silu = (MODE & kSilu) != 0;
   if (M < 1 || M > kRows || K % (kBK * KB) || split < 1 || split > 16 || split > K / (kBK * KB) ||
-      (silu ? N % 128 : N % BN) != 0 || ((MODE & kNorm) != 0 && !g))
+      (silu ? N % 128 : N % BN) != 0 || ((MODE & kNorm) != 0 && !g) ||
+      ((MODE & kRope) != 0 && (!rope.pos || !rope.inv_freq || !rope.q || (rope.D != 64 && rope.D != 128) ||
+                               N != (rope.nh + 2 * rope.nkv) * rope.D)))
     return cudaErrorInvalidValue;
   auto* k = kernel<BN, STAGES, MODE, KB>;
   const int bytes = smem_bytes<BN, STAGES, KB>() + ((MODE & kNorm) != 0 ? K * 2 : 0);
@@ -423,7 +527,7 @@ cudaError_t gemm(const CUtensorMap& tx, const CUtensorMap& tw, const __nv_bfloat
   cfg.stream = st;
   cfg.attrs = at;
   cfg.numAttrs = 2;
-  return cudaLaunchKernelEx(&cfg, k, tx, tw, bias, g, y, ldy, M, K / kBK, N / 2, eps);
+  return cudaLaunchKernelEx(&cfg, k, tx, tw, bias, g, y, ldy, M, K / kBK, N / 2, eps, rope);
 }
 
 }  // namespace kernelrl::cuda::wgmma_gemm
