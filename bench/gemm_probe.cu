@@ -14,8 +14,9 @@
 // A third argument `wgmma` times version 4 (policy/wgmma_gemm.cuh, the decoder's fused products: the copy engine and wgmma) the
 // same way at each tile width, depth and split, plain and in the mode a fused layer would run it
 // (q/k/v with the RMSNorm, o and down with the residual add, gate/up with the RMSNorm and SwiGLU),
-// checks the fused modes against float64, then times a layer as the decoder runs it today against
-// the fused layer (the rotary embedding and the attention as stand-ins in both).
+// checks the fused modes against float64, then times a layer as the decoder ran it with cuBLAS
+// (KERNELRL_WGMMA=0 today) against the fused layer (the rotary embedding and the attention as
+// stand-ins in both).
 //
 //   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/gemm_probe.cu -lcublasLt -o gemm_probe
 //   ./gemm_probe 64 && ./gemm_probe 16 1.5b && ./gemm_probe 64 "" pf && ./gemm_probe 64 1.5b pdl
@@ -644,24 +645,28 @@ namespace dg = kernelrl::cuda::wgmma_gemm;
 using Fn = cudaError_t (*)(const CUtensorMap&, const CUtensorMap&, const __nv_bfloat16*, const __nv_bfloat16*,
                            __nv_bfloat16*, int, int, int, int, int, float, bool, cudaStream_t);
 
-// The decoder's product (policy/decode_gemm.cuh) at one tile width and depth, each fused mode.
+// The decoder's product (policy/wgmma_gemm.cuh) at one tile width and depth, each fused mode.
+template <int BN, int S, int MODE, int KB>
+cudaError_t run_v4(const CUtensorMap& x, const CUtensorMap& w, const __nv_bfloat16* b, const __nv_bfloat16* g,
+                   __nv_bfloat16* y, int ldy, int M, int N, int K, int split, float eps, bool pdl, cudaStream_t st) {
+  return dg::gemm<BN, S, MODE, KB>(x, w, b, g, y, ldy, M, N, K, split, eps, pdl, st);
+}
 struct V4 {
   int bn, stages, kb;
   Fn plain, norm, silu, resid;
 };
 template <int BN, int S, int KB>
 constexpr V4 v4() {
-  if constexpr (BN == 128)
+  if constexpr (BN == 128)  // (kSilu's tiles are 64 gate + 64 up rows)
     return {BN,
             S,
             KB,
-            dg::gemm<BN, S, 0, KB>,
-            dg::gemm<BN, S, dg::kNorm, KB>,
-            dg::gemm<BN, S, dg::kNorm | dg::kSilu, KB>,
-            dg::gemm<BN, S, dg::kResid, KB>};
+            run_v4<BN, S, 0, KB>,
+            run_v4<BN, S, dg::kNorm, KB>,
+            run_v4<BN, S, dg::kNorm | dg::kSilu, KB>,
+            run_v4<BN, S, dg::kResid, KB>};
   else
-    return {
-        BN, S, KB, dg::gemm<BN, S, 0, KB>, dg::gemm<BN, S, dg::kNorm, KB>, nullptr, dg::gemm<BN, S, dg::kResid, KB>};
+    return {BN, S, KB, run_v4<BN, S, 0, KB>, run_v4<BN, S, dg::kNorm, KB>, nullptr, run_v4<BN, S, dg::kResid, KB>};
 }
 // (tile width, stages, K-blocks a stage)
 const V4 kV4[] = {v4<64, 6, 1>(), v4<128, 4, 1>(), v4<128, 8, 1>(), v4<256, 4, 1>(),

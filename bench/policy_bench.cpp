@@ -464,7 +464,8 @@ int gemm_check(const std::function<std::string(const char*, const char*)>& get) 
   c10::cuda::CUDAGuard guard(dev.index());
   const auto* prop = at::cuda::getCurrentDeviceProperties();
   if (!kc::fused_gemm_available()) {
-    const bool ok = !(prop->major == 9 && prop->minor == 0) || std::getenv("KERNELRL_WGMMA") != nullptr;
+    const char* off = std::getenv("KERNELRL_WGMMA");
+    const bool ok = !(prop->major == 9 && prop->minor == 0) || (off && std::string(off) == "0");
     std::printf("%s\n", nlohmann::json{{"ok", ok}, {"available", false}}.dump().c_str());
     return ok ? 0 : 1;
   }
@@ -530,33 +531,37 @@ int gemm_check(const std::function<std::string(const char*, const char*)>& get) 
         auto ref = torch::matmul(xn64, w.to(torch::kFloat64).t()) + b.to(torch::kFloat64);
         record("q/k/v kNorm", y, y2, ref, torch::nn::functional::linear(xn16, w, b));
       }
-      {  // q/k/v of the norm with the rotary embedding and cache write fused in: the same bits as
-         // the q/k/v product followed by rope_qkv
-        const int nkv = sh.NQ == 2048 ? 2 : 4, D = 128, nh = sh.NQ / D - 2 * nkv;
+      // q/k/v of the norm with the rotary embedding and cache write fused in: the same bits as the
+      // q/k/v product followed by rope_qkv; heads of 128 with a bias, and of 64 without one
+      for (const int D : {128, 64}) {
+        const int nkv = D == 128 ? (sh.NQ == 2048 ? 2 : 4) : 2, nh = sh.NQ / D - 2 * nkv;
         const int64_t cap = 8;
         kc::GemmMap wm;
         auto w = weight(kc::Fused::kQkvNorm, sh.NQ, sh.H, &wm);
-        auto b = (torch::randn({sh.NQ}, bf) * 0.1).contiguous();
+        auto b = D == 128 ? (torch::randn({sh.NQ}, bf) * 0.1).contiguous() : torch::Tensor();
         auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(dev);
         auto pos = torch::randint(0, cap, {R}, i64);
         if (R > 1) pos[R - 1] = cap;  // a row whose slot is outside the cache: no k or v written
         auto inv_freq = torch::pow(1e6, -torch::arange(0, D, 2, torch::TensorOptions().dtype(torch::kFloat64)) / D)
                             .to(torch::kFloat32)
                             .to(dev);
-        auto fused = [&](torch::Tensor& q, torch::Tensor& kcache, torch::Tensor& vcache) {
-          kc::fused_qkv_rope(hx, wm, p16(b), p16(g), pos.data_ptr<int64_t>(), inv_freq.data_ptr<float>(), R, nh, nkv, D,
-                             sh.H, eps, p16(q), p16(kcache), p16(vcache), cap, sms, stream);
-        };
+        auto bptr = b.defined() ? p16(b) : nullptr;
         auto q1 = torch::zeros({R, nh, D}, bf), k1 = torch::zeros({R, nkv, cap, D}, bf), v1 = torch::zeros_like(k1);
         auto q2 = torch::zeros_like(q1), k2 = torch::zeros_like(k1), v2 = torch::zeros_like(k1);
-        fused(q1, k1, v1);
+        kc::fused_qkv_rope(hx, wm, bptr, p16(g), pos.data_ptr<int64_t>(), inv_freq.data_ptr<float>(), R, nh, nkv, D,
+                           sh.H, eps, p16(q1), p16(k1), p16(v1), cap, sms, stream);
         auto qkv = torch::empty({R, sh.NQ}, bf);
-        kc::fused_gemm(kc::Fused::kQkvNorm, hx, wm, p16(b), p16(g), p16(qkv), R, sh.NQ, sh.H, eps, sms, stream);
+        kc::fused_gemm(kc::Fused::kQkvNorm, hx, wm, bptr, p16(g), p16(qkv), R, sh.NQ, sh.H, eps, sms, stream);
         kc::rope_qkv(p16(qkv), nullptr, pos.data_ptr<int64_t>(), inv_freq.data_ptr<float>(), R, nh, nkv, D, p16(q2),
                      p16(k2), p16(v2), cap, stream);
         const bool same = torch::equal(q1, q2) && torch::equal(k1, k2) && torch::equal(v1, v2);
         ok = ok && same;
-        rows.push_back({{"model", sh.model}, {"rows", R}, {"kind", "q/k/v kNorm + rotary"}, {"same_as_unfused", same}});
+        rows.push_back({{"model", sh.model},
+                        {"rows", R},
+                        {"kind", "q/k/v kNorm + rotary"},
+                        {"head_dim", D},
+                        {"bias", b.defined()},
+                        {"same_as_unfused", same}});
       }
       {  // silu(gate) * up of the norm
         kc::GemmMap wm;

@@ -184,12 +184,8 @@ __global__ void rope_qkv_kernel(const bf16_t* qkv, const float* lora, const int6
   for (int idx = threadIdx.x; idx < rot + nkv * D; idx += blockDim.x) {
     if (idx < rot) {
       const int hh = idx / half, i = idx % half, col = hh * D;
-      const float x1 = val(col + i), x2 = val(col + i + half);
-      const float f = float(p) * inv_freq[i];
-      const float c = rnd(cosf(f)), s = rnd(sinf(f));
-      // q * cos + rotate_half(q) * sin, rotate_half(q) = [-x2, x1]; each product and the sum rounded
-      const float o1 = rnd(rnd(x1 * c) + rnd(-x2 * s));
-      const float o2 = rnd(rnd(x2 * c) + rnd(x1 * s));
+      const float2 o = wgmma_gemm::rotate_pair(val(col + i), val(col + i + half), p, inv_freq[i]);
+      const float o1 = o.x, o2 = o.y;
       if (hh < nh) {
         q_out[(r * nh + hh) * D + i] = to_bf(o1);
         q_out[(r * nh + hh) * D + i + half] = to_bf(o2);
@@ -1268,7 +1264,7 @@ void logprob_backward(const bf16_t* logits, int64_t rows, int V, const int64_t* 
 namespace {
 
 namespace wg = wgmma_gemm;
-static_assert(sizeof(CUtensorMap) == sizeof(GemmMap) && alignof(CUtensorMap) <= alignof(GemmMap));
+static_assert(sizeof(CUtensorMap) == sizeof(GemmMap::raw) && alignof(CUtensorMap) <= alignof(GemmMap));
 
 // Whether this binary's sm_90a code (the only code with the products' bodies) ran.
 __global__ void wgmma_body_kernel(int* out) {
@@ -1355,13 +1351,22 @@ bool fused_gemm_available() {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     if (major == 9 && minor == 0) {
+      // on a stream of its own (no implicit synchronisation with other threads' work)
       int* d = nullptr;
-      if (cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
-        wgmma_body_kernel<<<1, 1>>>(d);
-        if (cudaMemcpy(&body, d, sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) body = 0;
-        cudaFree(d);
+      cudaStream_t st = nullptr;
+      if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess) {
+        if (cudaMallocAsync(&d, sizeof(int), st) == cudaSuccess) {
+          wgmma_body_kernel<<<1, 1, 0, st>>>(d);
+          // a binary without sm_90a code fails this launch ("no kernel image"): reported here
+          if (cudaGetLastError() != cudaSuccess ||
+              cudaMemcpyAsync(&body, d, sizeof(int), cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+              cudaStreamSynchronize(st) != cudaSuccess)
+            body = 0;
+          cudaFreeAsync(d, st);
+        }
+        cudaStreamSynchronize(st);
+        cudaStreamDestroy(st);
       }
-      cudaGetLastError();  // a binary without sm_90a code: "no kernel image", not an error here
     }
     state[dev] = body == 1 ? 1 : -1;
   }
@@ -1374,20 +1379,36 @@ bool fused_gemm_supported(Fused kind, int N, int K) {
   return kind == Fused::kGateUpNormSilu ? N % 128 == 0 : N % sh.bn == 0;
 }
 
+int weight_box(Fused kind, int K) { return kind == Fused::kGateUpNormSilu ? 64 : shape_of(kind, K).bn; }
+
 bool fused_gemm_weight_map(Fused kind, const bf16_t* w, int N, int K, GemmMap* map) {
   if (!fused_gemm_supported(kind, N, K)) return false;
-  const int box = kind == Fused::kGateUpNormSilu ? 64 : shape_of(kind, K).bn;
-  return wg::make_map(reinterpret_cast<CUtensorMap*>(map->raw), w, uint64_t(N), uint64_t(K), uint32_t(box));
+  const int box = weight_box(kind, K);
+  if (!wg::make_map(reinterpret_cast<CUtensorMap*>(map->raw), w, uint64_t(N), uint64_t(K), uint32_t(box))) return false;
+  map->rows = N, map->cols = K, map->box = box;
+  return true;
 }
 
 bool fused_gemm_input_map(const bf16_t* x, int R, int K, GemmMap* map) {
   if (R < 1 || R > wg::kRows || K % 64 != 0) return false;
-  return wg::make_map(reinterpret_cast<CUtensorMap*>(map->raw), x, uint64_t(R), uint64_t(K), 64);
+  if (!wg::make_map(reinterpret_cast<CUtensorMap*>(map->raw), x, uint64_t(R), uint64_t(K), 64)) return false;
+  map->rows = R, map->cols = K, map->box = 64;
+  return true;
 }
+
+namespace {
+// The maps must be the ones made for this product (a box the kernel does not expect would leave its
+// stage barrier waiting for bytes that never come).
+void check_maps(const char* what, Fused kind, const GemmMap& x, const GemmMap& w, int R, int N, int K) {
+  if (x.rows != R || x.cols != K || x.box != 64 || w.rows != N || w.cols != K || w.box != weight_box(kind, K))
+    throw std::invalid_argument(std::string(what) + ": the maps were not made for this product's shape");
+}
+}  // namespace
 
 void fused_gemm(Fused kind, const GemmMap& x, const GemmMap& w, const bf16_t* bias, const bf16_t* g, bf16_t* y, int R,
                 int N, int K, float eps, int sms, Stream s) {
   if (!fused_gemm_supported(kind, N, K)) throw std::invalid_argument("fused_gemm: unsupported shape");
+  check_maps("fused_gemm", kind, x, w, R, N, K);
   const GemmShape sh = shape_of(kind, K);
   const int split = fused_gemm_split(kind, N, K, sms);
   const auto* b = reinterpret_cast<const __nv_bfloat16*>(bias);
@@ -1420,6 +1441,7 @@ void fused_qkv_rope(const GemmMap& x, const GemmMap& w, const bf16_t* bias, cons
   const int N = (nh + 2 * nkv) * D;
   if (!fused_qkv_rope_supported(nh, nkv, D) || !fused_gemm_supported(Fused::kQkvNorm, N, K))
     throw std::invalid_argument("fused_qkv_rope: unsupported shape");
+  check_maps("fused_qkv_rope", Fused::kQkvNorm, x, w, R, N, K);
   wg::Rope rp;
   rp.pos = pos, rp.inv_freq = inv_freq, rp.nh = nh, rp.nkv = nkv, rp.D = D, rp.cap = cap;
   rp.q = reinterpret_cast<__nv_bfloat16*>(q_out);

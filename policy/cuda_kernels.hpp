@@ -70,6 +70,7 @@ void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, fl
 // How the copy engine reads a bf16 matrix: a driver tensor map, opaque here (128 bytes, 128-aligned).
 struct GemmMap {
   alignas(128) unsigned char raw[128];
+  int rows = 0, cols = 0, box = 0;  // what it was made for (checked by fused_gemm)
 };
 enum class Fused : int {
   kQkvNorm,         // y = (g * rmsnorm(h)) W^T + bias; x is the residual stream h
@@ -85,9 +86,12 @@ bool fused_gemm_supported(Fused kind, int N, int K);
 bool fused_gemm_weight_map(Fused kind, const bf16_t* w, int N, int K, GemmMap* map);
 // The map of an activation x [R, K], R <= 64 (the rows up to 64 read as zeros).
 bool fused_gemm_input_map(const bf16_t* x, int R, int K, GemmMap* map);
-// One product: maps as above, g [K] the norm weight of the Norm kinds, y [R, N] (kGateUpNormSilu:
-// [R, N / 2]; the Resid kinds: h [R, N], updated in place). K is split over up to 8 blocks of a
-// cluster, as many as keep the grid within `sms` blocks. Deterministic (fixed summation order).
+// One product: maps as above, g [K] the norm weight of the Norm kinds (16-byte aligned), y [R, N]
+// (kGateUpNormSilu: [R, N / 2]; the Resid kinds: h [R, N], updated in place). K is split over the
+// blocks of a cluster: the largest split (at most 8, and at most the multiprocessors' share of each
+// output tile) whose clusters all fit on the device at once (KERNELRL_WGMMA_SPLIT=q,o,gu,down sets
+// them, up to 16). The same bits on every call with the same split (fixed summation order); the
+// split, and so the last bits, depend on the device.
 void fused_gemm(Fused kind, const GemmMap& x, const GemmMap& w, const bf16_t* bias, const bf16_t* g, bf16_t* y, int R,
                 int N, int K, float eps, int sms, Stream s);
 // kQkvNorm with rope_qkv fused into its end (the same arithmetic, the same bits): q [R, nh, D] and

@@ -123,7 +123,8 @@ struct Decoder::Run {
   int sms = 0;
 #ifdef KERNELRL_CUDA_KERNELS
   // The Hopper products with the layer's elementwise steps fused in (cuda::fused_gemm), without an
-  // adapter and for at most 64 rows: each layer's weight maps (q/k/v, o, gate/up, down), built once.
+  // adapter and for at most 64 rows: each layer's weight maps (q/k/v, o, gate/up, down), built once
+  // a generation (host-side encodes of fixed addresses).
   bool wgmma = false;
   std::vector<std::array<cuda::GemmMap, 4>> wmaps;
 #endif
@@ -156,7 +157,8 @@ struct Decoder::Run {
     // hidden 1,536, 0.29 ms a step less at 64 rows; hidden 3,584 0.17-0.24 ms more, so up to 2,048);
     // KERNELRL_WGMMA=1 takes them at any size, 0 never.
     const char* wv = std::getenv("KERNELRL_WGMMA");
-    const bool wgmma_wanted = wv ? std::string(wv) == "1" : c.hidden_size <= 2048;
+    const std::string wset = wv ? wv : "";
+    const bool wgmma_wanted = wset == "1" || (wset != "0" && c.hidden_size <= 2048);
     if (fused && !lora && R <= 64 && wgmma_wanted && cuda::fused_gemm_available() &&
         cuda::fused_qkv_rope_supported(int(c.num_heads), int(c.num_kv_heads), int(c.head_dim)))
       wgmma = weight_maps();
@@ -333,14 +335,18 @@ struct Decoder::Run {
     };
     auto ptr = [](const torch::Tensor& t) { return reinterpret_cast<const cuda::bf16_t*>(t.data_ptr()); };
     for (const auto& L : m.layers_) {
-      if (!bf(L.qkv_w) || !bf(L.o.w) || !bf(L.gu_w) || !bf(L.down.w) || !bf(L.in_norm) || !bf(L.post_norm))
+      if (!bf(L.qkv_w) || !bf(L.o.w) || !bf(L.gu_w) || !bf(L.down.w) || !bf(L.in_norm) || !bf(L.post_norm)) {
+        wmaps.clear();
         return false;
+      }
       std::array<cuda::GemmMap, 4> mp;
       if (!cuda::fused_gemm_weight_map(cuda::Fused::kQkvNorm, ptr(L.qkv_w), NQ, Hd, &mp[0]) ||
           !cuda::fused_gemm_weight_map(cuda::Fused::kOResid, ptr(L.o.w), Hd, A, &mp[1]) ||
           !cuda::fused_gemm_weight_map(cuda::Fused::kGateUpNormSilu, ptr(L.gu_w), 2 * I, Hd, &mp[2]) ||
-          !cuda::fused_gemm_weight_map(cuda::Fused::kDownResid, ptr(L.down.w), Hd, I, &mp[3]))
+          !cuda::fused_gemm_weight_map(cuda::Fused::kDownResid, ptr(L.down.w), Hd, I, &mp[3])) {
+        wmaps.clear();
         return false;
+      }
       wmaps.push_back(mp);
     }
     return true;

@@ -4,7 +4,9 @@
 //  - kNorm: x is the residual stream h and the product is that of transformers' Qwen2RMSNorm
 //    output, g * h / rms(h): each stage's x tile is multiplied by g in shared memory (rounded to
 //    bf16) while the block sums h^2 per row, and each output is scaled by rsqrt(mean h^2 + eps)
-//    at the end (no normalised copy of x in device memory, no norm kernel).
+//    at the end (no normalised copy of x in device memory, no norm kernel). It rounds elsewhere
+//    than transformers (bf16(h g), then the float32 sum times 1/rms, where transformers rounds
+//    h / rms to bf16 first): closer to the float32 model, not bit-equal to transformers' bf16.
 //  - kSilu: W is the fused gate|up weight [2I, K]; a tile holds 64 gate rows and the same 64 up
 //    rows, and the output is silu(gate) * up [M, I] with transformers' roundings.
 //  - kResid: the output is added to y in place, y = bf16(y + bf16(x W^T)): the residual add.
@@ -31,8 +33,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
+#include <mutex>
 
 namespace kernelrl::cuda::wgmma_gemm {
 
@@ -153,6 +155,16 @@ __device__ __forceinline__ float finish(float v, float u, float inv, float b, fl
 
 __device__ __forceinline__ float round_bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
+// The rotary embedding of one pair (x1, x2) = (q[i], q[i + D/2]) at position p with frequency f, as
+// transformers computes it in bf16: cos and sin in float32 rounded to bf16, q * cos +
+// rotate_half(q) * sin with rotate_half(q) = [-x2, x1], each product and the sum rounded. Shared by
+// rope_qkv (policy/cuda_kernels.cu) and kRope, so that the two give the same bits.
+__device__ __forceinline__ float2 rotate_pair(float x1, float x2, int64_t p, float f) {
+  const float a = float(p) * f;
+  const float c = round_bf(cosf(a)), s = round_bf(sinf(a));
+  return make_float2(round_bf(round_bf(x1 * c) + round_bf(-x2 * s)), round_bf(round_bf(x2 * c) + round_bf(x1 * s)));
+}
+
 // kRope's end for the finished outputs (row, col) and (row, col + D / 2), col in the first half of
 // its head: rope_qkv's arithmetic (the bf16 q|k|v values, cos and sin rounded to bf16, each product
 // and the sum rounded).
@@ -162,10 +174,8 @@ __device__ __forceinline__ void rope_store(const Rope& rp, int row, int col, flo
   const int64_t p = rp.pos[row];
   const bool write = p >= 0 && p < rp.cap;
   if (hh < rp.nh + rp.nkv) {
-    const float f = float(p) * rp.inv_freq[i];
-    const float c = round_bf(cosf(f)), s = round_bf(sinf(f));
-    const float o1 = round_bf(round_bf(x1 * c) + round_bf(-x2 * s));
-    const float o2 = round_bf(round_bf(x2 * c) + round_bf(x1 * s));
+    const float2 o = rotate_pair(x1, x2, p, rp.inv_freq[i]);
+    const float o1 = o.x, o2 = o.y;
     if (hh < rp.nh) {
       __nv_bfloat16* q = rp.q + (int64_t(row) * rp.nh + hh) * rp.D;
       q[i] = __float2bfloat16(o1), q[i + half] = __float2bfloat16(o2);
@@ -436,6 +446,8 @@ __global__ void __launch_bounds__(kThreads)
     *reinterpret_cast<uint2*>(yr) = *reinterpret_cast<const uint2*>(o);
   }
   cluster_sync();  // no block leaves while another still reads its tile
+#else
+  __trap();  // built without sm_90a's code: never silently leave y unwritten
 #endif
 }
 
@@ -466,14 +478,42 @@ inline bool make_map(CUtensorMap* map, const void* p, uint64_t rows, uint64_t K,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The dynamic shared memory a block of this kernel takes at K, and the most the current device
+// lets it take: set once a device and kernel to the device's opt-in limit less the kernel's static
+// shared memory, with clusters above 8 allowed (-1 if refused). Thread-safe.
+template <int BN, int STAGES, int MODE, int KB>
+int smem_at(int K) {
+  return smem_bytes<BN, STAGES, KB>() + ((MODE & kNorm) != 0 ? K * 2 : 0);
+}
+template <int BN, int STAGES, int MODE, int KB>
+int smem_limit() {
+  static std::mutex mu;
+  static int limit[64] = {};  // per device; 0: not set yet
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return -1;
+  std::lock_guard<std::mutex> lock(mu);
+  if (limit[dev] == 0) {
+    auto* k = kernel<BN, STAGES, MODE, KB>;
+    cudaFuncAttributes fa{};
+    int optin = 0;
+    if (cudaFuncGetAttributes(&fa, k) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - int(fa.sharedSizeBytes)) !=
+            cudaSuccess ||
+        cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+      limit[dev] = -1;
+    else
+      limit[dev] = optin - int(fa.sharedSizeBytes);
+  }
+  return limit[dev];
+}
+
 // How many clusters of `split` blocks of this kernel the device holds at once (0 if none fit).
 template <int BN, int STAGES, int MODE, int KB = 1>
 int max_clusters(int K, int split) {
   auto* k = kernel<BN, STAGES, MODE, KB>;
-  const int bytes = smem_bytes<BN, STAGES, KB>() + ((MODE & kNorm) != 0 ? K * 2 : 0);
-  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess ||
-      cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-    return 0;
+  const int bytes = smem_at<BN, STAGES, MODE, KB>(K);
+  if (smem_limit<BN, STAGES, MODE, KB>() < bytes) return 0;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim.x = unsigned(split), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
@@ -500,21 +540,14 @@ cudaError_t gemm(const CUtensorMap& tx, const CUtensorMap& tw, const __nv_bfloat
                  const Rope& rope = Rope{}) {
   const bool silu = (MODE & kSilu) != 0;
   if (M < 1 || M > kRows || K % (kBK * KB) || split < 1 || split > 16 || split > K / (kBK * KB) ||
-      (silu ? N % 128 : N % BN) != 0 || ((MODE & kNorm) != 0 && !g) ||
-      ((MODE & kRope) != 0 && (!rope.pos || !rope.inv_freq || !rope.q || (rope.D != 64 && rope.D != 128) ||
-                               N != (rope.nh + 2 * rope.nkv) * rope.D)))
+      (silu ? N % 128 : N % BN) != 0 || ((MODE & kNorm) != 0 && (!g || reinterpret_cast<uintptr_t>(g) % 16 != 0)) ||
+      ((MODE & kRope) == 0 && (!y || ldy < (silu ? N / 2 : N))) ||
+      ((MODE & kRope) != 0 && (!rope.pos || !rope.inv_freq || !rope.q || !rope.kc || !rope.vc || rope.cap < 1 ||
+                               (rope.D != 64 && rope.D != 128) || N != (rope.nh + 2 * rope.nkv) * rope.D)))
     return cudaErrorInvalidValue;
   auto* k = kernel<BN, STAGES, MODE, KB>;
-  const int bytes = smem_bytes<BN, STAGES, KB>() + ((MODE & kNorm) != 0 ? K * 2 : 0);
-  static std::atomic<int> allowed[64];  // per device: the dynamic shared memory granted so far
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
-  if (bytes > allowed[dev].load()) {
-    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess ||
-        cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
-      return cudaErrorInvalidValue;
-    allowed[dev] = bytes;
-  }
+  const int bytes = smem_at<BN, STAGES, MODE, KB>(K);
+  if (smem_limit<BN, STAGES, MODE, KB>() < bytes) return cudaErrorInvalidValue;
   cudaLaunchAttribute at[2];
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim.x = unsigned(split), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
