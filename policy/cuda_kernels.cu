@@ -49,6 +49,16 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// The current device's value of `compute(dev)` (nonzero), computed once a device; 0 when there is
+// no current device (or more than 64).
+template <class F>
+int once_per_device(std::array<std::atomic<int>, 64>& cache, F&& compute) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= int(cache.size())) return 0;
+  if (cache[dev].load() == 0) cache[dev] = compute(dev);
+  return cache[dev].load();
+}
+
 bool pdl_on() {
   static const bool off = [] {
     const char* v = std::getenv("KERNELRL_PDL");
@@ -56,14 +66,11 @@ bool pdl_on() {
   }();
   if (off) return false;
   static std::array<std::atomic<int>, 64> major{};  // per device, 0 until asked
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= int(major.size())) return false;
-  if (major[dev].load() == 0) {
-    int m = 0;
-    cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev);
-    major[dev] = m > 0 ? m : -1;
-  }
-  return major[dev].load() >= 9;
+  return once_per_device(major, [](int dev) {
+           int m = 0;
+           cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev);
+           return m > 0 ? m : -1;
+         }) >= 9;
 }
 
 template <typename... P, typename... A>
@@ -1275,38 +1282,45 @@ __global__ void wgmma_body_kernel(int* out) {
 #endif
 }
 
-// Tile width and K-blocks a stage of each kind (measured on the H100 at the 1.5B and 7B shapes:
-// docs/BENCHMARKS.md): 4 K-blocks a stage where K allows, else 1 with a deeper ring.
+// The kernel of each kind: tile width, ring depth and K-blocks a stage (measured on the H100 at the
+// 1.5B and 7B shapes: docs/BENCHMARKS.md; 4 or 2 K-blocks a stage where K allows, else 1 with a
+// deeper ring) and its fused steps (ROPE: q/k/v with the rotary embedding and the cache write).
+// with_config calls f(Config<...>{}) with it: the one table the launch, the occupancy query and
+// the maps' box all read.
+template <int BN, int STAGES, int KB, int MODE>
+struct Config {
+  static constexpr int bn = BN, stages = STAGES, kb = KB, mode = MODE;
+};
+template <bool ROPE = false, class F>
+auto with_config(Fused kind, int K, F&& f) {
+  const int nkb = K / 64;
+  switch (kind) {
+    case Fused::kQkvNorm: {
+      constexpr int mode = wg::kNorm | (ROPE ? wg::kRope : 0);
+      return nkb % 4 == 0 ? f(Config<128, 2, 4, mode>{}) : f(Config<128, 8, 1, mode>{});
+    }
+    case Fused::kGateUpNormSilu:
+      return f(Config<128, 4, 1, wg::kNorm | wg::kSilu>{});
+    default:
+      return nkb % 2 == 0 ? f(Config<64, 4, 2, wg::kResid>{}) : f(Config<64, 8, 1, wg::kResid>{});
+  }
+}
+
 struct GemmShape {
   int bn, kb;
 };
 GemmShape shape_of(Fused kind, int K) {
-  const int nkb = K / 64;
-  switch (kind) {
-    case Fused::kQkvNorm:
-      return {128, nkb % 4 == 0 ? 4 : 1};
-    case Fused::kGateUpNormSilu:
-      return {128, 1};
-    default:
-      return {64, nkb % 2 == 0 ? 2 : 1};
-  }
+  return with_config(kind, K, [](auto c) { return GemmShape{decltype(c)::bn, decltype(c)::kb}; });
 }
 
 const CUtensorMap& tmap(const GemmMap& m) { return *reinterpret_cast<const CUtensorMap*>(m.raw); }
 
 // The clusters of `split` blocks the device holds at once for `kind`'s kernel at K.
 int clusters_held(Fused kind, int K, int split) {
-  const GemmShape sh = shape_of(kind, K);
-  switch (kind) {
-    case Fused::kQkvNorm:
-      return sh.kb == 4 ? wg::max_clusters<128, 2, wg::kNorm, 4>(K, split)
-                        : wg::max_clusters<128, 8, wg::kNorm, 1>(K, split);
-    case Fused::kGateUpNormSilu:
-      return wg::max_clusters<128, 4, wg::kNorm | wg::kSilu, 1>(K, split);
-    default:
-      return sh.kb == 2 ? wg::max_clusters<64, 4, wg::kResid, 2>(K, split)
-                        : wg::max_clusters<64, 8, wg::kResid, 1>(K, split);
-  }
+  return with_config(kind, K, [&](auto c) {
+    using C = decltype(c);
+    return wg::max_clusters<C::bn, C::stages, C::mode, C::kb>(K, split);
+  });
 }
 
 // The K split of a product: the largest (at most 8, and at most the tiles' share of the
@@ -1344,33 +1358,30 @@ bool fused_gemm_available() {
   }();
   if (off || !wg::encoder()) return false;
   static std::array<std::atomic<int>, 64> state{};  // per device: 0 unknown, 1 yes, -1 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= int(state.size())) return false;
-  if (state[dev].load() == 0) {
-    int major = 0, minor = 0, body = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    if (major == 9 && minor == 0) {
-      // on a stream of its own (no implicit synchronisation with other threads' work)
-      int* d = nullptr;
-      cudaStream_t st = nullptr;
-      if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess) {
-        if (cudaMallocAsync(&d, sizeof(int), st) == cudaSuccess) {
-          wgmma_body_kernel<<<1, 1, 0, st>>>(d);
-          // a binary without sm_90a code fails this launch ("no kernel image"): reported here
-          if (cudaGetLastError() != cudaSuccess ||
-              cudaMemcpyAsync(&body, d, sizeof(int), cudaMemcpyDeviceToHost, st) != cudaSuccess ||
-              cudaStreamSynchronize(st) != cudaSuccess)
-            body = 0;
-          cudaFreeAsync(d, st);
-        }
-        cudaStreamSynchronize(st);
-        cudaStreamDestroy(st);
-      }
-    }
-    state[dev] = body == 1 ? 1 : -1;
-  }
-  return state[dev].load() == 1;
+  return once_per_device(state, [](int dev) {
+           int major = 0, minor = 0, body = 0;
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+           if (major == 9 && minor == 0) {
+             // on a stream of its own (no implicit synchronisation with other threads' work)
+             int* d = nullptr;
+             cudaStream_t st = nullptr;
+             if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess) {
+               if (cudaMallocAsync(&d, sizeof(int), st) == cudaSuccess) {
+                 wgmma_body_kernel<<<1, 1, 0, st>>>(d);
+                 // a binary without sm_90a code fails this launch ("no kernel image"): reported here
+                 if (cudaGetLastError() != cudaSuccess ||
+                     cudaMemcpyAsync(&body, d, sizeof(int), cudaMemcpyDeviceToHost, st) != cudaSuccess ||
+                     cudaStreamSynchronize(st) != cudaSuccess)
+                   body = 0;
+                 cudaFreeAsync(d, st);
+               }
+               cudaStreamSynchronize(st);
+               cudaStreamDestroy(st);
+             }
+           }
+           return body == 1 ? 1 : -1;
+         }) == 1;
 }
 
 bool fused_gemm_supported(Fused kind, int N, int K) {
@@ -1409,26 +1420,17 @@ void fused_gemm(Fused kind, const GemmMap& x, const GemmMap& w, const bf16_t* bi
                 int N, int K, float eps, int sms, Stream s) {
   if (!fused_gemm_supported(kind, N, K)) throw std::invalid_argument("fused_gemm: unsupported shape");
   check_maps("fused_gemm", kind, x, w, R, N, K);
-  const GemmShape sh = shape_of(kind, K);
   const int split = fused_gemm_split(kind, N, K, sms);
   const auto* b = reinterpret_cast<const __nv_bfloat16*>(bias);
   const auto* gw = reinterpret_cast<const __nv_bfloat16*>(g);
   auto* out = reinterpret_cast<__nv_bfloat16*>(y);
   const bool pdl = pdl_on();
-  cudaError_t e = cudaErrorInvalidValue;
-  switch (kind) {
-    case Fused::kQkvNorm:
-      e = sh.kb == 4 ? wg::gemm<128, 2, wg::kNorm, 4>(tmap(x), tmap(w), b, gw, out, N, R, N, K, split, eps, pdl, s)
-                     : wg::gemm<128, 8, wg::kNorm, 1>(tmap(x), tmap(w), b, gw, out, N, R, N, K, split, eps, pdl, s);
-      break;
-    case Fused::kGateUpNormSilu:
-      e = wg::gemm<128, 4, wg::kNorm | wg::kSilu, 1>(tmap(x), tmap(w), b, gw, out, N / 2, R, N, K, split, eps, pdl, s);
-      break;
-    default:
-      e = sh.kb == 2
-              ? wg::gemm<64, 4, wg::kResid, 2>(tmap(x), tmap(w), b, nullptr, out, N, R, N, K, split, eps, pdl, s)
-              : wg::gemm<64, 8, wg::kResid, 1>(tmap(x), tmap(w), b, nullptr, out, N, R, N, K, split, eps, pdl, s);
-  }
+  const cudaError_t e = with_config(kind, K, [&](auto c) {
+    using C = decltype(c);
+    constexpr bool silu = (C::mode & wg::kSilu) != 0, norm = (C::mode & wg::kNorm) != 0;
+    return wg::gemm<C::bn, C::stages, C::mode, C::kb>(tmap(x), tmap(w), b, norm ? gw : nullptr, out, silu ? N / 2 : N,
+                                                      R, N, K, split, eps, pdl, s);
+  });
   if (e != cudaSuccess) throw std::runtime_error(std::string("fused_gemm: ") + cudaGetErrorString(e));
   check("fused_gemm");
 }
@@ -1450,11 +1452,11 @@ void fused_qkv_rope(const GemmMap& x, const GemmMap& w, const bf16_t* bias, cons
   const int split = fused_gemm_split(Fused::kQkvNorm, N, K, sms);
   const auto* b = reinterpret_cast<const __nv_bfloat16*>(bias);
   const auto* gw = reinterpret_cast<const __nv_bfloat16*>(g);
-  constexpr int kMode = wg::kNorm | wg::kRope;
-  const cudaError_t e =
-      shape_of(Fused::kQkvNorm, K).kb == 4
-          ? wg::gemm<128, 2, kMode, 4>(tmap(x), tmap(w), b, gw, nullptr, N, R, N, K, split, eps, pdl_on(), s, rp)
-          : wg::gemm<128, 8, kMode, 1>(tmap(x), tmap(w), b, gw, nullptr, N, R, N, K, split, eps, pdl_on(), s, rp);
+  const cudaError_t e = with_config<true>(Fused::kQkvNorm, K, [&](auto c) {
+    using C = decltype(c);
+    return wg::gemm<C::bn, C::stages, C::mode, C::kb>(tmap(x), tmap(w), b, gw, nullptr, N, R, N, K, split, eps,
+                                                      pdl_on(), s, rp);
+  });
   if (e != cudaSuccess) throw std::runtime_error(std::string("fused_qkv_rope: ") + cudaGetErrorString(e));
   check("fused_qkv_rope");
 }

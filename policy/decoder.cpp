@@ -376,6 +376,13 @@ struct Decoder::Run {
     auto h = torch::embedding(m.embed_, ids);  // [R, H], the residual stream (updated in place)
     torch::Tensor delta, dl;
     const float eps = float(c.rms_norm_eps);
+    // The attention of layer l over the cache (out32: its float32 copy for an adapter, or none).
+    auto attend = [&](size_t l, const torch::Tensor& q, const torch::Tensor& out, const torch::Tensor& out32) {
+      auto work = splits > 1 ? torch::empty({R * nh * splits * (D + 2)}, f32o) : torch::Tensor();
+      cuda::decode_attention(bp(q), bp(cache.k[l]), bp(cache.v[l]), pos.data_ptr<int64_t>(), int(R), int(nh), int(nkv),
+                             int(D), cap, int(klen), float(1.0 / std::sqrt(double(D))), splits, fp(work),
+                             attn_counters.data_ptr<int>(), bp(out), fp(out32), stream);
+    };
     if (wgmma) {
       // Four kernels a layer: q/k/v of rmsnorm(h) with the rotary embedding and the cache write,
       // attention, h += o, silu(gate) * up of rmsnorm(h), h += down. The activations' maps hold their
@@ -393,10 +400,7 @@ struct Decoder::Run {
         cuda::fused_qkv_rope(hx, mp[0], bp(L.qkv_b), bp(L.in_norm), pos.data_ptr<int64_t>(),
                              m.inv_freq_.data_ptr<float>(), int(R), int(nh), int(nkv), int(D), int(Hd), eps, bp(q),
                              bp(cache.k[l]), bp(cache.v[l]), cap, sms, stream);
-        auto work = splits > 1 ? torch::empty({R * nh * splits * (D + 2)}, f32o) : torch::Tensor();
-        cuda::decode_attention(bp(q), bp(cache.k[l]), bp(cache.v[l]), pos.data_ptr<int64_t>(), int(R), int(nh),
-                               int(nkv), int(D), cap, int(klen), float(1.0 / std::sqrt(double(D))), splits, fp(work),
-                               attn_counters.data_ptr<int>(), bp(att), nullptr, stream);
+        attend(l, q, att, torch::Tensor());
         cuda::fused_gemm(cuda::Fused::kOResid, attx, mp[1], bp(L.o.b), nullptr, bp(h), int(R), int(Hd), int(nh * D),
                          eps, sms, stream);
         cuda::fused_gemm(cuda::Fused::kGateUpNormSilu, hx, mp[2], bp(L.gu_b), bp(L.post_norm), bp(a), int(R),
@@ -404,38 +408,34 @@ struct Decoder::Run {
         cuda::fused_gemm(cuda::Fused::kDownResid, ax, mp[3], bp(L.down.b), nullptr, bp(h), int(R), int(Hd), int(I), eps,
                          sms, stream);
       }
-      auto x = torch::empty({R, Hd}, bfo);
-      cuda::add_rmsnorm(bp(h), nullptr, nullptr, bp(m.norm_), bp(x), nullptr, int(R), int(Hd), eps, stream);
-      at::mm_out(logits, x, m.head_.t());
-      return;
+    } else {
+      for (size_t l = 0; l < m.layers_.size(); ++l) {
+        const auto& L = m.layers_[l];
+        auto x = torch::empty({R, Hd}, bfo);
+        auto x32 = lora ? torch::empty({R, Hd}, f32o) : torch::Tensor();
+        cuda::add_rmsnorm(bp(h), bp(delta), fp(dl), bp(L.in_norm), bp(x), fp(x32), int(R), int(Hd), eps, stream);
+        auto qkv = at::linear(x, L.qkv_w, L.qkv_b);
+        auto lq = lora ? lora_out(lqkv[l], x32) : torch::Tensor();
+        auto q = torch::empty({R, nh, D}, bfo);
+        cuda::rope_qkv(bp(qkv), fp(lq), pos.data_ptr<int64_t>(), m.inv_freq_.data_ptr<float>(), int(R), int(nh),
+                       int(nkv), int(D), bp(q), bp(cache.k[l]), bp(cache.v[l]), cap, stream);
+        auto att = torch::empty({R, nh * D}, bfo);
+        auto att32 = lora && lo[l].a.defined() ? torch::empty({R, nh * D}, f32o) : torch::Tensor();
+        attend(l, q, att, att32);
+        auto o = at::linear(att, L.o.w, L.o.b);
+        auto lov = lora ? lora_out(lo[l], att32) : torch::Tensor();
+        cuda::add_rmsnorm(bp(h), bp(o), fp(lov), bp(L.post_norm), bp(x), fp(x32), int(R), int(Hd), eps, stream);
+        auto gu = at::linear(x, L.gu_w, L.gu_b);
+        auto lg = lora ? lora_out(lgu[l], x32) : torch::Tensor();
+        auto a = torch::empty({R, I}, bfo);
+        auto a32 = lora && ldown[l].a.defined() ? torch::empty({R, I}, f32o) : torch::Tensor();
+        cuda::silu_mul(bp(gu), fp(lg), int(R), int(I), bp(a), fp(a32), stream);
+        delta = at::linear(a, L.down.w, L.down.b);
+        dl = lora ? lora_out(ldown[l], a32) : torch::Tensor();
+      }
     }
-    for (size_t l = 0; l < m.layers_.size(); ++l) {
-      const auto& L = m.layers_[l];
-      auto x = torch::empty({R, Hd}, bfo);
-      auto x32 = lora ? torch::empty({R, Hd}, f32o) : torch::Tensor();
-      cuda::add_rmsnorm(bp(h), bp(delta), fp(dl), bp(L.in_norm), bp(x), fp(x32), int(R), int(Hd), eps, stream);
-      auto qkv = at::linear(x, L.qkv_w, L.qkv_b);
-      auto lq = lora ? lora_out(lqkv[l], x32) : torch::Tensor();
-      auto q = torch::empty({R, nh, D}, bfo);
-      cuda::rope_qkv(bp(qkv), fp(lq), pos.data_ptr<int64_t>(), m.inv_freq_.data_ptr<float>(), int(R), int(nh), int(nkv),
-                     int(D), bp(q), bp(cache.k[l]), bp(cache.v[l]), cap, stream);
-      auto att = torch::empty({R, nh * D}, bfo);
-      auto att32 = lora && lo[l].a.defined() ? torch::empty({R, nh * D}, f32o) : torch::Tensor();
-      auto work = splits > 1 ? torch::empty({R * nh * splits * (D + 2)}, f32o) : torch::Tensor();
-      cuda::decode_attention(bp(q), bp(cache.k[l]), bp(cache.v[l]), pos.data_ptr<int64_t>(), int(R), int(nh), int(nkv),
-                             int(D), cap, int(klen), float(1.0 / std::sqrt(double(D))), splits, fp(work),
-                             attn_counters.data_ptr<int>(), bp(att), fp(att32), stream);
-      auto o = at::linear(att, L.o.w, L.o.b);
-      auto lov = lora ? lora_out(lo[l], att32) : torch::Tensor();
-      cuda::add_rmsnorm(bp(h), bp(o), fp(lov), bp(L.post_norm), bp(x), fp(x32), int(R), int(Hd), eps, stream);
-      auto gu = at::linear(x, L.gu_w, L.gu_b);
-      auto lg = lora ? lora_out(lgu[l], x32) : torch::Tensor();
-      auto a = torch::empty({R, I}, bfo);
-      auto a32 = lora && ldown[l].a.defined() ? torch::empty({R, I}, f32o) : torch::Tensor();
-      cuda::silu_mul(bp(gu), fp(lg), int(R), int(I), bp(a), fp(a32), stream);
-      delta = at::linear(a, L.down.w, L.down.b);
-      dl = lora ? lora_out(ldown[l], a32) : torch::Tensor();
-    }
+    // The last norm (adding the last layer's delta on the cuBLAS path; the Hopper path's h has it)
+    // and the head.
     auto x = torch::empty({R, Hd}, bfo);
     cuda::add_rmsnorm(bp(h), bp(delta), fp(dl), bp(m.norm_), bp(x), nullptr, int(R), int(Hd), eps, stream);
     at::mm_out(logits, x, m.head_.t());
