@@ -657,20 +657,18 @@ struct V4 {
 };
 template <int BN, int S, int KB>
 constexpr V4 v4() {
-  if constexpr (BN == 128)  // (kSilu's tiles are 64 gate + 64 up rows)
-    return {BN,
-            S,
-            KB,
-            run_v4<BN, S, 0, KB>,
-            run_v4<BN, S, dg::kNorm, KB>,
-            run_v4<BN, S, dg::kNorm | dg::kSilu, KB>,
-            run_v4<BN, S, dg::kResid, KB>};
-  else
-    return {BN, S, KB, run_v4<BN, S, 0, KB>, run_v4<BN, S, dg::kNorm, KB>, nullptr, run_v4<BN, S, dg::kResid, KB>};
+  return {BN,
+          S,
+          KB,
+          run_v4<BN, S, 0, KB>,
+          run_v4<BN, S, dg::kNorm, KB>,
+          run_v4<BN, S, dg::kNorm | dg::kSilu, KB>,
+          run_v4<BN, S, dg::kResid, KB>};
 }
-// (tile width, stages, K-blocks a stage)
-const V4 kV4[] = {v4<64, 6, 1>(), v4<128, 4, 1>(), v4<128, 8, 1>(), v4<256, 4, 1>(),
-                  v4<64, 4, 2>(), v4<128, 3, 2>(), v4<64, 3, 4>(),  v4<128, 2, 4>()};
+// (tile width, stages, K-blocks a stage); gate/up tiles of bn / 2 gate + bn / 2 up rows
+const V4 kV4[] = {v4<64, 6, 1>(),  v4<128, 4, 1>(), v4<128, 8, 1>(), v4<256, 4, 1>(), v4<64, 4, 2>(),  v4<128, 3, 2>(),
+                  v4<64, 3, 4>(),  v4<128, 2, 4>(), v4<144, 4, 1>(), v4<144, 6, 1>(), v4<144, 8, 1>(), v4<272, 4, 1>(),
+                  v4<288, 4, 1>(), v4<48, 8, 1>(),  v4<48, 6, 2>(),  v4<48, 4, 4>(),  v4<96, 6, 1>(),  v4<96, 4, 2>()};
 
 // Tensor maps of one projection for a tile width: x (box 64 rows) and each layer's W (box bn rows).
 struct Maps {
@@ -756,42 +754,58 @@ int wgmma_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t
         return v.resid(maps.x, maps.w[l], nullptr, nullptr, p.y, p.N, M, p.N, p.K, sk, kEps, pdl, st);
       };
       for (const V4& v : kV4) {
-        if (p.N % v.bn) continue;
-        Maps maps(p.x, p.W, M, p.N, p.K, v.bn);
-        Maps fmaps(p.x, p.W, M, p.N, p.K, pi == 2 ? 64 : v.bn);
+        const bool plain_ok = v.plain && p.N % v.bn == 0, fused_ok = pi == 2 ? v.silu != nullptr : plain_ok;
+        if (!fused_ok) continue;
+        Maps maps(p.x, p.W, M, p.N, p.K, plain_ok ? v.bn : 64);  // (a box is at most 256 rows)
+        Maps fmaps(p.x, p.W, M, p.N, p.K, pi == 2 ? v.bn / 2 : v.bn);
+        const int tiles = pi == 2 ? (p.N / 2 + v.bn / 2 - 1) / (v.bn / 2) : p.N / v.bn;
         for (int sk : {1, 2, 3, 4, 6, 8, 12, 16}) {
           if (sk > p.K / 64 / v.kb || (p.K / 64) % v.kb) continue;
-          auto run = [&](int l, bool pdl) {
-            return v.plain(maps.x, maps.w[l], p.B[l], nullptr, p.y, p.N, M, p.N, p.K, sk, kEps, pdl, st);
-          };
-          CK(cudaMemsetAsync(p.y, 0, ref.size() * 2, st));
-          cudaError_t e = run(0, false);
-          if (e == cudaSuccess) e = cudaStreamSynchronize(st);
-          if (e != cudaSuccess) {
-            std::printf("   v4 bn %3d stages %d kb %d split %2d: not run (%s)\n", v.bn, v.stages, v.kb, sk,
-                        cudaGetErrorString(e));
-            cudaGetLastError();
-            continue;
-          }
-          const double err = rel_diff(ref, mine, p.y, st);
-          CK(run(0, false));
-          CK(cudaMemcpyAsync(again.data(), p.y, again.size() * 2, cudaMemcpyDeviceToHost, st));
-          CK(cudaStreamSynchronize(st));
-          same_bits = same_bits && std::equal(mine.begin(), mine.end(), again.begin(), [](auto a, auto b) {
-                        return __bfloat16_as_ushort(a) == __bfloat16_as_ushort(b);
-                      });
-          worst_err = std::max(worst_err, err);
-          const float t = graph_us(st, L, [&] {
-            for (int l = 0; l < L; ++l) {
-              standin();
-              CK(run(l, true));
+          if (!plain_ok) goto fused_only;
+          {
+            auto run = [&](int l, bool pdl) {
+              return v.plain(maps.x, maps.w[l], p.B[l], nullptr, p.y, p.N, M, p.N, p.K, sk, kEps, pdl, st);
+            };
+            CK(cudaMemsetAsync(p.y, 0, ref.size() * 2, st));
+            cudaError_t e = run(0, false);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+            if (e != cudaSuccess) {
+              std::printf("   v4 bn %3d stages %d kb %d split %2d: not run (%s)\n", v.bn, v.stages, v.kb, sk,
+                          cudaGetErrorString(e));
+              cudaGetLastError();
+              continue;
             }
-            return true;
-          });
-          std::printf("   v4 bn %3d stages %d kb %d split %2d (%4d blocks): %.2f us (%.2f TB/s), |diff| %.1e\n", v.bn,
-                      v.stages, v.kb, sk, p.N / v.bn * sk, t - t0, 2.0 * p.N * p.K / 1e6 / (t - t0), err);
-          if (t - t0 < best[pi].us) best[pi] = {&v, sk, t - t0};
-          if (pi == 2 && !v.silu) continue;
+            const double err = rel_diff(ref, mine, p.y, st);
+            CK(run(0, false));
+            CK(cudaMemcpyAsync(again.data(), p.y, again.size() * 2, cudaMemcpyDeviceToHost, st));
+            CK(cudaStreamSynchronize(st));
+            same_bits = same_bits && std::equal(mine.begin(), mine.end(), again.begin(), [](auto a, auto b) {
+                          return __bfloat16_as_ushort(a) == __bfloat16_as_ushort(b);
+                        });
+            worst_err = std::max(worst_err, err);
+            const float t = graph_us(st, L, [&] {
+              for (int l = 0; l < L; ++l) {
+                standin();
+                CK(run(l, true));
+              }
+              return true;
+            });
+            std::printf("   v4 bn %3d stages %d kb %d split %2d (%4d blocks): %.2f us (%.2f TB/s), |diff| %.1e\n", v.bn,
+                        v.stages, v.kb, sk, p.N / v.bn * sk, t - t0, 2.0 * p.N * p.K / 1e6 / (t - t0), err);
+            if (t - t0 < best[pi].us) best[pi] = {&v, sk, t - t0};
+            if (pi == 2 && !v.silu) continue;
+          }
+        fused_only:
+          if (!plain_ok) {
+            cudaError_t e = fused_run(v, fmaps, 0, sk, false);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+            if (e != cudaSuccess) {
+              std::printf("   v4 bn %3d stages %d kb %d split %2d: %s not run (%s)\n", v.bn, v.stages, v.kb, sk,
+                          fmode[pi], cudaGetErrorString(e));
+              cudaGetLastError();
+              continue;
+            }
+          }
           const float tf = graph_us(st, L, [&] {
             for (int l = 0; l < L; ++l) {
               standin();
@@ -799,7 +813,8 @@ int wgmma_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t
             }
             return true;
           });
-          std::printf("      %s: %.2f us\n", fmode[pi], tf - t0);
+          std::printf("      %s (bn %d stages %d split %d, %d blocks): %.2f us\n", fmode[pi], v.bn, v.stages, sk,
+                      tiles * sk, tf - t0);
           if (tf - t0 < best_f[pi].us) best_f[pi] = {&v, sk, tf - t0};
         }
       }
@@ -831,7 +846,7 @@ int wgmma_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t
     fill<<<4, 256, 0, st>>>(g, H, 78, 1.0f);
     Proj &qkv = *projs[0], &o = *projs[1], &gu = *projs[2], &down = *projs[3];
     Maps hq(h, qkv.W, M, qkv.N, H, best_f[0].v->bn), ho(o.x, o.W, M, o.N, o.K, best_f[1].v->bn),
-        hg(h, gu.W, M, gu.N, H, 64), hd(a, down.W, M, down.N, down.K, best_f[3].v->bn);
+        hg(h, gu.W, M, gu.N, H, best_f[2].v->bn / 2), hd(a, down.W, M, down.N, down.K, best_f[3].v->bn);
     {
       const auto hh = to_host(h, size_t(M) * H, st), gg = to_host(g, H, st);
       std::vector<double> inv(M);

@@ -698,6 +698,7 @@ int main(int argc, char** argv) {
                       {"tokens_per_s", tps},
                       {"prefill_seconds", st.prefill_seconds},
                       {"decode_seconds", st.decode_seconds},
+                      {"capture_seconds", st.capture_seconds},
                       {"steps", st.steps}});
     }
     if (!get("--profile", "").empty()) profile(get("--profile", ""), [&] { policy->generate_ids(prompts, sp); });

@@ -1299,8 +1299,8 @@ auto with_config(Fused kind, int K, F&& f) {
       constexpr int mode = wg::kNorm | (ROPE ? wg::kRope : 0);
       return nkb % 4 == 0 ? f(Config<128, 2, 4, mode>{}) : f(Config<128, 8, 1, mode>{});
     }
-    case Fused::kGateUpNormSilu:
-      return f(Config<128, 4, 1, wg::kNorm | wg::kSilu>{});
+    case Fused::kGateUpNormSilu:  // 72 gate + 72 up rows a tile: 125 tiles at 1.5B, one wave
+      return f(Config<144, 6, 1, wg::kNorm | wg::kSilu>{});
     default:
       return nkb % 2 == 0 ? f(Config<64, 4, 2, wg::kResid>{}) : f(Config<64, 8, 1, wg::kResid>{});
   }
@@ -1334,7 +1334,8 @@ int fused_gemm_split(Fused kind, int N, int K, int sms) {
     return f;
   }();
   const GemmShape sh = shape_of(kind, K);
-  const int tiles = kind == Fused::kGateUpNormSilu ? N / 128 : N / sh.bn, units = K / 64 / sh.kb;
+  const int tiles = kind == Fused::kGateUpNormSilu ? (N / 2 + sh.bn / 2 - 1) / (sh.bn / 2) : N / sh.bn;
+  const int units = K / 64 / sh.kb;
   if (forced[int(kind)] > 0) return std::min({forced[int(kind)], units, 16});
   static std::mutex mu;
   static std::map<std::tuple<int, int, int, int, int>, int> chosen;
@@ -1387,10 +1388,12 @@ bool fused_gemm_available() {
 bool fused_gemm_supported(Fused kind, int N, int K) {
   if (K <= 0 || K % 64 != 0 || N <= 0) return false;
   const GemmShape sh = shape_of(kind, K);
-  return kind == Fused::kGateUpNormSilu ? N % 128 == 0 : N % sh.bn == 0;
+  return kind == Fused::kGateUpNormSilu ? N % 8 == 0 : N % sh.bn == 0;  // (gate/up: I a multiple of 4)
 }
 
-int weight_box(Fused kind, int K) { return kind == Fused::kGateUpNormSilu ? 64 : shape_of(kind, K).bn; }
+int weight_box(Fused kind, int K) {
+  return kind == Fused::kGateUpNormSilu ? shape_of(kind, K).bn / 2 : shape_of(kind, K).bn;
+}
 
 bool fused_gemm_weight_map(Fused kind, const bf16_t* w, int N, int K, GemmMap* map) {
   if (!fused_gemm_supported(kind, N, K)) return false;

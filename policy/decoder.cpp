@@ -454,6 +454,7 @@ struct Decoder::Run {
     } else {
       auto it = graph_of.find(klen);
       if (it == graph_of.end()) {
+        const auto t0 = std::chrono::steady_clock::now();
         if (!pool) pool = at::cuda::graph_pool_handle();
         auto ids0 = ids.clone(), pos0 = pos.clone(), step0 = step.clone();
         step_once(klen);  // warm-up: writes only what the real step rewrites, and the state below
@@ -468,6 +469,7 @@ struct Decoder::Run {
         g->capture_end();
         it = graph_of.emplace(klen, std::move(g)).first;
         ++stats.graphs;
+        stats.capture_seconds += seconds_since(t0);
       }
       it->second->replay();
     }

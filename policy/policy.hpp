@@ -70,6 +70,7 @@ struct GenerationStats {
   int64_t prefill_tokens = 0;  // prompt tokens prefilled (each distinct prompt once per admission)
   int64_t graphs = 0;          // CUDA graphs captured
   double prefill_seconds = 0, decode_seconds = 0;
+  double capture_seconds = 0;  // of decode_seconds: host time capturing graphs (warm-up step included)
 };
 
 class Policy {

@@ -2,13 +2,16 @@
 // (wgmma's M), bf16 in and out, float32 accumulation, with the step's elementwise neighbours fused
 // in (MODE bits):
 //  - kNorm: x is the residual stream h and the product is that of transformers' Qwen2RMSNorm
-//    output, g * h / rms(h): each stage's x tile is multiplied by g in shared memory (rounded to
-//    bf16) while the block sums h^2 per row, and each output is scaled by rsqrt(mean h^2 + eps)
+//    output, g * h / rms(h): each thread's A fragments of the x tile are multiplied by g in
+//    registers (rounded to bf16; wgmma takes A from registers) while it sums h^2 of its rows, and
+//    each output is scaled by rsqrt(mean h^2 + eps)
 //    at the end (no normalised copy of x in device memory, no norm kernel). It rounds elsewhere
 //    than transformers (bf16(h g), then the float32 sum times 1/rms, where transformers rounds
 //    h / rms to bf16 first): closer to the float32 model, not bit-equal to transformers' bf16.
-//  - kSilu: W is the fused gate|up weight [2I, K]; a tile holds 64 gate rows and the same 64 up
-//    rows, and the output is silu(gate) * up [M, I] with transformers' roundings.
+//  - kSilu: W is the fused gate|up weight [2I, K]; a tile holds BN / 2 gate rows and the same up
+//    rows, and the output is silu(gate) * up [M, I] with transformers' roundings. I need not be a
+//    multiple of BN / 2 (the last tile's outputs past I are not written): the half-width is chosen
+//    so that the tiles fill the multiprocessors once.
 //  - kResid: the output is added to y in place, y = bf16(y + bf16(x W^T)): the residual add.
 //  - kRope (with a tile of whole heads): the q|k|v outputs get rope_qkv's rotary embedding and go to
 //    q and the caches' slot (policy/cuda_kernels.cu's rope_qkv arithmetic: the same bits).
@@ -127,13 +130,71 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t 
         "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db));
 }
-// D (+)= A B^T over a BN-wide tile: BN / 64 products of 64 columns each, B's rows 64 apart (8 KB
-// in the swizzled tile: +512 in the descriptor's 16-byte units); d's layout is that of one
-// m64nBNk16 product (columns 64t.. are d[32t..]).
-template <int BN>
-__device__ __forceinline__ void wgmma(float (&d)[BN / 2], uint64_t da, uint64_t db) {
+__device__ __forceinline__ void wgmma_n8(float* d, uint64_t da, uint64_t db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 0, 0;"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "l"(da), "l"(db));
+}
+// The same with A (the warp's 16 rows x 16 K-columns, mma's A fragment: 4 x bf16x2) from registers.
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, "
+      "%35}, %36, 1, 1, 1, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n8(float* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, 1, 1, 1, 0;"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+// 32 and 16 columns (A from shared memory or registers), for tiles that are not multiples of 64.
+__device__ __forceinline__ void wgmma_n32(float* d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, %16, %17, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n32(float* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, {%16, %17, %18, %19}, %20, 1, 1, 1, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n16(float* d, uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n16(float* d, const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
+      "1, 1, 1, 0;"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+// D (+)= A B^T over N (a multiple of 8) rows of B: products of 64 columns, then of 32, 16 and 8 for
+// the rest, each on the B rows after the last (a row is 128 bytes: +8 in the descriptor's 16-byte
+// units); d's layout is that of one m64nNk16 product (columns 8j.. are d[4j..]).
+// A: a shared-memory descriptor (uint64_t) or the fragment in registers (uint32_t[4]).
+template <int N, class A>
+__device__ __forceinline__ void wgmma_cols(float* d, const A& da, uint64_t db) {
+  static_assert(N % 8 == 0, "wgmma: N is a multiple of 8");
 #pragma unroll
-  for (int t = 0; t < BN / 64; ++t) wgmma_n64(*reinterpret_cast<float(*)[32]>(d + 32 * t), da, db + 512 * t);
+  for (int t = 0; t < N / 64; ++t) wgmma_n64(*reinterpret_cast<float(*)[32]>(d + 32 * t), da, db + 512 * t);
+  constexpr int c32 = N / 64 * 64, c16 = c32 + (N % 64 >= 32 ? 32 : 0), c8 = c16 + (N % 32 >= 16 ? 16 : 0);
+  if constexpr (c16 > c32) wgmma_n32(d + c32 / 2, da, db + c32 * 8);
+  if constexpr (c8 > c16) wgmma_n16(d + c16 / 2, da, db + c16 * 8);
+  if constexpr (N > c8) wgmma_n8(d + c8 / 2, da, db + c8 * 8);
 }
 #endif
 
@@ -214,14 +275,15 @@ __device__ __forceinline__ void rope_direct(const float (&d)[BN / 2], const Rope
 }
 
 // grid (tiles * split), cluster (split), 128 threads, smem_bytes<BN, STAGES, KB>(). tiles = N / BN
-// (kSilu: I / 64, W rows t*64.. and I + t*64..); y [M, ldy]; g [K] (kNorm).
+// (kSilu: ceil(I / (BN / 2)), W rows t BN/2.. and I + t BN/2..); y [M, ldy]; g [K] (kNorm).
 template <int BN, int STAGES, int MODE, int KB>
 __global__ void __launch_bounds__(kThreads)
     kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
            const __nv_bfloat16* __restrict__ bias, const __nv_bfloat16* __restrict__ g, __nv_bfloat16* y, int ldy,
            int M, int nkb, int I, float eps, const Rope rp) {
 #ifdef KERNELRL_WGMMA_BODY
-  static_assert((MODE & kSilu) == 0 || BN == 128, "kSilu tiles are 64 gate + 64 up rows");
+  static_assert(BN % 8 == 0 && ((MODE & kSilu) == 0 || BN % 16 == 0), "tiles of 8-row groups (kSilu: each half)");
+  constexpr int H2 = BN / 2;  // kSilu: gate (and up) rows a tile
   static_assert((MODE & kRope) == 0 || BN == 128, "kRope tiles hold whole heads of 64 or 128");
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full[STAGES];
@@ -245,8 +307,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < KB; ++j) {
       const int kb = kb0 + i * KB + j;
       if constexpr ((MODE & kSilu) != 0) {
-        tma_load(ws(s, j), &tw, kb * kBK, tile * 64, b0 + 8 * s);
-        tma_load(ws(s, j) + 64 * 128, &tw, kb * kBK, I + tile * 64, b0 + 8 * s);
+        tma_load(ws(s, j), &tw, kb * kBK, tile * H2, b0 + 8 * s);  // (past I: up rows, not written)
+        tma_load(ws(s, j) + H2 * 128, &tw, kb * kBK, I + tile * H2, b0 + 8 * s);
       } else {
         tma_load(ws(s, j), &tw, kb * kBK, tile * BN, b0 + 8 * s);
       }
@@ -278,46 +340,59 @@ __global__ void __launch_bounds__(kThreads)
   float d[BN / 2];
 #pragma unroll
   for (int j = 0; j < BN / 2; ++j) d[j] = 0.f;
-  // kNorm: thread t scales row t / 2's half t % 2 of each x tile (4 of its 8 16-byte chunks,
-  // visited so that a quarter warp's 8 threads touch 8 distinct bank groups).
-  const int nrow = tid >> 1, nhalf = tid & 1;
-  float ss = 0.f;
+  // kNorm: each thread loads its A fragments of the h tile (ldmatrix through the swizzle), multiplies
+  // them by g (bf16: the float product rounded once) and sums h^2 of its rows; the products take A
+  // from registers (no normalised copy in shared memory, no barrier between).
+  const int warp = tid >> 5, lane = tid & 31;
+  float ss_lo = 0.f, ss_hi = 0.f;  // rows warp * 16 + lane / 4 (+ 8)
   for (int i = 0; i < n; ++i) {
     const int s = i % STAGES;
-    uint4 gv[4 * KB];
-    if constexpr ((MODE & kNorm) != 0) {
-#pragma unroll
-      for (int q = 0; q < 4 * KB; ++q) {
-        const int p = (nhalf * 4 + q % 4 + nrow) & 7, lc = p ^ (nrow & 7);
-        gv[q] = *reinterpret_cast<const uint4*>(gs + (kb0 + i * KB + q / 4) * kBK + lc * 8);
-      }
-    }
     bar_wait(b0 + 8 * s, (i / STAGES) & 1);
+    uint32_t a[(MODE & kNorm) != 0 ? KB * kBK / 16 : 1][4];  // kNorm: the stage's A fragments
     if constexpr ((MODE & kNorm) != 0) {
 #pragma unroll
-      for (int q = 0; q < 4 * KB; ++q) {
-        const int p = (nhalf * 4 + q % 4 + nrow) & 7;
-        uint4* c = reinterpret_cast<uint4*>(smem + s * stage_bytes<BN, KB>() + (q / 4) * kRows * kBK * 2 + nrow * 128 +
-                                            p * 16);
-        uint4 v = *c;
-        __nv_bfloat162* hv = reinterpret_cast<__nv_bfloat162*>(&v);
-        const __nv_bfloat162* wv = reinterpret_cast<const __nv_bfloat162*>(&gv[q]);
+      for (int j = 0; j < KB; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 h2 = __bfloat1622float2(hv[e]), w2 = __bfloat1622float2(wv[e]);
-          ss += h2.x * h2.x + h2.y * h2.y;
-          hv[e] = __floats2bfloat162_rn(h2.x * w2.x, h2.y * w2.y);
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          // lane l gives the address of row l % 8 (+ 8 for l / 8 odd) of the warp's 16, 16-byte
+          // chunk 2 kk (+ 1 for l / 16) of the 128-byte row, swizzled (chunk ^ row % 8).
+          uint32_t(&f)[4] = a[j * (kBK / 16) + kk];
+          const int r = warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), ch = 2 * kk + (lane >> 4);
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+                       : "r"(xs(s, j) + uint32_t(r * 128 + ((ch ^ (r & 7)) << 4))));
+          const int col = (kb0 + i * KB + j) * kBK + kk * 16 + 2 * (lane & 3);
+          const __nv_bfloat162 g0 = *reinterpret_cast<const __nv_bfloat162*>(gs + col),
+                               g8 = *reinterpret_cast<const __nv_bfloat162*>(gs + col + 8);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {  // f[0]: row, cols c, c + 1; f[1]: row + 8; f[2], f[3]: cols c + 8..
+            __nv_bfloat162 hv = *reinterpret_cast<__nv_bfloat162*>(&f[q]);
+            const float2 h2 = __bfloat1622float2(hv);
+            (q & 1 ? ss_hi : ss_lo) += h2.x * h2.x + h2.y * h2.y;
+            hv = __hmul2(hv, q < 2 ? g0 : g8);
+            f[q] = *reinterpret_cast<uint32_t*>(&hv);
+          }
         }
-        *c = v;
-      }
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncthreads();
     }
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int j = 0; j < KB; ++j)
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) wgmma<BN>(d, desc(xs(s, j) + 32 * kk), desc(ws(s, j) + 32 * kk));
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        const uint64_t db = desc(ws(s, j) + 32 * kk);
+        auto mma = [&](const auto& A) {
+          if constexpr ((MODE & kSilu) != 0) {  // the gate rows, then the up rows (H2 * 128 bytes on)
+            wgmma_cols<H2>(d, A, db);
+            wgmma_cols<H2>(d + H2 / 2, A, db + H2 * 8);
+          } else {
+            wgmma_cols<BN>(d, A, db);
+          }
+        };
+        if constexpr ((MODE & kNorm) != 0)
+          mma(a[j * (kBK / 16) + kk]);
+        else
+          mma(desc(xs(s, j) + 32 * kk));
+      }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     if (i + STAGES < n) {
@@ -330,14 +405,19 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if constexpr ((MODE & kNorm) != 0) {
-    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-    if (nhalf == 0) ss_s[nrow] = ss;
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+      ss_lo += __shfl_xor_sync(0xffffffffu, ss_lo, o);
+      ss_hi += __shfl_xor_sync(0xffffffffu, ss_hi, o);
+    }
+    if ((lane & 3) == 0) ss_s[warp * 16 + (lane >> 2)] = ss_lo, ss_s[warp * 16 + (lane >> 2) + 8] = ss_hi;
   }
   const float inv_k = 1.f / float(nkb * kBK);
   // The accumulator fragment: d[4j + 2h + e] is row warp * 16 + lane / 4 + 8h, column 8j + 2 (lane % 4) + e.
-  const int warp = tid >> 5, lane = tid & 31, r0 = warp * 16 + (lane >> 2), c0 = 2 * (lane & 3);
-  constexpr int OUT = (MODE & kSilu) != 0 ? 64 : BN;  // output columns a tile
+  const int r0 = warp * 16 + (lane >> 2), c0 = 2 * (lane & 3);
+  constexpr int OUT = (MODE & kSilu) != 0 ? H2 : BN;  // output columns a tile
   const int col0 = tile * OUT;
+  const int ncol = (MODE & kSilu) != 0 ? I : 1 << 30;  // kSilu: outputs past I not written
   auto bias_of = [&](int col) { return bias ? __bfloat162float(bias[col]) : 0.f; };
   if (split == 1) {
     __syncthreads();
@@ -357,6 +437,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int j = 0; j < OUT / 8; ++j) {
           const int c = 8 * j + c0;
+          if (col0 + c >= ncol) continue;
           float o[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
@@ -420,14 +501,15 @@ __global__ void __launch_bounds__(kThreads)
   const int c_lo = int(rank * chunks / split), c_hi = int((rank + 1) * chunks / split);
   for (int c = c_lo + tid; c < c_hi; c += kThreads) {
     const int row = c / (OUT / 4), col4 = 4 * (c % (OUT / 4));
+    if (col0 + col4 >= ncol) continue;
     const uint32_t a = saddr(part + row * LD + col4);
     float4 acc = ld_cluster4(remote(a, 0)), up{0.f, 0.f, 0.f, 0.f};
-    if constexpr ((MODE & kSilu) != 0) up = ld_cluster4(remote(a + 64 * 4, 0));
+    if constexpr ((MODE & kSilu) != 0) up = ld_cluster4(remote(a + H2 * 4, 0));
     for (int r = 1; r < int(split); ++r) {
       const float4 v = ld_cluster4(remote(a, r));
       acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
       if constexpr ((MODE & kSilu) != 0) {
-        const float4 w = ld_cluster4(remote(a + 64 * 4, r));
+        const float4 w = ld_cluster4(remote(a + H2 * 4, r));
         up.x += w.x, up.y += w.y, up.z += w.z, up.w += w.w;
       }
     }
@@ -531,8 +613,14 @@ int max_clusters(int K, int split) {
   return n;
 }
 
-// The product with maps from make_map (x: box 64; W: box BN, or 64 for kSilu). N: W's rows (kSilu:
-// 2I); y [M, ldy] with ldy >= the output width (N, or I). Block r of a cluster takes K-stages
+// Output tiles of a product with N rows of W (kSilu: ceil(I / (BN / 2)), I = N / 2).
+template <int BN, int MODE>
+constexpr int tiles(int N) {
+  return (MODE & kSilu) != 0 ? (N / 2 + BN / 2 - 1) / (BN / 2) : N / BN;
+}
+
+// The product with maps from make_map (x: box 64; W: box BN, or BN / 2 for kSilu). N: W's rows
+// (kSilu: 2I, I a multiple of 4); y [M, ldy] with ldy >= the output width (N, or I). Block r of a cluster takes K-stages
 // [r nkb / split, (r + 1) nkb / split), nkb = K / 64.
 template <int BN, int STAGES, int MODE, int KB = 1>
 cudaError_t gemm(const CUtensorMap& tx, const CUtensorMap& tw, const __nv_bfloat16* bias, const __nv_bfloat16* g,
@@ -540,7 +628,7 @@ cudaError_t gemm(const CUtensorMap& tx, const CUtensorMap& tw, const __nv_bfloat
                  const Rope& rope = Rope{}) {
   const bool silu = (MODE & kSilu) != 0;
   if (M < 1 || M > kRows || K % (kBK * KB) || split < 1 || split > 16 || split > K / (kBK * KB) ||
-      (silu ? N % 128 : N % BN) != 0 || ((MODE & kNorm) != 0 && (!g || reinterpret_cast<uintptr_t>(g) % 16 != 0)) ||
+      (silu ? N % 8 : N % BN) != 0 || ((MODE & kNorm) != 0 && (!g || reinterpret_cast<uintptr_t>(g) % 16 != 0)) ||
       ((MODE & kRope) == 0 && (!y || ldy < (silu ? N / 2 : N))) ||
       ((MODE & kRope) != 0 && (!rope.pos || !rope.inv_freq || !rope.q || !rope.kc || !rope.vc || rope.cap < 1 ||
                                (rope.D != 64 && rope.D != 128) || N != (rope.nh + 2 * rope.nkv) * rope.D)))
@@ -554,7 +642,7 @@ cudaError_t gemm(const CUtensorMap& tx, const CUtensorMap& tw, const __nv_bfloat
   at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[1].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned((silu ? N / 128 : N / BN) * split));
+  cfg.gridDim = dim3(unsigned(tiles<BN, MODE>(N) * split));
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = bytes;
   cfg.stream = st;
