@@ -508,7 +508,25 @@ template <int D>
 __global__ void __launch_bounds__(kMmaWarps * 32)
     decode_attention_mma_kernel(const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
                                 int rep, int64_t cap, int klen, int span, float scale, float* work, int* counters,
-                                bf16_t* out, float* out32) {
+                                bf16_t* out, float* out32, int prefetch) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The keys before this step's own are in the cache already (the kernel before writes only the new
+  // one): their span is requested into L2 before waiting for that kernel, so that the stream starts
+  // while it still runs. A hint only: every key and value is read after pdl_wait.
+  if (prefetch && threadIdx.x == 0) {
+    const int r = blockIdx.x / nkv, g = blockIdx.x % nkv;
+    const KeySpan ks = key_span(pos, r, g, nkv, cap, klen, span, blockIdx.y, kc, vc, D);
+    const int64_t last = __ldcg(pos + r);  // (the new key: written by the kernel before)
+    const int n = int(min(int64_t(ks.s1), last)) - ks.s0;
+    if (n > 0) {
+      const uint32_t bytes = uint32_t(n) * D * 2;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ks.k + int64_t(ks.s0) * D), "r"(bytes)
+                   : "memory");
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ks.v + int64_t(ks.s0) * D), "r"(bytes)
+                   : "memory");
+    }
+  }
+#endif
   pdl_wait();
   constexpr int KJ = D / 32;  // 16-byte pieces of a key row per lane (score product)
   constexpr int NT = D / 8;   // n-tiles of the value product; also the dimensions per lane and key
@@ -1117,8 +1135,12 @@ void launch_attention_mma(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf
                           int rep, int64_t cap, int klen, int span, float scale, float* work, int* counters,
                           bf16_t* out, float* out32, Stream s) {
   constexpr int bytes = kMmaWarps * 8 * D * 4;  // 32 KB at D = 128: within the default limit
+  static const int prefetch = [] {
+    const char* v = std::getenv("KERNELRL_ATTN_PREFETCH");
+    return v != nullptr && std::string(v) == "0" ? 0 : 1;
+  }();
   launch_k(decode_attention_mma_kernel<D>, grid, dim3(kMmaWarps * 32), bytes, s, q, kc, vc, pos, nkv, rep, cap, klen,
-           span, scale, work, counters, out, out32);
+           span, scale, work, counters, out, out32, prefetch);
 }
 
 // The tensor-core kernel unless KERNELRL_ATTN_MMA=0 or the head size is 32.
@@ -1282,9 +1304,11 @@ __global__ void wgmma_body_kernel(int* out) {
 #endif
 }
 
-// The kernel of each kind: tile width, ring depth and K-blocks a stage (measured on the H100 at the
-// 1.5B and 7B shapes: docs/BENCHMARKS.md; 4 or 2 K-blocks a stage where K allows, else 1 with a
-// deeper ring) and its fused steps (ROPE: q/k/v with the rotary embedding and the cache write).
+// The kernel of each kind: tile width, ring depth and K-blocks a stage (measured on the H100 in the
+// decode step at the 1.5B shape: docs/BENCHMARKS.md) and its fused steps (ROPE: q/k/v with the
+// rotary embedding and the cache write). q/k/v's 6 x 24 KB ring leaves room on each SM for the
+// attention's block that follows it, so that block starts (and requests its keys into L2) while
+// q/k/v still runs; o and down keep 2 K-blocks a stage, whose depth they need.
 // with_config calls f(Config<...>{}) with it: the one table the launch, the occupancy query and
 // the maps' box all read.
 template <int BN, int STAGES, int KB, int MODE>
@@ -1295,10 +1319,8 @@ template <bool ROPE = false, class F>
 auto with_config(Fused kind, int K, F&& f) {
   const int nkb = K / 64;
   switch (kind) {
-    case Fused::kQkvNorm: {
-      constexpr int mode = wg::kNorm | (ROPE ? wg::kRope : 0);
-      return nkb % 4 == 0 ? f(Config<128, 2, 4, mode>{}) : f(Config<128, 8, 1, mode>{});
-    }
+    case Fused::kQkvNorm:
+      return f(Config<128, 6, 1, wg::kNorm | (ROPE ? wg::kRope : 0)>{});
     case Fused::kGateUpNormSilu:  // 72 gate + 72 up rows a tile: 125 tiles at 1.5B, one wave
       return f(Config<144, 6, 1, wg::kNorm | wg::kSilu>{});
     default:

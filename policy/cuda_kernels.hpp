@@ -39,7 +39,8 @@ void rope_qkv(const bf16_t* qkv, const float* lora, const int64_t* pos, const fl
 // kernel that runs: a block a key range whose keys lie past its row's length leaves an empty
 // partial). Supports D in {32, 64, 128} and nh / nkv <= 8; decode_attention_supported() says
 // whether a shape is. D 64 and 128 run on the tensor cores (KERNELRL_ATTN_MMA=0: the scalar
-// kernel, which D 32 always takes).
+// kernel, which D 32 always takes); on Hopper that kernel requests its keys and values before this
+// step's into L2 before waiting for the kernel before it (KERNELRL_ATTN_PREFETCH=0: not).
 bool decode_attention_supported(int nh, int nkv, int D);
 int decode_attention_splits(int R, int nkv, int D, int klen, int sms);
 void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_cache, const int64_t* pos, int R, int nh,

@@ -446,8 +446,10 @@ struct Decoder::Run {
   }
 
   // One step over every row at key length klen: a graph replay (captured the first time this
-  // klen is seen, after one warm-up step whose effect on the small state is undone), or the
-  // step itself.
+  // klen is seen; the generation's first capture after one warm-up step, whose effect on the small
+  // state is undone, so that cuBLAS's handles, the kernels' shared-memory grants and the like are
+  // set up outside any capture; a later bucket changes only the attention's key range and split
+  // count, which need none), or the step itself.
   void run_step(int64_t klen) {
     if (!graphs) {
       step_once(klen);
@@ -456,11 +458,13 @@ struct Decoder::Run {
       if (it == graph_of.end()) {
         const auto t0 = std::chrono::steady_clock::now();
         if (!pool) pool = at::cuda::graph_pool_handle();
-        auto ids0 = ids.clone(), pos0 = pos.clone(), step0 = step.clone();
-        step_once(klen);  // warm-up: writes only what the real step rewrites, and the state below
-        ids.copy_(ids0);
-        pos.copy_(pos0);
-        step.copy_(step0);
+        if (graph_of.empty()) {  // the first capture: everything lazily set up is set up here
+          auto ids0 = ids.clone(), pos0 = pos.clone(), step0 = step.clone();
+          step_once(klen);  // warm-up: writes only what the real step rewrites, and the state below
+          ids.copy_(ids0);
+          pos.copy_(pos0);
+          step.copy_(step0);
+        }
         auto g = std::make_unique<at::cuda::CUDAGraph>();
         // Thread-local capture: another sampler or a colocated learner on another thread may
         // allocate or synchronise while this step is captured.
