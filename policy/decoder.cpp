@@ -108,6 +108,10 @@ struct Decoder::Run {
   int64_t S = 0, R = 0, P = 0, cap = 0, V = 0, K = 1, H = 0;
   bool cuda = false, fused = false, graphs = false, bucketed = false, sample_inside = true, lora = false;
   int64_t bucket = 128;
+  // The fused step's attention reads each row's own keys whatever the key length it is given; the
+  // length only sets its split count. Where even the whole cache takes one split (64 rows of 2 kv
+  // heads fill an H100 already), one graph at the cache's length serves every step.
+  bool one_graph = false;
   KVCache cache;
   // Device state of the step: each row's input token and position, the step counter, the drawn
   // tokens of the last H steps (a ring), the logits when they are sampled outside the graph.
@@ -169,6 +173,10 @@ struct Decoder::Run {
 #endif
     stats.rows = R;
     bucket = decode_bucket(cap);
+#ifdef KERNELRL_CUDA_KERNELS
+    one_graph = fused && graphs &&
+                cuda::decode_attention_splits(int(R), int(c.num_kv_heads), int(c.head_dim), int(cap), sms) == 1;
+#endif
     K = cuda ? 16 : 1;
     H = K;
     cache = m.new_cache(R, cap);
@@ -501,7 +509,7 @@ struct Decoder::Run {
       for (int64_t i = 0; i < w; ++i) {
         int64_t longest = 0;
         for (int64_t r = 0; r < R; ++r) longest = std::max(longest, pos_h[r] + 1);
-        const int64_t klen = std::min(cap, bucketed ? round_up(longest, bucket) : longest);
+        const int64_t klen = one_graph ? cap : std::min(cap, bucketed ? round_up(longest, bucket) : longest);
         run_step(klen);
       }
       stats.steps += w;
