@@ -426,12 +426,16 @@ class TempFilesTest(unittest.TestCase):
                                  capture_output=True, text=True, timeout=600)
             self.assertEqual(out.returncode, 0, out.stderr[-3000:])
             self.assertEqual(os.listdir(tmp), [])
-            p = subprocess.Popen([LAUNCH, cfg, "--run-dir", os.path.join(d, "killed")], env=env,
+            # The run to kill replays every task (one task's replay can end within the wait below).
+            os.mkdir(os.path.join(d, "long"))
+            long_cfg = write_config(os.path.join(d, "long"), REPLAY)
+            p = subprocess.Popen([LAUNCH, long_cfg, "--run-dir", os.path.join(d, "killed")], env=env,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.time() + 60
             while time.time() < deadline and not any(n.startswith("kernelrl-") for n in os.listdir(tmp)):
                 time.sleep(0.2)
             time.sleep(3)  # its workers have made their locks and candidates' folders
+            self.assertIsNone(p.poll(), "the run to kill ended on its own")
             p.kill()
             p.wait()
             left = [n for n in os.listdir(tmp) if n.startswith(f"kernelrl-{p.pid}-")]
