@@ -754,15 +754,16 @@ int wgmma_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t
         return v.resid(maps.x, maps.w[l], nullptr, nullptr, p.y, p.N, M, p.N, p.K, sk, kEps, pdl, st);
       };
       for (const V4& v : kV4) {
-        const bool plain_ok = v.plain && p.N % v.bn == 0, fused_ok = pi == 2 ? v.silu != nullptr : plain_ok;
-        if (!fused_ok) continue;
+        // every configuration runs gate/up (tiles of bn / 2 gate + bn / 2 up rows); the plain
+        // product and the other kinds only where bn divides N
+        const bool plain_ok = p.N % v.bn == 0;
+        if (!plain_ok && pi != 2) continue;
         Maps maps(p.x, p.W, M, p.N, p.K, plain_ok ? v.bn : 64);  // (a box is at most 256 rows)
         Maps fmaps(p.x, p.W, M, p.N, p.K, pi == 2 ? v.bn / 2 : v.bn);
         const int tiles = pi == 2 ? (p.N / 2 + v.bn / 2 - 1) / (v.bn / 2) : p.N / v.bn;
         for (int sk : {1, 2, 3, 4, 6, 8, 12, 16}) {
           if (sk > p.K / 64 / v.kb || (p.K / 64) % v.kb) continue;
-          if (!plain_ok) goto fused_only;
-          {
+          if (plain_ok) {
             auto run = [&](int l, bool pdl) {
               return v.plain(maps.x, maps.w[l], p.B[l], nullptr, p.y, p.N, M, p.N, p.K, sk, kEps, pdl, st);
             };
@@ -793,10 +794,7 @@ int wgmma_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t
             std::printf("   v4 bn %3d stages %d kb %d split %2d (%4d blocks): %.2f us (%.2f TB/s), |diff| %.1e\n", v.bn,
                         v.stages, v.kb, sk, p.N / v.bn * sk, t - t0, 2.0 * p.N * p.K / 1e6 / (t - t0), err);
             if (t - t0 < best[pi].us) best[pi] = {&v, sk, t - t0};
-            if (pi == 2 && !v.silu) continue;
-          }
-        fused_only:
-          if (!plain_ok) {
+          } else {
             cudaError_t e = fused_run(v, fmaps, 0, sk, false);
             if (e == cudaSuccess) e = cudaStreamSynchronize(st);
             if (e != cudaSuccess) {

@@ -1355,9 +1355,11 @@ int fused_gemm_split(Fused kind, int N, int K, int sms) {
     if (const char* v = std::getenv("KERNELRL_WGMMA_SPLIT")) std::sscanf(v, "%d,%d,%d,%d", &f[0], &f[1], &f[2], &f[3]);
     return f;
   }();
-  const GemmShape sh = shape_of(kind, K);
-  const int tiles = kind == Fused::kGateUpNormSilu ? (N / 2 + sh.bn / 2 - 1) / (sh.bn / 2) : N / sh.bn;
-  const int units = K / 64 / sh.kb;
+  const int units = K / 64 / shape_of(kind, K).kb;
+  const int tiles = with_config(kind, K, [&](auto c) {  // as the launch counts them
+    using C = decltype(c);
+    return wg::tiles<C::bn, C::mode>(N);
+  });
   if (forced[int(kind)] > 0) return std::min({forced[int(kind)], units, 16});
   static std::mutex mu;
   static std::map<std::tuple<int, int, int, int, int>, int> chosen;
@@ -1414,7 +1416,8 @@ bool fused_gemm_supported(Fused kind, int N, int K) {
 }
 
 int weight_box(Fused kind, int K) {
-  return kind == Fused::kGateUpNormSilu ? shape_of(kind, K).bn / 2 : shape_of(kind, K).bn;
+  const int bn = shape_of(kind, K).bn;
+  return kind == Fused::kGateUpNormSilu ? bn / 2 : bn;  // gate/up: each half its own box
 }
 
 bool fused_gemm_weight_map(Fused kind, const bf16_t* w, int N, int K, GemmMap* map) {
