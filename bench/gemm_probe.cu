@@ -16,11 +16,12 @@
 // (q/k/v with the RMSNorm, o and down with the residual add, gate/up with the RMSNorm and SwiGLU),
 // checks the fused modes against float64, then times a layer as the decoder ran it with cuBLAS
 // (KERNELRL_WGMMA=0 today) against the fused layer (the rotary embedding and the attention as
-// stand-ins in both).
+// stand-ins in both). A third argument `head` measures the read bandwidth and times the 1.5B head
+// (cuBLASLt, the plain product, and the decoder's kHeadNorm with the final norm).
 //
 //   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/gemm_probe.cu -lcublasLt -o gemm_probe
 //   ./gemm_probe 64 && ./gemm_probe 16 1.5b && ./gemm_probe 64 "" pf && ./gemm_probe 64 1.5b pdl
-//   ./gemm_probe 64 1.5b wgmma && ./gemm_probe 16 1.5b wgmma
+//   ./gemm_probe 64 1.5b wgmma && ./gemm_probe 16 1.5b wgmma && ./gemm_probe 64 1.5b head
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -119,7 +120,7 @@ using kernelrl::cuda::skinny3::launch_pdl;
 
 int pdl_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t lt, void* ws, size_t ws_bytes);
 int wgmma_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t lt, void* ws, size_t ws_bytes);
-int tiled_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t lt, size_t ws_bytes);
+int head_mode(int M, cudaStream_t st, cublasLtHandle_t lt, size_t ws_bytes);
 
 // The largest |difference| of y (on the device; copied into `mine`) from ref, over the largest |ref|.
 static double rel_diff(const std::vector<__nv_bfloat16>& ref, std::vector<__nv_bfloat16>& mine, const __nv_bfloat16* y,
@@ -197,7 +198,7 @@ int main(int argc, char** argv) {
 
   if (argc > 3 && std::string(argv[3]) == "pdl") return pdl_mode(M, only, st, lt, ws, ws_bytes);
   if (argc > 3 && std::string(argv[3]) == "wgmma") return wgmma_mode(M, only, st, lt, ws, ws_bytes);
-  if (argc > 3 && std::string(argv[3]) == "tiled") return tiled_mode(M, only, st, lt, ws_bytes);
+  if (argc > 3 && std::string(argv[3]) == "head") return head_mode(M, st, lt, ws_bytes);
   if (argc > 3 && std::string(argv[3]) == "pf") {
     // L2 prefetch: per layer [stand-in attention, product] with and without a bulk L2 prefetch of
     // the product's weight queued before the stand-in; the product's share = (graph - stand-ins
@@ -975,112 +976,19 @@ int wgmma_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t
   return 0;
 }
 
-// ---------------------------------------------------------------- mode `tiled`
-// Each product of the decoder's configuration with W as it is ([N, K] row-major: a box is BN
-// pieces of 128 bytes, one a row) and with W laid out box by box ([tiles][K / 64][BN][64]: each
-// box one contiguous piece; kTiled), timed the same way, and the outputs compared bit for bit.
+// ---------------------------------------------------------------- mode `head`
+// The read bandwidth, then the 1.5B head (one weight of 467 MB: nothing from L2) after a stand-in:
+// cuBLASLt's heuristic choice against the plain product at a few tile widths and depths, and the
+// decoder's kHeadNorm (the final norm fused in: bn 128, 4 stages).
 
 namespace {
-
-// out[(t * nkb + kb) * BN + r][c] = W[row(t, r)][kb * 64 + c]; kSilu tiles: H2 gate rows then H2 up
-// rows (zeros past I).
-__global__ void tile_w(const __nv_bfloat16* W, __nv_bfloat16* out, int N, int K, int BN, int silu, int ntiles) {
-  const int nkb = K / 64, H2 = BN / 2, I = N / 2;
-  const size_t total = size_t(ntiles) * nkb * BN * 8;  // 16-byte pieces
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
-    const int c8 = int(i % 8);
-    const size_t rowo = i / 8;
-    const int r = int(rowo % BN), kb = int(rowo / BN % nkb), t = int(rowo / BN / nkb);
-    int src;
-    if (silu) {
-      const int g = t * H2 + (r < H2 ? r : r - H2);
-      src = g < I ? (r < H2 ? g : I + g) : -1;
-    } else {
-      src = t * BN + r;
-    }
-    uint4 v{0, 0, 0, 0};
-    if (src >= 0) v = *reinterpret_cast<const uint4*>(W + size_t(src) * K + kb * 64 + c8 * 8);
-    reinterpret_cast<uint4*>(out)[i] = v;
-  }
-}
-
-template <int BN, int S, int KB>
-struct TCfg {
-  static constexpr int bn = BN, stages = S, kb = KB;
+template <int BN, int S, int KB, int MODE = 0>
+struct HeadCfg {
+  static constexpr int bn = BN, stages = S, kb = KB, mode = MODE;
 };
-
-template <int BN, int S, int KB, int MODE>
-void tiled_one(Proj& p, int M, int L, const __nv_bfloat16* g, cudaStream_t st, __nv_bfloat16* act) {
-  constexpr float kEps = 1e-6f;
-  const bool silu = (MODE & dg::kSilu) != 0;
-  const int ntiles = dg::tiles<BN, MODE>(p.N), nkb = p.K / 64;
-  const int ldy = silu ? p.N / 2 : p.N;
-  std::vector<__nv_bfloat16*> T(L);
-  std::vector<CUtensorMap> wm(L), tm(L);
-  CUtensorMap xm;
-  bool ok = dg::make_map(&xm, p.x, M, p.K, 64);
-  for (int l = 0; l < L; ++l) {
-    CK(cudaMalloc(&T[l], size_t(ntiles) * nkb * BN * 128));
-    tile_w<<<264, 256, 0, st>>>(p.W[l], T[l], p.N, p.K, BN, silu ? 1 : 0, ntiles);
-    ok = ok && dg::make_map(&wm[l], p.W[l], p.N, p.K, silu ? BN / 2 : BN) &&
-         dg::make_map(&tm[l], T[l], uint64_t(ntiles) * nkb * BN, 64, BN);
-  }
-  if (!ok) {
-    std::fprintf(stderr, "tensor maps refused\n");
-    std::exit(1);
-  }
-  auto standin = [&] { CK(launch_pdl(true, touch, dim3(M), dim3(256), st, act, p.K)); };
-  const float t0 = graph_us(st, L, [&] {
-    for (int l = 0; l < L; ++l) standin();
-    return true;
-  });
-  const __nv_bfloat16* b = (MODE & dg::kResid) != 0 || silu ? nullptr : p.B[0];
-  for (int sk : {1, 2, 3, 4, 5, 6, 8}) {
-    if (sk > nkb / KB || nkb % KB) continue;
-    auto run = [&](bool tiled, int l, bool pdl) {
-      return tiled ? dg::gemm<BN, S, MODE | dg::kTiled, KB>(xm, tm[l], b, g, p.y, ldy, M, p.N, p.K, sk, kEps, pdl, st)
-                   : dg::gemm<BN, S, MODE, KB>(xm, wm[l], b, g, p.y, ldy, M, p.N, p.K, sk, kEps, pdl, st);
-    };
-    std::vector<__nv_bfloat16> y0(size_t(M) * ldy), y1(y0.size());
-    bool ran = true;
-    for (int tiled = 0; tiled < 2; ++tiled) {
-      CK(cudaMemsetAsync(p.y, 0, y0.size() * 2, st));
-      cudaError_t e = run(tiled, 0, false);
-      if (e == cudaSuccess) e = cudaStreamSynchronize(st);
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        ran = false;
-        break;
-      }
-      CK(cudaMemcpy((tiled ? y1 : y0).data(), p.y, y0.size() * 2, cudaMemcpyDeviceToHost));
-    }
-    if (!ran) continue;
-    const bool same = std::equal(y0.begin(), y0.end(), y1.begin(),
-                                 [](auto a, auto c) { return __bfloat16_as_ushort(a) == __bfloat16_as_ushort(c); });
-    float t[2];
-    for (int tiled = 0; tiled < 2; ++tiled)
-      t[tiled] = graph_us(st, L,
-                          [&] {
-                            for (int l = 0; l < L; ++l) {
-                              standin();
-                              CK(run(tiled, l, true));
-                            }
-                            return true;
-                          }) -
-                 t0;
-    const double mb = 2.0 * p.N * p.K / 1e6;
-    std::printf(
-        "%-8s bn %3d stages %d kb %d split %d (%3d blocks): rows %.2f us (%.2f TB/s), tiled %.2f us (%.2f TB/s), %s\n",
-        p.name, BN, S, KB, sk, ntiles * sk, t[0], mb / t[0], t[1], mb / t[1], same ? "same bits" : "OUTPUTS DIFFER");
-  }
-  std::fflush(stdout);
-  for (auto* q : T) CK(cudaFree(q));
-}
-
 }  // namespace
 
-int tiled_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t lt, size_t ws_bytes) {
-  constexpr int L = 28;
+int head_mode(int M, cudaStream_t st, cublasLtHandle_t lt, size_t ws_bytes) {
   StandIns si(st);
   {  // the read bandwidth: 1 GiB streamed by a grid of 4 blocks an SM
     const size_t n = size_t(1) << 30;
@@ -1096,66 +1004,58 @@ int tiled_mode(int M, const std::string& only, cudaStream_t st, cublasLtHandle_t
     std::printf("read bandwidth %.0f GB/s\n", n / (us * 1e-6) / 1e9);
     CK(cudaFree(a));
   }
-  for (const auto& m : kModels) {
-    if (!only.empty() && std::string(m.name).find(only) == std::string::npos) continue;
-    ModelLayers ml(m, M, L, st, lt, ws_bytes);
-    __nv_bfloat16* ones;
-    CK(cudaMalloc(&ones, size_t(m.I) * 2));
-    fill<<<64, 256, 0, st>>>(ones, m.I, 79, 1.0f);
-    auto& P = ml.projs;
-    tiled_one<128, 6, 1, dg::kNorm>(*P[0], M, L, ones, st, si.act);
-    tiled_one<64, 4, 2, dg::kResid>(*P[1], M, L, nullptr, st, si.act);
-    tiled_one<144, 6, 1, dg::kNorm | dg::kSilu>(*P[2], M, L, ones, st, si.act);
-    tiled_one<64, 4, 2, dg::kResid>(*P[3], M, L, nullptr, st, si.act);
-    tiled_one<64, 6, 2, dg::kResid>(*P[3], M, L, nullptr, st, si.act);
-    tiled_one<128, 4, 2, dg::kResid>(*P[3], M, L, nullptr, st, si.act);
-    tiled_one<0 + 128, 4, 1, 0>(*P[2], M, L, nullptr, st, si.act);
-    // the head (one weight of 467 MB: nothing from L2) after a stand-in: cuBLASLt's heuristic
-    // choice against the plain product at a few tile widths and depths
-    if (std::string(m.name) == "1.5b") {
-      const int V = 151936, H = m.H;
-      Proj hp("head", V, H, false, M, 1, st);
-      LtProduct lp(lt, M, V, H, false, ws_bytes);
-      void* ws;
-      CK(cudaMalloc(&ws, ws_bytes));
-      auto standin = [&] { CK(launch_pdl(true, touch, dim3(M), dim3(256), st, si.act, H)); };
-      const float t0 = graph_us(st, 8, [&] {
-        for (int l = 0; l < 8; ++l) standin();
-        return true;
-      });
-      const float tc = graph_us(st, 8,
-                                [&] {
-                                  for (int l = 0; l < 8; ++l)
-                                    standin(), lp.run(lt, hp.x, hp.W[0], nullptr, hp.y, ws, ws_bytes, st);
-                                  return true;
-                                }) -
-                       t0;
-      std::printf("head: cuBLASLt %.2f us (%.2f TB/s)\n", tc, 2.0 * V * H / 1e6 / tc);
-      auto one = [&](auto c, const char* what) {
-        using C = decltype(c);
-        CUtensorMap xm, wm;
-        if (!dg::make_map(&xm, hp.x, M, H, 64) || !dg::make_map(&wm, hp.W[0], V, H, C::bn)) std::exit(1);
-        const float t = graph_us(st, 8,
-                                 [&] {
-                                   for (int l = 0; l < 8; ++l) {
-                                     standin();
-                                     auto* f = &dg::gemm<C::bn, C::stages, 0, C::kb>;
-                                     CK(f(xm, wm, nullptr, nullptr, hp.y, V, M, V, H, 1, 1e-6f, true, st, dg::Rope{}));
-                                   }
-                                   return true;
-                                 }) -
-                        t0;
-        std::printf("head: %s %.2f us (%.2f TB/s)\n", what, t, 2.0 * V * H / 1e6 / t);
-      };
-      one(TCfg<128, 4, 1>{}, "bn 128 stages 4 kb 1");
-      one(TCfg<128, 6, 1>{}, "bn 128 stages 6 kb 1");
-      one(TCfg<256, 4, 1>{}, "bn 256 stages 4 kb 1");
-      one(TCfg<64, 6, 1>{}, "bn  64 stages 6 kb 1");
-      one(TCfg<64, 4, 2>{}, "bn  64 stages 4 kb 2");
-      one(TCfg<128, 3, 2>{}, "bn 128 stages 3 kb 2");
-      CK(cudaFree(ws));
+  const int V = 151936, H = 1536;
+  Proj hp("head", V, H, false, M, 1, st);
+  LtProduct lp(lt, M, V, H, false, ws_bytes);
+  __nv_bfloat16* ones;
+  CK(cudaMalloc(&ones, size_t(H) * 2));
+  fill<<<8, 256, 0, st>>>(ones, H, 79, 1.0f);
+  void* ws;
+  CK(cudaMalloc(&ws, ws_bytes));
+  auto standin = [&] { CK(launch_pdl(true, touch, dim3(M), dim3(256), st, si.act, H)); };
+  const float t0 = graph_us(st, 8, [&] {
+    for (int l = 0; l < 8; ++l) standin();
+    return true;
+  });
+  const float tc = graph_us(st, 8,
+                            [&] {
+                              for (int l = 0; l < 8; ++l) {
+                                standin();
+                                lp.run(lt, hp.x, hp.W[0], nullptr, hp.y, ws, ws_bytes, st);
+                              }
+                              return true;
+                            }) -
+                   t0;
+  std::printf("1.5b head M %d (%.0f MB): cuBLASLt %.2f us (%.2f TB/s)\n", M, 2.0 * V * H / 1e6, tc,
+              2.0 * V * H / 1e6 / tc);
+  auto one = [&](auto c) {
+    using C = decltype(c);
+    CUtensorMap xm, wm;
+    if (!dg::make_map(&xm, hp.x, M, H, 64) || !dg::make_map(&wm, hp.W[0], V, H, C::bn)) {
+      std::fprintf(stderr, "tensor maps refused\n");
+      std::exit(1);
     }
-    CK(cudaFree(ones));
-  }
+    const __nv_bfloat16* g = (C::mode & dg::kNorm) != 0 ? ones : nullptr;
+    const float t = graph_us(st, 8,
+                             [&] {
+                               for (int l = 0; l < 8; ++l) {
+                                 standin();
+                                 CK((dg::gemm<C::bn, C::stages, C::mode, C::kb>(xm, wm, nullptr, g, hp.y, V, M, V, H, 1,
+                                                                                1e-6f, true, st)));
+                               }
+                               return true;
+                             }) -
+                    t0;
+    std::printf("   %s bn %d stages %d kb %d: %.2f us (%.2f TB/s)\n", (C::mode & dg::kNorm) != 0 ? "kNorm" : "plain",
+                C::bn, C::stages, C::kb, t, 2.0 * V * H / 1e6 / t);
+  };
+  one(HeadCfg<128, 4, 1>{});
+  one(HeadCfg<128, 6, 1>{});
+  one(HeadCfg<64, 6, 1>{});
+  one(HeadCfg<64, 4, 2>{});
+  one(HeadCfg<128, 3, 2>{});
+  one(HeadCfg<128, 4, 1, dg::kNorm>{});
+  CK(cudaFree(ws));
+  CK(cudaFree(ones));
   return 0;
 }

@@ -450,6 +450,7 @@ int sample_check(const std::function<std::string(const char*, const char*)>& get
 // --gemm-check 1: cuda::fused_gemm (the decode step's products on Hopper, each with its fused
 // elementwise steps) against float64 at the 1.5B and 7B shapes and 64, 16 and 1 rows: q/k/v of
 // the RMSNorm of h (+ bias), h += att W_o^T, silu(gate) * up of the RMSNorm of h, h += a W_down^T,
+// the head's logits of the RMSNorm of h (the models' vocabularies),
 // beside the bf16 path transformers takes (the norm rounded to bf16, LibTorch's bf16 products, the
 // SwiGLU and the residual add in bf16) against the same float64; and q/k/v with the rotary
 // embedding and cache write fused in against the q/k/v product and rope_qkv (the same bits, one
@@ -475,9 +476,9 @@ int gemm_check(const std::function<std::string(const char*, const char*)>& get) 
   auto p16 = [](const torch::Tensor& t) { return reinterpret_cast<kc::bf16_t*>(t.data_ptr()); };
   struct Shape {
     const char* model;
-    int H, I, NQ, A;
+    int H, I, NQ, A, V;
   };
-  const std::vector<Shape> shapes = {{"1.5b", 1536, 8960, 2048, 1536}, {"7b", 3584, 18944, 4608, 3584}};
+  const std::vector<Shape> shapes = {{"1.5b", 1536, 8960, 2048, 1536, 151936}, {"7b", 3584, 18944, 4608, 3584, 152064}};
   const float eps = 1e-6f;
   nlohmann::json rows = nlohmann::json::array();
   bool ok = true;
@@ -577,6 +578,18 @@ int gemm_check(const std::function<std::string(const char*, const char*)>& get) 
         auto ref = torch::silu(gu.narrow(1, 0, sh.I)) * gu.narrow(1, sh.I, sh.I);
         auto gl = torch::nn::functional::linear(xn16, w);
         record("gate/up kNorm+kSilu", y, y2, ref, torch::silu(gl.narrow(1, 0, sh.I)) * gl.narrow(1, sh.I, sh.I));
+      }
+      {  // the final norm and the head (logits [R, V])
+        kc::GemmMap wm;
+        auto w = weight(kc::Fused::kHeadNorm, sh.V, sh.H, &wm);
+        auto run = [&] {
+          auto y = torch::empty({R, sh.V}, bf);
+          kc::fused_gemm(kc::Fused::kHeadNorm, hx, wm, nullptr, p16(g), p16(y), R, sh.V, sh.H, eps, sms, stream);
+          return y;
+        };
+        auto y = run(), y2 = run();
+        record("head kNorm", y, y2, torch::matmul(xn64, w.to(torch::kFloat64).t()),
+               torch::nn::functional::linear(xn16, w));
       }
       for (auto [kind, name, K] :
            {std::tuple{kc::Fused::kOResid, "o kResid", sh.A}, std::tuple{kc::Fused::kDownResid, "down kResid", sh.I}}) {

@@ -1323,6 +1323,8 @@ auto with_config(Fused kind, int K, F&& f) {
       return f(Config<128, 6, 1, wg::kNorm | (ROPE ? wg::kRope : 0)>{});
     case Fused::kGateUpNormSilu:  // 72 gate + 72 up rows a tile: 125 tiles at 1.5B, one wave
       return f(Config<144, 6, 1, wg::kNorm | wg::kSilu>{});
+    case Fused::kHeadNorm:  // a thousand tiles and more: two blocks an SM, no split
+      return f(Config<128, 4, 1, wg::kNorm>{});
     default:
       return nkb % 2 == 0 ? f(Config<64, 4, 2, wg::kResid>{}) : f(Config<64, 8, 1, wg::kResid>{});
   }
@@ -1350,8 +1352,8 @@ int clusters_held(Fused kind, int K, int split) {
 // second wave (clusters are placed within a GPC: 5 blocks of a GPC of 16 leave 1 idle). Decided
 // once a shape and device. KERNELRL_WGMMA_SPLIT=q,o,gu,down (four numbers) sets them instead.
 int fused_gemm_split(Fused kind, int N, int K, int sms) {
-  static const std::array<int, 4> forced = [] {
-    std::array<int, 4> f{0, 0, 0, 0};
+  static const std::array<int, 5> forced = [] {
+    std::array<int, 5> f{0, 0, 0, 0, 0};
     if (const char* v = std::getenv("KERNELRL_WGMMA_SPLIT")) std::sscanf(v, "%d,%d,%d,%d", &f[0], &f[1], &f[2], &f[3]);
     return f;
   }();

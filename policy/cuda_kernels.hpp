@@ -78,6 +78,7 @@ enum class Fused : int {
   kOResid,          // h += x W^T (+ bias)
   kGateUpNormSilu,  // y = silu(gate) * up of (g * rmsnorm(h)) W^T (+ bias): W = gate|up [2I, K], y [R, I]
   kDownResid,       // h += x W^T (+ bias)
+  kHeadNorm,        // logits = (g * rmsnorm(h)) W^T: the final norm and the head
 };
 // Whether they run on the current device: compute capability 9.0 with these kernels built for
 // sm_90a (checked by running one), the driver's tensor-map encoder found, KERNELRL_WGMMA not 0.

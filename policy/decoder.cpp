@@ -131,6 +131,8 @@ struct Decoder::Run {
   // a generation (host-side encodes of fixed addresses).
   bool wgmma = false;
   std::vector<std::array<cuda::GemmMap, 4>> wmaps;
+  cuda::GemmMap head_map;  // the head's, for the final norm and head as one product
+  bool head_fused = false;
 #endif
 
   Run(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts_in, const SamplingParams& settings,
@@ -357,6 +359,10 @@ struct Decoder::Run {
       }
       wmaps.push_back(mp);
     }
+    // The final norm and the head as one product where the head's shape fits (vocabularies of a
+    // multiple of 128); otherwise the norm kernel and cuBLAS's product.
+    head_fused = bf(m.head_) && bf(m.norm_) &&
+                 cuda::fused_gemm_weight_map(cuda::Fused::kHeadNorm, ptr(m.head_), int(m.head_.size(0)), Hd, &head_map);
     return true;
   }
 #endif
@@ -444,6 +450,14 @@ struct Decoder::Run {
     }
     // The last norm (adding the last layer's delta on the cuBLAS path; the Hopper path's h has it)
     // and the head.
+    if (wgmma && head_fused) {
+      cuda::GemmMap hx;
+      if (!cuda::fused_gemm_input_map(bp(h), int(R), int(Hd), &hx))
+        throw std::runtime_error("decoder: the copy engine's map of the residual stream was refused");
+      cuda::fused_gemm(cuda::Fused::kHeadNorm, hx, head_map, nullptr, bp(m.norm_), bp(logits), int(R),
+                       int(logits.size(1)), int(Hd), eps, sms, stream);
+      return;
+    }
     auto x = torch::empty({R, Hd}, bfo);
     cuda::add_rmsnorm(bp(h), bp(delta), fp(dl), bp(m.norm_), bp(x), nullptr, int(R), int(Hd), eps, stream);
     at::mm_out(logits, x, m.head_.t());

@@ -15,8 +15,6 @@
 //  - kResid: the output is added to y in place, y = bf16(y + bf16(x W^T)): the residual add.
 //  - kRope (with a tile of whole heads): the q|k|v outputs get rope_qkv's rotary embedding and go to
 //    q and the caches' slot (policy/cuda_kernels.cu's rope_qkv arithmetic: the same bits).
-//  - kTiled (bench/gemm_probe.cu's `tiled` mode, an experiment): W laid out box by box,
-//    [tiles][K / 64][BN][64], so that each box the copy engine reads is one contiguous piece.
 // bias (optional) is added before the roundings above. policy/cuda_kernels.cu runs it for the
 // decoder (fused_gemm in policy/cuda_kernels.hpp); bench/gemm_probe.cu (mode `wgmma`) times it
 // beside cuBLASLt (version 4 of the few-row products there).
@@ -46,7 +44,7 @@ namespace kernelrl::cuda::wgmma_gemm {
 constexpr int kBK = 64;    // K-columns a stage: 128 bytes, one swizzle row
 constexpr int kRows = 64;  // wgmma's M
 constexpr int kThreads = 128;
-constexpr int kNorm = 1, kSilu = 2, kResid = 4, kRope = 8, kTiled = 16;
+constexpr int kNorm = 1, kSilu = 2, kResid = 4, kRope = 8;
 
 // kRope: the outputs are q|k|v [M, (nh + 2 nkv) D]; q rotated into q [M, nh, D], k rotated and v
 // written into the caches [M, nkv, cap, D] at slot pos[row] (rows whose pos is outside [0, cap)
@@ -308,9 +306,7 @@ __global__ void __launch_bounds__(kThreads)
   auto load_w = [&](int s, int i) {  // unit i of this block's range
     for (int j = 0; j < KB; ++j) {
       const int kb = kb0 + i * KB + j;
-      if constexpr ((MODE & kTiled) != 0) {
-        tma_load(ws(s, j), &tw, 0, (tile * nkb + kb) * BN, b0 + 8 * s);  // one contiguous box
-      } else if constexpr ((MODE & kSilu) != 0) {
+      if constexpr ((MODE & kSilu) != 0) {
         tma_load(ws(s, j), &tw, kb * kBK, tile * H2, b0 + 8 * s);  // (past I: up rows, not written)
         tma_load(ws(s, j) + H2 * 128, &tw, kb * kBK, I + tile * H2, b0 + 8 * s);
       } else {
