@@ -200,8 +200,9 @@ def decode_check(launch, device, d, tmp):
     the sampler's bias: tokens drawn from p have E[log p(token)] = -H(p), so the mean of (log p + H) over
     the sampled tokens, in standard errors, says whether the draws follow the distribution (|z| < 4). Each
     path's logprobs are also compared with the float32 forward pass (the same weights, upcast), beside
-    transformers' bf16 pass on the same tokens: a path is ok when it is unbiased and within twice
-    transformers' bf16 distance from float32 (+ 0.02). (Agreement with transformers' bf16 pass alone
+    transformers' bf16 pass on the same tokens: a path is ok when it is unbiased, within twice
+    transformers' bf16 distance from float32 (+ 0.02), and the decode step that ran is the one the path
+    names (`launch generate --json`'s decode_path). (Agreement with transformers' bf16 pass alone
     would favour paths that round where it rounds over paths closer to the exact model.)"""
     import math
     from peft import PeftModel
@@ -217,10 +218,16 @@ def decode_check(launch, device, d, tmp):
         ref32 = base32 if adapter is None else PeftModel.from_pretrained(base32, adapter).to(device).eval()
         # (fused-graph: the Hopper products with the norms, SwiGLU and residual adds fused in where the
         # device and shapes allow them and no adapter is on; fused-cublas: the same step with cuBLAS's.)
+        # Each path's decode step as `launch generate --json` reports it (decode_path): the Hopper
+        # products where the decoder takes them (compute capability 9.0, hidden size up to 2,048, no
+        # adapter), else the fused kernels with cuBLAS's products.
+        hopper = torch.cuda.get_device_capability(device) == (9, 0) and base.config.hidden_size <= 2048
         paths = [("fused-graph", {}), ("graph", {"KERNELRL_FUSED": "0"}),
                  ("eager", {"KERNELRL_FUSED": "0", "KERNELRL_CUDA_GRAPHS": "0"})]
         if adapter is None:
             paths.insert(1, ("fused-cublas", {"KERNELRL_WGMMA": "0"}))
+        expected = {"fused-graph": "fused-wgmma-graph" if hopper and adapter is None else "fused-graph",
+                    "fused-cublas": "fused-graph", "graph": "graph", "eager": "eager"}
         for path, env in paths:
             args = [launch, "generate", "--model", d, "--device", device, "--dtype", "bf16", "--temperature", "1",
                     "--seed", "7", "--max-tokens", str(new), "--n", str(n), "--json"]
@@ -228,8 +235,9 @@ def decode_check(launch, device, d, tmp):
                 args += ["--adapter", adapter]
             for p in prompts:
                 args += ["--prompt", p]
-            comps = json.loads(subprocess.run(args, check=True, capture_output=True, text=True,
-                                              env=dict(os.environ, **env)).stdout)["completions"]
+            gen = json.loads(subprocess.run(args, check=True, capture_output=True, text=True,
+                                            env=dict(os.environ, **env)).stdout)
+            comps = gen["completions"]
             diffs, z_terms, d32, hf32 = [], [], [], []
             for i, c in enumerate(comps):
                 pids = tok.encode(prompts[i // n]).ids
@@ -253,11 +261,13 @@ def decode_check(launch, device, d, tmp):
             out[key] = {"max_abs_logprob_vs_transformers": max(diffs), "mean_abs": sum(diffs) / len(diffs),
                         "mean_abs_vs_fp32": sum(d32) / len(d32),
                         "transformers_bf16_mean_abs_vs_fp32": sum(hf32) / len(hf32),
-                        "tokens": len(diffs), "bias_z": mean / (sd / math.sqrt(len(z_terms)))}
+                        "tokens": len(diffs), "bias_z": mean / (sd / math.sqrt(len(z_terms))),
+                        "decode_path": gen.get("decode_path"), "expected_path": expected[path]}
         if adapter:
             del ref_model, ref32
     r = {"paths": out, "ok": all(abs(v["bias_z"]) < 4 and
-                                  v["mean_abs_vs_fp32"] <= 2 * v["transformers_bf16_mean_abs_vs_fp32"] + 0.02
+                                  v["mean_abs_vs_fp32"] <= 2 * v["transformers_bf16_mean_abs_vs_fp32"] + 0.02 and
+                                  v["decode_path"] == v["expected_path"]
                                   for v in out.values())}
     print("decode bf16 %s %s" % (os.path.basename(d), json.dumps(r)), flush=True)
     del base, base32

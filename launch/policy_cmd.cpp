@@ -91,6 +91,7 @@ int cmd_generate(const PolicyCliOptions& o) {
     j["adapter"] = o.adapter;
     j["logprobs"] = o.server.empty() ? logprob_note : "as the server reports them";
     j["seconds"] = secs;
+    if (const std::string path = backend->decode_path(); !path.empty()) j["decode_path"] = path;
     j["completions"] = nlohmann::json::array();
     for (size_t i = 0; i < out.size(); ++i)
       j["completions"].push_back({{"prompt_index", i / o.n},

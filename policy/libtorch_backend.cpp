@@ -28,6 +28,7 @@ class LibtorchBackend final : public SamplerBackend {
     }
   }
   uint64_t version() const override { return policy_->version(); }
+  std::string decode_path() const override { return policy_->last_generation().path; }
 
  private:
   std::unique_ptr<Policy> policy_;

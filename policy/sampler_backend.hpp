@@ -36,6 +36,9 @@ class SamplerBackend {
   // Serve the adapter in `u` from now on; afterwards version() == u.version.
   virtual void apply_weights(const WeightsUpdate& u) = 0;
   virtual uint64_t version() const = 0;
+  // The decode step the last generate call ran (GenerationStats::path for the in-process model;
+  // "" where the backend cannot tell).
+  virtual std::string decode_path() const { return ""; }
 };
 
 // In-process model (LibTorch); see policy/policy.hpp for the logprobs' distribution.

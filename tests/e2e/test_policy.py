@@ -319,6 +319,10 @@ class PolicyTest(unittest.TestCase):
                                   attention_mask=torch.ones(1, len(ids), dtype=torch.long))
             self.assertEqual(c["token_ids"], out[0, len(ids):].tolist()[: len(c["token_ids"])], "qwen3: " + prompt)
         ref_model = AutoModelForCausalLM.from_pretrained(self.models["qwen2"], dtype=torch.float32).eval()
+        # --json names the decode step that ran: on the CPU, LibTorch ops without graphs.
+        full = json.loads(run([LAUNCH, "generate", "--model", self.models["qwen2"], "--json", "--prompt", "x",
+                               "--max-tokens", "2"]).stdout)
+        self.assertEqual(full["decode_path"], "eager")
         ours = self.generate(prompts, "--temperature", "0", "--max-tokens", "12")
         self.assertEqual(len(ours), 3)
         for prompt, c in zip(prompts, ours):
@@ -504,6 +508,7 @@ class OpenAIBackendTest(ServerTestCase):
         p = self.gen("ok", "--n", "2", "--temperature", "0.7", "--top-p", "0.9", "--seed", "5", "--max-tokens", "33",
                      "--stop", "###")
         c = json.loads(p.stdout)["completions"]
+        self.assertNotIn("decode_path", json.loads(p.stdout))  # a server's step is not ours to name
         self.assertEqual(len(c), 4)
         self.assertEqual([x["prompt_index"] for x in c], [0, 0, 1, 1])
         self.assertTrue(c[2]["text"].startswith("echo 1/0"))
