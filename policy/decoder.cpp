@@ -397,13 +397,14 @@ struct Decoder::Run {
                              int(D), cap, int(klen), float(1.0 / std::sqrt(double(D))), splits, fp(work),
                              attn_counters.data_ptr<int>(), bp(out), fp(out32), stream);
     };
+    cuda::GemmMap hx;  // the residual stream's map (the Hopper path: its layers and its head)
     if (wgmma) {
       // Four kernels a layer: q/k/v of rmsnorm(h) with the rotary embedding and the cache write,
       // attention, h += o, silu(gate) * up of rmsnorm(h), h += down. The activations' maps hold their
       // addresses (fixed within a captured graph).
       auto q = torch::empty({R, nh, D}, bfo);
       auto att = torch::empty({R, nh * D}, bfo), a = torch::empty({R, I}, bfo);
-      cuda::GemmMap hx, attx, ax;
+      cuda::GemmMap attx, ax;
       if (!cuda::fused_gemm_input_map(bp(h), int(R), int(Hd), &hx) ||
           !cuda::fused_gemm_input_map(bp(att), int(R), int(nh * D), &attx) ||
           !cuda::fused_gemm_input_map(bp(a), int(R), int(I), &ax))
@@ -451,9 +452,6 @@ struct Decoder::Run {
     // The last norm (adding the last layer's delta on the cuBLAS path; the Hopper path's h has it)
     // and the head.
     if (wgmma && head_fused) {
-      cuda::GemmMap hx;
-      if (!cuda::fused_gemm_input_map(bp(h), int(R), int(Hd), &hx))
-        throw std::runtime_error("decoder: the copy engine's map of the residual stream was refused");
       cuda::fused_gemm(cuda::Fused::kHeadNorm, hx, head_map, nullptr, bp(m.norm_), bp(logits), int(R),
                        int(logits.size(1)), int(Hd), eps, sms, stream);
       return;

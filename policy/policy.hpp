@@ -64,8 +64,8 @@ struct Scored {
 
 // What the last generate call did (policy/decoder.hpp).
 struct GenerationStats {
-  std::string
-      path;  // the decode step: "fused-wgmma-graph", "fused-wgmma", "fused-graph", "fused", "graph", "static" or "eager"
+  // the decode step: "fused-wgmma-graph", "fused-wgmma", "fused-graph", "fused", "graph", "static" or "eager"
+  std::string path;
   int64_t steps = 0;           // decode steps (each over every row of the cache)
   int64_t rows = 0;            // rows of the cache
   int64_t prefill_tokens = 0;  // prompt tokens prefilled (each distinct prompt once per admission)
