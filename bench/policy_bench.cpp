@@ -343,7 +343,9 @@ int lora_decode_check(const std::function<std::string(const char*, const char*)>
 // integral transform of each draw (F(k-1) + v p(k), uniform exactly when the draws follow p) by a
 // Kolmogorov-Smirnov statistic over all draws and over each kind of row, against the 1e-4 critical
 // value; the draws' bias (log p + H summed, in standard errors); and at T = 0 the argmax. Also the
-// microseconds a call (both kernels) over the timed draws.
+// microseconds a call (both kernels) over the timed draws. Each with the partials over 64 chunks a row
+// (sample_tokens) and over the Hopper head's 128-logit tiles (sample_partials and
+// sample_from_partials at fused_head_draw_chunk(): the draw the head's step takes).
 int sample_check(const std::function<std::string(const char*, const char*)>& get) {
 #ifdef KERNELRL_CUDA_KERNELS
   torch::Device dev(get("--device", "cuda:0"));
@@ -358,7 +360,9 @@ int sample_check(const std::function<std::string(const char*, const char*)>& get
   logits = logits.to(torch::kBFloat16);
   auto stream = at::cuda::getCurrentCUDAStream(dev.index()).stream();
   namespace kc = kernelrl::cuda;
-  auto work = torch::empty({kc::sample_work_floats(R)}, f32);
+  const int tile = kc::fused_head_draw_chunk();
+  auto work = torch::empty({kc::sample_work_floats(R, std::max(64, (V + tile - 1) / tile))}, f32);
+  int per = 0;  // 0: sample_tokens; else the two passes at this chunk width
   auto draw = [&](double T, int n, float* us) {
     auto step = torch::zeros({1}, i64), ids = torch::zeros({R}, i64), pos = torch::zeros({R}, i64);
     auto tok = torch::full({n, R}, -1, i64.dtype(torch::kInt32));
@@ -367,10 +371,19 @@ int sample_check(const std::function<std::string(const char*, const char*)>& get
     cudaEventCreate(&a);
     cudaEventCreate(&b);
     cudaEventRecord(a, stream);
-    for (int i = 0; i < n; ++i)
-      kc::sample_tokens(reinterpret_cast<const kc::bf16_t*>(logits.data_ptr()), R, V, float(T), 1234,
-                        step.data_ptr<int64_t>(), work.data_ptr<float>(), ids.data_ptr<int64_t>(),
-                        pos.data_ptr<int64_t>(), 1 << 20, tok.data_ptr<int32_t>(), lp.data_ptr<float>(), n, stream);
+    const auto* lg = reinterpret_cast<const kc::bf16_t*>(logits.data_ptr());
+    for (int i = 0; i < n; ++i) {
+      if (per == 0) {
+        kc::sample_tokens(lg, R, V, float(T), 1234, step.data_ptr<int64_t>(), work.data_ptr<float>(),
+                          ids.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), 1 << 20, tok.data_ptr<int32_t>(),
+                          lp.data_ptr<float>(), n, stream);
+      } else {
+        kc::sample_partials(lg, R, V, per, float(T), step.data_ptr<int64_t>(), work.data_ptr<float>(), stream);
+        kc::sample_from_partials(lg, R, V, per, float(T), 1234, step.data_ptr<int64_t>(), work.data_ptr<float>(),
+                                 ids.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), 1 << 20, tok.data_ptr<int32_t>(),
+                                 lp.data_ptr<float>(), n, stream);
+      }
+    }
     cudaEventRecord(b, stream);
     cudaEventSynchronize(b);
     float ms = 0;
@@ -390,54 +403,63 @@ int sample_check(const std::function<std::string(const char*, const char*)>& get
     auto i = torch::arange(1, n + 1, u.options());
     return std::max((i / double(n) - u).max().item<double>(), (u - (i - 1) / double(n)).max().item<double>());
   };
-  for (double T : {1.0, 0.6}) {
-    float us = 0;
-    auto [tok, lp, counted] = draw(T, steps, &us);
-    auto logp = torch::log_softmax(logits.to(torch::kFloat64) / T, 1);  // [R, V]
-    auto p = logp.exp();
-    auto cdf = p.cumsum(1);
-    auto rows_i = torch::arange(R, i64).view({1, R}).expand({steps, R});
-    auto pk = p.index({rows_i, tok}), ref_lp = logp.index({rows_i, tok});
-    const double lp_err = (lp.to(torch::kFloat64) - ref_lp).abs().max().item<double>();
-    auto u = cdf.index({rows_i, tok}) - pk + torch::rand({steps, R}, pk.options()) * pk;  // randomized PIT
-    const int64_t n_all = int64_t(steps) * R;
-    const double d_all = ks(u.reshape({-1}));
-    bool ks_ok = d_all * std::sqrt(double(n_all)) < crit;
-    nlohmann::json kinds = nlohmann::json::array();
-    for (int k = 0; k < 4; ++k) {
-      auto sel = u.index({torch::indexing::Slice(), torch::indexing::Slice(k, R, 4)}).reshape({-1});
-      const double d = ks(sel);
-      ks_ok = ks_ok && d * std::sqrt(double(sel.size(0))) < crit;
-      kinds.push_back({{"kind", k}, {"ks", d}, {"ks_bound", crit / std::sqrt(double(sel.size(0)))}});
+  for (const int mode_per : {0, tile}) {
+    per = mode_per;
+    const std::string pname = per == 0 ? "64 chunks" : "head tiles of " + std::to_string(per);
+    for (double T : {1.0, 0.6}) {
+      float us = 0;
+      auto [tok, lp, counted] = draw(T, steps, &us);
+      auto logp = torch::log_softmax(logits.to(torch::kFloat64) / T, 1);  // [R, V]
+      auto p = logp.exp();
+      auto cdf = p.cumsum(1);
+      auto rows_i = torch::arange(R, i64).view({1, R}).expand({steps, R});
+      auto pk = p.index({rows_i, tok}), ref_lp = logp.index({rows_i, tok});
+      const double lp_err = (lp.to(torch::kFloat64) - ref_lp).abs().max().item<double>();
+      auto u = cdf.index({rows_i, tok}) - pk + torch::rand({steps, R}, pk.options()) * pk;  // randomized PIT
+      const int64_t n_all = int64_t(steps) * R;
+      const double d_all = ks(u.reshape({-1}));
+      bool ks_ok = d_all * std::sqrt(double(n_all)) < crit;
+      nlohmann::json kinds = nlohmann::json::array();
+      for (int k = 0; k < 4; ++k) {
+        auto sel = u.index({torch::indexing::Slice(), torch::indexing::Slice(k, R, 4)}).reshape({-1});
+        const double d = ks(sel);
+        ks_ok = ks_ok && d * std::sqrt(double(sel.size(0))) < crit;
+        kinds.push_back({{"kind", k}, {"ks", d}, {"ks_bound", crit / std::sqrt(double(sel.size(0)))}});
+      }
+      auto H = -(p * logp).sum(1);                  // [R]
+      auto var = (p * logp * logp).sum(1) - H * H;  // Var[log p] a row
+      const double z = ((ref_lp + H.view({1, R})).sum() / (var.sum() * steps).sqrt()).item<double>();
+      const bool row_ok = counted && lp_err < 2e-3 && ks_ok && std::abs(z) < 4;
+      ok = ok && row_ok;
+      rows.push_back({{"partials", pname},
+                      {"temperature", T},
+                      {"draws", n_all},
+                      {"us_per_call", us},
+                      {"logprob_max_abs_diff", lp_err},
+                      {"ks", d_all},
+                      {"ks_bound", crit / std::sqrt(double(n_all))},
+                      {"kinds", kinds},
+                      {"bias_z", z},
+                      {"counter_ok", counted},
+                      {"ok", row_ok}});
     }
-    auto H = -(p * logp).sum(1);                  // [R]
-    auto var = (p * logp * logp).sum(1) - H * H;  // Var[log p] a row
-    const double z = ((ref_lp + H.view({1, R})).sum() / (var.sum() * steps).sqrt()).item<double>();
-    const bool row_ok = counted && lp_err < 2e-3 && ks_ok && std::abs(z) < 4;
-    ok = ok && row_ok;
-    rows.push_back({{"temperature", T},
-                    {"draws", n_all},
-                    {"us_per_call", us},
-                    {"logprob_max_abs_diff", lp_err},
-                    {"ks", d_all},
-                    {"ks_bound", crit / std::sqrt(double(n_all))},
-                    {"kinds", kinds},
-                    {"bias_z", z},
-                    {"counter_ok", counted},
-                    {"ok", row_ok}});
-  }
-  {  // T = 0: the argmax, with its logprob under softmax(logits)
-    auto [tok, lp, counted] = draw(0.0, 2, nullptr);
-    auto lf = logits.to(torch::kFloat64);
-    auto am = lf.argmax(1);
-    const bool same = torch::equal(tok[0], am) && torch::equal(tok[1], am);
-    const double lp_err = (lp[0].to(torch::kFloat64) - torch::log_softmax(lf, 1).gather(1, am.view({R, 1})).view({R}))
-                              .abs()
-                              .max()
-                              .item<double>();
-    const bool row_ok = counted && same && lp_err < 2e-3;
-    ok = ok && row_ok;
-    rows.push_back({{"temperature", 0}, {"argmax_equal", same}, {"logprob_max_abs_diff", lp_err}, {"ok", row_ok}});
+    {  // T = 0: the argmax, with its logprob under softmax(logits)
+      auto [tok, lp, counted] = draw(0.0, 2, nullptr);
+      auto lf = logits.to(torch::kFloat64);
+      auto am = lf.argmax(1);
+      const bool same = torch::equal(tok[0], am) && torch::equal(tok[1], am);
+      const double lp_err = (lp[0].to(torch::kFloat64) - torch::log_softmax(lf, 1).gather(1, am.view({R, 1})).view({R}))
+                                .abs()
+                                .max()
+                                .item<double>();
+      const bool row_ok = counted && same && lp_err < 2e-3;
+      ok = ok && row_ok;
+      rows.push_back({{"partials", pname},
+                      {"temperature", 0},
+                      {"argmax_equal", same},
+                      {"logprob_max_abs_diff", lp_err},
+                      {"ok", row_ok}});
+    }
   }
   std::printf("%s\n", nlohmann::json{{"ok", ok}, {"rows", rows}}.dump().c_str());
   return ok ? 0 : 1;
@@ -450,8 +472,8 @@ int sample_check(const std::function<std::string(const char*, const char*)>& get
 // --gemm-check 1: cuda::fused_gemm (the decode step's products on Hopper, each with its fused
 // elementwise steps) against float64 at the 1.5B and 7B shapes and 64, 16 and 1 rows: q/k/v of
 // the RMSNorm of h (+ bias), h += att W_o^T, silu(gate) * up of the RMSNorm of h, h += a W_down^T,
-// the head's logits of the RMSNorm of h (the models' vocabularies),
-// beside the bf16 path transformers takes (the norm rounded to bf16, LibTorch's bf16 products, the
+// the head's logits of the RMSNorm of h (the models' vocabularies; and with the draw's partials at
+// its end against sample_partials on its logits), beside the bf16 path transformers takes (the norm rounded to bf16, LibTorch's bf16 products, the
 // SwiGLU and the residual add in bf16) against the same float64; and q/k/v with the rotary
 // embedding and cache write fused in against the q/k/v product and rope_qkv (the same bits, one
 // row's slot outside the cache). ok when each case's largest
@@ -590,6 +612,38 @@ int gemm_check(const std::function<std::string(const char*, const char*)>& get) 
         auto y = run(), y2 = run();
         record("head kNorm", y, y2, torch::matmul(xn64, w.to(torch::kFloat64).t()),
                torch::nn::functional::linear(xn16, w));
+        // ... with the draw's partials of its tiles at its end (fused_head_draw): the same logits, and
+        // the partials sample_partials computes from them at the same chunk width (max and index
+        // equal, the sums within 1e-5), the step counter copied; at T = 1 and 0.7.
+        const int per = kc::fused_head_draw_chunk(), C = sh.V / per;
+        auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+        auto step = torch::full({1}, 12345, torch::TensorOptions().dtype(torch::kInt64).device(dev));
+        for (const float T : {1.0f, 0.7f}) {
+          auto yd = torch::empty({R, sh.V}, bf);
+          auto wd = torch::zeros({kc::sample_work_floats(R, C)}, f32), wr = torch::zeros_like(wd);
+          kc::fused_head_draw(hx, wm, p16(g), p16(yd), R, sh.V, sh.H, eps, T, step.data_ptr<int64_t>(),
+                              wd.data_ptr<float>(), stream);
+          kc::sample_partials(p16(yd), R, sh.V, per, T, step.data_ptr<int64_t>(), wr.data_ptr<float>(), stream);
+          auto parts = [&](const torch::Tensor& wk) { return wk.narrow(0, 0, int64_t(R) * C * 4).view({R, C, 4}); };
+          auto pd = parts(wd), pr = parts(wr);
+          auto idx = [](const torch::Tensor& p) { return p.select(2, 3).contiguous().view(torch::kInt32); };
+          const bool same_logits = torch::equal(yd, y);
+          const bool max_eq = torch::equal(pd.select(2, 0), pr.select(2, 0)), idx_eq = torch::equal(idx(pd), idx(pr));
+          const double sum_err = ((pd.select(2, 1) - pr.select(2, 1)).abs() / pr.select(2, 1)).max().item<double>();
+          const bool step_eq = torch::equal(wd.narrow(0, int64_t(R) * C * 4, 2), wr.narrow(0, int64_t(R) * C * 4, 2));
+          const bool good = same_logits && max_eq && idx_eq && sum_err < 1e-5 && step_eq;
+          ok = ok && good;
+          rows.push_back({{"model", sh.model},
+                          {"rows", R},
+                          {"kind", "head kNorm + draw partials"},
+                          {"temperature", T},
+                          {"same_logits", same_logits},
+                          {"max_equal", max_eq},
+                          {"index_equal", idx_eq},
+                          {"sum_rel_err", sum_err},
+                          {"step_copied", step_eq},
+                          {"ok", good}});
+        }
       }
       for (auto [kind, name, K] :
            {std::tuple{kc::Fused::kOResid, "o kResid", sh.A}, std::tuple{kc::Fused::kDownResid, "down kResid", sh.I}}) {

@@ -689,19 +689,20 @@ __device__ __forceinline__ void warp_merge_draw(float& m, float& s, float& best,
   }
 }
 
-constexpr int kSampleBlocks = 64;  // vocabulary chunks per row
+constexpr int kSampleChunks = 64;  // vocabulary chunks a row, where the draw makes its own partials
 constexpr int kSampleThreads = 256;
 
-// Block (row, chunk): the chunk's max (and the lowest index holding it) and its sum of exp
-// relative to that max. Block (0, 0) also copies the step counter into the work area, where the
-// final kernel's blocks read it (the final kernel moves the counter on).
-__global__ void sample_partial_kernel(const bf16_t* logits, int V, float inv_t, const int64_t* step, float* work) {
+// Block (row, chunk): the chunk's (per logits from chunk per) max (and the lowest index holding it)
+// and its sum of exp relative to that max, at work[(row chunks + chunk) 4]. Block (0, 0) also copies
+// the step counter into the work area, where the final kernel's blocks read it (the final kernel
+// moves the counter on). The Hopper head (wgmma_gemm's kDraw) leaves the same partials of its
+// 128-logit tiles.
+__global__ void sample_partial_kernel(const bf16_t* logits, int V, int per, float inv_t, const int64_t* step,
+                                      float* work) {
   pdl_wait();
-  const int r = blockIdx.y, chunk = blockIdx.x;
-  const int per = (V + kSampleBlocks - 1) / kSampleBlocks;
+  const int r = blockIdx.y, chunk = blockIdx.x, C = gridDim.x;
   const int i0 = chunk * per, i1 = min(V, i0 + per);
-  if (r == 0 && chunk == 0 && threadIdx.x == 0)
-    *reinterpret_cast<int64_t*>(work + int64_t(gridDim.y) * kSampleBlocks * 4) = *step;
+  if (r == 0 && chunk == 0 && threadIdx.x == 0) *reinterpret_cast<int64_t*>(work + int64_t(gridDim.y) * C * 4) = *step;
   float m = -INFINITY, s = 0;
   int mi = 0x7fffffff;
   const bf16_t* row = logits + int64_t(r) * V;
@@ -737,135 +738,164 @@ __global__ void sample_partial_kernel(const bf16_t* logits, int V, float inv_t, 
       S += ssum[w] * __expf(sm[w] - M);
       if (sm[w] == M && si[w] < MI) MI = si[w];
     }
-    float* wp = work + (int64_t(r) * kSampleBlocks + chunk) * 4;
+    float* wp = work + (int64_t(r) * C + chunk) * 4;
     wp[0] = M;
     wp[1] = S;
     wp[3] = __int_as_float(MI);
   }
 }
 
-// Block r: row r's token by inverse transform sampling. Warp 0 rescales the chunks' sums to the
-// row's max, takes their prefix sums, draws one uniform u (Philox 4x32-10 keyed by the seed, counter
-// (row, step)) and finds the chunk where the cumulative mass first passes u S; the block then
-// scans that chunk's probabilities in index order (each thread a contiguous segment) to the token.
+// The block's max (op 0), sum (op 1) or min (op 2, ints) of one value a thread, in a fixed order.
+template <int OP, class T>
+__device__ __forceinline__ T block_reduce(T v, T* sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const T w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = OP == 0 ? (v > w ? v : w) : OP == 1 ? v + w : (v < w ? v : w);
+  }
+  const int warp = threadIdx.x >> 5;
+  __syncthreads();  // sh may still be read from a previous call
+  if ((threadIdx.x & 31) == 0) sh[warp] = v;
+  __syncthreads();
+  T t = sh[0];
+  for (int w = 1; w < kSampleThreads / 32; ++w)
+    t = OP == 0 ? (t > sh[w] ? t : sh[w]) : OP == 1 ? t + sh[w] : (t < sh[w] ? t : sh[w]);
+  return t;
+}
+
+// Block r: row r's token by inverse transform sampling over C chunks of `per` logits. The chunks'
+// sums are rescaled to the row's max and laid end to end in index order (each thread a contiguous
+// run of chunks, then a scan over the threads); one uniform u (Philox 4x32-10 keyed by the seed,
+// counter (row, step)) lands in the chunk where the cumulative mass first passes u S, whose
+// probabilities the block then scans in index order (each thread a contiguous segment) to the token.
 // Float rounding that leaves u S at or past a total picks the last token of positive mass before it.
 // T = 0: the lowest index of the row's max. Block 0 moves the step counter on.
 __global__ void __launch_bounds__(kSampleThreads)
-    sample_final_kernel(const bf16_t* logits, int R, int V, float inv_t, bool greedy, uint64_t seed, int64_t* step,
-                        const float* work, int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens,
+    sample_final_kernel(const bf16_t* logits, int R, int V, int C, int per, float inv_t, bool greedy, uint64_t seed,
+                        int64_t* step, const float* work, int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens,
                         float* hist_logprobs, int64_t hist_steps) {
   pdl_wait();
-  const int r = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t st = *reinterpret_cast<const int64_t*>(work + int64_t(R) * kSampleBlocks * 4);
-  const int per = (V + kSampleBlocks - 1) / kSampleBlocks;
+  const int r = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t st = *reinterpret_cast<const int64_t*>(work + int64_t(R) * C * 4);
   const bf16_t* row = logits + int64_t(r) * V;
-  __shared__ float s_M, s_S, s_t;
+  const float* w = work + int64_t(r) * C * 4;
+  __shared__ float s_f[kSampleThreads / 32];
+  __shared__ int s_i[kSampleThreads / 32];
+  __shared__ float s_t;
   __shared__ int s_chunk, s_token, s_last;
-  __shared__ float s_scan[kSampleThreads / 32];
-  if (warp == 0) {
-    static_assert(kSampleBlocks == 64, "two chunks a lane");
-    const float* w0 = work + (int64_t(r) * kSampleBlocks + lane) * 4;
-    const float* w1 = w0 + 32 * 4;
-    const float m0 = w0[0], m1 = w1[0];
-    float M = fmaxf(m0, m1);
+  if (tid == 0) s_chunk = 0x7fffffff, s_token = 0x7fffffff, s_last = -1;
+  // Each thread a contiguous run of chunks: the row's max, then the run's mass, its last chunk of
+  // positive mass and (T = 0) its lowest index of the max.
+  const int cpt = (C + kSampleThreads - 1) / kSampleThreads, c0 = min(C, tid * cpt), c1 = min(C, c0 + cpt);
+  float lm = -INFINITY;
+  for (int c = c0; c < c1; ++c) lm = fmaxf(lm, w[4 * c]);
+  const float M = block_reduce<0>(lm, s_f);
+  float local = 0;
+  int lastpos = -1, cand = 0x7fffffff;
+  for (int c = c0; c < c1; ++c) {
+    const float mc = w[4 * c];
+    if (mc == -INFINITY) continue;
+    const float p = w[4 * c + 1] * __expf(mc - M);
+    local += p;
+    if (p > 0) lastpos = c;
+    if (mc == M) cand = min(cand, __float_as_int(w[4 * c + 3]));
+  }
+  // Where this thread's run starts and ends in the row's cumulative mass (the next thread's start
+  // is this one's end, bit for bit), and the total.
+  float incl = local;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    const float p0 = m0 == -INFINITY ? 0.f : w0[1] * __expf(m0 - M);
-    const float p1 = m1 == -INFINITY ? 0.f : w1[1] * __expf(m1 - M);
-    // Inclusive prefix sums over chunks 0..31 (lanes), then 32..63.
-    float c0 = p0, c1 = p1;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const float a = __shfl_up_sync(0xffffffffu, c0, o), b = __shfl_up_sync(0xffffffffu, c1, o);
-      if (lane >= o) {
-        c0 += a;
-        c1 += b;
+  for (int o = 1; o < 32; o <<= 1) {
+    const float a = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += a;
+  }
+  float exin = __shfl_up_sync(0xffffffffu, incl, 1);
+  if (lane == 0) exin = 0;
+  __syncthreads();
+  if (lane == 31) s_f[warp] = incl;
+  __syncthreads();
+  float base = 0, S = 0;
+  for (int v = 0; v < kSampleThreads / 32; ++v) {
+    if (v == warp) base = S;
+    S += s_f[v];
+  }
+  const float start = base + exin, end = base + incl;
+  const uint4 u4 = philox(make_uint4(uint32_t(r), 0x5A3Du, uint32_t(st), uint32_t(uint64_t(st) >> 32)),
+                          make_uint2(uint32_t(seed), uint32_t(seed >> 32)));
+  const float t = (float(u4.x >> 8) + 0.5f) * (1.0f / 16777216.0f) * S;  // u in (0, 1)
+  if (!greedy && local > 0 && t >= start && t < end) {
+    float cum = start;
+    int hit = lastpos;  // (rounding within the run: its last chunk of positive mass)
+    float before = -INFINITY;
+    for (int c = c0; c < c1; ++c) {
+      const float mc = w[4 * c];
+      if (mc == -INFINITY) continue;
+      const float p = w[4 * c + 1] * __expf(mc - M);
+      if (p > 0 && t < cum + p) {
+        hit = c;
+        before = cum;
+        break;
       }
+      cum += p;
     }
-    const float half = __shfl_sync(0xffffffffu, c0, 31);
-    c1 += half;
-    const float S = __shfl_sync(0xffffffffu, c1, 31);
-    int token = 0x7fffffff;
-    if (greedy) {
-      int cand = min(m0 == M ? __float_as_int(w0[3]) : 0x7fffffff, m1 == M ? __float_as_int(w1[3]) : 0x7fffffff);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) cand = min(cand, __shfl_xor_sync(0xffffffffu, cand, o));
-      token = cand;
-    }
-    const uint4 u4 = philox(make_uint4(uint32_t(r), 0x5A3Du, uint32_t(st), uint32_t(uint64_t(st) >> 32)),
-                            make_uint2(uint32_t(seed), uint32_t(seed >> 32)));
-    const float t = (float(u4.x >> 8) + 0.5f) * (1.0f / 16777216.0f) * S;  // u in (0, 1)
-    unsigned hit = __ballot_sync(0xffffffffu, c0 > t && p0 > 0);
-    int chunk;
-    float before;
-    if (hit) {
-      chunk = __ffs(hit) - 1;
-      before = __shfl_sync(0xffffffffu, c0 - p0, chunk);
-    } else if ((hit = __ballot_sync(0xffffffffu, c1 > t && p1 > 0))) {
-      chunk = 32 + __ffs(hit) - 1;
-      before = __shfl_sync(0xffffffffu, c1 - p1, chunk - 32);
-    } else {  // rounding: the last chunk of positive mass, and its last token
-      const unsigned h1 = __ballot_sync(0xffffffffu, p1 > 0), h0 = __ballot_sync(0xffffffffu, p0 > 0);
-      chunk = h1 ? 32 + 31 - __clz(h1) : (h0 ? 31 - __clz(h0) : 0);
-      before = -INFINITY;  // every token of the chunk lies below t
-    }
-    if (lane == 0) {
-      s_M = M;
-      s_S = S;
-      s_t = t - before;
-      s_chunk = chunk;
-      s_token = token;
-      s_last = -1;
-    }
+    s_chunk = hit;
+    s_t = t - before;
+  }
+  const int lastc = block_reduce<0>(lastpos, s_i);  // (also the barrier after s_chunk's write)
+  const int greedy_tok = block_reduce<2>(cand, s_i);
+  int chunk = s_chunk;
+  if (!greedy && chunk == 0x7fffffff) {  // rounding: the last chunk of positive mass, and its last token
+    chunk = max(lastc, 0);
+    if (tid == 0) s_t = INFINITY;
   }
   __syncthreads();
-  const float M = s_M;
-  if (!greedy) {
-    const int c = s_chunk, i0 = c * per, i1 = min(V, i0 + per);
+  if (greedy) {
+    if (tid == 0) s_token = greedy_tok;
+  } else {
+    const int i0 = chunk * per, i1 = min(V, i0 + per);
     const int seg = (max(i1 - i0, 0) + kSampleThreads - 1) / kSampleThreads;
-    const int j0 = i0 + threadIdx.x * seg, j1 = min(i1, j0 + seg);
-    float local = 0;
+    const int j0 = min(i1, i0 + tid * seg), j1 = min(i1, j0 + seg);
+    float loc = 0;
     int last = -1;
     for (int i = j0; i < j1; ++i) {
       const float x = bf(row[i]) * inv_t;
       if (x == -INFINITY) continue;
-      local += __expf(x - M);
+      loc += __expf(x - M);
       last = i;
     }
     // Exclusive prefix of the threads' sums in thread order.
-    float incl = local;
+    float inc = loc;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-      const float a = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += a;
+      const float a = __shfl_up_sync(0xffffffffu, inc, o);
+      if (lane >= o) inc += a;
     }
-    if (lane == 31) s_scan[warp] = incl;
+    if (lane == 31) s_f[warp] = inc;
     if (last >= 0) atomicMax(&s_last, last);
     __syncthreads();
-    float base = 0;
-    for (int w = 0; w < warp; ++w) base += s_scan[w];
-    const float excl = base + incl - local, t = s_t;
-    if (last >= 0 && t >= excl && t < excl + local) {
+    float b = 0;
+    for (int v = 0; v < warp; ++v) b += s_f[v];
+    const float excl = b + inc - loc, tt = s_t;
+    if (last >= 0 && tt >= excl && tt < excl + loc) {
       float cum = excl;
       int tok = last;
       for (int i = j0; i < j1; ++i) {
         const float x = bf(row[i]) * inv_t;
         if (x == -INFINITY) continue;
         cum += __expf(x - M);
-        if (cum > t) {
+        if (cum > tt) {
           tok = i;
           break;
         }
       }
-      s_token = tok;
+      atomicMin(&s_token, tok);
     }
     __syncthreads();
-    if (threadIdx.x == 0 && s_token == 0x7fffffff) s_token = s_last;
+    if (tid == 0 && s_token == 0x7fffffff) s_token = s_last;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (tid == 0) {
     const int tok = s_token >= 0 && s_token < V ? s_token : 0;  // (no token of positive mass: a row of -inf)
-    const float lp = bf(row[tok]) * inv_t - (M + logf(s_S));
+    const float lp = bf(row[tok]) * inv_t - (M + logf(S));
     ids[r] = tok;
     if (pos[r] > 0 && pos[r] + 1 < cap) pos[r] += 1;  // (0: a parked row, which stays)
     const int64_t slot = st % hist_steps;
@@ -1250,18 +1280,45 @@ void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, fl
   check("silu_mul");
 }
 
-int64_t sample_work_floats(int R) { return int64_t(R) * kSampleBlocks * 4 + 2; }
+int64_t sample_work_floats(int R, int chunks) { return int64_t(R) * chunks * 4 + 2; }
+
+namespace {
+void sample_final(const bf16_t* logits, int R, int V, int chunks, int per, float temperature, uint64_t seed,
+                  int64_t* step, const float* work, int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens,
+                  float* hist_logprobs, int64_t hist_steps, Stream s) {
+  const bool greedy = temperature <= 0;
+  const float inv_t = greedy ? 1.f : 1.f / temperature;
+  if (chunks < 1 || per < 1 || int64_t(chunks) * per < V || int64_t(chunks - 1) * per >= V)
+    throw std::invalid_argument("sample_tokens: the partials' chunks do not cover the vocabulary");
+  launch_k(sample_final_kernel, dim3(R), dim3(kSampleThreads), 0, s, logits, R, V, chunks, per, inv_t, greedy, seed,
+           step, work, ids, pos, cap, hist_tokens, hist_logprobs, hist_steps);
+  check("sample_tokens final");
+}
+}  // namespace
+
+void sample_partials(const bf16_t* logits, int R, int V, int per, float temperature, const int64_t* step, float* work,
+                     Stream s) {
+  const float inv_t = temperature <= 0 ? 1.f : 1.f / temperature;
+  if (per < 1) throw std::invalid_argument("sample_partials: chunk width below 1");
+  launch_k(sample_partial_kernel, dim3((V + per - 1) / per, R), dim3(kSampleThreads), 0, s, logits, V, per, inv_t, step,
+           work);
+  check("sample_partials");
+}
+
+void sample_from_partials(const bf16_t* logits, int R, int V, int per, float temperature, uint64_t seed, int64_t* step,
+                          const float* work, int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens,
+                          float* hist_logprobs, int64_t hist_steps, Stream s) {
+  sample_final(logits, R, V, (V + per - 1) / per, per, temperature, seed, step, work, ids, pos, cap, hist_tokens,
+               hist_logprobs, hist_steps, s);
+}
 
 void sample_tokens(const bf16_t* logits, int R, int V, float temperature, uint64_t seed, int64_t* step, float* work,
                    int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens, float* hist_logprobs,
                    int64_t hist_steps, Stream s) {
-  const bool greedy = temperature <= 0;
-  const float inv_t = greedy ? 1.f : 1.f / temperature;
-  launch_k(sample_partial_kernel, dim3(kSampleBlocks, R), dim3(kSampleThreads), 0, s, logits, V, inv_t, step, work);
-  check("sample_tokens");
-  launch_k(sample_final_kernel, dim3(R), dim3(kSampleThreads), 0, s, logits, R, V, inv_t, greedy, seed, step, work, ids,
-           pos, cap, hist_tokens, hist_logprobs, hist_steps);
-  check("sample_tokens final");
+  const int per = (V + kSampleChunks - 1) / kSampleChunks;
+  sample_partials(logits, R, V, per, temperature, step, work, s);
+  sample_from_partials(logits, R, V, per, temperature, seed, step, work, ids, pos, cap, hist_tokens, hist_logprobs,
+                       hist_steps, s);
 }
 
 bool lora_expand_supported(int r) { return r >= 1 && r <= kExpandMaxRank; }
@@ -1315,7 +1372,7 @@ template <int BN, int STAGES, int KB, int MODE>
 struct Config {
   static constexpr int bn = BN, stages = STAGES, kb = KB, mode = MODE;
 };
-template <bool ROPE = false, class F>
+template <bool ROPE = false, bool DRAW = false, class F>
 auto with_config(Fused kind, int K, F&& f) {
   const int nkb = K / 64;
   switch (kind) {
@@ -1324,7 +1381,7 @@ auto with_config(Fused kind, int K, F&& f) {
     case Fused::kGateUpNormSilu:  // 72 gate + 72 up rows a tile: 125 tiles at 1.5B, one wave
       return f(Config<144, 6, 1, wg::kNorm | wg::kSilu>{});
     case Fused::kHeadNorm:  // a thousand tiles and more: two blocks an SM, no split
-      return f(Config<128, 4, 1, wg::kNorm>{});
+      return f(Config<128, 4, 1, wg::kNorm | (DRAW ? wg::kDraw : 0)>{});
     default:
       return nkb % 2 == 0 ? f(Config<64, 4, 2, wg::kResid>{}) : f(Config<64, 8, 1, wg::kResid>{});
   }
@@ -1463,6 +1520,26 @@ void fused_gemm(Fused kind, const GemmMap& x, const GemmMap& w, const bf16_t* bi
   });
   if (e != cudaSuccess) throw std::runtime_error(std::string("fused_gemm: ") + cudaGetErrorString(e));
   check("fused_gemm");
+}
+
+int fused_head_draw_chunk() { return shape_of(Fused::kHeadNorm, 64).bn; }
+
+void fused_head_draw(const GemmMap& x, const GemmMap& w, const bf16_t* g, bf16_t* logits, int R, int N, int K,
+                     float eps, float temperature, const int64_t* step, float* work, Stream s) {
+  if (!fused_gemm_supported(Fused::kHeadNorm, N, K)) throw std::invalid_argument("fused_head_draw: unsupported shape");
+  check_maps("fused_head_draw", Fused::kHeadNorm, x, w, R, N, K);
+  // never split over K: each tile's partials need its whole sums (a vocabulary's tiles fill the device)
+  wg::Draw dr;
+  dr.work = work, dr.step = step, dr.inv_t = temperature <= 0 ? 1.f : 1.f / temperature;
+  const auto* gw = reinterpret_cast<const __nv_bfloat16*>(g);
+  const cudaError_t e = with_config<false, true>(Fused::kHeadNorm, K, [&](auto c) {
+    using C = decltype(c);
+    return wg::gemm<C::bn, C::stages, C::mode, C::kb>(tmap(x), tmap(w), nullptr, gw,
+                                                      reinterpret_cast<__nv_bfloat16*>(logits), N, R, N, K, 1, eps,
+                                                      pdl_on(), s, wg::Rope{}, dr);
+  });
+  if (e != cudaSuccess) throw std::runtime_error(std::string("fused_head_draw: ") + cudaGetErrorString(e));
+  check("fused_head_draw");
 }
 
 bool fused_qkv_rope_supported(int nh, int nkv, int D) { return nh > 0 && nkv > 0 && (D == 64 || D == 128); }

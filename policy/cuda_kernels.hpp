@@ -96,6 +96,12 @@ bool fused_gemm_input_map(const bf16_t* x, int R, int K, GemmMap* map);
 // split, and so the last bits, depend on the device.
 void fused_gemm(Fused kind, const GemmMap& x, const GemmMap& w, const bf16_t* bias, const bf16_t* g, bf16_t* y, int R,
                 int N, int K, float eps, int sms, Stream s);
+// kHeadNorm (logits [R, N] bf16) with sample_partials' partials of each 128-logit tile (chunk
+// width fused_head_draw_chunk()) at its end, from the logits as stored, at temperature T: the draw's
+// first pass inside the head. work: sample_work_floats(R, N / 128); step: the draw's counter (copied).
+int fused_head_draw_chunk();
+void fused_head_draw(const GemmMap& x, const GemmMap& w, const bf16_t* g, bf16_t* logits, int R, int N, int K,
+                     float eps, float temperature, const int64_t* step, float* work, Stream s);
 // kQkvNorm with rope_qkv fused into its end (the same arithmetic, the same bits): q [R, nh, D] and
 // the caches' slot pos[r] written, the q|k|v product itself not. D 64 or 128.
 bool fused_qkv_rope_supported(int nh, int nkv, int D);
@@ -107,11 +113,21 @@ void fused_qkv_rope(const GemmMap& x, const GemmMap& w, const bf16_t* bias, cons
 // index order; T = 0: the argmax (its lowest index). logits [R, V] bf16; writes the token and its
 // logprob under softmax(logits / max(T, 1 if T = 0)) to hist_tokens / hist_logprobs[(step %
 // hist_steps) * R + r] (int32 / float32), then sets the next step's inputs: ids[r] = token, pos[r] + 1
-// (unless pos[r] is 0, a parked row, or the cache is full), and ++*step. work: sample_work_floats(R).
-int64_t sample_work_floats(int R);
+// (unless pos[r] is 0, a parked row, or the cache is full), and ++*step. work: sample_work_floats(R)
+// floats (64 chunks a row).
+int64_t sample_work_floats(int R, int chunks = 64);
 void sample_tokens(const bf16_t* logits, int R, int V, float temperature, uint64_t seed, int64_t* step, float* work,
                    int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens, float* hist_logprobs,
                    int64_t hist_steps, Stream s);
+// sample_tokens in its two passes: each chunk of `per` logits' partials (max, sum of exp, index of the
+// max; and the step counter's copy) into work (sample_work_floats(R, ceil(V / per))), then the draw
+// from them. fused_head_draw leaves the same partials of its tiles, so that the head's step needs
+// only the second pass.
+void sample_partials(const bf16_t* logits, int R, int V, int per, float temperature, const int64_t* step, float* work,
+                     Stream s);
+void sample_from_partials(const bf16_t* logits, int R, int V, int per, float temperature, uint64_t seed, int64_t* step,
+                          const float* work, int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens,
+                          float* hist_logprobs, int64_t hist_steps, Stream s);
 
 // ---- training (policy/model.cpp, bf16 on CUDA)
 

@@ -133,7 +133,9 @@ struct Decoder::Run {
   std::vector<std::array<cuda::GemmMap, 4>> wmaps;
   cuda::GemmMap head_map;  // the head's, for the final norm and head as one product
   bool head_fused = false;
+  bool head_draws = false;  // ... which also leaves the draw's partials (sample() then needs one pass)
 #endif
+  torch::Tensor draw_work;  // the fused draw's partials and step counter copy
 
   Run(CausalLM& model, const std::vector<std::vector<int32_t>>& prompts_in, const SamplingParams& settings,
       int64_t max_rows, const TokenSink& k, DecodeStats& st)
@@ -191,6 +193,14 @@ struct Decoder::Run {
     logits = torch::zeros({R, V}, torch::TensorOptions().dtype(fused ? torch::kBFloat16 : torch::kFloat32).device(dev));
     if (fused)
       attn_counters = torch::zeros({R * c.num_kv_heads}, torch::TensorOptions().dtype(torch::kInt32).device(dev));
+#ifdef KERNELRL_CUDA_KERNELS
+    head_draws = wgmma && head_fused && sample_inside;
+    if (fused) {
+      const int head_chunks = head_draws ? int(V / cuda::fused_head_draw_chunk()) : 0;
+      draw_work = torch::empty({cuda::sample_work_floats(int(R), std::max(64, head_chunks))},
+                               torch::TensorOptions().dtype(torch::kFloat32).device(dev));
+    }
+#endif
     row_seq.assign(R, -1);
     row_since.assign(R, 0);
     pos_h.assign(R, 0);
@@ -321,11 +331,17 @@ struct Decoder::Run {
   void sample() {
 #ifdef KERNELRL_CUDA_KERNELS
     if (fused && s.top_p >= 1) {
-      auto work = torch::empty({cuda::sample_work_floats(int(R))}, logits.options().dtype(torch::kFloat32));
-      cuda::sample_tokens(reinterpret_cast<const cuda::bf16_t*>(logits.data_ptr()), int(R), int(V),
-                          float(s.temperature), s.seed, step.data_ptr<int64_t>(), work.data_ptr<float>(),
-                          ids.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), cap, hist_tok.data_ptr<int32_t>(),
-                          hist_lp.data_ptr<float>(), H, at::cuda::getCurrentCUDAStream().stream());
+      const auto* lg = reinterpret_cast<const cuda::bf16_t*>(logits.data_ptr());
+      auto st = at::cuda::getCurrentCUDAStream().stream();
+      if (head_draws)  // the head left the partials of its tiles
+        cuda::sample_from_partials(lg, int(R), int(V), cuda::fused_head_draw_chunk(), float(s.temperature), s.seed,
+                                   step.data_ptr<int64_t>(), draw_work.data_ptr<float>(), ids.data_ptr<int64_t>(),
+                                   pos.data_ptr<int64_t>(), cap, hist_tok.data_ptr<int32_t>(),
+                                   hist_lp.data_ptr<float>(), H, st);
+      else
+        cuda::sample_tokens(lg, int(R), int(V), float(s.temperature), s.seed, step.data_ptr<int64_t>(),
+                            draw_work.data_ptr<float>(), ids.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), cap,
+                            hist_tok.data_ptr<int32_t>(), hist_lp.data_ptr<float>(), H, st);
       return;
     }
 #endif
@@ -452,8 +468,12 @@ struct Decoder::Run {
     // The last norm (adding the last layer's delta on the cuBLAS path; the Hopper path's h has it)
     // and the head.
     if (wgmma && head_fused) {
-      cuda::fused_gemm(cuda::Fused::kHeadNorm, hx, head_map, nullptr, bp(m.norm_), bp(logits), int(R),
-                       int(logits.size(1)), int(Hd), eps, sms, stream);
+      if (head_draws)
+        cuda::fused_head_draw(hx, head_map, bp(m.norm_), bp(logits), int(R), int(logits.size(1)), int(Hd), eps,
+                              float(s.temperature), step.data_ptr<int64_t>(), draw_work.data_ptr<float>(), stream);
+      else
+        cuda::fused_gemm(cuda::Fused::kHeadNorm, hx, head_map, nullptr, bp(m.norm_), bp(logits), int(R),
+                         int(logits.size(1)), int(Hd), eps, sms, stream);
       return;
     }
     auto x = torch::empty({R, Hd}, bfo);

@@ -15,6 +15,10 @@
 //  - kResid: the output is added to y in place, y = bf16(y + bf16(x W^T)): the residual add.
 //  - kRope (with a tile of whole heads): the q|k|v outputs get rope_qkv's rotary embedding and go to
 //    q and the caches' slot (policy/cuda_kernels.cu's rope_qkv arithmetic: the same bits).
+//  - kDraw (the head, no split): besides the logits, each tile leaves the sampler's partials of its
+//    BN logits a row, x = bf16(logit) / T: the max, the sum of exp(x - max) and the lowest index of
+//    the max (policy/cuda_kernels.cu's sample_partial_kernel computes the same from the logits), so
+//    that the draw reads no logits but those of the chunk it lands in.
 // bias (optional) is added before the roundings above. policy/cuda_kernels.cu runs it for the
 // decoder (fused_gemm in policy/cuda_kernels.hpp); bench/gemm_probe.cu (mode `wgmma`) times it
 // beside cuBLASLt (version 4 of the few-row products there).
@@ -44,7 +48,7 @@ namespace kernelrl::cuda::wgmma_gemm {
 constexpr int kBK = 64;    // K-columns a stage: 128 bytes, one swizzle row
 constexpr int kRows = 64;  // wgmma's M
 constexpr int kThreads = 128;
-constexpr int kNorm = 1, kSilu = 2, kResid = 4, kRope = 8;
+constexpr int kNorm = 1, kSilu = 2, kResid = 4, kRope = 8, kDraw = 16;
 
 // kRope: the outputs are q|k|v [M, (nh + 2 nkv) D]; q rotated into q [M, nh, D], k rotated and v
 // written into the caches [M, nkv, cap, D] at slot pos[row] (rows whose pos is outside [0, cap)
@@ -55,6 +59,15 @@ struct Rope {
   __nv_bfloat16 *q = nullptr, *kc = nullptr, *vc = nullptr;
   int nh = 0, nkv = 0, D = 0;
   int64_t cap = 0;
+};
+
+// kDraw: work [M][tiles][4] floats (max, sum, -, index as int bits) of row r and tile t at
+// (r tiles + t) 4, then the step counter's copy (int64) at M tiles 4, which block 0 copies from *step
+// (the draw's final kernel moves the counter on while its blocks read the copy).
+struct Draw {
+  float* work = nullptr;
+  const int64_t* step = nullptr;
+  float inv_t = 1.f;
 };
 
 // A stage: KB K-blocks of 64 columns, x's (64 rows) then W's (BN rows), each K-block its own tile.
@@ -274,17 +287,69 @@ __device__ __forceinline__ void rope_direct(const float (&d)[BN / 2], const Rope
   }
 }
 
+// kDraw's end (no split): for each of this thread's two rows, (max, sum of exp(x - max), lowest index
+// of the max) over its 2 BN / 8 columns, x = bf16(logit) inv_t with the logit as stored (two passes:
+// the max, then independent exponentials, no dependent chain), merged over the four lanes that hold
+// the row's other columns; lane 0 of the four writes the tile's partial. Every lane takes part in the
+// shuffles (rows past M: zeros in, not written).
+template <int BN, int MODE>
+__device__ __forceinline__ void draw_partials(const float (&d)[BN / 2], const Draw& dr, const float* ss, float inv_k,
+                                              float eps, int r0, int c0, int col0, int M, int tile,
+                                              const __nv_bfloat16* bias) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = r0 + 8 * h;
+    const float inv = (MODE & kNorm) != 0 ? rsqrtf(ss[row] * inv_k + eps) : 1.f;
+    float x[BN / 4];
+    float m = -INFINITY;
+    int mi = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {  // columns in increasing order: the first of equal maxima kept
+        const int col = col0 + 8 * j + c0 + e;
+        const float b = bias ? __bfloat162float(bias[col]) : 0.f;
+        const float v = round_bf(finish<MODE>(d[4 * j + 2 * h + e], 0.f, inv, b, 0.f, nullptr)) * dr.inv_t;
+        x[2 * j + e] = v;
+        if (v > m) m = v, mi = col;
+      }
+    float s = 0.f;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int i = 0; i < BN / 4; ++i) s += __expf(x[i] - m);
+    }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+      const int i2 = __shfl_xor_sync(0xffffffffu, mi, o);
+      const float mm = fmaxf(m, m2);
+      s = (m == -INFINITY ? 0.f : s * __expf(m - mm)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mm));
+      if (m2 > m || (m2 == m && i2 < mi)) mi = i2;
+      m = mm;
+    }
+    if ((lane & 3) == 0 && row < M) {
+      float* wp = dr.work + (size_t(row) * gridDim.x + tile) * 4;
+      wp[0] = m;
+      wp[1] = s;
+      wp[3] = __int_as_float(mi);
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) *reinterpret_cast<int64_t*>(dr.work + size_t(M) * gridDim.x * 4) = *dr.step;
+}
+
 // grid (tiles * split), cluster (split), 128 threads, smem_bytes<BN, STAGES, KB>(). tiles = N / BN
 // (kSilu: ceil(I / (BN / 2)), W rows t BN/2.. and I + t BN/2..); y [M, ldy]; g [K] (kNorm).
 template <int BN, int STAGES, int MODE, int KB>
 __global__ void __launch_bounds__(kThreads)
     kernel(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
            const __nv_bfloat16* __restrict__ bias, const __nv_bfloat16* __restrict__ g, __nv_bfloat16* y, int ldy,
-           int M, int nkb, int I, float eps, const Rope rp) {
+           int M, int nkb, int I, float eps, const Rope rp, const Draw dr) {
 #ifdef KERNELRL_WGMMA_BODY
   static_assert(BN % 8 == 0 && ((MODE & kSilu) == 0 || BN % 16 == 0), "tiles of 8-row groups (kSilu: each half)");
   constexpr int H2 = BN / 2;  // kSilu: gate (and up) rows a tile
   static_assert((MODE & kRope) == 0 || BN == 128, "kRope tiles hold whole heads of 64 or 128");
+  static_assert((MODE & kDraw) == 0 || (MODE & (kRope | kSilu)) == 0, "kDraw: plain outputs");
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full[STAGES];
   __shared__ float ss_s[kRows];  // this block's partial sums of h^2 a row (kNorm)
@@ -449,6 +514,7 @@ __global__ void __launch_bounds__(kThreads)
           *reinterpret_cast<__nv_bfloat162*>(y + size_t(row) * ldy + col0 + c) = __floats2bfloat162_rn(o[0], o[1]);
         }
       }
+      if constexpr ((MODE & kDraw) != 0) draw_partials<BN, MODE>(d, dr, ss_s, inv_k, eps, r0, c0, col0, M, tile, bias);
     }
     return;
   }
@@ -625,13 +691,14 @@ constexpr int tiles(int N) {
 template <int BN, int STAGES, int MODE, int KB = 1>
 cudaError_t gemm(const CUtensorMap& tx, const CUtensorMap& tw, const __nv_bfloat16* bias, const __nv_bfloat16* g,
                  __nv_bfloat16* y, int ldy, int M, int N, int K, int split, float eps, bool pdl, cudaStream_t st,
-                 const Rope& rope = Rope{}) {
+                 const Rope& rope = Rope{}, const Draw& draw = Draw{}) {
   const bool silu = (MODE & kSilu) != 0;
   if (M < 1 || M > kRows || K % (kBK * KB) || split < 1 || split > 16 || split > K / (kBK * KB) ||
       (silu ? N % 8 : N % BN) != 0 || ((MODE & kNorm) != 0 && (!g || reinterpret_cast<uintptr_t>(g) % 16 != 0)) ||
       ((MODE & kRope) == 0 && (!y || ldy < (silu ? N / 2 : N))) ||
       ((MODE & kRope) != 0 && (!rope.pos || !rope.inv_freq || !rope.q || !rope.kc || !rope.vc || rope.cap < 1 ||
-                               (rope.D != 64 && rope.D != 128) || N != (rope.nh + 2 * rope.nkv) * rope.D)))
+                               (rope.D != 64 && rope.D != 128) || N != (rope.nh + 2 * rope.nkv) * rope.D)) ||
+      ((MODE & kDraw) != 0 && (split != 1 || !draw.work || !draw.step)))
     return cudaErrorInvalidValue;
   auto* k = kernel<BN, STAGES, MODE, KB>;
   const int bytes = smem_at<BN, STAGES, MODE, KB>(K);
@@ -648,7 +715,7 @@ cudaError_t gemm(const CUtensorMap& tx, const CUtensorMap& tw, const __nv_bfloat
   cfg.stream = st;
   cfg.attrs = at;
   cfg.numAttrs = 2;
-  return cudaLaunchKernelEx(&cfg, k, tx, tw, bias, g, y, ldy, M, K / kBK, N / 2, eps, rope);
+  return cudaLaunchKernelEx(&cfg, k, tx, tw, bias, g, y, ldy, M, K / kBK, N / 2, eps, rope, draw);
 }
 
 }  // namespace kernelrl::cuda::wgmma_gemm
