@@ -137,20 +137,25 @@ def graph_check(launch, probe, device, tmp):
     """Float32 generation on the GPU with CUDA-graph decode and with eager decode: the logprob each
     run reports for each token equals the logprob a full forward pass (no cache) gives that token
     after the same prefix. Greedy paths of a random model fork wherever two logits tie to rounding,
-    so where they first differ (from each other and from transformers' greedy) is reported only."""
+    so where they first differ (from each other and from transformers' greedy) is reported only. Then
+    the graph decode again with 2 rows for the 3 prompts and a stop string that ends a first-row
+    completion early: the third prompt is admitted into its row while the next window of steps is in
+    flight, and every token's logprob must still equal the full forward pass's."""
     d = make_model("qwen2", "tiny", os.path.join(tmp, "qwen2-f32"))
     prompts = ["def forward(self, x):", "__global__ void add(float* a, const float* b) {", "x"]
     tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-    outs, worst = {}, {}
-    for graphs in ["1", "0"]:
+    outs, worst, texts = {}, {}, {}
+
+    def generate(env_graphs, extra=()):
         args = [launch, "generate", "--model", d, "--device", device, "--dtype", "f32", "--temperature", "0",
-                "--max-tokens", "48", "--json"]
+                "--max-tokens", "48", "--json"] + list(extra)
         for p in prompts:
             args += ["--prompt", p]
-        env = dict(os.environ, KERNELRL_CUDA_GRAPHS=graphs)
-        comps = json.loads(subprocess.run(args, check=True, capture_output=True, text=True, env=env).stdout)["completions"]
-        outs[graphs] = [c["token_ids"] for c in comps]
-        worst[graphs] = 0.0
+        env = dict(os.environ, KERNELRL_CUDA_GRAPHS=env_graphs)
+        return json.loads(subprocess.run(args, check=True, capture_output=True, text=True, env=env).stdout)["completions"]
+
+    def worst_vs_full_forward(comps):
+        w = 0.0
         for p, c in zip(prompts, comps):
             pids = tok.encode(p).ids
             ids = pids + c["token_ids"]
@@ -159,7 +164,29 @@ def graph_check(launch, probe, device, tmp):
                             ",".join(map(str, ids)), "--out", f], check=True)
             lg = load_file(f)["logits"][len(pids) - 1: len(ids) - 1]
             ref = torch.log_softmax(lg, -1).gather(-1, torch.tensor(c["token_ids"])[:, None])[:, 0]
-            worst[graphs] = max(worst[graphs], (ref - torch.tensor(c["logprobs"])).abs().max().item())
+            w = max(w, (ref - torch.tensor(c["logprobs"])).abs().max().item())
+        return w
+
+    for graphs in ["1", "0"]:
+        comps = generate(graphs)
+        outs[graphs] = [c["token_ids"] for c in comps]
+        texts[graphs] = [c["text"] for c in comps]
+        worst[graphs] = worst_vs_full_forward(comps)
+    # Rows refilled while the next window of steps is in flight: the 3 prompts in 2 rows, with a stop
+    # string from a first-row completion's text, so that it ends before the other and the third
+    # prompt takes its row mid-generation. (Most of the random model's tokens have no text: the
+    # tokenizer knows 300 of its 4,096; where neither first-row completion has any, it is skipped.)
+    rows = {"skipped": True}
+    first = next((i for i in range(2) if texts["1"][i]), None)
+    if first is not None:
+        stop = texts["1"][first][0]
+        comps = generate("1", ["--max-rows", "2", "--stop", stop])
+        rows = {"stop": stop, "stopped": first, "finish_reasons": [c["finish_reason"] for c in comps],
+                "max_abs_logprob_vs_full_forward": worst_vs_full_forward(comps),
+                "first_divergence_vs_all_rows": [first_divergence(a, b["token_ids"])
+                                                 for a, b in zip(outs["1"], comps)]}
+        rows["ok"] = (len(comps) == len(prompts) and comps[first]["finish_reason"] == "stop" and
+                      rows["max_abs_logprob_vs_full_forward"] < 1e-3)
     m = Qwen2ForCausalLM.from_pretrained(d, dtype=torch.float32).to(device).eval()
     hf = []
     for p in prompts:
@@ -171,8 +198,8 @@ def graph_check(launch, probe, device, tmp):
     r = {"max_abs_logprob_vs_full_forward_graph": worst["1"], "max_abs_logprob_vs_full_forward_eager": worst["0"],
          "first_divergence_graph_vs_eager": [first_divergence(a, b) for a, b in zip(outs["1"], outs["0"])],
          "first_divergence_graph_vs_transformers": [first_divergence(a, b) for a, b in zip(outs["1"], hf)],
-         "prompts": len(prompts), "tokens_each": 48}
-    r["ok"] = worst["1"] < 1e-3 and worst["0"] < 1e-3
+         "prompts": len(prompts), "tokens_each": 48, "rows_refilled": rows}
+    r["ok"] = worst["1"] < 1e-3 and worst["0"] < 1e-3 and rows.get("ok", True)
     print("decode f32 %s" % json.dumps(r), flush=True)
     return r
 
@@ -202,7 +229,8 @@ def decode_check(launch, device, d, tmp):
     path's logprobs are also compared with the float32 forward pass (the same weights, upcast), beside
     transformers' bf16 pass on the same tokens: a path is ok when it is unbiased, within twice
     transformers' bf16 distance from float32 (+ 0.02), and the decode step that ran is the one the path
-    names (`launch generate --json`'s decode_path). (Agreement with transformers' bf16 pass alone
+    names (`launch generate --json`'s decode_path); fused-rows decodes the 12 sequences in 5 rows,
+    refilling rows as sequences end. (Agreement with transformers' bf16 pass alone
     would favour paths that round where it rounds over paths closer to the exact model.)"""
     import math
     from peft import PeftModel
@@ -222,15 +250,18 @@ def decode_check(launch, device, d, tmp):
         # products where the decoder takes them (compute capability 9.0, hidden size up to 2,048, no
         # adapter), else the fused kernels with cuBLAS's products.
         hopper = torch.cuda.get_device_capability(device) == (9, 0) and base.config.hidden_size <= 2048
-        paths = [("fused-graph", {}), ("graph", {"KERNELRL_FUSED": "0"}),
-                 ("eager", {"KERNELRL_FUSED": "0", "KERNELRL_CUDA_GRAPHS": "0"})]
+        # fused-rows: the fused path with 5 rows for the 12 sequences, rows refilled as sequences end.
+        paths = [("fused-graph", {}, []), ("graph", {"KERNELRL_FUSED": "0"}, []),
+                 ("eager", {"KERNELRL_FUSED": "0", "KERNELRL_CUDA_GRAPHS": "0"}, [])]
         if adapter is None:
-            paths.insert(1, ("fused-cublas", {"KERNELRL_WGMMA": "0"}))
+            paths.insert(1, ("fused-cublas", {"KERNELRL_WGMMA": "0"}, []))
+            paths.insert(2, ("fused-rows", {}, ["--max-rows", "5"]))
         expected = {"fused-graph": "fused-wgmma-graph" if hopper and adapter is None else "fused-graph",
                     "fused-cublas": "fused-graph", "graph": "graph", "eager": "eager"}
-        for path, env in paths:
+        expected["fused-rows"] = expected["fused-graph"]
+        for path, env, extra in paths:
             args = [launch, "generate", "--model", d, "--device", device, "--dtype", "bf16", "--temperature", "1",
-                    "--seed", "7", "--max-tokens", str(new), "--n", str(n), "--json"]
+                    "--seed", "7", "--max-tokens", str(new), "--n", str(n), "--json"] + extra
             if adapter:
                 args += ["--adapter", adapter]
             for p in prompts:
@@ -262,12 +293,16 @@ def decode_check(launch, device, d, tmp):
                         "mean_abs_vs_fp32": sum(d32) / len(d32),
                         "transformers_bf16_mean_abs_vs_fp32": sum(hf32) / len(hf32),
                         "tokens": len(diffs), "bias_z": mean / (sd / math.sqrt(len(z_terms))),
-                        "decode_path": gen.get("decode_path"), "expected_path": expected[path]}
+                        "decode_path": gen.get("decode_path"), "expected_path": expected[path],
+                        "completions": len(comps), "expected_completions": n * len(prompts),
+                        "finish_reasons": {f: sum(c["finish_reason"] == f for c in comps)
+                                           for f in sorted({c["finish_reason"] for c in comps})}}
         if adapter:
             del ref_model, ref32
     r = {"paths": out, "ok": all(abs(v["bias_z"]) < 4 and
                                   v["mean_abs_vs_fp32"] <= 2 * v["transformers_bf16_mean_abs_vs_fp32"] + 0.02 and
-                                  v["decode_path"] == v["expected_path"]
+                                  v["decode_path"] == v["expected_path"] and
+                                  v["completions"] == v["expected_completions"]
                                   for v in out.values())}
     print("decode bf16 %s %s" % (os.path.basename(d), json.dumps(r)), flush=True)
     del base, base32

@@ -5,6 +5,7 @@
 #endif
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -123,6 +124,19 @@ struct Decoder::Run {
   std::deque<int64_t> pending;
   int64_t enqueued = 0;
   std::map<int64_t, std::unique_ptr<at::cuda::CUDAGraph>> graph_of;
+  // Windows of decode steps in flight (on CUDA up to two: the next window runs while the host takes
+  // the last one's tokens). Each has its first step, its steps, the host copy of the drawn tokens'
+  // ring made after its last step (pinned, copied asynchronously; buffers alternate) and its events:
+  // the device's clock over its steps, and the end that says its copy is there.
+  struct Window {
+    int64_t first = 0, w = 0;
+    torch::Tensor tok, lp;
+    std::optional<at::cuda::CUDAEvent> start, end;
+    std::chrono::steady_clock::time_point t0;  // (CPU: the host's clock)
+  };
+  std::deque<Window> flight;
+  std::array<torch::Tensor, 2> host_tok, host_lp;
+  int64_t windows = 0;
   std::optional<at::cuda::MempoolId_t> pool;
   int sms = 0;
 #ifdef KERNELRL_CUDA_KERNELS
@@ -190,6 +204,11 @@ struct Decoder::Run {
     step = torch::zeros({1}, i64);
     hist_tok = torch::zeros({H, R}, torch::TensorOptions().dtype(torch::kInt32).device(dev));
     hist_lp = torch::zeros({H, R}, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
+    if (cuda)
+      for (int b = 0; b < 2; ++b) {
+        host_tok[b] = torch::empty({H, R}, torch::TensorOptions().dtype(torch::kInt32).pinned_memory(true));
+        host_lp[b] = torch::empty({H, R}, torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(true));
+      }
     logits = torch::zeros({R, V}, torch::TensorOptions().dtype(fused ? torch::kBFloat16 : torch::kFloat32).device(dev));
     if (fused)
       attn_counters = torch::zeros({R * c.num_kv_heads}, torch::TensorOptions().dtype(torch::kInt32).device(dev));
@@ -525,52 +544,114 @@ struct Decoder::Run {
 
   // ---------------------------------------------------------------- the loop
 
+  // Steps the longest-remaining row still needs beyond those enqueued for it and not yet taken.
+  int64_t steps_needed() const {
+    const int64_t untaken_from = flight.empty() ? enqueued : flight.front().first;
+    int64_t need = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t q = row_seq[r];
+      if (q < 0) continue;
+      const int64_t queued = enqueued - std::max(row_since[r], untaken_from);
+      need = std::max<int64_t>(need, int64_t(s.max_tokens) - produced[q] - queued);
+    }
+    return need;
+  }
+
+  // w steps, then the copy of the drawn tokens' ring to the host (asynchronous on CUDA).
+  void launch_window(int64_t w) {
+    Window win;
+    win.first = enqueued;
+    win.w = w;
+    if (cuda) {
+      win.start.emplace(cudaEventDefault);
+      win.start->record();
+    } else {
+      win.t0 = std::chrono::steady_clock::now();
+    }
+    for (int64_t i = 0; i < w; ++i) {
+      int64_t longest = 0;
+      for (int64_t r = 0; r < R; ++r) longest = std::max(longest, pos_h[r] + 1);
+      const int64_t klen = one_graph ? cap : std::min(cap, bucketed ? round_up(longest, bucket) : longest);
+      run_step(klen);
+    }
+    stats.steps += w;
+    if (cuda) {
+      const int b = int(windows % 2);
+      host_tok[b].copy_(hist_tok, /*non_blocking=*/true);
+      host_lp[b].copy_(hist_lp, /*non_blocking=*/true);
+      win.tok = host_tok[b];
+      win.lp = host_lp[b];
+      win.end.emplace(cudaEventDefault);
+      win.end->record();
+    } else {
+      win.tok = hist_tok.clone();
+      win.lp = hist_lp.clone();
+    }
+    ++windows;
+    flight.push_back(std::move(win));
+  }
+
+  // The oldest window's tokens to their sequences (waiting for its copy), then admission of waiting
+  // sequences into freed rows (after the windows still in flight: its prefill's clock is its own)
+  // and the parking of rows left free.
+  void take_window() {
+    Window win = std::move(flight.front());
+    flight.pop_front();
+    if (cuda) {
+      win.end->synchronize();
+      stats.decode_seconds += double(win.start->elapsed_time(*win.end)) / 1e3;  // the device's clock
+    } else {
+      stats.decode_seconds += seconds_since(win.t0);
+    }
+    const int32_t* tp = win.tok.data_ptr<int32_t>();
+    const float* lp = win.lp.data_ptr<float>();
+    for (int64_t t = win.first; t < win.first + win.w; ++t) {
+      const int64_t slot = t % H;
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t q = row_seq[r];
+        if (q < 0 || t < row_since[r]) continue;
+        ++produced[q];
+        bool done = sink(q, tp[slot * R + r], lp[slot * R + r]);
+        if (produced[q] >= int64_t(s.max_tokens)) done = true;
+        if (done) row_seq[r] = -1;
+      }
+    }
+    bool freed = false;
+    for (int64_t r = 0; r < R; ++r) freed = freed || row_seq[r] < 0;
+    if (!pending.empty() && freed) {
+      for (auto& f : flight) f.end->synchronize();
+      admit();
+    }
+    // Rows left free stop growing: position 0, one key (their outputs are not read).
+    std::vector<int64_t> park;
+    for (int64_t r = 0; r < R; ++r)
+      if (row_seq[r] < 0 && pos_h[r] > 0) {
+        park.push_back(r);
+        pos_h[r] = 0;
+      }
+    if (!park.empty()) pos.index_fill_(0, torch::tensor(park, torch::kInt64).to(dev), 0);
+  }
+
+  // Windows of up to K steps; on CUDA the next window is enqueued before the last one's tokens are
+  // taken, so that the device is not idle while the host hands them out and admits (a window may
+  // then run for rows that ended in the one before: their tokens are not read).
   void go() {
     admit();
+    const size_t depth = cuda ? 2 : 1;
     while (true) {
-      int64_t need = 0;  // steps the longest-remaining row still needs
-      for (int64_t r = 0; r < R; ++r)
-        if (row_seq[r] >= 0) need = std::max<int64_t>(need, int64_t(s.max_tokens) - produced[row_seq[r]]);
-      if (need == 0) {
+      if (flight.size() < depth) {
+        const int64_t need = steps_needed();
+        if (need > 0) {
+          launch_window(std::min(K, need));
+          if (flight.size() < depth) continue;
+        }
+      }
+      if (flight.empty()) {
         if (pending.empty()) break;
         admit();
         continue;
       }
-      const auto t0 = std::chrono::steady_clock::now();
-      const int64_t w = std::min(K, need), first = enqueued;
-      for (int64_t i = 0; i < w; ++i) {
-        int64_t longest = 0;
-        for (int64_t r = 0; r < R; ++r) longest = std::max(longest, pos_h[r] + 1);
-        const int64_t klen = one_graph ? cap : std::min(cap, bucketed ? round_up(longest, bucket) : longest);
-        run_step(klen);
-      }
-      stats.steps += w;
-      // The window's tokens (one copy, which waits for the device).
-      auto ht = hist_tok.to(torch::kCPU).contiguous();
-      auto hl = hist_lp.to(torch::kCPU).contiguous();
-      stats.decode_seconds += seconds_since(t0);
-      const int32_t* tp = ht.data_ptr<int32_t>();
-      const float* lp = hl.data_ptr<float>();
-      for (int64_t t = first; t < first + w; ++t) {
-        const int64_t slot = t % H;
-        for (int64_t r = 0; r < R; ++r) {
-          const int64_t q = row_seq[r];
-          if (q < 0 || t < row_since[r]) continue;
-          ++produced[q];
-          bool done = sink(q, tp[slot * R + r], lp[slot * R + r]);
-          if (produced[q] >= int64_t(s.max_tokens)) done = true;
-          if (done) row_seq[r] = -1;
-        }
-      }
-      if (!pending.empty()) admit();
-      // Rows left free stop growing: position 0, one key (their outputs are not read).
-      std::vector<int64_t> park;
-      for (int64_t r = 0; r < R; ++r)
-        if (row_seq[r] < 0 && pos_h[r] > 0) {
-          park.push_back(r);
-          pos_h[r] = 0;
-        }
-      if (!park.empty()) pos.index_fill_(0, torch::tensor(park, torch::kInt64).to(dev), 0);
+      take_window();
     }
   }
 };

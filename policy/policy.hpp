@@ -70,6 +70,8 @@ struct GenerationStats {
   int64_t rows = 0;            // rows of the cache
   int64_t prefill_tokens = 0;  // prompt tokens prefilled (each distinct prompt once per admission)
   int64_t graphs = 0;          // CUDA graphs captured
+  // decode_seconds: the device's clock over the decode steps on CUDA (events around each window of
+  // steps), the host's on the CPU
   double prefill_seconds = 0, decode_seconds = 0;
   double capture_seconds = 0;  // of decode_seconds: host time capturing graphs (warm-up step included)
 };
