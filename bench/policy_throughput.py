@@ -139,8 +139,8 @@ def graph_check(launch, probe, device, tmp):
     after the same prefix. Greedy paths of a random model fork wherever two logits tie to rounding,
     so where they first differ (from each other and from transformers' greedy) is reported only. Then
     the graph decode again with 2 rows for the 3 prompts and a stop string that ends a first-row
-    completion early: the third prompt is admitted into its row while the next window of steps is in
-    flight, and every token's logprob must still equal the full forward pass's."""
+    completion early: the third prompt is admitted into its row mid-generation (the windows of steps
+    after it run two in flight), and every token's logprob must still equal the full forward pass's."""
     d = make_model("qwen2", "tiny", os.path.join(tmp, "qwen2-f32"))
     prompts = ["def forward(self, x):", "__global__ void add(float* a, const float* b) {", "x"]
     tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
@@ -172,9 +172,8 @@ def graph_check(launch, probe, device, tmp):
         outs[graphs] = [c["token_ids"] for c in comps]
         texts[graphs] = [c["text"] for c in comps]
         worst[graphs] = worst_vs_full_forward(comps)
-    # Rows refilled while the next window of steps is in flight: the 3 prompts in 2 rows, with a stop
-    # string from a first-row completion's text, so that it ends before the other and the third
-    # prompt takes its row mid-generation. (Most of the random model's tokens have no text: the
+    # A row refilled mid-generation: the 3 prompts in 2 rows, with a stop string from a first-row
+    # completion's text, so that it ends before the other and the third prompt takes its row. (Most of the random model's tokens have no text: the
     # tokenizer knows 300 of its 4,096; where neither first-row completion has any, it is skipped.)
     rows = {"skipped": True}
     first = next((i for i in range(2) if texts["1"][i]), None)

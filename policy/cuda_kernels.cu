@@ -855,27 +855,31 @@ __global__ void __launch_bounds__(kSampleThreads)
     const int seg = (max(i1 - i0, 0) + kSampleThreads - 1) / kSampleThreads;
     const int j0 = min(i1, i0 + tid * seg), j1 = min(i1, j0 + seg);
     float loc = 0;
-    int last = -1;
+    int last = -1;  // this segment's last token of positive mass
     for (int i = j0; i < j1; ++i) {
       const float x = bf(row[i]) * inv_t;
       if (x == -INFINITY) continue;
-      loc += __expf(x - M);
-      last = i;
+      const float e = __expf(x - M);
+      loc += e;
+      if (e > 0) last = i;
     }
-    // Exclusive prefix of the threads' sums in thread order.
+    // Where this thread's segment starts and ends in the chunk's cumulative mass (the next
+    // thread's start is this one's end, bit for bit, as for the chunks above).
     float inc = loc;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const float a = __shfl_up_sync(0xffffffffu, inc, o);
       if (lane >= o) inc += a;
     }
+    float exin = __shfl_up_sync(0xffffffffu, inc, 1);
+    if (lane == 0) exin = 0;
     if (lane == 31) s_f[warp] = inc;
     if (last >= 0) atomicMax(&s_last, last);
     __syncthreads();
     float b = 0;
     for (int v = 0; v < warp; ++v) b += s_f[v];
-    const float excl = b + inc - loc, tt = s_t;
-    if (last >= 0 && tt >= excl && tt < excl + loc) {
+    const float excl = b + exin, tt = s_t;
+    if (last >= 0 && tt >= excl && tt < b + inc) {
       float cum = excl;
       int tok = last;
       for (int i = j0; i < j1; ++i) {

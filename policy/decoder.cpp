@@ -592,7 +592,7 @@ struct Decoder::Run {
   }
 
   // The oldest window's tokens to their sequences (waiting for its copy), then admission of waiting
-  // sequences into freed rows (after the windows still in flight: its prefill's clock is its own)
+  // sequences into freed rows (after any window still in flight: its prefill's clock is its own)
   // and the parking of rows left free.
   void take_window() {
     Window win = std::move(flight.front());
@@ -629,16 +629,21 @@ struct Decoder::Run {
         park.push_back(r);
         pos_h[r] = 0;
       }
-    if (!park.empty()) pos.index_fill_(0, torch::tensor(park, torch::kInt64).to(dev), 0);
+    if (!park.empty()) {  // (from pinned memory: a pageable copy would wait for the window in flight)
+      auto idx = torch::tensor(park, torch::kInt64);
+      if (cuda) idx = idx.pin_memory();
+      pos.index_fill_(0, idx.to(dev, /*non_blocking=*/true), 0);
+    }
   }
 
-  // Windows of up to K steps; on CUDA the next window is enqueued before the last one's tokens are
-  // taken, so that the device is not idle while the host hands them out and admits (a window may
-  // then run for rows that ended in the one before: their tokens are not read).
+  // Windows of up to K steps; on CUDA, once no sequence waits for a row, the next window is
+  // enqueued before the last one's tokens are taken, so that the device is not idle while the host
+  // hands them out (a window may then run for rows that ended in the one before: their tokens are
+  // not read). While sequences wait, one window at a time, so that a freed row is refilled at once.
   void go() {
     admit();
-    const size_t depth = cuda ? 2 : 1;
     while (true) {
+      const size_t depth = cuda && pending.empty() ? 2 : 1;
       if (flight.size() < depth) {
         const int64_t need = steps_needed();
         if (need > 0) {

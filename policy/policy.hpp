@@ -73,7 +73,8 @@ struct GenerationStats {
   // decode_seconds: the device's clock over the decode steps on CUDA (events around each window of
   // steps), the host's on the CPU
   double prefill_seconds = 0, decode_seconds = 0;
-  double capture_seconds = 0;  // of decode_seconds: host time capturing graphs (warm-up step included)
+  // host time capturing graphs (warm-up step included), while the device waits: inside decode_seconds
+  double capture_seconds = 0;
 };
 
 class Policy {
