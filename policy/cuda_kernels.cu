@@ -671,24 +671,6 @@ __device__ __forceinline__ uint4 philox(uint4 c, uint2 k) {
   return c;
 }
 
-// (max, sum of exp) and (best key, its index) over a warp: the logsumexp parts merged, the best
-// key kept (the lower index on a tie).
-__device__ __forceinline__ void warp_merge_draw(float& m, float& s, float& best, int& besti) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    const float mm = fmaxf(m, m2);
-    s = (m == -INFINITY ? 0.f : s * __expf(m - mm)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mm));
-    m = mm;
-    const float b2 = __shfl_xor_sync(0xffffffffu, best, o);
-    const int i2 = __shfl_xor_sync(0xffffffffu, besti, o);
-    if (b2 > best || (b2 == best && i2 < besti)) {
-      best = b2;
-      besti = i2;
-    }
-  }
-}
-
 constexpr int kSampleChunks = 64;  // vocabulary chunks a row, where the draw makes its own partials
 constexpr int kSampleThreads = 256;
 
@@ -720,8 +702,8 @@ __global__ void sample_partial_kernel(const bf16_t* logits, int V, int per, floa
   // Reduce (m, s) and (m, its index) over the block.
   __shared__ float sm[kSampleThreads / 32], ssum[kSampleThreads / 32];
   __shared__ int si[kSampleThreads / 32];
-  float best = m;
-  warp_merge_draw(m, s, best, mi);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) wgmma_gemm::merge_draw(m, s, mi, o);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) {
     sm[warp] = m;
@@ -745,21 +727,18 @@ __global__ void sample_partial_kernel(const bf16_t* logits, int V, int per, floa
   }
 }
 
-// The block's max (op 0), sum (op 1) or min (op 2, ints) of one value a thread, in a fixed order.
-template <int OP, class T>
+// The block's max (MAX) or min of one value a thread.
+template <bool MAX, class T>
 __device__ __forceinline__ T block_reduce(T v, T* sh) {
+  auto pick = [](T a, T b) { return MAX ? (a > b ? a : b) : (a < b ? a : b); };
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const T w = __shfl_xor_sync(0xffffffffu, v, o);
-    v = OP == 0 ? (v > w ? v : w) : OP == 1 ? v + w : (v < w ? v : w);
-  }
+  for (int o = 16; o > 0; o >>= 1) v = pick(v, __shfl_xor_sync(0xffffffffu, v, o));
   const int warp = threadIdx.x >> 5;
   __syncthreads();  // sh may still be read from a previous call
   if ((threadIdx.x & 31) == 0) sh[warp] = v;
   __syncthreads();
   T t = sh[0];
-  for (int w = 1; w < kSampleThreads / 32; ++w)
-    t = OP == 0 ? (t > sh[w] ? t : sh[w]) : OP == 1 ? t + sh[w] : (t < sh[w] ? t : sh[w]);
+  for (int w = 1; w < kSampleThreads / 32; ++w) t = pick(t, sh[w]);
   return t;
 }
 
@@ -789,7 +768,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int cpt = (C + kSampleThreads - 1) / kSampleThreads, c0 = min(C, tid * cpt), c1 = min(C, c0 + cpt);
   float lm = -INFINITY;
   for (int c = c0; c < c1; ++c) lm = fmaxf(lm, w[4 * c]);
-  const float M = block_reduce<0>(lm, s_f);
+  const float M = block_reduce<true>(lm, s_f);
   float local = 0;
   int lastpos = -1, cand = 0x7fffffff;
   for (int c = c0; c < c1; ++c) {
@@ -840,8 +819,8 @@ __global__ void __launch_bounds__(kSampleThreads)
     s_chunk = hit;
     s_t = t - before;
   }
-  const int lastc = block_reduce<0>(lastpos, s_i);  // (also the barrier after s_chunk's write)
-  const int greedy_tok = block_reduce<2>(cand, s_i);
+  const int lastc = block_reduce<true>(lastpos, s_i);  // (also the barrier after s_chunk's write)
+  const int greedy_tok = block_reduce<false>(cand, s_i);
   int chunk = s_chunk;
   if (!greedy && chunk == 0x7fffffff) {  // rounding: the last chunk of positive mass, and its last token
     chunk = max(lastc, 0);
@@ -1287,11 +1266,13 @@ void silu_mul(const bf16_t* gu, const float* lora, int R, int I, bf16_t* out, fl
 int64_t sample_work_floats(int R, int chunks) { return int64_t(R) * chunks * 4 + 2; }
 
 namespace {
+float draw_inv_t(float temperature) { return temperature <= 0 ? 1.f : 1.f / temperature; }  // T = 0: greedy, T = 1
+
 void sample_final(const bf16_t* logits, int R, int V, int chunks, int per, float temperature, uint64_t seed,
                   int64_t* step, const float* work, int64_t* ids, int64_t* pos, int64_t cap, int32_t* hist_tokens,
                   float* hist_logprobs, int64_t hist_steps, Stream s) {
   const bool greedy = temperature <= 0;
-  const float inv_t = greedy ? 1.f : 1.f / temperature;
+  const float inv_t = draw_inv_t(temperature);
   if (chunks < 1 || per < 1 || int64_t(chunks) * per < V || int64_t(chunks - 1) * per >= V)
     throw std::invalid_argument("sample_tokens: the partials' chunks do not cover the vocabulary");
   launch_k(sample_final_kernel, dim3(R), dim3(kSampleThreads), 0, s, logits, R, V, chunks, per, inv_t, greedy, seed,
@@ -1302,7 +1283,7 @@ void sample_final(const bf16_t* logits, int R, int V, int chunks, int per, float
 
 void sample_partials(const bf16_t* logits, int R, int V, int per, float temperature, const int64_t* step, float* work,
                      Stream s) {
-  const float inv_t = temperature <= 0 ? 1.f : 1.f / temperature;
+  const float inv_t = draw_inv_t(temperature);
   if (per < 1) throw std::invalid_argument("sample_partials: chunk width below 1");
   launch_k(sample_partial_kernel, dim3((V + per - 1) / per, R), dim3(kSampleThreads), 0, s, logits, V, per, inv_t, step,
            work);
@@ -1534,7 +1515,7 @@ void fused_head_draw(const GemmMap& x, const GemmMap& w, const bf16_t* g, bf16_t
   check_maps("fused_head_draw", Fused::kHeadNorm, x, w, R, N, K);
   // never split over K: each tile's partials need its whole sums (a vocabulary's tiles fill the device)
   wg::Draw dr;
-  dr.work = work, dr.step = step, dr.inv_t = temperature <= 0 ? 1.f : 1.f / temperature;
+  dr.work = work, dr.step = step, dr.inv_t = draw_inv_t(temperature);
   const auto* gw = reinterpret_cast<const __nv_bfloat16*>(g);
   const cudaError_t e = with_config<false, true>(Fused::kHeadNorm, K, [&](auto c) {
     using C = decltype(c);

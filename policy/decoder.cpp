@@ -592,8 +592,7 @@ struct Decoder::Run {
   }
 
   // The oldest window's tokens to their sequences (waiting for its copy), then admission of waiting
-  // sequences into freed rows (after any window still in flight: its prefill's clock is its own)
-  // and the parking of rows left free.
+  // sequences into freed rows and the parking of rows left free.
   void take_window() {
     Window win = std::move(flight.front());
     flight.pop_front();
@@ -616,12 +615,7 @@ struct Decoder::Run {
         if (done) row_seq[r] = -1;
       }
     }
-    bool freed = false;
-    for (int64_t r = 0; r < R; ++r) freed = freed || row_seq[r] < 0;
-    if (!pending.empty() && freed) {
-      for (auto& f : flight) f.end->synchronize();
-      admit();
-    }
+    if (!pending.empty()) admit();  // (no window is in flight while sequences wait: go())
     // Rows left free stop growing: position 0, one key (their outputs are not read).
     std::vector<int64_t> park;
     for (int64_t r = 0; r < R; ++r)

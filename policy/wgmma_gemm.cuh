@@ -229,6 +229,17 @@ __device__ __forceinline__ float finish(float v, float u, float inv, float b, fl
 
 __device__ __forceinline__ float round_bf(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
+// The draw's partials (max m, sum s of exp(x - m), lowest index mi of the max) merged with lane ^ o's:
+// kDraw's end and policy/cuda_kernels.cu's sample_partial_kernel share it.
+__device__ __forceinline__ void merge_draw(float& m, float& s, int& mi, int o) {
+  const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+  const int i2 = __shfl_xor_sync(0xffffffffu, mi, o);
+  const float mm = fmaxf(m, m2);
+  s = (m == -INFINITY ? 0.f : s * __expf(m - mm)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mm));
+  if (m2 > m || (m2 == m && i2 < mi)) mi = i2;
+  m = mm;
+}
+
 // The rotary embedding of one pair (x1, x2) = (q[i], q[i + D/2]) at position p with frequency f, as
 // transformers computes it in bf16: cos and sin in float32 rounded to bf16, q * cos +
 // rotate_half(q) * sin with rotate_half(q) = [-x2, x1], each product and the sum rounded. Shared by
@@ -320,14 +331,7 @@ __device__ __forceinline__ void draw_partials(const float (&d)[BN / 2], const Dr
       for (int i = 0; i < BN / 4; ++i) s += __expf(x[i] - m);
     }
 #pragma unroll
-    for (int o = 1; o < 4; o <<= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-      const int i2 = __shfl_xor_sync(0xffffffffu, mi, o);
-      const float mm = fmaxf(m, m2);
-      s = (m == -INFINITY ? 0.f : s * __expf(m - mm)) + (m2 == -INFINITY ? 0.f : s2 * __expf(m2 - mm));
-      if (m2 > m || (m2 == m && i2 < mi)) mi = i2;
-      m = mm;
-    }
+    for (int o = 1; o < 4; o <<= 1) merge_draw(m, s, mi, o);
     if ((lane & 3) == 0 && row < M) {
       float* wp = dr.work + (size_t(row) * gridDim.x + tile) * 4;
       wp[0] = m;
