@@ -2,10 +2,12 @@
 // timed as the decoder runs it: one captured graph of one call per layer over the layers' own
 // caches (so nothing comes from L2), at the 1.5B shape's heads by default (12 query heads over 2
 // kv heads of 128). Prints, per split count, microseconds a call and the bandwidth of the keys and
-// values it reads, beside the split count the decoder picks.
+// values it reads, beside the split count the decoder picks. With group G > 1 and shared S, the
+// rows come in groups of G whose first S keys are read from the group's first row (decode_attention's
+// share: a GRPO group's common prompt), as the decoder runs groups of samples of one prompt.
 //
 //   nvcc -O2 -std=c++17 -arch=sm_90 -I. bench/attention_probe.cu -o attention_probe
-//   ./attention_probe [rows=64] [keys=384] [nh=12] [nkv=2] [D=128]
+//   ./attention_probe [rows=64] [keys=384] [nh=12] [nkv=2] [D=128] [group=1] [shared=256]
 //   KERNELRL_ATTN_MMA=0 ./attention_probe ...   (the scalar kernel)
 #include <cuda_runtime.h>
 
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
   const int R = argc > 1 ? std::atoi(argv[1]) : 64, keys = argc > 2 ? std::atoi(argv[2]) : 384;
   const int nh = argc > 3 ? std::atoi(argv[3]) : 12, nkv = argc > 4 ? std::atoi(argv[4]) : 2;
   const int D = argc > 5 ? std::atoi(argv[5]) : 128, layers = 28;
+  const int group = argc > 6 ? std::atoi(argv[6]) : 1, shared = argc > 7 ? std::atoi(argv[7]) : 256;
   const int64_t cap = (keys + 255) / 256 * 256;
   const int klen = int(cap);
   cudaDeviceProp prop;
@@ -54,22 +57,33 @@ int main(int argc, char** argv) {
   int64_t* pos;
   CK(cudaMalloc(&pos, R * sizeof(int64_t)));
   CK(cudaMemcpy(pos, hpos.data(), R * sizeof(int64_t), cudaMemcpyHostToDevice));
+  int32_t* share = nullptr;
+  if (group > 1) {
+    std::vector<int32_t> hs(2 * R);
+    for (int r = 0; r < R; ++r) {
+      hs[2 * r] = r / group * group;
+      hs[2 * r + 1] = r % group ? std::min(shared, keys) : 0;
+    }
+    CK(cudaMalloc(&share, hs.size() * sizeof(int32_t)));
+    CK(cudaMemcpy(share, hs.data(), hs.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  }
   float* work;
   int* counters;
   CK(cudaMalloc(&work, size_t(R) * nh * 64 * (D + 2) * 4));
   CK(cudaMalloc(&counters, size_t(R) * nkv * 4));
   CK(cudaMemset(counters, 0, size_t(R) * nkv * 4));
-  const double mb = double(R) * nkv * keys * D * 2 * 2 / 1e6;
+  const double mb = double(R) * nkv * keys * D * 2 * 2 / 1e6;  // (read; from HBM once a group where shared)
   const int picked = kernelrl::cuda::decode_attention_splits(R, nkv, D, klen, prop.multiProcessorCount);
   std::printf(
-      "%s, %d SMs; rows %d, keys %d, heads %d/%d of %d: %.1f MB of keys and values a call; decoder's split %d\n",
-      prop.name, prop.multiProcessorCount, R, keys, nh, nkv, D, mb, picked);
+      "%s, %d SMs; rows %d, keys %d, heads %d/%d of %d: %.1f MB of keys and values a call; decoder's split %d; "
+      "groups of %d sharing %d keys\n",
+      prop.name, prop.multiProcessorCount, R, keys, nh, nkv, D, mb, picked, group, group > 1 ? shared : 0);
   const float scale = 1.0f / std::sqrt(float(D));
   for (int splits : {1, 2, 3, 4, 6, 8, 12, 16}) {
     auto body = [&] {
       for (int l = 0; l < layers; ++l)
-        kernelrl::cuda::decode_attention(q, kc[l], vc[l], pos, R, nh, nkv, D, cap, klen, scale, splits, work, counters,
-                                         out, nullptr, st);
+        kernelrl::cuda::decode_attention(q, kc[l], vc[l], pos, share, R, nh, nkv, D, cap, klen, scale, splits, work,
+                                         counters, out, nullptr, st);
     };
     body();
     CK(cudaStreamSynchronize(st));

@@ -26,6 +26,9 @@
 // --gemm-check 1: the decode step's Hopper products with their fused steps (gemm_check, below).
 // --colocated 1 --model DIR: a sampler's and a learner's models sharing the base weights against
 // two separate loads, device memory of each (colocated, below).
+// --share-check 1 --model DIR: groups decoding with their prompt's keys read from one row, against
+// each row reading its own copy (share_check, below).
+#include "policy/decoder.hpp"
 #include "policy/model.hpp"
 #include "policy/policy.hpp"
 #include "policy/safetensors.hpp"
@@ -46,6 +49,7 @@
 #include <chrono>
 #include <functional>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -212,8 +216,10 @@ int lora_op_check(const std::function<std::string(const char*, const char*)>& ge
 // same bf16 values: the models' head shapes (12/2 and 28/4 heads of 128, 16/4 of 64, 8/8), rows of
 // random lengths (one of a single key, one of the whole bucket), one split, three and the decoder's count,
 // soft and sharp score distributions. Prints each case's largest |difference| over the largest
-// |reference| (bf16 output and its float32 copy), and whether a second call gives the same bits
-// (the split counters left at zero).
+// |reference| (bf16 output and its float32 copy), whether a second call gives the same bits (the
+// split counters left at zero), and whether rows reading a shared prefix from their group's first
+// row (decode_attention's share; their own copies overwritten by NaN, which changes the output of
+// the same call without share) give the same bits.
 int attention_check(const std::function<std::string(const char*, const char*)>& get) {
 #ifdef KERNELRL_CUDA_KERNELS
   torch::Device dev(get("--device", "cuda:0"));
@@ -241,24 +247,52 @@ int attention_check(const std::function<std::string(const char*, const char*)>& 
       auto pos = torch::randint(0, c.klen + 4, {c.R}, torch::TensorOptions().dtype(torch::kInt64).device(dev));
       pos[0] = 0;
       pos[c.R - 1] = c.klen - 1;
+      auto posc = pos.cpu();
+      // Groups of up to 4 rows whose first two thirds of keys are the group's first row's (copied
+      // there, as the decoder's prefill copies a prompt's): the same bits when read from that row
+      // (share) with the followers' own copies overwritten by NaN.
+      const int G = std::min(4, c.R);
+      std::vector<int32_t> hs(2 * c.R);
+      for (int r = 0; r < c.R; ++r) {
+        const int lead = r / G * G;
+        const int64_t n = std::min<int64_t>({posc[r].item<int64_t>() + 1, c.klen, c.cap});
+        hs[2 * r] = lead;
+        hs[2 * r + 1] = r == lead ? 0 : int32_t(2 * n / 3);
+        if (hs[2 * r + 1] > 0) {
+          kc[r].narrow(1, 0, hs[2 * r + 1]).copy_(kc[lead].narrow(1, 0, hs[2 * r + 1]));
+          vc[r].narrow(1, 0, hs[2 * r + 1]).copy_(vc[lead].narrow(1, 0, hs[2 * r + 1]));
+        }
+      }
+      auto share = torch::tensor(hs, torch::kInt32).to(dev);
+      auto kp = kc.clone(), vp = vc.clone();
+      for (int r = 0; r < c.R; ++r)
+        if (hs[2 * r + 1] > 0) {
+          kp[r].narrow(1, 0, hs[2 * r + 1]).fill_(NAN);
+          vp[r].narrow(1, 0, hs[2 * r + 1]).fill_(NAN);
+        }
       auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
       auto work = torch::empty({int64_t(c.R) * c.nh * splits * (c.D + 2)}, f32);
       auto counters = torch::zeros({c.R * c.nkv}, torch::TensorOptions().dtype(torch::kInt32).device(dev));
       const float scale = float(1.0 / std::sqrt(double(c.D)));
-      auto run = [&] {
+      auto run = [&](const torch::Tensor& k, const torch::Tensor& v, const int32_t* sh) {
         auto out = torch::empty({c.R, c.nh * c.D}, bf);
         auto out32 = torch::empty({c.R, c.nh * c.D}, f32);
         auto b = [](const torch::Tensor& t) { return reinterpret_cast<kernelrl::cuda::bf16_t*>(t.data_ptr()); };
-        kernelrl::cuda::decode_attention(b(q), b(kc), b(vc), pos.data_ptr<int64_t>(), c.R, c.nh, c.nkv, c.D, c.cap,
+        kernelrl::cuda::decode_attention(b(q), b(k), b(v), pos.data_ptr<int64_t>(), sh, c.R, c.nh, c.nkv, c.D, c.cap,
                                          c.klen, scale, splits, work.data_ptr<float>(), counters.data_ptr<int>(),
                                          b(out), out32.data_ptr<float>(),
                                          at::cuda::getCurrentCUDAStream(dev.index()).stream());
         return std::make_pair(out, out32);
       };
-      auto [out, out32] = run();
-      auto [again, again32] = run();
+      auto [out, out32] = run(kc, vc, nullptr);
+      auto [again, again32] = run(kc, vc, nullptr);
+      auto [shared, shared32] = run(kp, vp, share.data_ptr<int32_t>());
+      auto [poisoned, poisoned32] = run(kp, vp, nullptr);  // (must differ: the check can fail)
+      const bool share_same = torch::equal(out, shared) && torch::equal(out32, shared32);
+      bool any_shared = false;
+      for (int r = 0; r < c.R; ++r) any_shared = any_shared || hs[2 * r + 1] > 0;
+      const bool poison_seen = !any_shared || !torch::equal(poisoned32, out32);
       auto ref = torch::empty({c.R, c.nh, c.D}, f32);
-      auto posc = pos.cpu();
       for (int r = 0; r < c.R; ++r) {
         int64_t n = std::min<int64_t>({posc[r].item<int64_t>() + 1, c.klen, c.cap});
         auto K = kc[r].narrow(1, 0, n).to(torch::kFloat32).repeat_interleave(c.nh / c.nkv, 0);  // [nh, n, D]
@@ -271,7 +305,7 @@ int attention_check(const std::function<std::string(const char*, const char*)>& 
       const double err = (out.to(torch::kFloat32) - ref).abs().max().item<double>() / top;
       const double err32 = (out32 - ref).abs().max().item<double>() / top;
       const bool same = torch::equal(out, again) && torch::equal(out32, again32);
-      ok = ok && err < 2e-2 && err32 < 2e-2 && same;
+      ok = ok && err < 2e-2 && err32 < 2e-2 && same && share_same && poison_seen;
       rows.push_back({{"rows", c.R},
                       {"heads", c.nh},
                       {"kv_heads", c.nkv},
@@ -281,7 +315,10 @@ int attention_check(const std::function<std::string(const char*, const char*)>& 
                       {"splits", splits},
                       {"err", err},
                       {"err32", err32},
-                      {"repeat_same", same}});
+                      {"repeat_same", same},
+                      {"shared_prefix", any_shared},
+                      {"shared_prefix_same", share_same},
+                      {"shared_prefix_poison_seen", poison_seen}});
     }
   std::printf("%s\n", nlohmann::json{{"ok", ok}, {"rows", rows}}.dump().c_str());
   return ok ? 0 : 1;
@@ -669,6 +706,64 @@ int gemm_check(const std::function<std::string(const char*, const char*)>& get) 
 #endif
 }
 
+// --share-check 1 --model DIR: the decoder with a GRPO group's rows reading their common prompt's
+// keys and values from one row (decode_attention's share) against KERNELRL_SHARED_PREFIX=0 (each
+// row its own copy): 6 prompts of 40-220 tokens, 4 samples each, in 10 rows, each sequence ended
+// by the sink after its own count of tokens (17-128), so that rows go free while others of their
+// group still read from them, and the 24 sequences are admitted as rows go free (two windows in
+// flight once none waits). Every token and logprob must be the same bits.
+int share_check(const std::function<std::string(const char*, const char*)>& get) {
+  torch::Device dev(get("--device", "cuda:0"));
+  kernelrl::CausalLM m(get("--model", ""), dev, kernelrl::parse_dtype(get("--dtype", "bf16")));
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> prompts(6);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    prompts[i].resize(40 + 36 * i);
+    for (auto& t : prompts[i]) t = int32_t(10 + rng() % uint32_t(m.config().vocab_size - 10));
+  }
+  kernelrl::SamplingParams sp;
+  sp.temperature = 1.0;
+  sp.max_tokens = 128;
+  sp.n = 4;
+  sp.seed = 11;
+  const int64_t S = int64_t(prompts.size()) * sp.n;
+  auto length = [](int64_t q) { return 17 + (q * 37) % 112; };
+  nlohmann::json runs = nlohmann::json::object();
+  std::map<std::string, std::vector<std::vector<std::pair<int32_t, float>>>> out;
+  for (const char* mode : {"1", "0"}) {
+    setenv("KERNELRL_SHARED_PREFIX", mode, 1);
+    std::vector<std::vector<std::pair<int32_t, float>>> seqs(S);
+    kernelrl::Decoder d(m);
+    d.generate(prompts, sp, 10, [&](int64_t q, int32_t tok, float lp) {
+      seqs[q].emplace_back(tok, lp);
+      return int64_t(seqs[q].size()) >= length(q);
+    });
+    runs[mode] = {{"path", d.stats().path}, {"steps", d.stats().steps}, {"rows", d.stats().rows}};
+    out[mode] = std::move(seqs);
+  }
+  unsetenv("KERNELRL_SHARED_PREFIX");
+  bool lengths = true;
+  int64_t tokens = 0, differ = 0;
+  for (int64_t q = 0; q < S; ++q) {
+    lengths = lengths && int64_t(out["1"][q].size()) == length(q) && out["0"][q].size() == out["1"][q].size();
+    for (size_t i = 0; i < std::min(out["0"][q].size(), out["1"][q].size()); ++i, ++tokens)
+      if (out["0"][q][i].first != out["1"][q][i].first ||
+          std::memcmp(&out["0"][q][i].second, &out["1"][q][i].second, sizeof(float)) != 0)
+        ++differ;
+  }
+  const bool fused = runs["1"]["path"].get<std::string>().rfind("fused", 0) == 0;
+  const bool ok = lengths && differ == 0 && fused;
+  std::printf("%s\n", nlohmann::json{{"ok", ok},
+                                     {"sequences", S},
+                                     {"tokens", tokens},
+                                     {"tokens_differing", differ},
+                                     {"lengths_as_ended", lengths},
+                                     {"runs", runs}}
+                          .dump()
+                          .c_str());
+  return ok ? 0 : 1;
+}
+
 // --colocated 1: the device memory that a sampler and a learner of one process hold for their
 // models (each with a rank-16 adapter), loaded as they load them (load_shared_model: one copy of
 // the base weights) against two separate loads. Prints the bytes allocated after each.
@@ -720,6 +815,7 @@ int main(int argc, char** argv) {
     if (a.count("--sample-check")) return sample_check(get);
     if (a.count("--gemm-check")) return gemm_check(get);
     if (a.count("--colocated")) return colocated(get);
+    if (a.count("--share-check")) return share_check(get);
     kernelrl::PolicyOptions o;
     o.model_dir = get("--model", "");
     o.device = get("--device", "cuda:0");

@@ -350,6 +350,8 @@ def main():
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' generate (its figure is known)")
     ap.add_argument("--no-checks", action="store_true", help="skip the tiny models' parity and f32 decode checks")
     ap.add_argument("--no-sample-check", action="store_true", help="skip the fused draw's check against float64")
+    ap.add_argument("--no-attention-check", action="store_true",
+                    help="skip the decode attention's check against LibTorch (policy_bench --attention-check)")
     ap.add_argument("--no-gemm-check", action="store_true",
                     help="skip the Hopper products' check against float64 (policy_bench --gemm-check)")
     ap.add_argument("--models", help="a folder for the random models (made once, reused by later runs)")
@@ -373,6 +375,16 @@ def main():
         result["sample_check"] = json.loads(r.stdout) if r.stdout.strip() else {"ok": False, "stderr": r.stderr[-2000:]}
         for row in result["sample_check"].get("rows", []):
             print("sample check T=%s: %s" % (row["temperature"], json.dumps(row)), flush=True)
+    if args.device.startswith("cuda") and not args.no_attention_check:
+        # the decode attention against LibTorch float32, its repeat bits, and rows reading a shared prefix
+        r = subprocess.run([args.bench, "--attention-check", "1", "--device", args.device], capture_output=True,
+                           text=True)
+        result["attention_check"] = json.loads(r.stdout) if r.stdout.strip() else {"ok": False,
+                                                                                   "stderr": r.stderr[-2000:]}
+        rows = result["attention_check"].get("rows", [])
+        print("attention check: ok %s, %d cases, largest err %.2e, shared prefix the same bits in all: %s" % (
+            result["attention_check"]["ok"], len(rows), max([x["err"] for x in rows] or [0]),
+            all(x["shared_prefix_same"] for x in rows)), flush=True)
     if args.device.startswith("cuda") and not args.no_gemm_check:
         # the Hopper products with their fused steps against float64, beside the bf16 path transformers takes
         r = subprocess.run([args.bench, "--gemm-check", "1", "--device", args.device], capture_output=True, text=True)
@@ -406,6 +418,12 @@ def main():
         step_bytes = weight_bytes - (vocab * h * 2 if size in UNTIED else 0)
         if size in args.check_sizes.split(","):
             result.setdefault("decode_bf16", {})[size] = decode_check(args.launch, args.device, d, tmp)
+            # a group's rows reading their prompt's keys from one row: the same tokens and logprobs
+            r = subprocess.run([args.bench, "--share-check", "1", "--model", d, "--device", args.device],
+                               capture_output=True, text=True)
+            sc = json.loads(r.stdout) if r.stdout.strip() else {"ok": False, "stderr": r.stderr[-2000:]}
+            result.setdefault("share_check", {})[size] = sc
+            print("share check %s %s" % (size, json.dumps(sc)), flush=True)
         for shape in args.shapes.split(","):
             b, p, n = map(int, shape.split("x"))
             mine = ours(args.bench, d, b, p, n, 0)
@@ -439,9 +457,16 @@ def main():
                 row["unfused"] = un
                 row["unfused_decode_step_ms"] = un["decode_step_ms"]
             if args.group > 1 and b % args.group == 0:  # GRPO-shaped: b / group prompts, each sampled group times
-                gr = ours(args.bench, d, b, p, n, args.lora_rank, per_prompt=args.group)
+                gr = ours(args.bench, d, b, p, n, 0, per_prompt=args.group)
+                gu = ours(args.bench, d, b, p, n, 0, {"KERNELRL_SHARED_PREFIX": "0"}, per_prompt=args.group)
                 row["grouped"] = gr
+                row["grouped_unshared"] = gu  # each row reading its own copy of the prompt's keys
                 row["grouped_prefill_seconds"] = gr["prefill_seconds"]
+                row["grouped_decode_step_ms"] = gr["decode_step_ms"]
+                row["grouped_unshared_decode_step_ms"] = gu["decode_step_ms"]
+                row["grouped_tokens_per_s"] = gr["tokens_per_s_mean"]
+                if bw:
+                    row["grouped_fraction_of_hbm_bound"] = row["hbm_bound_step_ms"] / gr["decode_step_ms"]
             if args.cublas:
                 cb = ours(args.bench, d, b, p, n, 0, {"KERNELRL_WGMMA": "0"})
                 row["cublas"] = cb
@@ -467,7 +492,11 @@ def main():
             if args.cublas:
                 line += ", with cuBLAS's products %.2f ms (%s)" % (row["cublas_decode_step_ms"], row["cublas"].get("path"))
             if "grouped" in row:
-                line += ", groups of %d: prefill %.3f s" % (args.group, row["grouped_prefill_seconds"])
+                line += ", groups of %d: step %.2f ms" % (args.group, row["grouped_decode_step_ms"])
+                if "grouped_fraction_of_hbm_bound" in row:
+                    line += " (%.1f%% of the bound)" % (100 * row["grouped_fraction_of_hbm_bound"])
+                line += " against %.2f ms unshared, %.0f tok/s, prefill %.3f s" % (
+                    row["grouped_unshared_decode_step_ms"], row["grouped_tokens_per_s"], row["grouped_prefill_seconds"])
             if args.lora_rank:
                 line += ", with LoRA r=%d %.0f tok/s (%.2f ms)" % (args.lora_rank, row["kernelrl_lora_tokens_per_s"],
                                                                  row["decode_step_ms_lora"])
@@ -485,7 +514,8 @@ def main():
             json.dump(result, f, indent=1)
     ok = (args.no_checks or (all(r["ok"] for r in result["parity"].values()) and result["greedy"]["ok"])) and all(
         r["ok"] for r in result.get("decode_bf16", {}).values()) and result.get("sample_check", {"ok": True})["ok"] \
-        and result.get("gemm_check", {"ok": True})["ok"]
+        and result.get("gemm_check", {"ok": True})["ok"] and result.get("attention_check", {"ok": True})["ok"] \
+        and all(r["ok"] for r in result.get("share_check", {}).values())
     sys.exit(0 if ok else 1)
 
 

@@ -251,19 +251,32 @@ __device__ void merge_splits(const float* work, int splits, int64_t head0, int r
 }
 
 // The keys a block of (row r, kv head g, split) takes: [s0, s1), s1 at most the row's length
-// pos[r] + 1, klen and cap; and where its keys and values start.
+// pos[r] + 1, klen and cap; where its keys and values start; and, where share is given (pairs
+// (source row, count) a row), the first count of them read from the source row's cache instead: a
+// group's rows hold copies of their common prompt's keys and values, and reading one copy lets the
+// rows of a group share it in L2 (the same values, so the same bits).
 struct KeySpan {
-  int s0, s1;
-  const bf16_t *k, *v;
+  int s0, s1, sh;
+  const bf16_t *k, *v;    // the row's own
+  const bf16_t *ks, *vs;  // keys below sh: the source row's
+  __device__ __forceinline__ const bf16_t* krow(int key, int D) const { return (key < sh ? ks : k) + int64_t(key) * D; }
+  __device__ __forceinline__ const bf16_t* vrow(int key, int D) const { return (key < sh ? vs : v) + int64_t(key) * D; }
 };
-__device__ __forceinline__ KeySpan key_span(const int64_t* pos, int r, int g, int nkv, int64_t cap, int klen, int span,
-                                            int split, const bf16_t* kc, const bf16_t* vc, int D) {
+__device__ __forceinline__ KeySpan key_span(const int64_t* pos, const int32_t* share, int r, int g, int nkv,
+                                            int64_t cap, int klen, int span, int split, const bf16_t* kc,
+                                            const bf16_t* vc, int D) {
   int64_t n = pos[r] + 1;
   if (n > klen) n = klen;
   if (n > cap) n = cap;
   const int s0 = split * span;
   const int64_t base = (int64_t(r) * nkv + g) * cap * D;
-  return {s0, int(n < int64_t(s0) + span ? n : int64_t(s0) + span), kc + base, vc + base};
+  int sh = 0;
+  int64_t sbase = base;
+  if (share != nullptr) {
+    sh = share[2 * r + 1];
+    sbase = (int64_t(share[2 * r]) * nkv + g) * cap * D;
+  }
+  return {s0, int(n < int64_t(s0) + span ? n : int64_t(s0) + span), sh, kc + base, vc + base, kc + sbase, vc + sbase};
 }
 
 // The block's warps' partials of its rep heads, wm/wl [warp * 8 + head] (max, sum) and wo (warp w's
@@ -336,9 +349,9 @@ constexpr int attention_smem(int D, int REP) {
 // shared memory, the splits' by the last block (combine_warps).
 template <int D, int REP>
 __global__ void __launch_bounds__(kAttnWarps * 32, 2)
-    decode_attention_kernel(const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
-                            int64_t cap, int klen, int span, float scale, float* work, int* counters, bf16_t* out,
-                            float* out32) {
+    decode_attention_kernel(const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos,
+                            const int32_t* share, int nkv, int64_t cap, int klen, int span, float scale, float* work,
+                            int* counters, bf16_t* out, float* out32) {
   pdl_wait();
   constexpr int KV = D / 8;                // 16-byte pieces of a key or value row
   constexpr int DPL = D / 32;              // value dimensions a lane takes
@@ -354,7 +367,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, 2)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t head0 = int64_t(r) * nh + g * REP;
   for (int i = threadIdx.x; i < REP * D; i += kAttnWarps * 32) qs[i] = bf(q[head0 * D + i]) * scale;
-  const KeySpan ks = key_span(pos, r, g, nkv, cap, klen, span, split, kc, vc, D);
+  const KeySpan ks = key_span(pos, share, r, g, nkv, cap, klen, span, split, kc, vc, D);
   const int s1 = ks.s1;
   bf16_t* myv = vs + warp * kTile * D;
   float* myp = ps + warp * kTile * REPP;
@@ -370,16 +383,16 @@ __global__ void __launch_bounds__(kAttnWarps * 32, 2)
   for (int c0 = ks.s0 + warp * kTile; c0 < s1; c0 += kAttnWarps * kTile) {
     const int cn = min(kTile, s1 - c0);
     {
-      const uint4* src = reinterpret_cast<const uint4*>(ks.v + int64_t(c0) * D);
       uint4* dst = reinterpret_cast<uint4*>(myv);
-      for (int i = lane; i < cn * KV; i += 32) __pipeline_memcpy_async(dst + i, src + i, 16);
+      for (int i = lane; i < cn * KV; i += 32)
+        __pipeline_memcpy_async(dst + i, reinterpret_cast<const uint4*>(ks.vrow(c0 + i / KV, D)) + i % KV, 16);
       __pipeline_commit();
     }
     float dot[REP];
 #pragma unroll
     for (int j = 0; j < REP; ++j) dot[j] = 0.f;
     if (lane < cn) {
-      const uint4* kr = reinterpret_cast<const uint4*>(ks.k + int64_t(c0 + lane) * D);
+      const uint4* kr = reinterpret_cast<const uint4*>(ks.krow(c0 + lane, D));
       uint4 kv[KV];
 #pragma unroll
       for (int v = 0; v < KV; ++v) kv[v] = kr[v];
@@ -506,25 +519,26 @@ constexpr int kMmaWarps = 8;  // one block an SM (174 registers a thread at D = 
 
 template <int D>
 __global__ void __launch_bounds__(kMmaWarps * 32)
-    decode_attention_mma_kernel(const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
-                                int rep, int64_t cap, int klen, int span, float scale, float* work, int* counters,
-                                bf16_t* out, float* out32, int prefetch) {
+    decode_attention_mma_kernel(const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos,
+                                const int32_t* share, int nkv, int rep, int64_t cap, int klen, int span, float scale,
+                                float* work, int* counters, bf16_t* out, float* out32, int prefetch) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The keys before this step's own are in the cache already (the kernel before writes only the new
   // one): their span is requested into L2 before waiting for that kernel, so that the stream starts
-  // while it still runs. A hint only: every key and value is read after pdl_wait.
+  // while it still runs (the shared prefix from its source row). A hint only: every key and value
+  // is read after pdl_wait.
   if (prefetch && threadIdx.x == 0) {
     const int r = blockIdx.x / nkv, g = blockIdx.x % nkv;
-    const KeySpan ks = key_span(pos, r, g, nkv, cap, klen, span, blockIdx.y, kc, vc, D);
-    const int64_t last = __ldcg(pos + r);  // (the new key: written by the kernel before)
-    const int n = int(min(int64_t(ks.s1), last)) - ks.s0;
-    if (n > 0) {
-      const uint32_t bytes = uint32_t(n) * D * 2;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ks.k + int64_t(ks.s0) * D), "r"(bytes)
-                   : "memory");
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ks.v + int64_t(ks.s0) * D), "r"(bytes)
-                   : "memory");
-    }
+    const KeySpan ks = key_span(pos, share, r, g, nkv, cap, klen, span, blockIdx.y, kc, vc, D);
+    const int last = int(min(int64_t(ks.s1), __ldcg(pos + r)));  // (the new key: written by the kernel before)
+    auto request = [&](const bf16_t* k, const bf16_t* v, int a, int b) {
+      if (b <= a) return;
+      const uint32_t bytes = uint32_t(b - a) * D * 2;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(k + int64_t(a) * D), "r"(bytes) : "memory");
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(v + int64_t(a) * D), "r"(bytes) : "memory");
+    };
+    request(ks.ks, ks.vs, ks.s0, min(last, ks.sh));
+    request(ks.k, ks.v, max(ks.s0, ks.sh), last);
   }
 #endif
   pdl_wait();
@@ -537,9 +551,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   __shared__ float wm[kMmaWarps][8], wl[kMmaWarps][8];
   extern __shared__ float wo_dyn[];  // [kMmaWarps][8][D]: the warps' partials
 
-  const KeySpan ks = key_span(pos, r, g, nkv, cap, klen, span, split, kc, vc, D);
+  const KeySpan ks = key_span(pos, share, r, g, nkv, cap, klen, span, split, kc, vc, D);
   const int s0 = ks.s0, s1 = ks.s1;
-  const bf16_t *kbase = ks.k, *vbase = ks.v;
 
   uint4 qf[KJ];  // this lane's query pieces (head gid), zero for rows past the group
 #pragma unroll
@@ -558,13 +571,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     for (int h = 0; h < 2; ++h) {
       const int key = min(k0 + 8 * h + gid, s1 - 1);
 #pragma unroll
-      for (int j = 0; j < KJ; ++j)
-        kf[h][j] = *reinterpret_cast<const uint4*>(kbase + int64_t(key) * D + 8 * t4 + 32 * j);
+      for (int j = 0; j < KJ; ++j) kf[h][j] = *reinterpret_cast<const uint4*>(ks.krow(key, D) + 8 * t4 + 32 * j);
     }
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int key = k0 + 8 * (c >> 1) + 2 * t4 + (c & 1);
-      const bf16_t* vr = vbase + int64_t(min(key, s1 - 1)) * D + NT * gid;
+      const bf16_t* vr = ks.vrow(min(key, s1 - 1), D) + NT * gid;
 #pragma unroll
       for (int j = 0; j < VJ; ++j)
         vf[c][j] = key < s1 ? *reinterpret_cast<const uint4*>(vr + 8 * j) : make_uint4(0, 0, 0, 0);
@@ -1097,9 +1109,9 @@ __global__ void logprob_bwd_kernel(const bf16_t* logits, int V, const int64_t* t
 }
 
 template <int D, int REP>
-void launch_attention(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
-                      int64_t cap, int klen, int span, float scale, float* work, int* counters, bf16_t* out,
-                      float* out32, Stream s) {
+void launch_attention(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos,
+                      const int32_t* share, int nkv, int64_t cap, int klen, int span, float scale, float* work,
+                      int* counters, bf16_t* out, float* out32, Stream s) {
   constexpr int bytes = attention_smem(D, REP);
   // More than the default 48 KB of shared memory: raised once per device (the attribute is a
   // device's; samplers on several GPUs share this process), at the device's first call, which is
@@ -1116,18 +1128,18 @@ void launch_attention(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t
                                cudaGetErrorString(e));
     sized[dev] = true;
   }
-  launch_k(decode_attention_kernel<D, REP>, grid, dim3(kAttnWarps * 32), bytes, s, q, kc, vc, pos, nkv, cap, klen, span,
-           scale, work, counters, out, out32);
+  launch_k(decode_attention_kernel<D, REP>, grid, dim3(kAttnWarps * 32), bytes, s, q, kc, vc, pos, share, nkv, cap,
+           klen, span, scale, work, counters, out, out32);
 }
 
 template <int D>
-void attention_rep(int rep, dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
-                   int64_t cap, int klen, int span, float scale, float* work, int* counters, bf16_t* out, float* out32,
-                   Stream s) {
+void attention_rep(int rep, dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos,
+                   const int32_t* share, int nkv, int64_t cap, int klen, int span, float scale, float* work,
+                   int* counters, bf16_t* out, float* out32, Stream s) {
   switch (rep) {
-#define KERNELRL_REP(N)                                                                                       \
-  case N:                                                                                                     \
-    launch_attention<D, N>(grid, q, kc, vc, pos, nkv, cap, klen, span, scale, work, counters, out, out32, s); \
+#define KERNELRL_REP(N)                                                                                              \
+  case N:                                                                                                            \
+    launch_attention<D, N>(grid, q, kc, vc, pos, share, nkv, cap, klen, span, scale, work, counters, out, out32, s); \
     break;
     KERNELRL_REP(1)
     KERNELRL_REP(2)
@@ -1144,16 +1156,16 @@ void attention_rep(int rep, dim3 grid, const bf16_t* q, const bf16_t* kc, const 
 }
 
 template <int D>
-void launch_attention_mma(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos, int nkv,
-                          int rep, int64_t cap, int klen, int span, float scale, float* work, int* counters,
-                          bf16_t* out, float* out32, Stream s) {
+void launch_attention_mma(dim3 grid, const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const int64_t* pos,
+                          const int32_t* share, int nkv, int rep, int64_t cap, int klen, int span, float scale,
+                          float* work, int* counters, bf16_t* out, float* out32, Stream s) {
   constexpr int bytes = kMmaWarps * 8 * D * 4;  // 32 KB at D = 128: within the default limit
   static const int prefetch = [] {
     const char* v = std::getenv("KERNELRL_ATTN_PREFETCH");
     return v != nullptr && std::string(v) == "0" ? 0 : 1;
   }();
-  launch_k(decode_attention_mma_kernel<D>, grid, dim3(kMmaWarps * 32), bytes, s, q, kc, vc, pos, nkv, rep, cap, klen,
-           span, scale, work, counters, out, out32, prefetch);
+  launch_k(decode_attention_mma_kernel<D>, grid, dim3(kMmaWarps * 32), bytes, s, q, kc, vc, pos, share, nkv, rep, cap,
+           klen, span, scale, work, counters, out, out32, prefetch);
 }
 
 // The tensor-core kernel unless KERNELRL_ATTN_MMA=0 or the head size is 32.
@@ -1210,9 +1222,9 @@ int decode_attention_splits(int R, int nkv, int D, int klen, int sms) {
   return splits < 1 ? 1 : splits;
 }
 
-void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_cache, const int64_t* pos, int R, int nh,
-                      int nkv, int D, int64_t cap, int klen, float scale, int splits, float* work, int* counters,
-                      bf16_t* out, float* out32, Stream s) {
+void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_cache, const int64_t* pos,
+                      const int32_t* share, int R, int nh, int nkv, int D, int64_t cap, int klen, float scale,
+                      int splits, float* work, int* counters, bf16_t* out, float* out32, Stream s) {
   if (!decode_attention_supported(nh, nkv, D)) throw std::invalid_argument("decode_attention: unsupported shape");
   if (splits < 1 || splits > kMaxSplits) throw std::invalid_argument("decode_attention: splits out of range");
   dim3 grid(R * nkv, splits);
@@ -1220,21 +1232,24 @@ void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_ca
   if (use_mma_attention(D)) {  // spans of whole 16-key tiles
     const int span = ((klen + splits - 1) / splits + 15) / 16 * 16;
     if (D == 64)
-      launch_attention_mma<64>(grid, q, k_cache, v_cache, pos, nkv, rep, cap, klen, span, scale, work, counters, out,
-                               out32, s);
+      launch_attention_mma<64>(grid, q, k_cache, v_cache, pos, share, nkv, rep, cap, klen, span, scale, work, counters,
+                               out, out32, s);
     else
-      launch_attention_mma<128>(grid, q, k_cache, v_cache, pos, nkv, rep, cap, klen, span, scale, work, counters, out,
-                                out32, s);
+      launch_attention_mma<128>(grid, q, k_cache, v_cache, pos, share, nkv, rep, cap, klen, span, scale, work, counters,
+                                out, out32, s);
     check("decode_attention");
     return;
   }
   const int span = ((klen + splits - 1) / splits + kTile - 1) / kTile * kTile;
   if (D == 32)
-    attention_rep<32>(rep, grid, q, k_cache, v_cache, pos, nkv, cap, klen, span, scale, work, counters, out, out32, s);
+    attention_rep<32>(rep, grid, q, k_cache, v_cache, pos, share, nkv, cap, klen, span, scale, work, counters, out,
+                      out32, s);
   else if (D == 64)
-    attention_rep<64>(rep, grid, q, k_cache, v_cache, pos, nkv, cap, klen, span, scale, work, counters, out, out32, s);
+    attention_rep<64>(rep, grid, q, k_cache, v_cache, pos, share, nkv, cap, klen, span, scale, work, counters, out,
+                      out32, s);
   else
-    attention_rep<128>(rep, grid, q, k_cache, v_cache, pos, nkv, cap, klen, span, scale, work, counters, out, out32, s);
+    attention_rep<128>(rep, grid, q, k_cache, v_cache, pos, share, nkv, cap, klen, span, scale, work, counters, out,
+                       out32, s);
   check("decode_attention");
 }
 

@@ -41,11 +41,15 @@ void rope_qkv(const bf16_t* qkv, const float* lora, const int64_t* pos, const fl
 // whether a shape is. D 64 and 128 run on the tensor cores (KERNELRL_ATTN_MMA=0: the scalar
 // kernel, which D 32 always takes); on Hopper that kernel requests its keys and values before this
 // step's into L2 before waiting for the kernel before it (KERNELRL_ATTN_PREFETCH=0: not).
+// share: null, or a pair (source row, count) a row [R, 2]: row r's first count keys and values are
+// read from the source row's cache, which must hold the same values there (a GRPO group's rows each
+// hold a copy of their prompt's; reading one copy, the group's rows share it in L2). The same bits
+// as reading the row's own copy.
 bool decode_attention_supported(int nh, int nkv, int D);
 int decode_attention_splits(int R, int nkv, int D, int klen, int sms);
-void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_cache, const int64_t* pos, int R, int nh,
-                      int nkv, int D, int64_t cap, int klen, float scale, int splits, float* work, int* counters,
-                      bf16_t* out, float* out32, Stream s);
+void decode_attention(const bf16_t* q, const bf16_t* k_cache, const bf16_t* v_cache, const int64_t* pos,
+                      const int32_t* share, int R, int nh, int nkv, int D, int64_t cap, int klen, float scale,
+                      int splits, float* work, int* counters, bf16_t* out, float* out32, Stream s);
 
 // The adapter of one projection group in the decode step, in float32 as PEFT computes it:
 // out [R, N] = (x [R, in] a^T) bt for a [rs, in] (the members' A stacked) and bt [rs, N] (their

@@ -118,6 +118,16 @@ struct Decoder::Run {
   // tokens of the last H steps (a ring), the logits when they are sampled outside the graph.
   torch::Tensor ids, pos, step, hist_tok, hist_lp, logits;
   torch::Tensor attn_counters;  // the fused attention's split counts (zero between calls)
+  // The fused attention's shared prefixes (cuda::decode_attention's share): for each row a source
+  // row and a count of leading keys read from it. The rows a prompt's samples take in one admission
+  // hold copies of its keys and values from one prefill (the same bits); all but the first read the
+  // first's, so that the group's attention reads one copy of the prompt (from L2 for the others).
+  // When a row goes free, the rows reading from it go back to their own copies (one of them the
+  // new source); the table goes to the device before the next window (KERNELRL_SHARED_PREFIX=0:
+  // no sharing).
+  bool sharing = false, share_dirty = false;
+  std::vector<int32_t> share_h;
+  torch::Tensor share;
   std::vector<LoraGroup> lqkv, lo, lgu, ldown;
   // Host state: each row's sequence (-1: free), the first step whose tokens are its, its position.
   std::vector<int64_t> row_seq, row_since, pos_h, produced;
@@ -212,6 +222,11 @@ struct Decoder::Run {
     logits = torch::zeros({R, V}, torch::TensorOptions().dtype(fused ? torch::kBFloat16 : torch::kFloat32).device(dev));
     if (fused)
       attn_counters = torch::zeros({R * c.num_kv_heads}, torch::TensorOptions().dtype(torch::kInt32).device(dev));
+    const char* sp = std::getenv("KERNELRL_SHARED_PREFIX");
+    sharing = fused && cuda && !(sp != nullptr && std::string(sp) == "0");
+    share_h.resize(2 * R);
+    for (int64_t r = 0; r < R; ++r) share_h[2 * r] = int32_t(r), share_h[2 * r + 1] = 0;
+    if (sharing) share = torch::tensor(share_h, torch::kInt32).to(dev);
 #ifdef KERNELRL_CUDA_KERNELS
     head_draws = wgmma && head_fused && sample_inside;
     if (fused) {
@@ -308,6 +323,17 @@ struct Decoder::Run {
         set_rows.push_back(r);
         set_ids.push_back(int64_t(bp[i]));
         set_pos.push_back(lens[i]);
+        if (sharing) {  // the first live row of each prompt the source of the others
+          int64_t lead = r;
+          for (int64_t j = 0; j < i; ++j)
+            if (src[j] == src[i] && row_seq[rows[j]] == seqs[j]) {
+              lead = rows[j];
+              break;
+            }
+          share_h[2 * r] = int32_t(lead);
+          share_h[2 * r + 1] = lead == r ? 0 : int32_t(lens[i]);
+          share_dirty = true;
+        }
       }
       if (!set_rows.empty()) {
         auto rt = torch::tensor(set_rows, torch::kInt64).to(dev);
@@ -428,8 +454,9 @@ struct Decoder::Run {
     // The attention of layer l over the cache (out32: its float32 copy for an adapter, or none).
     auto attend = [&](size_t l, const torch::Tensor& q, const torch::Tensor& out, const torch::Tensor& out32) {
       auto work = splits > 1 ? torch::empty({R * nh * splits * (D + 2)}, f32o) : torch::Tensor();
-      cuda::decode_attention(bp(q), bp(cache.k[l]), bp(cache.v[l]), pos.data_ptr<int64_t>(), int(R), int(nh), int(nkv),
-                             int(D), cap, int(klen), float(1.0 / std::sqrt(double(D))), splits, fp(work),
+      cuda::decode_attention(bp(q), bp(cache.k[l]), bp(cache.v[l]), pos.data_ptr<int64_t>(),
+                             sharing ? share.data_ptr<int32_t>() : nullptr, int(R), int(nh), int(nkv), int(D), cap,
+                             int(klen), float(1.0 / std::sqrt(double(D))), splits, fp(work),
                              attn_counters.data_ptr<int>(), bp(out), fp(out32), stream);
     };
     cuda::GemmMap hx;  // the residual stream's map (the Hopper path: its layers and its head)
@@ -559,6 +586,7 @@ struct Decoder::Run {
 
   // w steps, then the copy of the drawn tokens' ring to the host (asynchronous on CUDA).
   void launch_window(int64_t w) {
+    push_share();
     Window win;
     win.first = enqueued;
     win.w = w;
@@ -591,6 +619,32 @@ struct Decoder::Run {
     flight.push_back(std::move(win));
   }
 
+  // Row r goes free (its cache will be parked or overwritten): the rows reading its copy of their
+  // prompt read their own again, the first of them the new source for the rest.
+  void release(int64_t r) {
+    if (!sharing) return;
+    int64_t lead = -1;
+    for (int64_t q = 0; q < R; ++q)
+      if (q != r && share_h[2 * q] == r && share_h[2 * q + 1] > 0) {
+        if (lead < 0) {
+          lead = q;
+          share_h[2 * q] = int32_t(q), share_h[2 * q + 1] = 0;
+        } else {
+          share_h[2 * q] = int32_t(lead);
+        }
+      }
+    share_h[2 * r] = int32_t(r), share_h[2 * r + 1] = 0;
+    share_dirty = true;
+  }
+
+  // The share table to the device, ordered before the next window's steps (from pinned memory: a
+  // pageable copy would wait for the window in flight).
+  void push_share() {
+    if (!share_dirty) return;
+    share.copy_(torch::tensor(share_h, torch::kInt32).pin_memory(), /*non_blocking=*/true);
+    share_dirty = false;
+  }
+
   // The oldest window's tokens to their sequences (waiting for its copy), then admission of waiting
   // sequences into freed rows and the parking of rows left free.
   void take_window() {
@@ -612,7 +666,10 @@ struct Decoder::Run {
         ++produced[q];
         bool done = sink(q, tp[slot * R + r], lp[slot * R + r]);
         if (produced[q] >= int64_t(s.max_tokens)) done = true;
-        if (done) row_seq[r] = -1;
+        if (done) {
+          row_seq[r] = -1;
+          release(r);
+        }
       }
     }
     if (!pending.empty()) admit();  // (no window is in flight while sequences wait: go())

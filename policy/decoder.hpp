@@ -5,7 +5,9 @@
 // sequence finished by its sink frees its row for the next waiting one (continuous batching).
 // Each row's prompt sits at slots [0, length) (no padding), so a token's position is its slot.
 // Prompts are prefilled once each and their keys copied to every row that samples from them (a
-// GRPO group of n samples shares one prefill).
+// GRPO group of n samples shares one prefill); on the fused path the rows of one prompt's samples
+// then read its keys from one of them, so that the group's attention reads one copy from memory
+// (KERNELRL_SHARED_PREFIX=0: each its own; the same bits either way).
 //
 // Steps. On CUDA with a bf16 model of a supported shape, a decode step is the fused kernels of
 // cuda_kernels.hpp (one GEMM per projection group, attention over each row's own length, the
