@@ -253,11 +253,13 @@ int attention_check(const std::function<std::string(const char*, const char*)>& 
       // (share) with the followers' own copies overwritten by NaN.
       const int G = std::min(4, c.R);
       std::vector<int32_t> hs(2 * c.R);
+      bool any_shared = false;
       for (int r = 0; r < c.R; ++r) {
         const int lead = r / G * G;
         const int64_t n = std::min<int64_t>({posc[r].item<int64_t>() + 1, c.klen, c.cap});
         hs[2 * r] = lead;
         hs[2 * r + 1] = r == lead ? 0 : int32_t(2 * n / 3);
+        any_shared = any_shared || hs[2 * r + 1] > 0;
         if (hs[2 * r + 1] > 0) {
           kc[r].narrow(1, 0, hs[2 * r + 1]).copy_(kc[lead].narrow(1, 0, hs[2 * r + 1]));
           vc[r].narrow(1, 0, hs[2 * r + 1]).copy_(vc[lead].narrow(1, 0, hs[2 * r + 1]));
@@ -289,8 +291,6 @@ int attention_check(const std::function<std::string(const char*, const char*)>& 
       auto [shared, shared32] = run(kp, vp, share.data_ptr<int32_t>());
       auto [poisoned, poisoned32] = run(kp, vp, nullptr);  // (must differ: the check can fail)
       const bool share_same = torch::equal(out, shared) && torch::equal(out32, shared32);
-      bool any_shared = false;
-      for (int r = 0; r < c.R; ++r) any_shared = any_shared || hs[2 * r + 1] > 0;
       const bool poison_seen = !any_shared || !torch::equal(poisoned32, out32);
       auto ref = torch::empty({c.R, c.nh, c.D}, f32);
       for (int r = 0; r < c.R; ++r) {

@@ -124,8 +124,8 @@ struct Decoder::Run {
   // first's, so that the group's attention reads one copy of the prompt (from L2 for the others).
   // When a row goes free, the rows reading from it go back to their own copies (one of them the
   // new source); the table goes to the device before the next window (KERNELRL_SHARED_PREFIX=0:
-  // no sharing).
-  bool sharing = false, share_dirty = false;
+  // no sharing, share undefined).
+  bool share_dirty = false;
   std::vector<int32_t> share_h;
   torch::Tensor share;
   std::vector<LoraGroup> lqkv, lo, lgu, ldown;
@@ -223,10 +223,10 @@ struct Decoder::Run {
     if (fused)
       attn_counters = torch::zeros({R * c.num_kv_heads}, torch::TensorOptions().dtype(torch::kInt32).device(dev));
     const char* sp = std::getenv("KERNELRL_SHARED_PREFIX");
-    sharing = fused && cuda && !(sp != nullptr && std::string(sp) == "0");
     share_h.resize(2 * R);
     for (int64_t r = 0; r < R; ++r) share_h[2 * r] = int32_t(r), share_h[2 * r + 1] = 0;
-    if (sharing) share = torch::tensor(share_h, torch::kInt32).to(dev);
+    if (fused && cuda && !(sp != nullptr && std::string(sp) == "0"))
+      share = torch::tensor(share_h, torch::kInt32).to(dev);
 #ifdef KERNELRL_CUDA_KERNELS
     head_draws = wgmma && head_fused && sample_inside;
     if (fused) {
@@ -310,7 +310,7 @@ struct Decoder::Run {
       auto both = torch::stack({next.to(torch::kFloat64), lp.to(torch::kFloat64)}).to(torch::kCPU).contiguous();
       const double* bp = both.data_ptr<double>();
       const int64_t A = seqs.size();
-      std::vector<int64_t> set_rows, set_ids, set_pos;
+      std::vector<int64_t> set_rows, set_ids, set_pos, lead(Bu, -1);  // (lead: each prompt's first live row)
       for (int64_t i = 0; i < A; ++i) {
         const int64_t q = seqs[i];
         produced[q] = 1;
@@ -323,15 +323,10 @@ struct Decoder::Run {
         set_rows.push_back(r);
         set_ids.push_back(int64_t(bp[i]));
         set_pos.push_back(lens[i]);
-        if (sharing) {  // the first live row of each prompt the source of the others
-          int64_t lead = r;
-          for (int64_t j = 0; j < i; ++j)
-            if (src[j] == src[i] && row_seq[rows[j]] == seqs[j]) {
-              lead = rows[j];
-              break;
-            }
-          share_h[2 * r] = int32_t(lead);
-          share_h[2 * r + 1] = lead == r ? 0 : int32_t(lens[i]);
+        if (share.defined()) {  // the first live row of each prompt the source of the others
+          if (lead[src[i]] < 0) lead[src[i]] = r;
+          share_h[2 * r] = int32_t(lead[src[i]]);
+          share_h[2 * r + 1] = lead[src[i]] == r ? 0 : int32_t(lens[i]);
           share_dirty = true;
         }
       }
@@ -455,8 +450,8 @@ struct Decoder::Run {
     auto attend = [&](size_t l, const torch::Tensor& q, const torch::Tensor& out, const torch::Tensor& out32) {
       auto work = splits > 1 ? torch::empty({R * nh * splits * (D + 2)}, f32o) : torch::Tensor();
       cuda::decode_attention(bp(q), bp(cache.k[l]), bp(cache.v[l]), pos.data_ptr<int64_t>(),
-                             sharing ? share.data_ptr<int32_t>() : nullptr, int(R), int(nh), int(nkv), int(D), cap,
-                             int(klen), float(1.0 / std::sqrt(double(D))), splits, fp(work),
+                             share.defined() ? share.data_ptr<int32_t>() : nullptr, int(R), int(nh), int(nkv), int(D),
+                             cap, int(klen), float(1.0 / std::sqrt(double(D))), splits, fp(work),
                              attn_counters.data_ptr<int>(), bp(out), fp(out32), stream);
     };
     cuda::GemmMap hx;  // the residual stream's map (the Hopper path: its layers and its head)
@@ -622,7 +617,7 @@ struct Decoder::Run {
   // Row r goes free (its cache will be parked or overwritten): the rows reading its copy of their
   // prompt read their own again, the first of them the new source for the rest.
   void release(int64_t r) {
-    if (!sharing) return;
+    if (!share.defined()) return;
     int64_t lead = -1;
     for (int64_t q = 0; q < R; ++q)
       if (q != r && share_h[2 * q] == r && share_h[2 * q + 1] > 0) {
