@@ -200,8 +200,8 @@ void write_teacher_log(const LearnerArgs& args, StepPlan& plan, const std::vecto
 }  // namespace
 
 bool rejected_for_coverage(const ScoredRollout& s, double below, double keep_probability, uint64_t seed) {
-  if (below <= 0 || s.result.status != EvalStatus::ok || s.result.kernel_coverage < 0 ||
-      s.result.kernel_coverage >= below)
+  if (below <= 0 || (s.result.status != EvalStatus::ok && s.result.status != EvalStatus::unconfirmed) ||
+      s.result.kernel_coverage < 0 || s.result.kernel_coverage >= below)
     return false;
   if (keep_probability <= 0) return true;
   // A draw fixed by the sample: the same sample is kept or rejected in every replay of the run.

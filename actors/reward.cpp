@@ -9,8 +9,8 @@
 namespace kernelrl {
 
 bool rejected_as_lazy(const RewardConfig& cfg, const EvalResult& r) {
-  return r.status == EvalStatus::ok && cfg.min_coverage > 0 && r.kernel_coverage >= 0 &&
-         r.kernel_coverage < cfg.min_coverage;
+  return (r.status == EvalStatus::ok || r.status == EvalStatus::unconfirmed) && cfg.min_coverage > 0 &&
+         r.kernel_coverage >= 0 && r.kernel_coverage < cfg.min_coverage;
 }
 
 namespace {
@@ -20,15 +20,22 @@ double capped(const RewardConfig& cfg, double speedup) {
 }
 }  // namespace
 
+double paid_speedup(const RewardConfig& cfg, const EvalResult& r) {
+  if (r.status == EvalStatus::unconfirmed) return std::min(r.speedup, cfg.unconfirmed_speedup);
+  return r.speedup;
+}
+
 double compute_reward(const RewardConfig& cfg, const EvalResult& r, double task_mean_speedup) {
   switch (r.status) {
-    case EvalStatus::ok: {
+    case EvalStatus::ok:
+    case EvalStatus::unconfirmed: {  // correct; its speed paid only up to unconfirmed_speedup
       if (rejected_as_lazy(cfg, r)) return cfg.lazy_reward;
-      double s = capped(cfg, r.speedup);
+      const double speedup = paid_speedup(cfg, r);
+      double s = capped(cfg, speedup);
       if (cfg.normalize == "task_mean" && task_mean_speedup > 0) s /= task_mean_speedup;
       double shaped = cfg.shape == "log_speedup" ? std::log(std::max(s, 1e-9))
                       : cfg.shape == "none"      ? 0.0
-                      : cfg.shape == "threshold" ? (r.speedup > cfg.threshold ? 1.0 : 0.0)
+                      : cfg.shape == "threshold" ? (speedup > cfg.threshold ? 1.0 : 0.0)
                                                  : s;
       double coverage = r.kernel_coverage >= 0 ? cfg.coverage_weight * r.kernel_coverage : 0.0;
       return shaped + cfg.correct_bonus + coverage;
@@ -60,8 +67,8 @@ caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig
         double mean = acc.second ? acc.first / static_cast<double>(acc.second) : 0.0;
         ScoredRollout s;
         s.reward = compute_reward(cfg, res, mean);
-        if (res.status == EvalStatus::ok && res.speedup > 0) {
-          acc.first += capped(cfg, res.speedup);
+        if ((res.status == EvalStatus::ok || res.status == EvalStatus::unconfirmed) && res.speedup > 0) {
+          acc.first += capped(cfg, paid_speedup(cfg, res));
           acc.second += 1;
         }
         s.rollout = std::move(ro);

@@ -54,7 +54,7 @@ double pearson(const std::vector<double>& x, const std::vector<double>& y) {
 nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
 
 struct Counts {
-  uint64_t n = 0, correct = 0, hacked = 0;
+  uint64_t n = 0, correct = 0, hacked = 0, unconfirmed = 0;
   std::vector<uint64_t> fast;  // per threshold
   double speedup_sum = 0, log_speedup_sum = 0, reward_sum = 0, best = 0;
 };
@@ -65,6 +65,7 @@ void add(Counts& c, const AnalysisSample& s, const std::vector<double>& p) {
   ++c.n;
   c.reward_sum += s.reward;
   c.hacked += s.hacked ? 1 : 0;
+  c.unconfirmed += s.unconfirmed ? 1 : 0;
   if (!s.correct) return;
   ++c.correct;
   c.speedup_sum += s.speedup;
@@ -81,6 +82,7 @@ nlohmann::json summary(const Counts& c, const std::vector<double>& p) {
                       {"correct", c.correct},
                       {"correct_rate", c.n ? double(c.correct) / double(c.n) : 0.0},
                       {"hacked_share", c.n ? double(c.hacked) / double(c.n) : 0.0},
+                      {"unconfirmed", c.unconfirmed},
                       {"mean_speedup", c.correct ? num(c.speedup_sum / double(c.correct)) : nullptr},
                       {"geomean_speedup", c.correct ? num(std::exp(c.log_speedup_sum / double(c.correct))) : nullptr},
                       {"mean_reward", c.n ? c.reward_sum / double(c.n) : 0.0}};

@@ -20,8 +20,8 @@ struct AnalysisSample {
                           // no rate, only in the deployable top-m's ranking
   std::string task_id;
   uint32_t step = 0;
-  bool correct = false;  // status ok
-  double speedup = 0;    // 0 unless correct
+  bool correct = false;  // status ok or unconfirmed
+  double speedup = 0;    // 0 unless correct; an unconfirmed verdict's at most 1 (not counted faster)
   double reward = 0;
   double logprob_mean = 0;  // mean per-token logprob under the sampling policy
   uint32_t num_tokens = 0;  // completion tokens (0: unknown, e.g. replayed text)
@@ -33,6 +33,7 @@ struct AnalysisSample {
   uint32_t turn = 0;
   std::string sample_id, parent_id;
   bool format_error = false;
+  bool unconfirmed = false;  // status unconfirmed: a speedup awaiting `launch confirm` (unconfirmed_share)
 };
 
 struct AnalysisOptions {

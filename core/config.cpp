@@ -562,6 +562,12 @@ void read_evaluator(TableReader& r, Config& c, const toml::table& root) {
   r.number("compile_timeout_s", e.compile_timeout_s, 1, 86400);
   r.integer_or_auto("memory_limit_mb", e.memory_limit_mb, e.memory_auto, 0, 1 << 30);
   r.number("reverify_speedup", e.reverify_speedup, 0, 1e9);
+  r.number("review_speedup", e.review_speedup, 0, 1e9);
+  r.str_array("input_distributions", e.input_distributions, {"signed", "large", "zeros"});
+  r.number("scale_tol_fp32", e.scale_tol_fp32, 0, 1e3);
+  r.number("scale_tol_half", e.scale_tol_half, 0, 1e3);
+  r.boolean("bandwidth_bound", e.bandwidth_bound);
+  r.number("bound_min_output_mb", e.bound_min_output_mb, 0, 1e9);
   r.boolean("isolate_network", e.isolate_network);
   r.path("cache_dir", e.cache_dir, PathKind::any);
   r.one_of("backend", e.backend, {"worker", "synthetic"});
@@ -582,6 +588,7 @@ void read_reward(TableReader& r, Config& c, const toml::table& root) {
   r.number("incorrect_reward", c.reward.incorrect_reward, -1e6, 1e6);
   r.number("failure_reward", c.reward.failure_reward, -1e6, 1e6);
   r.number("hacked_reward", c.reward.hacked_reward, -1e6, 1e6);
+  r.number("unconfirmed_speedup", c.reward.unconfirmed_speedup, 0, 1e6);
   r.one_of("normalize", c.reward.normalize, {"none", "task_mean"});
   r.number("coverage_weight", c.reward.coverage_weight, -1e6, 1e6);
   r.number("min_coverage", c.reward.min_coverage, 0, 1);

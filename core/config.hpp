@@ -134,7 +134,20 @@ struct EvaluatorConfig {
   // (core/machine.hpp); resolved by each node for itself.
   uint32_t memory_limit_mb = 0;
   bool memory_auto = true;
-  double reverify_speedup = 10;     // speedups above this are re-verified in full (0: never)
+  double reverify_speedup = 10;  // speedups above this are re-verified in full (0: never)
+  double review_speedup = 0;     // speedups above this that stand after re-verification are unconfirmed
+                                 // until `launch confirm` (0: off; 10: KernelBench's review threshold)
+  // Correctness trials beyond the task's own draw, one each, in this order (docs/EVALUATION.md):
+  // signed (random signs), large (x256), zeros (an eighth of the elements 0); a distribution on
+  // which the reference's outputs hold NaN or Inf is outside its domain and left out. [] : none.
+  std::vector<std::string> input_distributions{"signed", "large", "zeros"};
+  double scale_tol_fp32 = 1e-2;     // the scale rule: an output's root-mean-square error relative to the
+  double scale_tol_half = 5e-2;     // reference's own (float32 / float16 and bfloat16 outputs; 0: off)
+  bool bandwidth_bound = true;      // the device bound: a candidate faster than writing its outputs takes
+                                    // at twice the measured bandwidth is re-verified and, if it stands,
+                                    // unconfirmed
+  double bound_min_output_mb = 0;   // outputs smaller than this are left out of the bound (0: 4x the
+                                    // device's last-level cache, which can absorb smaller writes)
   bool isolate_network = true;      // candidates run in a network namespace of their own
   std::string cache_dir;            // build cache (default ~/.cache/kernelrl/build-cache)
   std::string backend = "worker";   // worker: real evaluation; synthetic: answers after
@@ -167,6 +180,10 @@ struct RewardConfig {
   double incorrect_reward = 0;         // reward of a sample that ran but was wrong
   double failure_reward = 0;           // reward of format/compile/runtime errors and timeouts
   double hacked_reward = 0;            // reward of a sample caught gaming the harness
+  double unconfirmed_speedup = 1.0;    // an unconfirmed verdict (a speedup beyond the device bound or
+                                       // above [evaluator] review_speedup) is rewarded as a
+                                       // correct sample of this speedup (its own if lower) until
+                                       // `launch confirm` decides it
 };
 
 struct LearnerConfig {

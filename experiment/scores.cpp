@@ -19,6 +19,9 @@ void add_to(std::map<std::string, TaskAgg>& tasks, const ScoredRollout& s) {
     ++t.correct;
     t.speedup_sum += s.result.speedup;
     if (s.result.speedup > 1.0) ++t.faster;
+  } else if (s.result.status == EvalStatus::unconfirmed) {
+    ++t.correct;  // correct, its speed not believed until confirmed: counted as not faster
+    t.speedup_sum += std::min(s.result.speedup, 1.0);
   }
 }
 

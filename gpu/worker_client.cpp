@@ -335,7 +335,7 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
   pk.pack("request");
   pk.pack(req);
   pk.pack("settings");
-  pk.pack_map(16);
+  pk.pack_map(22);
   pk.pack("correctness_trials");
   pk.pack(s.correctness_trials);
   pk.pack("warmup");
@@ -360,6 +360,18 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
   pk.pack(s.memory_limit_mb);
   pk.pack("reverify_speedup");
   pk.pack(s.reverify_speedup);
+  pk.pack("review_speedup");
+  pk.pack(s.review_speedup);
+  pk.pack("input_distributions");
+  pk.pack(s.input_distributions);
+  pk.pack("scale_tol_fp32");
+  pk.pack(s.scale_tol_fp32);
+  pk.pack("scale_tol_half");
+  pk.pack(s.scale_tol_half);
+  pk.pack("bandwidth_bound");
+  pk.pack(s.bandwidth_bound);
+  pk.pack("bound_min_output_mb");
+  pk.pack(s.bound_min_output_mb);
   pk.pack("size");
   pk.pack(size);
   pk.pack("precompiled");
@@ -412,6 +424,10 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
     read(m, "compile_cached", res.compile_cached);
     read(m, "reverified", res.reverified);
     read(m, "gpu_peak_bytes", res.device_peak_bytes);
+    read(m, "review", res.review);
+    read(m, "note", res.note);
+    read(m, "output_bytes", res.output_bytes);
+    read(m, "bound_ms", res.bound_ms);
     if (auto* iso = field(m, "isolation")) read(*iso, "child_start_s", res.isolation_s);
   } catch (const std::exception& e) {
     res = EvalResult{};

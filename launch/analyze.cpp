@@ -113,6 +113,9 @@ int cmd_analyze(const AnalyzeOptions& o) {
               j["run_dir"].get<std::string>().c_str(), (unsigned long long)j["samples"].get<uint64_t>(),
               (unsigned long long)j["tasks"].get<uint64_t>(), j["correct_rate"].get<double>(), fast_line.c_str(),
               f(j["mean_speedup"], "{:.2f}x").c_str(), f(j["geomean_speedup"], "{:.2f}x").c_str());
+  if (j.value("unconfirmed", uint64_t{0}) > 0)
+    std::printf("%llu unconfirmed: correct, counted as not faster until `launch confirm` decides their speedups\n",
+                (unsigned long long)j["unconfirmed"].get<uint64_t>());
   if (j["steps"].size() > 1 || learner) {
     std::printf("\n%5s %8s %8s%s %7s %11s %10s\n", "step", "samples", "correct", fast_cols.c_str(), "hacked",
                 "mean reward", "loss");

@@ -38,6 +38,7 @@ void add_check(CLI::App& app, cli::Action& action);    // check, prompts, versio
 void add_analyze(CLI::App& app, cli::Action& action);  // analyze, report
 void add_compare(CLI::App& app, cli::Action& action);
 void add_export(CLI::App& app, cli::Action& action);
+void add_confirm(CLI::App& app, cli::Action& action);  // confirm: decide unconfirmed verdicts
 void add_serve(CLI::App& app, cli::Action& action);
 void add_evaluate(CLI::App& app, cli::Action& action);
 void add_policy(CLI::App& app, cli::Action& action);  // generate, score, tokenize, merge, sft, probe

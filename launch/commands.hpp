@@ -47,6 +47,10 @@ struct Config;
 int cmd_run_per_task(const Config& cfg, const std::string& run_dir, const std::string& log_level);
 // launch export RUN_DIR --jsonl
 int cmd_export(const std::string& run_dir);
+// launch confirm RUN_DIR [SAMPLE_ID...] [--reject] [--note TEXT]: decide unconfirmed verdicts (none
+// given: list them)
+int cmd_confirm(const std::string& run_dir, const std::vector<std::string>& samples, bool reject,
+                const std::string& note);
 // launch version
 int cmd_version();
 

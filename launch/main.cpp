@@ -23,6 +23,7 @@ const char* usage =
     "  launch check CONFIG [--set KEY=VALUE ...]           validate CONFIG, print it resolved\n"
     "  launch prompts CONFIG                               print each task's prompt (JSON lines)\n"
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
+    "  launch confirm RUN_DIR [SAMPLE_ID...] [--reject]    decide unconfirmed speedups (none given: list them)\n"
     "  launch analyze RUN_DIR ...                          fast_p, pass@k / fast_1@k with CIs, per step and task\n"
     "  launch report RUN_DIR ...                           RUN_DIR/report.html: the analysis with plots, offline\n"
     "  launch probe RUN_DIR ...                            NLL of fixed samples under every checkpoint of a run\n"
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   add_run(app, action);
   add_check(app, action);
   add_export(app, action);
+  add_confirm(app, action);
   add_analyze(app, action);
   add_compare(app, action);
   add_evaluate(app, action);

@@ -227,9 +227,11 @@ std::vector<AnalysisSample> analysis_samples(Store& store) {
   for (auto& r : store.samples()) {
     EvalStatus status = EvalStatus::runtime_error;
     const bool verdict = !from_string(r.status, status) || is_verdict(status);
-    out.push_back({verdict, r.task_id, r.step, r.status == "ok", r.speedup, r.reward, r.logprob_mean, r.num_tokens,
+    const bool unconfirmed = r.status == "unconfirmed";  // correct, not counted faster until confirmed
+    out.push_back({verdict, r.task_id, r.step, r.status == "ok" || unconfirmed,
+                   unconfirmed ? std::min(r.speedup, 1.0) : r.speedup, r.reward, r.logprob_mean, r.num_tokens,
                    r.record.rollout.split, r.status == "hacked", r.record.rollout.turn, r.sample_id,
-                   r.record.rollout.parent_id, r.status == "format_error"});
+                   r.record.rollout.parent_id, r.status == "format_error", unconfirmed});
   }
   return out;
 }

@@ -30,19 +30,21 @@ std::string execution_feedback(const EvalResult& r, size_t max_error_chars) {
         : built                              ? "yes"
                                              : "no") +
        "\n";
-  if (r.status == EvalStatus::ok || r.status == EvalStatus::incorrect) {
+  const bool correct = r.status == EvalStatus::ok || r.status == EvalStatus::unconfirmed;
+  if (correct || r.status == EvalStatus::incorrect) {
     const auto& c = r.correctness;
     f += fmt::format(
         "- correct: {} ({} of {} trials within atol {:g}, rtol {:g}; max abs diff {:.4g}, max rel diff {:.4g})\n",
-        r.status == EvalStatus::ok ? "yes" : "no", c.passed, c.trials, c.atol, c.rtol, c.max_abs_diff, c.max_rel_diff);
+        correct ? "yes" : "no", c.passed, c.trials, c.atol, c.rtol, c.max_abs_diff, c.max_rel_diff);
     if (!c.detail.empty()) f += "- first mismatch: " + tail(c.detail, max_error_chars) + "\n";
   }
-  if (r.status == EvalStatus::ok) {
+  if (correct) {
     f += fmt::format("- runtime: {:.4g} ms median over {} runs (reference {:.4g} ms)\n", r.runtime.median_ms,
                      r.runtime.trials, r.ref_runtime.median_ms);
     f += fmt::format("- speedup: {:.3f}x ({} than the reference)\n", r.speedup,
                      r.speedup > 1.0 ? "faster" : "not faster");
   }
+  if (r.status == EvalStatus::unconfirmed) f += "- unconfirmed: " + tail(trimmed(r.review), max_error_chars) + "\n";
   std::string err = trimmed(r.error);
   if (!err.empty() && r.status != EvalStatus::ok) f += "- error: " + tail(err, max_error_chars) + "\n";
   std::string log = trimmed(r.compile_log);

@@ -11,9 +11,9 @@
 namespace kernelrl {
 
 namespace {
-constexpr std::array<const char*, 9> status_names = {"ok",           "format_error", "compile_error", "runtime_error",
-                                                     "timeout",      "incorrect",    "hacked",        "skipped",
-                                                     "out_of_memory"};
+constexpr std::array<const char*, 10> status_names = {
+    "ok",        "format_error", "compile_error", "runtime_error", "timeout",
+    "incorrect", "hacked",       "skipped",       "out_of_memory", "unconfirmed"};
 }
 
 std::string to_string(EvalStatus s) {

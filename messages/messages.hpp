@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 17;
+inline constexpr uint32_t protocol_version = 18;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.
@@ -37,6 +37,11 @@ enum class EvalStatus : uint8_t {
   out_of_memory = 8,  // the evaluation itself (the task's inputs and reference at its sizes, the
                       // harness's checks) needed more memory than the device has: no verdict on
                       // the candidate, never counted as one; the error names the peak
+  unconfirmed = 9,    // correct on every check and re-verified, but faster than writing its outputs
+                      // allows at the device's measured bandwidth, or above [evaluator]
+                      // review_speedup when set (`review` says which): a verdict, counted
+                      // as correct but not faster until `launch confirm` makes it ok; the reward pays
+                      // [reward] unconfirmed_speedup for it
 };
 std::string to_string(EvalStatus s);
 // Parses the names above; false when `name` is none of them.
@@ -101,10 +106,19 @@ struct Correctness {
   uint32_t passed = 0;        // trials within tolerance
   double max_abs_diff = 0;    // worst |candidate - reference| over all trials
   double max_rel_diff = 0;    // worst |candidate - reference| / (|reference| + eps)
-  double atol = 0, rtol = 0;  // tolerances applied
-  std::string detail;         // first mismatch, e.g. "trial 2: shape [4, 8] != [8, 4]"
+  double atol = 0, rtol = 0;  // element-wise tolerances applied (on the task's own draw)
+  std::string detail;         // first mismatch, e.g. "trial 2 (inputs: ..., seed N): shape [4, 8] != [8, 4]"
+  // The scale rule: worst root-mean-square error relative to the reference's root-mean-square
+  // value over outputs and trials, the rule's tolerance, and the worst rounding error of the
+  // reference itself (against float64) where the rule needed it (0: never).
+  double max_scale_err = 0, scale_tol = 0, ref_noise = 0;
+  std::string distributions;        // each input distribution beyond the task's own draw: "signed:
+                                    // passed; large: outside the reference's domain (...); ..."
+  std::string failed_distribution;  // the failing trial's inputs ("task", "signed", ...; "" if none)
+  uint64_t failed_seed = 0;         // and their seed
   friend bool operator==(const Correctness&, const Correctness&) = default;
-  MSGPACK_DEFINE_MAP(trials, passed, max_abs_diff, max_rel_diff, atol, rtol, detail);
+  MSGPACK_DEFINE_MAP(trials, passed, max_abs_diff, max_rel_diff, atol, rtol, detail, max_scale_err, scale_tol,
+                     ref_noise, distributions, failed_distribution, failed_seed);
 };
 
 // The evaluator's verdict on one EvalRequest.
@@ -134,10 +148,16 @@ struct EvalResult {
   // it builds anything), handed it to the device stage, and got the verdict back; 0: never.
   double ready_at = 0, device_start = 0, device_end = 0;
   uint64_t device_peak_bytes = 0;  // the evaluation's peak device memory (GPU; 0: CPU or unknown)
+  std::string review;              // unconfirmed: what awaits confirmation (the threshold, the bound)
+  std::string note;                // how the evaluation went where it matters to the verdict, e.g. the
+                                   // runtime taken from trials on fresh input values
+  uint64_t output_bytes = 0;       // bytes the candidate's outputs occupy
+  double bound_ms = 0;             // the device bound: the least time writing them takes (0: not applied)
   friend bool operator==(const EvalResult&, const EvalResult&) = default;
   MSGPACK_DEFINE_MAP(sample_id, task_id, status, error, assembled_code, compile_log, output, correctness, runtime,
                      ref_runtime, speedup, evaluator_id, device, wall_s, kernel_coverage, compile_s, compile_cached,
-                     reverified, isolation_s, ready_at, device_start, device_end, device_peak_bytes);
+                     reverified, isolation_s, ready_at, device_start, device_end, device_peak_bytes, review, note,
+                     output_bytes, bound_ms);
 };
 
 // A rollout with its verdict and reward: what the store and the learner receive.
@@ -268,14 +288,15 @@ typename Inspector::result_type inspect(Inspector& f, RuntimeStats& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Correctness& x) {
   return f(caf::meta::type_name("kernelrl.Correctness"), x.trials, x.passed, x.max_abs_diff, x.max_rel_diff, x.atol,
-           x.rtol, x.detail);
+           x.rtol, x.detail, x.max_scale_err, x.scale_tol, x.ref_noise, x.distributions, x.failed_distribution,
+           x.failed_seed);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EvalResult& x) {
   return f(caf::meta::type_name("kernelrl.EvalResult"), x.sample_id, x.task_id, x.status, x.error, x.assembled_code,
            x.compile_log, x.output, x.correctness, x.runtime, x.ref_runtime, x.speedup, x.evaluator_id, x.device,
            x.wall_s, x.kernel_coverage, x.compile_s, x.compile_cached, x.reverified, x.isolation_s, x.ready_at,
-           x.device_start, x.device_end, x.device_peak_bytes);
+           x.device_start, x.device_end, x.device_peak_bytes, x.review, x.note, x.output_bytes, x.bound_ms);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ScoredRollout& x) {

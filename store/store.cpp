@@ -39,6 +39,9 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 CREATE TABLE IF NOT EXISTS telemetry (
   run_id TEXT NOT NULL, ts REAL NOT NULL, source TEXT NOT NULL, step INTEGER NOT NULL,
   values_json TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS reviews (
+  run_id TEXT NOT NULL, sample_id TEXT NOT NULL, decision TEXT NOT NULL, note TEXT NOT NULL,
+  previous_status TEXT NOT NULL, reviewed_at TEXT NOT NULL, PRIMARY KEY (run_id, sample_id));
 )sql";
 
 // A prepared statement that finalizes itself.
@@ -92,7 +95,13 @@ nlohmann::json to_json(const Correctness& c) {
           {"max_rel_diff", c.max_rel_diff},
           {"atol", c.atol},
           {"rtol", c.rtol},
-          {"detail", c.detail}};
+          {"detail", c.detail},
+          {"max_scale_err", c.max_scale_err},
+          {"scale_tol", c.scale_tol},
+          {"ref_noise", c.ref_noise},
+          {"distributions", c.distributions},
+          {"failed_distribution", c.failed_distribution},
+          {"failed_seed", c.failed_seed}};
 }
 
 template <class T>
@@ -322,14 +331,7 @@ nlohmann::json result_json(const EvalResult& r) {
           {"ref_runtime_ms", r.ref_runtime.median_ms},
           {"runtime", stats_json(r.runtime)},
           {"ref_runtime", stats_json(r.ref_runtime)},
-          {"correctness",
-           {{"trials", r.correctness.trials},
-            {"passed", r.correctness.passed},
-            {"max_abs_diff", r.correctness.max_abs_diff},
-            {"max_rel_diff", r.correctness.max_rel_diff},
-            {"atol", r.correctness.atol},
-            {"rtol", r.correctness.rtol},
-            {"detail", r.correctness.detail}}},
+          {"correctness", to_json(r.correctness)},
           {"kernel_coverage", r.kernel_coverage},
           {"compile_s", r.compile_s},
           {"compile_cached", r.compile_cached},
@@ -341,6 +343,10 @@ nlohmann::json result_json(const EvalResult& r) {
           {"device_start", r.device_start},
           {"device_end", r.device_end},
           {"device_peak_bytes", r.device_peak_bytes},
+          {"review", r.review},
+          {"note", r.note},
+          {"output_bytes", r.output_bytes},
+          {"bound_ms", r.bound_ms},
           {"wall_s", r.wall_s},
           {"device", r.device},
           {"evaluator_id", r.evaluator_id}};
@@ -385,6 +391,42 @@ std::optional<SampleRow> Store::sample(const std::string& run_id, const std::str
   auto r = rows(run_id, sample_id);
   if (r.empty()) return std::nullopt;
   return std::move(r.front());
+}
+
+std::string Store::review_sample(const std::string& run_id, const std::string& sample_id, bool confirm,
+                                 const std::string& note) {
+  auto row = sample(run_id, sample_id);
+  if (!row) return "no sample " + sample_id + " in run " + run_id;
+  if (row->status != "unconfirmed")
+    return "sample " + sample_id + " is " + row->status + ", not unconfirmed: nothing to review";
+  auto& e = row->record.result;
+  const std::string when = iso_now();
+  const std::string decision = confirm ? "confirmed" : "rejected";
+  e.review += (e.review.empty() ? "" : " ") + ("[" + decision + " by review at " + when) +
+              (note.empty() ? "" : ": " + note) + "]";
+  if (confirm) {
+    e.status = EvalStatus::ok;
+  } else {
+    e.status = EvalStatus::hacked;
+    e.error = "rejected by review" + (note.empty() ? std::string() : ": " + note) + " (" + e.review + ")";
+    e.speedup = 0;
+  }
+  std::string record = pack(row->record);
+  if (!exec("BEGIN IMMEDIATE")) return err_;
+  Stmt up(db_, "UPDATE samples SET status = ?, error = ?, speedup = ?, record = ? WHERE run_id = ? AND sample_id = ?");
+  up.text(1, to_string(e.status)).text(2, e.error).real(3, e.speedup).blob(4, record.data(), record.size());
+  up.text(5, run_id).text(6, sample_id);
+  Stmt rv(db_,
+          "INSERT OR REPLACE INTO reviews (run_id, sample_id, decision, note, previous_status, reviewed_at)"
+          " VALUES (?,?,?,?,?,?)");
+  rv.text(1, run_id).text(2, sample_id).text(3, decision).text(4, note).text(5, row->status).text(6, when);
+  if (up.step() != SQLITE_DONE || rv.step() != SQLITE_DONE) {
+    err_ = sqlite3_errmsg(db_);
+    exec("ROLLBACK");
+    return err_;
+  }
+  if (!exec("COMMIT")) return err_;
+  return "";
 }
 
 uint64_t Store::max_group_id(const std::string& run_id) {

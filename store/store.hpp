@@ -77,6 +77,12 @@ class Store {
   std::vector<SampleRow> samples(const std::string& run_id = "");
   // One sample of a run, as samples() reads it; nullopt when there is none.
   std::optional<SampleRow> sample(const std::string& run_id, const std::string& sample_id);
+  // A reviewer's decision on an unconfirmed verdict (launch confirm): confirmed makes it ok (its
+  // speedup counts), rejected makes it hacked; the decision, the note and the time are kept in the
+  // verdict's `review` and in the reviews table. The reward recorded when it was paid stays.
+  // Returns "" or why nothing was changed (no such sample, not unconfirmed, the database).
+  std::string review_sample(const std::string& run_id, const std::string& sample_id, bool confirm,
+                            const std::string& note);
   // The largest group id among a run's samples (0: none).
   uint64_t max_group_id(const std::string& run_id);
   // The summary JSON a finished run was closed with ("" while it runs or when unknown).

@@ -168,6 +168,12 @@ std::string feedback_text(const EvalResult& r, size_t max_chars) {
     case EvalStatus::skipped:
       head = "Your code was not evaluated.";
       break;
+    case EvalStatus::unconfirmed:
+      head = fmt::format(
+          "The evaluator ran your code: correct on {} of {} trials, {:.4g} ms against the reference's {:.4g} ms, "
+          "a speedup of {:.3g}x that is not believed yet: {}",
+          c.passed, c.trials, r.runtime.median_ms, r.ref_runtime.median_ms, r.speedup, trim(r.review));
+      break;
   }
   head = head_tail(head, max_chars);
   if (log.empty() || head.size() + 16 >= max_chars) return head;

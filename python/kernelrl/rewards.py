@@ -27,19 +27,24 @@ def _client(url=None):
 def record_value(record, value="reward", failure_value=0.0):
     """One number from a verdict record: "reward" (the service's [reward] config, as its runs reward),
     "speedup" (the speedup when correct, else 0), "correct" (1 or 0) or "fast_1" (1 when correct and faster).
-    A request the service refused or could not answer gives `failure_value`."""
+    An unconfirmed verdict (correct, its speedup above the review threshold or beyond the device bound) is
+    correct at a speedup of at most 1 until confirmed. A request the service refused or could not answer
+    gives `failure_value`."""
     if record.get("status") == "request_error":
         return failure_value
-    ok = record.get("status") == "ok"
+    ok = record.get("status") in ("ok", "unconfirmed")
+    speedup = float(record.get("speedup") or 0.0)
+    if record.get("status") == "unconfirmed":
+        speedup = min(speedup, 1.0)
     if value == "reward":
         r = record.get("reward")
         return failure_value if r is None else float(r)
     if value == "speedup":
-        return float(record.get("speedup") or 0.0) if ok else 0.0
+        return speedup if ok else 0.0
     if value == "correct":
         return 1.0 if ok else 0.0
     if value == "fast_1":
-        return 1.0 if ok and float(record.get("speedup") or 0.0) > 1.0 else 0.0
+        return 1.0 if ok and speedup > 1.0 else 0.0
     raise ValueError("value must be reward, speedup, correct or fast_1, not %r" % (value,))
 
 

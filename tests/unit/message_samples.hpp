@@ -35,7 +35,8 @@ inline EvalResult sample_result() {
   e.error = "trial 2: values differ";
   e.assembled_code = "class ModelNew(nn.Module):\n    pass\n";
   e.compile_log = "warning: something\n";
-  e.correctness = {6, 2, 0.5, 1e-3, 1e-4, 2e-4, "trial 2: values differ"};
+  e.correctness = {
+      6, 2, 0.5, 1e-3, 1e-4, 2e-4, "trial 2: values differ", 0.25, 1e-2, 3e-7, "signed: passed", "large", 42020002};
   e.runtime = {1.5, 1.625, 0.125, 1.25, 2.0, 50};
   e.ref_runtime = {3.0, 3.25, 0.5, 2.5, 4.0, 50};
   e.speedup = 2.0;
@@ -51,6 +52,10 @@ inline EvalResult sample_result() {
   e.device_start = 1795000001.25;
   e.device_end = 1795000004.75;
   e.device_peak_bytes = 31ull << 30;
+  e.review = "its 0.001 ms is less than writing its output takes";
+  e.note = "the runtime is the fresh-values timing";
+  e.output_bytes = 1ull << 33;
+  e.bound_ms = 1.375;
   return e;
 }
 

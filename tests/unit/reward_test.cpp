@@ -108,3 +108,24 @@ TEST_CASE("the coverage term adds weight x coverage; low coverage is rejected as
   wrong.kernel_coverage = 0.0;
   CHECK_FALSE(rejected_as_lazy(c, wrong));
 }
+
+TEST_CASE("an unconfirmed speedup is paid as correct at unconfirmed_speedup until it is confirmed", "[reward]") {
+  RewardConfig c;  // default: correct, no credit for the speed
+  CHECK(c.unconfirmed_speedup == 1.0);
+  CHECK(compute_reward(c, verdict(EvalStatus::unconfirmed, 3255.0)) == 1.0);
+  CHECK(compute_reward(c, verdict(EvalStatus::ok, 3255.0)) == 3255.0);  // once confirmed: ok, paid in full
+  CHECK(is_verdict(EvalStatus::unconfirmed));
+  c.unconfirmed_speedup = 10;  // pays up to the review threshold
+  CHECK(compute_reward(c, verdict(EvalStatus::unconfirmed, 3255.0)) == 10.0);
+  CHECK(compute_reward(c, verdict(EvalStatus::unconfirmed, 0.5)) == 0.5);  // its own when lower
+  c.shape = "threshold";
+  c.unconfirmed_speedup = 1.0;
+  CHECK(compute_reward(c, verdict(EvalStatus::unconfirmed, 47.0)) == 0.0);  // not faster until confirmed
+  c.shape = "speedup";
+  c.correct_bonus = 0.25;
+  CHECK(compute_reward(c, verdict(EvalStatus::unconfirmed, 47.0)) == 1.25);
+  EvalStatus parsed{};
+  CHECK(from_string("unconfirmed", parsed));
+  CHECK(parsed == EvalStatus::unconfirmed);
+  CHECK(to_string(EvalStatus::unconfirmed) == "unconfirmed");
+}
