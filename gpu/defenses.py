@@ -178,16 +178,37 @@ class ReferenceGuard:
     Code objects are matched by identity, never by equality: two code objects compiled from the
     same text at the same line numbers compare equal (CPython compares bytecode, constants, names
     and line table, not the file name), so a candidate that copies the reference and renames the
-    class would otherwise be taken for the reference itself."""
+    class would otherwise be taken for the reference itself. A code object with the reference's
+    bytecode, constants and names that the candidate's program text did not compile (`own`) is a
+    copy made at run time (code.replace(), types.CodeType, an exec of the reference's source) and
+    is the reference too."""
 
-    def __init__(self, codes):
+    def __init__(self, codes, own=()):
         self._codes = [c for c in codes if c is not None]  # kept alive: their ids stay theirs
         self._ids = frozenset(id(c) for c in self._codes)
+        self._bodies = {_body(c) for c in self._codes}
+        self._own = own  # code objects compiled from the candidate's program text: its own
+        self._seen = {}  # id(code) -> whether it is a copy of the reference made at run time
         self.hit = None
 
     def _hook(self, frame, event, arg):
-        if event == "call" and id(frame.f_code) in self._ids and self.hit is None:
+        if event != "call" or self.hit is not None:
+            return
+        code = frame.f_code
+        if id(code) in self._ids:
             self.hit = f"called the reference Model.forward (line {frame.f_lineno})"
+            return
+        copy = self._seen.get(id(code))
+        if copy is None:
+            # A code object with the reference's body that was not compiled from the program's
+            # text (code.replace(), types.CodeType, an exec of its source): a copy of the
+            # reference made at run time. A copy written into the program is the program's own.
+            copy = code not in self._own and _body(code) in self._bodies
+            self._seen[id(code)] = copy
+            self._codes.append(code)  # kept alive: its id stays its own while remembered
+        if copy:
+            self.hit = (f"called a copy of the reference Model.forward made at run time "
+                        f"({getattr(code, 'co_qualname', code.co_name)}, line {frame.f_lineno})")
 
     def __enter__(self):
         _setprofile(self._hook)
@@ -199,6 +220,32 @@ class ReferenceGuard:
         if not hooked and self.hit is None:
             self.hit = "removed the harness's call hook (sys.setprofile) while running"
         return False
+
+
+def _body(code):
+    """What a function does, without where it was written: bytecode, constants, names."""
+    return (code.co_code, code.co_consts, code.co_names, code.co_varnames, code.co_argcount)
+
+
+class _Own:
+    """The code objects a compiled module holds (its functions' and classes', nested), by
+    identity."""
+
+    def __init__(self, module_code):
+        self._codes, stack = [], [module_code]
+        while stack:
+            code = stack.pop()
+            self._codes.append(code)
+            stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        self._ids = frozenset(id(c) for c in self._codes)
+
+    def __contains__(self, code):
+        return id(code) in self._ids
+
+
+def program_codes(module_code):
+    """The code objects compiled from a candidate's program text (see ReferenceGuard)."""
+    return _Own(module_code)
 
 
 def embedded_reference_codes(module_code, first_line: int, last_line: int):

@@ -39,17 +39,41 @@ FRAME_LIMIT = 1 << 20
 # Bytes per piece of an output on the link: one pinned staging buffer this size on each side.
 LINK_CHUNK_BYTES = 64 << 20
 
-LABELS = ("trial", "ordering", "post", "refill", "reverify")
+LABELS = ("trial", "dist", "ordering", "post", "refill", "reverify")
 
 
-def seed_of(label, index, seed, n):
+def distributions(s):
+    """The input distributions beyond the task's own draw that settings `s` ask for, in order
+    (harness.INPUT_DISTRIBUTIONS when they name none; unknown names are dropped here and refused
+    by the configuration's reader)."""
+    import harness as H
+    names = s.get("input_distributions")
+    if names is None:
+        return tuple(H.INPUT_DISTRIBUTIONS)
+    return tuple(x for x in names if x in H.INPUT_DISTRIBUTIONS)
+
+
+def distribution_of(label, index, dists):
+    """The input distribution of a check (None: the task's own draw): dist i is the i-th of
+    `dists`; re-verification cycles through the task's own draw and every one of them."""
+    if label == "dist":
+        return dists[index]
+    if label == "reverify" and dists:
+        return ((None,) + tuple(dists))[index % (len(dists) + 1)]
+    return None
+
+
+def seed_of(label, index, seed, n, d=0):
     """The inputs' seed of a check of the protocol (None for a check that is not in it):
-    n correctness trials, the ordering check (CUDA), one trial after timing and one on the same
-    tensors refilled, and 4n trials on re-verification."""
+    n correctness trials, d trials under other input distributions, the ordering check (CUDA),
+    one trial after timing and one on the same tensors refilled, and 4n trials on
+    re-verification."""
     if not isinstance(index, int) or isinstance(index, bool):
         return None
     if label == "trial" and 0 <= index < n:
         return seed * 1000 + index + 1
+    if label == "dist" and 0 <= index < d:
+        return seed * 1000 + 20_001 + index
     if label == "ordering" and index == 0:
         return seed * 1000 + 556
     if label == "post" and index == 0:
@@ -61,10 +85,18 @@ def seed_of(label, index, seed, n):
     return None
 
 
-def trial_name(label, index, n):
+def trial_name(label, index, n, d=0):
     """How messages name a check: trials are numbered as they run."""
-    number = {"trial": index, "post": n, "refill": n + 1, "reverify": n + 2 + index}.get(label)
+    number = {"trial": index, "dist": n + index, "post": n + d, "refill": n + d + 1,
+              "reverify": n + d + 2 + index}.get(label)
     return f"trial {number}" if number is not None else label
+
+
+def check_name(label, index, n, dists, seed):
+    """trial_name with the check's inputs: 'trial 6 (inputs: signed, seed 42020002)'."""
+    trial_seed = seed_of(label, index, seed, n, len(dists))
+    dist = distribution_of(label, index, dists) or "the task's own"
+    return f"{trial_name(label, index, n, len(dists))} (inputs: {dist}, seed {trial_seed})"
 
 
 TIMING_SEED = 999  # seed * 1000 + this: the timing inputs (their output is remembered too)
@@ -151,6 +183,13 @@ class Link:
                 self.sock.sendall(_memory(self.buf, nbytes))
         return recv_frame(self.sock)
 
+    def domain(self, label, index):
+        """Asks the judge whether a check's inputs (another input distribution) are inside the
+        reference's domain; returns its answer ({"valid", "why"}; {"ok": false, ...} when it
+        refused the question)."""
+        send_frame(self.sock, {"op": "domain", "label": label, "index": index})
+        return recv_frame(self.sock)
+
     def end(self):
         try:
             send_frame(self.sock, {"op": "end"})
@@ -174,6 +213,8 @@ class Judge:
         self.h = harness
         self.buf = None
         self.reproducible = {}  # task source hash -> whether get_inputs is reproducible from a seed
+        self.domains = {}       # (task, size, seed, distribution) -> (valid, why)
+        self.noises = {}        # (task, size, seed, distribution) -> the reference's rounding error, per output
 
     def session(self, req, s, sock, ctl=None):
         """Judges one candidate over its link until it ends the session, closes the link, or
@@ -182,10 +223,14 @@ class Judge:
         import harness as H
         self.req, self.s, self.sock = req, s, sock
         self.seed, self.n = int(req["seed"]), int(s["correctness_trials"])
+        self.dists = distributions(s)
         self.task = self.model = None
         self.passed, self.prev = set(), []
-        self.acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
-        self.corr = {"trials": 0, "passed": 0, "detail": ""}
+        self.skipped = {}  # (label, index) -> why its inputs are outside the reference's domain
+        self.task_rms = []  # each output's root-mean-square on the task's own draw (trial 0)
+        self.acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0,
+                    "max_scale_err": 0.0, "scale_tol": 0.0}
+        self.corr = {"trials": 0, "passed": 0, "detail": "", "failed_distribution": "", "failed_seed": 0}
         failed = None
         with H._no_grad():
             while True:
@@ -202,6 +247,9 @@ class Judge:
                 try:
                     if failed is not None:
                         raise failed
+                    if frame.get("op") == "domain":
+                        self._domain(frame)
+                        continue
                     self._check(frame)
                 except _Failed as f:
                     failed = f
@@ -213,9 +261,12 @@ class Judge:
                     break
                 finally:
                     self._tidy()
+            self.corr["distributions"] = self._distribution_notes()
             verdict = {"status": "ok", "error": "", "correctness": {**self.corr, **self.acc},
                        "checked": sorted(f"{label}:{i}" for label, i in self.passed),
-                       "reverified": sum(1 for label, _ in self.passed if label == "reverify")}
+                       "reverified": sum(1 for label, _ in self.passed if label == "reverify"),
+                       "reverify_complete": all(("reverify", i) in self.passed or ("reverify", i) in self.skipped
+                                                for i in range(4 * self.n))}
             if failed is not None:
                 verdict.update(status=failed.status, error=failed.why)
             else:
@@ -232,11 +283,13 @@ class Judge:
         label, index = frame.get("label"), frame.get("index")
         if frame.get("op") != "check" or label not in LABELS:
             raise _Failed("hacked", f"the candidate's process sent the judge an unknown request {str(frame)[:200]!r}")
-        trial_seed = seed_of(label, index, self.seed, self.n)
-        if trial_seed is None or (label, index) in self.passed:
+        trial_seed = seed_of(label, index, self.seed, self.n, len(self.dists))
+        if trial_seed is None or (label, index) in self.passed or (label, index) in self.skipped:
             raise _Failed("hacked", f"the candidate's process asked for a check outside the protocol "
-                                    f"({label} {index!r}, or one already passed)")
-        where = trial_name(label, index, self.n)
+                                    f"({label} {index!r}, or one already passed or outside the reference's domain)")
+        dist = distribution_of(label, index, self.dists)
+        where = check_name(label, index, self.n, self.dists, self.seed)
+        self.failing = (dist or "task", trial_seed)
         counted = label != "ordering"
         if counted:
             self.corr["trials"] += 1
@@ -246,7 +299,14 @@ class Judge:
         if label == "post" and not self.prev_timing:
             self.prev_timing = True  # the timing inputs' true output: a candidate may hand that back later
             self.prev.append(H.fingerprint(self._reference(self.seed * 1000 + TIMING_SEED)))
-        ref_out = self._reference(trial_seed)
+        if dist is not None:
+            valid, why, ref_out = self._in_domain(label, index, keep=True)
+            if not valid:  # the candidate's process did not ask first: the check is not in the protocol
+                self.skipped[(label, index)] = why
+                raise _Failed("hacked", f"the candidate's process asked for a check outside the protocol "
+                                        f"({where} is outside the reference's domain: {why})")
+        else:
+            ref_out = self._reference(trial_seed)
         try:
             refs = H._flatten(ref_out)
         except TypeError as e:
@@ -264,10 +324,36 @@ class Judge:
         why = H.structure_mismatch(refs, [(shape, _dtype(dtype)) for shape, dtype in outs], where)
         if why:
             self._fail("incorrect", why, label)
+        atol_scale, noise = [1.0] * len(refs), None
+        if dist is not None:
+            # The element-wise atol is in the units of the task's own outputs: on inputs that
+            # put the outputs on a larger scale (large: 256x the values, 65,536x a product's) it
+            # grows with them.
+            for i, r in enumerate(refs):
+                if i < len(self.task_rms) and self.task_rms[i] > 0:
+                    atol_scale[i] = max(1.0, H.rms(r) / self.task_rms[i])
         send_frame(self.sock, {"go": True})
-        checks = self._receive(refs)
+        checks = self._receive(refs, atol_scale)
         for i, check in enumerate(checks):
-            why = check.result(where + (f", output {i}" if len(refs) > 1 else ""), self.acc)
+            at = where + (f", output {i}" if len(refs) > 1 else "")
+            why = check.result(at, self.acc)
+            if why and dist is not None:
+                # On another distribution's inputs the reference's own rounding may exceed the
+                # element-wise tolerance (signed values cancel: a matmul's or a cumsum's outputs
+                # near 0). Its float64 run says by how much: NOISE_FACTOR x that error (root mean
+                # square) is allowed on top, so an answer as accurate as the reference, or more,
+                # passes; where even the reference is not within that of its float64 result (an
+                # attention whose scores the inputs blow up), these inputs ask more precision
+                # than the reference has and the check is left out.
+                noise = self._dist_noise(trial_seed, dist, refs)
+                if noise[i] is not None:
+                    rms_noise, own_excess = noise[i]
+                    slack = H.NOISE_FACTOR * rms_noise
+                    if own_excess - check.atol > slack:
+                        self._outside(label, index, f"the reference's float32 result is not within the element-wise "
+                                                    f"tolerance of its float64 result on {dist} inputs")
+                        return
+                    why = check.result(at, self.acc, slack)
             if why:
                 cand = [c.fingerprint() for c in checks]
                 if (any(H.fingerprints_agree(cand, prev, self.s) for prev in self.prev)
@@ -275,6 +361,23 @@ class Judge:
                     raise _Failed("hacked", "the candidate returned the output of an earlier call "
                                             f"(outputs cached across calls; {why})")
                 self._fail("incorrect", why, label)
+        for i, check in enumerate(checks):
+            at = where + (f", output {i}" if len(refs) > 1 else "")
+            figures = H.note_scale(check, self.acc)
+            if not H.scale_failure(at, figures, check.scale_tol):
+                continue
+            if noise is None:
+                noise = self._dist_noise(trial_seed, dist, refs)
+            rms_noise = noise[i][0] if noise[i] is not None else None
+            why = H.scale_failure(at, figures, check.scale_tol, rms_noise)
+            if rms_noise is not None:
+                self.acc["ref_noise"] = max(self.acc.get("ref_noise", 0.0), rms_noise)
+            if why:
+                if rms_noise is None:
+                    why += " (the reference could not run in float64 to measure its own rounding error)"
+                self._fail("incorrect", why, label)
+        if label == "trial" and not self.task_rms:
+            self.task_rms = [H.rms(r) for r in refs]
         if counted:
             self.corr["passed"] += 1
             self.prev.append(H.fingerprint(ref_out))
@@ -283,6 +386,7 @@ class Judge:
 
     def _fail(self, status, why, label):
         self.corr["detail"] = why
+        self.corr["failed_distribution"], self.corr["failed_seed"] = getattr(self, "failing", ("", 0))
         if label == "ordering":
             why = (f"the candidate's work is not ordered after the caller's stream: it read its inputs "
                    f"before the caller's stream had written them ({why})")
@@ -290,7 +394,132 @@ class Judge:
             status, why = "hacked", f"the speedup was above the re-verification threshold and re-verification failed: {why}"
         raise _Failed(status, why)
 
-    def _receive(self, refs):
+    def _domain(self, frame):
+        """Answers whether a check's inputs (another input distribution) are inside the
+        reference's domain: the candidate's process runs the candidate only on those that are."""
+        label, index = frame.get("label"), frame.get("index")
+        if (label not in LABELS or seed_of(label, index, self.seed, self.n, len(self.dists)) is None
+                or distribution_of(label, index, self.dists) is None or (label, index) in self.passed):
+            raise _Failed("hacked", f"the candidate's process asked the judge about a check outside the protocol "
+                                    f"({str(label)[:40]} {index!r})")
+        self._load()
+        valid, why, _ = self._in_domain(label, index)
+        if not valid:
+            self.skipped[(label, index)] = why
+        send_frame(self.sock, {"valid": valid, "why": why})
+
+    def _in_domain(self, label, index, keep=False):
+        """(valid, why, the reference's output or None) for a check under another input
+        distribution: valid when the reference runs on its inputs and its floating-point outputs
+        are finite (NaN or Inf means the inputs are outside what the reference computes: a log of
+        a negative, an overflow). Remembered per task, size, seed and check; the output is kept
+        (computed again if need be) only when `keep`."""
+        import harness as H
+        dist = distribution_of(label, index, self.dists)
+        trial_seed = seed_of(label, index, self.seed, self.n, len(self.dists))
+        key = self._inputs_key(trial_seed, dist)
+        hit = self.domains.get(key)
+        if hit is not None and not (keep and hit[0]):
+            return hit[0], hit[1], None
+        try:
+            out = self._run_reference(trial_seed, dist)
+        except H.Verdict as v:
+            raise _Failed(v.status, v.error)
+        except Exception as e:  # noqa: BLE001 - the reference refuses these inputs
+            self.domains[key] = (False, f"the reference raised {H._short_exc(e)}")
+            return False, self.domains[key][1], None
+        try:
+            outs = H._flatten(out)
+        except TypeError as e:
+            raise _Failed("runtime_error", f"the reference returned an unsupported {e} (no verdict on the candidate)")
+        why = ""
+        with self.h._harness_step("checking the reference's output"):
+            for i, r in enumerate(outs):
+                if (r.is_floating_point() or r.is_complex()) and not all(
+                        bool(H._isfinite(c).all()) for c in H._chunks(r)):
+                    why = (f"the reference's output{f' {i}' if len(outs) > 1 else ''} holds NaN or Inf "
+                           f"on {dist} inputs")
+                    break
+        self.domains[key] = (not why, why)
+        return not why, why, (out if keep and not why else None)
+
+    def _outside(self, label, index, why):
+        """A check found outside the reference's domain once the candidate's output was in: left
+        out (as the domain question would have), remembered for the task's later candidates."""
+        self.skipped[(label, index)] = why
+        dist = distribution_of(label, index, self.dists)
+        trial_seed = seed_of(label, index, self.seed, self.n, len(self.dists))
+        key = self._inputs_key(trial_seed, dist)
+        self.domains[key] = (False, why)
+        if label != "ordering":
+            self.corr["trials"] -= 1
+        send_frame(self.sock, {"ok": True, "status": "ok", "why": "", "acc": self.acc, "counted": False})
+
+    def _inputs_key(self, trial_seed, dist):
+        """What a check's inputs depend on: the task, its size, the seed and the distribution."""
+        return (self.req.get("task_source_hash") or self.req["task_path"], self.s.get("size", "cpu"), trial_seed, dist)
+
+    def _dist_noise(self, trial_seed, dist, refs):
+        """_scale_noise for the check's inputs, remembered per task, size, seed and distribution
+        (every candidate of a task meets the same inputs)."""
+        key = self._inputs_key(trial_seed, dist)
+        if key not in self.noises:
+            self.noises[key] = self._scale_noise(trial_seed, dist, refs)
+        return self.noises[key]
+
+    def _scale_noise(self, trial_seed, dist, refs):
+        """For each output, the reference's own rounding error: its output against the same Model
+        run in float64 on the same inputs (weights and floating-point inputs converted), as
+        (root-mean-square of the difference, max over elements of |difference| - rtol x
+        |reference|: the atol the reference itself would need); None for each where that cannot
+        run (a Model with fixed dtypes inside, the device's memory)."""
+        import copy
+        import harness as H
+        import torch
+        h = self.h
+        try:
+            inputs = h._inputs(self.task, trial_seed, dist)
+            inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+            model = copy.deepcopy(self.model).double()
+            out = H._flatten(model(*inputs))
+            del model, inputs
+            if len(out) != len(refs):
+                return [None] * len(refs)
+            noise = []
+            for r, r64 in zip(refs, out):
+                if tuple(r64.shape) != tuple(r.shape) or not r.is_floating_point():
+                    noise.append(None)
+                    continue
+                total, excess = 0.0, 0.0
+                rtol = H._tolerance(r.dtype, self.s)[1]
+                for a, b in zip(H._chunks(r), H._chunks(r64)):
+                    d = a.double() - b.double()
+                    d = torch.where(H._isfinite(d), d, torch.zeros((), dtype=d.dtype, device=d.device))
+                    total += float(d.square().sum())
+                    excess = max(excess, float((d.abs() - rtol * a.double().abs().nan_to_num(0.0, 0.0, 0.0)).max()))
+                noise.append(((total / max(1, r.numel())) ** 0.5, excess))
+            return noise
+        except Exception:  # noqa: BLE001 - no float64 run: the rule stands without it
+            return [None] * len(refs)
+        finally:
+            if h.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    def _distribution_notes(self):
+        """'signed: passed; large: outside the reference's domain (...); zeros: not reached'."""
+        notes = []
+        for i, name in enumerate(self.dists):
+            if ("dist", i) in self.passed:
+                notes.append(f"{name}: passed")
+            elif ("dist", i) in self.skipped:
+                notes.append(f"{name}: outside the reference's domain ({self.skipped[('dist', i)]})")
+            elif getattr(self, "failing", (None,))[0] == name and self.corr.get("detail"):
+                notes.append(f"{name}: failed")
+            else:
+                notes.append(f"{name}: not reached")
+        return "; ".join(notes)
+
+    def _receive(self, refs, atol_scale):
         """Reads the candidate's outputs off the link, feeding one OutputCheck per tensor. A
         failure here (the judge's own memory) still reads every byte, so the link stays framed."""
         import harness as H
@@ -305,7 +534,7 @@ class Judge:
             if failure is None:
                 try:
                     with h._harness_step("comparing outputs"):
-                        check = H.OutputCheck(r, self.s)
+                        check = H.OutputCheck(r, self.s, atol_scale[len(checks)])
                 except H.Verdict as v:
                     failure = v
             size = r.element_size()
@@ -364,17 +593,22 @@ class Judge:
             self.model = None
             raise _Failed(v.status, v.error)
 
-    def _reference(self, trial_seed):
+    def _run_reference(self, trial_seed, dist=None):
+        """The reference's output on a check's inputs (what it raises, raised)."""
         import harness as H
         h = self.h
+        with h._harness_step("generating inputs"):
+            inputs = h._inputs(self.task, trial_seed, dist)
+        with h._harness_step("running the reference Model"):
+            out = self.model(*inputs)
+            if h.device.type == "cuda":
+                H._cuda_sync(h.device)
+        return out
+
+    def _reference(self, trial_seed, dist=None):
+        import harness as H
         try:
-            with h._harness_step("generating inputs"):
-                inputs = h._inputs(self.task, trial_seed)
-            with h._harness_step("running the reference Model"):
-                out = self.model(*inputs)
-                if h.device.type == "cuda":
-                    H._cuda_sync(h.device)
-            return out
+            return self._run_reference(trial_seed, dist)
         except H.Verdict as v:
             raise _Failed(v.status, v.error)
         except Exception as e:  # noqa: BLE001
@@ -385,10 +619,14 @@ class Judge:
         CUDA to tasks whose inputs keep their shapes across seeds; the refill check to tasks with
         floating-point inputs (as the candidate's process runs them)."""
         import harness as H
+        d = len(self.dists)
         need = [("trial", i) for i in range(self.n)] + [("post", 0)]
-        missing = [trial_name(label, i, self.n) for label, i in need if (label, i) not in self.passed]
+        missing = [trial_name(label, i, self.n, d) for label, i in need if (label, i) not in self.passed]
         if missing or self.task is None:
             return missing or ["every check"]
+        for i, name in enumerate(self.dists):
+            if ("dist", i) not in self.passed and ("dist", i) not in self.skipped and self._in_domain("dist", i)[0]:
+                missing.append(f"{trial_name('dist', i, self.n, d)} ({name} inputs)")
         h = self.h
         post = h._inputs(self.task, seed_of("post", 0, self.seed, self.n))
         floats = any(isinstance(x, torch_tensor()) and x.is_floating_point() for x in post)
@@ -434,6 +672,8 @@ def _serve(ctl, harness):
         if what == b"T":  # the reference's timing (harness.Harness.time_reference)
             try:
                 reply = harness.time_reference(msg["request"], msg["settings"], msg["mode"])
+                if msg.get("bandwidth") and reply.get("status") == "ok":
+                    reply["bandwidth"] = harness.measure_bandwidth()
             except BaseException as e:  # noqa: BLE001
                 reply = {"status": "runtime_error",
                          "error": f"the judge failed: {type(e).__name__}: {e}" + (f" ({setup})" if setup else ""),
@@ -505,12 +745,13 @@ class JudgeProcess:
         self.busy = True
         return True
 
-    def time_reference(self, request, settings, mode, timeout_s):
+    def time_reference(self, request, settings, mode, timeout_s, bandwidth=False):
         """The reference's timing, measured here (a process that runs no candidate code, its
-        CUDA context warm); None when the judge gave none in time (it is then stopped)."""
+        CUDA context warm), with the device's bandwidth when asked (Harness.measure_bandwidth);
+        None when the judge gave none in time (it is then stopped)."""
         try:
             socket.send_fds(self.ctl, [b"T"], [])
-            send_frame(self.ctl, {"request": request, "settings": settings, "mode": mode})
+            send_frame(self.ctl, {"request": request, "settings": settings, "mode": mode, "bandwidth": bandwidth})
         except OSError:
             self.stop()
             return None

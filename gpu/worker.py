@@ -90,6 +90,7 @@ class ForkServer:
         os.makedirs(os.path.join(self.cache_root, ".staging"), exist_ok=True)
         self.spare = None
         self.judge = None  # the trusted judge's process (gpu/judge.py), started at the first evaluation
+        self.bandwidth = None  # the device's measured bandwidth and cache (Harness.measure_bandwidth)
         self.warm_lock = os.path.join(self.tmp_root, f"kernelrl-warm-{os.getpid()}-{id(self)}.lock")
         # Held while a candidate's process that already replied is still exiting (see _defer_exit).
         self.exit_lock = os.path.join(self.tmp_root, f"kernelrl-exit-{os.getpid()}-{id(self)}.lock")
@@ -177,6 +178,7 @@ class ForkServer:
 
         def handler(msg):
             self.harness.given_ref = msg.get("ref") or {}
+            self.harness.given_bound = msg.get("bound") or {}
             return self.harness.evaluate(msg["request"], msg["settings"])
 
         return self.sandbox.Spare(handler=handler, warm=warm, key=key, env=env,
@@ -236,6 +238,7 @@ class ForkServer:
                         error=f"the judge gave no verdict ({verdict.get('error', js)}); no verdict on the candidate")
         full["judge_checked"] = verdict.get("checked", [])
         full["judge_reverified"] = int(verdict.get("reverified", 0))
+        full["judge_reverify_complete"] = bool(verdict.get("reverify_complete", False))
         return full
 
     BUILD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -304,7 +307,9 @@ class ForkServer:
         if hit is not None:
             return hit, None
         self._reap(block=True)  # the previous candidate's exit holds the exit lock timing waits for
-        reply = self._judge_process(env).time_reference(req, s, mode, float(s.get("timeout_s", 60)) * 4)
+        measure = self.bandwidth is None and bool(s.get("bandwidth_bound", True))
+        reply = self._judge_process(env).time_reference(req, s, mode, float(s.get("timeout_s", 60)) * 4,
+                                                        bandwidth=measure)
         failure = None
         if reply is None:
             self.judge = None
@@ -316,16 +321,38 @@ class ForkServer:
                           "error": f"timing the reference failed (no verdict on the candidate): {why.get('error', '')}",
                           "compile_log": (reply or {}).get("compile_log", "")}
         self.harness.ref_cache[key] = reply["stats"]
+        if measure and reply.get("bandwidth"):
+            self.bandwidth = reply["bandwidth"]
         return reply["stats"], None
+
+    # Outputs smaller than this many times the device's last-level cache are left out of the
+    # device bound (the cache can absorb their writes); 256 MB where the cache is unknown.
+    BOUND_CACHE_MULTIPLE = 4
+
+    def _bound(self, s):
+        """The device bound's figures for the candidate's process and _speedup: the measured
+        bandwidth and the smallest output it applies to ({} when off or not measured)."""
+        if not s.get("bandwidth_bound", True) or not self.bandwidth:
+            return {}
+        floor = float(s.get("bound_min_output_mb", 0) or 0) * 1e6
+        if floor <= 0:
+            cache = int(self.bandwidth.get("cache_bytes", 0))
+            floor = self.BOUND_CACHE_MULTIPLE * cache if cache > 0 else 256e6
+        return {"bytes_per_ms": float(self.bandwidth["bytes_per_ms"]), "min_bytes": floor}
 
     def _speedup(self, reply, req, s, env, ref):
         """The speedup, from the reference's trusted timing and the candidate's own measurement
-        (its process's figures for the reference, if any, are ignored). Above the threshold it
-        stands only when the judge saw every re-verification trial pass."""
+        (its process's figures for the reference, if any, are ignored). Above the re-verification
+        threshold, or faster than the device bound allows, it stands only when the judge saw every
+        re-verification trial pass (or find its inputs outside the reference's domain). Faster than
+        the device bound, or above the review threshold when one is set, it is then the verdict
+        `unconfirmed`, which the reward does not pay at face value until a reviewer confirms it
+        (launch confirm)."""
         if reply.get("status") != "ok":
             return reply
         cand = reply.get("runtime") or {}
-        reverified = reply.get("judge_reverified", 0) >= 4 * int(s["correctness_trials"])
+        reverified = bool(reply.get("judge_reverify_complete")) and \
+            reply.get("judge_reverified", 0) > 0
         reply["reverified"] = reverified
         if reverified:
             ref, failure = self._reference(req, s, "full", env)
@@ -341,10 +368,33 @@ class ForkServer:
         reply["ref_runtime"] = ref
         reply["speedup"] = speedup if math.isfinite(speedup) else 0.0
         threshold = float(s.get("reverify_speedup", 10.0))
-        if not reverified and threshold > 0 and speedup > threshold:
+        from harness import bound_ms
+        try:
+            out_bytes = int(reply.get("output_bytes", 0))
+        except (TypeError, ValueError):
+            out_bytes = 0
+        bound = self._bound(s)
+        least = bound_ms(out_bytes, bound)
+        reply["bound_ms"] = least
+        review = float(s.get("review_speedup", 0.0))
+        beyond, checked = [], []
+        if threshold > 0 and speedup > threshold:
+            checked.append(f"its {speedup:.1f}x speedup is above the re-verification threshold, {threshold:g}x")
+        if 0 < cand_ms < least:
+            beyond.append(f"its {cand_ms:.4g} ms is less than writing its {out_bytes / 1e6:.1f} MB of output takes at "
+                          f"twice the device's measured bandwidth ({bound['bytes_per_ms'] / 1e6:.0f} GB/s): "
+                          f"{least:.4g} ms")
+        if review > 0 and speedup > review:
+            beyond.append(f"its {speedup:.1f}x speedup is above the review threshold, {review:g}x")
+        if (beyond or checked) and not reverified:
             reply.update({"status": "hacked", "speedup": 0.0,
-                          "error": f"the candidate's process reported a {speedup:.1f}x speedup without passing "
-                                   f"the judge's re-verification every speedup above {threshold:g}x gets"})
+                          "error": f"the candidate's process reported a result that needs re-verification "
+                                   f"({'; '.join(checked + beyond)}) without passing the judge's re-verification"})
+        elif beyond:
+            reply.update({"status": "unconfirmed",
+                          "review": "; ".join(beyond) + " (correct on every re-verification trial, each input "
+                                    "distribution, and timed again in full mode): the reward pays it as "
+                                    "[reward] unconfirmed_speedup until `launch confirm` says otherwise"})
         return reply
 
     def _defer_exit(self, pid, tmpdir):
@@ -402,7 +452,7 @@ class ForkServer:
             full.update(ref_failure)
             full["wall_s"] = time.monotonic() - t0
             return full
-        msg = {"request": req, "settings": s, "ref": {mode: ref}}
+        msg = {"request": req, "settings": s, "ref": {mode: ref}, "bound": self._bound(s)}
         spare, self.spare = self.spare, None
         if spare is not None and spare.key != key:
             spare.discard()

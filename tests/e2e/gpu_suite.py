@@ -10,7 +10,9 @@
    variation (target <= 0.5%).
 4. The sandbox's adversarial candidates (tests/e2e/test_evaluator.py SandboxTest, JudgeLinkTest and
    StatusTest) on this GPU: every finding of issue 19 and the judge's own, each with an honest
-   candidate after it.
+   candidate after it; and issue 52's blind spots (BlindSpotTest: near-zero outputs, answers right
+   only on the task's own draw, a speedup beyond the device bound, a result kept by input values,
+   a copy of the reference made at run time), at GPU-sized shapes where the size matters.
 
 Usage: python tests/e2e/gpu_suite.py --launch PATH/TO/launch [--device cuda:0] [--json OUT.json]
            [--parts replay,sandbox,cuda,triton,stability]
@@ -140,7 +142,7 @@ def sandbox_suite(device, rows):
     GPU; each test's result read from unittest's report."""
     import re
     import unittest
-    names = [f"tests.e2e.test_evaluator.{c}" for c in ("SandboxTest", "JudgeLinkTest", "StatusTest")]
+    names = [f"tests.e2e.test_evaluator.{c}" for c in ("SandboxTest", "JudgeLinkTest", "StatusTest", "BlindSpotTest")]
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     ids = []

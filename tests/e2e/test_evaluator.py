@@ -55,7 +55,7 @@ class Base(unittest.TestCase):
         self.assertEqual(res["status"], status, res["error"])
         for f in fragments:
             self.assertIn(f, res["error"])
-        if status != "ok":
+        if status not in ("ok", "unconfirmed"):
             self.assertEqual(res["speedup"], 0.0)
 
 
@@ -107,7 +107,7 @@ class StatusTest(Base):
         r = self.evaluate(GOOD, reverify_speedup=0.01)
         self.assertStatus(r, "ok")
         self.assertTrue(r["reverified"])
-        self.assertEqual(r["correctness"]["trials"], 7 + 20)
+        self.assertEqual(r["correctness"]["trials"], 10 + 20)
         self.assertEqual(r["runtime"]["trials"], 10)  # re-timed in full mode
 
 
@@ -307,6 +307,145 @@ class HackTest(Base):
     def test_a_wrong_and_hacking_candidate_is_hacked(self):
         self.assertStatus(self.evaluate("import time\ntime.monotonic = lambda: 0.0\nreturn x"),
                           "hacked", "replaced time.monotonic")
+
+
+def task_source(forward, inputs, init="[]", extra=""):
+    """A KernelBench-format task: Model.forward's body, get_inputs' list, get_init_inputs' list."""
+    return ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+            "    def __init__(self):\n        super(Model, self).__init__()\n\n"
+            f"    def forward(self, *xs):\n        {forward}\n\n{extra}\n"
+            f"def get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n    return {init}\n")
+
+
+class BlindSpotTest(Base):
+    """Issue 52: the families of answers that pass KernelBench's correctness check through its
+    blind spots (outputs under the absolute tolerance, the task's own input distribution,
+    speedups beyond what the device allows), each closed, and the legitimate answers beside them
+    keeping their verdicts. Tasks at small shapes, written here."""
+
+    TASKS = {
+        # softmax over 65,536 columns: every value ~1.5e-5, under atol 1e-4
+        "wide_softmax": task_source("return torch.softmax(xs[0], dim=1)", "[torch.rand(2, 65536)]"),
+        # mathematically 0 for every row: the reference's output is its own rounding noise
+        "centered_sum": task_source("x = xs[0]\n        return (x - x.mean(dim=1, keepdim=True)).sum(dim=1)",
+                                    "[torch.rand(64, 256)]"),
+        "relu": task_source("return torch.relu(xs[0])", "[torch.rand(64, 1024)]"),
+        # on signed inputs the partial sums cross 0: the float32 reference's own rounding there
+        # exceeds atol (on a GPU's parallel scan at this length; a CPU's is exact enough)
+        "cumsum": task_source("return torch.cumsum(xs[0], dim=1)", "[torch.rand(256, 32768)]"),
+        # outside its domain on signed inputs (log of a negative) and on zeros (log 0)
+        "log": task_source("return torch.log(xs[0])", "[torch.rand(64, 1024) + 0.5]"),
+        # x * 1 writes an output the size of its input: returning x itself writes nothing (on a GPU
+        # 1 GiB, beyond what its L2 can absorb)
+        "scale_one": task_source("return xs[0] * 1.0", "[torch.rand(%d, 1024)]" % (1024 if DEVICE == "cpu" else 262144)),
+        "matmul": task_source("return xs[0] @ xs[1]", "[torch.rand(N, N), torch.rand(N, N)]",
+                              extra="N = %d\n" % (256 if DEVICE == "cpu" else 4096)),
+    }
+    BOUND = {"bound_min_output_mb": 1} if DEVICE == "cpu" else {}  # a GPU: 4x its L2 cache
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.paths = {}
+        for name, src in cls.TASKS.items():
+            cls.paths[name] = os.path.join(cls.tmp.name, name + ".py")
+            with open(cls.paths[name], "w") as f:
+                f.write(src)
+
+    def run_on(self, name, body, **settings):
+        return self.evaluate(body, task=self.paths[name], **settings)
+
+    def test_near_zero_outputs_fail_the_scale_rule_and_legitimate_ones_pass(self):
+        r = self.run_on("wide_softmax", "return torch.zeros_like(xs[0])")
+        self.assertStatus(r, "incorrect", "relative to the reference's scale", "scale rule allows 0.01",
+                          "inputs: the task's own, seed 42001")
+        self.assertLess(r["correctness"]["max_abs_diff"], 1e-4)  # the element-wise check saw nothing
+        self.assertEqual(r["correctness"]["failed_distribution"], "task")
+        self.assertEqual(r["correctness"]["failed_seed"], 42001)
+        r = self.run_on("wide_softmax", "x = xs[0]\ne = torch.exp(x - x.max(dim=1, keepdim=True).values)\n"
+                                        "return e / e.sum(dim=1, keepdim=True)")
+        self.assertStatus(r, "ok")
+        self.assertEqual(r["correctness"]["scale_tol"], 0.01)
+        self.assertLess(r["correctness"]["max_scale_err"], 1e-5)
+        # Where the reference's output is its own rounding noise, the true answer (zeros) and the
+        # same sum in another order are both within 10x of the reference's float64 error.
+        self.assertStatus(self.run_on("centered_sum", "return torch.zeros(xs[0].shape[0])"), "ok")
+        r = self.run_on("centered_sum", "x = xs[0].flip(1)\nreturn (x - x.mean(dim=1, keepdim=True)).sum(dim=1)")
+        self.assertStatus(r, "ok")
+        self.assertGreater(r["correctness"]["max_scale_err"], 0.01)
+        self.assertGreater(r["correctness"]["ref_noise"], 0.0)
+
+    def test_an_answer_right_only_on_the_tasks_own_draw_is_incorrect_naming_the_distribution(self):
+        r = self.run_on("relu", "return xs[0]")  # rand inputs are non-negative: identity == ReLU there
+        self.assertStatus(r, "incorrect", "inputs: signed, seed 62001")
+        self.assertEqual(r["correctness"]["failed_distribution"], "signed")
+        self.assertIn("signed: failed", r["correctness"]["distributions"])
+        r = self.run_on("relu", "return xs[0].clamp_min(0)")
+        self.assertStatus(r, "ok")
+        self.assertEqual(r["correctness"]["distributions"], "signed: passed; large: passed; zeros: passed")
+        self.assertEqual(r["correctness"]["trials"], 5 + 3 + 2)
+        # An answer more accurate than the reference passes where the reference's own rounding
+        # exceeds the element-wise tolerance on another distribution's inputs.
+        if DEVICE != "cpu":
+            r = self.run_on("cumsum", "return torch.cumsum(xs[0].double(), dim=1).float()")
+            self.assertStatus(r, "ok")
+            self.assertEqual(r["correctness"]["distributions"], "signed: passed; large: passed; zeros: passed")
+        # Inputs the reference itself cannot take are left out, and said so.
+        r = self.run_on("log", "return xs[0].log()")
+        self.assertStatus(r, "ok")
+        notes = r["correctness"]["distributions"]
+        self.assertIn("signed: outside the reference's domain (the reference's output holds NaN or Inf", notes)
+        self.assertIn("large: passed", notes)
+        self.assertIn("zeros: outside the reference's domain", notes)
+        self.assertEqual(r["correctness"]["trials"], 5 + 1 + 2)
+        # ... and the settings choose them.
+        r = self.run_on("relu", "return xs[0]", input_distributions=[])
+        self.assertStatus(r, "ok")
+        self.assertEqual(r["correctness"]["distributions"], "")
+
+    def test_a_speedup_beyond_the_device_is_reverified_and_unconfirmed(self):
+        # Returning the input itself is right on every distribution and writes no output: faster
+        # than writing it allows at this machine's measured bandwidth.
+        r = self.run_on("scale_one", "return xs[0]", **self.BOUND)
+        rows = 1024 if DEVICE == "cpu" else 262144
+        self.assertStatus(r, "unconfirmed")
+        self.assertIn(f"less than writing its {rows * 4096 / 1e6:.1f} MB of output takes at twice the device's "
+                      f"measured bandwidth", r["review"])
+        self.assertTrue(r["reverified"])
+        self.assertGreater(r["bound_ms"], r["runtime"]["median_ms"])
+        self.assertGreater(r["speedup"], 1.0)
+        self.assertEqual(r["output_bytes"], rows * 1024 * 4)
+        # Writing the output keeps it within the bound, whatever its speed.
+        r = self.run_on("scale_one", "return xs[0].clone()", reverify_speedup=0, **self.BOUND)
+        self.assertStatus(r, "ok")
+        self.assertGreater(r["runtime"]["median_ms"], r["bound_ms"])
+        self.assertFalse(r["reverified"])
+        # Above the review threshold (KernelBench's flag, when set) after re-verification: unconfirmed too.
+        r = self.run_on("scale_one", "return xs[0].clone()", review_speedup=0.01)
+        self.assertStatus(r, "unconfirmed")
+        self.assertIn("above the review threshold, 0.01x", r["review"])
+
+    def test_a_result_cached_by_input_values_is_timed_on_fresh_values(self):
+        body = ("cache = globals().setdefault('_by_values', {})\n"
+                "key = tuple(xs[0].reshape(-1)[:4].tolist()) + tuple(xs[1].reshape(-1)[:4].tolist())\n"
+                "if key not in cache:\n    cache[key] = xs[0] @ xs[1]\n"
+                "return cache[key].clone()")
+        r = self.run_on("matmul", body)
+        self.assertStatus(r, "ok")
+        self.assertIn("the runtime is the fresh-values timing", r["note"])
+        self.assertEqual(r["runtime"]["median_ms"], r["runtime"]["fresh_median_ms"])
+        self.assertLess(r["runtime"]["repeated_median_ms"] * 1.25, r["runtime"]["median_ms"])
+        honest = self.run_on("matmul", "return xs[0] @ xs[1]")
+        self.assertStatus(honest, "ok")
+        self.assertEqual(honest["note"], "")
+
+    def test_a_copy_of_the_reference_made_at_run_time_is_the_reference(self):
+        body = ("import types\nref = globals()['Mo' + 'del'].forward\n"
+                "copy = types.FunctionType(ref.__code__.replace(co_name='mine'), globals())\n"
+                "return copy(self, *xs)")
+        self.assertStatus(self.run_on("relu", body), "hacked", "copy of the reference Model.forward made at run time")
+        # The same lines written into the program are the program's own.
+        self.assertStatus(self.run_on("relu", "return torch.relu(xs[0])"), "ok")
 
 
 with open(os.path.join(ROOT, "tests", "fixtures", "cpu_candidates", "swish_cpp.txt")) as _f:

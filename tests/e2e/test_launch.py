@@ -207,9 +207,12 @@ class EvalPipelineTest(unittest.TestCase):
                 if s["status"] == "ok":
                     self.assertGreater(s["reward"], 0)
                     self.assertEqual(s["correctness"]["passed"], s["correctness"]["trials"])
-                    # 5 + the re-check after timing + the re-check on refilled input tensors
-                    # (+ 20 more when a speedup above 10x was re-verified)
-                    self.assertEqual(s["correctness"]["trials"], 7 + (20 if s["reverified"] else 0))
+                    # 5 + one per input distribution inside the reference's domain + the re-check
+                    # after timing + the re-check on refilled input tensors (+ 20 more when a speedup
+                    # above 10x was re-verified)
+                    dists = s["correctness"]["distributions"].count(": passed")
+                    self.assertEqual(dists + s["correctness"]["distributions"].count(": outside"), 3)
+                    self.assertEqual(s["correctness"]["trials"], 7 + dists + (20 if s["reverified"] else 0))
                     self.assertGreater(s["runtime_ms"], 0)
                     self.assertAlmostEqual(s["speedup"], s["ref_runtime_ms"] / s["runtime_ms"], places=6)
                     self.assertIn("class ModelNew(nn.Module):", s["assembled_code"])
@@ -262,12 +265,71 @@ class EvalPipelineTest(unittest.TestCase):
         self.assertEqual({s["completion"]: s["status"] for s in again}, before)
 
 
+class ConfirmTest(unittest.TestCase):
+    """Unconfirmed verdicts (a speedup above [evaluator] review_speedup, here 0.01x so that every
+    correct one is) through a run: counted correct and not faster, rewarded at unconfirmed_speedup, listed
+    by `launch confirm RUN_DIR`, then confirmed (ok, the speedup counts) or rejected (hacked)."""
+
+    def test_a_run_s_unconfirmed_speedups_are_listed_and_decided(self):
+        with tempfile.TemporaryDirectory() as d:
+            replay = os.path.join(d, "replay.jsonl")
+            with open(replay, "w") as f:
+                for body in ("return x * torch.sigmoid(x)", "return torch.nn.functional.silu(x)", "return x"):
+                    f.write(json.dumps({"task_id": "06_swish", "completion": body}) + "\n")
+            cfg = write_config(d, replay, extra_eval="review_speedup = 0.01",
+                               extra="[reward]\nunconfirmed_speedup = 0.5\n")
+            with open(cfg) as f:
+                text = f.read().replace(f'dir = "{TASKS}"', f'dir = "{TASKS}"\nids = ["06_swish"]')
+            with open(cfg, "w") as f:
+                f.write(text)
+            run_dir = os.path.join(d, "run")
+            out = run(cfg, "--run-dir", run_dir)
+            self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+            rows = {r["completion"]: r for r in export(run_dir) if r["task_id"] == "06_swish"}
+            a, b = rows["return x * torch.sigmoid(x)"], rows["return torch.nn.functional.silu(x)"]
+            for r in (a, b):
+                self.assertEqual(r["status"], "unconfirmed", r["error"])
+                self.assertIn("above the review threshold, 0.01x", r["review"])
+                self.assertTrue(r["reverified"])
+                self.assertEqual(r["reward"], min(r["speedup"], 0.5))
+            self.assertEqual(rows["return x"]["status"], "incorrect")
+            analyzed = run("analyze", run_dir)
+            self.assertEqual(analyzed.returncode, 0, analyzed.stderr)
+            self.assertIn("2 unconfirmed: correct, counted as not faster", analyzed.stdout)
+            listed = run("confirm", run_dir)
+            self.assertEqual(listed.returncode, 0, listed.stderr)
+            self.assertIn(a["sample_id"], listed.stdout)
+            self.assertIn("2 unconfirmed samples", listed.stdout)
+            done = run("confirm", run_dir, a["sample_id"], "--note", "checked by hand")
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertIn(f"{a['sample_id']}: confirmed (now ok)", done.stdout)
+            done = run("confirm", run_dir, b["sample_id"], "--reject", "--note", "not a kernel")
+            self.assertEqual(done.returncode, 0, done.stderr)
+            again = run("confirm", run_dir, a["sample_id"])  # decided already
+            self.assertEqual(again.returncode, 1)
+            self.assertIn("is ok, not unconfirmed", again.stderr)
+            self.assertEqual(run("confirm", run_dir, "no-such-sample").returncode, 2)
+            self.assertEqual(run("confirm", run_dir, "--reject").returncode, 2)
+            rows = {r["sample_id"]: r for r in export(run_dir)}
+            self.assertEqual(rows[a["sample_id"]]["status"], "ok")
+            self.assertEqual(rows[a["sample_id"]]["speedup"], a["speedup"])
+            self.assertIn("confirmed by review", rows[a["sample_id"]]["review"])
+            self.assertIn("checked by hand", rows[a["sample_id"]]["review"])
+            self.assertEqual(rows[b["sample_id"]]["status"], "hacked")
+            self.assertIn("rejected by review: not a kernel", rows[b["sample_id"]]["error"])
+            self.assertEqual(rows[b["sample_id"]]["reward"], b["reward"])  # what was paid stays
+            self.assertNotIn("unconfirmed", run("analyze", run_dir).stdout)
+            with sqlite3.connect(os.path.join(run_dir, "store.sqlite")) as db:
+                decisions = sorted(r[0] for r in db.execute("SELECT decision FROM reviews"))
+            self.assertEqual(decisions, ["confirmed", "rejected"])
+
+
 class HelpTest(unittest.TestCase):
     """Every subcommand answers --help with its own arguments and exit 0; --version prints the
     versions; an unknown option is exit 2 with the usage."""
 
-    SUBCOMMANDS = ["check", "prompts", "export", "analyze", "report", "probe", "compare", "evaluate", "generate",
-                   "score", "tokenize", "merge", "sft", "monitor", "keygen", "version"]
+    SUBCOMMANDS = ["check", "prompts", "export", "confirm", "analyze", "report", "probe", "compare", "evaluate",
+                   "generate", "score", "tokenize", "merge", "sft", "monitor", "keygen", "version"]
 
     def test_each_subcommand_has_its_help_and_the_program_its_version(self):
         for sub in self.SUBCOMMANDS:
