@@ -21,13 +21,23 @@ Parts (--parts, default all of them):
   throughput   the first --throughput verdict candidates: one `launch evaluate` over all of them
                (start-up included) against KernelBench's batch practice, a fresh Python process
                per candidate running eval_kernel_against_ref with performance measured.
+  blindspots   issue 52's answers that KernelBench's correctness check cannot see, on every level-1
+               problem, each through `launch evaluate --mode fast` twice, with the evaluator's
+               blind-spot rules off (no input distributions beyond the task's own, no scale rule,
+               no device bound: the harness before issue 52) and on (the defaults): "zeros" (the
+               outputs' shapes, filled with zeros), "identity" (the first input handed back, where
+               its shape and dtype are the output's; elsewhere not applicable), and "float64" (the
+               reference computed in float64 and cast back: a legitimate answer that rounds
+               differently, which must keep its verdict). Counts how many problems each passed
+               (ok or unconfirmed) before and after, and lists every problem whose verdict moved.
 
 Printed: one table per part and a summary of the targets (every renamed reference ok;
 adversarial kernels rejected; timing CV at most KernelBench's and at most 0.5% for kernels of
-50 us and more; medians within 2%; throughput at least 10x). --json writes everything.
+50 us and more; medians within 2%; throughput at least 10x; no zeros or identity answer passing
+and no float64 answer losing its verdict). --json writes everything.
 
 Usage: python bench/kernelbench_parity.py --kernelbench DIR --launch PATH [--device cuda:0]
-           [--parts verdicts,adversarial,timing,throughput] [--level2-stride 5] [--limit N]
+           [--parts verdicts,adversarial,timing,throughput,blindspots] [--level2-stride 5] [--limit N]
            [--timing 1/12,1/7,1/9] [--repeats 10] [--throughput 12] [--json OUT.json]
 """
 
@@ -131,10 +141,10 @@ def kb_process(args, ref, cand, repeats=1, measure=True, timeout_s=900):
 
 
 # ---- our side ------------------------------------------------------------------------------------
-def launch_evaluate(args, pairs, timeout_s=600):
+def launch_evaluate(args, pairs, timeout_s=600, mode="full", extra=()):
     """One `launch evaluate` over [(task, candidate file)]: (results in order, wall seconds)."""
-    cmd = [args.launch, "evaluate", "--device", args.device, "--mode", "full", "--action", "full_program",
-           "--timeout", str(timeout_s), "--json"]
+    cmd = [args.launch, "evaluate", "--device", args.device, "--mode", mode, "--action", "full_program",
+           "--timeout", str(timeout_s), "--json", *extra]
     for task, cand in pairs:
         cmd += ["--task", task, "--candidate", cand]
     env = dict(os.environ, XDG_CACHE_HOME=os.path.join(args.work, "cache"))
@@ -159,6 +169,7 @@ def write_candidate(args, level, number, path):
 def verdict_problems(args):
     out = [(1, n, p) for n, p in problems(args.kernelbench, 1)]
     out += [(2, n, p) for n, p in problems(args.kernelbench, 2)][::args.level2_stride]
+    out = out[args.offset:]
     return out[:args.limit] if args.limit else out
 
 
@@ -271,17 +282,139 @@ def part_throughput(args, report):
     return ratio >= 10
 
 
+# ---- blind spots (issue 52) ----------------------------------------------------------------------
+# Each candidate is the reference renamed _Reference (its forward the program's own code) and a
+# ModelNew inheriting it whose forward is one of these bodies.
+BLIND_BODIES = {
+    "zeros": (
+        "        if not hasattr(self, '_shapes'):\n"
+        "            out = super().forward(*xs)\n"
+        "            self._tuple = isinstance(out, (tuple, list))\n"
+        "            self._shapes = [(o.shape, o.dtype, o.device) for o in (out if self._tuple else [out])]\n"
+        "        zs = [torch.zeros(s, dtype=d, device=v) for s, d, v in self._shapes]\n"
+        "        return tuple(zs) if self._tuple else zs[0]\n"),
+    "identity": (
+        "        if not hasattr(self, '_same'):\n"
+        "            out, x = super().forward(*xs), xs[0]\n"
+        "            self._same = (isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor)\n"
+        "                          and out.shape == x.shape and out.dtype == x.dtype)\n"
+        "        if not self._same:\n"
+        "            raise RuntimeError('identity: not applicable (the output is not shaped as the first input)')\n"
+        "        return xs[0]\n"),
+    "float64": (
+        "        if not hasattr(self, '_f64'):\n"
+        "            import copy\n"
+        "            self._f64 = [copy.deepcopy(self).double()]\n"
+        "        xs64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]\n"
+        "        out = _Reference.forward(self._f64[0], *xs64)\n"
+        "        back = lambda o: o.float() if isinstance(o, torch.Tensor) and o.dtype == torch.float64 else o\n"
+        "        return tuple(back(o) for o in out) if isinstance(out, (tuple, list)) else back(out)\n"),
+}
+# The evaluator's blind-spot rules off: the harness as it judged before issue 52.
+RULES_OFF = """[tasks]
+dir = "{tasks}"
+[sampler]
+replay = "{replay}"
+[evaluator]
+input_distributions = []
+scale_tol_fp32 = 0
+scale_tol_half = 0
+bandwidth_bound = false
+"""
+
+
+def blind_candidate(src, body):
+    ref = re.sub(r"\bclass\s+Model\b", "class _Reference", src)
+    ref = re.sub(r"super\(\s*Model\s*,", "super(_Reference,", ref)
+    return (ref + "\n\nimport torch as torch\n\n\nclass ModelNew(_Reference):\n"
+            "    def forward(self, *xs):\n" + body)
+
+
+def part_blindspots(args, report):
+    probs = [(1, n, p) for n, p in problems(args.kernelbench, 1)][args.offset::args.blind_stride]
+    if args.blind_problems:
+        wanted = {int(x) for x in args.blind_problems.split(",")}
+        probs = [q for q in probs if q[1] in wanted]
+    if args.limit:
+        probs = probs[:args.limit]
+    off, replay = os.path.join(args.work, "rules_off.toml"), os.path.join(args.work, "no_replay.jsonl")
+    open(replay, "w").close()  # a config needs a sampler; launch evaluate never uses it
+    with open(off, "w") as f:
+        f.write(RULES_OFF.format(tasks=os.path.dirname(probs[0][2]), replay=replay))
+    kinds = [k for k in args.blind_kinds.split(",") if k]
+    rule_sets = [r for r in args.blind_rules.split(",") if r]
+    if set(kinds) - set(BLIND_BODIES) or set(rule_sets) - {"before", "after"}:
+        raise SystemExit(f"--blind-kinds: {', '.join(BLIND_BODIES)}; --blind-rules: before, after")
+    pairs, keys = [], []
+    for kind, body in ((k, BLIND_BODIES[k]) for k in kinds):
+        for lv, n, path in probs:
+            with open(path) as f:
+                src = f.read()
+            cand = os.path.join(args.work, f"blind_{kind}_L{lv}_{n}.py")
+            with open(cand, "w") as f:
+                f.write(blind_candidate(src, body))
+            pairs.append((path, cand))
+            keys.append((kind, f"L{lv}/{n}", os.path.basename(path)[:-3]))
+    out = {}
+    for rules, extra in (("before", ["--config", off]), ("after", [])):
+        if rules not in rule_sets:
+            continue
+        results, wall = launch_evaluate(args, pairs, mode="fast", extra=extra)
+        out[rules] = results
+        print(f"[blindspots] rules {rules}: {len(pairs)} evaluations in {wall:.0f} s", flush=True)
+    passed = lambda r: r is not None and r["status"] == "ok"  # noqa: E731 (unconfirmed: not paid as such)
+    rows, counts = [], {}
+    for i, (kind, prob, name) in enumerate(keys):
+        got = {rules: out[rules][i] for rules in out}
+        b, a = got.get("before"), got.get("after")
+        applicable = not (kind == "identity" and any("not applicable" in r["error"] for r in got.values()))
+        c = counts.setdefault(kind, {"problems": 0, **{rules: 0 for rules in out},
+                                     **{rules + "_unconfirmed": 0 for rules in out}})
+        c["problems"] += applicable
+        for rules, r in got.items():
+            c[rules] += applicable and passed(r)
+            c[rules + "_unconfirmed"] += applicable and r["status"] == "unconfirmed"
+        row = {"kind": kind, "problem": prob, "name": name, "applicable": applicable}
+        for rules, r in got.items():
+            corr = r.get("correctness", {})
+            row[rules] = {"status": r["status"], "error": r["error"][:300], "review": r.get("review", "")[:300],
+                          "speedup": r["speedup"], "seconds": r["wall_s"],
+                          "distributions": corr.get("distributions", ""), "max_scale_err": corr.get("max_scale_err", 0.0),
+                          "ref_noise": corr.get("ref_noise", 0.0)}
+        rows.append(row)
+        moved = a is not None and b is not None and a["status"] != b["status"]
+        if applicable and (moved or (kind != "float64" and a and a["status"] in ("ok", "unconfirmed"))
+                           or (kind == "float64" and a and not passed(a))):
+            print(f"  [blindspots] {kind:8} {prob:7} {name[:40]:40} {b['status'] if b else '':12} -> "
+                  f"{a['status'] if a else '':12} {((a or b)['error'] or (a or b).get('review', ''))[:160]}", flush=True)
+    for kind, c in counts.items():
+        print(f"[blindspots] {kind}: ok on " + ", ".join(f"{c[r]}/{c['problems']} {r} ({c[r + '_unconfirmed']} "
+                                                     f"unconfirmed)" for r in out) + " (of the problems where it "
+              "applies)", flush=True)
+    report["blindspots"] = {"counts": counts, "rows": rows}
+    # The exploits pass nowhere with the rules on; the legitimate float64 answer loses no verdict.
+    good = all(c.get("after", 0) == 0 for k, c in counts.items() if k != "float64")
+    lost = [r for r in rows if r["kind"] == "float64" and "after" in r and r["after"]["status"] != "ok"
+            and ("before" not in r or r["before"]["status"] == "ok")]
+    return good and not lost
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernelbench", required=True, help="a KernelBench checkout (read as it is)")
     ap.add_argument("--launch", default="")
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--parts", default="verdicts,adversarial,timing,throughput")
+    ap.add_argument("--parts", default="verdicts,adversarial,timing,throughput,blindspots")
     ap.add_argument("--level2-stride", type=int, default=5)
     ap.add_argument("--limit", type=int, default=0, help="at most this many verdict problems")
+    ap.add_argument("--offset", type=int, default=0, help="skip this many verdict (or blindspots) problems first")
     ap.add_argument("--timing", default="1/12,1/7,1/9,1/19,1/23,1/40")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--throughput", type=int, default=12)
+    ap.add_argument("--blind-kinds", default="zeros,identity,float64", help="blindspots: which answers")
+    ap.add_argument("--blind-rules", default="before,after", help="blindspots: the rules off (before), on (after)")
+    ap.add_argument("--blind-stride", type=int, default=1, help="blindspots: every Nth level-1 problem")
+    ap.add_argument("--blind-problems", default="", help="blindspots: these level-1 problems only (numbers)")
     ap.add_argument("--json", default="")
     # the KernelBench runner (a process of its own)
     ap.add_argument("--kb-run", action="store_true", help=argparse.SUPPRESS)
@@ -298,7 +431,7 @@ def main():
         args.work = work
         for part in [p for p in args.parts.split(",") if p]:
             fn = {"verdicts": part_verdicts, "adversarial": part_adversarial, "timing": part_timing,
-                  "throughput": part_throughput}.get(part)
+                  "throughput": part_throughput, "blindspots": part_blindspots}.get(part)
             if fn is None:
                 ap.error(f"--parts: unknown part {part!r}")
             t0 = time.monotonic()
