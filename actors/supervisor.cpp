@@ -55,7 +55,7 @@ struct overloaded : F... {
 template <class... F>
 overloaded(F...) -> overloaded<F...>;
 
-void finish(self_ptr self, const SupervisorArgs& args, const std::string& error) {
+void finish(self_ptr self, const SupervisorArgs& args, const std::string& error, bool interrupted = false) {
   auto& st = self->state;
   if (st.finished) return;
   st.finished = true;
@@ -64,6 +64,7 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
   const auto& run_id = args.experiment.run_id;
   const auto rows = st.store ? st.store->steps(run_id) : std::vector<Store::StepRow>{};
   nlohmann::json j = st.experiment->summary(error, rows);
+  if (interrupted) j["interrupted"] = true;
   j["duplicates_dropped"] = st.duplicates;
   j["store_failures"] = st.store_failures;
   if (!args.store_path.empty()) {
@@ -75,12 +76,14 @@ void finish(self_ptr self, const SupervisorArgs& args, const std::string& error)
     auto row = st.experiment->final_row();
     if (row && !st.store->record_step(run_id, *row))
       lg->error("store: cannot record step {}: {}", row->step, st.store->last_error());
-    if (!st.store->finish_run(run_id, error.empty() ? "completed" : "failed", j.dump()))
+    if (!st.store->finish_run(run_id, interrupted ? "interrupted" : error.empty() ? "completed" : "failed", j.dump()))
       lg->error("store: cannot finish run: {}", st.store->last_error());
   }
   if (error.empty())
     lg->info("run {} complete: {} samples, {} correct", run_id, j.value("samples", uint64_t(0)),
              j.value("correct", uint64_t(0)));
+  else if (interrupted)
+    lg->warn("run {} interrupted: {} ({} samples recorded)", run_id, error, j.value("samples", uint64_t(0)));
   else
     lg->error("run {} failed: {}", run_id, error);
   if (st.done.pending()) st.done.deliver(j.dump());
@@ -466,6 +469,10 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
       [=](record_atom, ScoredRollout& s) {
         auto& st = self->state;
         if (!st.store) return;
+        if (st.finished) {  // an evaluation that ended with the run (an interrupted run's, say): no verdict of it
+          lg->debug("sample {} arrived after the run ended; not recorded", s.rollout.sample_id);
+          return;
+        }
         switch (st.store->record_sample(args.experiment.run_id, s)) {
           case InsertResult::duplicate:
             ++st.duplicates;
@@ -481,6 +488,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
         st.pool.arrived(s.rollout.task_id, s.rollout.group_id, s.rollout.sample_index);
         apply(self, args, st.experiment->sampled(s));
       },
+      [=](interrupt_atom, const std::string& why) { finish(self, args, why, true); },
       [=](record_atom, Telemetry& t) {
         auto& st = self->state;
         if (st.store && !st.store->record_telemetry(args.experiment.run_id, t))

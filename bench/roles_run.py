@@ -224,6 +224,7 @@ def main():
     d = tempfile.mkdtemp(prefix="kernelrl-roles-bench-")
     with open(os.path.join(d, "cluster.secret"), "w") as f:
         f.write(os.urandom(24).hex() + "\n")
+    os.chmod(os.path.join(d, "cluster.secret"), 0o600)  # a secret only its owner reads (launch refuses others)
     env = dict(os.environ)
     out = {"model": a.model, "device": a.device, "mode": a.mode, "steps": a.steps, "batch": a.batch, "group": a.group,
            "max_tokens": a.max_tokens, "dir": d}

@@ -7,6 +7,9 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -29,9 +32,21 @@ constexpr size_t min_secret_bytes = 16;
 
 }  // namespace
 
+std::string secret_file_problem(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !(st.st_mode & (S_IRWXG | S_IRWXO))) return "";
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
+  return std::string("a secret readable by group or others (mode ") + mode + "); `chmod 600 " + path + "` it";
+}
+
 std::optional<std::string> read_cluster_secret(const ClusterConfig& cluster, std::string& err) {
   std::string secret, from;
   if (!cluster.secret_file.empty()) {
+    if (auto why = secret_file_problem(cluster.secret_file); !why.empty()) {
+      err = "[cluster] secret_file " + cluster.secret_file + ": " + why;
+      return std::nullopt;
+    }
     std::ifstream in(cluster.secret_file, std::ios::binary);
     if (!in) {
       err = "[cluster] secret_file " + cluster.secret_file + ": cannot read it";
@@ -47,7 +62,7 @@ std::optional<std::string> read_cluster_secret(const ClusterConfig& cluster, std
   } else {
     err =
         "this cluster needs a secret: set [cluster] secret_file or $KERNELRL_CLUSTER_SECRET "
-        "(e.g. `openssl rand -hex 32 > cluster.secret`)";
+        "(e.g. `(umask 077; openssl rand -hex 32 > cluster.secret)`)";
     return std::nullopt;
   }
   while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back()))) secret.pop_back();

@@ -16,6 +16,11 @@ struct ClusterConfig;
 // $KERNELRL_CLUSTER_SECRET. nullopt with `err` set when neither gives one, or it is too short.
 std::optional<std::string> read_cluster_secret(const ClusterConfig& cluster, std::string& err);
 
+// "" or why a secret file may not be used: readable (or writable) by its group or others, who
+// may include the candidates a worker runs (what `openssl rand -hex 32 > FILE` makes under the
+// usual umask, 0644). tls_key and publish_key are held to the same rule.
+std::string secret_file_problem(const std::string& path);
+
 // 32 random bytes (OpenSSL's CSPRNG), hex.
 std::string random_nonce();
 

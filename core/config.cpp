@@ -1,4 +1,5 @@
 #include "core/config.hpp"
+#include "core/auth.hpp"
 #include "core/curve.hpp"
 #include "core/tls.hpp"
 #include "core/config_toml.hpp"
@@ -398,6 +399,8 @@ void read_cluster(TableReader& r, Config& c, const toml::table& root) {
   r.one_of("log_level", c.cluster.log_level, {"trace", "debug", "info", "warn", "error", "off"});
   r.str("head", c.cluster.head);
   r.path("secret_file", c.cluster.secret_file, PathKind::file);
+  if (fs::is_regular_file(c.cluster.secret_file))
+    if (auto why = secret_file_problem(c.cluster.secret_file); !why.empty()) r.error_here("secret_file", why);
   r.number("heartbeat_s", c.cluster.heartbeat_s, 0.05, 3600);
   r.number("peer_timeout_s", c.cluster.peer_timeout_s, 0.1, 86400);
   r.number("join_wait_s", c.cluster.join_wait_s, 0, 86400);

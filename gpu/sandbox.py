@@ -81,8 +81,9 @@ ENV_ALLOW = ("PATH", "LANG", "LANGUAGE", "TZ", "LC_", "CUDA_", "NVIDIA_", "TORCH
 class Confinement:
     """What every candidate's process is confined to (decided once by the worker).
 
-    hide: folders covered by an empty read-only tmpfs (the home folder, root's, the build cache,
-    the worker's scratch folder with its locks and socket, the run folder and the store);
+    hide: folders covered by an empty read-only tmpfs, and files replaced by /dev/null (the home
+    folder, root's, the build cache, the worker's scratch folder with its locks and socket, the
+    run folders and their stores, the cluster's secret and keys);
     expose: folders put back, read-only, even under a hidden one (the Python installation, the
     harness's own code, the build cache for the timing stage); writable: folders bound
     read-write (a trusted builder's staging folder only). Everything else is read-only; /tmp and
@@ -222,6 +223,8 @@ def _confine_files(conf):
     for h in conf.hide:
         if os.path.isdir(h) and not any(_under(h, w) for w in conf.writable):
             covers.setdefault(h, "mode=755,size=64k")
+    # Hidden files (a secret, a key) outside the hidden folders: /dev/null in their place.
+    nulled = [h for h in conf.hide if os.path.isfile(h) and not any(_under(h, c) for c in covers)]
     steps = [(h, "cover") for h in covers] + [(p, "bind") for p in keep_fds]
     for p, what in sorted(steps, key=lambda x: (len(x[0]), x[1] == "bind")):
         if what == "cover":
@@ -235,6 +238,11 @@ def _confine_files(conf):
                 problems.append(f"cannot put back {p} ({e.strerror})")
                 continue
             _mount(f"/proc/self/fd/{keep_fds[p]}", p, None, _MS_BIND | _MS_REC)
+    for f in nulled:
+        try:
+            _mount("/dev/null", f, None, _MS_BIND)
+        except OSError as e:
+            problems.append(f"cannot hide {f} ({e.strerror})")
     # Everything read-only but the kernel's own file systems, the private /tmp and /dev/shm and
     # what is writable on purpose.
     for point, keep in _mounts():

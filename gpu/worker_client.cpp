@@ -12,6 +12,8 @@
 #include <cstring>
 #include <fcntl.h>
 #include <filesystem>
+#include <mutex>
+#include <set>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -143,12 +145,25 @@ WorkerClient::WorkerClient(WorkerOptions opts) : opts_(std::move(opts)), impl_(n
 
 WorkerClient::~WorkerClient() { stop(); }
 
+namespace {
+// Every live worker of this process (its pid = its process group), for stop_all_workers.
+std::mutex live_mu;
+std::set<pid_t> live_workers;
+}  // namespace
+
+void stop_all_workers() {
+  std::lock_guard lk(live_mu);
+  for (pid_t p : live_workers) ::kill(-p, SIGKILL);  // reaped by their clients, which see them die
+}
+
 void WorkerClient::kill_worker() {
   if (pid_ > 0) {
     ::kill(-pid_, SIGKILL);  // the whole process group: compilers and helpers too
     ::kill(pid_, SIGKILL);
     int status = 0;
     waitpid(pid_, &status, 0);
+    std::lock_guard lk(live_mu);
+    live_workers.erase(pid_);
   }
   pid_ = -1;
   impl_->sock.reset();
@@ -218,6 +233,10 @@ bool WorkerClient::ensure_started(std::string& err) {
   }
   pid_ = pid;
   ++starts_;
+  {
+    std::lock_guard lk(live_mu);
+    live_workers.insert(pid_);
+  }
   // Bound once the worker's pid is known: the socket accepts a connection from that process
   // only (the kernel's peer credentials, checked by ZeroMQ at accept), whoever else reaches its
   // folder. The worker retries its connection until the endpoint exists.

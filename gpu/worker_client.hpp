@@ -23,7 +23,8 @@ struct WorkerOptions {
   double startup_timeout_s = 120;  // time allowed for start-up (torch import, CUDA init)
   std::string cache_dir;           // build cache ("": the worker's default)
   bool isolate_network = true;     // candidates are confined (namespaces, private file view); false: debugging only
-  std::vector<std::string> hide;   // folders candidates must not see (the run root with its stores)
+  std::vector<std::string> hide;   // folders and files candidates must not see (the run root and the
+                                   // run's folder with their stores, the cluster's secret and keys)
 };
 
 // What one request to the worker adds to the evaluator's settings.
@@ -34,6 +35,11 @@ struct StageOptions {
 
 // Whether an action builds native code or Triton kernels (and so goes through the compile stage).
 bool declares_build(const std::string& action);
+
+// Kills every worker this process started (and its candidates): a run interrupted by a signal
+// stops at once instead of waiting out the evaluations in flight, whose verdicts are then not
+// recorded (the supervisor has ended the run).
+void stop_all_workers();
 
 class WorkerClient {
  public:

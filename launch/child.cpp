@@ -58,6 +58,15 @@ bool finish_child(int pid, double timeout_s) {
   return false;
 }
 
+bool clear_unfinished(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path store = fs::path(dir) / "store.sqlite";
+  if (!fs::exists(store) || fs::exists(fs::path(dir) / "compute.json")) return false;
+  std::error_code ec;
+  for (const char* suffix : {"", "-wal", "-shm"}) fs::remove(store.string() + suffix, ec);
+  return true;
+}
+
 std::string self_exe() {
   std::error_code ec;
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);

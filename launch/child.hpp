@@ -17,5 +17,9 @@ int start_child(const std::vector<std::string>& argv, const std::string& log = "
 bool finish_child(int pid, double timeout_s);
 // This executable's path (/proc/self/exe), or "launch".
 std::string self_exe();
+// A child run's folder that holds an unfinished run (a store, no compute.json): its store removed,
+// so that the child starts it again from nothing (a launch refuses a folder whose store holds its
+// run). True when there was one.
+bool clear_unfinished(const std::string& dir);
 
 }  // namespace kernelrl

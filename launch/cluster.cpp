@@ -182,7 +182,11 @@ std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& 
     ea.worker.log_path = (fs::path(log_dir) / (sanitize_id(ea.id) + ".log")).string();
     ea.worker.cache_dir = cfg.evaluator.cache_dir;
     ea.worker.isolate_network = cfg.evaluator.isolate_network;
-    ea.worker.hide = {cfg.experiment.run_root};  // every run's folder and store
+    // Out of candidates' sight: every run's folder and store (the run root, and this run's folder
+    // wherever --run-dir put it: the workers' logs are in RUN_DIR/workers) and the cluster's secrets.
+    ea.worker.hide = {cfg.experiment.run_root, fs::path(log_dir).parent_path().string()};
+    for (const std::string* secret : {&cfg.cluster.secret_file, &cfg.cluster.tls_key, &cfg.monitor.publish_key})
+      if (!secret->empty()) ea.worker.hide.push_back(fs::absolute(*secret).string());
     out.push_back(ea);
   }
   return out;

@@ -357,6 +357,8 @@ int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, 
         std::printf("arm %s: already done in %s\n", label.c_str(), dir.c_str());
         continue;
       }
+      if (clear_unfinished(dir))
+        std::printf("arm %s: its unfinished run in %s starts again\n", label.c_str(), dir.c_str());
       std::string cfg = (fs::path(root) / (a.name + (seed ? "." + sub : std::string()) + ".toml")).string();
       auto t = toml::parse(a.cfg.resolved_toml);
       if (seed) {

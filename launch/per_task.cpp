@@ -167,6 +167,9 @@ int cmd_run_per_task(const Config& cfg, const std::string& run_dir_arg, const st
       std::printf("task %zu/%zu %s: already done in %s\n", i + 1, ids.size(), ids[i].c_str(), dir.c_str());
       continue;
     }
+    if (clear_unfinished(dir.string()))
+      std::printf("task %zu/%zu %s: its unfinished run in %s starts again\n", i + 1, ids.size(), ids[i].c_str(),
+                  dir.c_str());
     const std::string file = (fs::path(root) / "tasks" / (ids[i] + ".toml")).string();
     std::ofstream(file) << task_config(cfg, ids[i]);
     std::printf("task %zu/%zu %s: launch %s --run-dir %s\n", i + 1, ids.size(), ids[i].c_str(), file.c_str(),

@@ -17,6 +17,7 @@
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "experiment/assemble.hpp"
+#include "gpu/worker_client.hpp"
 #include "launch/cli.hpp"
 #include "launch/cluster.hpp"
 #include "launch/commands.hpp"
@@ -24,8 +25,10 @@
 #include "launch/learning.hpp"
 #include "launch/samplers.hpp"
 #include "launch/setup.hpp"
+#include "launch/stop_signals.hpp"
 #include "learner/lora_learner.hpp"
 #include "policy/sampler_backend.hpp"
+#include "store/store.hpp"
 #include "tasks/prompt.hpp"
 
 #include <caf/all.hpp>
@@ -34,7 +37,14 @@
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -228,6 +238,45 @@ std::string resume_conflicts(const Config& cfg, const std::string& run_dir) {
 
 }  // namespace
 
+// Locks RUN_DIR for this process's lifetime (flock on RUN_DIR/.launch.lock, its pid written in it):
+// "" or why not (another launch holds it).
+static std::string lock_run_dir(const std::string& run_dir) {
+  const auto path = (fs::path(run_dir) / ".launch.lock").string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return path + ": cannot open the run directory's lock: " + std::strerror(errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char buf[64] = {};
+    [[maybe_unused]] ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+    ::close(fd);
+    std::string holder(buf);
+    while (!holder.empty() && std::isspace(static_cast<unsigned char>(holder.back()))) holder.pop_back();
+    return fmt::format(
+        "{}: another launch is using this run directory (pid {}); wait for it to end, or give "
+        "another --run-dir",
+        run_dir, holder.empty() ? "unknown" : holder);
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {}  // the pid is only a hint
+  return "";  // fd stays open (and locked) until the process ends
+}
+
+// "" or why a new run may not start in RUN_DIR: its store already holds a run of that name (its
+// samples would be taken for the new run's, dropped as duplicates, and the run wait for them).
+static std::string used_run_dir(const std::string& run_dir, const std::string& store_file) {
+  const auto path = fs::path(run_dir) / store_file;
+  if (!fs::exists(path)) return "";
+  std::string err;
+  auto store = Store::open_readonly(path.string(), err);
+  if (!store) return "holds a store that cannot be read (" + err + "); give another --run-dir";
+  const std::string run_id = fs::path(run_dir).filename().string();
+  for (auto& id : store->runs())
+    if (id == run_id)
+      return fmt::format(
+          "already holds run {} ({}); give another --run-dir, or `--resume {}` to continue a learning run", id,
+          store->run_status(id), run_dir);
+  return "";
+}
+
 std::optional<std::string> open_run_dir(const Config& cfg, const std::string& config_path, const std::string& arg,
                                         bool resume) {
   auto lg = log::get("launch");
@@ -272,7 +321,15 @@ std::optional<std::string> open_run_dir(const Config& cfg, const std::string& co
     lg->error("{}: cannot write in the run directory: {}", run_dir, ec.message());
     return std::nullopt;
   }
+  if (std::string why = lock_run_dir(run_dir); !why.empty()) {
+    lg->error("{}", why);
+    return std::nullopt;
+  }
   if (!resume) {
+    if (std::string why = used_run_dir(run_dir, cfg.store.file); !why.empty()) {
+      lg->error("--run-dir {}: {}", run_dir, why);
+      return std::nullopt;
+    }
     std::ofstream out(fs::path(run_dir) / "config.resolved.toml");
     out << cfg.resolved_toml;
     if (!out.flush()) {
@@ -446,6 +503,7 @@ int run_to_end(caf::actor_system& sys, RunActors& run, const std::string& run_di
     std::printf("run directory: %s\n", run_dir.c_str());
   run.stop(sys);
   if (j.value("ok", false)) return 0;
+  if (j.value("interrupted", false)) return 1;  // said when it was asked for (cmd_run's StopSignals)
   log::get("launch")->error("run failed: {}", j.value("error", std::string("unknown error")));
   return 1;
 }
@@ -539,17 +597,34 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   sys_cfg.set("logger.verbosity", caf::atom("quiet"));
   auto sys = std::make_unique<caf::actor_system>(sys_cfg);
   const int tracker = start_tracker(*cfg, *run_dir);
+  int stopped_by = 0;
   const int code = [&] {
     auto run = spawn_run(*sys, *cfg, std::move(*in), *run_dir, run_id, resume, backends, std::move(engine), secret,
                          config_path);
-    return run ? run_to_end(*sys, *run, *run_dir) : 2;
+    if (!run) return 2;
+    // SIGINT or SIGTERM (Ctrl-C, a scheduler, systemd, `docker stop`): the run ends as an
+    // interruption, its store and summary written; a second signal ends the process at once.
+    const bool learns = traits(cfg->experiment.mode).learns;
+    StopSignals stop([&, supervisor = run->supervisor](int sig) {
+      const std::string why = fmt::format(
+          "{} received: the run stops{}", signal_name(sig),
+          learns ? fmt::format("; `launch {} --resume {}` continues it from its last checkpoint", config_path, *run_dir)
+                 : fmt::format("; the samples recorded so far are kept in {}", *run_dir));
+      lg->warn("{} (a second signal ends the process at once)", why);
+      caf::anon_send(supervisor, interrupt_atom::value, why);
+    });
+    const int rc = run_to_end(*sys, *run, *run_dir);
+    stopped_by = stop.caught();
+    if (stopped_by) stop_all_workers();  // evaluations in flight end now; the run has ended
+    return rc;
   }();
+  const int exit_code = stopped_by ? 128 + stopped_by : code;  // as a shell reports a process a signal ended
   backends.clear();
-  stop_actor_system(std::move(sys), std::chrono::seconds(10), code);
+  stop_actor_system(std::move(sys), std::chrono::seconds(10), exit_code);
   if (tracker > 0 && !finish_child(tracker, 120))
     lg->warn("the {} tracker did not finish within 120 s of the run's end; stopped (its log: {}/tracking.log)",
              cfg->tracking.backend, *run_dir);
-  return code;
+  return exit_code;
 }
 
 }  // namespace kernelrl

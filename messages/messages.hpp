@@ -360,6 +360,9 @@ using keep_atom = caf::atom_constant<caf::atom("keep")>;        // supervisor ->
 using sync_atom = caf::atom_constant<caf::atom("sync")>;        // supervisor -> learner: publish
                                                                 // the current weights
 using finish_atom = caf::atom_constant<caf::atom("finish")>;    // orderly end of a run
+// launch -> supervisor: (interrupt_atom, why): SIGINT or SIGTERM; the run ends now as an
+// interruption (its store says "interrupted"; a learning run resumes from its last checkpoint)
+using interrupt_atom = caf::atom_constant<caf::atom("interrupt")>;
 using compile_atom = caf::atom_constant<caf::atom("compile")>;  // evaluator -> its compile stage
 // dispatcher -> evaluator: (withdraw_atom, sample_id): give back a request it has not started
 // (its eval request then fails with withdrawn_error); one already running is left to finish.

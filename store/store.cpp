@@ -473,6 +473,12 @@ std::vector<SampleRow> Store::rows(const std::string& run_id, const std::string&
   return out;
 }
 
+std::string Store::run_status(const std::string& run_id) {
+  Stmt st(db_, "SELECT status FROM runs WHERE run_id = ?");
+  st.text(1, run_id);
+  return st.step() == SQLITE_ROW ? st.col_text(0) : "";
+}
+
 std::vector<std::string> Store::runs() {
   std::vector<std::string> out;
   Stmt st(db_, "SELECT run_id FROM runs ORDER BY created_at, rowid");

@@ -85,6 +85,8 @@ class Store {
                             const std::string& note);
   // The largest group id among a run's samples (0: none).
   uint64_t max_group_id(const std::string& run_id);
+  // A run's status: running, completed, failed or interrupted ("" when there is no such run).
+  std::string run_status(const std::string& run_id);
   // The summary JSON a finished run was closed with ("" while it runs or when unknown).
   std::string summary(const std::string& run_id);
   // Ids of the runs in this store, oldest first.

@@ -54,6 +54,7 @@ def cluster_head(d, port, peer_timeout_s, host="127.0.0.1"):
     """[cluster] and the head's [[node]]; writes the secret file beside the config."""
     with open(os.path.join(d, "cluster.secret"), "w") as f:
         f.write(SECRET + "\n")
+    os.chmod(os.path.join(d, "cluster.secret"), 0o600)  # a secret only its owner reads (launch refuses others)
     return f"""
 [cluster]
 name = "test-cluster"
@@ -436,6 +437,27 @@ CERTS = os.path.join(ROOT, "scripts", "cluster-certs")
 
 def make_certs(dir, *names):
     subprocess.run([CERTS, dir, *names], check=True, capture_output=True, timeout=60)
+
+
+class SecretFileTest(unittest.TestCase):
+    """A cluster secret that others may read is refused where it is named (issue 54: what `openssl
+    rand -hex 32 > cluster.secret` makes under the usual umask reached candidates)."""
+
+    def test_a_secret_file_readable_by_others_is_refused(self):
+        with tempfile.TemporaryDirectory() as d:
+            cfg = write_config(d, free_port())
+            secret = os.path.join(d, "cluster.secret")
+            ok = subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True, timeout=60)
+            self.assertEqual(ok.returncode, 0, ok.stderr)
+            os.chmod(secret, 0o644)
+            r = subprocess.run([LAUNCH, "check", cfg], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertRegex(r.stderr, r"cluster\.toml:\d+:\d+: cluster\.secret_file: a secret readable by group or "
+                                       r"others \(mode 644\); `chmod 600 .*cluster\.secret` it")
+            m = subprocess.run([LAUNCH, "monitor", "127.0.0.1:1", "--once", "--secret-file", secret, "--wait", "0.1"],
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(m.returncode, 0)
+            self.assertIn("a secret readable by group or others (mode 644)", m.stderr)
 
 
 class TlsTest(unittest.TestCase):

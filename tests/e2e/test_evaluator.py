@@ -585,9 +585,17 @@ class SandboxTest(Base):
         cls.private = tempfile.TemporaryDirectory()  # stands for the run folder and its store
         with open(os.path.join(cls.private.name, "store.sqlite"), "w") as f:
             f.write(cls.SECRET)
+        # A cluster secret kept where candidates can see the folder (not /tmp: theirs is private),
+        # readable by all: hidden as a file (issue 54).
+        cls.keys = tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "build"))
+        cls.secret_file = os.path.join(cls.keys.name, "cluster.secret")
+        with open(cls.secret_file, "w") as f:
+            f.write(cls.SECRET + "-file")
+        os.chmod(cls.keys.name, 0o755)
+        os.chmod(cls.secret_file, 0o644)
         super().setUpClass()
         cls.server.close()
-        cls.server = ForkServer(DEVICE, 1, cls.cache, tmp_root=cls.tmp_root, hide=[cls.private.name])
+        cls.server = ForkServer(DEVICE, 1, cls.cache, tmp_root=cls.tmp_root, hide=[cls.private.name, cls.secret_file])
         if not cls.server.info["sandbox"].startswith("namespaces: pid"):
             raise unittest.SkipTest(f"no sandbox on this kernel: {cls.server.info['sandbox']}")
 
@@ -595,6 +603,7 @@ class SandboxTest(Base):
     def tearDownClass(cls):
         super().tearDownClass()
         cls.private.cleanup()
+        cls.keys.cleanup()
         os.environ.pop("KERNELRL_CLUSTER_SECRET", None)
 
     def honest(self):
@@ -704,7 +713,8 @@ class SandboxTest(Base):
     def test_secrets_files_and_other_processes_are_out_of_reach(self):
         probe = ("import os\nfound = []\n"
                  "for path in ['/proc/self/environ', '/proc/1/environ', "
-                 f"{os.path.join(self.private.name, 'store.sqlite')!r}, os.path.expanduser('~/.bashrc'), '/etc/shadow']:\n"
+                 f"{os.path.join(self.private.name, 'store.sqlite')!r}, {self.secret_file!r}, "
+                 "os.path.expanduser('~/.bashrc'), '/etc/shadow']:\n"
                  "    try:\n        found.append(path + ': ' + open(path, 'rb').read()[:4000].decode('latin-1'))\n"
                  "    except OSError as e:\n        found.append(path + ': ' + type(e).__name__)\n"
                  "found.append(repr(dict(os.environ)))\n"
@@ -716,6 +726,7 @@ class SandboxTest(Base):
         text = r["error"] + r.get("compile_log", "")
         self.assertNotIn(self.SECRET, text)
         self.assertIn("store.sqlite: FileNotFoundError", text)
+        self.assertIn(f"{self.secret_file}:  | ", text)  # there, and empty (/dev/null in its place)
         self.assertIn("procs 1 ", text + " ", "the candidate sees only its own processes")
         self.assertIn("scratch False", text)
         if os.geteuid() == 0:

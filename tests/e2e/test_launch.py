@@ -5,6 +5,7 @@ bad inputs (broken replay lines, an unknown task, evaluators that cannot start).
 import json
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import tempfile
@@ -510,6 +511,67 @@ class TempFilesTest(unittest.TestCase):
                                  env=env, capture_output=True, text=True, timeout=600)
             self.assertEqual(out.returncode, 0, out.stderr[-3000:])
             self.assertEqual(os.listdir(tmp), [])
+
+
+class StopAndRunDirTest(unittest.TestCase):
+    """Issue 54: SIGTERM (and SIGINT) end a run as an interruption, its store saying so; one launch
+    a run directory (a second is refused, naming the first's pid); a run directory whose store holds
+    a run is not started again."""
+
+    def slow_replay(self, d):
+        # Candidates that each take a few seconds: the run is surely mid-way when the signal comes.
+        path = os.path.join(d, "slow.jsonl")
+        with open(path, "w") as f:
+            for i in range(12):
+                f.write(json.dumps({"task_id": "06_swish", "completion": f"import time\ntime.sleep(2)  # {i}\n"
+                                                                         "return torch.nn.functional.silu(x)"}) + "\n")
+        cfg = write_config(d, path, timeout_s=30)
+        with open(cfg) as f:
+            text = f.read().replace(f'dir = "{TASKS}"', f'dir = "{TASKS}"\nids = ["06_swish"]')
+        with open(cfg, "w") as f:
+            f.write(text)
+        return cfg
+
+    def test_sigterm_interrupts_the_run_cleanly_and_one_launch_holds_a_run_directory(self):
+        with tempfile.TemporaryDirectory() as d:
+            cfg = self.slow_replay(d)
+            run_dir = os.path.join(d, "run")
+            p = subprocess.Popen([LAUNCH, cfg, "--run-dir", run_dir], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            store = os.path.join(run_dir, "store.sqlite")
+            deadline = time.time() + 120
+            while time.time() < deadline and p.poll() is None:
+                try:
+                    with sqlite3.connect(store) as db:
+                        if db.execute("SELECT COUNT(*) FROM samples").fetchone()[0] >= 1:
+                            break
+                except sqlite3.Error:
+                    pass
+                time.sleep(0.2)
+            self.assertIsNone(p.poll(), "the run ended before the signal")
+            # A second launch on the same directory is refused while the first holds it.
+            second = run(cfg, "--run-dir", run_dir)
+            self.assertEqual(second.returncode, 2, second.stderr[-2000:])
+            self.assertIn(f"another launch is using this run directory (pid {p.pid})", second.stderr)
+            t0 = time.time()
+            p.send_signal(signal.SIGTERM)
+            out, err = p.communicate(timeout=60)
+            self.assertEqual(p.returncode, 128 + signal.SIGTERM, err[-3000:])
+            self.assertLess(time.time() - t0, 30)
+            self.assertIn("SIGTERM received: the run stops; the samples recorded so far are kept in " + run_dir, err)
+            with sqlite3.connect(store) as db:
+                status, = db.execute("SELECT status FROM runs").fetchone()
+                recorded = db.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+            self.assertEqual(status, "interrupted")
+            self.assertGreaterEqual(recorded, 1)
+            self.assertLess(recorded, 12)
+            with open(os.path.join(run_dir, "launch.log")) as f:
+                self.assertIn("interrupted: SIGTERM received", f.read())
+            # Its directory holds that run: a new run there is refused, not mixed into it.
+            again = run(cfg, "--run-dir", run_dir)
+            self.assertEqual(again.returncode, 2, again.stderr[-2000:])
+            self.assertIn(f"--run-dir {run_dir}: already holds run run (interrupted); give another --run-dir",
+                          again.stderr)
 
 
 class EvaluateCommandTest(unittest.TestCase):

@@ -113,6 +113,7 @@ sampler_devices = ["cpu"]
 """
         with open(os.path.join(self.tmp, "cluster.secret"), "w") as f:
             f.write(SECRET + "\n")
+        os.chmod(os.path.join(self.tmp, "cluster.secret"), 0o600)  # a secret only its owner reads (launch refuses others)
         path = os.path.join(self.tmp, "roles.toml")
         with open(path, "w") as f:
             f.write(f"""
