@@ -278,8 +278,9 @@ static std::string used_run_dir(const std::string& run_dir, const std::string& s
 }
 
 std::optional<std::string> open_run_dir(const Config& cfg, const std::string& config_path, const std::string& arg,
-                                        bool resume) {
+                                        RunDirUse use) {
   auto lg = log::get("launch");
+  const bool resume = use == RunDirUse::resume;
   const ModeTraits& mode = traits(cfg.experiment.mode);
   if (resume && !mode.learns) {
     lg->error("--resume {}: only train, ttt and sdpo runs resume ({} has [experiment] mode = \"{}\")", arg, config_path,
@@ -326,7 +327,8 @@ std::optional<std::string> open_run_dir(const Config& cfg, const std::string& co
     return std::nullopt;
   }
   if (!resume) {
-    if (std::string why = used_run_dir(run_dir, cfg.store.file); !why.empty()) {
+    std::string why = use == RunDirUse::fresh ? used_run_dir(run_dir, cfg.store.file) : "";
+    if (!why.empty()) {
       lg->error("--run-dir {}: {}", run_dir, why);
       return std::nullopt;
     }
@@ -566,7 +568,7 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   }
   auto in = read_inputs(*cfg);
   if (!in) return 2;
-  auto run_dir = open_run_dir(*cfg, config_path, run_dir_arg, resume);
+  auto run_dir = open_run_dir(*cfg, config_path, run_dir_arg, resume ? RunDirUse::resume : RunDirUse::fresh);
   if (!run_dir) return 2;
   const std::string run_id = fs::path(*run_dir).filename().string();
   log_start(*cfg, *in, run_id, *run_dir);

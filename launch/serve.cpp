@@ -106,7 +106,7 @@ int cmd_serve(const ServeArgs& a) {
     lg->error("{}: {}", a.config, err);
     return restore(), 2;
   }
-  auto run_dir = open_run_dir(*cfg, a.config, a.run_dir, false);
+  auto run_dir = open_run_dir(*cfg, a.config, a.run_dir, RunDirUse::service);
   if (!run_dir) return restore(), 2;
   const std::string run_id = fs::path(*run_dir).filename().string();
 

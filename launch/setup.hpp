@@ -49,11 +49,16 @@ bool render_task_prompts(const Config& cfg, const TaskSet& tasks, const TaskSet&
 // head refuses its samplers.
 std::string prompts_digest(const std::vector<RenderedPrompt>& prompts);
 
-// The run's directory: `arg` (created) or, empty, a new one under [experiment] run_root; a resumed
-// run's with `resume`; with workers/, the resolved config (a new run) and launch.log. Nullopt after
+// How a launch takes its run directory: a new run (a directory whose store already holds the run is
+// refused), a resumed learning run, or a service (launch serve) that goes on with the run its
+// directory holds.
+enum class RunDirUse { fresh, resume, service };
+
+// The run's directory: `arg` (created) or, empty, a new one under [experiment] run_root; locked for
+// this process; with workers/, the resolved config (unless resumed) and launch.log. Nullopt after
 // logging why not. (launch/run.cpp)
 std::optional<std::string> open_run_dir(const Config& cfg, const std::string& config_path, const std::string& arg,
-                                        bool resume);
+                                        RunDirUse use);
 
 // The store of RUN_DIR (or a store file), read-only, for subcommand `cmd`; null after printing
 // why, with rc 2 when there is none and 1 when it cannot be read.
