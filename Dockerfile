@@ -11,7 +11,7 @@
 # debootstrap'd bookworm chroot, with a CUDA 13.0 toolkit at /usr/local/cuda, built launch on the
 # image's Python 3.11 and ran the default job to its fifth training step (stopped there).
 # Sandbox: under Docker's default seccomp profile the evaluator cannot make namespaces, so each
-# candidate runs as uid 65534 on the container's files (no private /tmp, network or PID namespace;
+# candidate runs as a uid of its own on the container's files (no private /tmp, network or PID namespace;
 # the worker logs what it got). That user must read the Python environment and the build cache:
 # they live in /opt/kernelrl-cache, not under /root. For the full sandbox (namespaces, a private
 # file view) run with --security-opt seccomp=unconfined --cap-add SYS_ADMIN, or --privileged.
@@ -30,7 +30,7 @@ RUN test -n "$CUDA_KEYRING_URL" \
  && apt-get install -y --no-install-recommends cuda-toolkit-13-0 \
  && rm -rf /var/lib/apt/lists/*
 ENV PATH=/usr/local/cuda/bin:$PATH
-# The Python environments and the build cache where uid 65534 (a candidate, without namespaces) can read them.
+# The Python environments and the build cache where any uid (a candidate runs as its own, without namespaces) can read them.
 ENV KERNELRL_CACHE=/opt/kernelrl-cache XDG_CACHE_HOME=/opt/kernelrl-cache/xdg
 WORKDIR /opt/kernelrl
 COPY . .

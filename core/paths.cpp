@@ -27,7 +27,11 @@ std::string make_run_dir(const std::string& root, const std::string& name) {
   fs::create_directories(root);
   for (int i = 0;; ++i) {
     fs::path p = fs::path(root) / (name + "-" + stamp + (i ? "-" + std::to_string(i) : ""));
-    if (fs::create_directory(p)) return fs::absolute(p).lexically_normal().string();
+    if (fs::create_directory(p)) {
+      // The owner's and the group's: not a candidate's (its own uid) where no namespace hides it.
+      fs::permissions(p, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
+      return fs::absolute(p).lexically_normal().string();
+    }
   }
 }
 

@@ -8,7 +8,7 @@
 
 namespace kernelrl {
 
-// Creates ROOT/NAME-YYYYmmdd-HHMMSS[-N] (a fresh directory) and returns its absolute path.
+// Creates ROOT/NAME-YYYYmmdd-HHMMSS[-N] (a fresh directory, mode 0750) and returns its absolute path.
 std::string make_run_dir(const std::string& root, const std::string& name);
 
 // A learner's checkpoint of policy version N: CHECKPOINTS/step-N.

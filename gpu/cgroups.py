@@ -110,6 +110,23 @@ def limits_memory() -> bool:
     return "unified" in _base or "memory" in _base
 
 
+def limits_tasks() -> bool:
+    """Whether each group's processes are limited by the kernel (pids.max)."""
+    return "unified" in _base or "pids" in _base
+
+
+def memory_limited(pid, limit_bytes) -> bool:
+    """Whether pid's group exists with a memory limit of at most limit_bytes (the kernel then
+    counts its whole tree's memory once, shared pages included, and enforces the limit)."""
+    for c, base in _base.items():
+        name = {"unified": "memory.max", "memory": "memory.limit_in_bytes"}.get(c)
+        if name:
+            value = _read(os.path.join(base, f"p{pid}", name)).strip()
+            if value.isdigit() and 0 < int(value) <= limit_bytes:
+                return True
+    return False
+
+
 def _v2_usable(parent):
     """None when children of parent get memory and pids (enabling them if need be), else why not."""
     enabled = set(_read(os.path.join(parent, "cgroup.subtree_control")).split())

@@ -76,6 +76,16 @@ def install_entry(root: str, key: str, module: str, staging: str) -> str:
     manifest = {"key": key, "module": module, "library": module + ".so", "sha256": _sha256(lib)}
     with open(os.path.join(staging, MANIFEST), "w") as f:
         json.dump(manifest, f)
+    # The worker's from now on, readable by every candidate (each runs as a uid of its own) and
+    # writable by none, the builder's uid included.
+    for folder, dirs, files in os.walk(staging):
+        for name in [None] + dirs + files:
+            path = folder if name is None else os.path.join(folder, name)
+            if os.path.islink(path):
+                continue
+            if os.geteuid() == 0:
+                os.chown(path, os.getuid(), os.getgid())
+            os.chmod(path, 0o755 if name is None or name in dirs or path.endswith(".so") else 0o644)
     if os.path.isdir(entry):  # an earlier, unverifiable entry (older layout, or altered): replace it
         import shutil
         shutil.rmtree(entry, ignore_errors=True)

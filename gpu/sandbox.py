@@ -4,9 +4,10 @@ The worker (gpu/worker.py) imports torch once and never touches CUDA itself; eac
 in a forked child: a ``Spare`` started ahead of it, or one ``run_isolated`` forks. The child gets its own process group, dies with the worker,
 runs in a private temporary directory, without network (a fresh network namespace where the kernel
 allows one), under an address-space limit on CPU, and hands back one msgpack reply through a pipe.
-The parent enforces the wall-clock limit and a resident-memory limit by polling, and kills the
-child's whole process group when either is passed; the kernel enforces the memory and task limits
-of the child's control group (cgroups.py) over its whole tree, and a seccomp filter (seccomp.py)
+The parent enforces the wall-clock limit, and kills the child's whole process group when it is
+passed; the kernel enforces the memory and task limits of the child's control group (cgroups.py)
+over its whole tree (where it has none, the parent polls the tree's proportional memory and
+RLIMIT_NPROC caps the processes of the child's own uid), and a seccomp filter (seccomp.py)
 refuses the system calls that would widen what it reaches. Whatever the candidate does to its interpreter
 (monkeypatching torch, a poisoned CUDA context, a segfault) ends with the child.
 """
@@ -64,12 +65,17 @@ _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAPBSET_DROP = 24
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
-# The unprivileged uid a candidate runs as when the worker runs as root (nobody): it owns
+# The unprivileged uid the worker's builder runs as when the worker runs as root (nobody): it owns
 # nothing, so it can write none of the worker's files, read none of root's private ones, and
 # signal none of the worker's processes.
 NOBODY = 65534
+# Candidates run as a uid of their own, CANDIDATE_UID_BASE + the pid of the process the worker
+# forked (no passwd entry, no group): like nobody, and besides, no candidate can signal another's
+# processes or use up a count the kernel keeps per uid (RLIMIT_NPROC) that a neighbour needs.
+CANDIDATE_UID_BASE = 0x40000000
 # Processes (threads included) a candidate may have: torch's thread pools and a build's compilers
-# fit; a fork bomb does not.
+# fit; a fork bomb does not. Counted by the candidate's control group (pids.max) where it has one,
+# else by RLIMIT_NPROC on its own uid.
 PROCESS_LIMIT = 1024
 # Environment variables a candidate's process keeps (names, or prefixes ending in "_"); every
 # other one (secrets, API keys, the cluster's key) is removed.
@@ -89,15 +95,16 @@ class Confinement:
     read-write (a trusted builder's staging folder only). Everything else is read-only; /tmp and
     /dev/shm are private and empty; /proc shows only the candidate's own processes."""
 
-    def __init__(self, enabled=True, hide=(), expose=(), writable=(), tmp_size_mb=2048):
+    def __init__(self, enabled=True, hide=(), expose=(), writable=(), tmp_size_mb=2048, uid=None):
         self.enabled = enabled
         self.hide = [os.path.abspath(p) for p in hide if p]
         self.expose = [os.path.abspath(p) for p in expose if p]
         self.writable = [os.path.abspath(p) for p in writable if p]
         self.tmp_size_mb = tmp_size_mb
+        self.uid = uid  # when the worker is root: the uid to run as (None: one of the process's own)
 
     def but(self, **changes):
-        c = Confinement(self.enabled, self.hide, self.expose, self.writable, self.tmp_size_mb)
+        c = Confinement(self.enabled, self.hide, self.expose, self.writable, self.tmp_size_mb, self.uid)
         for k, v in changes.items():
             setattr(c, k, [os.path.abspath(p) for p in v] if isinstance(v, (list, tuple)) else v)
         return c
@@ -180,16 +187,18 @@ def _init_wait(pid):
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
-def _drop_privileges(root):
+def _drop_privileges(root, uid, tasks_counted):
     """No way back: an unprivileged uid (root) or no capabilities (user namespace), no new
-    privileges through exec, a cap on the number of processes."""
-    resource.setrlimit(resource.RLIMIT_NPROC, (PROCESS_LIMIT, PROCESS_LIMIT))
+    privileges through exec, a cap on the number of processes where no control group counts
+    them (RLIMIT_NPROC counts per uid: with root, the uid is the candidate's own)."""
+    if not tasks_counted:
+        resource.setrlimit(resource.RLIMIT_NPROC, (PROCESS_LIMIT, PROCESS_LIMIT))
     _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     if root:
         os.setgroups([])
-        os.setresgid(NOBODY, NOBODY, NOBODY)
-        os.setresuid(NOBODY, NOBODY, NOBODY)
-        return f"uid {NOBODY}"
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        return f"uid {uid}"
     for cap in range(64):
         _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
 
@@ -223,8 +232,12 @@ def _confine_files(conf):
     for h in conf.hide:
         if os.path.isdir(h) and not any(_under(h, w) for w in conf.writable):
             covers.setdefault(h, "mode=755,size=64k")
-    # Hidden files (a secret, a key) outside the hidden folders: /dev/null in their place.
-    nulled = [h for h in conf.hide if os.path.isfile(h) and not any(_under(h, c) for c in covers)]
+    # Hidden files (a secret, a key) the candidate would still see (outside every covered folder,
+    # or inside a folder put back): /dev/null in their place.
+    def seen(f):
+        holders = [c for c in covers if _under(f, c)] + [p for p in keep_fds if _under(f, p)]
+        return not holders or max(holders, key=len) in keep_fds
+    nulled = [h for h in conf.hide if os.path.isfile(h) and seen(h)]
     steps = [(h, "cover") for h in covers] + [(p, "bind") for p in keep_fds]
     for p, what in sorted(steps, key=lambda x: (len(x[0]), x[1] == "bind")):
         if what == "cover":
@@ -260,7 +273,12 @@ def _confine_files(conf):
     return problems
 
 
-def confine(conf, env, own=()):
+def candidate_uid(conf) -> int:
+    """The uid a process confined by conf runs as when the worker is root (call before confine)."""
+    return conf.uid if conf.uid is not None else CANDIDATE_UID_BASE + os.getpid()
+
+
+def confine(conf, env, own=(), tasks_counted=False):
     """Confines this freshly forked (single-threaded) process; returns a dict describing its
     isolation. With ``conf.enabled``: new user (unless root), PID, mount, network, IPC and UTS
     namespaces; this process stays outside as the candidate's parent, and the call returns in
@@ -269,16 +287,21 @@ def confine(conf, env, own=()):
 
     own: folders the candidate must write where it gets no private file view (its temp dir):
     when the kernel refuses namespaces (a container's default seccomp profile) and this runs as
-    root, the candidate runs as uid NOBODY on the worker's own files, so these are given to it."""
+    root, the candidate runs as its own uid on the worker's own files, so these are given to it.
+    tasks_counted: its control group limits its processes (no RLIMIT_NPROC then)."""
     iso = {"namespaces": "none: disabled", "network": "none: disabled", "files": "none: disabled",
            "user": "none: disabled", "seccomp": "none: disabled"}
     os.setpgid(0, 0)
     die_with_parent()
     _scrub_environment(env)
     os.environ["HOME"] = "/tmp"
+    # Its uid may have no passwd entry: what asks for a user name (getpass.getuser(), as torch's
+    # compile caches do) finds one here.
+    os.environ["USER"] = os.environ["LOGNAME"] = "candidate"
     if not conf.enabled:
         return iso
     root = os.geteuid() == 0
+    run_as = candidate_uid(conf)
     uid, gid = os.getuid(), os.getgid()
     flags = _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWCGROUP
     if not root:
@@ -291,8 +314,8 @@ def confine(conf, env, own=()):
         try:
             if root:
                 for path in own:
-                    os.chown(path, NOBODY, NOBODY)
-            iso["user"] = _drop_privileges(root)
+                    os.chown(path, run_as, run_as)
+            iso["user"] = _drop_privileges(root, run_as, tasks_counted)
         except OSError as e:
             iso["user"] = f"none: {e}"
         iso["seccomp"] = seccomp.install()
@@ -326,7 +349,7 @@ def confine(conf, env, own=()):
             os._exit(1)
     die_with_parent()
     try:
-        iso["user"] = _drop_privileges(root)
+        iso["user"] = _drop_privileges(root, run_as, tasks_counted)
     except OSError as e:
         iso["user"] = f"none: {e}"
     iso["seccomp"] = seccomp.install()
@@ -347,9 +370,9 @@ def rss_bytes(pid: int) -> int:
         return 0
 
 
-def tree_rss_bytes(pid: int) -> int:
+def tree_rss_bytes(pid: int, measure=rss_bytes) -> int:
     """Resident memory of a process and all its descendants (the candidate runs as a child of
-    the process the worker forked, in its own PID namespace)."""
+    the process the worker forked, in its own PID namespace), each measured by measure."""
     def children(p):
         try:
             with open(f"/proc/{p}/task/{p}/children") as f:
@@ -366,9 +389,30 @@ def tree_rss_bytes(pid: int) -> int:
             continue
         seen.add(p)
         if not _namespace_init(p):
-            total += rss_bytes(p)
+            total += measure(p)
         todo.extend(children(p))
     return total
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size of a process: each resident page divided by the number of processes
+    sharing it (0 once it is gone, or where the kernel gives no smaps_rollup)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def tree_memory_bytes(pid: int) -> int:
+    """The memory a process tree holds: the sum of its proportional sizes (a tree of forks shares
+    its copy-on-write pages, which the resident sizes count once per process), or of its resident
+    sizes where the kernel gives no proportional ones."""
+    pss = tree_rss_bytes(pid, pss_bytes)
+    return pss if pss > 0 else tree_rss_bytes(pid)
 
 
 def _namespace_init(pid: int) -> bool:
@@ -412,7 +456,7 @@ def _child_setup(conf, env, address_space_limit, memory_limit_mb, tmpdir):
     # Its own control group first (the worker's rights are still its own): every process the
     # candidate starts is counted against its memory and task limits, and removed with it.
     group = cgroups.enter(memory_limit_mb, PROCESS_LIMIT)
-    iso = confine(conf, env, own=[tmpdir])
+    iso = confine(conf, env, own=[tmpdir], tasks_counted=group.startswith("own group") and cgroups.limits_tasks())
     iso["cgroup"] = group
     if iso["files"].startswith("private"):
         tmpdir = "/tmp"  # the private one
@@ -788,6 +832,7 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
     tail = bounded.OutputTail()
     deadline = t0 + timeout_s
     limit = memory_limit_mb * 1024 * 1024
+    kernel_counts = False
     try:
         while True:
             left = deadline - time.monotonic()
@@ -820,11 +865,14 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
                     break  # child closed the pipe: done (or died)
                 chunks.append(chunk)
                 continue
-            if limit > 0:
-                rss = tree_rss_bytes(pid)
-                if rss > limit:
+            # Where its control group limits its memory, the kernel counts and enforces it (each
+            # page once); else the tree is measured here, shared pages shared out among its sharers.
+            if limit > 0 and not kernel_counts:
+                kernel_counts = cgroups.memory_limited(pid, limit)
+                used = 0 if kernel_counts or tree_rss_bytes(pid) <= limit else tree_memory_bytes(pid)
+                if used > limit:
                     failure = {"status": "runtime_error",
-                               "error": f"candidate exceeded the memory limit: resident {rss >> 20} MB > "
+                               "error": f"candidate exceeded the memory limit: resident {used >> 20} MB > "
                                         f"{memory_limit_mb} MB; its process group was killed"}
                     break
     finally:

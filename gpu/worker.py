@@ -54,6 +54,35 @@ if HERE not in sys.path:
 HELD_AFTER_REPLY = 64 << 20
 
 
+# Top-level folders that hold the system's own software, configuration and kernel interfaces.
+# Every other folder at / (home folders, /mnt, /srv, data disks, a workspace holding other runs)
+# is covered for candidates, and what they need from it put back read-only.
+SYSTEM_FOLDERS = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "opt", "var", "dev", "proc",
+                  "sys", "run", "tmp", "snap", "nix", "gnu"}
+# Under the system's folders, what holds secrets or other users' sessions.
+PRIVATE_SYSTEM_FOLDERS = ("/run/secrets", "/run/user")
+
+
+def beyond_the_system():
+    """What a candidate is not shown at / (folders and files), and the system's private folders."""
+    try:
+        names = sorted(os.listdir("/"))
+    except OSError:
+        names = []
+    return ["/" + n for n in names if n not in SYSTEM_FOLDERS] + [p for p in PRIVATE_SYSTEM_FOLDERS
+                                                                  if os.path.isdir(p)]
+
+
+def toolchain_paths():
+    """Folders the compilers and libraries live in, as the environment names them (CUDA_HOME,
+    CUDA_PATH, LD_LIBRARY_PATH, PATH): put back where they lie outside the system's folders."""
+    paths = [os.environ.get(k, "") for k in ("CUDA_HOME", "CUDA_PATH")]
+    for k in ("LD_LIBRARY_PATH", "PATH"):
+        paths += os.environ.get(k, "").split(":")
+    home = os.path.abspath(os.path.expanduser("~"))
+    return [p for p in paths if p and os.path.isabs(p) and os.path.isdir(p) and os.path.abspath(p) not in ("/", home)]
+
+
 def default_cache_root():
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "kernelrl", "build-cache")
@@ -79,12 +108,14 @@ class ForkServer:
         self.cache_root = cache_root or default_cache_root()
         self.tmp_root = tmp_root or os.environ.get("TMPDIR", "/tmp")
         self.isolate_net = isolate_net
-        # What candidates may see: the Python installation, this code and the build cache,
-        # read-only; not the home folder, this worker's scratch folder (locks, socket) or the
-        # run's folders (hide).
+        # What candidates may see: the system's folders, and read-only the Python installation,
+        # this code, the build cache and the toolchain; not the home folder, anything else at /
+        # (other runs' folders wherever they are), this worker's scratch folder (locks, socket)
+        # or the run's folders (hide).
         home = os.path.expanduser("~")
-        keep = [sys.prefix, sys.base_prefix, HERE, self.cache_root] + [p for p in sys.path if p and os.path.isdir(p)]
-        hidden = [home, "/root", self.tmp_root] + list(hide)
+        keep = ([sys.prefix, sys.base_prefix, HERE, self.cache_root] + [p for p in sys.path if p and os.path.isdir(p)]
+                + toolchain_paths())
+        hidden = [home, "/root", self.tmp_root] + beyond_the_system() + list(hide)
         self.conf = sandbox.Confinement(enabled=isolate_net, hide=hidden,
                                         expose=sorted(set(os.path.abspath(p) for p in keep)))
         os.makedirs(os.path.join(self.cache_root, ".staging"), exist_ok=True)
@@ -272,7 +303,7 @@ class ForkServer:
             reply, failure = self.sandbox.run_isolated(
                 lambda: (compile_cache.build_into(kind, module, payload, staging) or {"status": "ok"}),
                 timeout_s=float(self.build_timeout_s), memory_limit_mb=0, env=benv,
-                conf=self.conf.but(writable=[staging]), address_space_limit=False, tmp_root=self.tmp_root)
+                conf=self.conf.but(writable=[staging], uid=self.sandbox.NOBODY), address_space_limit=False, tmp_root=self.tmp_root)
             if failure or reply.get("status") != "ok":
                 why = (failure or reply).get("error", "") + "\n" + (reply or {}).get("compile_log", "")
                 shutil.rmtree(staging, ignore_errors=True)

@@ -310,11 +310,13 @@ std::optional<std::string> open_run_dir(const Config& cfg, const std::string& co
       return std::nullopt;
     }
   } else {
-    fs::create_directories(arg, ec);
+    const bool made = fs::create_directories(arg, ec);
     if (ec || !fs::is_directory(arg)) {
       lg->error("--run-dir {}: cannot create directory: {}", arg, ec ? ec.message() : "a file is in the way");
       return std::nullopt;
     }
+    if (made)  // as make_run_dir: the owner's and the group's
+      fs::permissions(arg, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec, ec);
     run_dir = fs::absolute(arg).lexically_normal().string();
   }
   fs::create_directories(fs::path(run_dir) / "workers", ec);

@@ -6,6 +6,7 @@ Candidates are written here; the reference semantics are KernelBench's (see docs
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -593,6 +594,17 @@ class SandboxTest(Base):
             f.write(cls.SECRET + "-file")
         os.chmod(cls.keys.name, 0o755)
         os.chmod(cls.secret_file, 0o644)
+        # Another run's folder that this run's config does not name, readable by all, where
+        # users keep data (issue 54, point 3).
+        cls.other_run = None
+        for top in ("/srv", "/mnt", "/media"):
+            if os.path.isdir(top) and os.access(top, os.W_OK):
+                cls.other_run = tempfile.TemporaryDirectory(dir=top, prefix="kernelrl-other-run-")
+                os.chmod(cls.other_run.name, 0o755)
+                with open(os.path.join(cls.other_run.name, "store.sqlite"), "w") as f:
+                    f.write(cls.SECRET + "-other-run")
+                os.chmod(os.path.join(cls.other_run.name, "store.sqlite"), 0o644)
+                break
         super().setUpClass()
         cls.server.close()
         cls.server = ForkServer(DEVICE, 1, cls.cache, tmp_root=cls.tmp_root, hide=[cls.private.name, cls.secret_file])
@@ -604,6 +616,8 @@ class SandboxTest(Base):
         super().tearDownClass()
         cls.private.cleanup()
         cls.keys.cleanup()
+        if cls.other_run is not None:
+            cls.other_run.cleanup()
         os.environ.pop("KERNELRL_CLUSTER_SECRET", None)
 
     def honest(self):
@@ -711,9 +725,10 @@ class SandboxTest(Base):
         self.honest()
 
     def test_secrets_files_and_other_processes_are_out_of_reach(self):
+        other = [os.path.join(self.other_run.name, "store.sqlite")] if self.other_run else []
         probe = ("import os\nfound = []\n"
                  "for path in ['/proc/self/environ', '/proc/1/environ', "
-                 f"{os.path.join(self.private.name, 'store.sqlite')!r}, {self.secret_file!r}, "
+                 f"{os.path.join(self.private.name, 'store.sqlite')!r}, {self.secret_file!r}, *{other!r}, "
                  "os.path.expanduser('~/.bashrc'), '/etc/shadow']:\n"
                  "    try:\n        found.append(path + ': ' + open(path, 'rb').read()[:4000].decode('latin-1'))\n"
                  "    except OSError as e:\n        found.append(path + ': ' + type(e).__name__)\n"
@@ -727,6 +742,8 @@ class SandboxTest(Base):
         self.assertNotIn(self.SECRET, text)
         self.assertIn("store.sqlite: FileNotFoundError", text)
         self.assertIn(f"{self.secret_file}:  | ", text)  # there, and empty (/dev/null in its place)
+        for path in other:
+            self.assertIn(f"{path}: FileNotFoundError", text)
         self.assertIn("procs 1 ", text + " ", "the candidate sees only its own processes")
         self.assertIn("scratch False", text)
         if os.geteuid() == 0:
@@ -777,6 +794,90 @@ class SandboxTest(Base):
         live = {f"p{self.server.spare.pid}", f"p{self.server.judge.pid}"}
         for base in sandbox.cgroups._base.values():
             self.assertEqual({n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n))}, live, base)
+
+
+class NeighbourTest(Base):
+    """Issue 54, point 2: a candidate's processes and memory are its own control group's (or its
+    own uid's) to count. A fork bomb in another worker on the machine leaves a neighbour's verdict
+    alone, and a tree of forks that shares its pages is not charged once per process."""
+
+    BOMB = ("import os, time\nkids = 0\ntry:\n    while kids < 4000:\n        if os.fork() == 0:\n"
+            "            os.execv('/bin/sleep', ['sleep', '120'])\n        kids += 1\nexcept OSError:\n    pass\n"
+            "time.sleep(100)\nreturn torch.nn.functional.silu(x)")
+
+    @staticmethod
+    def tasks_on_machine():
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[1])
+
+    def test_a_fork_bomb_beside_it_leaves_a_candidates_verdict_alone(self):
+        if os.geteuid() != 0 and not sandbox.cgroups.limits_tasks():
+            self.skipTest("candidates share the user's uid and no control group counts their processes")
+        self.assertStatus(self.evaluate(GOOD), "ok")  # this worker's next process is started now
+        before = self.tasks_on_machine()
+        script = ("import json, os, sys\nsys.path.insert(0, %r)\nfrom worker import ForkServer\n"
+                  "s = ForkServer('cpu', 1, %r, tmp_root=%r)\n"
+                  "r = s.evaluate({'sample_id': 'bomb', 'task_id': '06_swish', 'task_path': %r, 'action': %r,"
+                  " 'action_space': 'forward_body', 'mode': 'fast', 'seed': 1}, json.loads(sys.argv[1]))\n"
+                  "print(r['status'])\ns.close()\n") % (
+                      os.path.join(ROOT, "gpu"), self.cache, self.tmp_root, SWISH, self.BOMB)
+        bomb = subprocess.Popen([sys.executable, "-c", script, json.dumps({**SETTINGS, "timeout_s": 120})],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while self.tasks_on_machine() < before + 900 and time.monotonic() < deadline and bomb.poll() is None:
+                time.sleep(0.2)
+            self.assertGreater(self.tasks_on_machine(), before + 900, "the bomb's processes did not appear")
+            # The neighbours, while the bomb holds all it could get: a C++ extension, built by the
+            # worker's builder (compilers: processes), and a plain candidate.
+            self.assertStatus(self.evaluate(CPP_OK), "ok")
+            self.assertStatus(self.evaluate(GOOD), "ok")
+        finally:
+            bomb.kill()
+            bomb.communicate()
+
+    def shared_tree(self, memory_limit_mb):
+        def fork_tree():
+            block = bytearray(200 << 20)  # touched below: resident, then shared by 12 forks
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            kids = []
+            for _ in range(12):
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(1.5)
+                    os._exit(0)
+                kids.append(pid)
+            for pid in kids:
+                os.waitpid(pid, 0)
+            return {"status": "ok"}
+
+        return sandbox.run_isolated(fork_tree, timeout_s=30, memory_limit_mb=memory_limit_mb, env={},
+                                    isolate_net=False, address_space_limit=False, tmp_root=self.tmp_root)
+
+    def test_forks_sharing_their_pages_are_counted_once(self):
+        # 13 processes resident 200 MB each, 200 MB in all: under a 1 GB limit, with the kernel
+        # counting (a memory control group) and with the worker measuring (none).
+        saved = dict(sandbox.cgroups._base)
+        try:
+            for mode in ("kernel", "worker") if sandbox.cgroups.limits_memory() else ("worker",):
+                if mode == "worker":
+                    sandbox.cgroups._base.clear()
+                reply, failure = self.shared_tree(1024)
+                self.assertIsNone(failure, f"{mode}: {failure}")
+                self.assertEqual(reply["status"], "ok")
+                # A tree that does hold more than its limit is still ended.
+                def grow():
+                    blocks = []
+                    while True:
+                        blocks.append(bytearray(64 << 20))
+                reply, failure = sandbox.run_isolated(grow, timeout_s=30, memory_limit_mb=512, env={},
+                                                      isolate_net=False, address_space_limit=False,
+                                                      tmp_root=self.tmp_root)
+                self.assertIsNone(reply, mode)
+                self.assertIn("exceeded the memory limit", failure["error"], mode)
+        finally:
+            sandbox.cgroups._base.update(saved)
 
 
 class JudgeLinkTest(Base):
@@ -831,8 +932,9 @@ class BuildCacheTest(Base):
 
 class NoNamespacesTest(unittest.TestCase):
     """Where the kernel refuses new namespaces (a container under Docker's default seccomp
-    profile), a worker running as root runs each candidate as uid 65534 on the machine's own
-    files: the candidate gets a temp dir it can enter and write, cannot write the worker's files,
+    profile), a worker running as root runs each candidate as a uid of its own (its builder as
+    65534) on the machine's own files: the candidate gets a temp dir it can enter and write, cannot
+    write the worker's files,
     and a worker whose Python environment that user cannot read (under a 0700 /root) refuses to
     start, naming the paths, instead of failing every candidate. Driven through
     tests/e2e/no_namespaces_worker.py (a process that installs the filter, then starts the worker)."""
@@ -842,7 +944,7 @@ class NoNamespacesTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         if os.geteuid() != 0:
-            raise unittest.SkipTest("the fallback drops root to uid 65534: run as root")
+            raise unittest.SkipTest("the fallback drops root to an unprivileged uid: run as root")
         if platform.machine() != "x86_64":
             raise unittest.SkipTest("gpu/seccomp.py's filter is written for x86_64")
 
@@ -855,7 +957,7 @@ class NoNamespacesTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
         return json.loads(p.stdout.strip().splitlines()[-1])
 
-    def test_candidates_run_as_nobody_in_a_temp_dir_of_their_own(self):
+    def test_candidates_run_as_their_own_uid_in_a_temp_dir_of_their_own(self):
         # Tries to write into the worker's scratch folder and build cache (found from its temp
         # dir and the cache's place beside it), then into its own temp dir.
         probe = ("import os\nwrote = []\nscratch = os.path.dirname(os.getcwd())\n"
@@ -869,12 +971,14 @@ class NoNamespacesTest(unittest.TestCase):
                               "--readable-env")
         self.assertNotIn("start_error", out, out.get("start_error"))
         self.assertIn("namespaces: none: unshare refused", out["sandbox"])
-        self.assertIn("user: uid 65534", out["sandbox"])
+        self.assertGreaterEqual(int(re.search(r"user: uid (\d+)", out["sandbox"]).group(1)), sandbox.CANDIDATE_UID_BASE)
         v = out["verdicts"]
         self.assertEqual(v[0]["status"], "ok", v[0]["error"])
         self.assertEqual(v[1]["status"], "runtime_error")
-        self.assertRegex(v[1]["error"], r"uid=65534 cwd=\S+/scratch/cand-\w+ wrote=\[\]")
-        self.assertEqual(v[2]["status"], "ok", v[2]["error"])  # built by the builder, also as uid 65534
+        uid = re.search(r"uid=(\d+) cwd=\S+/scratch/cand-\w+ wrote=\[\]", v[1]["error"])
+        self.assertIsNotNone(uid, v[1]["error"])
+        self.assertGreaterEqual(int(uid.group(1)), sandbox.CANDIDATE_UID_BASE)
+        self.assertEqual(v[2]["status"], "ok", v[2]["error"])  # built by the builder, as uid 65534
         self.assertEqual(v[3]["status"], "compile_error", v[3]["error"])
 
     def test_a_worker_whose_environment_nobody_can_read_refuses_to_start(self):
@@ -883,7 +987,7 @@ class NoNamespacesTest(unittest.TestCase):
             self.skipTest(f"the Python environment here ({sys.prefix}) is readable by all")
         why = self.run_worker([]).get("start_error", "")
         self.assertIn("the sandbox cannot run candidates here", why)
-        self.assertIn("running as uid 65534", why)
+        self.assertRegex(why, r"running as uid \d+")
         self.assertIn(hidden[0], why)
         self.assertIn("--privileged", why)
 
