@@ -236,6 +236,13 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
   } catch (const std::exception& e) {
     double wait = std::min(30.0, 0.5 * double(1u << std::min<uint32_t>(st.failures, 6)));
     ++st.failures;
+    if (auto* b = dynamic_cast<const BackendError*>(&e); b && b->permanent) {
+      const std::string why =
+          fmt::format("{}: a generation that cannot fit however often it is tried: {}", args.id, e.what());
+      lg->error("{}; this sampler stops and its unfinished work goes to the others", why);
+      self->quit(caf::make_error(caf::sec::runtime_error, why));
+      return;
+    }
     if (args.max_failures > 0 && st.failures >= args.max_failures) {
       const std::string why = fmt::format("{}: {} generations failed in a row ([sampler] max_failures), the last: {}",
                                           args.id, st.failures, e.what());

@@ -38,6 +38,45 @@ uint64_t machine_memory_mb() {
   return mb;
 }
 
+StepPlan plan_step(const Config& cfg, uint64_t machine_mb) {
+  StepPlan p;
+  p.machine_mb = machine_mb;
+  const bool learns = traits(cfg.experiment.mode).learns;
+  const uint64_t n = learns ? cfg.learner.group_size : std::max<uint32_t>(1, cfg.sampler.samples_per_task);
+  if (cfg.sampler.backend != "replay") p.generation = uint64_t(std::max<uint32_t>(1, cfg.sampler.batch_prompts)) * n;
+  if (learns) p.step = uint64_t(cfg.learner.batch_size) * cfg.learner.group_size;
+  p.bytes_per_sample = 16 * uint64_t(cfg.sampler.max_tokens) + (16 << 10);
+  return p;
+}
+
+std::string StepPlan::problem() const {
+  if (machine_mb == 0) return "";
+  const long double room = (long double)machine_mb * (1 << 20) / 2;
+  const auto gb = [&](uint64_t samples) {
+    return fmt::format("{:.0f} GB", (long double)samples * bytes_per_sample / (1u << 30));
+  };
+  const auto est = fmt::format("about {} KB each with [sampler] max_tokens", (bytes_per_sample + 1023) >> 10);
+  if (step > 0 && (long double)step * bytes_per_sample > room)
+    return fmt::format(
+        "[learner] batch_size x group_size = {} samples a step ({}: {}) cannot be held on this machine, which has "
+        "{} MB (half of it for the run's samples); lower [learner] batch_size or group_size",
+        step, est, gb(step), machine_mb);
+  if (generation > 0 && (long double)generation * bytes_per_sample > room)
+    return fmt::format(
+        "[sampler] batch_prompts x {} = {} samples generated together ({}: {}) cannot be held on this machine, which "
+        "has {} MB (half of it for the run's samples); lower [sampler] batch_prompts or {}",
+        step > 0 ? "[learner] group_size" : "the samples of a task", generation, est, gb(generation), machine_mb,
+        step > 0 ? "[learner] group_size" : "[sampler] samples_per_task ([experiment] k)");
+  return "";
+}
+
+std::string MemoryPlan::advice() const {
+  if (is_auto)
+    return "memory_limit_mb is \"auto\" and at its least (1 GB a candidate): run fewer candidates at once (lower "
+           "[evaluator] compile_workers, or the node's gpus or cpu_slots)";
+  return "lower [evaluator] memory_limit_mb or set it to \"auto\"";
+}
+
 bool MemoryPlan::exceeds() const {
   return per_candidate_mb > 0 && machine_mb > 0 && uint64_t(per_candidate_mb) * at_once + headroom_mb > machine_mb;
 }

@@ -102,7 +102,8 @@ std::string checkpoint_dir(const std::string& checkpoints, uint64_t version) {
   return (std::filesystem::path(checkpoints) / ("step-" + std::to_string(version))).string();
 }
 
-std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string& checkpoints) {
+std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string& checkpoints,
+                                                               std::vector<std::string>* passed_over) {
   namespace fs = std::filesystem;
   std::vector<std::pair<uint64_t, std::string>> out;
   std::error_code ec;
@@ -117,8 +118,12 @@ std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string
     std::error_code ec;
     const bool listed = fs::exists(d.path() / "manifest.json", ec);
     if (listed ? !verify_manifest(d.path().string(), false, why)
-               : fs::file_size(d.path() / "learner.json", ec) == 0 || ec)
+               : fs::file_size(d.path() / "learner.json", ec) == 0 || ec) {
+      if (passed_over)
+        passed_over->push_back(d.path().string() + ": " +
+                               (listed ? why : "no manifest.json and an empty or missing learner.json"));
       continue;
+    }
     out.emplace_back(std::stoull(name.substr(5)), d.path().string());
   }
   std::sort(out.begin(), out.end());

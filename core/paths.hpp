@@ -16,7 +16,9 @@ std::string checkpoint_dir(const std::string& checkpoints, uint64_t version);
 // The complete checkpoints in CHECKPOINTS (step-N folders whose manifest.json verifies, by
 // size; an interrupted step-N.partial is not one), as (N, path), N ascending. None when the
 // folder does not exist.
-std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string& checkpoints);
+// `passed_over`, when given, receives each step-N folder left out and why.
+std::vector<std::pair<uint64_t, std::string>> list_checkpoints(const std::string& checkpoints,
+                                                               std::vector<std::string>* passed_over = nullptr);
 
 // Deletes `path` and everything under it (symlinks are removed, not followed); true when nothing
 // is left, else false and `err` says what could not be removed. A missing path is not an error.

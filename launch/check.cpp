@@ -21,21 +21,27 @@ int cmd_check(const std::string& config_path) {
   if (is_comparison_config(config_path)) return cmd_check_comparison(config_path);
   auto cfg = load_or_report(config_path);
   if (!cfg) return 2;
+  // What a run holds at once must fit the machine that holds it (this one, for the head).
+  if (std::string why = plan_step(*cfg, machine_memory_mb()).problem(); !why.empty()) {
+    std::fprintf(stderr, "launch check: %s: %s\n", cfg->source_file.c_str(), why.c_str());
+    return 2;
+  }
   std::printf("# %s: valid\n", cfg->source_file.c_str());
   // The candidates' memory, as each node with evaluators would have it on this machine.
-  bool exceeds = false;
+  std::string exceeds;
   for (auto& n : cfg->nodes) {
     const auto evaluators = uint32_t(evaluator_devices(n).size());
     if (evaluators == 0 && !n.gpus_auto) continue;
     auto plan = plan_candidate_memory(cfg->evaluator, std::max<uint32_t>(1, evaluators), machine_memory_mb());
     std::printf("# node %s on this machine: %s%s\n", n.name.c_str(), plan.describe().c_str(),
                 n.gpus_auto ? " (gpus = \"auto\": counted here as one evaluator)" : "");
-    exceeds = exceeds || plan.exceeds();
+    if (exceeds.empty() && plan.exceeds()) exceeds = plan.advice();
   }
-  if (exceeds)
+  if (!exceeds.empty())
     std::fprintf(stderr,
                  "launch check: warning: the candidates' memory limits add up to more than this machine has for "
-                 "them; lower [evaluator] memory_limit_mb or set it to \"auto\"\n");
+                 "them; %s\n",
+                 exceeds.c_str());
   std::printf("%s\n", cfg->resolved_toml.c_str());
   return 0;
 }

@@ -167,8 +167,8 @@ std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& 
     if (mem.exceeds())
       lg->warn(
           "node {}: the candidates' memory limits add up to more than this machine has for them ({}): a batch of "
-          "memory-hungry candidates can exhaust it; lower [evaluator] memory_limit_mb or set it to \"auto\"",
-          node.name, mem.describe());
+          "memory-hungry candidates can exhaust it; {}",
+          node.name, mem.describe(), mem.advice());
   }
   for (auto& d : devices) {
     EvaluatorArgs ea;

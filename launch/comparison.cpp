@@ -27,6 +27,7 @@
 #include "core/config.hpp"
 #include "core/config_toml.hpp"
 #include "core/log.hpp"
+#include "core/machine.hpp"
 #include "core/paths.hpp"
 #include "store/store.hpp"
 
@@ -272,12 +273,24 @@ bool is_comparison_config(const std::string& path) {
   }
 }
 
+// Whether what each arm holds at once fits this machine (core/machine.hpp plan_step); else says
+// which arm does not and why.
+static bool arms_fit(const std::string& path, const std::vector<Arm>& arms, const char* prefix) {
+  for (auto& a : arms)
+    if (std::string why = plan_step(a.cfg, machine_memory_mb()).problem(); !why.empty()) {
+      std::fprintf(stderr, "%s%s: arm %s: %s\n", prefix, path.c_str(), a.name.c_str(), why.c_str());
+      return false;
+    }
+  return true;
+}
+
 int cmd_check_comparison(const std::string& path) {
   std::vector<Arm> arms;
   std::vector<std::string> compare;
   std::vector<uint64_t> seeds;
   bool allow = false;
   if (!load_arms(path, arms, allow, compare, seeds)) return 2;
+  if (!arms_fit(path, arms, "launch check: ")) return 2;
   std::string list;
   for (auto& c : compare) list += (list.empty() ? "" : ", ") + c;
   std::string seed_list;
@@ -324,6 +337,7 @@ int cmd_run_comparison(const std::string& path, const std::string& run_dir_arg, 
   std::vector<uint64_t> seeds;
   bool allow = false;
   if (!load_arms(path, arms, allow, compare, seeds)) return 2;
+  if (!arms_fit(path, arms, "launch: ")) return 2;
   const auto& first = arms.front().cfg;
   std::string root = run_dir_arg.empty() ? make_run_dir(first.experiment.run_root, first.experiment.name)
                                          : fs::absolute(run_dir_arg).lexically_normal().string();

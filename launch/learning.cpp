@@ -55,7 +55,9 @@ std::shared_ptr<LearnerEngine> make_engine(const Config& cfg, const std::string&
   // The newest checkpoint that is whole (its manifest's sizes and hashes) and loads; a damaged one
   // (a disk that filled while it was written, a file changed since) is passed over, said so.
   auto lg = log::get("launch");
-  auto all = list_checkpoints((fs::path(run_dir) / "checkpoints").string());
+  std::vector<std::string> passed_over;
+  auto all = list_checkpoints((fs::path(run_dir) / "checkpoints").string(), &passed_over);
+  for (auto& why : passed_over) lg->warn("checkpoint {}; passed over", why);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     std::string why;
     if (fs::exists(fs::path(it->second) / "manifest.json") && !verify_manifest(it->second, true, why)) {

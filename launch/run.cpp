@@ -25,6 +25,7 @@
 #include "launch/learning.hpp"
 #include "launch/samplers.hpp"
 #include "launch/setup.hpp"
+#include "core/machine.hpp"
 #include "launch/stop_signals.hpp"
 #include "learner/lora_learner.hpp"
 #include "policy/sampler_backend.hpp"
@@ -556,6 +557,10 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   for (auto& n : cfg->nodes)  // this process's evaluators: the head's, or every node's in one process
     if ((!is_cluster(*cfg) || &n == &head_node(*cfg)) && !check_listed_gpus(*cfg, n)) return 2;
   auto lg = log::get("launch");
+  if (std::string why = plan_step(*cfg, machine_memory_mb()).problem(); !why.empty()) {
+    lg->error("{}: {}", config_path, why);
+    return 2;
+  }
   std::string secret;
   if (is_cluster(*cfg)) {
     std::string err;

@@ -8,13 +8,16 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <array>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -25,6 +28,35 @@ namespace kernelrl {
 namespace {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Bytes a row of the decode holds for `cap` tokens: its keys and values in every layer and its
+// logits (the history and the draw's work are small beside them).
+int64_t row_bytes(const ModelConfig& c, int64_t cap, torch::ScalarType dt) {
+  return 2 * c.num_layers * c.num_kv_heads * c.head_dim * cap * int64_t(c10::elementSize(dt)) + 4 * c.vocab_size;
+}
+
+// Memory there is for a generation's rows on `dev`: on CUDA what the device has free and what the
+// caching allocator holds unused, less a tenth and 2 GB (the prefill's and the step's temporaries);
+// on CPU half of what the machine has available.
+int64_t memory_for_rows(const torch::Device& dev) {
+  if (dev.is_cuda()) {
+    size_t free = 0, total = 0;
+    c10::cuda::CUDAGuard guard(dev);
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) return INT64_MAX;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
+    const auto agg = size_t(c10::CachingAllocator::StatType::AGGREGATE);
+    const int64_t cached = std::max<int64_t>(0, stats.reserved_bytes[agg].current - stats.allocated_bytes[agg].current);
+    const int64_t room = int64_t(free) + cached;
+    return room - room / 10 - (int64_t(2) << 30);
+  }
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024 / 2;
+  return INT64_MAX;
+}
 
 // The key-length bucket of the decode graphs: 128 keys, more for long sequences (at most about
 // 32 graphs per generation).
@@ -169,6 +201,16 @@ struct Decoder::Run {
     R = max_rows > 0 ? std::min<int64_t>(max_rows, S) : S;
     for (auto& p : prompts_in) P = std::max<int64_t>(P, p.size());
     cap = P + s.max_tokens;
+    // No more rows than the memory there is holds (the others wait for a free row); a generation
+    // of which not one row fits cannot succeed however often it is tried.
+    const int64_t per_row = row_bytes(c, cap, m.dtype()), room = memory_for_rows(dev);
+    if (room < per_row)
+      throw CapacityError("one sequence of up to " + std::to_string(cap) + " tokens needs " +
+                          std::to_string(per_row >> 20) + " MB for its keys, values and logits, and " + dev.str() +
+                          " has " + std::to_string(std::max<int64_t>(0, room) >> 20) +
+                          " MB for the generation; lower [sampler] max_tokens or the prompts' length, or use a device "
+                          "with more memory");
+    R = std::min<int64_t>(R, room / per_row);
     V = c.vocab_size;
     cuda = dev.is_cuda();
     const char* g = std::getenv("KERNELRL_CUDA_GRAPHS");

@@ -15,6 +15,8 @@ class LibtorchBackend final : public SamplerBackend {
       for (auto& c : policy_->generate(prompts, p))
         out.push_back(
             {std::move(c.text), std::move(c.token_ids), std::move(c.logprobs), c.finish_reason, policy_->version()});
+    } catch (const CapacityError& e) {
+      throw BackendError(std::string("libtorch: ") + e.what(), true);
     } catch (const std::exception& e) {
       throw BackendError(std::string("libtorch: ") + e.what());
     }

@@ -22,6 +22,12 @@ struct PolicyError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A generation that cannot fit the device however often it is tried (one sequence's key-value
+// cache and logits are larger than the memory there is).
+struct CapacityError : PolicyError {
+  using PolicyError::PolicyError;
+};
+
 struct PolicyOptions {
   std::string model_dir;       // Hugging Face directory: config.json, safetensors, tokenizer.json
   std::string adapter_dir;     // PEFT adapter to load ("": none)

@@ -17,6 +17,9 @@ namespace kernelrl {
 
 struct BackendError : std::runtime_error {
   using std::runtime_error::runtime_error;
+  BackendError(const std::string& what, bool never_fits) : std::runtime_error(what), permanent(never_fits) {}
+  // The request cannot succeed however often it is retried (it does not fit the device).
+  bool permanent = false;
 };
 
 struct GenSample {

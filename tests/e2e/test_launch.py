@@ -5,9 +5,11 @@ bad inputs (broken replay lines, an unknown task, evaluators that cannot start).
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -511,6 +513,60 @@ class TempFilesTest(unittest.TestCase):
                                  env=env, capture_output=True, text=True, timeout=600)
             self.assertEqual(out.returncode, 0, out.stderr[-3000:])
             self.assertEqual(os.listdir(tmp), [])
+
+
+class ImpossibleSizesTest(unittest.TestCase):
+    """Issue 54, point 4: a step whose samples cannot be held on the machine is refused by
+    `launch check` and by `launch` before anything starts (it grew to 17.6 GB in 52 s); a
+    generation of which not one sequence fits the device stops its sampler at once instead of
+    retrying the allocation every 30 s without end."""
+
+    CONFIG = os.path.join(ROOT, "configs", "local.toml")
+
+    def test_a_step_that_cannot_be_held_is_refused_naming_the_keys(self):
+        for sets in (["learner.group_size=1048576", "learner.batch_size=1048576"], ["learner.group_size=1048576"]):
+            args = [a for kv in sets for a in ("--set", kv)]
+            p = run("check", self.CONFIG, *args, timeout=60)
+            self.assertEqual(p.returncode, 2, p.stdout[-500:] + p.stderr[-2000:])
+            self.assertIn("[learner] batch_size x group_size", p.stderr)
+            self.assertIn("lower [learner] batch_size or group_size", p.stderr)
+            with tempfile.TemporaryDirectory() as d:
+                t0 = time.time()
+                p = run(self.CONFIG, "--run-dir", os.path.join(d, "run"), *args, timeout=60)
+                self.assertEqual(p.returncode, 2, p.stderr[-2000:])
+                self.assertIn("cannot be held on this machine", p.stderr)
+                self.assertLess(time.time() - t0, 30)
+                self.assertFalse(os.path.exists(os.path.join(d, "run")), "nothing is created")
+        ok = run("check", self.CONFIG, "--set", "learner.group_size=64", timeout=60)
+        self.assertEqual(ok.returncode, 0, ok.stderr[-2000:])
+
+    def test_a_generation_that_never_fits_stops_the_sampler_instead_of_retrying(self):
+        with open("/proc/meminfo") as f:
+            avail_kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        if avail_kb * 1024 // 2 >= 60 << 30:
+            self.skipTest("this machine holds the test model's one-sequence cache (64 GB)")
+        import torch
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from test_policy import train_tokenizer
+        with tempfile.TemporaryDirectory() as d:
+            # 32 layers of 256: a small model whose keys and values take 64 KB a token, 64 GB for
+            # one sequence of [sampler] max_tokens = 1,048,576.
+            tok = train_tokenizer("qwen2", os.path.join(d, "tokenizer.json"),
+                                  files=[os.path.join("tasks", "bundled", "06_swish.py")])
+            torch.manual_seed(0)
+            model = os.path.join(d, "model")
+            Qwen2ForCausalLM(Qwen2Config(vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=512,
+                                         num_hidden_layers=32, num_attention_heads=2, num_key_value_heads=2,
+                                         eos_token_id=tok.token_to_id("<|im_end|>"))).save_pretrained(model)
+            shutil.copy(os.path.join(d, "tokenizer.json"), model)
+            p = run(self.CONFIG, "--run-dir", os.path.join(d, "run"), "--set", f'policy.model="{model}"',
+                    "--set", 'policy.dtype="f32"', "--set", "sampler.max_tokens=1048576",
+                    "--set", 'sampler.backend="libtorch"', "--set", "learner.steps=1", timeout=300)
+            self.assertNotEqual(p.returncode, 0, p.stderr[-3000:])
+            self.assertIn("a generation that cannot fit however often it is tried", p.stderr)
+            self.assertIn("for its keys, values and logits", p.stderr)
+            self.assertNotIn("retrying in", p.stderr)
 
 
 class StopAndRunDirTest(unittest.TestCase):
