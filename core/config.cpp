@@ -7,9 +7,11 @@
 
 #include "tasks/task_set.hpp"
 
+#include <fmt/format.h>
 #include <toml++/toml.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -52,6 +54,68 @@ std::string ConfigError::format() const {
 }
 
 namespace {
+
+// TOML text with each float written as the shortest decimal that reads back as the same double
+// (toml++ writes 17 significant digits: clip_high = 0.20000000000000001); strings are left as
+// they are.
+std::string shortest_floats(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  const auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+  while (i < text.size()) {
+    const char ch = text[i];
+    if (ch == '"' || ch == '\'') {  // a string (basic or literal, one line or three quotes)
+      const std::string quote = text.compare(i, 3, std::string(3, ch)) == 0 ? std::string(3, ch) : std::string(1, ch);
+      size_t j = i + quote.size();
+      while (j < text.size() && text.compare(j, quote.size(), quote) != 0) j += (ch == '"' && text[j] == '\\') ? 2 : 1;
+      j = std::min(text.size(), j + quote.size());
+      out.append(text, i, j - i);
+      i = j;
+      continue;
+    }
+    if (ch == '#') {  // a comment, to the line's end
+      const size_t j = std::min(text.size(), text.find('\n', i));
+      out.append(text, i, j - i);
+      i = j;
+      continue;
+    }
+    const bool starts = (digit(ch) || ((ch == '-' || ch == '+') && i + 1 < text.size() && digit(text[i + 1]))) &&
+                        (i == 0 || !(std::isalnum(static_cast<unsigned char>(text[i - 1])) || text[i - 1] == '_' ||
+                                     text[i - 1] == '.' || text[i - 1] == '-'));
+    if (!starts) {
+      out += ch;
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < text.size() &&
+           (std::isalnum(static_cast<unsigned char>(text[j])) || text[j] == '.' || text[j] == '_' || text[j] == ':' ||
+            ((text[j] == '-' || text[j] == '+') && (text[j - 1] == 'e' || text[j - 1] == 'E'))))
+      ++j;
+    const std::string token = text.substr(i, j - i);
+    i = j;
+    // A plain decimal float (not a date, a time, hex or an integer) of many digits.
+    const bool is_float = token.find_first_of(".eE") != std::string::npos &&
+                          token.find_first_not_of("0123456789.eE+-") == std::string::npos;
+    size_t digits = 0;
+    for (char d : token.substr(0, token.find_first_of("eE"))) digits += digit(d);
+    if (!is_float || digits < 16) {
+      out += token;
+      continue;
+    }
+    char* end = nullptr;
+    const double v = std::strtod(token.c_str(), &end);
+    if (end != token.c_str() + token.size()) {
+      out += token;
+      continue;
+    }
+    std::string shortest = fmt::format("{}", v);
+    if (shortest.find_first_of(".eEni") == std::string::npos) shortest += ".0";  // still a float
+    out += shortest;
+  }
+  return out;
+}
 
 const char* type_name(const toml::node& n) {
   switch (n.type()) {
@@ -927,7 +991,7 @@ ConfigResult read_config(const toml::table& root, const std::string& path) {
   if (!errs.empty()) return errs;
   std::ostringstream os;
   os << resolved;
-  c.resolved_toml = os.str();
+  c.resolved_toml = shortest_floats(os.str());
   return c;
 }
 

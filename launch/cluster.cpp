@@ -224,6 +224,7 @@ std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::strin
   auto& sys = self->system();
   // The head may start after this peer: keep trying for wait_s.
   caf::actor gate;
+  bool said_waiting = false;
   auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, wait_s) * 1000));
   while (!gate) {
@@ -232,6 +233,12 @@ std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::strin
     if (r) {
       gate = *r;
       break;
+    }
+    if (!said_waiting && std::chrono::steady_clock::now() < deadline) {  // once: what this process waits for
+      said_waiting = true;
+      std::fprintf(stderr, "launch: waiting for the head at %s:%u (up to %.0f s, [cluster] join_wait_s): %s\n",
+                   host.c_str(), unsigned(port), wait_s, sys.render(r.error()).c_str());
+      std::fflush(stderr);
     }
     if (std::chrono::steady_clock::now() >= deadline) {
       err = "cannot reach the head at " + host + ":" + std::to_string(port) + ": " + sys.render(r.error()) +

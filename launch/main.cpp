@@ -20,6 +20,7 @@ const char* usage =
     "                                                      add this machine (not in CONFIG) to CONFIG's cluster\n"
     "  launch serve CONFIG [--port P] ...                  the evaluator as an HTTP/JSON service (POST /v1/evaluate)\n"
     "  launch monitor HOST:PORT ...                        watch a running cluster's telemetry\n"
+    "  launch keygen PREFIX                                a CURVE key pair for [monitor] publish_key\n"
     "  launch check CONFIG [--set KEY=VALUE ...]           validate CONFIG, print it resolved\n"
     "  launch prompts CONFIG                               print each task's prompt (JSON lines)\n"
     "  launch export RUN_DIR --jsonl                       print every sample as one JSON line\n"
@@ -64,13 +65,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string first = argv[1];
-  if (first.rfind("-", 0) == 0 && first != "-h" && first != "--help" && first != "-V" && first != "--version") {
+  // A run's own options may come before CONFIG (launch --log-level warn CONFIG).
+  const bool run_option = app.get_option_no_throw(first.substr(0, first.find('='))) != nullptr;
+  if (first.rfind("-", 0) == 0 && !run_option && first != "-h" && first != "--help") {
     std::fprintf(stderr, "launch: unknown option \"%s\" (expected CONFIG or a subcommand)\n%s\n", first.c_str(), usage);
     return 2;
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
+    if (app.get_subcommands().empty()) {  // launch --help, launch CONFIG --help: the usage, once
+      std::printf("%s\n", usage);
+      return 0;
+    }
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // Named after the subcommand it concerns, when it concerns one.

@@ -577,6 +577,16 @@ int cmd_run(const std::string& config_path, const std::string& run_dir_arg, cons
   if (!in) return 2;
   auto run_dir = open_run_dir(*cfg, config_path, run_dir_arg, resume ? RunDirUse::resume : RunDirUse::fresh);
   if (!run_dir) return 2;
+  if (resume && !learner_node(*cfg)) {  // a finished run: nothing to continue (said at any log level)
+    auto all = list_checkpoints((fs::path(*run_dir) / "checkpoints").string());
+    if (!all.empty() && all.back().first >= cfg->learner.steps) {
+      std::printf(
+          "%s: all %u steps are done (its newest checkpoint is %s); nothing to resume. To train on, raise the "
+          "steps: --set learner.steps=N\n",
+          run_dir->c_str(), cfg->learner.steps, all.back().second.c_str());
+      return 0;
+    }
+  }
   const std::string run_id = fs::path(*run_dir).filename().string();
   log_start(*cfg, *in, run_id, *run_dir);
   // The engines are made before the actor system: a model that does not load is a clear error

@@ -31,7 +31,13 @@ std::unique_ptr<Policy> Policy::load(const PolicyOptions& o) {
   try {
     if (o.model_dir.empty()) throw PolicyError("policy: no model directory given");
     if (!fs::is_directory(o.model_dir)) throw PolicyError(o.model_dir + ": not a directory");
-    impl->device = torch::Device(o.device);
+    // "auto" (a run's [policy] device as its config keeps it): a GPU where there is one.
+    try {
+      impl->device = o.device == "auto" ? (torch::cuda::is_available() ? torch::Device("cuda:0") : torch::Device("cpu"))
+                                        : torch::Device(o.device);
+    } catch (const c10::Error&) {
+      throw PolicyError("device \"" + o.device + "\": expected auto, cpu, cuda or cuda:N");
+    }
     if (impl->device.is_cuda() && !torch::cuda::is_available())
       throw PolicyError("device " + o.device + ": CUDA is not available on this machine");
     impl->model = load_shared_model(o.model_dir, impl->device, parse_dtype(o.dtype), "policy");

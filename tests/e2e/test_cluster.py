@@ -131,6 +131,20 @@ def wait_for(cond, timeout, what):
 
 
 class ClusterTest(unittest.TestCase):
+    def test_a_node_started_before_its_head_says_what_it_waits_for(self):
+        # Issue 57, point 3: it printed nothing for up to join_wait_s.
+        with tempfile.TemporaryDirectory() as d:
+            port = free_port()
+            cfg = write_config(d, port)
+            t0 = time.time()
+            p = subprocess.run([LAUNCH, cfg, "--node", "a", "--set", "cluster.join_wait_s=3"], capture_output=True,
+                               text=True, timeout=120)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn(f"waiting for the head at 127.0.0.1:{port} (up to 3 s, [cluster] join_wait_s)", p.stderr)
+            self.assertEqual(p.stderr.count("waiting for the head"), 1, p.stderr)
+            self.assertIn(f"cannot reach the head at 127.0.0.1:{port}", p.stderr)
+            self.assertLess(time.time() - t0, 60)
+
     def test_kill_join_and_wrong_secret(self):
         with tempfile.TemporaryDirectory() as d:
             cfg = write_config(d, free_port())

@@ -339,9 +339,20 @@ class HelpTest(unittest.TestCase):
             out = run(sub, "--help")
             self.assertEqual(out.returncode, 0, (sub, out.stderr))
             self.assertTrue(out.stdout.startswith(f"launch {sub} "), (sub, out.stdout))
-        out = run(os.path.join(ROOT, "configs", "local.toml"), "--help")
-        self.assertEqual(out.returncode, 0, out.stderr)
-        self.assertIn("--resume RUN_DIR", out.stdout)
+        for args in ([os.path.join(ROOT, "configs", "local.toml"), "--help"], ["--help"], ["-h"]):
+            out = run(*args)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("--resume RUN_DIR", out.stdout)
+            self.assertEqual(out.stdout.count("launch CONFIG --resume RUN_DIR"), 1, "the usage, once")
+            self.assertNotIn("OPTIONS:", out.stdout)  # not CLI11's listing of the same again
+            self.assertLess(len(out.stdout.splitlines()), 45)
+            for sub in self.SUBCOMMANDS + ["serve"]:
+                self.assertRegex(out.stdout, rf"\n  launch {sub}\b", sub)
+        # A run's options before CONFIG (the config's own errors show it was taken as the config).
+        out = run("--log-level", "warn", os.path.join(ROOT, "configs", "no-such.toml"))
+        self.assertEqual(out.returncode, 2)
+        self.assertNotIn("unknown option", out.stderr)
+        self.assertIn("no-such.toml", out.stderr)
         for flag in ("--version", "version"):
             out = run(flag)
             self.assertEqual(out.returncode, 0, out.stderr)
@@ -350,6 +361,28 @@ class HelpTest(unittest.TestCase):
         self.assertEqual(out.returncode, 2)
         self.assertIn('unknown option "--bogus"', out.stderr)
         self.assertIn("usage:", out.stderr)
+
+
+class ResolvedFloatsTest(unittest.TestCase):
+    """Issue 57, point 5: resolved configs write each float as the shortest decimal that reads back
+    as the same number (not clip_high = 0.20000000000000001), and read back to the same config."""
+
+    def test_floats_are_shortest_and_read_back_the_same(self):
+        out = run("check", os.path.join(ROOT, "configs", "local.toml"), "--set", "learner.learning_rate=2e-5")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIsNone(re.search(r"\d\.\d{15,}", out.stdout), re.findall(r".*\d\.\d{15,}.*", out.stdout)[:5])
+        self.assertIn("clip_high = 0.2\n", out.stdout)
+        self.assertIn("learning_rate = 2e-05\n", out.stdout)
+        first = run("check", os.path.join(ROOT, "configs", "replay.toml"))
+        self.assertEqual(first.returncode, 0, first.stderr)
+        with tempfile.TemporaryDirectory() as d:
+            again = os.path.join(d, "resolved.toml")
+            with open(again, "w") as f:
+                f.write(first.stdout)
+            second = run("check", again)
+            self.assertEqual(second.returncode, 0, second.stderr)
+            body = lambda text: "\n".join(line for line in text.splitlines() if not line.startswith("#"))  # noqa: E731
+            self.assertEqual(body(second.stdout), body(first.stdout))
 
 
 class BadPathsTest(unittest.TestCase):

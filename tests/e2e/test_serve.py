@@ -219,6 +219,18 @@ class ServeTest(unittest.TestCase):
             self.assertGreaterEqual(stats["responses_by_status"].get(code, 0), 1, code)
         self.assertIsNone(self.proc.poll())
 
+    def test_the_python_readmes_example_runs_as_written(self):
+        # Issue 57, point 2: it asked the README's own service for a task it does not have (404).
+        with open(os.path.join(ROOT, "python", "README.md")) as f:
+            example = re.search(r"```python\n(.*?)\n```\n", f.read(), re.S).group(1)
+        example = example.replace("http://127.0.0.1:8470", "http://127.0.0.1:%d" % self.port)
+        p = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); exec(sys.argv[2])",
+                            os.path.join(ROOT, "python"), example], capture_output=True, text=True, timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        status, speedup, reward = p.stdout.split()
+        self.assertEqual(status, "ok", p.stdout)
+        self.assertGreater(float(speedup), 0.0)
+
     def test_the_python_package_as_trl_and_verl_call_it(self):
         site = os.path.join(self.tmp, "site")
         src = os.path.join(self.tmp, "python")  # a copy: setuptools writes build/ and egg-info beside the sources

@@ -110,6 +110,8 @@ ids = %s
 model = "%s"
 dtype = "f32"
 template = "plain"
+# As configs/local.toml has it: `launch probe` resolves it from the run's config (issue 57).
+device = "auto"
 [sampler]
 backend = "openai"
 url = "%s"
@@ -1109,10 +1111,15 @@ mode = "ttt"
         self.assertEqual(sorted(a), sorted(b))
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
-        # Resuming a finished run does nothing and says so.
-        r = subprocess.run([LAUNCH, cfg, "--resume", run_dir], capture_output=True, text=True, timeout=300)
+        # Resuming a finished run does nothing and says so, at any log level (issue 57: it printed a
+        # progress line and "wall time: 0.0 s", the message an info line the main job's level hid).
+        r = subprocess.run([LAUNCH, cfg, "--resume", run_dir, "--log-level", "warn"], capture_output=True, text=True,
+                           timeout=300)
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
-        self.assertIn("all %d steps are done" % STEPS, r.stderr)
+        self.assertIn("all %d steps are done" % STEPS, r.stdout)
+        self.assertIn("nothing to resume", r.stdout)
+        self.assertNotIn("wall time", r.stdout)
+        self.assertNotIn("samples/s", r.stdout + r.stderr)
 
     def test_a_data_parallel_learner_ends_with_the_one_rank_adapter(self):
         # [learner] devices: two ranks on the CPU (c10d gloo), the same run otherwise: the same
