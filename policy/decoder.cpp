@@ -41,9 +41,9 @@ int64_t row_bytes(const ModelConfig& c, int64_t cap, torch::ScalarType dt) {
 int64_t memory_for_rows(const torch::Device& dev) {
   if (dev.is_cuda()) {
     size_t free = 0, total = 0;
-    c10::cuda::CUDAGuard guard(dev);
+    c10::cuda::CUDAGuard guard(dev);  // (a device given as "cuda", without an index: the current one)
     if (cudaMemGetInfo(&free, &total) != cudaSuccess) return INT64_MAX;
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
     const auto agg = size_t(c10::CachingAllocator::StatType::AGGREGATE);
     const int64_t cached = std::max<int64_t>(0, stats.reserved_bytes[agg].current - stats.allocated_bytes[agg].current);
     const int64_t room = int64_t(free) + cached;
