@@ -158,13 +158,19 @@ def sandbox_suite(device, rows):
     bad = 0 if out.returncode == 0 and re.search(r"^OK", report, re.M) else 1
     failed = {}
     for m in re.finditer(r"^(FAIL|ERROR): (\w+) \(([\w.]+)\)\n-+\n(.*?)(?=^=====|^-----)", report, re.M | re.S):
-        failed[m.group(3)] = (m.group(1), m.group(4).strip())
+        name = m.group(3) if m.group(3).endswith("." + m.group(2)) else f"{m.group(3)}.{m.group(2)}"
+        failed[name] = (m.group(1), m.group(4).strip())
     skipped = set(re.findall(r"\(([\w.]+)\) \.\.\. skipped", report))
     for test in ids:
         kind, detail = failed.get(test, ("skipped", "") if test in skipped else ("ok", ""))
         ok = kind == "ok"
         rows.append({"suite": "sandbox", "test": test, "result": kind, "detail": detail[-2000:], "ok": ok})
         print(f"{'ok ' if ok else 'BAD'} sandbox {test.split('.', 2)[-1]}: {kind} {detail[-600:]}", flush=True)
+    # A class's or module's fixture (setUpClass, tearDownClass) fails under a name no test has.
+    for name, (kind, detail) in failed.items():
+        if name not in ids:
+            rows.append({"suite": "sandbox", "test": name, "result": kind, "detail": detail[-2000:], "ok": False})
+            print(f"BAD sandbox {name}: {kind} {detail[-1500:]}", flush=True)
     bad = max(bad, sum(1 for r in rows if r["suite"] == "sandbox" and not r["ok"]))
     if bad and not failed:
         print(report[-6000:], flush=True)

@@ -588,6 +588,7 @@ class SandboxTest(Base):
             f.write(cls.SECRET)
         # A cluster secret kept where candidates can see the folder (not /tmp: theirs is private),
         # readable by all: hidden as a file (issue 54).
+        os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)  # (a GPU machine given launch by path has none)
         cls.keys = tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "build"))
         cls.secret_file = os.path.join(cls.keys.name, "cluster.secret")
         with open(cls.secret_file, "w") as f:
