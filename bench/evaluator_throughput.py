@@ -8,6 +8,12 @@ ones meant to hang or to be caught as hacks (a baseline has no such verdicts), e
 Both run the tasks' GPU sizes, 5 correctness trials and 50 timed trials. Verdicts must agree (ok,
 incorrect, or an error of any kind); candidates per hour and their ratio are printed.
 
+Part `phases` (also the torch part's last step): --phases of those candidates evaluated twice by the
+worker's fork server in this process, the second pass timed phase by phase: each candidate's own
+phases (from its process), the worker's (reference, hand-over, spare start, collect, judge, exit
+waits), the fixed cost (the wall outside the candidate's phases and the reference's timing; target
+<= 50 ms median) and format and syntax errors' wall (answered without a process; target <= 5 ms).
+
 Part `inline` (load_inline CUDA candidates): K distinct one-kernel extensions (the swish kernel of
 tests/fixtures/gpu_candidates with a variant number in it, so each builds on its own), evaluated
   cold      `launch evaluate` with an empty build cache and --compile-workers W;
@@ -23,7 +29,7 @@ this machine). Part `cpu`: a fixed CPU-bound work in one process, then one per c
 cores the machine really delivers: quota, SMT siblings, a busy host).
 
 Usage: python bench/evaluator_throughput.py --launch PATH [--device cuda:0]
-           [--parts torch,inline,parallel,cpu] [--limit N] [--stride N] [--inline K]
+           [--parts torch,phases,inline,parallel,cpu] [--limit N] [--stride N] [--inline K]
            [--baseline-inline B] [--compile-workers W] [--parallel N] [--alone WALL,CPU] [--json OUT.json]
 """
 
@@ -95,7 +101,14 @@ def device_idle(results):
     return {"gaps": len(gaps), "total_s": sum(gaps), "max_s": max(gaps, default=0.0)}
 
 
-def part_torch(args, work, out):
+def part_phases(args, work, out):
+    """The phase-by-phase breakdown alone (the torch part's last step), on --phases candidates."""
+    cands = replay_candidates(args, work)
+    print(f"[phases] {min(len(cands), args.phases)} candidates, in the worker's process", flush=True)
+    out["phases"] = phase_breakdown(args, cands[:args.phases])
+
+
+def replay_candidates(args, work):
     cands = []
     replay = os.path.join(ROOT, "tasks", "replay")
     for name in sorted(os.listdir(replay)):
@@ -109,8 +122,11 @@ def part_torch(args, work, out):
                     g.write(rec["completion"])
                 cands.append((os.path.join(TASKS, rec["task_id"] + ".py"), path, rec["expect_status"]))
     cands = cands[::args.stride]
-    if args.limit:
-        cands = cands[:args.limit]
+    return cands[:args.limit] if args.limit else cands
+
+
+def part_torch(args, work, out):
+    cands = replay_candidates(args, work)
     n = len(cands)
     print(f"[torch] {n} candidates over {len({c[0] for c in cands})} tasks", flush=True)
 
@@ -171,26 +187,54 @@ def phase_breakdown(args, cands):
                 "timeout_s": 120, "compile_timeout_s": 600, "memory_limit_mb": 16384,
                 "reverify_speedup": 10.0, "size": "gpu" if args.device.startswith("cuda") else "cpu"}
     server = ForkServer(args.device, 1)
-    sums, walls = {}, []
-    for i, (task, f, _) in enumerate(cands):
-        with open(f) as g:
-            action = g.read()
-        req = {"sample_id": os.path.basename(f), "task_id": os.path.splitext(os.path.basename(task))[0],
-               "task_path": task, "action": action, "action_space": "forward_body", "mode": "full", "seed": 42}
-        r = server.evaluate(req, settings)
-        walls.append(r["wall_s"])
-        ph = dict(r.get("phases", {}))
-        ph["fork"] = r.get("isolation", {}).get("child_start_s", 0.0)
-        ph["exit_and_rest"] = r["wall_s"] - sum(ph.values())
-        for k, v in ph.items():
-            sums[k] = sums.get(k, 0.0) + v
-        print(f"[phases] {req['sample_id']:28} {r['status']:13} {r['wall_s']:.3f} s  "
-              + " ".join(f"{k} {v:.3f}" for k, v in ph.items()), flush=True)
-    mean = {k: v / len(cands) for k, v in sums.items()}
+    sums, walls, fixed, formats, worker_sums = {}, [], [], [], {}
+    for rep in range(2):  # the first pass times each task's reference; the second is measured
+        for i, (task, f, _) in enumerate(cands):
+            with open(f) as g:
+                action = g.read()
+            req = {"sample_id": os.path.basename(f), "task_id": os.path.splitext(os.path.basename(task))[0],
+                   "task_path": task, "action": action, "action_space": "forward_body", "mode": "full", "seed": 42}
+            r = server.evaluate(req, settings)
+            if rep == 0:
+                continue
+            walls.append(r["wall_s"])
+            ph = dict(r.get("phases", {}))
+            wp = dict(r.get("worker_phases", {}))
+            ph["fork"] = r.get("isolation", {}).get("child_start_s", 0.0)
+            # The fixed cost: the wall outside the candidate's own phases (its process's phases,
+            # from the first thing it does to its release) and the reference's timing.
+            rest = r["wall_s"] - sum(ph.values()) - wp.get("reference", 0.0)
+            ph["exit_and_rest"] = rest
+            if r["status"] == "format_error":
+                formats.append(r["wall_s"])
+            else:
+                fixed.append(rest)
+            for k, v in ph.items():
+                sums[k] = sums.get(k, 0.0) + v
+            for k, v in wp.items():
+                worker_sums[k] = worker_sums.get(k, 0.0) + v
+            print(f"[phases] {req['sample_id']:28} {r['status']:13} {r['wall_s']:.3f} s  "
+                  + " ".join(f"{k} {v:.3f}" for k, v in ph.items())
+                  + "  | worker " + " ".join(f"{k} {v:.3f}" for k, v in wp.items()), flush=True)
+    server.close()
+    n = max(1, len(walls))
+    mean = {k: v / n for k, v in sums.items()}
     print("[phases] mean per candidate: " + " ".join(f"{k} {v:.3f}" for k, v in mean.items())
           + f" (wall {statistics.fmean(walls):.3f} s, CUDA init at start-up {server.info['cuda_init_s']:.3f} s)",
           flush=True)
-    return {"mean_s": mean, "wall_mean_s": statistics.fmean(walls)}
+    print("[phases] the worker's side, mean: " + " ".join(f"{k} {v / n:.3f}" for k, v in worker_sums.items()),
+          flush=True)
+    out = {"mean_s": mean, "wall_mean_s": statistics.fmean(walls),
+           "worker_mean_s": {k: v / n for k, v in worker_sums.items()}}
+    if fixed:
+        out["fixed_median_s"] = statistics.median(fixed)
+        print(f"[phases] fixed cost (outside the candidate's phases and the reference's timing): median "
+              f"{1000 * out['fixed_median_s']:.1f} ms over {len(fixed)} (target <= 50 ms)", flush=True)
+    if formats:
+        out["format_error_median_s"] = statistics.median(formats)
+        print(f"[phases] format and syntax errors: median {1000 * out['format_error_median_s']:.2f} ms over "
+              f"{len(formats)} (target <= 5 ms, no process started)", flush=True)
+    return out
 
 
 INLINE_TASK = os.path.join(TASKS, "06_swish.py")
@@ -390,7 +434,7 @@ def main():
            "compile_workers": args.compile_workers}
     try:
         for part in args.parts.split(","):
-            {"torch": part_torch, "inline": part_inline, "parallel": part_parallel, "cpu": part_cpu}[part](args, work, out)
+            {"torch": part_torch, "phases": part_phases, "inline": part_inline, "parallel": part_parallel, "cpu": part_cpu}[part](args, work, out)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(out, f, indent=1)

@@ -15,6 +15,7 @@ thread/process starts, calls into the reference, outputs cached across calls, ou
 side streams, declared custom kernels that never run, re-verification of extreme speedups.
 """
 
+import ast
 import contextlib
 import gc
 import hashlib
@@ -31,6 +32,7 @@ import tempfile
 import time
 import traceback
 import types
+import warnings
 
 import torch
 import torch.profiler  # noqa: F401  (imported before any snapshot: importing it rebinds torch functions)
@@ -727,6 +729,47 @@ def _lock_fds():
     return [int(os.environ[k]) for k in ("KERNELRL_WARM_LOCK_FD", "KERNELRL_EXIT_LOCK_FD") if os.environ.get(k)]
 
 
+def syntax_message(e: SyntaxError) -> str:
+    return f"the program does not parse: {e.msg} (line {e.lineno})"
+
+
+def format_failure(req):
+    """(assembled code, error) when the request's action is a format error before anything of it
+    runs: it does not assemble into a program (scaffold.FormatError) or the program does not compile,
+    with the very message the harness gives (Harness._evaluate). None where the action is not one, or
+    where the answer could differ from the harness's (the task's own source missing or broken, a
+    static reference use the harness reports first, a compiler failure other than a syntax error):
+    those go to a candidate's process as usual. Parsing and compiling run no code of the action."""
+    source = req.get("task_source")
+    if not isinstance(source, str):
+        return None
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    try:
+        code = assemble(req["action"], req["action_space"], source, req["task_id"])
+    except FormatError as e:
+        return "", str(e)
+    except Exception:  # noqa: BLE001 - the harness's own failure, reported by the harness
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(code, "<candidate>", "exec", dont_inherit=True)
+        return None
+    except SyntaxError as e:
+        error = syntax_message(e)
+    except Exception:  # noqa: BLE001 - ValueError (a NUL byte), RecursionError, MemoryError
+        return None
+    try:
+        if defenses.static_reference_use(policy_code(req["action"], req["action_space"]), req["action_space"]):
+            return None  # the harness says hacked first
+    except Exception:  # noqa: BLE001
+        return None
+    return code, error
+
+
 def policy_code(action: str, action_space: str) -> str:
     """The part of the program the policy wrote (for static checks)."""
     code = extract_code(action)
@@ -858,11 +901,13 @@ class Harness:
             res["status"], res["error"] = v.status, v.error
             if v.log:
                 res["compile_log"] = (res["compile_log"] + v.log)[-LOG_LIMIT:]
+            self._phase(res, "until_verdict")  # the phase it failed in, up to its verdict
         if res["status"] != "ok":
             res["speedup"] = 0.0
         if self.link is not None:
             self.link.end()
         self._release(res)
+        self._phase(res, "release")
         return res
 
     def _phase(self, res, name):
@@ -954,7 +999,7 @@ class Harness:
             with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
                 exec(compiled, mod.__dict__)
         except SyntaxError as e:
-            raise Verdict("format_error", f"the program does not parse: {e.msg} (line {e.lineno})")
+            raise Verdict("format_error", syntax_message(e))
         except BaseException as e:
             summ = rec.summary()
             res["compile_s"] = summ["seconds"]

@@ -88,6 +88,18 @@ def default_cache_root():
     return os.path.join(base, "kernelrl", "build-cache")
 
 
+class _Marks:
+    """Seconds between successive marks, summed by name."""
+
+    def __init__(self, t0):
+        self.t, self.phases = t0, {}
+
+    def __call__(self, name):
+        now = time.monotonic()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.t
+        self.t = now
+
+
 class ForkServer:
     """The worker's logic without the socket: usable from Python tests and benchmarks."""
 
@@ -475,10 +487,22 @@ class ForkServer:
         mem = int(s.get("memory_limit_mb", 0))
         key = (tuple(sorted(env.items())), mem, cpu)
         req = self._with_task_source(req)
+        from harness import empty_result, format_failure
+        # An action that does not assemble or compile is answered here: no reference timing, no
+        # candidate's process (the same verdict and message its process would give).
+        fmt = format_failure(req)
+        if fmt is not None:
+            full = empty_result(self.info["device"])
+            full.update(status="format_error", error=fmt[1], assembled_code=fmt[0])
+            full["wall_s"] = time.monotonic() - t0
+            full["phases"] = {"format_check": full["wall_s"]}
+            full["worker_phases"] = {"format_check": full["wall_s"]}
+            return full
+        marks = _Marks(t0)  # where the worker's own time goes (bench/evaluator_throughput.py)
         mode = req.get("mode") or "fast"
         ref, ref_failure = self._reference(req, s, mode, env)
+        marks("reference")
         if ref_failure:
-            from harness import empty_result
             full = empty_result(self.info["device"])
             full.update(ref_failure)
             full["wall_s"] = time.monotonic() - t0
@@ -489,25 +513,30 @@ class ForkServer:
             spare.discard()
             spare = None
         warm = spare is not None and self._hand_over(spare, msg, env)
+        marks("hand_over")
         if warm:
             self.spare = self._spawn(key, env, mem, cpu)  # warms up while this candidate runs
+            marks("next_spare")
         else:
             spare = self._spawn(key, env, mem, cpu)
             if not self._hand_over(spare, msg, env):
                 spare = None
+            marks("cold_start")
         if spare is None:
             reply, failure = None, {"status": "runtime_error", "error": "the candidate's process could not start"}
         else:
             reply, failure = spare.collect(self._limits(req, s, False), on_poll=self._reap,
                                            defer_exit=self._defer_exit)
+            marks("collect")
             if reply and not cpu and not 0 <= reply.get("gpu_held_bytes", -1) <= HELD_AFTER_REPLY:
                 # Its process still holds device memory after freeing what the evaluation
                 # allocated (a candidate's global tensors, a faulted context): the next candidate
                 # must find the GPU's memory free, so wait for this one's exit.
                 self._reap(block=True)
+                marks("exit_wait")
         if self.spare is None:
             self.spare = self._spawn(key, env, mem, cpu)  # ready for the next candidate
-        from harness import empty_result
+            marks("next_spare")
         full = empty_result(self.info["device"])
         if failure:
             full.update({k: failure[k] for k in ("status", "error")})
@@ -520,9 +549,12 @@ class ForkServer:
             verdict = self.judge.finish(float(s.get("timeout_s", 60)))
             if verdict is None:
                 self.judge = None  # stopped: the next candidate starts another
+            marks("judge")
         full = self._decide(full, verdict)
         reply = self._speedup(full, req, s, env, ref)
+        marks("speedup")
         reply["wall_s"] = time.monotonic() - t0
+        reply["worker_phases"] = marks.phases
         return reply
 
     def close(self):

@@ -88,6 +88,36 @@ class StatusTest(Base):
                           "format_error", "does not parse")
         self.assertStatus(self.evaluate("return (x"), "format_error", "was never closed")
 
+    def test_format_and_syntax_errors_are_answered_without_a_process(self):
+        import harness
+        # A task this worker has not timed yet: a format error must not time its reference.
+        task = os.path.join(self.tmp.name, "06_swish_copy.py")
+        with open(SWISH) as f, open(task, "w") as g:
+            g.write(f.read())
+        actions = [("", "forward_body"), ("This computes swish with a sigmoid.", "forward_body"),
+                   ("return (x", "forward_body"), ("nonlocal y\nreturn x", "forward_body"),
+                   ("y = [(yield) for _ in x]\nreturn x", "forward_body"),
+                   ("class Model:\n    pass\n", "full_program"),
+                   # the harness reports the reference's use first (hacked), so the worker leaves it
+                   ("nonlocal y\nreturn Model.forward(self, x)", "forward_body")]
+        spare = self.server.spare
+        quick = [self.evaluate(a, task=task, space=sp) for a, sp in actions[:-1]]
+        for r in quick:
+            self.assertEqual(r["status"], "format_error", r["error"])
+            self.assertEqual(list(r["worker_phases"]), ["format_check"])
+        self.assertIs(self.server.spare, spare)  # no candidate's process used
+        self.assertFalse([k for k in self.server.harness.ref_cache if k.startswith(task + "|")])
+        quick.append(self.evaluate(actions[-1][0], task=task))
+        self.assertEqual(quick[-1]["status"], "hacked", quick[-1]["error"])
+        # The same verdicts and messages as the candidate's process gives them.
+        check, harness.format_failure = harness.format_failure, lambda req: None
+        try:
+            slow = [self.evaluate(a, task=task, space=sp) for a, sp in actions]
+        finally:
+            harness.format_failure = check
+        self.assertEqual([(r["status"], r["error"]) for r in quick], [(r["status"], r["error"]) for r in slow])
+        self.assertIn("nonlocal", quick[3]["error"])
+
     def test_an_exception_is_a_runtime_error_naming_the_line(self):
         self.assertStatus(self.evaluate("raise ValueError('no kernel today')\nreturn x"), "runtime_error",
                           "ValueError: no kernel today", "candidate line")
