@@ -21,6 +21,7 @@
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -28,6 +29,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <thread>
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -217,6 +223,35 @@ void stop_actor_system(std::unique_ptr<caf::actor_system> sys, std::chrono::seco
   watchdog.join();
 }
 
+namespace {
+
+// Whether something accepts a TCP connection at host:port within timeout_ms (a head that is not
+// up yet refuses it; one that is up but ends CAF's handshake, over TLS or not, accepts it).
+bool port_answers(const std::string& host, uint16_t port, int timeout_ms) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return false;
+  bool answered = false;
+  for (auto* a = found; a && !answered; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      answered = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof(err);
+      answered = poll(&p, 1, timeout_ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return answered;
+}
+
+}  // namespace
+
 std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::string& host, uint16_t port,
                                        const std::string& name, const std::string& cluster, const std::string& secret,
                                        double wait_s, std::string& err, bool& refused, std::string* cluster_seen) {
@@ -225,6 +260,7 @@ std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::strin
   // The head may start after this peer: keep trying for wait_s.
   caf::actor gate;
   bool said_waiting = false;
+  int ended_by_peer = 0;  // attempts in a row where the port took the connection, the handshake failed
   auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, wait_s) * 1000));
   while (!gate) {
@@ -234,7 +270,22 @@ std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::strin
       gate = *r;
       break;
     }
-    if (!said_waiting && std::chrono::steady_clock::now() < deadline) {  // once: what this process waits for
+    // Up, but ending the handshake: a TLS mismatch (a certificate it does not trust, TLS on one
+    // side only) or not a kernelrl head at all. Waiting longer changes nothing: refused.
+    ended_by_peer = port_answers(host, port, 1000) ? ended_by_peer + 1 : 0;
+    if (ended_by_peer >= 3) {
+      refused = true;
+      err = "the head at " + host + ":" + std::to_string(port) +
+            " took the connection but ended the handshake: " + sys.render(r.error()) +
+            (tls ? " (this peer uses TLS: a head without [cluster] tls, or whose certificate is not signed by this "
+                   "peer's tls_ca, or that does not trust this peer's certificate, ends the handshake; the head "
+                   "logs nothing of it)"
+                 : " (if the head uses [cluster] tls, so must this peer; else what listens there is not a kernelrl "
+                   "head)");
+      return std::nullopt;
+    }
+    if (!said_waiting && ended_by_peer == 0 &&
+        std::chrono::steady_clock::now() < deadline) {  // once: what this process waits for
       said_waiting = true;
       std::fprintf(stderr, "launch: waiting for the head at %s:%u (up to %.0f s, [cluster] join_wait_s): %s\n",
                    host.c_str(), unsigned(port), wait_s, sys.render(r.error()).c_str());
@@ -302,6 +353,11 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
   uint16_t port = 0;
   head_address(cfg, host, port);
   const std::string log_dir = (fs::path(cfg.experiment.run_root) / ("node-" + sanitize_id(name))).string();
+  std::error_code probe;
+  // What this process creates, removed again (when still empty) if the head never takes it.
+  std::vector<fs::path> made;
+  for (auto p : {fs::path(cfg.experiment.run_root), fs::path(log_dir)})
+    if (!fs::exists(p, probe)) made.push_back(p);
   fs::create_directories(log_dir);
 
   // The sampler role: each task's prompt as the head renders it, and the models, loaded before
@@ -344,6 +400,8 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
                                std::max(1.0, cfg.cluster.join_wait_s), err, refused, nullptr);
     if (!joined) {
       std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), err.c_str());
+      std::error_code ignored;
+      for (auto it = made.rbegin(); it != made.rend(); ++it) fs::remove(*it, ignored);  // (only if empty)
       return refused ? 2 : 1;
     }
     caf::actor gate = *joined;

@@ -531,14 +531,24 @@ class TlsTest(unittest.TestCase):
             head = start_launch(head_cfg, log, "--run-dir", run_dir)
             try:
                 wait_for(lambda: "head listening" in read(log.name), 60, "the head to listen")
+                # Refused at once (the head is up and ends the handshake), exit 2 as any refused
+                # peer, whatever join_wait_s says (60 s here), and nothing left under run_root.
                 for cfg, why in ((plain_cfg, "if the head uses [cluster] tls, so must this peer"),
                                  (foreign_cfg, "this peer uses TLS")):
+                    with open(cfg) as f:
+                        text = f.read().replace("join_wait_s = 2.0", "join_wait_s = 60.0")
+                    with open(cfg, "w") as f:
+                        f.write(text)
+                    t0 = time.monotonic()
                     r = subprocess.run([LAUNCH, cfg, "--node", "a"], capture_output=True, text=True, timeout=60)
-                    self.assertEqual(r.returncode, 1, r.stderr)
-                    self.assertIn("cannot reach the head", r.stderr)
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertLess(time.monotonic() - t0, 30, r.stderr)
+                    self.assertIn("took the connection but ended the handshake", r.stderr)
                     self.assertIn(why, r.stderr)
+                    self.assertNotIn("waiting for the head", r.stderr)
+                    self.assertFalse(os.path.exists(os.path.join(d, "runs", "node-a")))
                 m = monitor()
-                self.assertEqual(m.returncode, 1, m.stderr)
+                self.assertEqual(m.returncode, 2, m.stderr)
                 self.assertIn("if the head uses [cluster] tls", m.stderr)
                 m = monitor("--tls-cert", os.path.join(certs_a, "monitor.pem"))
                 self.assertEqual(m.returncode, 2, m.stderr)

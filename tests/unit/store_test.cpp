@@ -2,11 +2,16 @@
 // with SIGKILL in the middle of a run.
 #include "store/store.hpp"
 
+#include "core/files.hpp"
+#include "core/paths.hpp"
+
 #include "message_samples.hpp"
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <csignal>
 #include <filesystem>
 #include <sys/wait.h>
@@ -138,4 +143,35 @@ TEST_CASE("a writer killed with SIGKILL mid-run leaves a store that opens cleanl
   }
   // And the store still takes writes.
   CHECK(s->record_sample("r", numbered(rows.size())) == InsertResult::inserted);
+}
+
+TEST_CASE("list_checkpoints passes over step folders that are not whole and says why", "[store]") {
+  const fs::path dir = fs::temp_directory_path() / ("kernelrl-ckpt-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto write = [](const fs::path& f, const std::string& text) {
+    fs::create_directories(f.parent_path());
+    std::ofstream(f) << text;
+  };
+  write(dir / "step-1" / "learner.json", "{\"version\": 1}");  // before manifests: counts
+  write(dir / "step-2" / "learner.json", "");                  // empty: passed over
+  write(dir / "step-3" / "learner.json", "{\"version\": 3}");
+  write(dir / "step-3" / "adapter.bin", "0123456789");
+  std::string err;
+  REQUIRE(write_manifest((dir / "step-3").string(), err));
+  write(dir / "step-4" / "learner.json", "{\"version\": 4}");
+  write(dir / "step-4" / "adapter.bin", "0123456789");
+  REQUIRE(write_manifest((dir / "step-4").string(), err));
+  fs::resize_file(dir / "step-4" / "adapter.bin", 3);  // a disk that filled
+  write(dir / "notes" / "x.txt", "not a checkpoint");
+  std::vector<std::string> passed_over;
+  auto found = list_checkpoints(dir.string(), &passed_over);
+  REQUIRE(found.size() == 2);
+  CHECK(found[0].first == 1);
+  CHECK(found[1].first == 3);
+  REQUIRE(passed_over.size() == 2);
+  std::sort(passed_over.begin(), passed_over.end());
+  CHECK(passed_over[0].find("step-2: no manifest.json and an empty or missing learner.json") != std::string::npos);
+  CHECK(passed_over[1].find("step-4: ") != std::string::npos);
+  CHECK(passed_over[1].find("adapter.bin") != std::string::npos);
+  fs::remove_all(dir);
 }
