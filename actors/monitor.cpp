@@ -64,8 +64,7 @@ void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bo
       // Clipped to the terminal's width (asked each time: it may be resized), so that the carriage
       // return rewrites one line and never a wrapped one.
       winsize ws{};
-      if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 && line.size() >= ws.ws_col)
-        line.resize(ws.ws_col - 1);
+      if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1) line = fit_progress(line, ws.ws_col - 1);
       std::string pad = line.size() < st.last_len ? std::string(st.last_len - line.size(), ' ') : "";
       std::fprintf(stderr, "\r%s%s%s", line.c_str(), pad.c_str(), final_line ? "\n" : "");
       st.last_len = line.size();
@@ -325,6 +324,36 @@ std::string format_progress(const std::string& label, const std::vector<std::pai
       get(m, "supervisor.fast_1"), get(m, "supervisor.mean_reward"), get(m, "supervisor.samples_per_s"),
       uint64_t(get(m, "dispatcher.queue_depth")), uint64_t(get(m, "dispatcher.in_flight")),
       fmt_eta(get(m, "supervisor.eta_s", -1)));
+}
+
+std::string fit_progress(const std::string& line, size_t width) {
+  if (line.size() <= width) return line;
+  std::vector<std::string> fields;
+  for (size_t at = 0;;) {
+    auto bar = line.find(" | ", at);
+    fields.push_back(line.substr(at, bar == std::string::npos ? std::string::npos : bar - at));
+    if (bar == std::string::npos) break;
+    at = bar + 3;
+  }
+  auto joined = [&] {
+    std::string out;
+    for (auto& f : fields)
+      if (!f.empty()) out += (out.empty() ? "" : " | ") + f;
+    return out;
+  };
+  // Least useful first; the first field (where the run is) and the ETA stay.
+  static const char* order[] = {"in flight", "queue",   "entropy", "loss",   "policy v", "held-out",
+                                "failed",    "correct", "reward",  "fast_1", "samples"};
+  for (const char* name : order) {
+    for (size_t i = 1; i + 1 < fields.size(); ++i)
+      if (fields[i].find(name) != std::string::npos) fields[i].clear();
+    auto out = joined();
+    if (out.size() <= width) return out;
+  }
+  for (size_t i = 1; i + 1 < fields.size(); ++i) fields[i].clear();
+  auto out = joined();
+  if (out.size() > width) out.resize(width);
+  return out;
 }
 
 std::string format_snapshot(const std::string& label, const std::vector<std::pair<std::string, double>>& values) {

@@ -57,6 +57,11 @@ caf::actor spawn_monitor(caf::actor_system& sys, MonitorArgs args, std::vector<c
 // The progress line for a merged snapshot (exposed for tests).
 std::string format_progress(const std::string& label, const std::vector<std::pair<std::string, double>>& values);
 
+// A progress line made to fit `width` columns: its " | "-separated fields are left out, the least
+// useful first (in flight, queue, entropy, ...), keeping the first (where the run is) and the ETA;
+// cut at the width only when those two alone do not fit.
+std::string fit_progress(const std::string& line, size_t width);
+
 // The snapshot as a few lines for people: progress, speedup distribution, reward histogram,
 // one line per node (evaluators, work held, utilisation), sampler and learner figures.
 std::string format_snapshot(const std::string& label, const std::vector<std::pair<std::string, double>>& values);

@@ -35,9 +35,17 @@ std::string esc(const std::string& s) {
   return o;
 }
 
-const char* const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-                               "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-const char* color(size_t i) { return palette[i % (sizeof(palette) / sizeof(palette[0]))]; }
+// Twenty colours; past them a series differs by its stroke (dashed, then dotted) and its hollow
+// points, so that forty series stay apart and sixty still can be told by their legend.
+const char* const palette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+                               "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ff9896", "#98df8a", "#ffbb78",
+                               "#c5b0d5", "#c49c94", "#f7b6d2", "#393b79", "#637939", "#8c6d31"};
+constexpr size_t palette_size = sizeof(palette) / sizeof(palette[0]);
+const char* color(size_t i) { return palette[i % palette_size]; }
+const char* dash(size_t i) {
+  static const char* const d[] = {"", " stroke-dasharray=\"5 3\"", " stroke-dasharray=\"1.5 2.5\""};
+  return d[(i / palette_size) % 3];
+}
 
 double value(const nlohmann::json& j, const std::string& key) {
   if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return std::numeric_limits<double>::quiet_NaN();
@@ -58,6 +66,7 @@ struct Series {
 struct Chart {
   std::string title, xlabel, ylabel;
   bool log2x = false, log2y = false;
+  bool integer_x = false;  // x counts something (steps, turns): ticks at whole numbers only
   double ymin = std::numeric_limits<double>::quiet_NaN(), ymax = std::numeric_limits<double>::quiet_NaN();
   std::vector<Series> series;
 };
@@ -135,7 +144,8 @@ std::string svg_chart(const Chart& c) {
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"middle\">{:g}</text>\n",
                        L + (e - x0) / (x1 - x0) * pw, T + ph + 16, std::exp2(e));
   } else {
-    const double xs = std::max(tick_step(x1 - x0, 6), 1e-12);
+    const double xs =
+        c.integer_x ? std::max(1.0, std::ceil(tick_step(x1 - x0, 6))) : std::max(tick_step(x1 - x0, 6), 1e-12);
     for (double x = std::ceil(x0 / xs) * xs; x <= x1 + 1e-12; x += xs)
       o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"middle\">{:g}</text>\n", px(x),
                        T + ph + 16, std::abs(x) < 1e-12 ? 0.0 : x);
@@ -164,23 +174,34 @@ std::string svg_chart(const Chart& c) {
     if (s.line && ok.size() > 1) {
       std::string pts;
       for (size_t i : ok) pts += fmt::format("{:.1f},{:.1f} ", px(s.x[i]), py(s.y[i]));
-      o += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\"/>\n", pts, col);
+      o += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\"{}/>\n", pts, col,
+                       dash(si));
     }
+    const std::string marker = si < palette_size
+                                   ? fmt::format("fill=\"{}\"", col)
+                                   : fmt::format("fill=\"#ffffff\" stroke=\"{}\" stroke-width=\"1.5\"", col);
     for (size_t i : ok) {
       std::string band =
           i < s.lo.size() ? fmt::format(" data-lo=\"{:.17g}\" data-hi=\"{:.17g}\"", s.lo[i], s.hi[i]) : "";
       o += fmt::format(
-          "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\" data-chart=\"{}\" data-series=\"{}\" "
+          "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" {} data-chart=\"{}\" data-series=\"{}\" "
           "data-x=\"{:.17g}\" data-y=\"{:.17g}\"{}><title>{}: {:g}, {:.4g}</title></circle>\n",
-          px(s.x[i]), py(s.y[i]), s.line ? 3 : 2.5, col, esc(c.title), esc(s.name), s.x[i], s.y[i], band, esc(s.name),
-          s.x[i], s.y[i]);
+          px(s.x[i]), py(s.y[i]), s.line ? 3 : 2.5, marker, esc(c.title), esc(s.name), s.x[i], s.y[i], band,
+          esc(s.name), s.x[i], s.y[i]);
     }
-    // Legend on the right.
+    // Legend on the right: as many entries as its height holds, then how many more there are.
+    const size_t rows = size_t((H - T - 10) / 16);
     const double ly = T + 10 + 16 * double(si);
-    o += fmt::format(
-        "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"10\" height=\"10\" fill=\"{}\"/>"
-        "<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"legend\">{}</text>\n",
-        L + pw + 12, ly - 9, col, L + pw + 27, ly, esc(s.name.size() > 24 ? s.name.substr(0, 23) + "…" : s.name));
+    if (si + 1 < rows || c.series.size() <= rows) {
+      o += fmt::format(
+          "<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"3\"{}/>"
+          "<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"legend\">{}</text>\n",
+          L + pw + 10, L + pw + 24, ly - 4, ly - 4, col, dash(si), L + pw + 27, ly,
+          esc(s.name.size() > 24 ? s.name.substr(0, 23) + "…" : s.name));
+    } else if (si + 1 == rows) {
+      o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"legend\">+{} more (hover a point)</text>\n",
+                       L + pw + 12, ly, c.series.size() - si);
+    }
   }
   o += "</svg>\n";
   return o;
@@ -414,6 +435,7 @@ std::string render_report(const ReportInputs& in) {
   const auto& steps = a.value("steps", nlohmann::json::array());
   if (steps.size() > 1) {
     Chart c{"training curves", "step", "rate / reward"};
+    c.integer_x = true;
     Series f1{"fast_1"}, cr{"correct rate"}, rw{"mean reward"}, hk{"hacked share"};
     for (auto& s : steps) {
       double x = s["step"].get<double>();
@@ -462,6 +484,7 @@ std::string render_report(const ReportInputs& in) {
   const auto& turns = a.value("turns", nlohmann::json::array());
   if (!turns.empty()) {
     Chart c{"turns", "turn", "rate"};
+    c.integer_x = true;
     c.ymin = 0;
     Series f1{fk}, f12{"fast_1.2"}, bf1{"best so far " + fk}, bf12{"best so far fast_1.2"}, fe{"format errors"};
     std::vector<std::vector<std::string>> rows;
@@ -531,14 +554,25 @@ std::string render_report(const ReportInputs& in) {
     s.y.push_back(value(r, fk));
     step_set.insert(r["step"].get<uint32_t>());
   }
-  if (step_set.size() > 1) {
-    Chart c{"trajectories", "step", fk + " of the task's samples"};
-    c.ymin = 0;
-    for (auto& [id, s] : traj) c.series.push_back(s);
+  // Only tasks seen at two steps or more have a trajectory (a train run samples a few tasks a step).
+  size_t once = 0;
+  Chart tc{"trajectories", "step", fk + " of the task's samples"};
+  tc.ymin = 0;
+  tc.integer_x = true;
+  for (auto& [id, s] : traj) {
+    if (s.x.size() >= 2)
+      tc.series.push_back(s);
+    else
+      ++once;
+  }
+  if (step_set.size() > 1 && !tc.series.empty()) {
     h += "<h2>Per-task trajectories</h2>\n<p class=\"note\">Each task's " + fk +
          " step by step (test-time adaptation: "
-         "how each task's samples improve as the adapter learns).</p>\n" +
-         svg_chart(c);
+         "how each task's samples improve as the adapter learns)" +
+         (once ? fmt::format("; {} task{} sampled at one step only {} left out", once, once == 1 ? "" : "s",
+                             once == 1 ? "is" : "are")
+               : std::string()) +
+         ".</p>\n" + svg_chart(tc);
   }
 
   // Selection strategies.

@@ -512,7 +512,13 @@ void read_tasks(TableReader& r, Config& c, const toml::table& root) {
   }
   std::error_code ec;
   if (!fs::is_directory(c.tasks.folder(), ec)) {
-    if (!c.tasks.kernelbench_dir.empty()) r.error_here("level", "no level folder " + c.tasks.folder());
+    // (A kernelbench_dir that does not exist is reported at its own key.)
+    if (!c.tasks.kernelbench_dir.empty() && fs::is_directory(c.tasks.kernelbench_dir, ec)) {
+      const fs::path kb(c.tasks.kernelbench_dir);
+      const std::string level = "level" + std::to_string(c.tasks.level);
+      r.error_here("level", "no level folder " + (kb / "KernelBench" / level).string() +
+                                " (a KernelBench checkout) or " + (kb / level).string() + " (its KernelBench folder)");
+    }
     return;
   }
   // Every id (or range, or split) must resolve to task files.

@@ -32,8 +32,9 @@ int cmd_check(const std::string& config_path) {
   for (auto& n : cfg->nodes) {
     const auto evaluators = uint32_t(evaluator_devices(n).size());
     if (evaluators == 0 && !n.gpus_auto) continue;
-    auto plan = plan_candidate_memory(cfg->evaluator, std::max<uint32_t>(1, evaluators), machine_memory_mb());
-    std::printf("# node %s on this machine: %s%s\n", n.name.c_str(), plan.describe().c_str(),
+    std::string shared;
+    auto plan = node_memory_plan(*cfg, n, &shared);
+    std::printf("# node %s on this machine: %s%s%s\n", n.name.c_str(), plan.describe().c_str(), shared.c_str(),
                 n.gpus_auto ? " (gpus = \"auto\": counted here as one evaluator)" : "");
     if (exceeds.empty() && plan.exceeds()) exceeds = plan.advice();
   }

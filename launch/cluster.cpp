@@ -21,6 +21,7 @@
 #include <caf/io/all.hpp>
 #include <caf/openssl/all.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -161,15 +162,38 @@ std::vector<std::string> evaluator_devices(const NodeConfig& node) {
   return devices;
 }
 
+MemoryPlan node_memory_plan(const Config& cfg, const NodeConfig& node, std::string* shared_with) {
+  // The config's other nodes on the same host run on this machine too (configs/cluster-local.toml
+  // puts every node on 127.0.0.1): their candidates share its memory. A machine that joined with
+  // --join is none of them.
+  uint32_t at_once = std::max<uint32_t>(1, uint32_t(evaluator_devices(node).size()));
+  const bool listed = std::any_of(cfg.nodes.begin(), cfg.nodes.end(), [&](const NodeConfig& n) { return &n == &node; });
+  std::string beside;
+  if (listed && !evaluator_devices(node).empty())
+    for (auto& n : cfg.nodes) {
+      const auto d = uint32_t(evaluator_devices(n).size());
+      if (&n == &node || n.host != node.host || d == 0) continue;
+      at_once += d;
+      beside += (beside.empty() ? "" : ", ") + n.name;
+    }
+  if (shared_with)
+    *shared_with = beside.empty()
+                       ? ""
+                       : " (shared with node" + std::string(beside.find(',') != std::string::npos ? "s " : " ") +
+                             beside + ", also at " + node.host + ")";
+  return plan_candidate_memory(cfg.evaluator, at_once, machine_memory_mb());
+}
+
 std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& node, const std::string& log_dir) {
   std::vector<EvaluatorArgs> out;
   const std::vector<std::string> devices = evaluator_devices(node);
   // The candidates' memory limit on this machine (memory_limit_mb = "auto": shared out over every
   // candidate that can run at once), said at start-up; a sum larger than the machine is warned of.
-  const MemoryPlan mem = plan_candidate_memory(cfg.evaluator, uint32_t(devices.size()), machine_memory_mb());
+  std::string shared;
+  const MemoryPlan mem = node_memory_plan(cfg, node, &shared);
   if (!devices.empty()) {
     auto lg = log::get("launch");
-    lg->info("node {}: {}", node.name, mem.describe());
+    lg->info("node {}: {}{}", node.name, mem.describe(), shared);
     if (mem.exceeds())
       lg->warn(
           "node {}: the candidates' memory limits add up to more than this machine has for them ({}): a batch of "
@@ -523,7 +547,13 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
       self->receive([&](caf::down_msg& dm) {
         if (dm.source == gate.address()) {
           head_gone = true;
-          lg->info("node {}: the head is gone ({}); stopping", name, sys.render(dm.reason));
+          // In words: CAF's exit reasons are not for people.
+          const std::string why =
+              !dm.reason || dm.reason == caf::exit_reason::user_shutdown || dm.reason == caf::exit_reason::normal
+                  ? "the run ended"
+              : dm.reason == caf::exit_reason::remote_link_unreachable ? "the connection to it was lost"
+                                                                       : sys.render(dm.reason);
+          lg->info("node {}: the head is gone ({}); stopping", name, why);
         } else {
           --alive;
         }
@@ -604,13 +634,17 @@ int run_join(const Config& cfg, const JoinOptions& o) {
 }
 
 int cmd_node(const std::string& config_path, const std::string& node, const std::string& log_level) {
-  auto cfg = load_with_level(config_path, log_level);
+  // The chat template is resolved (and said) only where this node renders prompts.
+  auto cfg = load_with_level(config_path, log_level, false);
   if (!cfg) return 2;
+  for (auto& n : cfg->nodes)
+    if (n.name == node && (has_role(n, "sampler") || (has_role(n, "learner") && cfg->experiment.mode == Mode::sdpo)))
+      resolve_chat_template(*cfg);
   return run_node(*cfg, node);
 }
 
 int cmd_join(const std::string& config_path, const JoinOptions& o, const std::string& log_level) {
-  auto cfg = load_with_level(config_path, log_level);
+  auto cfg = load_with_level(config_path, log_level, false);  // an evaluator only: no prompts
   if (!cfg) return 2;
   if (!is_cluster(*cfg)) {
     std::fprintf(stderr, "launch: --join: %s describes no cluster (no [[node]] has a port)\n",

@@ -5,6 +5,7 @@
 #include "actors/evaluator.hpp"
 #include "actors/monitor.hpp"
 #include "core/config.hpp"
+#include "core/machine.hpp"
 
 #include <caf/fwd.hpp>
 
@@ -44,6 +45,9 @@ void unpublish_gate(const caf::actor& gate);
 // One evaluator per CPU slot and per GPU of `node`; worker logs go to `log_dir`.
 // The devices a node's evaluators run on ("cpu-0", ..., "cuda:0", ...); none without the role.
 std::vector<std::string> evaluator_devices(const NodeConfig& node);
+// The candidates' memory plan of node's evaluators on its machine, counting the evaluators of the
+// config's other nodes at the same host; *shared_with (optional) names them for the log.
+MemoryPlan node_memory_plan(const Config& cfg, const NodeConfig& node, std::string* shared_with = nullptr);
 
 std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& node, const std::string& log_dir);
 // Destroys the actor system (which waits for every actor to be gone), for at most `grace`; past

@@ -71,6 +71,7 @@ struct PolicyCliOptions {
   std::vector<std::string> stop;     // generate: stop strings
   bool json = false;                 // one JSON object on stdout
   std::string out;                   // export: destination directory
+  bool force = false;                // merge: replace what --out holds
   std::string server;                // generate: an OpenAI-compatible server's URL instead of --model
   std::string served_model;          // generate --server: the served model name
   double timeout_s = 600;            // generate --server: one HTTP exchange

@@ -143,7 +143,9 @@ int cmd_compare(const CompareOptions& o) {
     if (&first == &r) continue;
     auto setting = [](const Run& x, const std::string& k) {
       const auto& st = x.compute.value("settings", nlohmann::json::object());
-      return st.contains(k) ? st[k].get<std::string>() : std::string("(unset)");
+      if (!st.contains(k)) return std::string("(unset)");
+      const auto v = st[k].get<std::string>();
+      return v.empty() ? std::string("\"\" (empty)") : v;
     };
     // The strategies (modes, K per step) may differ; the settings and the rollouts spent may not.
     for (auto& k : same)

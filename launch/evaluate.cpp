@@ -4,6 +4,8 @@
 #include "launch/commands.hpp"
 #include "launch/json.hpp"
 
+#include <fmt/format.h>
+
 #include "actors/evaluator.hpp"
 #include "core/config.hpp"
 #include "core/paths.hpp"
@@ -116,8 +118,12 @@ int cmd_evaluate(const EvaluateOptions& o) {
           if (o.json) {
             std::printf("%s\n", result_json(r).dump().c_str());
           } else {
-            std::printf("%-40s %-13s speedup %7.3f  %.4f ms (ref %.4f ms)%s%s\n", r.sample_id.c_str(),
-                        to_string(r.status).c_str(), r.speedup, r.runtime.median_ms, r.ref_runtime.median_ms,
+            // A candidate that was not timed (it failed before) has no times to print.
+            const std::string times = r.runtime.trials > 0
+                                          ? fmt::format("speedup {:7.3f}  {:.4f} ms (ref {:.4f} ms)", r.speedup,
+                                                        r.runtime.median_ms, r.ref_runtime.median_ms)
+                                          : std::string("not timed");
+            std::printf("%-40s %-13s %s%s%s\n", r.sample_id.c_str(), to_string(r.status).c_str(), times.c_str(),
                         r.error.empty() ? "" : "  ", r.error.c_str());
           }
           std::fflush(stdout);

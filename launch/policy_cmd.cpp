@@ -419,7 +419,10 @@ void add_policy_command(CLI::App& app, cli::Action& action, const std::string& n
   model_options(sub, x->o);
   sub->add_flag("--json", x->o.json, "one JSON object");
   if (name == "merge") {
-    sub->add_option("--out", x->o.out, "the merged checkpoint's directory")->required()->type_name("DIR");
+    sub->add_option("--out", x->o.out, "the merged checkpoint's directory (new or empty)")
+        ->required()
+        ->type_name("DIR");
+    sub->add_flag("--force", x->o.force, "replace the files --out already holds");
   } else {
     sub->add_option("--prompt", x->prompts, "a prompt (generate: one or more)")->type_name("TEXT");
     sub->add_option("--prompt-file", x->prompt_files, "a prompt read from a file")->type_name("FILE");
@@ -458,6 +461,17 @@ void add_policy_command(CLI::App& app, cli::Action& action, const std::string& n
       }
       if (name == "merge") {
         if (o.adapter.empty()) return cli::bad(name, "--adapter DIR is required");
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        for (auto* given : {&o.model, &o.adapter})
+          if (fs::exists(o.out, ec) && fs::equivalent(o.out, *given, ec))
+            return cli::bad(name, "--out " + o.out + " is the " + (given == &o.model ? "--model" : "--adapter") +
+                                      " folder: give the merged checkpoint a folder of its own");
+        if (fs::is_directory(o.out, ec) && !fs::is_empty(o.out, ec) && !o.force)
+          return cli::bad(
+              name, "--out " + o.out + " already holds files; give a new or empty folder, or --force to replace them");
+        if (fs::exists(o.out, ec) && !fs::is_directory(o.out, ec))
+          return cli::bad(name, "--out " + o.out + " is a file, not a folder");
         return cmd_merge(o);
       }
       if (o.prompts.empty()) return cli::bad(name, "--prompt TEXT is required");

@@ -208,7 +208,27 @@ std::unique_ptr<Store> open_run_store(const char* cmd, const std::string& run_di
   fs::path p = run_dir;
   if (fs::is_directory(p)) p /= "store.sqlite";
   if (!fs::exists(p)) {
-    std::fprintf(stderr, "launch %s: %s: no run store here\n", cmd, p.string().c_str());
+    // A comparison's (or a per-task run's) folder holds its runs one level or two down: name them.
+    std::vector<std::string> runs;
+    std::error_code ec;
+    if (fs::is_directory(run_dir, ec))
+      for (auto it = fs::recursive_directory_iterator(run_dir, ec); it != fs::recursive_directory_iterator();
+           it.increment(ec)) {
+        if (ec) break;
+        if (it.depth() >= 1) it.disable_recursion_pending();
+        if (it->is_directory(ec) && fs::exists(it->path() / "store.sqlite", ec)) runs.push_back(it->path().string());
+      }
+    std::sort(runs.begin(), runs.end());
+    std::string hint;
+    if (!runs.empty()) {
+      hint = fmt::format("; it holds {} run{}: ", runs.size(), runs.size() == 1 ? "" : "s");
+      for (size_t i = 0; i < runs.size() && i < 6; ++i) hint += (i ? ", " : "") + runs[i];
+      if (runs.size() > 6) hint += ", ...";
+      hint += fmt::format(" (e.g. launch {} {})", cmd, runs.front());
+      if (fs::exists(fs::path(run_dir) / "comparison.json", ec))
+        hint += fmt::format("; `launch report {}` shows the comparison", run_dir);
+    }
+    std::fprintf(stderr, "launch %s: %s: no run store here%s\n", cmd, p.string().c_str(), hint.c_str());
     rc = 2;
     return nullptr;
   }

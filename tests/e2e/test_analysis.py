@@ -450,18 +450,21 @@ adapter = "arm:rl"
             c = json.load(f)
         c["settings"]["temperature"] = "0.5"
         c["rollouts"] += 3
+        self.assertEqual(c["settings"]["model"], "")  # a replay run has none: said as such, not as a blank
+        c["settings"]["model"] = "models/policy"
         with open(compute, "w") as f:
             json.dump(c, f)
         p = subprocess.run([LAUNCH, "compare", self.run_dir, twin], capture_output=True, text=True, timeout=120)
         self.assertEqual(p.returncode, 3)
         self.assertIn("the budgets differ", p.stderr)
         self.assertIn("temperature: 1 in %s but 0.5 in %s" % (self.run_dir, twin), p.stderr)
+        self.assertIn('model: "" (empty) in %s but models/policy in %s' % (self.run_dir, twin), p.stderr)
         self.assertIn("rollouts: %d in %s but %d in %s" % (c["rollouts"] - 3, self.run_dir, c["rollouts"], twin), p.stderr)
         p = subprocess.run([LAUNCH, "compare", self.run_dir, twin, "--allow-mismatch", "--json"], capture_output=True,
                            text=True, timeout=120)
         self.assertEqual(p.returncode, 0, p.stderr)
         j = json.loads(p.stdout)
-        self.assertEqual(len(j["differences"]), 2)
+        self.assertEqual(len(j["differences"]), 3)
         self.assertEqual(j["runs"][1]["compute"]["rollouts"], c["rollouts"])
 
     def test_compare_places_each_run_on_the_best_of_n_curve(self):
@@ -568,6 +571,15 @@ adapter = "arm:rl"
         p = subprocess.run([LAUNCH, "analyze", os.path.join(self.tmp, "nothing")], capture_output=True, text=True)
         self.assertEqual(p.returncode, 2)
         self.assertIn("no run store here", p.stderr)
+        # A folder of runs (a comparison's, a per-task run's): its runs are named.
+        parent = os.path.join(self.tmp, "arms")
+        os.makedirs(parent, exist_ok=True)
+        arm = os.path.join(parent, "best_of_n")
+        if not os.path.exists(arm):
+            os.symlink(self.run_dir, arm)
+        p = subprocess.run([LAUNCH, "analyze", parent], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(f"no run store here; it holds 1 run: {arm} (e.g. launch analyze {arm})", p.stderr)
 
 
 if __name__ == "__main__":

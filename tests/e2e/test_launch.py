@@ -485,6 +485,19 @@ class MemoryLimitTest(unittest.TestCase):
                 self.assertEqual(s["status"], "runtime_error", s["error"])
                 self.assertIn("memory limit", s["error"])
 
+    def test_nodes_on_one_host_share_its_memory(self):
+        # configs/cluster-local.toml: two evaluator nodes at 127.0.0.1, one machine.
+        out = run("check", os.path.join(ROOT, "configs", "cluster-local.toml"))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        lines = re.findall(r"# node (eval-\w+) on this machine: memory_limit_mb (\d+) \(auto\) per candidate x (\d+) "
+                           r"at once = (\d+) MB of this machine's (\d+) MB.*\(shared with node (eval-\w+), also at "
+                           r"127.0.0.1\)", out.stdout)
+        self.assertEqual(sorted((a, b) for a, _, _, _, _, b in lines), [("eval-a", "eval-b"), ("eval-b", "eval-a")])
+        for _, per, at_once, total, machine, _ in lines:
+            self.assertEqual(int(at_once), 6)  # both nodes' slots, each with its 2 compile workers
+            self.assertLessEqual(int(total), int(machine))
+        self.assertNotIn("add up to more than", out.stderr)
+
     def test_limits_larger_than_the_machine_are_warned_of(self):
         with tempfile.TemporaryDirectory() as d:
             cfg = write_config(d, REPLAY, extra_eval="memory_limit_mb = 100000000")
@@ -542,10 +555,16 @@ class TempFilesTest(unittest.TestCase):
             task = os.path.join(TASKS, "06_swish.py")
             with open(os.path.join(d, "good.txt"), "w") as f:
                 f.write("return torch.nn.functional.silu(x)")
-            out = subprocess.run([LAUNCH, "evaluate", "--task", task, "--candidate", os.path.join(d, "good.txt")],
+            with open(os.path.join(d, "prose.txt"), "w") as f:
+                f.write("This computes swish.")
+            out = subprocess.run([LAUNCH, "evaluate", "--task", task, "--candidate", os.path.join(d, "good.txt"),
+                                  "--candidate", os.path.join(d, "prose.txt")],
                                  env=env, capture_output=True, text=True, timeout=600)
             self.assertEqual(out.returncode, 0, out.stderr[-3000:])
             self.assertEqual(os.listdir(tmp), [])
+            good, prose = out.stdout.splitlines()
+            self.assertRegex(good, r"ok +speedup +\d+\.\d{3}  \d+\.\d{4} ms \(ref \d+\.\d{4} ms\)")
+            self.assertRegex(prose, r"format_error +not timed  the forward body does not parse")  # no "0.0000 ms"
 
 
 class ImpossibleSizesTest(unittest.TestCase):

@@ -257,6 +257,13 @@ class PolicyTest(unittest.TestCase):
         run([LAUNCH, "merge", "--model", self.models["llama"], "--adapter", peft_dir, "--out", merged])
         plain = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
         self.assert_close(self.hf_logits(plain, ids), ref, what="merged export")
+        # A folder that holds files is not overwritten without --force; the model's own never.
+        for out, why in ((merged, "already holds files"), (self.models["llama"], "is the --model folder"),
+                         (peft_dir, "is the --adapter folder")):
+            p = run([LAUNCH, "merge", "--model", self.models["llama"], "--adapter", peft_dir, "--out", out], check=False)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(why, p.stderr)
+        run([LAUNCH, "merge", "--model", self.models["llama"], "--adapter", peft_dir, "--out", merged, "--force"])
 
     def test_bad_adapter_is_a_clear_error(self):
         d = os.path.join(self.tmp, "lora-bad")

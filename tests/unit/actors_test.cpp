@@ -216,3 +216,20 @@ TEST_CASE("the monitor sums samplers, forgets a gone one's rate, and asks a regi
   CHECK(snapshot(self, monitor)["sampler-gen-0.rollouts"] == 1.0);
   for (auto& x : {a, c, monitor}) self->send_exit(x, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a progress line made to fit 80 columns keeps where the run is and its ETA", "[monitor]") {
+  const std::string line =
+      "[rl] step 3/10 | 256 samples | fast_1 last step 0.25 | reward 0.312 | loss 0.0123 | entropy 0.456 | "
+      "policy v3 | 3.42 samples/s | queue 0 | in flight 12 | ETA 1m23s";
+  auto fit = fit_progress(line, 79);
+  CHECK(fit.size() <= 79);
+  CHECK(fit.rfind("[rl] step 3/10 | ", 0) == 0);
+  REQUIRE(fit.size() >= 12);
+  CHECK(fit.substr(fit.size() - 12) == " | ETA 1m23s");
+  CHECK(fit.find("samples/s") != std::string::npos);  // more useful than the queue, kept while it fits
+  CHECK(fit.find("queue") == std::string::npos);
+  CHECK(fit_progress(line, 500) == line);
+  auto tiny = fit_progress(line, 20);
+  CHECK(tiny.size() == 20);
+  CHECK(tiny.rfind("[rl] step 3/10", 0) == 0);
+}

@@ -175,7 +175,12 @@ TEST_CASE("a KernelBench checkout is used as it is, by level and problem number"
   CHECK(ts.tasks()[1].path == (level / "12_Gemm_Multiply_LeakyReLU.py").string());
   auto e = errors_of("[tasks]\nkernelbench_dir = \"kb\"\nlevel = 3\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
   REQUIRE(e.size() == 1);
-  CHECK(e[0] == s.cfg() + ":3:9: tasks.level: no level folder " + (s.dir / "kb" / "level3").string());
+  CHECK(e[0] == s.cfg() + ":3:9: tasks.level: no level folder " + (s.dir / "kb" / "KernelBench" / "level3").string() +
+                    " (a KernelBench checkout) or " + (s.dir / "kb" / "level3").string() + " (its KernelBench folder)");
+  // A kernelbench_dir that does not exist: one error, at its own key.
+  e = errors_of("[tasks]\nkernelbench_dir = \"nowhere\"\nlevel = 1\n[sampler]\nreplay = \"replay.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].find("tasks.kernelbench_dir: no such file or directory") != std::string::npos);
 }
 
 TEST_CASE("a missing required key is reported at its table", "[config]") {
