@@ -175,25 +175,32 @@ def part_torch(args, work, out):
                     "isolation_max_s": max(iso), "device_idle": idle, "startup_s": startup, "rows": rows}
 
 
-def phase_breakdown(args, cands):
-    """Where a candidate's time goes inside its process (the worker's fork server, in-process)."""
+def phase_breakdown(args, cands, action_space="forward_body", size=None, tag="phases", extra=None):
+    """Where a candidate's time goes inside its process (the worker's fork server, in-process):
+    cands [(task path, action file, expected)], each evaluated twice, the second pass printed
+    phase by phase (the candidate's process's, the worker's and the judge's). `size` is the
+    harness's ("gpu": the bundled tasks' GPU sizes; "cpu": a task's own, KernelBench's); `extra`
+    settings on top of the defaults. Returns the means, and a row per candidate."""
     if not cands:
         return {}
     sys.path.insert(0, os.path.join(ROOT, "gpu"))
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     from worker import ForkServer
+    if size is None:
+        size = "gpu" if args.device.startswith("cuda") else "cpu"
     settings = {"correctness_trials": 5, "warmup": 2, "fast_trials": 5, "full_trials": 50,
                 "atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2,
-                "timeout_s": 120, "compile_timeout_s": 600, "memory_limit_mb": 16384,
-                "reverify_speedup": 10.0, "size": "gpu" if args.device.startswith("cuda") else "cpu"}
+                "timeout_s": 600, "compile_timeout_s": 600, "memory_limit_mb": 0 if size == "cpu" else 16384,
+                "reverify_speedup": 10.0, "size": size, **(extra or {})}
     server = ForkServer(args.device, 1)
-    sums, walls, fixed, formats, worker_sums = {}, [], [], [], {}
+    rows = []
+    sums, walls, fixed, formats, worker_sums, judge_sums = {}, [], [], [], {}, {}
     for rep in range(2):  # the first pass times each task's reference; the second is measured
         for i, (task, f, _) in enumerate(cands):
             with open(f) as g:
                 action = g.read()
             req = {"sample_id": os.path.basename(f), "task_id": os.path.splitext(os.path.basename(task))[0],
-                   "task_path": task, "action": action, "action_space": "forward_body", "mode": "full", "seed": 42}
+                   "task_path": task, "action": action, "action_space": action_space, "mode": "full", "seed": 42}
             r = server.evaluate(req, settings)
             if rep == 0:
                 continue
@@ -213,26 +220,39 @@ def phase_breakdown(args, cands):
                 sums[k] = sums.get(k, 0.0) + v
             for k, v in wp.items():
                 worker_sums[k] = worker_sums.get(k, 0.0) + v
-            print(f"[phases] {req['sample_id']:28} {r['status']:13} {r['wall_s']:.3f} s  "
+            rows.append({"candidate": req["sample_id"], "status": r["status"], "wall_s": r["wall_s"],
+                         "runtime_ms": (r.get("runtime") or {}).get("median_ms", 0.0),
+                         "ref_ms": (r.get("ref_runtime") or {}).get("median_ms", 0.0),
+                         "checks": len(r.get("judge_checked", [])),
+                         "link": (r.get("correctness") or {}).get("link", ""),
+                         "phases": ph, "worker_phases": wp, "judge_phases": r.get("judge_phases", {})})
+            jp = dict(r.get("judge_phases", {}))
+            for k, v in jp.items():
+                judge_sums[k] = judge_sums.get(k, 0.0) + v
+            print(f"[{tag}] {req['sample_id']:28} {r['status']:13} {r['wall_s']:.3f} s  "
                   + " ".join(f"{k} {v:.3f}" for k, v in ph.items())
-                  + "  | worker " + " ".join(f"{k} {v:.3f}" for k, v in wp.items()), flush=True)
+                  + "  | worker " + " ".join(f"{k} {v:.3f}" for k, v in wp.items())
+                  + "  | judge " + " ".join(f"{k} {v:.3f}" for k, v in jp.items()), flush=True)
     server.close()
     n = max(1, len(walls))
     mean = {k: v / n for k, v in sums.items()}
-    print("[phases] mean per candidate: " + " ".join(f"{k} {v:.3f}" for k, v in mean.items())
+    print(f"[{tag}] mean per candidate: " + " ".join(f"{k} {v:.3f}" for k, v in mean.items())
           + f" (wall {statistics.fmean(walls):.3f} s, CUDA init at start-up {server.info['cuda_init_s']:.3f} s)",
           flush=True)
-    print("[phases] the worker's side, mean: " + " ".join(f"{k} {v / n:.3f}" for k, v in worker_sums.items()),
+    print(f"[{tag}] the worker's side, mean: " + " ".join(f"{k} {v / n:.3f}" for k, v in worker_sums.items()),
           flush=True)
-    out = {"mean_s": mean, "wall_mean_s": statistics.fmean(walls),
-           "worker_mean_s": {k: v / n for k, v in worker_sums.items()}}
+    print(f"[{tag}] the judge's side, mean: " + " ".join(f"{k} {v / n:.3f}" for k, v in judge_sums.items()),
+          flush=True)
+    out = {"mean_s": mean, "wall_mean_s": statistics.fmean(walls), "rows": rows,
+           "worker_mean_s": {k: v / n for k, v in worker_sums.items()},
+           "judge_mean_s": {k: v / n for k, v in judge_sums.items()}}
     if fixed:
         out["fixed_median_s"] = statistics.median(fixed)
-        print(f"[phases] fixed cost (outside the candidate's phases and the reference's timing): median "
+        print(f"[{tag}] fixed cost (outside the candidate's phases and the reference's timing): median "
               f"{1000 * out['fixed_median_s']:.1f} ms over {len(fixed)} (target <= 50 ms)", flush=True)
     if formats:
         out["format_error_median_s"] = statistics.median(formats)
-        print(f"[phases] format and syntax errors: median {1000 * out['format_error_median_s']:.2f} ms over "
+        print(f"[{tag}] format and syntax errors: median {1000 * out['format_error_median_s']:.2f} ms over "
               f"{len(formats)} (target <= 5 ms, no process started)", flush=True)
     return out
 

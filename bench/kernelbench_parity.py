@@ -30,6 +30,11 @@ Parts (--parts, default all of them):
                reference computed in float64 and cast back: a legitimate answer that rounds
                differently, which must keep its verdict). Counts how many problems each passed
                (ok or unconfirmed) before and after, and lists every problem whose verdict moved.
+  phases       (not in the default) the renamed references of --phase-problems at KernelBench's own
+               sizes through the evaluator's fork server in this process, phase by phase (the
+               candidate's process's, the worker's, the judge's), with the outputs reaching the
+               judge through device memory and again as bytes (--phase-links), each against issue 53's target
+               (wall at most twice the evaluation's device work plus 0.5 s).
 
 Printed: one table per part and a summary of the targets (every renamed reference ok;
 adversarial kernels rejected; timing CV at most KernelBench's and at most 0.5% for kernels of
@@ -282,6 +287,39 @@ def part_throughput(args, report):
     return ratio >= 10
 
 
+def part_phases(args, report):
+    """Where a renamed reference's time goes at KernelBench's own sizes: the evaluator's fork
+    server in this process, phase by phase (bench/evaluator_throughput.py phase_breakdown), against
+    the device work of its own timed trials. Target (issue 53): wall at most twice the device work
+    of the evaluation plus 0.5 s."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from evaluator_throughput import phase_breakdown
+    cands = []
+    for spec in args.phase_problems.split(","):
+        level, number = (int(x) for x in spec.split("/"))
+        path = dict(problems(args.kernelbench, level))[number]
+        cands.append((path, write_candidate(args, level, number, path), "ok"))
+    met = True
+    for link in args.phase_links.split(","):
+        print(f"[phases] outputs to the judge through {link}", flush=True)
+        out = phase_breakdown(args, cands, action_space="full_program", size="cpu", tag=f"phases/{link}",
+                              extra={"output_link": link})
+        report[f"phases_{link}"] = out
+        for row in out.get("rows", []):
+            # The evaluation's own device work: every check runs the candidate and the judge the
+            # reference once; the timed region the candidate's warm-up and trials (50 in full mode).
+            work = (row["checks"] * (row["runtime_ms"] + row["ref_ms"]) + 52 * row["runtime_ms"]) / 1000
+            bound = 2 * work + 0.5
+            row["device_work_s"], row["target_s"] = work, bound
+            ok = row["status"] == "ok" and row["wall_s"] <= bound
+            met &= ok or link == "bytes"
+            print(f"[phases/{link}] {row['candidate']:12} {row['status']:8} wall {row['wall_s']:.2f} s, device work "
+                  f"~{work:.3f} s ({row['checks']} checks, {row['runtime_ms']:.3f} ms a call, reference "
+                  f"{row['ref_ms']:.3f} ms): target <= {bound:.2f} s {'met' if ok else 'MISSED'}; link {row['link']}",
+                  flush=True)
+    return met
+
+
 # ---- blind spots (issue 52) ----------------------------------------------------------------------
 # Each candidate is the reference renamed _Reference (its forward the program's own code) and a
 # ModelNew inheriting it whose forward is one of these bodies.
@@ -404,7 +442,8 @@ def main():
     ap.add_argument("--kernelbench", required=True, help="a KernelBench checkout (read as it is)")
     ap.add_argument("--launch", default="")
     ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--parts", default="verdicts,adversarial,timing,throughput,blindspots")
+    ap.add_argument("--parts", default="verdicts,adversarial,timing,throughput,blindspots",
+                    help="any of these and phases")
     ap.add_argument("--level2-stride", type=int, default=5)
     ap.add_argument("--limit", type=int, default=0, help="at most this many verdict problems")
     ap.add_argument("--offset", type=int, default=0, help="skip this many verdict (or blindspots) problems first")
@@ -415,6 +454,8 @@ def main():
     ap.add_argument("--blind-rules", default="before,after", help="blindspots: the rules off (before), on (after)")
     ap.add_argument("--blind-stride", type=int, default=1, help="blindspots: every Nth level-1 problem")
     ap.add_argument("--blind-problems", default="", help="blindspots: these level-1 problems only (numbers)")
+    ap.add_argument("--phase-problems", default="1/19,1/23,1/36,1/12", help="phases: these problems (L/N)")
+    ap.add_argument("--phase-links", default="device,bytes", help="phases: the judge links to measure")
     ap.add_argument("--json", default="")
     # the KernelBench runner (a process of its own)
     ap.add_argument("--kb-run", action="store_true", help=argparse.SUPPRESS)
@@ -431,7 +472,7 @@ def main():
         args.work = work
         for part in [p for p in args.parts.split(",") if p]:
             fn = {"verdicts": part_verdicts, "adversarial": part_adversarial, "timing": part_timing,
-                  "throughput": part_throughput, "blindspots": part_blindspots}.get(part)
+                  "throughput": part_throughput, "blindspots": part_blindspots, "phases": part_phases}.get(part)
             if fn is None:
                 ap.error(f"--parts: unknown part {part!r}")
             t0 = time.monotonic()

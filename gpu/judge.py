@@ -19,6 +19,18 @@ and after a ``check`` header the judge accepted, each output's raw bytes in flat
   judge     -> {"ok", "status", "why", "acc", "counted"}
   candidate -> {"op": "end"}                      (or it closes the link)
 
+On CUDA the outputs need not cross the host. The candidate's process asks once for a buffer:
+
+  candidate -> {"op": "share"}
+  judge     -> {"share": nbytes} with a descriptor of device memory the judge allocated for this
+               session (gpu/devshare.py), or {"share": 0, "why"}
+
+and a check header with "via": "device" then moves each output through that buffer in pieces of at
+most nbytes: the candidate copies a piece in and sends b"C"; the judge copies it out (its own copy,
+compared from there) and, when another piece follows, sends b"N". What the candidate's process
+writes to the buffer after it sent b"C" can only change what it is judged on, as the bytes it
+sends over the socket can; a new session gets a new buffer.
+
 The judge process itself (``JudgeProcess``) is forked from the worker, confined like a candidate
 (gpu/sandbox.py: it sees what a candidate sees), keeps its CUDA context between candidates, and
 takes one session at a time over a control socket that carries the link's descriptor.
@@ -38,6 +50,8 @@ import msgpack
 FRAME_LIMIT = 1 << 20
 # Bytes per piece of an output on the link: one pinned staging buffer this size on each side.
 LINK_CHUNK_BYTES = 64 << 20
+# Bytes of the device buffer a session's outputs move through on CUDA (allocated per session).
+DEVICE_CHUNK_BYTES = 256 << 20
 
 LABELS = ("trial", "dist", "ordering", "post", "refill", "reverify")
 
@@ -153,6 +167,40 @@ class Link:
     def __init__(self, fd):
         self.sock = socket.socket(fileno=fd)
         self.buf = None
+        self.shared = None   # the session's device buffer (gpu/devshare.py), once the judge gave one
+        self.asked = False   # asked for it already (at most once a session)
+        self.via = "bytes"   # how the last check's outputs went: "device" or "bytes"
+        self.why_bytes = ""  # why not through the device, when they could have
+
+    def _share(self, device):
+        """Asks the judge for the session's device buffer and maps it; on any failure the outputs
+        go as bytes (why_bytes says why)."""
+        self.asked = True
+        send_frame(self.sock, {"op": "share"})
+        data, fds, _, _ = socket.recv_fds(self.sock, 4096, 1)
+        try:
+            if len(data) < 4:
+                data += _recv_exact(self.sock, 4 - len(data))
+            n = int.from_bytes(data[:4], "little")
+            if n > FRAME_LIMIT:
+                raise LinkError(f"a frame of {n} bytes (the limit is {FRAME_LIMIT})")
+            body = data[4:]
+            if len(body) < n:
+                body += _recv_exact(self.sock, n - len(body))
+            answer = msgpack.unpackb(body, raw=False)
+            nbytes = int(answer.get("share", 0)) if isinstance(answer, dict) else 0
+            if nbytes <= 0 or not fds:
+                self.why_bytes = str(answer.get("why", "the judge gave no device buffer")) \
+                    if isinstance(answer, dict) else "an unreadable answer"
+                return
+            import devshare
+            try:
+                self.shared = devshare.Shared.attach(fds[0], nbytes, device.index)
+            except devshare.DevShareError as e:
+                self.why_bytes = f"mapping the judge's buffer failed: {e}"
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def check(self, label, index, tensors, error=""):
         """Ships one check's outputs (plain tensors, flattened) or why they cannot be shipped;
@@ -161,11 +209,23 @@ class Link:
         if error:
             send_frame(self.sock, {"op": "check", "label": label, "index": index, "error": error})
             return recv_frame(self.sock)
-        send_frame(self.sock, {"op": "check", "label": label, "index": index,
-                               "tensors": [{"dtype": str(t.dtype), "shape": list(t.shape)} for t in tensors]})
+        cuda = [t.device for t in tensors if t.device.type == "cuda"]
+        if cuda and len(cuda) == len(tensors) and len(set(cuda)) == 1 and not self.asked:
+            self._share(cuda[0])
+        device = self.shared is not None and len(cuda) == len(tensors) and len(set(cuda)) == 1 \
+            and cuda[0].index == self.shared.device_index
+        self.via = "device" if device else "bytes"
+        header = {"op": "check", "label": label, "index": index,
+                  "tensors": [{"dtype": str(t.dtype), "shape": list(t.shape)} for t in tensors]}
+        if device:
+            header["via"] = "device"
+        send_frame(self.sock, header)
         answer = recv_frame(self.sock)
         if not answer.get("go"):
             return answer
+        if device:
+            self._ship_device(tensors)
+            return recv_frame(self.sock)
         for t in tensors:
             flat = t.detach().reshape(-1)
             size = t.element_size()
@@ -182,6 +242,26 @@ class Link:
                 self.buf[:nbytes].view(t.dtype).copy_(c)
                 self.sock.sendall(_memory(self.buf, nbytes))
         return recv_frame(self.sock)
+
+    def _ship_device(self, tensors):
+        """Each output through the session's device buffer, a piece at a time (see the module's
+        docstring)."""
+        import torch
+        buf = self.shared.tensor
+        pieces = sum(-(-t.numel() * t.element_size() // buf.numel()) for t in tensors)
+        sent = 0
+        for t in tensors:
+            flat = t.detach().reshape(-1)
+            size = t.element_size()
+            per = max(1, buf.numel() // size)
+            for a in range(0, flat.numel(), per):
+                c = flat[a:a + per]
+                buf[:c.numel() * size].view(t.dtype).copy_(c)
+                torch.cuda.synchronize(t.device)
+                self.sock.sendall(b"C")
+                sent += 1
+                if sent < pieces and _recv_exact(self.sock, 1) != b"N":
+                    raise LinkError("the judge did not take a piece of the output")
 
     def domain(self, label, index):
         """Asks the judge whether a check's inputs (another input distribution) are inside the
@@ -212,6 +292,7 @@ class Judge:
     def __init__(self, harness):
         self.h = harness
         self.buf = None
+        self.shared = None  # this session's device buffer (gpu/devshare.py), when the candidate asked
         self.reproducible = {}  # task source hash -> whether get_inputs is reproducible from a seed
         self.domains = {}       # (task, size, seed, distribution) -> (valid, why)
         self.noises = {}        # (task, size, seed, distribution) -> the reference's rounding error, per output
@@ -231,9 +312,13 @@ class Judge:
         self.acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0,
                     "max_scale_err": 0.0, "scale_tol": 0.0}
         self.corr = {"trials": 0, "passed": 0, "detail": "", "failed_distribution": "", "failed_seed": 0}
+        self.via, self.why_bytes = set(), ""
+        self.phases = {}  # seconds per kind of work: reference, receive, noise, other; waiting (for the candidate)
+        self._mark = time.monotonic()
         failed = None
         with H._no_grad():
             while True:
+                self._spent("other")
                 if ctl is not None:
                     ready, _, _ = select.select([sock, ctl], [], [])
                     if ctl in ready:
@@ -242,6 +327,7 @@ class Judge:
                     frame = recv_frame(sock)
                 except (LinkError, OSError):
                     break  # the candidate's process ended (or broke the framing)
+                self._spent("waiting")
                 if frame.get("op") == "end":
                     break
                 try:
@@ -249,6 +335,9 @@ class Judge:
                         raise failed
                     if frame.get("op") == "domain":
                         self._domain(frame)
+                        continue
+                    if frame.get("op") == "share":
+                        self._share()
                         continue
                     self._check(frame)
                 except _Failed as f:
@@ -262,11 +351,16 @@ class Judge:
                 finally:
                     self._tidy()
             self.corr["distributions"] = self._distribution_notes()
+            self.corr["link"] = self._link_note()
+            if self.shared is not None:
+                self.shared.close()
+                self.shared = None
             verdict = {"status": "ok", "error": "", "correctness": {**self.corr, **self.acc},
                        "checked": sorted(f"{label}:{i}" for label, i in self.passed),
                        "reverified": sum(1 for label, _ in self.passed if label == "reverify"),
                        "reverify_complete": all(("reverify", i) in self.passed or ("reverify", i) in self.skipped
-                                                for i in range(4 * self.n))}
+                                                for i in range(4 * self.n)),
+                       "phases": self.phases}
             if failed is not None:
                 verdict.update(status=failed.status, error=failed.why)
             else:
@@ -276,6 +370,50 @@ class Judge:
                                    error=f"the judge saw {len(self.passed)} checks pass; missing: {', '.join(missing)}")
         self.task = self.model = None
         return verdict
+
+    def _share(self):
+        """Answers the candidate's process's request for a device buffer: this session's own,
+        sent as a descriptor; or why not (then its outputs come as bytes)."""
+        why = ""
+        if self.shared is not None:
+            raise _Failed("hacked", "the candidate's process asked the judge for a second device buffer")
+        if self.h.device.type != "cuda":
+            why = "the judge is not on a GPU"
+        elif self.s.get("output_link", "device") != "device":
+            why = f"output_link = {self.s.get('output_link')!r}"
+        else:
+            import devshare
+            import torch
+            try:
+                index = self.h.device.index if self.h.device.index is not None else torch.cuda.current_device()
+                self.shared = devshare.Shared.create(DEVICE_CHUNK_BYTES, index)
+            except devshare.DevShareError as e:
+                why = f"no shareable device memory here: {e}"
+        if why:
+            self.why_bytes = why
+            send_frame(self.sock, {"share": 0, "why": why})
+            return
+        fd = self.shared.export()
+        try:
+            data = msgpack.packb({"share": self.shared.nbytes}, use_bin_type=True)
+            socket.send_fds(self.sock, [len(data).to_bytes(4, "little") + data], [fd])
+        finally:
+            os.close(fd)
+
+    def _link_note(self):
+        """How the candidate's outputs reached the judge, for the verdict record."""
+        if self.via == {"device"}:
+            return "device"
+        if "bytes" in self.via:
+            why = self.why_bytes or "the candidate's process sent bytes"
+            return ("device and bytes" if "device" in self.via else "bytes") + f" ({why})"
+        return ""
+
+    def _spent(self, name):
+        """Adds the seconds since the last mark to phase `name`."""
+        now = time.monotonic()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self._mark
+        self._mark = now
 
     # ---- one check ---------------------------------------------------------------------------
     def _check(self, frame):
@@ -332,8 +470,14 @@ class Judge:
             for i, r in enumerate(refs):
                 if i < len(self.task_rms) and self.task_rms[i] > 0:
                     atol_scale[i] = max(1.0, H.rms(r) / self.task_rms[i])
+        self._spent("reference")
+        via = frame.get("via", "bytes")
+        if via not in ("device", "bytes") or (via == "device" and self.shared is None):
+            raise _Failed("hacked", "the candidate's process sent the judge a malformed check")
+        self.via.add(via)
         send_frame(self.sock, {"go": True})
-        checks = self._receive(refs, atol_scale)
+        checks = self._receive(refs, atol_scale, via == "device")
+        self._spent("receive")
         for i, check in enumerate(checks):
             at = where + (f", output {i}" if len(refs) > 1 else "")
             why = check.result(at, self.acc)
@@ -346,6 +490,7 @@ class Judge:
                 # attention whose scores the inputs blow up), these inputs ask more precision
                 # than the reference has and the check is left out.
                 noise = self._dist_noise(trial_seed, dist, refs)
+                self._spent("noise")
                 if noise[i] is not None:
                     rms_noise, own_excess = noise[i]
                     slack = H.NOISE_FACTOR * rms_noise
@@ -368,6 +513,7 @@ class Judge:
                 continue
             if noise is None:
                 noise = self._dist_noise(trial_seed, dist, refs)
+                self._spent("noise")
             rms_noise = noise[i][0] if noise[i] is not None else None
             why = H.scale_failure(at, figures, check.scale_tol, rms_noise)
             if rms_noise is not None:
@@ -519,15 +665,37 @@ class Judge:
                 notes.append(f"{name}: not reached")
         return "; ".join(notes)
 
-    def _receive(self, refs, atol_scale):
-        """Reads the candidate's outputs off the link, feeding one OutputCheck per tensor. A
-        failure here (the judge's own memory) still reads every byte, so the link stays framed."""
+    def _receive(self, refs, atol_scale, device=False):
+        """Reads the candidate's outputs off the link (or, `device`, out of the session's device
+        buffer: each piece copied out, this process's own copy, once the candidate's process says
+        it is in), feeding one OutputCheck per tensor. A failure here (the judge's own memory)
+        still takes every piece, so the link stays framed."""
         import harness as H
         import torch
         h = self.h
-        cuda = h.device.type == "cuda"
-        if self.buf is None:
-            self.buf = _staging(torch, cuda)
+        if device:
+            buf = self.shared.tensor
+            left = [sum(-(-r.numel() * r.element_size() // buf.numel()) for r in refs)]
+
+            def take(nbytes, dtype):
+                if _recv_exact(self.sock, 1) != b"C":
+                    raise LinkError("the candidate's process broke the device link's protocol")
+                try:
+                    piece = buf[:nbytes].view(dtype).clone()
+                    torch.cuda.current_stream().synchronize()
+                    return piece
+                finally:
+                    left[0] -= 1
+                    if left[0] > 0:
+                        self.sock.sendall(b"N")
+        else:
+            if self.buf is None:
+                self.buf = _staging(torch, h.device.type == "cuda")
+            buf = self.buf
+
+            def take(nbytes, dtype):
+                _recv_exact_into(self.sock, _memory(buf, nbytes))
+                return buf[:nbytes].view(dtype).to(h.device)
         checks, failure = [], None
         for r in refs:
             check = None
@@ -538,15 +706,13 @@ class Judge:
                 except H.Verdict as v:
                     failure = v
             size = r.element_size()
-            per = max(1, LINK_CHUNK_BYTES // size)
+            per = max(1, buf.numel() // size)
             for a in range(0, r.numel(), per):
-                nbytes = min(per, r.numel() - a) * size
-                _recv_exact_into(self.sock, _memory(self.buf, nbytes))
-                if check is None:
-                    continue
                 try:
                     with h._harness_step("comparing outputs"):
-                        check.feed(self.buf[:nbytes].view(r.dtype).to(r.device))
+                        piece = take(min(per, r.numel() - a) * size, r.dtype)
+                        if check is not None:
+                            check.feed(piece)
                 except H.Verdict as v:
                     failure, check = v, None
             checks.append(check)

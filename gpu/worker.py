@@ -268,6 +268,7 @@ class ForkServer:
                             error="the judge gave no verdict (its process failed or hung); no verdict on the candidate")
             return full
         full["correctness"] = dict(full.get("correctness") or {}, **verdict.get("correctness", {}))
+        full["judge_phases"] = verdict.get("phases", {})
         js, cs = verdict.get("status"), full.get("status")
         if cs == "hacked":
             return full

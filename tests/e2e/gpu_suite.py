@@ -53,6 +53,12 @@ def replay_suite(server, rows):
                        "seed": 42}
                 res = server.evaluate(req, settings)
                 ok = res["status"] == rec["expect_status"]
+                link = (res.get("correctness") or {}).get("link", "")
+                if res["status"] == "ok" and link != "device":
+                    # On a GPU the outputs reach the judge through device memory (gpu/devshare.py);
+                    # a fallback to bytes is a failure of the suite, with its reason.
+                    ok = False
+                    res["error"] = f"outputs reached the judge as {link or 'nothing'}"
                 bad += not ok
                 rows.append({"suite": "replay", "task_id": rec["task_id"], "label": rec["label"],
                              "status": res["status"], "expected": rec["expect_status"], "ok": ok,

@@ -564,7 +564,10 @@ class CheckTest(unittest.TestCase):
             acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
             why = self.h.compare(ref, out, s, 0, acc)
             self.assertEqual(why == "", bool(torch.allclose(out, ref, atol=1e-4, rtol=1e-4)), name)
-            self.assertAlmostEqual(acc["max_abs_diff"], float((out.double() - ref.double()).abs().max()), 12)
+            # As KernelBench figures it (float32), and within float32's rounding of the exact one.
+            self.assertEqual(acc["max_abs_diff"], float((out - ref).abs().max()), name)
+            exact = float((out.double() - ref.double()).abs().max())
+            self.assertLessEqual(abs(acc["max_abs_diff"] - exact), 2 ** -23 * exact, name)
         inf_ref = ref.clone()
         inf_ref[3, 3] = float("inf")
         acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
@@ -698,6 +701,32 @@ class SandboxTest(Base):
                 "return torch.nn.functional.silu(x)")
         self.assertStatus(self.evaluate(body), "hacked", "outside the protocol")
         self.honest()
+
+    def test_a_device_check_without_the_judges_buffer_is_hacked(self):
+        # It claims its outputs are in a device buffer the judge never gave it.
+        body = ("import sandbox, judge, socket\n"
+                "s = socket.socket(fileno=sandbox.JUDGE_LINK)\n"
+                "judge.send_frame(s, {'op': 'check', 'label': 'trial', 'index': 0, 'via': 'device',\n"
+                "                     'tensors': [{'dtype': 'torch.float32', 'shape': list(x.shape)}]})\n"
+                "judge.recv_frame(s)\ns.detach()\n"
+                "return torch.nn.functional.silu(x)")
+        self.assertStatus(self.evaluate(body), "hacked", "malformed check")
+        self.honest()
+
+    @unittest.skipUnless(DEVICE == "cpu", "on a GPU the judge gives a device buffer (tests/e2e/gpu_suite.py)")
+    def test_outputs_go_as_bytes_where_the_judge_has_no_device_buffer(self):
+        # On a CPU the judge answers a request for a device buffer with why not; the candidate's
+        # outputs then cross as bytes and are judged as ever.
+        body = ("import sandbox, judge, socket\n"
+                "s = socket.socket(fileno=sandbox.JUDGE_LINK)\n"
+                "judge.send_frame(s, {'op': 'share'})\n"
+                "a = judge.recv_frame(s)\ns.detach()\n"
+                "assert a == {'share': 0, 'why': 'the judge is not on a GPU'}, a\n"
+                "return torch.nn.functional.silu(x)")
+        r = self.evaluate(body)
+        self.assertStatus(r, "ok")
+        self.assertEqual(r["correctness"]["link"], "bytes (the judge is not on a GPU)")
+        self.assertEqual(self.honest()["correctness"]["link"], "bytes (the candidate's process sent bytes)")
 
     def test_reference_timings_from_a_candidate_reach_no_one(self):
         before = self.honest()["ref_runtime"]
