@@ -15,7 +15,6 @@
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -233,12 +232,20 @@ class ServeTest(unittest.TestCase):
 
     def test_the_python_package_as_trl_and_verl_call_it(self):
         site = os.path.join(self.tmp, "site")
-        src = os.path.join(self.tmp, "python")  # a copy: setuptools writes build/ and egg-info beside the sources
-        shutil.copytree(os.path.join(ROOT, "python"), src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-        p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps",
+        src = os.path.join(ROOT, "python")
+
+        def tree():
+            return sorted(os.path.relpath(os.path.join(d, f), src) for d, dirs, files in os.walk(src)
+                          for f in files if "__pycache__" not in d)
+
+        before = tree()
+        # As the README says, from the tree itself, offline: the package's own backend
+        # (python/_build) needs nothing installed and writes nothing beside the sources.
+        p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
                             "--no-index", "--target", site, src],
                            capture_output=True, text=True, timeout=300)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(tree(), before, "pip install ./python left files in the tree")
         records = [r for r in replay_records(4)]
         script = r"""
 import json, sys
