@@ -13,6 +13,7 @@ refuses the system calls that would widen what it reaches. Whatever the candidat
 """
 
 import ctypes
+import errno
 import fcntl
 import os
 import re
@@ -266,6 +267,8 @@ def _confine_files(conf):
         try:
             _mount(None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | keep)
         except OSError as e:
+            if e.errno == errno.ENOENT and any(_under(point, h) for h in covers):
+                continue  # a mount under a covered folder: out of sight, nothing to make read-only
             problems.append(f"{point} stays writable ({e.strerror})")
     for fd in keep_fds.values():
         os.close(fd)
