@@ -100,7 +100,7 @@ class TinyModelCase(unittest.TestCase):
 
 class SamplerNodesTest(TinyModelCase):
 
-    def config(self, port, nodes=None):
+    def config(self, port, nodes=None, max_tokens=8, peer_timeout_s=3.0):
         nodes = nodes or head_node("learner") + """
 [[node]]
 name = "gen-a"
@@ -121,7 +121,7 @@ sampler_devices = ["cpu"]
 name = "roles-test"
 secret_file = "cluster.secret"
 heartbeat_s = 0.5
-peer_timeout_s = 3.0
+peer_timeout_s = {peer_timeout_s}
 join_wait_s = 120.0
 {nodes.format(port=port)}
 [tasks]
@@ -133,7 +133,7 @@ dtype = "f32"
 template = "plain"
 [sampler]
 backend = "libtorch"
-max_tokens = 8
+max_tokens = {max_tokens}
 batch_prompts = 1
 [learner]
 steps = {STEPS}
@@ -155,7 +155,10 @@ progress = false
         return path
 
     def test_samplers_on_other_nodes_join_late_and_one_dies_holding_work(self):
-        cfg = self.config(free_port())
+        # Longer completions than the other tests' (a step takes about half a second, not a tenth),
+        # and peers declared gone after 30 s: gen-a, stopped below while it holds work, is gone
+        # only once gen-b (seconds to start) has joined, and its work then moves to gen-b.
+        cfg = self.config(free_port(), max_tokens=32, peer_timeout_s=30.0)
         run_dir = os.path.join(self.tmp, "run")
         store = os.path.join(run_dir, "store.sqlite")
         logs = {n: open(os.path.join(self.tmp, n + ".log"), "w+") for n in ("head", "gen-a", "gen-b")}
@@ -163,6 +166,8 @@ progress = false
             procs["head"] = start_launch(cfg, logs["head"], "--run-dir", run_dir)
             procs["gen-a"] = start_launch(cfg, logs["gen-a"], "--node", "gen-a")
             wait_for(lambda: recorded(store, "step >= 2") > 0, 300, "samples of step 2")
+            # Its machine stops (and is killed below): the run cannot end before gen-b has joined.
+            os.killpg(procs["gen-a"].pid, signal.SIGSTOP)
             procs["gen-b"] = start_launch(cfg, logs["gen-b"], "--node", "gen-b")
             wait_for(lambda: recorded(store, "sampler_id = 'sampler-gen-b-0'") > 0, 600, "gen-b's first sample")
             os.killpg(procs["gen-a"].pid, signal.SIGKILL)  # as its machine dies, wherever the step is
