@@ -225,6 +225,7 @@ def phase_breakdown(args, cands, action_space="forward_body", size=None, tag="ph
                          "ref_ms": (r.get("ref_runtime") or {}).get("median_ms", 0.0),
                          "checks": len(r.get("judge_checked", [])),
                          "link": (r.get("correctness") or {}).get("link", ""),
+                         "comparison": (r.get("correctness") or {}).get("comparison", ""),
                          "phases": ph, "worker_phases": wp, "judge_phases": r.get("judge_phases", {})})
             jp = dict(r.get("judge_phases", {}))
             for k, v in jp.items():

@@ -43,6 +43,7 @@ except Exception:  # pragma: no cover - a torch without dynamo
 
 import bounded
 import defenses
+import fused_check
 import judge
 import sandbox
 from scaffold import FormatError, assemble, embedded_task_lines, extract_code, FORWARD_MARKER
@@ -308,8 +309,11 @@ class OutputCheck:
     integer and bool outputs, with one host synchronisation at the end. Keeps the candidate's
     values at the fingerprint's positions (see fingerprint) on the way."""
 
-    def __init__(self, r, s, atol_scale=1.0):
-        self.flat = r.detach().reshape(-1)
+    def __init__(self, r, s, atol_scale=1.0, fused=None):
+        """`fused`: a gpu/fused_check.py FusedCheck for the reference's device, which then folds a
+        floating-point output's verdict and figures in one pass per piece (None: PyTorch's
+        operations, as on CPU)."""
+        self.flat = r.detach().reshape(-1).contiguous()
         self.dtype = r.dtype
         self.shape = tuple(r.shape)
         self.base_atol, self.rtol = _tolerance(r.dtype, s)
@@ -330,6 +334,8 @@ class OutputCheck:
         self.pos = _sample_positions(self.flat.numel(), "cpu")
         self.samples = torch.zeros(self.pos.numel(), dtype=r.dtype, device=dev)
         self.fed = 0
+        self.fused = fused if fused is not None and r.dtype in fused_check.KERNELS else None
+        self.acc = self.fused.start(dev) if self.fused is not None else None
 
     def feed(self, oc):
         """The next len(oc) values of the candidate's output (a 1-d tensor of the reference's
@@ -337,11 +343,16 @@ class OutputCheck:
         start, end = self.fed, self.fed + oc.numel()
         rc = self.flat[start:end]
         self.fed = end
+        if start == end:
+            return
         inside = ((self.pos >= start) & (self.pos < end)).nonzero().reshape(-1)
         if inside.numel():
             self.samples[inside.to(oc.device)] = oc[(self.pos[inside] - start).to(oc.device)]
         if self.exact:
             self.close &= (oc == rc).all()
+            return
+        if self.fused is not None:
+            self.fused.feed(self.acc, oc.contiguous(), rc, self.atol, self.rtol)
             return
         finite_rc = _isfinite(rc)
         self.bad_nonfinite |= (~_isfinite(oc) & finite_rc).any()
@@ -373,17 +384,32 @@ class OutputCheck:
             return "" if bool(self.close) else f"{where}: values differ"
         if self.flat.numel() == 0:
             return ""
-        flags = torch.stack([self.bad_nonfinite.double(), self.close.double(), self.mad, self.mrd,
-                             self.excess, self.nonfinite.double()]).cpu().tolist()
-        acc["max_abs_diff"] = max(acc["max_abs_diff"], flags[2])
-        acc["max_rel_diff"] = max(acc["max_rel_diff"], flags[3])
-        if flags[0]:
+        f = self.figures()
+        acc["max_abs_diff"] = max(acc["max_abs_diff"], f["max_abs_diff"])
+        acc["max_rel_diff"] = max(acc["max_rel_diff"], f["max_rel_diff"])
+        if f["bad_nonfinite"]:
             return f"{where}: candidate output holds NaN or Inf where the reference is finite"
-        if not flags[1] and (slack <= 0 or flags[5] or flags[4] > slack):
+        if not f["close"] and (slack <= 0 or f["nonfinite"] or f["excess"] > slack):
             more = f" + {slack:.3g} for the reference's own rounding error on these inputs" if slack > 0 else ""
-            return (f"{where}: values differ (max abs diff {flags[2]:.3g}, "
+            return (f"{where}: values differ (max abs diff {f['max_abs_diff']:.3g}, "
                     f"atol {self.atol:.3g}{more}, rtol {self.rtol:g})")
         return ""
+
+    def figures(self):
+        """A floating-point output's accumulated comparison, on the host (one synchronisation):
+        close (every element, as torch.isclose), bad_nonfinite (the candidate's NaN or Inf where
+        the reference is finite), nonfinite (any non-finite difference between unequal values),
+        excess (how much more atol the output would need), max_abs_diff, max_rel_diff, and the
+        scale rule's sums of squares d2 (differences) and r2 (the reference's finite values)."""
+        if self.fused is not None:
+            a = self.acc.cpu().tolist()
+            return {"close": a[0] == 0, "bad_nonfinite": bool(a[1]), "nonfinite": bool(a[2]),
+                    "excess": a[3] - self.atol, "max_abs_diff": a[4], "max_rel_diff": a[5],
+                    "d2": a[6], "r2": a[7]}
+        a = torch.stack([self.close.double(), self.bad_nonfinite.double(), self.nonfinite.double(),
+                         self.excess, self.mad, self.mrd, self.d2, self.r2]).cpu().tolist()
+        return {"close": bool(a[0]), "bad_nonfinite": bool(a[1]), "nonfinite": bool(a[2]),
+                "excess": a[3], "max_abs_diff": a[4], "max_rel_diff": a[5], "d2": a[6], "r2": a[7]}
 
     def scale(self):
         """The scale rule's figures for this output (after result() passed it): (error relative to
@@ -392,7 +418,8 @@ class OutputCheck:
         a reference of exact zeros: there the element-wise check is exact enough)."""
         if self.exact or self.flat.is_complex() or self.flat.numel() == 0:
             return None
-        d2, r2 = (float(v) for v in torch.stack([self.d2, self.r2]).cpu().tolist())
+        f = self.figures()
+        d2, r2 = f["d2"], f["r2"]
         if r2 <= 0.0:
             return None
         n = float(self.flat.numel())
@@ -448,15 +475,26 @@ def compare(ref_out, out, s, trial, acc):
     return ""
 
 
-def rms(t):
-    """The root-mean-square of a tensor's finite values (0 for an empty or non-floating one)."""
+def rms(t, fused=None):
+    """The root-mean-square of a tensor's finite values (0 for an empty or non-floating one);
+    `fused` (a gpu/fused_check.py FusedCheck): in one pass on its GPU."""
     if not t.is_floating_point() or t.numel() == 0:
         return 0.0
+    if fused is not None and t.is_cuda and t.dtype in fused_check.KERNELS:
+        return math.sqrt(fused.sum_squares(t) / t.numel())
     total = 0.0
     for c in _chunks(t.detach()):
         c = c.double()
         total += float(torch.where(_isfinite(c), c, torch.zeros((), dtype=c.dtype, device=c.device)).square().sum())
     return math.sqrt(total / t.numel())
+
+
+def all_finite(t):
+    """Whether every value of a floating-point tensor is finite (one host synchronisation)."""
+    ok = torch.ones((), dtype=torch.bool, device=t.device)
+    for c in _chunks(t.detach()):
+        ok &= _isfinite(c).all()
+    return bool(ok)
 
 
 def note_scale(check, acc):

@@ -26,10 +26,13 @@ On CUDA the outputs need not cross the host. The candidate's process asks once f
                session (gpu/devshare.py), or {"share": 0, "why"}
 
 and a check header with "via": "device" then moves each output through that buffer in pieces of at
-most nbytes: the candidate copies a piece in and sends b"C"; the judge copies it out (its own copy,
-compared from there) and, when another piece follows, sends b"N". What the candidate's process
-writes to the buffer after it sent b"C" can only change what it is judged on, as the bytes it
-sends over the socket can; a new session gets a new buffer.
+most nbytes / 2, alternating between its two halves: the candidate copies piece k into half k % 2
+and sends b"C"; the judge compares it there (gpu/fused_check.py reads each value once; the PyTorch
+comparison, several passes, compares its own copy) and, once done reading, sends b"N" when piece
+k + 2 follows; the candidate waits for that b"N" before writing piece k + 2. So the candidate fills
+one half while the judge reads the other. What the candidate's process writes to the buffer after
+it sent b"C" can only change what it is judged on, as the bytes it sends over the socket can; a
+new session gets a new buffer.
 
 The judge process itself (``JudgeProcess``) is forked from the worker, confined like a candidate
 (gpu/sandbox.py: it sees what a candidate sees), keeps its CUDA context between candidates, and
@@ -50,8 +53,9 @@ import msgpack
 FRAME_LIMIT = 1 << 20
 # Bytes per piece of an output on the link: one pinned staging buffer this size on each side.
 LINK_CHUNK_BYTES = 64 << 20
-# Bytes of the device buffer a session's outputs move through on CUDA (allocated per session).
-DEVICE_CHUNK_BYTES = 256 << 20
+# Bytes of the device buffer a session's outputs move through on CUDA (allocated per session):
+# two halves, a piece in each.
+DEVICE_CHUNK_BYTES = 512 << 20
 
 LABELS = ("trial", "dist", "ordering", "post", "refill", "reverify")
 
@@ -118,6 +122,12 @@ TIMING_SEED = 999  # seed * 1000 + this: the timing inputs (their output is reme
 
 class LinkError(Exception):
     pass
+
+
+def device_pieces(tensors, piece_bytes):
+    """How many pieces of at most piece_bytes the device link moves outputs of these (numel,
+    element size) in."""
+    return sum(-(-n // max(1, piece_bytes // size)) for n, size in tensors)
 
 
 def _recv_exact_into(sock, view):
@@ -244,24 +254,26 @@ class Link:
         return recv_frame(self.sock)
 
     def _ship_device(self, tensors):
-        """Each output through the session's device buffer, a piece at a time (see the module's
-        docstring)."""
+        """Each output through the session's device buffer, a piece at a time, alternating halves
+        (see the module's docstring)."""
         import torch
-        buf = self.shared.tensor
-        pieces = sum(-(-t.numel() * t.element_size() // buf.numel()) for t in tensors)
-        sent = 0
+        buf, half = self.shared.tensor, self.shared.nbytes // 2
+        total = device_pieces([(t.numel(), t.element_size()) for t in tensors], half)
+        k = 0
         for t in tensors:
             flat = t.detach().reshape(-1)
             size = t.element_size()
-            per = max(1, buf.numel() // size)
+            per = max(1, half // size)
             for a in range(0, flat.numel(), per):
+                if k >= 2 and _recv_exact(self.sock, 1) != b"N":
+                    raise LinkError("the judge did not take a piece of the output")
                 c = flat[a:a + per]
-                buf[:c.numel() * size].view(t.dtype).copy_(c)
+                at = (k % 2) * half
+                buf[at:at + c.numel() * size].view(t.dtype).copy_(c)
                 torch.cuda.synchronize(t.device)
                 self.sock.sendall(b"C")
-                sent += 1
-                if sent < pieces and _recv_exact(self.sock, 1) != b"N":
-                    raise LinkError("the judge did not take a piece of the output")
+                k += 1
+        assert k == total
 
     def domain(self, label, index):
         """Asks the judge whether a check's inputs (another input distribution) are inside the
@@ -296,6 +308,7 @@ class Judge:
         self.reproducible = {}  # task source hash -> whether get_inputs is reproducible from a seed
         self.domains = {}       # (task, size, seed, distribution) -> (valid, why)
         self.noises = {}        # (task, size, seed, distribution) -> the reference's rounding error, per output
+        self.fused = None       # (FusedCheck or None, why not): the one-pass comparison on a GPU, loaded once
 
     def session(self, req, s, sock, ctl=None):
         """Judges one candidate over its link until it ends the session, closes the link, or
@@ -313,7 +326,7 @@ class Judge:
                     "max_scale_err": 0.0, "scale_tol": 0.0}
         self.corr = {"trials": 0, "passed": 0, "detail": "", "failed_distribution": "", "failed_seed": 0}
         self.via, self.why_bytes = set(), ""
-        self.phases = {}  # seconds per kind of work: reference, receive, noise, other; waiting (for the candidate)
+        self.phases = {}  # seconds per kind of work: reference, scale, receive, noise, other; waiting (for the candidate)
         self._mark = time.monotonic()
         failed = None
         with H._no_grad():
@@ -352,6 +365,7 @@ class Judge:
                     self._tidy()
             self.corr["distributions"] = self._distribution_notes()
             self.corr["link"] = self._link_note()
+            self.corr["comparison"] = self._comparison_note()
             if self.shared is not None:
                 self.shared.close()
                 self.shared = None
@@ -409,6 +423,26 @@ class Judge:
             return ("device and bytes" if "device" in self.via else "bytes") + f" ({why})"
         return ""
 
+    def _comparison(self):
+        """The FusedCheck this session's floating-point outputs are compared with, or None
+        (PyTorch's operations): on CPU, with `output_check = "torch"`, or where it did not compile."""
+        if self.h.device.type != "cuda" or self.s.get("output_check", "fused") != "fused":
+            return None
+        if self.fused is None:
+            import fused_check
+            self.fused = fused_check.load(self.h.device)
+        return self.fused[0]
+
+    def _comparison_note(self):
+        """How the outputs were compared, for the verdict record: "fused" or "torch (why)"."""
+        if self.h.device.type != "cuda":
+            return "torch (not on a GPU)"
+        if self.s.get("output_check", "fused") != "fused":
+            return f"torch (output_check = {self.s.get('output_check')!r})"
+        if self.fused is None:
+            return ""  # nothing compared
+        return "fused" if self.fused[0] is not None else f"torch ({self.fused[1]})"
+
     def _spent(self, name):
         """Adds the seconds since the last mark to phase `name`."""
         now = time.monotonic()
@@ -462,6 +496,7 @@ class Judge:
         why = H.structure_mismatch(refs, [(shape, _dtype(dtype)) for shape, dtype in outs], where)
         if why:
             self._fail("incorrect", why, label)
+        self._spent("reference")
         atol_scale, noise = [1.0] * len(refs), None
         if dist is not None:
             # The element-wise atol is in the units of the task's own outputs: on inputs that
@@ -469,8 +504,8 @@ class Judge:
             # grows with them.
             for i, r in enumerate(refs):
                 if i < len(self.task_rms) and self.task_rms[i] > 0:
-                    atol_scale[i] = max(1.0, H.rms(r) / self.task_rms[i])
-        self._spent("reference")
+                    atol_scale[i] = max(1.0, H.rms(r, self._comparison()) / self.task_rms[i])
+        self._spent("scale")
         via = frame.get("via", "bytes")
         if via not in ("device", "bytes") or (via == "device" and self.shared is None):
             raise _Failed("hacked", "the candidate's process sent the judge a malformed check")
@@ -523,7 +558,7 @@ class Judge:
                     why += " (the reference could not run in float64 to measure its own rounding error)"
                 self._fail("incorrect", why, label)
         if label == "trial" and not self.task_rms:
-            self.task_rms = [H.rms(r) for r in refs]
+            self.task_rms = [H.rms(r, self._comparison()) for r in refs]
         if counted:
             self.corr["passed"] += 1
             self.prev.append(H.fingerprint(ref_out))
@@ -581,8 +616,7 @@ class Judge:
         why = ""
         with self.h._harness_step("checking the reference's output"):
             for i, r in enumerate(outs):
-                if (r.is_floating_point() or r.is_complex()) and not all(
-                        bool(H._isfinite(c).all()) for c in H._chunks(r)):
+                if (r.is_floating_point() or r.is_complex()) and not H.all_finite(r):
                     why = (f"the reference's output{f' {i}' if len(outs) > 1 else ''} holds NaN or Inf "
                            f"on {dist} inputs")
                     break
@@ -667,52 +701,63 @@ class Judge:
 
     def _receive(self, refs, atol_scale, device=False):
         """Reads the candidate's outputs off the link (or, `device`, out of the session's device
-        buffer: each piece copied out, this process's own copy, once the candidate's process says
-        it is in), feeding one OutputCheck per tensor. A failure here (the judge's own memory)
-        still takes every piece, so the link stays framed."""
+        buffer, each piece where the candidate's process put it once it says it is in), feeding
+        one OutputCheck per tensor. A failure here (the judge's own memory) still takes every
+        piece, so the link stays framed."""
         import harness as H
         import torch
         h = self.h
+        fused = self._comparison()
         if device:
-            buf = self.shared.tensor
-            left = [sum(-(-r.numel() * r.element_size() // buf.numel()) for r in refs)]
+            buf, piece_bytes = self.shared.tensor, self.shared.nbytes // 2
+            total = device_pieces([(r.numel(), r.element_size()) for r in refs], piece_bytes)
+            count = [0]
 
             def take(nbytes, dtype):
                 if _recv_exact(self.sock, 1) != b"C":
                     raise LinkError("the candidate's process broke the device link's protocol")
-                try:
-                    piece = buf[:nbytes].view(dtype).clone()
-                    torch.cuda.current_stream().synchronize()
-                    return piece
-                finally:
-                    left[0] -= 1
-                    if left[0] > 0:
-                        self.sock.sendall(b"N")
+                at = (count[0] % 2) * piece_bytes
+                count[0] += 1
+                return buf[at:at + nbytes].view(dtype)
+
+            def done():
+                torch.cuda.current_stream().synchronize()  # read before the candidate writes there again
+                if count[0] + 1 < total:  # piece count[0] - 1 + 2 follows
+                    self.sock.sendall(b"N")
         else:
             if self.buf is None:
                 self.buf = _staging(torch, h.device.type == "cuda")
             buf = self.buf
+            piece_bytes = buf.numel()
 
             def take(nbytes, dtype):
                 _recv_exact_into(self.sock, _memory(buf, nbytes))
                 return buf[:nbytes].view(dtype).to(h.device)
+
+            def done():
+                pass
         checks, failure = [], None
         for r in refs:
             check = None
             if failure is None:
                 try:
                     with h._harness_step("comparing outputs"):
-                        check = H.OutputCheck(r, self.s, atol_scale[len(checks)])
+                        check = H.OutputCheck(r, self.s, atol_scale[len(checks)], fused)
                 except H.Verdict as v:
                     failure = v
             size = r.element_size()
-            per = max(1, buf.numel() // size)
+            per = max(1, piece_bytes // size)
             for a in range(0, r.numel(), per):
                 try:
                     with h._harness_step("comparing outputs"):
                         piece = take(min(per, r.numel() - a) * size, r.dtype)
-                        if check is not None:
-                            check.feed(piece)
+                        try:
+                            if check is not None:
+                                # The fused comparison reads each value once; PyTorch's passes
+                                # (several) read the judge's own copy.
+                                check.feed(piece.clone() if device and fused is None else piece)
+                        finally:
+                            done()
                 except H.Verdict as v:
                     failure, check = v, None
             checks.append(check)
@@ -827,6 +872,9 @@ def _serve(ctl, harness):
     setup = ""
     try:
         harness._setup_device()
+        if harness.device.type == "cuda":  # compiled now, off every candidate's path
+            import fused_check
+            judge.fused = fused_check.load(harness.device)
     except Exception as e:  # noqa: BLE001 - said in every reply: sessions meet it again
         setup = f"the judge's device set-up failed: {type(e).__name__}: {e}"
     while True:

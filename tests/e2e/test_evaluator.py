@@ -726,6 +726,7 @@ class SandboxTest(Base):
         r = self.evaluate(body)
         self.assertStatus(r, "ok")
         self.assertEqual(r["correctness"]["link"], "bytes (the judge is not on a GPU)")
+        self.assertEqual(r["correctness"]["comparison"], "torch (not on a GPU)")
         self.assertEqual(self.honest()["correctness"]["link"], "bytes (the candidate's process sent bytes)")
 
     def test_reference_timings_from_a_candidate_reach_no_one(self):
