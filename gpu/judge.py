@@ -32,7 +32,8 @@ comparison, several passes, compares its own copy) and, once done reading, sends
 k + 2 follows; the candidate waits for that b"N" before writing piece k + 2. So the candidate fills
 one half while the judge reads the other. What the candidate's process writes to the buffer after
 it sent b"C" can only change what it is judged on, as the bytes it sends over the socket can; a
-new session gets a new buffer.
+new session gets a new buffer. Where the candidate's process could not map the buffer, its checks
+go as bytes with "bytes_why" in the header (for the verdict record's `correctness.link`).
 
 The judge process itself (``JudgeProcess``) is forked from the worker, confined like a candidate
 (gpu/sandbox.py: it sees what a candidate sees), keeps its CUDA context between candidates, and
@@ -144,13 +145,18 @@ def _recv_exact(sock, n):
     return bytes(buf)
 
 
-def send_frame(sock, obj):
+def _framed(obj):
     data = msgpack.packb(obj, use_bin_type=True)
-    sock.sendall(len(data).to_bytes(4, "little") + data)
+    return len(data).to_bytes(4, "little") + data
 
 
-def recv_frame(sock):
-    n = int.from_bytes(_recv_exact(sock, 4), "little")
+def send_frame(sock, obj):
+    sock.sendall(_framed(obj))
+
+
+def recv_frame(sock, length=None):
+    """The next frame's map; `length`: its 4-byte length, when already read."""
+    n = int.from_bytes(length if length is not None else _recv_exact(sock, 4), "little")
     if n > FRAME_LIMIT:
         raise LinkError(f"a frame of {n} bytes (the limit is {FRAME_LIMIT})")
     try:
@@ -179,29 +185,21 @@ class Link:
         self.buf = None
         self.shared = None   # the session's device buffer (gpu/devshare.py), once the judge gave one
         self.asked = False   # asked for it already (at most once a session)
-        self.via = "bytes"   # how the last check's outputs went: "device" or "bytes"
-        self.why_bytes = ""  # why not through the device, when they could have
+        self.why_bytes = ""  # why not through the device, when they could have (told the judge)
 
     def _share(self, device):
         """Asks the judge for the session's device buffer and maps it; on any failure the outputs
         go as bytes (why_bytes says why)."""
         self.asked = True
         send_frame(self.sock, {"op": "share"})
-        data, fds, _, _ = socket.recv_fds(self.sock, 4096, 1)
+        length, fds, _, _ = socket.recv_fds(self.sock, 4, 1)  # the descriptor comes with the frame's first bytes
         try:
-            if len(data) < 4:
-                data += _recv_exact(self.sock, 4 - len(data))
-            n = int.from_bytes(data[:4], "little")
-            if n > FRAME_LIMIT:
-                raise LinkError(f"a frame of {n} bytes (the limit is {FRAME_LIMIT})")
-            body = data[4:]
-            if len(body) < n:
-                body += _recv_exact(self.sock, n - len(body))
-            answer = msgpack.unpackb(body, raw=False)
-            nbytes = int(answer.get("share", 0)) if isinstance(answer, dict) else 0
+            if len(length) < 4:
+                length += _recv_exact(self.sock, 4 - len(length))
+            answer = recv_frame(self.sock, length)
+            nbytes = int(answer.get("share", 0))
             if nbytes <= 0 or not fds:
-                self.why_bytes = str(answer.get("why", "the judge gave no device buffer")) \
-                    if isinstance(answer, dict) else "an unreadable answer"
+                self.why_bytes = str(answer.get("why", "the judge gave no device buffer"))
                 return
             import devshare
             try:
@@ -224,11 +222,12 @@ class Link:
             self._share(cuda[0])
         device = self.shared is not None and len(cuda) == len(tensors) and len(set(cuda)) == 1 \
             and cuda[0].index == self.shared.device_index
-        self.via = "device" if device else "bytes"
         header = {"op": "check", "label": label, "index": index,
                   "tensors": [{"dtype": str(t.dtype), "shape": list(t.shape)} for t in tensors]}
         if device:
             header["via"] = "device"
+        elif cuda and self.why_bytes:
+            header["bytes_why"] = self.why_bytes[:300]
         send_frame(self.sock, header)
         answer = recv_frame(self.sock)
         if not answer.get("go"):
@@ -409,8 +408,7 @@ class Judge:
             return
         fd = self.shared.export()
         try:
-            data = msgpack.packb({"share": self.shared.nbytes}, use_bin_type=True)
-            socket.send_fds(self.sock, [len(data).to_bytes(4, "little") + data], [fd])
+            socket.send_fds(self.sock, [_framed({"share": self.shared.nbytes})], [fd])
         finally:
             os.close(fd)
 
@@ -510,6 +508,8 @@ class Judge:
         if via not in ("device", "bytes") or (via == "device" and self.shared is None):
             raise _Failed("hacked", "the candidate's process sent the judge a malformed check")
         self.via.add(via)
+        if via == "bytes" and isinstance(frame.get("bytes_why"), str) and not self.why_bytes:
+            self.why_bytes = f"the candidate's process: {frame['bytes_why'][:300]}"
         send_frame(self.sock, {"go": True})
         checks = self._receive(refs, atol_scale, via == "device")
         self._spent("receive")
