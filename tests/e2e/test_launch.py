@@ -48,6 +48,16 @@ interval_s = 0.2
     return path
 
 
+def small_replay(dirname):
+    """A replay folder of three tasks' lines (10 candidates: ok, incorrect, runtime and format
+    errors), for tests that need a run but not every bundled candidate."""
+    path = os.path.join(dirname, "replay")
+    os.makedirs(path, exist_ok=True)
+    for name in ("01_diag_matmul.jsonl", "06_swish.jsonl", "09_row_sum.jsonl"):
+        shutil.copy(os.path.join(REPLAY, name), path)
+    return path
+
+
 def export(run_dir):
     out = run("export", run_dir, "--jsonl")
     assert out.returncode == 0, out.stderr
@@ -88,7 +98,7 @@ class CheckTest(unittest.TestCase):
     def test_set_overrides_keys_and_names_a_bad_one(self):
         import tomllib
         with tempfile.TemporaryDirectory() as d:
-            cfg = write_config(d, REPLAY)
+            cfg = write_config(d, small_replay(d))
             # Read back by the config's own reader (the resolved config check prints) and by tomllib.
             out = run("check", cfg, "--set", "evaluator.fast_trials=7", "--set", "reward.max_speedup=2.5",
                       "--set", "experiment.name=overridden", "--set", "sampler.stop=[\"```\", \"END\"]")
@@ -137,7 +147,7 @@ class ProgressLineTest(unittest.TestCase):
         import struct
         import termios
         with tempfile.TemporaryDirectory() as d:
-            cfg = write_config(d, REPLAY)
+            cfg = write_config(d, small_replay(d))
             master, slave = pty.openpty()
             fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
             # (info: the evaluators' log lines come while the progress line is up; each clears its row first)
