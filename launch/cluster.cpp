@@ -166,10 +166,11 @@ MemoryPlan node_memory_plan(const Config& cfg, const NodeConfig& node, std::stri
   // The config's other nodes on the same host run on this machine too (configs/cluster-local.toml
   // puts every node on 127.0.0.1): their candidates share its memory. A machine that joined with
   // --join is none of them.
-  uint32_t at_once = std::max<uint32_t>(1, uint32_t(evaluator_devices(node).size()));
+  const auto own = uint32_t(evaluator_devices(node).size());
+  uint32_t at_once = std::max<uint32_t>(1, own);
   const bool listed = std::any_of(cfg.nodes.begin(), cfg.nodes.end(), [&](const NodeConfig& n) { return &n == &node; });
   std::string beside;
-  if (listed && !evaluator_devices(node).empty())
+  if (listed && own > 0)
     for (auto& n : cfg.nodes) {
       const auto d = uint32_t(evaluator_devices(n).size());
       if (&n == &node || n.host != node.host || d == 0) continue;
@@ -363,7 +364,14 @@ std::optional<caf::actor> join_cluster(caf::scoped_actor& self, const std::strin
 
 namespace {
 
+// Whether a node renders the tasks' prompts: a sampler, or the learner of self-distillation (its
+// teacher's prompts).
+bool renders_prompts(const Config& cfg, const NodeConfig& node) {
+  return has_role(node, "sampler") || (has_role(node, "learner") && cfg.experiment.mode == Mode::sdpo);
+}
+
 // Runs `node`'s evaluators and samplers for the head until the head is gone.
+
 int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how) {
   auto lg = log::get("node");
   const std::string& name = node.name;
@@ -390,7 +398,7 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
   std::vector<std::shared_ptr<SamplerBackend>> backends;
   const bool learns = has_role(node, "learner") && traits(cfg.experiment.mode).learns;
   std::vector<RenderedPrompt> rendered;
-  if (has_role(node, "sampler") || (learns && cfg.experiment.mode == Mode::sdpo)) {
+  if (renders_prompts(cfg, node)) {
     TaskSet tasks, eval_tasks;
     if (!load_experiment_tasks(cfg, tasks, eval_tasks, err) ||
         !render_task_prompts(cfg, tasks, eval_tasks, rendered, err)) {
@@ -638,8 +646,7 @@ int cmd_node(const std::string& config_path, const std::string& node, const std:
   auto cfg = load_with_level(config_path, log_level, false);
   if (!cfg) return 2;
   for (auto& n : cfg->nodes)
-    if (n.name == node && (has_role(n, "sampler") || (has_role(n, "learner") && cfg->experiment.mode == Mode::sdpo)))
-      resolve_chat_template(*cfg);
+    if (n.name == node && renders_prompts(*cfg, n)) resolve_chat_template(*cfg);
   return run_node(*cfg, node);
 }
 
