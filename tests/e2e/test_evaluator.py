@@ -605,6 +605,12 @@ class CheckTest(unittest.TestCase):
         self.assertTrue(self.h.matches_fingerprint(x.clone(), fp, s))
         self.assertFalse(self.h.matches_fingerprint(torch.randn(5000, 3), fp, s))
         self.assertFalse(self.h.matches_fingerprint(x.t(), fp, s))
+        # The judge's comparison keeps the same fingerprint of an output fed to it in pieces.
+        out = torch.randn(100_000)
+        check = self.h.OutputCheck(out, s)
+        for a, b in ((0, 1), (1, 33_333), (33_333, 33_333), (33_333, 100_000)):
+            check.feed(out[a:b])
+        self.assertTrue(torch.equal(check.fingerprint()[2], self.h.fingerprint(out)[0][2]))
 
 
 class SandboxTest(Base):
