@@ -414,6 +414,7 @@ toml::array read_nodes(const toml::table& root, Config& c, const std::string& fi
       } else {
         r.int_array("gpus", nc.gpus, 0, 1023);
       }
+      r.integer("per_gpu", nc.per_gpu, 1, 64);
       r.str_array("sampler_devices", nc.sampler_devices);
       r.str_array("sampler_urls", nc.sampler_urls);
       for (auto& d : nc.sampler_devices)
@@ -435,6 +436,10 @@ toml::array read_nodes(const toml::table& root, Config& c, const std::string& fi
       for (auto& role : nc.roles) evaluator = evaluator || role == "evaluator";
       if (evaluator && nc.cpu_slots == 0 && nc.gpus.empty() && !nc.gpus_auto)
         r.error_here("cpu_slots", "an evaluator node needs cpu_slots > 0, a non-empty gpus or gpus = \"auto\"");
+      if (nc.per_gpu > 1 && nc.gpus.empty() && !nc.gpus_auto)
+        r.error_here("per_gpu",
+                     "per_gpu is the evaluators on each of the node's gpus, and it lists none (CPU "
+                     "evaluators are cpu_slots)");
       c.nodes.push_back(nc);
       nodes_out.push_back(std::move(out));
     }
@@ -452,6 +457,7 @@ toml::array read_nodes(const toml::table& root, Config& c, const std::string& fi
     out.insert("roles", std::move(roles));
     out.insert("cpu_slots", int64_t{nc.cpu_slots});
     out.insert("gpus", toml::array{});
+    out.insert("per_gpu", int64_t{nc.per_gpu});
     nodes_out.push_back(std::move(out));
   }
   return nodes_out;

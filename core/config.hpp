@@ -37,7 +37,9 @@ struct NodeConfig {
   uint16_t port = 0;               // middleman port (0: not published; single node)
   std::vector<std::string> roles;  // supervisor, learner, sampler, evaluator, monitor
   uint32_t cpu_slots = 0;          // CPU evaluators on this node (one worker process each)
-  std::vector<int64_t> gpus;       // CUDA device ids, one evaluator each
+  std::vector<int64_t> gpus;       // CUDA device ids, per_gpu evaluators each
+  uint32_t per_gpu = 1;            // evaluators on each GPU: their candidates build, load and check
+                                   // at once; timed regions run alone (gpu/devlock.py)
   bool gpus_auto = false;          // gpus = "auto": every GPU this node's process sees, one
                                    // evaluator each; the cpu_slots CPU evaluators only when it sees
                                    // none (resolved when the node starts: resolve_auto_devices)

@@ -181,7 +181,6 @@ class FusedCheck:
         self.kernels[KERNELS[out.dtype]](grid=(blocks, 1, 1), block=(THREADS, 1, 1),
                                          args=[out, ref, n, float(atol), float(rtol), acc])
 
-
     def sum_squares(self, t):
         """The sum of squares of a tensor's finite values, in float64 (the accumulator the
         reference's side of a comparison fills, fed the tensor as both sides)."""

@@ -43,6 +43,7 @@ except Exception:  # pragma: no cover - a torch without dynamo
 
 import bounded
 import defenses
+import devlock
 import fused_check
 import judge
 import sandbox
@@ -336,6 +337,10 @@ class OutputCheck:
         self.fed = 0
         self.fused = fused if fused is not None and r.dtype in fused_check.KERNELS else None
         self.acc = self.fused.start(dev) if self.fused is not None else None
+        # Whether feed() reads each value of a piece once (the exact comparison, the fused one):
+        # then the judge may hand it the shared buffer itself, else a copy (judge.py _receive).
+        self.reads_once = self.exact or self.fused is not None
+        self._figures = None  # figures(), once every value is in
 
     def feed(self, oc):
         """The next len(oc) values of the candidate's output (a 1-d tensor of the reference's
@@ -401,16 +406,22 @@ class OutputCheck:
         close (every element, as torch.isclose), bad_nonfinite (the candidate's NaN or Inf where
         the reference is finite), nonfinite (any non-finite difference between unequal values),
         excess (how much more atol the output would need), max_abs_diff, max_rel_diff, and the
-        scale rule's sums of squares d2 (differences) and r2 (the reference's finite values)."""
+        scale rule's sums of squares d2 (differences) and r2 (the reference's finite values).
+        Fetched once the whole output is in (result() and scale() share it)."""
+        if self._figures is not None and self.fed == self.flat.numel():
+            return self._figures
         if self.fused is not None:
             a = self.acc.cpu().tolist()
-            return {"close": a[0] == 0, "bad_nonfinite": bool(a[1]), "nonfinite": bool(a[2]),
-                    "excess": a[3] - self.atol, "max_abs_diff": a[4], "max_rel_diff": a[5],
-                    "d2": a[6], "r2": a[7]}
-        a = torch.stack([self.close.double(), self.bad_nonfinite.double(), self.nonfinite.double(),
-                         self.excess, self.mad, self.mrd, self.d2, self.r2]).cpu().tolist()
-        return {"close": bool(a[0]), "bad_nonfinite": bool(a[1]), "nonfinite": bool(a[2]),
-                "excess": a[3], "max_abs_diff": a[4], "max_rel_diff": a[5], "d2": a[6], "r2": a[7]}
+            f = {"close": a[0] == 0, "bad_nonfinite": bool(a[1]), "nonfinite": bool(a[2]),
+                 "excess": a[3] - self.atol, "max_abs_diff": a[4], "max_rel_diff": a[5], "d2": a[6], "r2": a[7]}
+        else:
+            a = torch.stack([self.close.double(), self.bad_nonfinite.double(), self.nonfinite.double(),
+                             self.excess, self.mad, self.mrd, self.d2, self.r2]).cpu().tolist()
+            f = {"close": bool(a[0]), "bad_nonfinite": bool(a[1]), "nonfinite": bool(a[2]),
+                 "excess": a[3], "max_abs_diff": a[4], "max_rel_diff": a[5], "d2": a[6], "r2": a[7]}
+        if self.fed == self.flat.numel():
+            self._figures = f
+        return f
 
     def scale(self):
         """The scale rule's figures for this output (after result() passed it): (error relative to
@@ -771,9 +782,15 @@ def _builder():
     return sandbox.ask if sandbox._SERVICE is not None else None
 
 
-def _lock_fds():
-    """The worker's warm-up and exit locks, as descriptors gpu/sandbox.py opened for this process."""
-    return [int(os.environ[k]) for k in ("KERNELRL_WARM_LOCK_FD", "KERNELRL_EXIT_LOCK_FD") if os.environ.get(k)]
+_LOCK = [None, None]  # (pid, DeviceLock or None): this process's hold on its device
+
+
+def device_lock():
+    """This process's hold on its device (gpu/devlock.py), from the descriptors gpu/sandbox.py
+    opened for it; None where the worker gave none (a test's bare Harness)."""
+    if _LOCK[0] != os.getpid():
+        _LOCK[:] = [os.getpid(), devlock.DeviceLock.from_env()]
+    return _LOCK[1]
 
 
 def syntax_message(e: SyntaxError) -> str:
@@ -955,7 +972,34 @@ class Harness:
             self.link.end()
         self._release(res)
         self._phase(res, "release")
+        lock = device_lock()
+        if lock is not None:  # (it keeps its hold until it exits)
+            res["device_lock"] = lock.record()
         return res
+
+    def _hold(self, res, how):
+        """This process's hold on its device becomes ``how`` (gpu/devlock.py): the seconds spent
+        waiting for it are the phase device_wait, not part of the phase they interrupt."""
+        lock = device_lock()
+        if lock is None:
+            return
+        waited = lock.acquire(how)
+        phases = res.setdefault("phases", {})
+        phases["device_wait"] = phases.get("device_wait", 0.0) + waited
+        self._phase_t = getattr(self, "_phase_t", 0) + int(waited * 1e9)
+        res["device_lock"] = lock.record()
+
+    @contextlib.contextmanager
+    def _alone(self, res):
+        """A timed region: the device held exclusively (no other candidate's work, start-up or
+        exit on it), then as before."""
+        lock = device_lock()
+        before = lock.state if lock is not None else None
+        self._hold(res, "exclusive")
+        try:
+            yield
+        finally:
+            self._hold(res, before)
 
     def _phase(self, res, name):
         """Seconds since the previous phase ended, recorded as res["phases"][name]."""
@@ -1064,6 +1108,9 @@ class Harness:
         apply_size(mod, size)  # the program's copy of the task's size constants, as the task's
         hacked_check("when its program was loaded")
         self._phase(res, "load")
+        # From here to its exit this process works on the device beside other candidates' (its
+        # builds, done above, needed no hold); its timed regions hold the device alone.
+        self._hold(res, "shared")
 
         # The reference's forward, matched by identity: the task module's own and, in the
         # forward_body space, the copy the scaffold embeds in the candidate's program.
@@ -1146,13 +1193,6 @@ class Harness:
                 hacked_check("during the correctness trials")
                 self._phase(res, "correctness")
 
-                with step("allocating the L2 flush buffer"):
-                    timer = Timer(dev)
-                if cuda:
-                    timer._calibrate_spin()  # for both checks' spins
-                    self._side_stream_check(task, seed, run_candidate, timer)
-                    self._ordering_check(task, seed, n, run_candidate, timer, corr)
-                self._phase(res, "checks")
                 trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
                 # The reference's timing comes from the worker, measured by a process that runs
                 # no candidate code (time_reference).
@@ -1160,7 +1200,15 @@ class Harness:
                 if not ref_stats:
                     raise Verdict("runtime_error", f"the worker gave no timing of the reference in {mode} mode")
                 res["ref_runtime"] = ref_stats
-                cand_stats = self._time_candidate(timer, task, trials, warmup, seed, new_model, watch, res)
+                with self._alone(res):  # the checks that time, and the timing
+                    with step("allocating the L2 flush buffer"):
+                        timer = Timer(dev)
+                    if cuda:
+                        timer._calibrate_spin()  # for both checks' spins
+                        self._side_stream_check(task, seed, run_candidate, timer)
+                        self._ordering_check(task, seed, n, run_candidate, timer, corr)
+                    self._phase(res, "checks")
+                    cand_stats = self._time_candidate(timer, task, trials, warmup, seed, new_model, watch, res)
                 hacked_check("while being timed")
                 self._phase(res, "timing")
 
@@ -1195,7 +1243,8 @@ class Harness:
                     for i in range(4 * n):
                         trial("reverify", i)
                     full = int(s["full_trials"])
-                    self._time_candidate(timer, task, full, warmup, seed + 7_919, new_model, watch, res)
+                    with self._alone(res):
+                        self._time_candidate(timer, task, full, warmup, seed + 7_919, new_model, watch, res)
                     hacked_check("during re-verification")
                     self._phase(res, "reverify")
 
@@ -1355,15 +1404,13 @@ class Harness:
     FRESH_MIN_MS = 0.02
 
     def _time_model(self, timer, task, model, trials, warmup, seed, fresh=0):
-        """model's timing on the timing inputs of seed (the reference's, or a candidate's). The
-        next candidate's process may be starting up (gpu/sandbox.py Spare), the previous one still
-        exiting: not while timing. With `fresh`, also the fresh-values probe: 2 x `fresh` more
+        """model's timing on the timing inputs of seed (the reference's, or a candidate's), in a
+        timed region the caller holds alone (_alone). With `fresh`, also the fresh-values probe: 2 x `fresh` more
         trials, alternating, before each of which the inputs are refilled outside the timed region
         (the task's own draw, generated and copied alike): with the same values again (arm
         "repeated") or with new ones (arm "fresh"); a probe that finds the fresh arm slower is run
         again and the second one stands. Returns (stats, (repeated, fresh) or None; None for a
         task whose inputs change shape with the seed or hold no floating-point tensor)."""
-        sandbox.wait_for_warming(*_lock_fds())
         timing_seed = seed * 1000 + 999
         with self._harness_step("generating inputs"):
             inputs = self._inputs(task, timing_seed)
@@ -1454,7 +1501,7 @@ class Harness:
                 ref_model = self._build_reference(task, task.get_init_inputs(), seed)
                 with self._harness_step("allocating the L2 flush buffer"):
                     timer = Timer(self.device)
-                with self._harness_step("timing the reference Model"):
+                with self._harness_step("timing the reference Model"), self._alone(res):
                     res["stats"], _ = self._time_model(timer, task, ref_model, trials, int(s["warmup"]), seed)
         except Verdict as v:
             res["status"], res["error"] = v.status, v.error
@@ -1466,7 +1513,12 @@ class Harness:
         """The device's memory bandwidth as a copy achieves it (bytes read and written per ms, the
         best of 5 copies of up to 1 GiB, an eighth of the free memory at most; 64 MB on a CPU) and
         its last-level cache's size (GPU: L2; CPU: the largest cache sysfs lists; 0: unknown).
-        Measured once per worker by the judge (a process that runs no candidate code)."""
+        Measured once per worker by the judge (a process that runs no candidate code), holding the
+        device alone."""
+        with self._alone({}):
+            return self._measure_bandwidth()
+
+    def _measure_bandwidth(self):
         self._setup_device()
         best = math.inf
         if self.device.type == "cuda":

@@ -41,6 +41,7 @@ takes one session at a time over a control socket that carries the link's descri
 """
 
 import ctypes
+import contextlib
 import os
 import select
 import signal
@@ -257,7 +258,6 @@ class Link:
         (see the module's docstring)."""
         import torch
         buf, half = self.shared.tensor, self.shared.nbytes // 2
-        total = device_pieces([(t.numel(), t.element_size()) for t in tensors], half)
         k = 0
         for t in tensors:
             flat = t.detach().reshape(-1)
@@ -272,7 +272,6 @@ class Link:
                 torch.cuda.synchronize(t.device)
                 self.sock.sendall(b"C")
                 k += 1
-        assert k == total
 
     def domain(self, label, index):
         """Asks the judge whether a check's inputs (another input distribution) are inside the
@@ -421,25 +420,26 @@ class Judge:
             return ("device and bytes" if "device" in self.via else "bytes") + f" ({why})"
         return ""
 
-    def _comparison(self):
-        """The FusedCheck this session's floating-point outputs are compared with, or None
-        (PyTorch's operations): on CPU, with `output_check = "torch"`, or where it did not compile."""
-        if self.h.device.type != "cuda" or self.s.get("output_check", "fused") != "fused":
-            return None
+    def _comparison(self, load=True):
+        """(the FusedCheck this session's floating-point outputs are compared with, "") or (None,
+        why PyTorch's operations are: on CPU, with `output_check = "torch"`, or where it did not
+        compile). Without `load`, (None, "") where the kernel was never needed."""
+        if self.h.device.type != "cuda":
+            return None, "not on a GPU"
+        if self.s.get("output_check", "fused") != "fused":
+            return None, f"output_check = {self.s.get('output_check')!r}"
         if self.fused is None:
+            if not load:
+                return None, ""
             import fused_check
             self.fused = fused_check.load(self.h.device)
-        return self.fused[0]
+        return self.fused
 
     def _comparison_note(self):
-        """How the outputs were compared, for the verdict record: "fused" or "torch (why)"."""
-        if self.h.device.type != "cuda":
-            return "torch (not on a GPU)"
-        if self.s.get("output_check", "fused") != "fused":
-            return f"torch (output_check = {self.s.get('output_check')!r})"
-        if self.fused is None:
-            return ""  # nothing compared
-        return "fused" if self.fused[0] is not None else f"torch ({self.fused[1]})"
+        """How the outputs were compared, for the verdict record: "fused" or "torch (why)" ("":
+        nothing compared)."""
+        fused, why = self._comparison(load=False)
+        return "fused" if fused is not None else (f"torch ({why})" if why else "")
 
     def _spent(self, name):
         """Adds the seconds since the last mark to phase `name`."""
@@ -502,7 +502,7 @@ class Judge:
             # grows with them.
             for i, r in enumerate(refs):
                 if i < len(self.task_rms) and self.task_rms[i] > 0:
-                    atol_scale[i] = max(1.0, H.rms(r, self._comparison()) / self.task_rms[i])
+                    atol_scale[i] = max(1.0, H.rms(r, self._comparison()[0]) / self.task_rms[i])
         self._spent("scale")
         via = frame.get("via", "bytes")
         if via not in ("device", "bytes") or (via == "device" and self.shared is None):
@@ -558,7 +558,7 @@ class Judge:
                     why += " (the reference could not run in float64 to measure its own rounding error)"
                 self._fail("incorrect", why, label)
         if label == "trial" and not self.task_rms:
-            self.task_rms = [H.rms(r, self._comparison()) for r in refs]
+            self.task_rms = [H.rms(r, self._comparison()[0]) for r in refs]
         if counted:
             self.corr["passed"] += 1
             self.prev.append(H.fingerprint(ref_out))
@@ -707,7 +707,7 @@ class Judge:
         import harness as H
         import torch
         h = self.h
-        fused = self._comparison()
+        fused, _ = self._comparison()
         if device:
             buf, piece_bytes = self.shared.tensor, self.shared.nbytes // 2
             total = device_pieces([(r.numel(), r.element_size()) for r in refs], piece_bytes)
@@ -753,9 +753,9 @@ class Judge:
                         piece = take(min(per, r.numel() - a) * size, r.dtype)
                         try:
                             if check is not None:
-                                # The fused comparison reads each value once; PyTorch's passes
-                                # (several) read the judge's own copy.
-                                check.feed(piece.clone() if device and fused is None else piece)
+                                # A comparison that reads each value once reads the shared
+                                # buffer itself; PyTorch's passes (several) read a copy.
+                                check.feed(piece if check.reads_once or not device else piece.clone())
                         finally:
                             done()
                 except H.Verdict as v:
@@ -870,11 +870,16 @@ def _serve(ctl, harness):
     """The judge process's loop: a link descriptor and a request per session, a verdict back."""
     judge = Judge(harness)
     setup = ""
+    import harness as H
+    lock = H.device_lock()
     try:
-        harness._setup_device()
-        if harness.device.type == "cuda":  # compiled now, off every candidate's path
-            import fused_check
-            judge.fused = fused_check.load(harness.device)
+        # Its CUDA context and the comparison kernel's load are device work: held shared, as a
+        # candidate's start-up is (gpu/devlock.py), so no timed region runs meanwhile.
+        with (lock.starting() if lock is not None else contextlib.nullcontext()):
+            harness._setup_device()
+            if harness.device.type == "cuda":  # compiled now, off every candidate's path
+                import fused_check
+                judge.fused = fused_check.load(harness.device)
     except Exception as e:  # noqa: BLE001 - said in every reply: sessions meet it again
         setup = f"the judge's device set-up failed: {type(e).__name__}: {e}"
     while True:

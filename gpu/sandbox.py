@@ -14,7 +14,6 @@ refuses the system calls that would widen what it reaches. Whatever the candidat
 
 import ctypes
 import errno
-import fcntl
 import os
 import re
 import resource
@@ -30,6 +29,7 @@ import msgpack
 
 import bounded
 import cgroups
+import devlock
 import seccomp
 
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -448,12 +448,13 @@ def _child_setup(conf, env, address_space_limit, memory_limit_mb, tmpdir):
     """First steps of a candidate's process: confinement (see confine), the environment, a
     private temp dir, the address-space limit. Returns the isolation it got."""
     env = dict(env)
-    for name in ("KERNELRL_WARM_LOCK", "KERNELRL_EXIT_LOCK"):
-        # The worker's locks are reached through descriptors opened now: their folder is hidden.
+    for name in ("KERNELRL_DEVICE_LOCK", "KERNELRL_DEVICE_GATE"):
+        # The device's locks (gpu/devlock.py) are reached through descriptors opened now: their
+        # folder may be hidden.
         path = env.pop(name, "")
         if path:
             try:
-                env[name + "_FD"] = str(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
+                env[name + "_FD"] = str(devlock.open_file(path))
             except OSError:
                 pass
     # Its own control group first (the worker's rights are still its own): every process the
@@ -665,9 +666,9 @@ class Spare:
     """A candidate's process started ahead of its candidate: forked, isolated and through
     ``warm()`` (CUDA context creation, ~0.3-0.4 s on an H100) while the previous candidate runs,
     then waiting for its request. ``send(request)`` then ``collect(timeout_s)`` run
-    ``handler(request)`` in it under the same limits as run_isolated. While warming it holds an
-    exclusive lock on ``lock_path``; a running candidate takes that lock (shared) before it times
-    anything, so another process's start-up never overlaps a timed region."""
+    ``handler(request)`` in it under the same limits as run_isolated. While warming it holds its
+    device's lock (gpu/devlock.py, ``lock_path``) shared, so its start-up never overlaps a timed
+    region; the seconds its process then waits for that lock extend its time limit (``waited``)."""
 
     def __init__(self, *, handler, warm, key, env, isolate_net=True, address_space_limit,
                  memory_limit_mb, tmp_root, lock_path, conf=None, service=None, judge_link=False):
@@ -677,6 +678,7 @@ class Spare:
         self.link, child_link = socket.socketpair() if judge_link else (None, None)
         self.svc = _Service(service) if service else None
         self.key = key
+        self.waited = devlock.counter()
         self.memory_limit_mb = memory_limit_mb
         self.tmpdir = tempfile.mkdtemp(prefix="cand-", dir=tmp_root)
         req_r, self.req_w = os.pipe()
@@ -696,8 +698,8 @@ class Spare:
                             + ([JUDGE_LINK] if JUDGE_LINK is not None else []))
             net = {"setup": "failed"}
             try:
-                with open(lock_path, "w") as lock:  # first, before the running candidate can time
-                    fcntl.flock(lock, fcntl.LOCK_EX)
+                devlock.WAITED = self.waited
+                with devlock.held_shared(lock_path):  # first, before a timed region can start
                     net = _child_setup(conf, env, address_space_limit, memory_limit_mb, self.tmpdir)
                     try:
                         warm()
@@ -757,7 +759,7 @@ class Spare:
         the caller reaps it and removes its temp dir."""
         try:
             return _collect(self.pid, self.rep_r, self.t0, timeout_s, self.memory_limit_mb, self.tmpdir,
-                            on_poll, defer_exit, self.svc, self.out_r)
+                            on_poll, defer_exit, self.svc, self.out_r, waited=lambda: devlock.read_counter(self.waited))
         finally:
             if self.svc:
                 self.svc.close()
@@ -780,27 +782,6 @@ class Spare:
         if self.link is not None:
             self.link.close()
             self.link = None
-
-
-def wait_for_warming(*lock_paths):
-    """Blocks while another candidate's process is starting up (see Spare) or still exiting
-    (the worker holds the exit lock until it has reaped it); a no-op when none is. Takes paths
-    or, inside a confined process, open descriptors (ints)."""
-    for path in lock_paths:
-        if isinstance(path, int):
-            try:
-                fcntl.flock(path, fcntl.LOCK_SH)
-                fcntl.flock(path, fcntl.LOCK_UN)
-            except OSError:
-                pass
-            continue
-        if not path:
-            continue
-        try:
-            with open(path, "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_SH)
-        except OSError:
-            pass
 
 
 def _output_to(out_r, out_w):
@@ -829,19 +810,24 @@ def _drain(fd, tail, block=False):
 
 
 def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, defer_exit=None, service=None,
-             out=-1):
+             out=-1, waited=None):
+    """The candidate's reply, or its failure. ``waited()``: seconds its process spent waiting for
+    its device's lock (other candidates' timed regions), added to its time (at most timeout_s)."""
     chunks = []
     failure = None
     tail = bounded.OutputTail()
-    deadline = t0 + timeout_s
+    extra = 0.0
     limit = memory_limit_mb * 1024 * 1024
     kernel_counts = False
     try:
         while True:
-            left = deadline - time.monotonic()
+            if waited is not None:
+                extra = min(timeout_s, waited())
+            left = t0 + timeout_s + extra - time.monotonic()
             if left <= 0:
+                more = f" (and {extra:.1f} s it waited for other candidates' timed trials)" if extra >= 0.05 else ""
                 failure = {"status": "timeout",
-                           "error": f"candidate exceeded the {timeout_s:g} s limit; its process group was killed"}
+                           "error": f"candidate exceeded the {timeout_s:g} s limit{more}; its process group was killed"}
                 if limit > 0 and cgroups.held_at_limit(pid, limit):  # it ran out of time held at its memory limit
                     failure = {"status": "runtime_error",
                                "error": f"candidate exceeded the memory limit: it was held at {memory_limit_mb} MB "

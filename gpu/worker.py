@@ -34,6 +34,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -103,7 +104,8 @@ class _Marks:
 class ForkServer:
     """The worker's logic without the socket: usable from Python tests and benchmarks."""
 
-    def __init__(self, device="cpu", threads=1, cache_root=None, tmp_root=None, isolate_net=True, hide=()):
+    def __init__(self, device="cpu", threads=1, cache_root=None, tmp_root=None, isolate_net=True, hide=(),
+                 lock_dir=None):
         import torch  # noqa: F401  (imported once here, inherited by every child)
         import sandbox
         from harness import Harness
@@ -134,17 +136,23 @@ class ForkServer:
         self.spare = None
         self.judge = None  # the trusted judge's process (gpu/judge.py), started at the first evaluation
         self.bandwidth = None  # the device's measured bandwidth and cache (Harness.measure_bandwidth)
-        self.warm_lock = os.path.join(self.tmp_root, f"kernelrl-warm-{os.getpid()}-{id(self)}.lock")
-        # Held while a candidate's process that already replied is still exiting (see _defer_exit).
-        self.exit_lock = os.path.join(self.tmp_root, f"kernelrl-exit-{os.getpid()}-{id(self)}.lock")
-        self.exit_lock_file = None
-        self.exiting = []  # (pid, tmpdir) killed after their reply, not yet reaped
+        self.lock_dir = lock_dir
+        self.exit_hold = False  # the device's lock held shared while a replied candidate exits (_defer_exit)
+        self.exiting = []  # (pid, tmpdir) killed after their reply, not yet reaped (by self.reaper)
+        self.exits = threading.Condition()
+        self.reaper = None  # (pid, tmpdir) killed after their reply, not yet reaped
         self.harness = Harness(device, threads, self.cache_root)
         self.build_timeout_s = 600.0
         self.info = {"device": "cpu", "capability": "", "cuda_init_s": 0.0, "network": "", "sandbox": ""}
         self.env = {}
         sandbox.cgroups.setup()
         self._probe()
+        # The device's share with this machine's other workers (gpu/devlock.py): its identity, so
+        # workers that number GPUs differently find the same lock.
+        import devlock
+        self.lock_path, self.gate_path = devlock.paths(self.info.get("uuid") or "cpu", lock_dir)
+        self.lock_fd = devlock.open_file(self.lock_path)
+        os.close(devlock.open_file(self.gate_path))  # (created by the worker: candidates open it by path)
         # Everything imported so far (torch's hundreds of thousands of objects) is left out of
         # every later collection, here and in each forked child: the collections that free an
         # evaluation's tensors then take milliseconds, not a tenth of a second.
@@ -173,9 +181,11 @@ class ForkServer:
                 torch.cuda.set_device(d)
                 torch.empty(1, device=d)
                 cap = torch.cuda.get_device_capability(d)
+                uuid = str(getattr(torch.cuda.get_device_properties(d), "uuid", "") or "")
                 return {"status": "ok", "device": torch.cuda.get_device_name(d),
-                        "capability": f"{cap[0]}.{cap[1]}", "cuda_init_s": time.monotonic() - t0}
-            return {"status": "ok", "device": "cpu", "capability": "", "cuda_init_s": 0.0}
+                        "capability": f"{cap[0]}.{cap[1]}", "cuda_init_s": time.monotonic() - t0,
+                        "uuid": "gpu-" + (uuid or f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')}-{dev}")}
+            return {"status": "ok", "device": "cpu", "capability": "", "cuda_init_s": 0.0, "uuid": "cpu"}
 
         reply, failure = self.sandbox.run_isolated(
             probe, timeout_s=120, memory_limit_mb=0, env={}, conf=self.conf,
@@ -192,7 +202,7 @@ class ForkServer:
         if failure or "device" not in reply:
             why = (failure or reply).get("error", "no reply")
             raise RuntimeError(f"device probe on {dev} failed: {why} {(reply or {}).get('compile_log', '')}")
-        self.info = {k: reply[k] for k in ("device", "capability", "cuda_init_s")}
+        self.info = {k: reply[k] for k in ("device", "capability", "cuda_init_s", "uuid")}
         iso = reply.get("isolation", {})
         self.info["network"] = iso.get("network", "")
         self.info["sandbox"] = ", ".join(f"{k}: {iso.get(k, '?')}"
@@ -228,7 +238,7 @@ class ForkServer:
                                   conf=self.conf, service=lambda r: self._serve(r, env),
                                   address_space_limit=cpu,
                                   memory_limit_mb=memory_limit_mb, tmp_root=self.tmp_root,
-                                  lock_path=self.warm_lock, judge_link=True)
+                                  lock_path=self.lock_path, judge_link=True)
 
     def _judge_process(self, env):
         """The worker's judge (gpu/judge.py), started again if it is gone."""
@@ -350,7 +360,6 @@ class ForkServer:
         hit = self.harness.ref_cache.get(key)
         if hit is not None:
             return hit, None
-        self._reap(block=True)  # the previous candidate's exit holds the exit lock timing waits for
         measure = self.bandwidth is None and bool(s.get("bandwidth_bound", True))
         reply = self._judge_process(env).time_reference(req, s, mode, float(s.get("timeout_s", 60)) * 4,
                                                         bandwidth=measure)
@@ -443,34 +452,53 @@ class ForkServer:
 
     def _defer_exit(self, pid, tmpdir):
         """The candidate replied: its process exits (tearing its CUDA context down) while the
-        next candidate starts; the exit lock keeps that next candidate from timing until it is
-        reaped."""
-        self.exiting.append((pid, tmpdir))
-        if self.exit_lock_file is None:
-            f = open(self.exit_lock, "a")
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # a process still holds it shared: do not defer
-                f.close()
-                self._reap(block=True)
-                return
-            self.exit_lock_file = f
+        next candidate starts, reaped by a thread of this worker (_reaper). Until then this worker
+        holds the device's lock shared in its stead (taken while the process still holds it, so no
+        timed region starts between), which keeps every timed region on the device from starting
+        until the exit is done, whatever this worker does meanwhile (idle, waiting for a request)."""
+        with self.exits:
+            if not self.exit_hold:
+                try:
+                    fcntl.flock(self.lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except OSError:  # a timed region runs (the process gave up its hold): reap it now
+                    try:
+                        os.waitpid(pid, 0)
+                    except ChildProcessError:
+                        pass
+                    self.sandbox.reaped(pid, tmpdir)
+                    return
+                self.exit_hold = True
+            self.exiting.append((pid, tmpdir))
+            self.exits.notify_all()
+            if self.reaper is None:
+                self.reaper = threading.Thread(target=self._reaper, name="reaper", daemon=True)
+                self.reaper.start()
 
-    def _reap(self, block=False):
-        left = []
-        for pid, tmpdir in self.exiting:
+    def _reaper(self):
+        """Reaps the processes of candidates that replied, in turn; gives the exit hold up once
+        none is left."""
+        while True:
+            with self.exits:
+                while not self.exiting:
+                    self.exits.wait()
+                pid, tmpdir = self.exiting[0]
             try:
-                done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
+                os.waitpid(pid, 0)
             except ChildProcessError:
-                done = pid
-            if done:
-                self.sandbox.reaped(pid, tmpdir)
-            else:
-                left.append((pid, tmpdir))
-        self.exiting = left
-        if not left and self.exit_lock_file is not None:
-            self.exit_lock_file.close()  # releases the lock
-            self.exit_lock_file = None
+                pass
+            self.sandbox.reaped(pid, tmpdir)
+            with self.exits:
+                self.exiting.pop(0)
+                if not self.exiting and self.exit_hold:
+                    fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+                    self.exit_hold = False
+                self.exits.notify_all()
+
+    def _reap(self):
+        """Waits until every candidate's process that replied has been reaped."""
+        with self.exits:
+            while self.exiting:
+                self.exits.wait()
 
     def evaluate(self, req, s):
         """One candidate in its own process. The process comes from a spare forked and warmed up
@@ -481,9 +509,8 @@ class ForkServer:
         env = dict(self.env)
         if s.get("cuda_arch"):
             env["TORCH_CUDA_ARCH_LIST"] = s["cuda_arch"]
-        env["KERNELRL_WARM_LOCK"] = self.warm_lock
-        env["KERNELRL_EXIT_LOCK"] = self.exit_lock
-        self._reap()
+        env["KERNELRL_DEVICE_LOCK"] = self.lock_path
+        env["KERNELRL_DEVICE_GATE"] = self.gate_path
         cpu = not self.device.startswith("cuda")
         mem = int(s.get("memory_limit_mb", 0))
         key = (tuple(sorted(env.items())), mem, cpu)
@@ -526,14 +553,13 @@ class ForkServer:
         if spare is None:
             reply, failure = None, {"status": "runtime_error", "error": "the candidate's process could not start"}
         else:
-            reply, failure = spare.collect(self._limits(req, s, False), on_poll=self._reap,
-                                           defer_exit=self._defer_exit)
+            reply, failure = spare.collect(self._limits(req, s, False), defer_exit=self._defer_exit)
             marks("collect")
             if reply and not cpu and not 0 <= reply.get("gpu_held_bytes", -1) <= HELD_AFTER_REPLY:
                 # Its process still holds device memory after freeing what the evaluation
                 # allocated (a candidate's global tensors, a faulted context): the next candidate
                 # must find the GPU's memory free, so wait for this one's exit.
-                self._reap(block=True)
+                self._reap()
                 marks("exit_wait")
         if self.spare is None:
             self.spare = self._spawn(key, env, mem, cpu)  # ready for the next candidate
@@ -559,20 +585,16 @@ class ForkServer:
         return reply
 
     def close(self):
-        """Ends the spare process (it also ends with this process) and removes its lock file."""
+        """Ends the spare process (it also ends with this process) and the judge's."""
         if self.spare is not None:
             self.spare.discard()
             self.spare = None
         if self.judge is not None:
             self.judge.stop()
             self.judge = None
-        self._reap(block=True)
+        self._reap()
         self.sandbox.cgroups.close()
-        for path in (self.warm_lock, self.exit_lock):
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+        os.close(self.lock_fd)  # (the lock files stay: other workers of this machine share them)
 
     def compile(self, req, s):
         t0 = time.monotonic()

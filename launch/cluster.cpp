@@ -158,7 +158,11 @@ std::vector<std::string> evaluator_devices(const NodeConfig& node) {
   std::vector<std::string> devices;
   if (!has_role(node, "evaluator")) return devices;
   for (uint32_t i = 0; i < node.cpu_slots; ++i) devices.push_back("cpu-" + std::to_string(i));
-  for (auto g : node.gpus) devices.push_back("cuda:" + std::to_string(g));
+  // per_gpu evaluators on each GPU: "cuda:N", then "cuda:N#2", "cuda:N#3"... (their ids differ; one worker
+  // each, sharing the GPU through its lock, gpu/devlock.py).
+  for (auto g : node.gpus)
+    for (uint32_t k = 0; k < std::max<uint32_t>(1, node.per_gpu); ++k)
+      devices.push_back("cuda:" + std::to_string(g) + (k ? "#" + std::to_string(k + 1) : ""));
   return devices;
 }
 
@@ -208,7 +212,7 @@ std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& 
     ea.settings.memory_limit_mb = mem.per_candidate_mb;
     ea.worker.python = cfg.evaluator.python;
     ea.worker.script = source_dir() + "/gpu/worker.py";
-    ea.worker.device = d.rfind("cpu", 0) == 0 ? "cpu" : d;
+    ea.worker.device = d.rfind("cpu", 0) == 0 ? "cpu" : d.substr(0, d.find('#'));
     ea.worker.threads = cfg.evaluator.torch_threads;
     ea.worker.log_path = (fs::path(log_dir) / (sanitize_id(ea.id) + ".log")).string();
     ea.worker.cache_dir = cfg.evaluator.cache_dir;

@@ -140,12 +140,13 @@ struct EvaluateOptions {
     std::string task;  // KernelBench-format task file
     std::string file;  // the action
   };
-  std::vector<Candidate> candidates;  // evaluated in this order, all in one evaluator
+  std::vector<Candidate> candidates;  // evaluated in this order (the i-th by evaluator i % per_device)
   std::string action;                 // forward_body or full_program ("": config's / default)
   std::string device = "cpu";         // cpu or cuda:N
   std::string mode;                   // fast or full ("": config's / default)
   double timeout_s = 0;               // per-candidate limit (0: config's / default)
   int compile_workers = -1;           // compile-stage processes (-1: config's / default)
+  uint32_t per_device = 1;            // evaluators on the device, sharing it (gpu/devlock.py)
   uint64_t seed = 0;                  // base seed (0: config's / default)
   std::string config;                 // optional config whose [evaluator] supplies settings
   std::string worker_log;             // where worker output goes ("": discarded)

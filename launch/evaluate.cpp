@@ -84,18 +84,24 @@ int cmd_evaluate(const EvaluateOptions& o) {
   caf::actor_system_config cfg;
   add_message_types(cfg);
   caf::actor_system sys{cfg};
-  EvaluatorArgs ea;
-  ea.id = "local/" + o.device;
-  ea.settings = settings;
-  ea.settings.memory_limit_mb = plan_candidate_memory(settings, 1, machine_memory_mb()).per_candidate_mb;
-  ea.worker.python = settings.python;
-  ea.worker.script = source_dir() + "/gpu/worker.py";
-  ea.worker.device = o.device;
-  ea.worker.threads = settings.torch_threads;
-  ea.worker.log_path = o.worker_log;
-  ea.worker.cache_dir = settings.cache_dir;
-  ea.worker.isolate_network = settings.isolate_network;
-  auto evaluator = spawn_evaluator(sys, ea, caf::actor{});
+  // per_device evaluators on the device (a worker process each): their candidates build, load and
+  // check at once, each timed region alone (gpu/devlock.py); candidate i goes to evaluator i % n.
+  const uint32_t n = std::max<uint32_t>(1, o.per_device);
+  std::vector<caf::actor> evaluators;
+  for (uint32_t k = 0; k < n; ++k) {
+    EvaluatorArgs ea;
+    ea.id = "local/" + o.device + (k ? "#" + std::to_string(k + 1) : "");
+    ea.settings = settings;
+    ea.settings.memory_limit_mb = plan_candidate_memory(settings, n, machine_memory_mb()).per_candidate_mb;
+    ea.worker.python = settings.python;
+    ea.worker.script = source_dir() + "/gpu/worker.py";
+    ea.worker.device = o.device;
+    ea.worker.threads = settings.torch_threads;
+    ea.worker.log_path = o.worker_log.empty() || k == 0 ? o.worker_log : o.worker_log + "." + std::to_string(k + 1);
+    ea.worker.cache_dir = settings.cache_dir;
+    ea.worker.isolate_network = settings.isolate_network;
+    evaluators.push_back(spawn_evaluator(sys, ea, caf::actor{}));
+  }
 
   caf::scoped_actor self{sys};
   // Everything is sent at once so the compile stage can build ahead; results print in order.
@@ -109,7 +115,7 @@ int cmd_evaluate(const EvaluateOptions& o) {
     req.action_space = settings.action_space;
     req.mode = settings.mode;
     req.seed = o.seed ? o.seed : settings.seed;
-    handles.push_back(self->request(evaluator, caf::infinite, eval_atom::value, std::move(req)));
+    handles.push_back(self->request(evaluators[i % n], caf::infinite, eval_atom::value, std::move(req)));
   }
   int rc = 0;
   for (size_t i = 0; i < handles.size(); ++i) {
@@ -133,7 +139,7 @@ int cmd_evaluate(const EvaluateOptions& o) {
           rc = 1;
         });
   }
-  self->send_exit(evaluator, caf::exit_reason::user_shutdown);
+  for (auto& e : evaluators) self->send_exit(e, caf::exit_reason::user_shutdown);
   return rc;
 }
 
@@ -145,9 +151,10 @@ void add_evaluate(CLI::App& app, cli::Action& action) {
       app, "evaluate",
       "launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--task FILE --candidate FILE ...]\n"
       "                [--action forward_body|full_program] [--device cpu|cuda:N] [--mode fast|full]\n"
-      "                [--timeout SECONDS] [--compile-workers N] [--seed S] [--config CONFIG]\n"
+      "                [--timeout SECONDS] [--compile-workers N] [--per-device N] [--seed S] [--config CONFIG]\n"
       "                [--worker-log FILE] [--log-level LEVEL] [--json]\n"
-      "  evaluate candidates in one evaluator, each against the --task before it; one line each");
+      "  evaluate candidates in one evaluator (or --per-device N sharing the device), each against the --task\n"
+      "  before it; one line each");
   auto* task = sub->add_option("--task", *tasks, "a KernelBench-format task file")->required()->type_name("FILE");
   auto* candidate = sub->add_option("--candidate", *files, "an action to evaluate against the --task before it")
                         ->required()
@@ -158,6 +165,9 @@ void add_evaluate(CLI::App& app, cli::Action& action) {
   sub->add_option("--mode", o->mode, "fast or full (default: the config's)")->check(CLI::IsMember({"fast", "full"}));
   sub->add_option("--timeout", o->timeout_s, "seconds per candidate")->check(CLI::PositiveNumber);
   sub->add_option("--compile-workers", o->compile_workers, "compile-stage processes")->check(cli::count(0, 256));
+  sub->add_option("--per-device", o->per_device,
+                  "evaluators on the device: candidates check at once, timed regions run alone (default 1)")
+      ->check(cli::count(1, 64));
   sub->add_option("--seed", o->seed, "the base seed of the inputs");
   sub->add_option("--config", o->config, "a config whose [evaluator] supplies the settings")->type_name("CONFIG");
   sub->add_option("--worker-log", o->worker_log, "where the worker's output goes (default: discarded)")

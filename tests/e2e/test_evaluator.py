@@ -183,46 +183,47 @@ class IsolationTest(Base):
                           "open('left-behind.txt', 'w').write('x')\nreturn torch.nn.functional.silu(x)")
         self.assertStatus(r, "ok")
         # What is left once the last candidate's process is reaped: the next candidate's process,
-        # already started (its temp dir), the judge's and the locks.
-        self.server._reap(block=True)
+        # already started (its temp dir), and the judge's.
+        self.server._reap()
         spare = self.server.spare
         self.assertIsNotNone(spare, "a process waits for the next candidate")
-        left = set(os.listdir(self.tmp_root)) - {os.path.basename(self.server.exit_lock)}
-        self.assertEqual(left, {os.path.basename(spare.tmpdir), os.path.basename(self.server.warm_lock),
-                                os.path.basename(self.server.judge.tmpdir)},
+        self.assertEqual(set(os.listdir(self.tmp_root)),
+                         {os.path.basename(spare.tmpdir), os.path.basename(self.server.judge.tmpdir)},
                          "each finished candidate's temp dir is removed")
         self.assertTrue(spare.alive())
 
-
     def test_a_process_warming_up_holds_timing_back_then_serves_its_request(self):
+        import devlock
         with tempfile.TemporaryDirectory() as d:
-            lock = os.path.join(d, "warm.lock")
+            lock, gate = devlock.paths("test", d)
             spare = sandbox.Spare(handler=lambda m: {"status": "ok", "got": m}, warm=lambda: time.sleep(1.5),
                                   key="k", env={}, isolate_net=False, address_space_limit=False,
                                   memory_limit_mb=0, tmp_root=d, lock_path=lock)
             time.sleep(0.3)
-            t0 = time.monotonic()
-            sandbox.wait_for_warming(lock)
-            self.assertGreater(time.monotonic() - t0, 0.6, "timing waited for the warm-up to finish")
+            mine = devlock.DeviceLock(devlock.open_file(lock), devlock.open_file(gate))
+            self.assertGreater(mine.acquire("exclusive"), 0.6, "a timed region waited for the warm-up to finish")
+            mine.acquire(None)
             self.assertTrue(spare.send({"n": 7}))
             reply, failure = spare.collect(10)
             self.assertIsNone(failure)
             self.assertEqual(reply["got"], {"n": 7})
             self.assertFalse(spare.alive())
-            t0 = time.monotonic()
-            sandbox.wait_for_warming(lock)  # nobody warming: no wait
-            self.assertLess(time.monotonic() - t0, 0.1)
+            self.assertLess(mine.acquire("exclusive"), 0.1, "nobody warming: no wait")
 
     def test_timing_waits_until_the_previous_candidate_has_exited(self):
         import fcntl
+        import devlock
         self.assertStatus(self.evaluate(GOOD), "ok")
-        with open(self.server.exit_lock, "a") as f:
-            if self.server.exiting:  # replied, still being reaped: the exit lock is held
+        fd = devlock.open_file(self.server.lock_path)
+        try:
+            if self.server.exiting:  # replied, still being reaped: the worker holds the device shared
                 with self.assertRaises(BlockingIOError):
-                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            self.server._reap(block=True)
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.server._reap()
             self.assertEqual(self.server.exiting, [])
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # free once reaped
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once reaped
+        finally:
+            os.close(fd)
 
     def test_a_dead_spare_is_replaced(self):
         self.assertStatus(self.evaluate(GOOD), "ok")
@@ -778,7 +779,7 @@ class SandboxTest(Base):
                 "return torch.nn.functional.silu(x)")
         r = self.evaluate(body)
         self.assertIn(r["status"], ("hacked", "ok"))
-        self.server._reap(block=True)
+        self.server._reap()
         time.sleep(0.5)
         left = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -857,7 +858,7 @@ class SandboxTest(Base):
             self.skipTest(f"no control groups here: {sandbox.cgroups.status}")
         for _ in range(3):
             self.honest()
-        self.server._reap(block=True)
+        self.server._reap()
         live = {f"p{self.server.spare.pid}", f"p{self.server.judge.pid}"}
         for base in sandbox.cgroups._base.values():
             self.assertEqual({n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n))}, live, base)
@@ -995,6 +996,126 @@ class BuildCacheTest(Base):
         self.assertIn("undefined_symbol", bad["compile_log"])
         self.assertStatus(self.evaluate(CPP_BAD), "compile_error")
 
+
+
+class DeviceLockTest(unittest.TestCase):
+    """gpu/devlock.py between processes: a timed region waits for every shared hold, and a process
+    that comes to share after a timed region began waiting waits behind it (the turnstile)."""
+
+    def setUp(self):
+        import devlock
+        self.devlock = devlock
+        self.tmp = tempfile.TemporaryDirectory()
+        self.paths = devlock.paths("test", self.tmp.name)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def lock(self):
+        return self.devlock.DeviceLock(*(self.devlock.open_file(p) for p in self.paths))
+
+    HOLD = ("import sys, time\nsys.path.insert(0, sys.argv[1])\nimport devlock\n"
+            "how, at, for_s, lock, gate = sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5], sys.argv[6]\n"
+            "time.sleep(max(0.0, at - time.monotonic()))\n"
+            "devlock.DeviceLock(devlock.open_file(lock), devlock.open_file(gate)).acquire(how)\n"
+            "time.sleep(for_s)\n")
+
+    def hold(self, how, at, for_s):
+        """A process that holds the device as `how` from monotonic time `at` for for_s seconds."""
+        return subprocess.Popen([sys.executable, "-c", self.HOLD, os.path.join(ROOT, "gpu"), how, str(at), str(for_s),
+                                 *self.paths])
+
+    def test_a_timed_region_waits_for_shared_holds_and_new_sharers_wait_behind_it(self):
+        t0 = time.monotonic() + 0.5  # (the processes start)
+        kids = [self.hold("shared", t0, 1.5),           # a candidate checking
+                self.hold("exclusive", t0 + 0.3, 0.6)]  # a timed region: waits until 1.5, runs to 2.1
+        time.sleep(max(0.0, t0 + 0.6 - time.monotonic()))
+        mine = self.lock()
+        mine.acquire("shared")  # arrives while the timed region waits: behind it, not beside the first
+        got = time.monotonic() - t0
+        for p in kids:
+            p.wait()
+        self.assertGreater(got, 1.9, "a new shared hold does not overtake a waiting timed region")
+        self.assertLess(got, 4.0)
+        self.assertEqual(mine.record()["windows"][0][0], "shared")
+        self.assertGreater(mine.waited_s, 1.2)
+
+    def test_shared_holds_run_at_once(self):
+        t0 = time.monotonic() + 0.5
+        kid = self.hold("shared", t0, 1.0)
+        time.sleep(max(0.0, t0 + 0.2 - time.monotonic()))
+        mine = self.lock()
+        mine.acquire("shared")
+        self.assertLess(time.monotonic() - t0, 0.6)
+        with mine.alone():  # converts: waits for the other sharer
+            self.assertGreater(time.monotonic() - t0, 0.9)
+            self.assertEqual(mine.state, "exclusive")
+        self.assertEqual(mine.state, "shared")
+        kid.wait()
+        self.assertEqual([w[0] for w in mine.record()["windows"]], ["shared", "exclusive", "shared"])
+
+
+SHARE_DRIVER = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from worker import ForkServer
+task, cache, tmp, lock_dir, ready, n_workers, n, settings = sys.argv[2:10]
+server = ForkServer("cpu", 1, cache, tmp_root=tmp, lock_dir=lock_dir)
+open(os.path.join(ready, str(os.getpid())), "w").close()
+while len(os.listdir(ready)) < int(n_workers):  # every worker started: their candidates overlap
+    time.sleep(0.02)
+out = []
+for i in range(int(n)):
+    req = {"sample_id": f"{os.getpid()}#{i}", "task_id": "06_swish", "task_path": task, "mode": "fast",
+           "seed": 42 + i, "action_space": "forward_body",
+           "action": "import time\ntime.sleep(0.03)\nreturn torch.nn.functional.silu(x)"}
+    r = server.evaluate(req, json.loads(settings))
+    out.append({k: r.get(k) for k in ("status", "error", "device_lock", "phases")})
+server.close()
+print(json.dumps(out))
+"""
+
+
+class DeviceShareTest(unittest.TestCase):
+    """Issue 53, target 3: several workers on one device, as `per_gpu` (or cpu_slots) starts them.
+    Their candidates' processes check at once; no timed region of one overlaps any hold of another
+    (the windows each candidate's process records, on the system's monotonic clock)."""
+
+    WORKERS, EACH = 3, 3
+
+    def test_candidates_check_at_once_and_each_timed_region_runs_alone(self):
+        with tempfile.TemporaryDirectory() as d:
+            ready = os.path.join(d, "ready")
+            os.makedirs(ready)
+            procs = []
+            for w in range(self.WORKERS):
+                tmp = os.path.join(d, f"scratch{w}")
+                os.makedirs(tmp)
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-c", SHARE_DRIVER, os.path.join(ROOT, "gpu"), SWISH, os.path.join(d, "cache"),
+                     tmp, d, ready, str(self.WORKERS), str(self.EACH), json.dumps(SETTINGS)],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            results = []
+            for p in procs:
+                out, err = p.communicate(timeout=300)
+                self.assertEqual(p.returncode, 0, err[-3000:])
+                results.append(json.loads(out.strip().splitlines()[-1]))
+        holds = []  # (worker, candidate, how, start, end)
+        for w, rs in enumerate(results):
+            for i, r in enumerate(rs):
+                self.assertEqual(r["status"], "ok", r["error"])
+                self.assertIn("device_wait", r["phases"])
+                for how, a, b in r["device_lock"]["windows"]:
+                    holds.append((w, i, how, a, b))
+        timed = [h for h in holds if h[2] == "exclusive"]
+        self.assertEqual(len(timed), self.WORKERS * self.EACH, "one timed region a candidate")
+        for e in timed:
+            for o in holds:
+                if o[:2] != e[:2]:
+                    self.assertFalse(e[3] < o[4] and o[3] < e[4], f"timed region {e} overlaps {o}")
+        shared = [h for h in holds if h[2] == "shared"]
+        beside = [(x, y) for x in shared for y in shared if x[0] < y[0] and x[3] < y[4] and y[3] < x[4]]
+        self.assertTrue(beside, "candidates of different workers checked at once")
 
 
 class NoNamespacesTest(unittest.TestCase):

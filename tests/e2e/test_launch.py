@@ -83,6 +83,31 @@ class CheckTest(unittest.TestCase):
         self.assertIn("correctness_trials = 5", out.stdout)
         self.assertIn(f"dir = '{TASKS}'", out.stdout)
 
+    def test_per_gpu_evaluators_share_the_machine_as_their_own_evaluators(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "gpus.toml")
+            with open(path, "w") as f:
+                f.write('[[node]]\nname = "g"\nroles = ["supervisor", "sampler", "evaluator"]\ngpus = [0, 1]\n'
+                        'per_gpu = 3\n[tasks]\ndir = "%s"\n[sampler]\nreplay = "%s"\n' % (TASKS, REPLAY))
+            out = run("check", path)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("per_gpu = 3", out.stdout)
+            three = int(re.search(r"# node g on this machine: .* x (\d+) at once", out.stdout).group(1))
+            with open(path) as f:
+                text = f.read()
+            with open(path, "w") as f:
+                f.write(text.replace("per_gpu = 3\n", ""))
+            out = run("check", path)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            one = int(re.search(r"# node g on this machine: .* x (\d+) at once", out.stdout).group(1))
+            self.assertEqual(three, 3 * one, "each of a GPU's evaluators runs its candidates (and builds)")
+            with open(path, "a") as f:
+                f.write('[[node]]\nname = "c"\nroles = ["evaluator"]\ncpu_slots = 1\nper_gpu = 2\n')
+            out = run("check", path)
+            self.assertEqual(out.returncode, 2)
+            self.assertIn("node[1].per_gpu: per_gpu is the evaluators on each of the node's gpus, and it lists none",
+                          out.stderr)
+
     def test_invalid_config_names_file_line_column_key_and_exits_2(self):
         with tempfile.TemporaryDirectory() as d:
             cfg = write_config(d, REPLAY, extra_eval='fast_trials = "many"')
@@ -720,6 +745,28 @@ class EvaluateCommandTest(unittest.TestCase):
             self.assertAlmostEqual(good["speedup"], good["ref_runtime_ms"] / good["runtime_ms"], places=6)
             for key in ("error", "speedup", "runtime_ms", "ref_runtime_ms", "correctness", "kernel_coverage"):
                 self.assertIn(key, rows[2])
+
+    def test_two_evaluators_sharing_the_device_give_the_same_verdicts_in_order(self):
+        task = os.path.join(TASKS, "06_swish.py")
+        with tempfile.TemporaryDirectory() as d:
+            files = []
+            for name, body in (("good", "return torch.nn.functional.silu(x)"), ("wrong", "return torch.relu(x)"),
+                               ("good2", "return x * torch.sigmoid(x)"), ("raises", "if x.numel():\n    raise ValueError('no')\nreturn x")):
+                path = os.path.join(d, name + ".txt")
+                with open(path, "w") as f:
+                    f.write(body)
+                files += ["--candidate", path]
+            log = os.path.join(d, "worker.log")
+            out = run("evaluate", "--task", task, *files, "--per-device", "2", "--worker-log", log, "--json")
+            self.assertEqual(out.returncode, 0, out.stderr[-3000:])
+            rows = [json.loads(line) for line in out.stdout.splitlines()]
+            self.assertEqual([os.path.basename(r["sample_id"]) for r in rows],
+                             ["good.txt", "wrong.txt", "good2.txt", "raises.txt"])
+            self.assertEqual([r["status"] for r in rows], ["ok", "incorrect", "ok", "runtime_error"])
+            self.assertTrue(os.path.exists(log) and os.path.exists(log + ".2"), "a worker process each")
+            out = run("evaluate", "--task", task, *files, "--per-device", "0")
+            self.assertEqual(out.returncode, 2)
+            self.assertIn("--per-device", out.stderr)
 
     def test_candidates_of_several_tasks_in_one_evaluator(self):
         with tempfile.TemporaryDirectory() as d:

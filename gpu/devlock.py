@@ -1,0 +1,183 @@
+"""One device's share among the evaluation processes of this machine: several candidates load,
+build and check at once on a GPU (or the machine's CPU), while a timed region runs alone.
+
+Two lock files per device (flock), named by the device's identity so every worker of the machine
+finds the same ones whatever its CUDA_VISIBLE_DEVICES says (a GPU's UUID; "cpu" for the CPU
+evaluators, which share the machine's cores):
+
+- the lock: held shared by each candidate's process from its program's load to its exit (its
+  correctness trials and the judge's comparisons on its behalf), by a process creating its CUDA
+  context, and by the worker while a candidate's process that replied is still exiting; held
+  exclusively for a timed region (timing, the timing-based checks, the reference's timing, the
+  bandwidth probe);
+- the gate: a turnstile. A process that wants the lock exclusively holds the gate while it waits,
+  and a candidate's process passes through the gate before it takes the lock shared, so a stream
+  of new candidates cannot keep a timed region waiting for ever.
+
+No process waits at the gate or for the exclusive lock while it holds the lock shared, and a
+holder of the exclusive lock waits for no other process: there is no cycle to deadlock on. The
+start-up and exit holds take the lock shared without the gate (they only wait while a timed region
+runs, and nothing that region waits for waits on them).
+
+The lock is advisory: a candidate's process could run GPU work outside it (from a thread it
+starts, which the harness's defences report, or before it takes it). Its timing does not gain from
+that; another candidate's could lose. Seconds spent waiting for the lock are added to a shared
+counter the worker reads (``waited``), so waiting for another candidate's timed region does not
+count against a candidate's own time limit.
+"""
+
+import contextlib
+import fcntl
+import mmap
+import os
+import re
+import struct
+import tempfile
+import time
+
+# Where the lock files live: one folder for the whole machine (KERNELRL_LOCK_DIR overrides).
+DEFAULT_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+# In a candidate's process: the counter of seconds waited, shared with its worker (see Spare).
+WAITED = None
+
+
+def lock_dir():
+    return os.environ.get("KERNELRL_LOCK_DIR") or DEFAULT_DIR
+
+
+def paths(key, folder=None):
+    """(lock, gate) for the device named ``key`` (a GPU's UUID, or "cpu")."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", key) or "device"
+    base = os.path.join(folder or lock_dir(), f"kernelrl-device-{safe}")
+    return base + ".lock", base + ".gate"
+
+
+def open_file(path):
+    """A descriptor on the lock file at ``path``, created if missing. Opened read-only (flock needs
+    no more), and without O_CREAT when it exists: in a sticky world-writable folder (/dev/shm,
+    /tmp) the kernel refuses O_CREAT on another user's file (fs.protected_regular)."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)
+        except OSError:
+            pass
+        return fd
+
+
+def counter():
+    """Eight bytes shared with the processes forked after this call: seconds waited, a double."""
+    m = mmap.mmap(-1, 8)
+    m[:8] = struct.pack("d", 0.0)
+    return m
+
+
+def read_counter(m):
+    try:
+        v = struct.unpack("d", m[:8])[0]
+    except (ValueError, struct.error):
+        return 0.0
+    return v if v == v and v >= 0 else 0.0  # NaN or negative (a candidate wrote it): nothing
+
+
+class DeviceLock:
+    """This process's hold on one device: none, "shared" or "exclusive". ``windows`` lists each
+    hold as [how, start, end] on the system's monotonic clock (comparable across processes)."""
+
+    def __init__(self, lock_fd, gate_fd):
+        self.lock_fd, self.gate_fd = lock_fd, gate_fd
+        self.state = None
+        self.since = 0.0
+        self.windows = []
+        self.waited_s = 0.0
+
+    @classmethod
+    def from_env(cls, env=None):
+        env = os.environ if env is None else env
+        try:
+            return cls(int(env["KERNELRL_DEVICE_LOCK_FD"]), int(env["KERNELRL_DEVICE_GATE_FD"]))
+        except (KeyError, ValueError):
+            return None
+
+    def _close_window(self, now):
+        if self.state is not None:
+            self.windows.append([self.state, self.since, now])
+
+    def acquire(self, how):
+        """Holds the device as ``how`` ("shared", "exclusive" or None: not at all), giving up
+        the current hold first. Returns the seconds spent waiting."""
+        if how == self.state:
+            return 0.0
+        t0 = time.monotonic()
+        self._close_window(t0)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+        self.state = None
+        if how == "exclusive":
+            fcntl.flock(self.gate_fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+            finally:
+                fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
+        elif how == "shared":
+            fcntl.flock(self.gate_fd, fcntl.LOCK_EX)  # through the turnstile
+            fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
+            fcntl.flock(self.lock_fd, fcntl.LOCK_SH)
+        now = time.monotonic()
+        self.state, self.since = how, now
+        waited = now - t0
+        self.waited_s += waited
+        if WAITED is not None:
+            try:
+                WAITED[:8] = struct.pack("d", read_counter(WAITED) + waited)
+            except (ValueError, TypeError):
+                pass
+        return waited
+
+    @contextlib.contextmanager
+    def alone(self):
+        """The device held exclusively for the block, then as before."""
+        before = self.state
+        self.acquire("exclusive")
+        try:
+            yield
+        finally:
+            self.acquire(before)
+
+    @contextlib.contextmanager
+    def starting(self):
+        """The lock held shared for the block without the gate, as held_shared (the judge's
+        start-up, in a process that reached its lock through descriptors)."""
+        fcntl.flock(self.lock_fd, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+
+    def record(self):
+        """The holds so far (the current one up to now) and the seconds waited."""
+        windows = list(self.windows)
+        if self.state is not None:
+            windows.append([self.state, self.since, time.monotonic()])
+        return {"waited_s": self.waited_s, "windows": windows}
+
+
+@contextlib.contextmanager
+def held_shared(path):
+    """The lock at ``path`` held shared for the block, without the gate (a CUDA context's start-up
+    in a spare process or the judge's): it waits only while a timed region runs."""
+    if not path:
+        yield
+        return
+    try:
+        fd = open_file(path)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
