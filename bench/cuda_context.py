@@ -99,8 +99,6 @@ def part_lifecycle(args, out):
     n_gpus = torch.cuda.device_count()
     res = {}
     for label, visible in (("all visible", None), ("one visible", str(args.device))):
-        if label == "one visible" and n_gpus <= 1:
-            visible = str(args.device)
         rows = [lifecycle_once(args.device, visible) for _ in range(args.reps)]
         summ = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         summ["max_teardown_s"] = max(r["teardown_s"] for r in rows)

@@ -78,8 +78,9 @@ def install_entry(root: str, key: str, module: str, staging: str) -> str:
         json.dump(manifest, f)
     # The worker's from now on, readable by every candidate (each runs as a uid of its own) and
     # writable by none, the builder's uid included.
+    # (each path once: the staging folder itself, then what each folder holds)
     for folder, dirs, files in os.walk(staging):
-        for name in [None] + dirs + files:
+        for name in ([None] if folder == staging else []) + dirs + files:
             path = folder if name is None else os.path.join(folder, name)
             if os.path.islink(path):
                 continue
