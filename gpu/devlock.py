@@ -69,18 +69,32 @@ def open_file(path):
 
 
 def counter():
-    """Eight bytes shared with the processes forked after this call: seconds waited, a double."""
-    m = mmap.mmap(-1, 8)
-    m[:8] = struct.pack("d", 0.0)
+    """Memory shared with the processes forked after this call: seconds waited so far, and since
+    when the process has been waiting (its monotonic clock; 0: not waiting), two doubles."""
+    m = mmap.mmap(-1, 16)
+    m[:16] = struct.pack("dd", 0.0, 0.0)
     return m
 
 
 def read_counter(m):
+    """Seconds the process has waited for the lock, the wait in progress included."""
     try:
-        v = struct.unpack("d", m[:8])[0]
+        waited, since = struct.unpack("dd", m[:16])
     except (ValueError, struct.error):
         return 0.0
-    return v if v == v and v >= 0 else 0.0  # NaN or negative (a candidate wrote it): nothing
+    now = time.monotonic()
+    if since == since and 0 < since <= now:
+        waited += now - since
+    return waited if waited == waited and waited >= 0 else 0.0  # NaN or negative (a candidate wrote it): nothing
+
+
+def _count(waited, since):
+    if WAITED is not None:
+        try:
+            before = struct.unpack("dd", WAITED[:16])[0]
+            WAITED[:16] = struct.pack("dd", before + waited, since)
+        except (ValueError, TypeError, struct.error):
+            pass
 
 
 class DeviceLock:
@@ -115,6 +129,7 @@ class DeviceLock:
         self._close_window(t0)
         fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
         self.state = None
+        _count(0.0, t0)  # waiting from now (the worker sees the wait while it lasts)
         if how == "exclusive":
             fcntl.flock(self.gate_fd, fcntl.LOCK_EX)
             try:
@@ -129,11 +144,7 @@ class DeviceLock:
         self.state, self.since = how, now
         waited = now - t0
         self.waited_s += waited
-        if WAITED is not None:
-            try:
-                WAITED[:8] = struct.pack("d", read_counter(WAITED) + waited)
-            except (ValueError, TypeError):
-                pass
+        _count(waited, 0.0)
         return waited
 
     @contextlib.contextmanager

@@ -1118,6 +1118,31 @@ class DeviceShareTest(unittest.TestCase):
         self.assertTrue(beside, "candidates of different workers checked at once")
 
 
+class DeviceWaitTest(unittest.TestCase):
+    """Waiting for another candidate's timed region is not a candidate's own time: a device held
+    alone by another process for longer than the time limit leaves a correct candidate ok."""
+
+    def test_a_candidate_waiting_for_the_device_longer_than_its_limit_is_not_timed_out(self):
+        import devlock
+        with tempfile.TemporaryDirectory() as d:
+            scratch = os.path.join(d, "scratch")
+            os.makedirs(scratch)
+            server = ForkServer("cpu", 1, os.path.join(d, "cache"), tmp_root=scratch, lock_dir=d)
+            try:
+                req = {"sample_id": "w#0", "task_id": "06_swish", "task_path": SWISH, "action": GOOD,
+                       "action_space": "forward_body", "mode": "fast", "seed": 42}
+                self.assertEqual(server.evaluate(req, SETTINGS)["status"], "ok")  # the reference timed
+                hold = subprocess.Popen([sys.executable, "-c", DeviceLockTest.HOLD, os.path.join(ROOT, "gpu"),
+                                         "exclusive", "0", "4.0", *devlock.paths("cpu", d)])
+                time.sleep(0.5)  # (it holds the device now)
+                r = server.evaluate(dict(req, sample_id="w#1"), {**SETTINGS, "timeout_s": 2.5})
+                hold.wait()
+                self.assertEqual(r["status"], "ok", r["error"])
+                self.assertGreater(r["phases"]["device_wait"], 2.5)
+            finally:
+                server.close()
+
+
 class NoNamespacesTest(unittest.TestCase):
     """Where the kernel refuses new namespaces (a container under Docker's default seccomp
     profile), a worker running as root runs each candidate as a uid of its own (its builder as
