@@ -130,21 +130,24 @@ class DeviceLock:
         fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
         self.state = None
         _count(0.0, t0)  # waiting from now (the worker sees the wait while it lasts)
-        if how == "exclusive":
-            fcntl.flock(self.gate_fd, fcntl.LOCK_EX)
-            try:
-                fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
-            finally:
+        try:
+            if how == "exclusive":
+                fcntl.flock(self.gate_fd, fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+                finally:
+                    fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
+            elif how == "shared":
+                fcntl.flock(self.gate_fd, fcntl.LOCK_EX)  # through the turnstile
                 fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
-        elif how == "shared":
-            fcntl.flock(self.gate_fd, fcntl.LOCK_EX)  # through the turnstile
-            fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
-            fcntl.flock(self.lock_fd, fcntl.LOCK_SH)
-        now = time.monotonic()
-        self.state, self.since = how, now
-        waited = now - t0
-        self.waited_s += waited
-        _count(waited, 0.0)
+                fcntl.flock(self.lock_fd, fcntl.LOCK_SH)
+            self.state = how
+        finally:
+            now = time.monotonic()
+            self.since = now
+            waited = now - t0
+            self.waited_s += waited
+            _count(waited, 0.0)
         return waited
 
     @contextlib.contextmanager
@@ -188,7 +191,12 @@ def held_shared(path):
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        t0 = time.monotonic()
+        _count(0.0, t0)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        finally:
+            _count(time.monotonic() - t0, 0.0)  # (a wait after the request came extends its limit)
         yield
     finally:
         os.close(fd)

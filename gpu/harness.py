@@ -981,8 +981,13 @@ class Harness:
         """This process's hold on its device becomes ``how`` (gpu/devlock.py): the seconds spent
         waiting for it are the phase device_wait, not part of the phase they interrupt."""
         lock = device_lock()
-        if lock is None:
+        if lock is None or how == lock.state:
             return
+        if self.device.type == "cuda":
+            try:
+                _cuda_sync(self.device)  # this process's work so far is inside the hold it leaves
+            except Exception:  # noqa: BLE001 - a faulted context: the evaluation meets it again
+                pass
         waited = lock.acquire(how)
         phases = res.setdefault("phases", {})
         phases["device_wait"] = phases.get("device_wait", 0.0) + waited
@@ -995,8 +1000,8 @@ class Harness:
         exit on it), then as before."""
         lock = device_lock()
         before = lock.state if lock is not None else None
-        self._hold(res, "exclusive")
         try:
+            self._hold(res, "exclusive")
             yield
         finally:
             self._hold(res, before)
@@ -1496,17 +1501,20 @@ class Harness:
             apply_size(task, s.get("size", "cpu"))
             seed = int(req["seed"])
             trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
-            with _no_grad():
-                _manual_seed(seed)
-                ref_model = self._build_reference(task, task.get_init_inputs(), seed)
-                with self._harness_step("allocating the L2 flush buffer"):
-                    timer = Timer(self.device)
-                with self._harness_step("timing the reference Model"), self._alone(res):
-                    res["stats"], _ = self._time_model(timer, task, ref_model, trials, int(s["warmup"]), seed)
+            with _no_grad(), self._alone(res):  # (building the reference and its release too: device work)
+                try:
+                    _manual_seed(seed)
+                    ref_model = self._build_reference(task, task.get_init_inputs(), seed)
+                    with self._harness_step("allocating the L2 flush buffer"):
+                        timer = Timer(self.device)
+                    with self._harness_step("timing the reference Model"):
+                        res["stats"], _ = self._time_model(timer, task, ref_model, trials, int(s["warmup"]), seed)
+                finally:
+                    ref_model = timer = None
+                    self._release(res)
         except Verdict as v:
             res["status"], res["error"] = v.status, v.error
             res["compile_log"] = v.log[-LOG_LIMIT:]
-        self._release(res)
         return res
 
     def measure_bandwidth(self):

@@ -917,7 +917,8 @@ def _serve(ctl, harness):
                 os._exit(0)
         except OSError:
             os._exit(0)
-        harness._release(verdict)
+        with (lock.starting() if lock is not None else contextlib.nullcontext()):
+            harness._release(verdict)  # (device work: the allocator's cache given back)
         verdict["judge_s"] = time.monotonic() - t0
         try:
             send_frame(ctl, verdict)

@@ -591,6 +591,8 @@ def close_inherited(keep):
 
 # In a candidate's process: the descriptor of its link to the judge (gpu/judge.py), if any.
 JUDGE_LINK = None
+# In a spare's process (Spare): wait to be killed after replying instead of exiting.
+HOLD_AFTER_REPLY = False
 
 
 def _child_run(fn, wfd, memory_limit_mb, t0, net):
@@ -615,6 +617,11 @@ def _child_run(fn, wfd, memory_limit_mb, t0, net):
     try:
         _write_all(wfd, data)
         os.close(wfd)  # the parent sees the end of the reply now, not after the process is gone
+        if HOLD_AFTER_REPLY:
+            # It holds its device's lock (gpu/devlock.py) until the worker, having taken a hold in
+            # its stead, kills it: its exit (a CUDA context's teardown) stays inside a hold.
+            while True:
+                signal.pause()
     finally:
         os._exit(code)
 
@@ -686,7 +693,7 @@ class Spare:
         self.out_r, out_w = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:  # child
-            global JUDGE_LINK
+            global JUDGE_LINK, HOLD_AFTER_REPLY
             os.close(self.req_w)
             os.close(self.rep_r)
             _output_to(self.out_r, out_w)
@@ -698,6 +705,7 @@ class Spare:
                             + ([JUDGE_LINK] if JUDGE_LINK is not None else []))
             net = {"setup": "failed"}
             try:
+                HOLD_AFTER_REPLY = lock_path is not None
                 devlock.WAITED = self.waited
                 with devlock.held_shared(lock_path):  # first, before a timed region can start
                     net = _child_setup(conf, env, address_space_limit, memory_limit_mb, self.tmpdir)
@@ -870,11 +878,11 @@ def _collect(pid, rfd, t0, timeout_s, memory_limit_mb, tmpdir, on_poll=None, def
             _drain(out, tail)
             os.close(out)
         if failure is None and chunks and defer_exit is not None:
+            defer_exit(pid, tmpdir)  # (its device hold taken over while the process still holds it)
             _kill_group(pid)  # it replied: end it and anything it left behind, reap it later
-            defer_exit(pid, tmpdir)
             status = 0
         else:
-            if failure is not None:
+            if failure is not None or chunks:  # (one that replied may wait to be killed: Spare)
                 _kill_group(pid)
             _, status = os.waitpid(pid, 0)
             _kill_group(pid)  # anything the candidate left behind in its group

@@ -139,8 +139,8 @@ class ForkServer:
         self.lock_dir = lock_dir
         self.exit_hold = False  # the device's lock held shared while a replied candidate exits (_defer_exit)
         self.exiting = []  # (pid, tmpdir) killed after their reply, not yet reaped (by self.reaper)
-        self.exits = threading.Condition()
-        self.reaper = None  # (pid, tmpdir) killed after their reply, not yet reaped
+        self.exits = threading.Condition()  # guards exiting and exit_hold
+        self.reaper = None  # the thread that reaps them (_reaper), started at the first  # (pid, tmpdir) killed after their reply, not yet reaped
         self.harness = Harness(device, threads, self.cache_root)
         self.build_timeout_s = 600.0
         self.info = {"device": "cpu", "capability": "", "cuda_init_s": 0.0, "network": "", "sandbox": ""}
@@ -483,16 +483,20 @@ class ForkServer:
                     self.exits.wait()
                 pid, tmpdir = self.exiting[0]
             try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-            self.sandbox.reaped(pid, tmpdir)
-            with self.exits:
-                self.exiting.pop(0)
-                if not self.exiting and self.exit_hold:
-                    fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
-                    self.exit_hold = False
-                self.exits.notify_all()
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+                self.sandbox.reaped(pid, tmpdir)
+            except Exception as e:  # noqa: BLE001 - the hold must go whatever happened
+                print(f"worker: reaping candidate process {pid} failed: {type(e).__name__}: {e}", file=sys.stderr)
+            finally:
+                with self.exits:
+                    self.exiting.pop(0)
+                    if not self.exiting and self.exit_hold:
+                        fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+                        self.exit_hold = False
+                    self.exits.notify_all()
 
     def _reap(self):
         """Waits until every candidate's process that replied has been reaped."""

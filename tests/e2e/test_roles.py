@@ -63,12 +63,12 @@ def launched(logs):
                 p.wait()
 
 
-def stored_once_on_policy(test, run_dir):
+def stored_once_on_policy(test, run_dir, steps=STEPS):
     """The run's samples (`launch export`), checked: every planned sample stored once, each by the
     policy of its step."""
     export = [json.loads(line) for line in subprocess.run([LAUNCH, "export", run_dir, "--jsonl"], capture_output=True,
                                                           text=True, check=True).stdout.splitlines()]
-    test.assertEqual(len(export), STEPS * BATCH * GROUP)
+    test.assertEqual(len(export), steps * BATCH * GROUP)
     test.assertEqual(len({x["sample_id"] for x in export}), len(export))
     for x in export:
         test.assertEqual(x["policy_version"], x["step"], x["sample_id"])
@@ -295,6 +295,12 @@ host = "127.0.0.1"
 roles = ["monitor"]
 """
         cfg = SamplerNodesTest.config(self, port, nodes)
+        with open(cfg) as f:
+            text = f.read()
+        # Long enough to outlast the query and the node's kill below: its candidates are all
+        # format errors, answered without a process, and ten steps took 3.5 s (CI, 2026-11-28).
+        with open(cfg, "w") as f:
+            f.write(text.replace(f"steps = {STEPS}\n", "steps = 80\n"))
         with open(cfg, "a") as f:  # [monitor] is the config's last table
             f.write('interval_s = 0.2\npublish = "tcp://127.0.0.1:%d"\n' % pub_port)
         run_dir = os.path.join(self.tmp, "watched")
@@ -330,7 +336,7 @@ roles = ["monitor"]
         self.assertIn("the monitor runs on node watch", head_log)
         self.assertIn('the monitor of node "watch" registered', head_log)
         self.assertIn('the monitor of node "watch" is gone', head_log)
-        stored_once_on_policy(self, run_dir)
+        stored_once_on_policy(self, run_dir, steps=80)
         self.assertEqual(sub.frames[0][0], b"kernelrl.telemetry")
         # Its snapshots, on its machine's disk under the run directory and in the head's store.
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
