@@ -277,6 +277,8 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
       r.turn = pp.turn;
       r.parent_id = pp.parent;
       r.completion = std::move(g.text);
+      if (auto it = args.bench_actions.find(r.task_id); it != args.bench_actions.end() && !it->second.empty())
+        r.completion = it->second[(r.group_id + r.sample_index) % it->second.size()];
       r.token_ids = std::move(g.token_ids);
       r.logprobs = std::move(g.logprobs);
       r.policy_version = g.policy_version;

@@ -16,6 +16,7 @@
 #include <caf/fwd.hpp>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,10 @@ struct SamplerArgs {
   // (lowest mean logprob) go to evaluation; the rest go to the dispatcher as (skip_atom, ...) and
   // are stored unevaluated. 0: evaluate every sample.
   uint32_t evaluate_top_m = 0;
+  // Model backends, benchmarks of the loop's pace only ([sampler] bench_actions): a sample of a task
+  // listed here leaves with the recorded action at (group id + sample index) mod their count in
+  // place of its model's completion; its tokens and logprobs stay the model's.
+  std::map<std::string, std::vector<std::string>> bench_actions;
   // Model backends: after this many failed generations in a row the sampler stops (its monitors
   // see it go with the reason; the supervisor plans its unfinished groups on the other samplers).
   // 0: it retries for ever.

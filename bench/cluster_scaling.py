@@ -10,14 +10,16 @@ starts it (`launch CONFIG`, `launch CONFIG --node NAME`) on loopback.
             measured while every node is working (from the latest first start to the earliest
             last answer, from the evaluators' own stamps in the store), and compared with k times
             the one-node figure (linear = 1.0).
-  gpus:     real candidates (tasks/replay at GPU sizes, --repeat times) on a machine with two
-            GPUs: one evaluator node on GPU 0, then two nodes on GPUs 0 and 1. Samples/s from
-            the first to the last sample stored, and whether both runs gave every candidate the
-            same verdict. On the GPU machine: scripts/gpu-check --cluster.
+  gpus:     real candidates (tasks/replay at GPU sizes, --repeat times) on a machine of several
+            GPUs: one evaluator node on the first of --gpus, then a node on each of them (--per-gpu
+            N: N evaluators sharing each node's GPU). Samples/s from the first to the last sample
+            stored, what each added GPU gives against the first, and whether both runs gave every
+            candidate the same verdict. On the GPU machine: scripts/gpu-check --cluster
+            [--cluster-args "--gpus 0,1,2,3 --per-gpu 4"].
 
   scripts/python bench/cluster_scaling.py [--parts capacity,scale,gpus] [--nodes 1,2,4,8]
       [--evaluators 4] [--latency-ms 50] [--seconds 10] [--capacity-samples 20000]
-      [--gpus 0,1] [--repeat 2] [--exclude-labels hangs] [--json FILE]
+      [--gpus 0,1] [--per-gpu 1] [--repeat 2] [--exclude-labels hangs] [--json FILE]
 """
 
 import argparse
@@ -45,9 +47,9 @@ def free_port():
 
 
 def write_run(d, n_samples, nodes, evaluators, latency_ms, head_evaluators=0, max_in_flight=0, gpus=None,
-              replay_lines=None):
+              replay_lines=None, per_gpu=1):
     """A config with a head and `nodes` evaluator nodes (node-0, node-1, ...): synthetic
-    evaluators, or with `gpus` one real evaluator per node on that GPU replaying replay_lines."""
+    evaluators, or with `gpus` per_gpu real evaluators per node on that GPU replaying replay_lines."""
     replay = os.path.join(d, "replay.jsonl")
     tasks = sorted(f[:-3] for f in os.listdir(TASKS) if f.endswith(".py"))
     with open(replay, "w") as f:
@@ -57,6 +59,7 @@ def write_run(d, n_samples, nodes, evaluators, latency_ms, head_evaluators=0, ma
             f.write(json.dumps({"task_id": tasks[i % len(tasks)], "completion": f"return None  # {i}"}) + "\n")
     with open(os.path.join(d, "secret"), "w") as f:
         f.write(SECRET)
+    os.chmod(os.path.join(d, "secret"), 0o600)  # launch refuses a secret others can read
     port = free_port() if nodes else 0
     head_roles = '["supervisor", "sampler", "monitor"' + (', "evaluator"]' if head_evaluators else "]")
     text = f"""
@@ -75,8 +78,8 @@ roles = {head_roles}
 cpu_slots = {head_evaluators}
 """
     for k in range(nodes):
-        devices = f"gpus = [{gpus[k]}]" if gpus and gpus[k] != "cpu" else \
-            f"cpu_slots = {1 if gpus else evaluators}"
+        devices = f"gpus = [{gpus[k]}]\nper_gpu = {per_gpu}" if gpus and gpus[k] != "cpu" else \
+            f"cpu_slots = {per_gpu if gpus else evaluators}"
         text += f'[[node]]\nname = "node-{k}"\nroles = ["evaluator"]\n{devices}\n'
     evaluator = (f'backend = "synthetic"\nsynthetic_latency_ms = {latency_ms}\nmax_in_flight = {max_in_flight}'
                  if not gpus else 'task_size = "auto"\nmode = "fast"\ntimeout_s = 20\ncompile_workers = 4')
@@ -203,7 +206,7 @@ def gpus(args, out):
     res, verdicts = [], []
     for k in (1, len(args.gpus)):
         with tempfile.TemporaryDirectory() as d:
-            cfg = write_run(d, 0, k, 1, 0, gpus=args.gpus[:k], replay_lines=lines)
+            cfg = write_run(d, 0, k, 1, 0, gpus=args.gpus[:k], replay_lines=lines, per_gpu=args.per_gpu)
             wall, stdout, rows = run(cfg, d, k)
             summ = run_summary(d)
             con = sqlite3.connect(os.path.join(d, "run", "store.sqlite"))
@@ -222,7 +225,10 @@ def gpus(args, out):
     speedup = res[1]["samples_per_s"] / res[0]["samples_per_s"]
     print(f"gpus: {len(args.gpus)} nodes against 1: {speedup:.2f}x samples/s; same verdict for "
           f"{same}/{len(verdicts[0])} candidates", flush=True)
-    out["gpus"] = {"runs": res, "ratio": speedup, "same_verdicts": same, "candidates": len(verdicts[0])}
+    per_added = (res[1]["samples_per_s"] - res[0]["samples_per_s"]) / res[0]["samples_per_s"] / max(1, len(args.gpus) - 1)
+    print(f"gpus: each added GPU gives {per_added:.2f} of the first's samples/s (target 0.9)", flush=True)
+    out["gpus"] = {"runs": res, "ratio": speedup, "per_added_gpu": per_added, "same_verdicts": same,
+                   "candidates": len(verdicts[0]), "per_gpu": args.per_gpu}
 
 
 def main():
@@ -234,6 +240,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=10, help="work per scale point, in ideal seconds")
     ap.add_argument("--capacity-samples", type=int, default=20000)
     ap.add_argument("--gpus", default="0,1", help="GPU ids of the gpus part, one node each (cpu,cpu: a dry run on CPU)")
+    ap.add_argument("--per-gpu", type=int, default=1, help="evaluators sharing each node's GPU (gpus)")
     ap.add_argument("--repeat", type=int, default=2, help="times the replayed candidates are evaluated (gpus)")
     ap.add_argument("--exclude-labels", default="", help="replayed candidates with these labels are left out (gpus)")
     ap.add_argument("--launch", default="", help="the launch program (default: build/launch)")

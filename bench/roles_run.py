@@ -10,8 +10,18 @@ With --two-gpus (a machine of two GPUs): the one-process run, then the head, a s
 GPU 0, a learner node on GPU 1 and an evaluator node on each GPU (five processes), then the same
 with the learner data-parallel over both GPUs (c10d NCCL).
 
+A model with random weights writes no program, so every sample would be a format error, which
+costs an evaluator nothing. --mix DIR gives the evaluators the candidate mix of real training
+instead: [sampler] bench_actions = DIR replaces each completion by a recorded program of its task
+(tasks/replay: correct, slower, wrong, failing and malformed programs; --exclude-labels leaves
+some out, "hangs" by default), evaluated at GPU sizes (task_size = "auto"), while the model still
+generates and the learner still trains on its tokens. --per-gpu N runs N evaluators on each
+evaluator node's GPU ([[node]] per_gpu), --staleness 0,1 runs each layout with [learner]
+max_staleness = 0 (synchronous) and 1 (step k+1 sampled while step k is evaluated).
+
     scripts/gpu-check --roles [--roles-args "--size 1.5b --steps 4"]      (on the GPU machine)
     scripts/gpu-check --two-gpus                                          (on a two-GPU machine)
+    scripts/gpu-check --two-gpus-parts run --two-gpus-args "--mix tasks/replay --per-gpu 4 --staleness 0,1"
     scripts/python bench/roles_run.py --device cpu --model DIR --steps 2  (anywhere, small)
 """
 import argparse
@@ -40,7 +50,7 @@ NODES = {"single": [], "spread": ["eval", "train", "gen"], "two-gpus": ["eval0",
          "two-gpus-dp": ["eval0", "eval1", "train", "gen"]}
 
 
-def config(d, a, layout):
+def config(d, a, layout, staleness=0):
     """The run's config: "single", one node with every role; "spread", four [[node]]s on loopback
     sharing the device; "two-gpus" / "two-gpus-dp", the sampler on GPU 0, the learner on GPU 1 (or
     data-parallel on both) and an evaluator node on each GPU."""
@@ -60,10 +70,13 @@ def config(d, a, layout):
         nodes += node("train", ["learner"])
         if two:
             learner = 'devices = ["cuda:0", "cuda:1"]' if layout == "two-gpus-dp" else 'device = "cuda:1"'
-            nodes += node("eval0", ["evaluator"], "gpus = [0]\n") + node("eval1", ["evaluator"], "gpus = [1]\n")
+            per = f"per_gpu = {a.per_gpu}\n" if a.per_gpu > 1 else ""
+            nodes += node("eval0", ["evaluator"], "gpus = [0]\n" + per) + node("eval1", ["evaluator"], "gpus = [1]\n" + per)
         else:
             nodes += node("eval", ["evaluator"], evaluator + "\n")
-    path = os.path.join(d, layout + ".toml")
+    mix = f'bench_actions = "{a.mix_file}"\n' if a.mix else ""
+    evaluating = 'task_size = "auto"\n' if a.mix else ""
+    path = os.path.join(d, "%s-s%d.toml" % (layout, staleness))
     with open(path, "w") as f:
         f.write(f"""
 [cluster]
@@ -84,7 +97,7 @@ template = "plain"
 backend = "libtorch"
 max_tokens = {a.max_tokens}
 batch_prompts = {a.batch}
-[learner]
+{mix}[learner]
 steps = {a.steps}
 batch_size = {a.batch}
 group_size = {a.group}
@@ -92,11 +105,12 @@ minibatch_size = {a.batch * a.group}
 lora_rank = 16
 lora_alpha = 32
 {learner}
+max_staleness = {staleness}
 dtype = "{a.dtype}"
 sync_timeout_s = 600
 [evaluator]
-timeout_s = 60
-[experiment]
+timeout_s = {a.timeout}
+{evaluating}[experiment]
 mode = "{a.mode}"
 seed = 1
 name = "roles-bench"
@@ -111,6 +125,7 @@ def figures(run_dir):
     db = sqlite3.connect(os.path.join(run_dir, "store.sqlite"))
     summary = json.loads(db.execute("SELECT summary_json FROM runs").fetchone()[0] or "{}")
     samples = db.execute("SELECT COUNT(*), COUNT(DISTINCT sample_id) FROM samples").fetchone()
+    statuses = dict(db.execute("SELECT status, COUNT(*) FROM samples GROUP BY status").fetchall())
     steps = [(json.loads(s), t) for s, t in db.execute("SELECT stats_json, created_at FROM steps ORDER BY step")]
     db.close()
     when = [datetime.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() for _, t in steps]
@@ -129,7 +144,7 @@ def figures(run_dir):
             "weight_sync_s_max": max(sync) if sync else None,
             "weight_sync_mb": mb[0] if mb else None, "groups_learned": learned,
             "learner_s_median": statistics.median(learner_s) if learner_s else None,
-            "loss": [x.get("loss") for x in learner]}
+            "loss": [x.get("loss") for x in learner], "statuses": statuses}
 
 
 class GpuSampler:
@@ -169,12 +184,12 @@ class GpuSampler:
                          "samples": len(v)} for g, v in sorted(per.items())}
 
 
-def run_layout(launch, layout, cfg, d, env):
+def run_layout(launch, layout, cfg, d, env, key):
     """The head, then each node of the layout as its own process; the head's exit code and each node's."""
-    run_dir = os.path.join(d, layout + "-run")
+    run_dir = os.path.join(d, key + "-run")
     names = ["head"] + NODES[layout]
-    logs = {n: open(os.path.join(d, "%s-%s.log" % (layout, n)), "w") for n in names}
-    with GpuSampler(os.path.join(d, layout + "-gpus.csv")) as gpus:
+    logs = {n: open(os.path.join(d, "%s-%s.log" % (key, n)), "w") for n in names}
+    with GpuSampler(os.path.join(d, key + "-gpus.csv")) as gpus:
         procs = {"head": subprocess.Popen([launch, cfg, "--run-dir", run_dir], stdout=logs["head"],
                                           stderr=subprocess.STDOUT, env=env)}
         if NODES[layout]:
@@ -213,6 +228,12 @@ def main():
     ap.add_argument("--mode", default="train", choices=["train", "sdpo"],
                     help="sdpo: per-token advantages from the teacher's execution feedback, so a random model, "
                          "whose groups are all equally wrong (skipped in train mode), still learns every step")
+    ap.add_argument("--mix", help="recorded programs ([sampler] bench_actions), e.g. tasks/replay: the candidate mix "
+                                  "of real training, at GPU sizes, in place of the model's completions")
+    ap.add_argument("--exclude-labels", default="hangs", help="--mix: recorded programs with these labels left out")
+    ap.add_argument("--per-gpu", type=int, default=1, help="evaluators on each evaluator node's GPU (two-gpus layouts)")
+    ap.add_argument("--staleness", default="0", help="[learner] max_staleness values, each a run of every layout")
+    ap.add_argument("--timeout", type=float, default=60, help="[evaluator] timeout_s")
     ap.add_argument("--layouts", help="which runs, comma-separated (single, spread, two-gpus, two-gpus-dp)")
     ap.add_argument("--two-gpus", action="store_true",
                     help="the sampler on GPU 0, the learner on GPU 1, then data-parallel on both (a two-GPU machine)")
@@ -222,30 +243,48 @@ def main():
         import policy_throughput
         a.model = policy_throughput.make_model("qwen2", a.size, os.path.join(a.models, "qwen2-" + a.size), a.device)
     d = tempfile.mkdtemp(prefix="kernelrl-roles-bench-")
+    a.mix_file = None
+    if a.mix:  # one JSONL of the recorded programs kept
+        skip = set(x for x in a.exclude_labels.split(",") if x)
+        paths = [a.mix] if os.path.isfile(a.mix) else sorted(
+            os.path.join(a.mix, x) for x in os.listdir(a.mix) if x.endswith(".jsonl"))
+        a.mix_file = os.path.join(d, "mix.jsonl")
+        with open(a.mix_file, "w") as f:
+            for path in paths:
+                for line in open(path):
+                    if line.strip() and json.loads(line).get("label") not in skip:
+                        f.write(line)
     with open(os.path.join(d, "cluster.secret"), "w") as f:
         f.write(os.urandom(24).hex() + "\n")
     os.chmod(os.path.join(d, "cluster.secret"), 0o600)  # a secret only its owner reads (launch refuses others)
     env = dict(os.environ)
     out = {"model": a.model, "device": a.device, "mode": a.mode, "steps": a.steps, "batch": a.batch, "group": a.group,
-           "max_tokens": a.max_tokens, "dir": d}
+           "max_tokens": a.max_tokens, "dir": d, "mix": a.mix, "per_gpu": a.per_gpu}
     layouts = a.layouts.split(",") if a.layouts else ["single"] + (["two-gpus", "two-gpus-dp"] if a.two_gpus
                                                                     else ["spread"])
     labels = {"single": "one process", "spread": "head+sampler+learner+eval",
               "two-gpus": "sampler gpu0, learner gpu1", "two-gpus-dp": "learner NCCL over gpu0+1"}
+    stale = [int(x) for x in a.staleness.split(",")]
+    keys = []
     for layout in layouts:
-        run_dir, rc, rcs, gpus = run_layout(a.launch, layout, config(d, a, layout), d, env)
-        out[layout] = dict(figures(run_dir), rc=rc, node_rcs=rcs, processes=len(rcs), gpus=gpus)
-    print("%-28s %9s %8s %9s %10s %12s %12s %8s %8s %9s  %s" % (
+        for s in stale:
+            key = layout if s == 0 else "%s-stale%d" % (layout, s)
+            run_dir, rc, rcs, gpus = run_layout(a.launch, layout, config(d, a, layout, s), d, env, key)
+            out[key] = dict(figures(run_dir), rc=rc, node_rcs=rcs, processes=len(rcs), gpus=gpus, layout=layout,
+                            max_staleness=s)
+            keys.append(key)
+    print("%-40s %9s %8s %9s %10s %12s %12s %8s %8s %9s  %s" % (
         "run", "samples", "wall s", "samples/s", "step s", "sync s (med)", "sync s (max)", "MB/ver", "learned",
         "learner s", "GPU util % (mean)"))
-    for k in layouts:
+    for k in keys:
         f = out[k]
         fmt = lambda v, p=3: "-" if v is None else ("%.*f" % (p, v))  # noqa: E731
         util = " ".join("gpu%s %.0f" % (g, v["util_mean"]) for g, v in f["gpus"].items())
-        print("%-28s %9d %8.1f %9.2f %10s %12s %12s %8s %8d %9s  %s" % (
-            labels[k], f["samples"], f["wall_s"], f["samples_per_s"], fmt(f["step_s_median"], 2),
+        print("%-40s %9d %8.1f %9.2f %10s %12s %12s %8s %8d %9s  %s" % (
+            labels[f["layout"]] + ("" if not f["max_staleness"] else ", stale %d" % f["max_staleness"]), f["samples"], f["wall_s"], f["samples_per_s"], fmt(f["step_s_median"], 2),
             fmt(f["weight_sync_s_median"]), fmt(f["weight_sync_s_max"]), fmt(f["weight_sync_mb"], 1),
             f["groups_learned"], fmt(f["learner_s_median"], 2), util))
+        print("  verdicts: %s" % ", ".join("%s %d" % kv for kv in sorted(f["statuses"].items())))
         if f["groups_learned"]:
             print("  losses: %s" % ", ".join("-" if x is None else "%.5g" % x for x in f["loss"]))
         if not f["ok"] or f["samples"] != f["distinct"] or f["rc"] != 0:
@@ -262,13 +301,13 @@ def main():
                 shutil.copy(os.path.join(d, name), os.path.join(a.logs, "roles-" + name))
             if name.endswith("-gpus.csv"):
                 shutil.copy(os.path.join(d, name), os.path.join(a.logs, "roles-" + name))
-        for layout in layouts:
-            run = layout + "-run"
+        for key in keys:
+            run = key + "-run"
             if os.path.exists(os.path.join(d, run, "store.sqlite")):
                 shutil.copy(os.path.join(d, run, "store.sqlite"), os.path.join(a.logs, "roles-%s.sqlite" % run))
     # train: steps x batch x group samples; sdpo samples every task of the split each step
     ok = all(out[k]["ok"] and out[k]["rc"] == 0 and out[k]["samples"] == out[k]["distinct"] > 0 and
-             (a.mode != "train" or out[k]["samples"] == a.steps * a.batch * a.group) for k in layouts)
+             (a.mode != "train" or out[k]["samples"] == a.steps * a.batch * a.group) for k in keys)
     if not a.keep and ok:
         import shutil
         shutil.rmtree(d, ignore_errors=True)

@@ -576,6 +576,11 @@ void read_sampler(TableReader& r, Config& c, const toml::table& root) {
   r.path("replay", c.sampler.replay, PathKind::file_or_dir, c.sampler.backend == "replay");
   if (c.sampler.backend == "libtorch" && c.policy.model.empty())
     r.error_here("backend", "the libtorch backend needs [policy] model (a Hugging Face directory)");
+  r.path("bench_actions", c.sampler.bench_actions, PathKind::file_or_dir);
+  if (!c.sampler.bench_actions.empty() && c.sampler.backend == "replay")
+    r.error_here("bench_actions",
+                 "bench_actions replaces a model's completions (a benchmark of the loop's pace); the replay "
+                 "backend already evaluates recorded actions: set backend = \"libtorch\" or \"openai\"");
   r.integer("samples_per_task", c.sampler.samples_per_task, 0, 1 << 20);
   r.number("temperature", c.sampler.temperature, 0, 10);
   r.number("top_p", c.sampler.top_p, 1e-6, 1);

@@ -83,9 +83,14 @@ struct PolicyConfig {
 };
 
 struct SamplerConfig {
-  std::string backend = "replay";              // replay, libtorch (the in-process [policy] model) or openai (a
-                                               // vLLM/SGLang server speaking /v1/completions)
-  std::string replay;                          // JSONL file, a folder of *.jsonl, or an earlier run directory
+  std::string backend = "replay";  // replay, libtorch (the in-process [policy] model) or openai (a
+                                   // vLLM/SGLang server speaking /v1/completions)
+  std::string replay;              // JSONL file, a folder of *.jsonl, or an earlier run directory
+  // Benchmarks of the loop's pace only (model backends): each sample's completion is replaced by one
+  // of these recorded actions of its task (JSONL file or folder, as `replay`), so the evaluators see
+  // a real mix of correct, wrong and failing programs while the model still generates and the
+  // learner still trains on its tokens. The rewards then say nothing about the policy.
+  std::string bench_actions;
   uint32_t samples_per_task = 0;               // replay: at most this many actions per task (0: all);
                                                // libtorch/openai: samples per task and step (0: 1)
   double temperature = 1.0;                    // sampling temperature (model backends)

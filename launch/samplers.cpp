@@ -1,5 +1,6 @@
 #include "launch/samplers.hpp"
 
+#include "core/log.hpp"
 #include "core/mode.hpp"
 #include "policy/sampler_backend.hpp"
 #include "policy/tokenizer.hpp"
@@ -87,6 +88,20 @@ SamplerArgs sampler_settings(const Config& cfg) {
   sma.batch_prompts = cfg.sampler.batch_prompts;
   sma.evaluate_top_m = cfg.experiment.evaluate_top_m;
   sma.max_failures = cfg.sampler.max_failures;
+  if (!cfg.sampler.bench_actions.empty()) {
+    auto lg = log::get("sampler");
+    std::vector<std::string> errors;
+    size_t n = 0;
+    for (auto& rec : load_replay(cfg.sampler.bench_actions, errors)) {
+      sma.bench_actions[rec.task_id].push_back(std::move(rec.completion));
+      ++n;
+    }
+    for (auto& e : errors) lg->error("[sampler] bench_actions: {}", e);
+    lg->warn(
+        "[sampler] bench_actions: {} recorded actions of {} tasks replace the model's completions of those "
+        "tasks (a benchmark of the loop's pace: the rewards say nothing about the policy)",
+        n, sma.bench_actions.size());
+  }
   if (cfg.experiment.turns > 1) {
     // Later turns' prompts are measured in [policy] model's tokens where its tokenizer is at hand
     // (the libtorch backend always; openai when the model folder is given), else as a quarter of

@@ -442,6 +442,12 @@ TEST_CASE("several samplers: urls for the openai backend, devices for libtorch, 
   CHECK(e[0] == s.cfg() + ":5:8: sampler.urls: only the openai backend takes server urls (this is the replay backend)");
   CHECK(e[1] ==
         s.cfg() + ":6:11: sampler.devices: only the libtorch backend takes devices (this is the replay backend)");
+  e = errors_of(base + "bench_actions = \"replay.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].find("sampler.bench_actions: bench_actions replaces a model's completions") != std::string::npos);
+  e = errors_of(base + "bench_actions = \"missing.jsonl\"\n", s.cfg());
+  REQUIRE(e.size() == 2);
+  CHECK(e[0].find("sampler.bench_actions: no such file or directory") != std::string::npos);
   e = errors_of(tasks +
                     "[sampler]\nbackend = \"openai\"\nserved_model = \"m\"\nurl = \"http://a:8000\"\n"
                     "urls = [\"http://b:8000\", \"b:8001\"]\n",

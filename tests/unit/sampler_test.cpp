@@ -137,6 +137,38 @@ TEST_CASE("a model-backend sampler streams rollouts and acknowledges weight vers
   self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("bench_actions replace the completions of their tasks and keep the model's tokens", "[actors][sampler]") {
+  test::System s;
+  caf::actor_system& sys = *s.sys;
+  auto backend = std::make_shared<FakeBackend>();
+  auto col = std::make_shared<Collector>();
+  auto dispatcher = sys.spawn(collecting_dispatcher, col);
+  SamplerArgs a;
+  a.backend = backend;
+  a.prompts = {{"t0", "P0"}, {"t1", "P1"}};
+  a.samples_per_task = 3;
+  a.bench_actions["t1"] = {"return x", "return y"};
+  auto sampler = spawn_sampler(sys, a, dispatcher);
+  caf::scoped_actor self{sys};
+  self->request(sampler, std::chrono::seconds(5), plan_atom::value, uint32_t{0})
+      .receive([](uint64_t n) { CHECK(n == 6); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+  REQUIRE(wait_for([&] { return collected(col) == 6; }, 10));
+  {
+    std::lock_guard<std::mutex> g(col->mu);
+    std::map<std::string, std::vector<std::string>> by_task;
+    for (auto& r : col->got) {
+      by_task[r.task_id].push_back(r.completion);
+      CHECK(r.token_ids == std::vector<int32_t>{1, 2, 3});  // the model's, for the learner
+      CHECK(r.logprobs.size() == 3);
+    }
+    CHECK(by_task["t0"] == std::vector<std::string>{"P0#0", "P0#1", "P0#2"});  // no actions listed: the model's
+    // group 1: (1 + sample index) mod 2
+    CHECK(by_task["t1"] == std::vector<std::string>{"return y", "return x", "return y"});
+  }
+  self->send_exit(sampler, caf::exit_reason::user_shutdown);
+  self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
+}
+
 TEST_CASE("the replay sampler refuses weight updates with an error", "[actors][sampler]") {
   test::System s;
   caf::actor_system& sys = *s.sys;
