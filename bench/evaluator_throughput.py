@@ -6,8 +6,11 @@ ones meant to hang or to be caught as hacks (a baseline has no such verdicts), e
             process per candidate), the whole command timed, start-up included;
   baseline  by bench/baseline_eval.py, one fresh Python process per candidate, one after another.
 Both run the tasks' GPU sizes, 5 correctness trials and 50 timed trials. Verdicts must agree (ok,
-incorrect, or an error of any kind); candidates per hour and their ratio are printed. --per-device N:
-N evaluators share the device (their checks at once, each timed region alone; target >= 20x).
+incorrect, or an error of any kind); candidates per hour and their ratio are printed, whole (start-up
+included) and in steady state (from the first candidate on the device to the last verdict: a
+training run starts its evaluators once). --per-device N[,M...]: a run with N evaluators sharing the
+device (their checks at once, each timed region alone; target >= 20x), then M...; --no-baseline
+leaves the baseline out; --logs DIR keeps the workers' logs.
 
 Part `phases` (also the torch part's last step): --phases of those candidates evaluated twice by the
 worker's fork server in this process, the second pass timed phase by phase: each candidate's own
@@ -30,7 +33,8 @@ this machine). Part `cpu`: a fixed CPU-bound work in one process, then one per c
 cores the machine really delivers: quota, SMT siblings, a busy host).
 
 Usage: python bench/evaluator_throughput.py --launch PATH [--device cuda:0]
-           [--parts torch,phases,inline,parallel,cpu] [--limit N] [--stride N] [--per-device N] [--inline K]
+           [--parts torch,phases,inline,parallel,cpu] [--limit N] [--stride N] [--per-device N[,M]] [--no-baseline]
+           [--logs DIR] [--inline K]
            [--baseline-inline B] [--compile-workers W] [--parallel N] [--alone WALL,CPU] [--json OUT.json]
 """
 
@@ -53,10 +57,12 @@ def verdict_class(status):
     return status if status in ("ok", "incorrect") else "error"
 
 
-def run_launch(launch, device, cands, workers, cache_root, timeout_s=120, per_device=1):
+def run_launch(launch, device, cands, workers, cache_root, timeout_s=120, per_device=1, worker_log=""):
     """cands: [(task_path, candidate_file)] -> (results, wall seconds, start unix time)."""
     cmd = [launch, "evaluate", "--device", device, "--mode", "full", "--timeout", str(timeout_s),
            "--compile-workers", str(workers), "--per-device", str(per_device), "--json"]
+    if worker_log:
+        cmd += ["--worker-log", worker_log]
     for task, f in cands:
         cmd += ["--task", task, "--candidate", f]
     env = dict(os.environ, XDG_CACHE_HOME=cache_root)
@@ -132,50 +138,76 @@ def part_torch(args, work, out):
     print(f"[torch] {n} candidates over {len({c[0] for c in cands})} tasks", flush=True)
 
     # No candidate here builds anything: the evaluator's default two compile workers. With
-    # --per-device N, N evaluators share the device (issue 53, target 3: >= 20x the baseline).
-    ours, wall, t_start = run_launch(args.launch, args.device, [(t, f) for t, f, _ in cands], 2,
-                                     os.path.join(work, "cache-torch"), per_device=args.per_device)
-    iso = [r["isolation_s"] for r in ours]
-    startup = min(r["device_start"] for r in ours) - t_start
-    print(f"[torch] ours: evaluator start-up (launch start to the first candidate on the device) "
-          f"{startup:.2f} s", flush=True)
-    print(f"[torch] ours: {n} in {wall:.1f} s = {3600 * n / wall:.0f} candidates/hour; "
-          f"isolation (fork to first instruction) median {statistics.median(iso):.4f} s, "
-          f"max {max(iso):.4f} s", flush=True)
+    # --per-device N[,M...], N evaluators share the device (issue 53, target 3: >= 20x the baseline),
+    # one run of `launch evaluate` each. Steady state: candidates after the first over the span from
+    # the first candidate on the device to the last verdict (the evaluators' start-up left out: a
+    # training run starts them once).
+    runs = []
+    if args.logs:
+        os.makedirs(args.logs, exist_ok=True)
+    for per in args.per_device:
+        log = os.path.join(args.logs, f"worker-per{per}.log") if args.logs else ""
+        ours, wall, t_start = run_launch(args.launch, args.device, [(t, f) for t, f, _ in cands], 2,
+                                         os.path.join(work, f"cache-torch-{per}"), per_device=per, worker_log=log)
+        iso = [r["isolation_s"] for r in ours]
+        first = min(r["device_start"] for r in ours)
+        startup = first - t_start
+        span = max(r["device_end"] for r in ours) - first
+        steady = 3600 * (n - 1) / span if span > 0 else 0.0
+        print(f"[torch] ours, {per} evaluator(s) on the device: {n} in {wall:.1f} s = {3600 * n / wall:.0f} "
+              f"candidates/hour; start-up (launch start to the first candidate on the device) {startup:.2f} s; "
+              f"steady state {steady:.0f} candidates/hour ({span:.1f} s from the first on the device to the last "
+              f"verdict); isolation (fork to first instruction) median {statistics.median(iso):.4f} s, "
+              f"max {max(iso):.4f} s", flush=True)
+        raw = [{k: v for k, v in r.items() if k not in ("compile_log", "output")} for r in ours]
+        runs.append({"per_device": per, "ours": ours, "wall": wall, "startup_s": startup, "steady_per_hour": steady,
+                     "span_s": span, "iso": iso, "raw": raw})
 
-    ref_cache = os.path.join(work, "baseline-ref.json")
-    base, t0 = [], time.monotonic()
-    for task, f, _ in cands:
-        base.append(run_baseline(args.device, task, f, ref_cache, os.path.join(work, "ext-torch")))
-    bwall = time.monotonic() - t0
-    print(f"[torch] baseline: {n} in {bwall:.1f} s = {3600 * n / bwall:.0f} candidates/hour; "
-          f"process wall mean {statistics.fmean(b['wall_s'] for b in base):.2f} s", flush=True)
+    base, bwall = [], 0.0
+    if not args.no_baseline:
+        ref_cache = os.path.join(work, "baseline-ref.json")
+        t0 = time.monotonic()
+        for task, f, _ in cands:
+            base.append(run_baseline(args.device, task, f, ref_cache, os.path.join(work, "ext-torch")))
+        bwall = time.monotonic() - t0
+        print(f"[torch] baseline: {n} in {bwall:.1f} s = {3600 * n / bwall:.0f} candidates/hour; "
+              f"process wall mean {statistics.fmean(b['wall_s'] for b in base):.2f} s", flush=True)
 
-    agree, rows = 0, []
-    for (task, f, expected), o, b in zip(cands, ours, base):
-        same = verdict_class(o["status"]) == verdict_class(b["status"])
-        agree += same
-        rows.append({"candidate": os.path.basename(f), "expected": expected, "ours": o["status"],
-                     "baseline": b["status"], "agree": same, "ours_ms": o["runtime_ms"],
-                     "baseline_ms": b.get("runtime_ms", 0.0), "ours_ref_ms": o["ref_runtime_ms"],
-                     "baseline_ref_ms": b.get("ref_runtime_ms", 0.0), "ours_wall_s": o["wall_s"],
-                     "baseline_wall_s": b["wall_s"], "ours_error": o["error"][:160],
-                     "baseline_error": b.get("error", "")[:160]})
-        if not same:
-            print(f"[torch] DISAGREE {os.path.basename(f)}: ours {o['status']} ({o['error'][:80]}) "
-                  f"baseline {b['status']} ({b.get('error', '')[:80]})", flush=True)
-    ratio = bwall / wall
-    idle = device_idle(ours)
-    print(f"[torch] device stage idle while a candidate waited: {idle['total_s']:.4f} s over "
-          f"{idle['gaps']} hand-overs (max {idle['max_s']:.4f} s)", flush=True)
-    target = 5 if args.per_device == 1 else 20
-    print(f"[torch] verdicts agree {agree}/{n}; throughput ours ({args.per_device} evaluator(s) on the device)"
-          f"/baseline {ratio:.2f}x (target >= {target}x)", flush=True)
-    phases = phase_breakdown(args, cands[:args.phases])
-    out["torch"] = {"phases": phases, "candidates": n, "ours_wall_s": wall, "baseline_wall_s": bwall,
-                    "ours_per_hour": 3600 * n / wall, "baseline_per_hour": 3600 * n / bwall,
-                    "ratio": ratio, "agree": agree, "per_device": args.per_device, "isolation_median_s": statistics.median(iso),
-                    "isolation_max_s": max(iso), "device_idle": idle, "startup_s": startup, "rows": rows}
+    out["torch"] = {"candidates": n, "baseline_wall_s": bwall or None,
+                    "baseline_per_hour": 3600 * n / bwall if bwall else None, "runs": []}
+    for run in runs:
+        ours, wall, per = run["ours"], run["wall"], run["per_device"]
+        agree, rows = 0, []
+        for (task, f, expected), o, b in zip(cands, ours, base or [{}] * n):
+            same = verdict_class(o["status"]) == verdict_class(b.get("status", expected))
+            agree += same
+            rows.append({"candidate": os.path.basename(f), "expected": expected, "ours": o["status"],
+                         "baseline": b.get("status"), "agree": same, "ours_ms": o["runtime_ms"],
+                         "baseline_ms": b.get("runtime_ms", 0.0), "ours_ref_ms": o["ref_runtime_ms"],
+                         "baseline_ref_ms": b.get("ref_runtime_ms", 0.0), "ours_wall_s": o["wall_s"],
+                         "baseline_wall_s": b.get("wall_s"), "ours_error": o["error"][:160],
+                         "baseline_error": b.get("error", "")[:160]})
+            if not same:
+                print(f"[torch] DISAGREE {os.path.basename(f)}: ours {o['status']} ({o['error'][:80]}) "
+                      f"{'baseline' if base else 'expected'} {b.get('status', expected)} "
+                      f"({b.get('error', '')[:80]})", flush=True)
+        idle = device_idle(ours)
+        print(f"[torch] {per} evaluator(s): device stage idle while a candidate waited: {idle['total_s']:.4f} s "
+              f"over {idle['gaps']} hand-overs (max {idle['max_s']:.4f} s)", flush=True)
+        row = {"per_device": per, "ours_wall_s": wall, "ours_per_hour": 3600 * n / wall, "agree": agree,
+               "steady_per_hour": run["steady_per_hour"], "span_s": run["span_s"], "startup_s": run["startup_s"],
+               "isolation_median_s": statistics.median(run["iso"]), "isolation_max_s": max(run["iso"]),
+               "device_idle": idle, "rows": rows, "raw": run["raw"]}
+        if bwall:
+            target = 5 if per == 1 else 20
+            row["ratio"], row["steady_ratio"] = bwall / wall, run["steady_per_hour"] / (3600 * n / bwall)
+            print(f"[torch] verdicts agree {agree}/{n}; throughput ours ({per} evaluator(s) on the device)/baseline "
+                  f"{row['ratio']:.2f}x, steady state {row['steady_ratio']:.2f}x (target >= {target}x)", flush=True)
+        else:
+            print(f"[torch] verdicts as expected {agree}/{n} (no baseline run)", flush=True)
+        out["torch"]["runs"].append(row)
+    if args.phases:
+        out["torch"]["phases"] = phase_breakdown(args, cands[:args.phases])
 
 
 def phase_breakdown(args, cands, action_space="forward_body", size=None, tag="phases", extra=None):
@@ -446,7 +478,9 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="torch part: first N candidates only")
     ap.add_argument("--stride", type=int, default=1, help="torch part: every Nth candidate")
     ap.add_argument("--phases", type=int, default=12, help="torch part: candidates timed phase by phase")
-    ap.add_argument("--per-device", type=int, default=1, help="torch part: evaluators sharing the device")
+    ap.add_argument("--per-device", default="1", help="torch part: evaluators sharing the device, e.g. 1,4 (a run each)")
+    ap.add_argument("--no-baseline", action="store_true", help="torch part: leave out the fresh-process baseline")
+    ap.add_argument("--logs", default="", help="torch part: the workers' logs go here")
     ap.add_argument("--inline", type=int, default=32, help="distinct load_inline candidates")
     ap.add_argument("--baseline-inline", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=4, help="parallel part: standalone builds at once")
@@ -454,6 +488,7 @@ def main():
     ap.add_argument("--compile-workers", type=int, default=os.cpu_count())
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    args.per_device = [int(x) for x in str(args.per_device).split(",")]
     work = tempfile.mkdtemp(prefix="kernelrl-bench-")
     out = {"device": args.device, "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(),
            "compile_workers": args.compile_workers}
