@@ -10,7 +10,8 @@ incorrect, or an error of any kind); candidates per hour and their ratio are pri
 included) and in steady state (from the first candidate on the device to the last verdict: a
 training run starts its evaluators once). --per-device N[,M...]: a run with N evaluators sharing the
 device (their checks at once, each timed region alone; target >= 20x), then M...; --no-baseline
-leaves the baseline out; --logs DIR keeps the workers' logs.
+leaves the baseline out; --logs DIR keeps the workers' logs; --unlocked adds the control of N
+launches of one evaluator at once, each with a lock of its own (what the lock costs).
 
 Part `phases` (also the torch part's last step): --phases of those candidates evaluated twice by the
 worker's fork server in this process, the second pass timed phase by phase: each candidate's own
@@ -57,7 +58,7 @@ def verdict_class(status):
     return status if status in ("ok", "incorrect") else "error"
 
 
-def run_launch(launch, device, cands, workers, cache_root, timeout_s=120, per_device=1, worker_log=""):
+def run_launch(launch, device, cands, workers, cache_root, timeout_s=120, per_device=1, worker_log="", lock_dir=""):
     """cands: [(task_path, candidate_file)] -> (results, wall seconds, start unix time)."""
     cmd = [launch, "evaluate", "--device", device, "--mode", "full", "--timeout", str(timeout_s),
            "--compile-workers", str(workers), "--per-device", str(per_device), "--json"]
@@ -66,6 +67,9 @@ def run_launch(launch, device, cands, workers, cache_root, timeout_s=120, per_de
     for task, f in cands:
         cmd += ["--task", task, "--candidate", f]
     env = dict(os.environ, XDG_CACHE_HOME=cache_root)
+    if lock_dir:  # a device lock of its own: not shared with the other launches
+        os.makedirs(lock_dir, exist_ok=True)
+        env["KERNELRL_LOCK_DIR"] = lock_dir
     t_start = time.time()
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
@@ -162,6 +166,28 @@ def part_torch(args, work, out):
         raw = [{k: v for k, v in r.items() if k not in ("compile_log", "output")} for r in ours]
         runs.append({"per_device": per, "ours": ours, "wall": wall, "startup_s": startup, "steady_per_hour": steady,
                      "span_s": span, "iso": iso, "raw": raw})
+    # The control: N launches of one evaluator each at once on the device, each with a lock of its
+    # own (nothing keeps their timed regions apart): what N evaluators give without the lock.
+    unlocked = []
+    for per in (p for p in args.per_device if p > 1 and args.unlocked):
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(per) as ex:
+            futs = [ex.submit(run_launch, args.launch, args.device, [(t, f) for t, f, _ in cands[k::per]], 2,
+                              os.path.join(work, f"cache-unlocked-{per}-{k}"), 120, 1, "",
+                              os.path.join(work, f"lock-{per}-{k}")) for k in range(per)]
+            got = [f.result()[0] for f in futs]
+        every = [r for g in got for r in g]
+        span = max(r["device_end"] for r in every) - min(r["device_start"] for r in every)
+        # each launch's own start-up differs: the span while all of them were evaluating
+        start = max(min(r["device_start"] for r in g) for g in got)
+        end = min(max(r["device_end"] for r in g) for g in got)
+        inside = sum(1 for r in every if r["device_start"] >= start and r["device_end"] <= end)
+        both = 3600 * inside / (end - start) if end > start else 0.0
+        print(f"[torch] control, {per} launches of one evaluator, each its own lock: {len(every)} candidates, "
+              f"{3600 * (len(every) - 1) / span:.0f} candidates/hour from the first on the device to the last; "
+              f"{both:.0f}/hour while all {per} evaluated ({inside} candidates in {end - start:.1f} s)", flush=True)
+        unlocked.append({"per_device": per, "span_s": span, "per_hour": 3600 * (len(every) - 1) / span,
+                         "all_busy_per_hour": both, "statuses": [r["status"] for r in every]})
 
     base, bwall = [], 0.0
     if not args.no_baseline:
@@ -173,7 +199,7 @@ def part_torch(args, work, out):
         print(f"[torch] baseline: {n} in {bwall:.1f} s = {3600 * n / bwall:.0f} candidates/hour; "
               f"process wall mean {statistics.fmean(b['wall_s'] for b in base):.2f} s", flush=True)
 
-    out["torch"] = {"candidates": n, "baseline_wall_s": bwall or None,
+    out["torch"] = {"candidates": n, "baseline_wall_s": bwall or None, "unlocked": unlocked,
                     "baseline_per_hour": 3600 * n / bwall if bwall else None, "runs": []}
     for run in runs:
         ours, wall, per = run["ours"], run["wall"], run["per_device"]
@@ -479,6 +505,8 @@ def main():
     ap.add_argument("--stride", type=int, default=1, help="torch part: every Nth candidate")
     ap.add_argument("--phases", type=int, default=12, help="torch part: candidates timed phase by phase")
     ap.add_argument("--per-device", default="1", help="torch part: evaluators sharing the device, e.g. 1,4 (a run each)")
+    ap.add_argument("--unlocked", action="store_true", help="torch part: for each N > 1 of --per-device, the "
+                    "control: N launches of one evaluator at once, each with a device lock of its own")
     ap.add_argument("--no-baseline", action="store_true", help="torch part: leave out the fresh-process baseline")
     ap.add_argument("--logs", default="", help="torch part: the workers' logs go here")
     ap.add_argument("--inline", type=int, default=32, help="distinct load_inline candidates")
