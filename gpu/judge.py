@@ -872,10 +872,11 @@ def _serve(ctl, harness):
     setup = ""
     import harness as H
     lock = H.device_lock()
+    starting = lock.starting if lock is not None else contextlib.nullcontext  # a shared hold, or none
     try:
         # Its CUDA context and the comparison kernel's load are device work: held shared, as a
         # candidate's start-up is (gpu/devlock.py), so no timed region runs meanwhile.
-        with (lock.starting() if lock is not None else contextlib.nullcontext()):
+        with starting():
             harness._setup_device()
             if harness.device.type == "cuda":  # compiled now, off every candidate's path
                 import fused_check
@@ -917,7 +918,7 @@ def _serve(ctl, harness):
                 os._exit(0)
         except OSError:
             os._exit(0)
-        with (lock.starting() if lock is not None else contextlib.nullcontext()):
+        with starting():
             harness._release(verdict)  # (device work: the allocator's cache given back)
         verdict["judge_s"] = time.monotonic() - t0
         try:

@@ -136,11 +136,10 @@ class ForkServer:
         self.spare = None
         self.judge = None  # the trusted judge's process (gpu/judge.py), started at the first evaluation
         self.bandwidth = None  # the device's measured bandwidth and cache (Harness.measure_bandwidth)
-        self.lock_dir = lock_dir
         self.exit_hold = False  # the device's lock held shared while a replied candidate exits (_defer_exit)
         self.exiting = []  # (pid, tmpdir) killed after their reply, not yet reaped (by self.reaper)
         self.exits = threading.Condition()  # guards exiting and exit_hold
-        self.reaper = None  # the thread that reaps them (_reaper), started at the first  # (pid, tmpdir) killed after their reply, not yet reaped
+        self.reaper = None  # the thread that reaps them (_reaper), started at the first such exit
         self.harness = Harness(device, threads, self.cache_root)
         self.build_timeout_s = 600.0
         self.info = {"device": "cpu", "capability": "", "cuda_init_s": 0.0, "network": "", "sandbox": ""}

@@ -88,11 +88,12 @@ int cmd_evaluate(const EvaluateOptions& o) {
   // check at once, each timed region alone (gpu/devlock.py); candidate i goes to evaluator i % n.
   const uint32_t n = std::max<uint32_t>(1, o.per_device);
   std::vector<caf::actor> evaluators;
+  const auto memory_mb = plan_candidate_memory(settings, n, machine_memory_mb()).per_candidate_mb;
   for (uint32_t k = 0; k < n; ++k) {
     EvaluatorArgs ea;
     ea.id = "local/" + o.device + (k ? "#" + std::to_string(k + 1) : "");
     ea.settings = settings;
-    ea.settings.memory_limit_mb = plan_candidate_memory(settings, n, machine_memory_mb()).per_candidate_mb;
+    ea.settings.memory_limit_mb = memory_mb;
     ea.worker.python = settings.python;
     ea.worker.script = source_dir() + "/gpu/worker.py";
     ea.worker.device = o.device;
