@@ -17,7 +17,8 @@ evaluators, which share the machine's cores):
 No process waits at the gate or for the exclusive lock while it holds the lock shared, and a
 holder of the exclusive lock waits for no other process: there is no cycle to deadlock on. The
 start-up and exit holds take the lock shared without the gate (they only wait while a timed region
-runs, and nothing that region waits for waits on them).
+runs, and nothing that region waits for waits on them). (Start-ups through the gate were tried:
+with four workers a GPU, no faster; docs/BENCHMARKS.md.)
 
 The lock is advisory: a candidate's process could run GPU work outside it (from a thread it
 starts, which the harness's defences report, or before it takes it). Its timing does not gain from
@@ -160,15 +161,10 @@ class DeviceLock:
         finally:
             self.acquire(before)
 
-    @contextlib.contextmanager
     def starting(self):
-        """The lock held shared for the block without the gate, as held_shared (the judge's
+        """The lock held shared for a block without the gate, as held_shared (the judge's
         start-up, in a process that reached its lock through descriptors)."""
-        fcntl.flock(self.lock_fd, fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+        return _shared(self.lock_fd)
 
     def record(self):
         """The holds so far (the current one up to now) and the seconds waited."""
@@ -176,6 +172,21 @@ class DeviceLock:
         if self.state is not None:
             windows.append([self.state, self.since, time.monotonic()])
         return {"waited_s": self.waited_s, "windows": windows}
+
+
+@contextlib.contextmanager
+def _shared(fd):
+    """The lock on ``fd`` held shared for the block, without the gate; the wait counted."""
+    t0 = time.monotonic()
+    _count(0.0, t0)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    finally:
+        _count(time.monotonic() - t0, 0.0)  # (a wait after the request came extends its limit)
+    try:
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -191,12 +202,7 @@ def held_shared(path):
         yield
         return
     try:
-        t0 = time.monotonic()
-        _count(0.0, t0)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        finally:
-            _count(time.monotonic() - t0, 0.0)  # (a wait after the request came extends its limit)
-        yield
+        with _shared(fd):
+            yield
     finally:
         os.close(fd)

@@ -460,11 +460,7 @@ class ForkServer:
                 try:
                     fcntl.flock(self.lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 except OSError:  # a timed region runs (the process gave up its hold): reap it now
-                    try:
-                        os.waitpid(pid, 0)
-                    except ChildProcessError:
-                        pass
-                    self.sandbox.reaped(pid, tmpdir)
+                    self._reap_one(pid, tmpdir)
                     return
                 self.exit_hold = True
             self.exiting.append((pid, tmpdir))
@@ -482,11 +478,7 @@ class ForkServer:
                     self.exits.wait()
                 pid, tmpdir = self.exiting[0]
             try:
-                try:
-                    os.waitpid(pid, 0)
-                except ChildProcessError:
-                    pass
-                self.sandbox.reaped(pid, tmpdir)
+                self._reap_one(pid, tmpdir)
             except Exception as e:  # noqa: BLE001 - the hold must go whatever happened
                 print(f"worker: reaping candidate process {pid} failed: {type(e).__name__}: {e}", file=sys.stderr)
             finally:
@@ -496,6 +488,13 @@ class ForkServer:
                         fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
                         self.exit_hold = False
                     self.exits.notify_all()
+
+    def _reap_one(self, pid, tmpdir):
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        self.sandbox.reaped(pid, tmpdir)
 
     def _reap(self):
         """Waits until every candidate's process that replied has been reaped."""

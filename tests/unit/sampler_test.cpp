@@ -80,25 +80,44 @@ std::string refusal(caf::scoped_actor& self, const caf::actor& sampler, const We
   return why;
 }
 
+// A sampler with the fake backend, sending to a collecting dispatcher; `plan` asks for one step's
+// samples and waits until `total` rollouts have arrived in all.
+struct Rig {
+  test::System s;
+  caf::actor_system& sys = *s.sys;
+  std::shared_ptr<FakeBackend> backend = std::make_shared<FakeBackend>();
+  std::shared_ptr<Collector> col = std::make_shared<Collector>();
+  caf::actor dispatcher = sys.spawn(collecting_dispatcher, col);
+  caf::actor sampler;
+  caf::scoped_actor self{sys};
+
+  void start(SamplerArgs& a) {
+    a.backend = backend;
+    sampler = spawn_sampler(sys, a, dispatcher);
+  }
+  void plan(uint32_t step, uint64_t samples, size_t total, double seconds) {
+    self->request(sampler, std::chrono::seconds(5), plan_atom::value, step)
+        .receive([&](uint64_t n) { CHECK(n == samples); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+    REQUIRE(wait_for([&] { return collected(col) == total; }, seconds));
+  }
+  ~Rig() {
+    self->send_exit(sampler, caf::exit_reason::user_shutdown);
+    self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a model-backend sampler streams rollouts and acknowledges weight versions", "[actors][sampler]") {
-  test::System s;
-  caf::actor_system& sys = *s.sys;
-  auto backend = std::make_shared<FakeBackend>();
-  auto col = std::make_shared<Collector>();
-  auto dispatcher = sys.spawn(collecting_dispatcher, col);
+  Rig rig;
+  auto [backend, col, sampler, self] = std::tie(rig.backend, rig.col, rig.sampler, rig.self);
   SamplerArgs a;
-  a.backend = backend;
   a.prompts = {{"t0", "P0"}, {"t1", "P1"}, {"t2", "P2"}};
   a.samples_per_task = 2;
   a.batch_prompts = 2;
-  auto sampler = spawn_sampler(sys, a, dispatcher);
-  caf::scoped_actor self{sys};
+  rig.start(a);
 
-  self->request(sampler, std::chrono::seconds(5), plan_atom::value, uint32_t{0})
-      .receive([](uint64_t n) { CHECK(n == 6); }, [&](caf::error& e) { FAIL(sys.render(e)); });
-  REQUIRE(wait_for([&] { return collected(col) == 6; }, 10));
+  rig.plan(0, 6, 6, 10);
   {
     std::lock_guard<std::mutex> g(col->mu);
     CHECK(backend->batch_sizes == std::vector<size_t>{2, 1});  // batch_prompts at a time
@@ -111,7 +130,7 @@ TEST_CASE("a model-backend sampler streams rollouts and acknowledges weight vers
   }
 
   self->request(sampler, std::chrono::seconds(5), make_weights_update(5, {}))
-      .receive([](uint64_t v) { CHECK(v == 5); }, [&](caf::error& e) { FAIL(sys.render(e)); });
+      .receive([](uint64_t v) { CHECK(v == 5); }, [&](caf::error& e) { FAIL(rig.sys.render(e)); });
   // An update whose bytes changed after its checksum was taken is refused before the backend sees it.
   auto damaged = make_weights_update(7, {TensorBlob{"x", "f32", {1}, {0, 0, 128, 63}}});
   damaged.tensors[0].data[3] = 64;
@@ -122,51 +141,33 @@ TEST_CASE("a model-backend sampler streams rollouts and acknowledges weight vers
 
   // Two failures, then success: the step's samples all arrive, with the new version.
   backend->fail_next = 2;
-  self->request(sampler, std::chrono::seconds(5), plan_atom::value, uint32_t{1})
-      .receive([](uint64_t n) { CHECK(n == 6); }, [&](caf::error& e) { FAIL(sys.render(e)); });
-  REQUIRE(wait_for([&] { return collected(col) == 12; }, 20));
+  rig.plan(1, 6, 12, 20);
   CHECK(backend->calls >= 6);
-  {
-    std::lock_guard<std::mutex> g(col->mu);
-    for (size_t i = 6; i < 12; ++i) {
-      CHECK(col->got[i].policy_version == 5);
-      CHECK(col->got[i].step == 1);
-    }
+  std::lock_guard<std::mutex> g(col->mu);
+  for (size_t i = 6; i < 12; ++i) {
+    CHECK(col->got[i].policy_version == 5);
+    CHECK(col->got[i].step == 1);
   }
-  self->send_exit(sampler, caf::exit_reason::user_shutdown);
-  self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("bench_actions replace the completions of their tasks and keep the model's tokens", "[actors][sampler]") {
-  test::System s;
-  caf::actor_system& sys = *s.sys;
-  auto backend = std::make_shared<FakeBackend>();
-  auto col = std::make_shared<Collector>();
-  auto dispatcher = sys.spawn(collecting_dispatcher, col);
+  Rig rig;
   SamplerArgs a;
-  a.backend = backend;
   a.prompts = {{"t0", "P0"}, {"t1", "P1"}};
   a.samples_per_task = 3;
   a.bench_actions["t1"] = {"return x", "return y"};
-  auto sampler = spawn_sampler(sys, a, dispatcher);
-  caf::scoped_actor self{sys};
-  self->request(sampler, std::chrono::seconds(5), plan_atom::value, uint32_t{0})
-      .receive([](uint64_t n) { CHECK(n == 6); }, [&](caf::error& e) { FAIL(sys.render(e)); });
-  REQUIRE(wait_for([&] { return collected(col) == 6; }, 10));
-  {
-    std::lock_guard<std::mutex> g(col->mu);
-    std::map<std::string, std::vector<std::string>> by_task;
-    for (auto& r : col->got) {
-      by_task[r.task_id].push_back(r.completion);
-      CHECK(r.token_ids == std::vector<int32_t>{1, 2, 3});  // the model's, for the learner
-      CHECK(r.logprobs.size() == 3);
-    }
-    CHECK(by_task["t0"] == std::vector<std::string>{"P0#0", "P0#1", "P0#2"});  // no actions listed: the model's
-    // group 1: (1 + sample index) mod 2
-    CHECK(by_task["t1"] == std::vector<std::string>{"return y", "return x", "return y"});
+  rig.start(a);
+  rig.plan(0, 6, 6, 10);
+  std::lock_guard<std::mutex> g(rig.col->mu);
+  std::map<std::string, std::vector<std::string>> by_task;
+  for (auto& r : rig.col->got) {
+    by_task[r.task_id].push_back(r.completion);
+    CHECK(r.token_ids == std::vector<int32_t>{1, 2, 3});  // the model's, for the learner
+    CHECK(r.logprobs.size() == 3);
   }
-  self->send_exit(sampler, caf::exit_reason::user_shutdown);
-  self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
+  CHECK(by_task["t0"] == std::vector<std::string>{"P0#0", "P0#1", "P0#2"});  // no actions listed: the model's
+  // group 1: (1 + sample index) mod 2
+  CHECK(by_task["t1"] == std::vector<std::string>{"return y", "return x", "return y"});
 }
 
 TEST_CASE("the replay sampler refuses weight updates with an error", "[actors][sampler]") {
