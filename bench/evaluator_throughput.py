@@ -18,6 +18,8 @@ worker's fork server in this process, the second pass timed phase by phase: each
 phases (from its process), the worker's (reference, hand-over, spare start, collect, judge, exit
 waits), the fixed cost (the wall outside the candidate's phases and the reference's timing; target
 <= 50 ms median) and format and syntax errors' wall (answered without a process; target <= 5 ms).
+With --phases-at-once N, then N such breakdowns at once on the device (N processes, one device
+lock, as N evaluators share a GPU), their mean phases beside the first's and the cores busy.
 
 Part `inline` (load_inline CUDA candidates): K distinct one-kernel extensions (the swish kernel of
 tests/fixtures/gpu_candidates with a variant number in it, so each builds on its own), evaluated
@@ -35,11 +37,12 @@ cores the machine really delivers: quota, SMT siblings, a busy host).
 
 Usage: python bench/evaluator_throughput.py --launch PATH [--device cuda:0]
            [--parts torch,phases,inline,parallel,cpu] [--limit N] [--stride N] [--per-device N[,M]] [--no-baseline]
-           [--logs DIR] [--inline K]
+           [--phases N] [--phases-at-once N] [--logs DIR] [--inline K]
            [--baseline-inline B] [--compile-workers W] [--parallel N] [--alone WALL,CPU] [--json OUT.json]
 """
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -113,10 +116,75 @@ def device_idle(results):
 
 
 def part_phases(args, work, out):
-    """The phase-by-phase breakdown alone (the torch part's last step), on --phases candidates."""
+    """The phase-by-phase breakdown alone (the torch part's last step), on --phases candidates;
+    with --phases-at-once N, then N such breakdowns at once on the device (N worker processes, one
+    lock: as N evaluators share a GPU), their means beside the first's: which phase grows."""
     cands = replay_candidates(args, work)
     print(f"[phases] {min(len(cands), args.phases)} candidates, in the worker's process", flush=True)
+    t0 = time.time()
     out["phases"] = phase_breakdown(args, cands[:args.phases])
+    out["phases"]["unix_span"] = [t0, time.time()]  # (to read a GPU utilisation log sampled beside it)
+    if args.phases_at_once > 1:
+        out["phases_at_once"] = phases_at_once(args, work, out["phases"])
+        if args.unlocked:
+            out["phases_at_once_unlocked"] = phases_at_once(args, work, out["phases"], unlocked=True)
+
+
+def _busy_cores():
+    """(busy, total) jiffies of all cores from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return sum(v) - idle, sum(v)
+
+
+def phases_at_once(args, work, alone, unlocked=False):
+    """N breakdowns (N processes, each a worker's fork server) at once; `unlocked`: each with a
+    device lock of its own (nothing keeps their timed regions apart)."""
+    n = args.phases_at_once
+    argv = [PY, os.path.abspath(__file__), "--launch", args.launch, "--device", args.device, "--parts", "phases",
+            "--phases", str(args.phases), "--stride", str(args.stride), "--limit", str(args.limit)]
+    files = [os.path.join(work, f"at-once-{k}{'-unlocked' if unlocked else ''}.json") for k in range(n)]
+    envs = [dict(os.environ, KERNELRL_LOCK_DIR=os.path.join(work, f"lock-{k}")) if unlocked else None
+            for k in range(n)]
+    for e in envs:
+        if e:
+            os.makedirs(e["KERNELRL_LOCK_DIR"], exist_ok=True)
+    b0, t0 = _busy_cores()
+    u0 = time.time()
+    w0 = time.monotonic()
+    procs = [subprocess.Popen(argv + ["--json", f], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=e) for f, e in zip(files, envs)]
+    logs = [p.communicate()[0] for p in procs]
+    wall = time.monotonic() - w0
+    b1, t1 = _busy_cores()
+    busy = os.cpu_count() * (b1 - b0) / max(1, t1 - t0)
+    got = []
+    for k, (p, f) in enumerate(zip(procs, files)):
+        if p.returncode != 0 or not os.path.exists(f):
+            print(f"[phases] at once: breakdown {k} failed ({p.returncode}):\n{logs[k][-3000:]}", flush=True)
+            continue
+        with open(f) as g:
+            got.append(json.load(g)["phases"])
+    if not got:
+        return {}
+
+    def mean_of(key):
+        keys = sorted({k for g in got for k in g.get(key, {})})
+        return {k: statistics.fmean(g.get(key, {}).get(k, 0.0) for g in got) for k in keys}
+
+    res = {"processes": n, "unlocked": unlocked, "completed": len(got), "wall_s": wall, "busy_cores": busy,
+           "unix_span": [u0, time.time()], "wall_mean_s": statistics.fmean(g["wall_mean_s"] for g in got)}
+    tag = f"{n} breakdowns at once{', each its own lock' if unlocked else ''}"
+    print(f"[phases] {tag} ({len(got)} completed) in {wall:.1f} s (both passes), {busy:.1f} of "
+          f"{os.cpu_count()} cores busy on average; candidate wall mean {res['wall_mean_s']:.3f} s "
+          f"(alone {alone['wall_mean_s']:.3f} s)", flush=True)
+    for key, side in (("mean_s", "the candidate's process"), ("worker_mean_s", "the worker"),
+                      ("judge_mean_s", "the judge")):
+        m = res[key] = mean_of(key)
+        print(f"[phases] {side}, mean, at once (alone): " + " ".join(
+            f"{k} {v:.3f} ({alone.get(key, {}).get(k, 0.0):.3f})" for k, v in m.items()), flush=True)
+    return res
 
 
 def replay_candidates(args, work):
@@ -169,8 +237,7 @@ def part_torch(args, work, out):
     # The control: N launches of one evaluator each at once on the device, each with a lock of its
     # own (nothing keeps their timed regions apart): what N evaluators give without the lock.
     unlocked = []
-    for per in (p for p in args.per_device if p > 1 and args.unlocked):
-        import concurrent.futures
+    for per in [p for p in args.per_device if p > 1] if args.unlocked else []:
         with concurrent.futures.ThreadPoolExecutor(per) as ex:
             futs = [ex.submit(run_launch, args.launch, args.device, [(t, f) for t, f, _ in cands[k::per]], 2,
                               os.path.join(work, f"cache-unlocked-{per}-{k}"), 120, 1, "",
@@ -287,6 +354,7 @@ def phase_breakdown(args, cands, action_space="forward_body", size=None, tag="ph
                          "checks": len(r.get("judge_checked", [])),
                          "link": (r.get("correctness") or {}).get("link", ""),
                          "comparison": (r.get("correctness") or {}).get("comparison", ""),
+                         "error": (r.get("error") or "")[:300],
                          "phases": ph, "worker_phases": wp, "judge_phases": r.get("judge_phases", {})})
             jp = dict(r.get("judge_phases", {}))
             for k, v in jp.items():
@@ -294,7 +362,9 @@ def phase_breakdown(args, cands, action_space="forward_body", size=None, tag="ph
             print(f"[{tag}] {req['sample_id']:28} {r['status']:13} {r['wall_s']:.3f} s  "
                   + " ".join(f"{k} {v:.3f}" for k, v in ph.items())
                   + "  | worker " + " ".join(f"{k} {v:.3f}" for k, v in wp.items())
-                  + "  | judge " + " ".join(f"{k} {v:.3f}" for k, v in jp.items()), flush=True)
+                  + "  | judge " + " ".join(f"{k} {v:.3f}" for k, v in jp.items())
+                  + (f"  | {r['error'][:200]}" if r["status"] not in ("ok", "incorrect") and r.get("error") else ""),
+                  flush=True)
     server.close()
     n = max(1, len(walls))
     mean = {k: v / n for k, v in sums.items()}
@@ -504,9 +574,12 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="torch part: first N candidates only")
     ap.add_argument("--stride", type=int, default=1, help="torch part: every Nth candidate")
     ap.add_argument("--phases", type=int, default=12, help="torch part: candidates timed phase by phase")
+    ap.add_argument("--phases-at-once", type=int, default=1, help="phases part: then N breakdowns at once "
+                    "on the device, their phases beside the first's")
     ap.add_argument("--per-device", default="1", help="torch part: evaluators sharing the device, e.g. 1,4 (a run each)")
     ap.add_argument("--unlocked", action="store_true", help="torch part: for each N > 1 of --per-device, the "
-                    "control: N launches of one evaluator at once, each with a device lock of its own")
+                    "control: N launches of one evaluator at once, each with a device lock of its own (phases "
+                    "part: the --phases-at-once breakdowns again, each with a lock of its own)")
     ap.add_argument("--no-baseline", action="store_true", help="torch part: leave out the fresh-process baseline")
     ap.add_argument("--logs", default="", help="torch part: the workers' logs go here")
     ap.add_argument("--inline", type=int, default=32, help="distinct load_inline candidates")
