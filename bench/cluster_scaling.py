@@ -134,6 +134,24 @@ def stamps(rows):
     return out
 
 
+def working_window(st):
+    """The span while every node evaluated (from the last node's first device start to the first
+    node's last device end), the samples that ended in it, and when each node started."""
+    st = [(ev, s, e) for ev, s, e in st if s > 0]  # (answered before the device: no stamps)
+    nodes = {}
+    for ev, s, e in st:
+        lo, hi = nodes.get(ev.split("/")[0], (s, e))
+        nodes[ev.split("/")[0]] = (min(lo, s), max(hi, e))
+    if not nodes:
+        return {"window_s": 0.0, "window_samples": 0, "window_per_s": 0.0, "node_starts_s": []}
+    t0 = max(lo for lo, _ in nodes.values())
+    t1 = min(hi for _, hi in nodes.values())
+    done = sum(1 for _, s, e in st if t0 <= s and e <= t1)
+    first = min(lo for lo, _ in nodes.values())
+    return {"window_s": t1 - t0, "window_samples": done, "window_per_s": done / (t1 - t0) if t1 > t0 else 0.0,
+            "node_starts_s": sorted(lo - first for lo, _ in nodes.values())}
+
+
 def run_summary(d):
     con = sqlite3.connect(os.path.join(d, "run", "store.sqlite"))
     (text,) = con.execute("SELECT summary_json FROM runs").fetchone()
@@ -214,14 +232,21 @@ def gpus(args, out):
             by_node = dict(con.execute("SELECT evaluator_id, COUNT(*) FROM samples GROUP BY evaluator_id").fetchall())
             con.close()
         span = summ["record_span_s"]
+        window = working_window(stamps(r for r in rows if r[0]))
         row = {"nodes": k, "gpus": args.gpus[:k], "samples": len(rows), "record_span_s": span,
                "samples_per_s": (len(rows) - 1) / span, "run_wall_s": summ["wall_s"], "by_evaluator": by_node,
-               "statuses": summ["status_counts"]}
+               "statuses": summ["status_counts"], **window}
         res.append(row)
         print(f"gpus: {k} node(s) on GPU(s) {args.gpus[:k]}: {len(rows)} candidates, {row['samples_per_s']:.2f}/s "
-              f"(first to last stored {span:.1f} s, run {summ['wall_s']:.1f} s); by evaluator {by_node}; "
-              f"statuses {summ['status_counts']}", flush=True)
+              f"(first to last stored {span:.1f} s, run {summ['wall_s']:.1f} s); {window['window_per_s']:.2f}/s "
+              f"while every node evaluated ({window['window_samples']} in {window['window_s']:.1f} s; the nodes' "
+              f"first candidates on the device {', '.join(f'{x:.1f}' for x in window['node_starts_s'])} s after the "
+              f"first); by evaluator {by_node}; statuses {summ['status_counts']}", flush=True)
     same = sum(1 for sid, st in verdicts[0].items() if verdicts[1].get(sid) == st)
+    if res[0]["window_per_s"]:
+        w = res[1]["window_per_s"] / res[0]["window_per_s"]
+        print(f"gpus: while every node evaluated, {len(args.gpus)} nodes against 1: {w:.2f}x; each added GPU "
+              f"{(w - 1) / max(1, len(args.gpus) - 1):.2f} of the first's", flush=True)
     speedup = res[1]["samples_per_s"] / res[0]["samples_per_s"]
     print(f"gpus: {len(args.gpus)} nodes against 1: {speedup:.2f}x samples/s; same verdict for "
           f"{same}/{len(verdicts[0])} candidates", flush=True)
