@@ -134,18 +134,24 @@ def stamps(rows):
     return out
 
 
-def working_window(st):
-    """The span while every node evaluated (from the last node's first device start to the first
-    node's last device end), the samples that ended in it, and when each node started."""
-    st = [(ev, s, e) for ev, s, e in st if s > 0]  # (answered before the device: no stamps)
+def node_spans(st):
+    """{node: (first device start, last device end)} of stamps `st`, and the window while every
+    node worked: (from the last node's first start, to the first node's last end)."""
     nodes = {}
     for ev, s, e in st:
-        lo, hi = nodes.get(ev.split("/")[0], (s, e))
-        nodes[ev.split("/")[0]] = (min(lo, s), max(hi, e))
+        node = ev.split("/")[0]
+        lo, hi = nodes.get(node, (s, e))
+        nodes[node] = (min(lo, s), max(hi, e))
+    return nodes, max((lo for lo, _ in nodes.values()), default=0.0), min((hi for _, hi in nodes.values()), default=0.0)
+
+
+def working_window(st):
+    """The window while every node evaluated (node_spans), the samples that ran wholly inside it,
+    and when each node started."""
+    st = [(ev, s, e) for ev, s, e in st if s > 0]  # (answered before the device: no stamps)
+    nodes, t0, t1 = node_spans(st)
     if not nodes:
         return {"window_s": 0.0, "window_samples": 0, "window_per_s": 0.0, "node_starts_s": []}
-    t0 = max(lo for lo, _ in nodes.values())
-    t1 = min(hi for _, hi in nodes.values())
     done = sum(1 for _, s, e in st if t0 <= s and e <= t1)
     first = min(lo for lo, _ in nodes.values())
     return {"window_s": t1 - t0, "window_samples": done, "window_per_s": done / (t1 - t0) if t1 > t0 else 0.0,
@@ -192,14 +198,8 @@ def scale(args, out):
             wall, stdout, rows = run(cfg, d, k)
         st = stamps(rows)
         assert len(st) == n
-        nodes = {}
-        for ev, s, e in st:
-            node = ev.split("/")[0]
-            lo, hi = nodes.get(node, (s, e))
-            nodes[node] = (min(lo, s), max(hi, e))
+        nodes, t0, t1 = node_spans(st)  # every node is working from t0 to t1
         assert len(nodes) == k, f"{len(nodes)} of {k} nodes evaluated"
-        t0 = max(lo for lo, hi in nodes.values())   # every node is working from here ...
-        t1 = min(hi for lo, hi in nodes.values())   # ... to here
         done = sum(1 for _, s, e in st if t0 <= e <= t1)
         rate = done / (t1 - t0)
         ideal = per_eval * args.evaluators * k

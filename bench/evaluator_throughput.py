@@ -131,11 +131,9 @@ def part_phases(args, work, out):
 
 
 def _busy_cores():
-    """(busy, total) jiffies of all cores from /proc/stat."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + v[4]
-    return sum(v) - idle, sum(v)
+    """(busy, total) jiffies of all cores: all but idle and iowait."""
+    v = _cpu_jiffies()
+    return sum(v) - v[3] - v[4], sum(v)
 
 
 def phases_at_once(args, work, alone, unlocked=False):
@@ -435,9 +433,14 @@ def alone_build(args, work, variant_file):
     return build_cpu_seconds(work, variant_file)
 
 
-def _cpu_times():
+def _cpu_jiffies():
+    """The machine's line of /proc/stat: user, nice, system, idle, iowait, irq, softirq, steal, ..."""
     with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def _cpu_times():
+    v = _cpu_jiffies()
     return sum(v), v[7] if len(v) > 7 else 0  # all jiffies, steal
 
 
