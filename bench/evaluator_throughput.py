@@ -141,7 +141,8 @@ def phases_at_once(args, work, alone, unlocked=False):
     device lock of its own (nothing keeps their timed regions apart)."""
     n = args.phases_at_once
     argv = [PY, os.path.abspath(__file__), "--launch", args.launch, "--device", args.device, "--parts", "phases",
-            "--phases", str(args.phases), "--stride", str(args.stride), "--limit", str(args.limit)]
+            "--phases", str(args.phases), "--stride", str(args.stride), "--limit", str(args.limit),
+            "--timing-precision", str(args.timing_precision)] + (["--gpu-dir", args.gpu_dir] if args.gpu_dir else [])
     files = [os.path.join(work, f"at-once-{k}{'-unlocked' if unlocked else ''}.json") for k in range(n)]
     envs = [dict(os.environ, KERNELRL_LOCK_DIR=os.path.join(work, f"lock-{k}")) if unlocked else None
             for k in range(n)]
@@ -309,7 +310,7 @@ def phase_breakdown(args, cands, action_space="forward_body", size=None, tag="ph
     settings on top of the defaults. Returns the means, and a row per candidate."""
     if not cands:
         return {}
-    sys.path.insert(0, os.path.join(ROOT, "gpu"))
+    sys.path.insert(0, os.path.abspath(args.gpu_dir) if args.gpu_dir else os.path.join(ROOT, "gpu"))
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     from worker import ForkServer
     if size is None:
@@ -317,7 +318,7 @@ def phase_breakdown(args, cands, action_space="forward_body", size=None, tag="ph
     settings = {"correctness_trials": 5, "warmup": 2, "fast_trials": 5, "full_trials": 50,
                 "atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2,
                 "timeout_s": 600, "compile_timeout_s": 600, "memory_limit_mb": 0 if size == "cpu" else 16384,
-                "reverify_speedup": 10.0, "size": size, **(extra or {})}
+                "reverify_speedup": 10.0, "size": size, "timing_precision": args.timing_precision, **(extra or {})}
     server = ForkServer(args.device, 1)
     rows = []
     sums, walls, fixed, formats, worker_sums, judge_sums = {}, [], [], [], {}, {}
@@ -577,6 +578,10 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="torch part: first N candidates only")
     ap.add_argument("--stride", type=int, default=1, help="torch part: every Nth candidate")
     ap.add_argument("--phases", type=int, default=12, help="torch part: candidates timed phase by phase")
+    ap.add_argument("--timing-precision", type=float, default=0.005,
+                    help="phases part: [evaluator] timing_precision (0: every timed trial)")
+    ap.add_argument("--gpu-dir", default="", help="phases part: the gpu/ folder to evaluate with (default this "
+                    "tree's; e.g. a previous commit's, from git archive, to compare both in one call)")
     ap.add_argument("--phases-at-once", type=int, default=1, help="phases part: then N breakdowns at once "
                     "on the device, their phases beside the first's")
     ap.add_argument("--per-device", default="1", help="torch part: evaluators sharing the device, e.g. 1,4 (a run each)")

@@ -151,6 +151,8 @@ def launch_evaluate(args, pairs, timeout_s=600, mode="full", extra=()):
     """One `launch evaluate` over [(task, candidate file)]: (results in order, wall seconds)."""
     cmd = [args.launch, "evaluate", "--device", args.device, "--mode", mode, "--action", "full_program",
            "--timeout", str(timeout_s), "--json", *extra]
+    if args.timing_precision is not None:
+        cmd += ["--timing-precision", str(args.timing_precision)]
     for task, cand in pairs:
         cmd += ["--task", task, "--candidate", cand]
     env = dict(os.environ, XDG_CACHE_HOME=os.path.join(args.work, "cache"))
@@ -453,6 +455,8 @@ def main():
     ap.add_argument("--offset", type=int, default=0, help="skip this many verdict (or blindspots) problems first")
     ap.add_argument("--timing", default="1/12,1/7,1/9,1/19,1/23,1/40")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--timing-precision", type=float, default=None,
+                    help="launch evaluate --timing-precision (default: [evaluator] timing_precision's default)")
     ap.add_argument("--throughput", type=int, default=12)
     ap.add_argument("--blind-kinds", default="zeros,identity,float64", help="blindspots: which answers")
     ap.add_argument("--blind-rules", default="before,after", help="blindspots: the rules off (before), on (after)")

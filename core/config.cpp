@@ -630,6 +630,7 @@ void read_evaluator(TableReader& r, Config& c, const toml::table& root) {
   r.integer("warmup", e.warmup, 0, 1000);
   r.integer("fast_trials", e.fast_trials, 1, 10000);
   r.integer("full_trials", e.full_trials, 1, 10000);
+  r.number("timing_precision", e.timing_precision, 0, 1);
   r.number("timeout_s", e.timeout_s, 0.1, 86400);
   r.number("atol_fp32", e.atol_fp32, 0, 1);
   r.number("rtol_fp32", e.rtol_fp32, 0, 1);

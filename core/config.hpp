@@ -121,7 +121,9 @@ struct EvaluatorConfig {
   uint32_t correctness_trials = 5;            // trials with fresh inputs before timing
   uint32_t warmup = 2;                        // untimed runs before timing
   uint32_t fast_trials = 5;                   // timed runs in fast mode
-  uint32_t full_trials = 50;                  // timed runs in full mode
+  uint32_t full_trials = 50;                  // timed runs in full mode (at most: timing_precision)
+  double timing_precision = 0.005;            // timed runs stop after 20 once the median's 95% confidence
+                                              // interval is within +-this fraction of it (0: every run)
   double timeout_s = 60;                      // wall-clock limit for one evaluation (worker is killed)
   double atol_fp32 = 1e-4;                    // tolerances for float32 outputs
   double rtol_fp32 = 1e-4;

@@ -19,8 +19,6 @@ import ast
 import contextlib
 import gc
 import hashlib
-import importlib.util
-import io
 import linecache
 import math
 import os
@@ -695,27 +693,72 @@ class Timer:
         ms = statistics.median(times)
         self.cycles_per_ms = probe / ms if ms > 0 else probe / 0.1
 
-    WARM_UP_MS = 100  # the least warm-up before timed runs
+    WARM_UP_MS = 100  # the least warm-up before timed runs, when the caller has not warmed up
+    REWARM_MS = 10     # the least warm-up in the timed region after warm() ran outside it
+    MIN_TRIALS = 20    # with a precision: the least timed trials before the stopping rule applies
+    CHECK_EVERY = 5    # ... and how often after that it is applied
 
-    def run(self, model, inputs, warmup, trials, refill=None, warm_up=True):
-        """Timing statistics of `trials` calls of model(*inputs) after the warm-up (none when not
-        `warm_up`). refill(i), when given, is called before trial i, outside the timed region
-        (it writes new values into the input tensors)."""
+    def warm(self, model, inputs, warmup, min_ms=None):
+        """Untimed runs: at least `warmup` and at least `min_ms` (WARM_UP_MS) of them, so clocks
+        have ramped up from idle in this fresh process before the first timed run (on a CPU too:
+        the reference is timed in a process of its own that ran it only here, the candidate after
+        its correctness trials; a single warm-up run timed the reference colder). The harness runs
+        this in the device's shared hold, beside other candidates' work (it is not timed), and
+        the timed region then warms up again for REWARM_MS (run's warm_ms)."""
+        min_ms = self.WARM_UP_MS if min_ms is None else min_ms
         cuda = self.device.type == "cuda"
-        self.tail_trials, self.tail_counted, self.tails = 0, False, []
         with _no_grad():
-            # Warm-up: at least `warmup` runs and at least 100 ms of them, so clocks have ramped
-            # up from idle in this fresh process before the first timed run (on a CPU too: the
-            # reference is timed in a process of its own that ran it only here, the candidate
-            # after its correctness trials; a single warm-up run timed the reference colder).
             t0 = _clock_ns()
             runs = 0
-            while warm_up and (runs < warmup or (_clock_ns() - t0 < self.WARM_UP_MS * 1e6 and runs < 10_000)):
+            while runs < warmup or (_clock_ns() - t0 < min_ms * 1e6 and runs < 10_000):
                 _fresh_versions(inputs)
                 model(*inputs)
                 runs += 1
                 if cuda and runs % 8 == 0:
                     _cuda_sync(self.device)
+            if cuda:
+                _cuda_sync(self.device)
+        return runs
+
+    @staticmethod
+    def median_interval(times):
+        """The distribution-free 95% confidence interval of the median of `times`: the order
+        statistics n/2 -/+ 0.98 sqrt(n) (1-based: floor(n/2 - 0.98 sqrt n), ceil(1 + n/2 + 0.98 sqrt n)),
+        clipped to the sample."""
+        xs = sorted(times)
+        n = len(xs)
+        h = 0.98 * math.sqrt(n)
+        return xs[max(0, math.floor(n / 2 - h) - 1)], xs[min(n - 1, math.ceil(n / 2 + h))]
+
+    @classmethod
+    def median_halfwidth(cls, times):
+        """Half the width of median_interval relative to the median; inf for fewer than 6 times or
+        a median of 0."""
+        med = statistics.median(times) if len(times) >= 6 else 0.0
+        if med <= 0:
+            return math.inf
+        lo, hi = cls.median_interval(times)
+        return (hi - lo) / 2 / med
+
+    def _settled(self, times, trials, precision):
+        """The stopping rule of run(): with a precision, after MIN_TRIALS trials (every trial when
+        `trials` is not more) and every CHECK_EVERY after, stop once the median's 95% confidence
+        interval is within +-precision of it."""
+        n = len(times)
+        return (precision > 0 and n < trials and n >= self.MIN_TRIALS and n % self.CHECK_EVERY == 0
+                and self.median_halfwidth(times) <= precision)
+
+    def run(self, model, inputs, warmup, trials, refill=None, warm_up=True, warm_ms=None, precision=0.0):
+        """Timing statistics of at most `trials` calls of model(*inputs) after the warm-up (none
+        when not `warm_up`; at least warm_ms of it, WARM_UP_MS when None). With `precision` > 0
+        the trials stop early once the median is known to within it (_settled; stats' "trials"
+        says how many ran). refill(i), when given, is called before trial i, outside the timed
+        region (it writes new values into the input tensors)."""
+        cuda = self.device.type == "cuda"
+        self.tail_trials, self.tail_counted, self.tails = 0, False, []
+        with _no_grad():
+            if warm_up:
+                self.warm(model, inputs, warmup, warm_ms)
             if not cuda:
                 times = []
                 for i in range(trials):
@@ -726,15 +769,20 @@ class Timer:
                     model(*inputs)
                     t1 = _clock_ns()
                     times.append((t1 - t0) / 1e6)
+                    if self._settled(times, trials, precision):
+                        break
                 self.last_times = times
                 return stats(times)
             _cuda_sync(self.device)
             self._calibrate_spin()
-            spans = []
+            spans, firsts = [], []
             for i in range(trials):
                 if refill is not None:
                     refill(i)
                 spans.append(self._cuda_trial(model, inputs))
+                firsts.append(spans[-1][0])
+                if self._settled(firsts, trials, precision):
+                    break
         times = [a for a, _ in spans]
         self.last_times = times
         if self.protocol == "sync":
@@ -1205,15 +1253,22 @@ class Harness:
                 if not ref_stats:
                     raise Verdict("runtime_error", f"the worker gave no timing of the reference in {mode} mode")
                 res["ref_runtime"] = ref_stats
+                with step("allocating the L2 flush buffer"):
+                    timer = Timer(dev)
+                with self._as_candidate(watch):  # the warm-up, beside other candidates' work
+                    timing_inputs = self._warm(timer, task, new_model, warmup, seed)
+                self._phase(res, "warm_up")
+                precision = float(s.get("timing_precision", 0.0))
                 with self._alone(res):  # the checks that time, and the timing
-                    with step("allocating the L2 flush buffer"):
-                        timer = Timer(dev)
                     if cuda:
                         timer._calibrate_spin()  # for both checks' spins
                         self._side_stream_check(task, seed, run_candidate, timer)
                         self._ordering_check(task, seed, n, run_candidate, timer, corr)
                     self._phase(res, "checks")
-                    cand_stats = self._time_candidate(timer, task, trials, warmup, seed, new_model, watch, res)
+                    cand_stats = self._time_candidate(timer, task, trials, warmup, seed, new_model, watch, res,
+                                                      inputs=timing_inputs, warm_ms=Timer.REWARM_MS,
+                                                      precision=precision)
+                    timing_inputs = None
                 hacked_check("while being timed")
                 self._phase(res, "timing")
 
@@ -1248,8 +1303,12 @@ class Harness:
                     for i in range(4 * n):
                         trial("reverify", i)
                     full = int(s["full_trials"])
+                    with self._as_candidate(watch):
+                        timing_inputs = self._warm(timer, task, new_model, warmup, seed + 7_919)
                     with self._alone(res):
-                        self._time_candidate(timer, task, full, warmup, seed + 7_919, new_model, watch, res)
+                        self._time_candidate(timer, task, full, warmup, seed + 7_919, new_model, watch, res,
+                                             inputs=timing_inputs, warm_ms=Timer.REWARM_MS, precision=precision)
+                        timing_inputs = None
                     hacked_check("during re-verification")
                     self._phase(res, "reverify")
 
@@ -1408,18 +1467,38 @@ class Harness:
     FRESH_RATIO = 1.25
     FRESH_MIN_MS = 0.02
 
-    def _time_model(self, timer, task, model, trials, warmup, seed, fresh=0):
-        """model's timing on the timing inputs of seed (the reference's, or a candidate's), in a
-        timed region the caller holds alone (_alone). With `fresh`, also the fresh-values probe: 2 x `fresh` more
+    # Inputs of this many bytes or fewer, made for the warm-up in the shared hold, are kept for the
+    # timed region; larger ones are made again there (the same seed: the same values), so the
+    # checks between do not hold a third set of KernelBench-size inputs.
+    KEEP_TIMING_INPUTS_BYTES = 256 << 20
+
+    def _timing_inputs(self, task, seed):
+        with self._harness_step("generating inputs"):
+            return self._inputs(task, seed * 1000 + 999)
+
+    def _warm(self, timer, task, model, warmup, seed, inputs=None):
+        """The warm-up before a timed region, run in the shared hold (untimed: beside other
+        candidates' work) on the timing inputs of seed. Returns those inputs when they are small
+        enough to keep for the timed region, else None."""
+        inputs = inputs if inputs is not None else self._timing_inputs(task, seed)
+        timer.warm(model, inputs, warmup)
+        small = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
+        return inputs if small <= self.KEEP_TIMING_INPUTS_BYTES else None
+
+    def _time_model(self, timer, task, model, trials, warmup, seed, fresh=0, inputs=None, warm_ms=None,
+                    precision=0.0):
+        """model's timing on the timing inputs of seed (the reference's, or a candidate's; made
+        here unless given), in a timed region the caller holds alone (_alone): Timer.run with
+        warm_ms and precision. With `fresh`, also the fresh-values probe: 2 x `fresh` more
         trials, alternating, before each of which the inputs are refilled outside the timed region
         (the task's own draw, generated and copied alike): with the same values again (arm
         "repeated") or with new ones (arm "fresh"); a probe that finds the fresh arm slower is run
         again and the second one stands. Returns (stats, (repeated, fresh) or None; None for a
         task whose inputs change shape with the seed or hold no floating-point tensor)."""
         timing_seed = seed * 1000 + 999
-        with self._harness_step("generating inputs"):
-            inputs = self._inputs(task, timing_seed)
-        out = timer.run(model, inputs, warmup, trials)
+        if inputs is None:
+            inputs = self._timing_inputs(task, seed)
+        out = timer.run(model, inputs, warmup, trials, warm_ms=warm_ms, precision=precision)
         out["tail_trials"] = timer.tail_trials
         if not fresh or not any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs):
             return out, None
@@ -1458,22 +1537,30 @@ class Harness:
         return (fresh["min_ms"] > self.FRESH_RATIO * repeated["max_ms"]
                 and fresh["median_ms"] - repeated["median_ms"] > self.FRESH_MIN_MS)
 
-    def _time_candidate(self, timer, task, trials, warmup, seed, new_model, watch, res):
-        """The candidate's timing on repeated inputs (as KernelBench times), checked by the
-        fresh-values probe (_time_model): a result kept by input values (a cache keyed by a sample
-        of them) is fast only when the values repeat, so when every trial of the probe's fresh arm
-        is more than FRESH_RATIO slower than every trial of its repeated arm, the fresh arm's
-        timing is the candidate's (and res["note"] says so). Every trial of each: timing noise
-        moves a median, not the whole of one arm past the other."""
+    @contextlib.contextmanager
+    def _as_candidate(self, watch):
+        """Candidate code runs inside: the watch knows it, and what it raises is the candidate's
+        runtime_error."""
         watch.in_candidate = True
         try:
-            cand_stats, probe = self._time_model(timer, task, new_model, trials, warmup, seed, self.FRESH_TRIALS)
+            yield
         except Verdict:
             raise
         except BaseException as e:
             raise Verdict("runtime_error", self._candidate_exc(e), _tb(e))
         finally:
             watch.in_candidate = False
+
+    def _time_candidate(self, timer, task, trials, warmup, seed, new_model, watch, res, **how):
+        """The candidate's timing on repeated inputs (as KernelBench times), checked by the
+        fresh-values probe (_time_model): a result kept by input values (a cache keyed by a sample
+        of them) is fast only when the values repeat, so when every trial of the probe's fresh arm
+        is more than FRESH_RATIO slower than every trial of its repeated arm, the fresh arm's
+        timing is the candidate's (and res["note"] says so). Every trial of each: timing noise
+        moves a median, not the whole of one arm past the other."""
+        with self._as_candidate(watch):
+            cand_stats, probe = self._time_model(timer, task, new_model, trials, warmup, seed, self.FRESH_TRIALS,
+                                                 **how)
         if probe is not None:
             repeated, fresh = probe
             cand_stats["repeated_median_ms"] = repeated["median_ms"]
@@ -1501,17 +1588,27 @@ class Harness:
             apply_size(task, s.get("size", "cpu"))
             seed = int(req["seed"])
             trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
-            with _no_grad(), self._alone(res):  # (building the reference and its release too: device work)
-                try:
+            warmup = int(s["warmup"])
+            ref_model = timer = inputs = None
+            try:
+                with _no_grad():
+                    # Built and warmed up beside candidates' work (shared), timed alone: the
+                    # protocol a candidate gets.
+                    self._hold(res, "shared")
                     _manual_seed(seed)
                     ref_model = self._build_reference(task, task.get_init_inputs(), seed)
                     with self._harness_step("allocating the L2 flush buffer"):
                         timer = Timer(self.device)
-                    with self._harness_step("timing the reference Model"):
-                        res["stats"], _ = self._time_model(timer, task, ref_model, trials, int(s["warmup"]), seed)
-                finally:
-                    ref_model = timer = None
-                    self._release(res)
+                    with self._harness_step("warming up the reference Model"):
+                        inputs = self._warm(timer, task, ref_model, warmup, seed)
+                    with self._alone(res), self._harness_step("timing the reference Model"):
+                        res["stats"], _ = self._time_model(timer, task, ref_model, trials, warmup, seed,
+                                                           inputs=inputs, warm_ms=Timer.REWARM_MS,
+                                                           precision=float(s.get("timing_precision", 0.0)))
+            finally:
+                ref_model = timer = inputs = None
+                self._release(res)
+                self._hold(res, None)
         except Verdict as v:
             res["status"], res["error"] = v.status, v.error
             res["compile_log"] = v.log[-LOG_LIMIT:]

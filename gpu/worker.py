@@ -355,7 +355,8 @@ class ForkServer:
         worker by the judge, a process that runs no candidate code. Returns (stats, failure reply)."""
         trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
         key = "|".join(str(x) for x in (req["task_path"], req.get("task_source_hash", ""), s.get("size", "cpu"),
-                                        self.info["device"], mode, trials, int(s["warmup"])))
+                                        self.info["device"], mode, trials, int(s["warmup"]),
+                                        float(s.get("timing_precision", 0.0))))
         hit = self.harness.ref_cache.get(key)
         if hit is not None:
             return hit, None

@@ -354,7 +354,7 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
   pk.pack("request");
   pk.pack(req);
   pk.pack("settings");
-  pk.pack_map(22);
+  pk.pack_map(23);
   pk.pack("correctness_trials");
   pk.pack(s.correctness_trials);
   pk.pack("warmup");
@@ -363,6 +363,8 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
   pk.pack(s.fast_trials);
   pk.pack("full_trials");
   pk.pack(s.full_trials);
+  pk.pack("timing_precision");
+  pk.pack(s.timing_precision);
   pk.pack("atol_fp32");
   pk.pack(s.atol_fp32);
   pk.pack("rtol_fp32");

@@ -65,6 +65,7 @@ int cmd_evaluate(const EvaluateOptions& o) {
   if (!o.action.empty()) settings.action_space = o.action;
   if (!o.mode.empty()) settings.mode = o.mode;
   if (o.timeout_s > 0) settings.timeout_s = o.timeout_s;
+  if (o.timing_precision >= 0) settings.timing_precision = o.timing_precision;
   if (o.compile_workers >= 0) settings.compile_workers = static_cast<uint32_t>(o.compile_workers);
   if (settings.action_space != "forward_body" && settings.action_space != "full_program") {
     std::fprintf(stderr, "launch evaluate: --action: expected forward_body or full_program, got \"%s\"\n",
@@ -165,6 +166,10 @@ void add_evaluate(CLI::App& app, cli::Action& action) {
   sub->add_option("--device", o->device, "cpu or cuda:N");
   sub->add_option("--mode", o->mode, "fast or full (default: the config's)")->check(CLI::IsMember({"fast", "full"}));
   sub->add_option("--timeout", o->timeout_s, "seconds per candidate")->check(CLI::PositiveNumber);
+  sub->add_option("--timing-precision", o->timing_precision,
+                  "timed runs stop once the median is known to within this fraction; 0: every run "
+                  "(default: the config's)")
+      ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--compile-workers", o->compile_workers, "compile-stage processes")->check(cli::count(0, 256));
   sub->add_option("--per-device", o->per_device,
                   "evaluators on the device: candidates check at once, timed regions run alone (default 1)")

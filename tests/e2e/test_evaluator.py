@@ -593,6 +593,39 @@ class CheckTest(unittest.TestCase):
         self.assertEqual(len(seen), 7)
         self.assertEqual(len(set(seen)), 7, seen)
 
+    def test_the_median_interval_covers_the_median_and_timing_stops_once_it_is_narrow(self):
+        import math
+        import random
+        import time
+        import torch
+        rng = random.Random(7)
+        for n in (20, 50):  # exponential draws, median ln 2: the interval holds it 95% of the time
+            hits = 0
+            for _ in range(2000):
+                lo, hi = self.h.Timer.median_interval([rng.expovariate(1.0) for _ in range(n)])
+                hits += lo <= math.log(2) <= hi
+            self.assertGreaterEqual(hits / 2000, 0.95, n)
+            self.assertLessEqual(hits / 2000, 0.995, n)
+
+        class Wait(torch.nn.Module):  # busy-waits 1 ms, or 1 and 3 ms in turn
+            def __init__(self, uneven):
+                super().__init__()
+                self.uneven, self.calls = uneven, 0
+
+            def forward(self, x):
+                self.calls += 1
+                end = time.perf_counter() + (0.003 if self.uneven and self.calls % 2 else 0.001)
+                while time.perf_counter() < end:
+                    pass
+                return x
+
+        timer = self.h.Timer(torch.device("cpu"))
+        steady = timer.run(Wait(False), [torch.ones(4)], 1, 50, warm_ms=0, precision=0.05)
+        self.assertEqual(steady["trials"], timer.MIN_TRIALS)  # stable: stops at the least
+        self.assertEqual(timer.run(Wait(True), [torch.ones(4)], 1, 50, warm_ms=0, precision=0.05)["trials"], 50)
+        self.assertEqual(timer.run(Wait(False), [torch.ones(4)], 1, 50, warm_ms=0)["trials"], 50)  # no precision
+        self.assertEqual(timer.run(Wait(False), [torch.ones(4)], 1, 12, warm_ms=0, precision=0.05)["trials"], 12)
+
     def test_digest_sees_one_changed_bit_and_fingerprints_match_only_their_output(self):
         import torch
         x = torch.randn(5000, 3)
