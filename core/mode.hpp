@@ -16,8 +16,12 @@ enum class Mode {
   ttt,        // test-time adaptation: every step learns on all the tasks
   sdpo,       // ttt's loop, learning by self-distillation ([sdpo])
 };
+// The last of Mode's enumerators: a mode added after it moves this too, and core/mode.cpp's table
+// then fails to compile until the mode has its row.
+inline constexpr Mode kLastMode = Mode::sdpo;
 
 struct ModeTraits {
+  Mode mode;              // the row's mode: the table's rows are in the enum's order (checked)
   const char* name;       // as written in the config
   bool learns;            // a learner updates the policy step by step
   bool adapts;            // every step samples every task (ttt's loop), not a batch of them

@@ -2,6 +2,7 @@
 #include "launch/cli.hpp"
 #include "launch/commands.hpp"
 #include "analysis/analysis.hpp"
+#include "analysis/comparison.hpp"
 #include "launch/json.hpp"
 #include "launch/setup.hpp"
 #include "store/store.hpp"
@@ -24,17 +25,7 @@ namespace kernelrl {
 
 namespace {
 
-struct Run {
-  std::string dir;
-  std::string arm;               // the folder named on the command line
-  std::optional<uint64_t> seed;  // a run of a seeded comparison: ARM/seed-S
-  nlohmann::json compute, analysis;
-  double score = 0;             // fast_1, or the Best-of-Adaptation step's fast_1
-  nlohmann::json per_task_boa;  // a per-task run's tasks: each one's Best-of-Adaptation
-  std::string label() const {
-    return seed ? arm + "/seed-" + std::to_string(*seed) : fs::path(dir).filename().string();
-  }
-};
+using Run = ComparedRun;
 
 // One finished run: its compute.json, the analysis of its store and its score; 0, or the exit code.
 int load_run(Run& r) {
@@ -105,217 +96,33 @@ std::vector<std::pair<std::string, std::optional<uint64_t>>> runs_in(const std::
   return out;
 }
 
-nlohmann::json num_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+void print_json(const std::vector<Run>& runs, const std::vector<std::string>& differences, const Comparison& c) {
+  nlohmann::json j = {{"differences", differences},
+                      {"runs", nlohmann::json::array()},
+                      {"per_task_bon_vs_boa", c.per_task},
+                      {"seeds", c.seeds},
+                      {"curve_of", c.curve ? nlohmann::json(c.curve->dir) : nlohmann::json(nullptr)}};
+  for (auto& r : runs)
+    j["runs"].push_back({{"run_dir", r.dir},
+                         {"arm", r.arm},
+                         {"seed", r.seed ? nlohmann::json(*r.seed) : nlohmann::json(nullptr)},
+                         {"compute", r.compute},
+                         {"analysis", r.analysis},
+                         {"score", r.score},
+                         {"equivalent_k", c.equivalent_k(r)}});
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
 
-}  // namespace
-
-int cmd_compare(const CompareOptions& o) {
-  // Settings that must be equal for a fair comparison, and the compute figure that must match.
-  static const std::vector<std::string> same = {"temperature", "top_p",      "max_tokens", "eval_mode",
-                                                "model",       "checkpoint", "tasks"};
-  std::vector<Run> runs;
-  for (auto& d : o.run_dirs) {
-    auto found = runs_in(d);
-    if (found.empty()) {
-      std::fprintf(stderr, "launch compare: %s: no compute.json (a run that did not finish?) and no seed-N runs\n",
-                   d.c_str());
-      return 2;
-    }
-    for (auto& [dir, seed] : found) {
-      Run r;
-      r.dir = dir;
-      r.arm = fs::path(d).lexically_normal().filename().string();
-      if (r.arm.empty()) r.arm = fs::path(d).lexically_normal().parent_path().filename().string();
-      r.seed = seed;
-      if (int rc = load_run(r)) return rc;
-      runs.push_back(std::move(r));
-    }
-  }
-  // Each run is held against the first run of its seed (of the whole list without seeds).
-  auto first_of = [&](const Run& r) -> const Run& {
-    for (auto& x : runs)
-      if (x.seed == r.seed) return x;
-    return runs.front();
-  };
-  std::vector<std::string> differences;
-  for (auto& r : runs) {
-    const Run& first = first_of(r);
-    if (&first == &r) continue;
-    auto setting = [](const Run& x, const std::string& k) {
-      const auto& st = x.compute.value("settings", nlohmann::json::object());
-      if (!st.contains(k)) return std::string("(unset)");
-      const auto v = st[k].get<std::string>();
-      return v.empty() ? std::string("\"\" (empty)") : v;
-    };
-    // The strategies (modes, K per step) may differ; the settings and the rollouts spent may not.
-    for (auto& k : same)
-      if (setting(first, k) != setting(r, k))
-        differences.push_back(
-            fmt::format("{}: {} in {} but {} in {}", k, setting(first, k), first.dir, setting(r, k), r.dir));
-    auto rollouts = [](const Run& x) { return x.compute.value("rollouts", uint64_t{0}); };
-    if (rollouts(first) != rollouts(r))
-      differences.push_back(
-          fmt::format("rollouts: {} in {} but {} in {}", rollouts(first), first.dir, rollouts(r), r.dir));
-  }
-  if (!differences.empty() && !o.allow_mismatch) {
-    std::fprintf(
-        stderr,
-        "launch compare: the budgets differ, so the comparison is refused (--allow-mismatch compares anyway):\n");
-    for (auto& d : differences) std::fprintf(stderr, "  %s\n", d.c_str());
-    return 3;
-  }
-  for (auto& d : differences) std::fprintf(stderr, "launch compare: warning: %s\n", d.c_str());
-  // Equivalent K: where each run's score falls on the fast_1@k curve of the first sampled run (with
-  // at least two samples per task: a best-of-N or eval run of K samples) of its seed.
-  const Run* ref = nullptr;
-  for (auto& r : runs)  // (a multi-turn run's samples of a task are not independent draws: never the curve)
-    if (!ref && r.analysis["at_k"].size() >= 2 && !r.analysis.contains("turns")) ref = &r;
-  auto ref_of = [&](const Run& r) -> const Run* {
-    if (!ref || !r.seed) return ref;
-    for (auto& x : runs)
-      if (x.arm == ref->arm && x.seed == r.seed) return &x;
-    return ref;
-  };
-  auto curve_of = [](const Run* x) {
-    std::vector<std::pair<double, double>> curve;
-    if (x)
-      for (auto& a : x->analysis["at_k"])
-        if (a["fast_1"].is_number()) curve.emplace_back(a["k"].get<double>(), a["fast_1"].get<double>());
-    return curve;
-  };
-  auto equiv = [&](const Run& r) -> nlohmann::json {
-    auto curve = curve_of(ref_of(r));
-    if (curve.empty()) return nullptr;
-    double k = equivalent_k(curve, r.score);
-    if (std::isinf(k) && k < 0)  // below the curve's first point: fewer samples than its k
-      return nlohmann::json("< " + fmt::format("{:g}", curve.front().first));
-    return std::isfinite(k) ? nlohmann::json(k) : nlohmann::json(nullptr);
-  };
-  // Per task, best-of-N against Best-of-Adaptation: for each per-task run beside the curve's run, each
-  // task's fast_1@K of the best-of-N samples (some sample correct and faster) and its Best-of-
-  // Adaptation fast_1, split by the base policy's coverage: whether any of the K samples is correct.
-  nlohmann::json per_task = nlohmann::json::array();
-  for (auto& r : runs) {
-    const Run* rf = ref_of(r);
-    if (!rf || &r == rf || r.per_task_boa.empty()) continue;
-    std::map<std::string, const nlohmann::json*> bon;
-    for (auto& t : rf->analysis["per_task"]) bon[t["task_id"].get<std::string>()] = &t;
-    nlohmann::json rows = nlohmann::json::array();
-    std::map<std::string, std::array<double, 3>> regimes;  // tasks, sum of BoN fast_1@K, of BoA fast_1
-    for (auto& t : r.per_task_boa) {
-      const std::string id = t["task_id"].get<std::string>();
-      auto it = bon.find(id);
-      if (it == bon.end()) continue;
-      const auto& b = *it->second;
-      const bool covered = b.value("correct", uint64_t{0}) > 0;
-      const double bon_fast = b["best_speedup"].is_number() && b["best_speedup"].get<double>() > 1.0 ? 1.0 : 0.0;
-      const double boa = t.value("boa_fast_1", 0.0);
-      rows.push_back({{"task_id", id},
-                      {"base_correct_rate", b.value("correct_rate", 0.0)},
-                      {"base_fast_1", b.value("fast_1", 0.0)},
-                      {"bon_fast_1_at_k", bon_fast},
-                      {"boa_fast_1", boa},
-                      {"boa_step", t.value("boa_step", 0u)},
-                      {"regime", covered ? "covered" : "uncovered"}});
-      auto& g = regimes[covered ? "covered" : "uncovered"];
-      g[0] += 1;
-      g[1] += bon_fast;
-      g[2] += boa;
-    }
-    nlohmann::json by_regime = nlohmann::json::object();
-    for (auto& [name, g] : regimes)
-      by_regime[name] = {{"tasks", uint64_t(g[0])}, {"bon_fast_1_at_k", g[1] / g[0]}, {"boa_fast_1", g[2] / g[0]}};
-    per_task.push_back({{"run_dir", r.dir}, {"bon_run_dir", rf->dir}, {"tasks", rows}, {"regimes", by_regime}});
-  }
-  // Seeded arms: each arm's mean and standard deviation over its seeds, and each arm against the
-  // first (paired t, Welch's t and the sign-flip test on the scores).
-  nlohmann::json seeds = nullptr;
-  bool seeded = false;
-  for (auto& r : runs) seeded = seeded || r.seed.has_value();
-  if (seeded) {
-    std::vector<std::string> arms;
-    for (auto& r : runs)
-      if (std::find(arms.begin(), arms.end(), r.arm) == arms.end()) arms.push_back(r.arm);
-    auto scores_of = [&](const std::string& arm, const char* key) {
-      std::map<uint64_t, double> out;
-      for (auto& r : runs)
-        if (r.arm == arm && r.seed)
-          out[*r.seed] = std::string(key) == "score" ? r.score : r.analysis[key].get<double>();
-      return out;
-    };
-    auto stats = [](const std::map<uint64_t, double>& v) {
-      double m = 0, s = 0;
-      for (auto& [k, x] : v) m += x / double(v.size());
-      for (auto& [k, x] : v) s += (x - m) * (x - m);
-      return std::make_pair(m, v.size() > 1 ? std::sqrt(s / double(v.size() - 1)) : std::nan(""));
-    };
-    seeds = {{"arms", nlohmann::json::array()}, {"tests", nlohmann::json::array()}};
-    for (auto& arm : arms) {
-      nlohmann::json a = {{"arm", arm}, {"runs", nlohmann::json::array()}};
-      for (const char* key : {"score", "fast_1", "correct_rate"}) {
-        auto [m, sd] = stats(scores_of(arm, key));
-        a[std::string(key) + "_mean"] = num_or_null(m);
-        a[std::string(key) + "_std"] = num_or_null(sd);
-      }
-      for (auto& r : runs)
-        if (r.arm == arm && r.seed)
-          a["runs"].push_back({{"seed", *r.seed},
-                               {"run_dir", r.dir},
-                               {"score", r.score},
-                               {"fast_1", r.analysis["fast_1"]},
-                               {"equivalent_k", equiv(r)}});
-      a["seeds"] = a["runs"].size();
-      seeds["arms"].push_back(a);
-    }
-    const auto base = scores_of(arms.front(), "score");
-    for (size_t i = 1; i < arms.size(); ++i) {
-      const auto mine = scores_of(arms[i], "score");
-      std::vector<double> a, b, a_all, b_all;  // paired over the seeds both ran; Welch over all
-      for (auto& [s, x] : mine) {
-        a_all.push_back(x);
-        if (base.count(s)) {
-          a.push_back(x);
-          b.push_back(base.at(s));
-        }
-      }
-      for (auto& [s, x] : base) b_all.push_back(x);
-      auto paired = seed_tests(a, b), welch = seed_tests(a_all, b_all);
-      seeds["tests"].push_back({{"arm", arms[i]},
-                                {"against", arms.front()},
-                                {"paired_seeds", paired.n},
-                                {"mean_difference", num_or_null(paired.mean_difference)},
-                                {"paired_t", num_or_null(paired.paired_t)},
-                                {"paired_p", num_or_null(paired.paired_p)},
-                                {"sign_flip_p", num_or_null(paired.sign_flip_p)},
-                                {"welch_t", num_or_null(welch.welch_t)},
-                                {"welch_df", num_or_null(welch.welch_df)},
-                                {"welch_p", num_or_null(welch.welch_p)}});
-    }
-  }
-  if (o.json) {
-    nlohmann::json j = {{"differences", differences},
-                        {"runs", nlohmann::json::array()},
-                        {"per_task_bon_vs_boa", per_task},
-                        {"seeds", seeds},
-                        {"curve_of", ref ? nlohmann::json(ref->dir) : nlohmann::json(nullptr)}};
-    for (auto& r : runs)
-      j["runs"].push_back({{"run_dir", r.dir},
-                           {"arm", r.arm},
-                           {"seed", r.seed ? nlohmann::json(*r.seed) : nlohmann::json(nullptr)},
-                           {"compute", r.compute},
-                           {"analysis", r.analysis},
-                           {"score", r.score},
-                           {"equivalent_k", equiv(r)}});
-    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    return 0;
-  }
+void print_table(std::vector<Run>& runs, const Comparison& c) {
+  const Run* ref = c.curve;
+  const bool seeded = c.seeded;
   std::printf("%-40s %-10s %9s %14s %9s %9s %8s %8s %8s %8s %8s %7s\n", "run", "mode", "rollouts", "student tok",
               "eval s", "learner s", "correct", "fast_1", "fast_1.2", "oracle", "score", "equiv K");
   for (auto& r : runs) {
     auto& a = r.analysis;
     auto& sel = a["selection"]["strategies"];
     std::string oracle = sel.contains("oracle") ? fmt::format("{:.3f}", sel["oracle"]["fast_1"].get<double>()) : "-";
-    auto ek = equiv(r);
+    auto ek = c.equivalent_k(r);
     std::string eks = ek.is_number()   ? fmt::format("{:.1f}", ek.get<double>())
                       : ek.is_string() ? ek.get<std::string>()
                                        : (ref ? "> K" : "-");
@@ -334,7 +141,10 @@ int cmd_compare(const CompareOptions& o) {
         "fast_1@k reaches that score%s\n",
         ref->seed ? ref->arm.c_str() : fs::path(ref->dir).filename().string().c_str(),
         seeded ? " (of the same seed)" : "");
-  for (auto& pt : per_task) {
+}
+
+void print_per_task(const Comparison& c) {
+  for (auto& pt : c.per_task) {
     std::printf("\nper task: %s's best-of-N (fast_1@K) against %s's Best-of-Adaptation\n%-40s %9s %8s %9s %9s %8s\n",
                 fs::path(pt["bon_run_dir"].get<std::string>()).filename().string().c_str(),
                 fs::path(pt["run_dir"].get<std::string>()).filename().string().c_str(), "task", "regime", "base c",
@@ -350,27 +160,69 @@ int cmd_compare(const CompareOptions& o) {
     std::printf(
         "regime: covered when some base sample of the task is correct; base c: the base samples' correct rate\n");
   }
-  if (seeded) {
-    auto f = [](const nlohmann::json& v, const char* spec) {
-      return v.is_number() ? fmt::format(fmt::runtime(spec), v.get<double>()) : std::string("-");
-    };
-    std::printf("\nover seeds (mean +- standard deviation):\n%-24s %6s %18s %18s %18s\n", "arm", "seeds", "score",
-                "fast_1", "correct");
-    for (auto& a : seeds["arms"])
-      std::printf("%-24s %6llu %18s %18s %18s\n", a["arm"].get<std::string>().c_str(),
-                  (unsigned long long)a["seeds"].get<uint64_t>(),
-                  (f(a["score_mean"], "{:.3f}") + " +- " + f(a["score_std"], "{:.3f}")).c_str(),
-                  (f(a["fast_1_mean"], "{:.3f}") + " +- " + f(a["fast_1_std"], "{:.3f}")).c_str(),
-                  (f(a["correct_rate_mean"], "{:.3f}") + " +- " + f(a["correct_rate_std"], "{:.3f}")).c_str());
-    for (auto& t : seeds["tests"])
-      std::printf(
-          "%s against %s: score difference %s over %llu paired seeds; paired t %s (p %s), sign-flip p %s, "
-          "Welch t %s (p %s)\n",
-          t["arm"].get<std::string>().c_str(), t["against"].get<std::string>().c_str(),
-          f(t["mean_difference"], "{:+.3f}").c_str(), (unsigned long long)t["paired_seeds"].get<uint64_t>(),
-          f(t["paired_t"], "{:.2f}").c_str(), f(t["paired_p"], "{:.3g}").c_str(), f(t["sign_flip_p"], "{:.3g}").c_str(),
-          f(t["welch_t"], "{:.2f}").c_str(), f(t["welch_p"], "{:.3g}").c_str());
+}
+
+void print_seeds(const Comparison& c) {
+  const auto& seeds = c.seeds;
+  auto f = [](const nlohmann::json& v, const char* spec) {
+    return v.is_number() ? fmt::format(fmt::runtime(spec), v.get<double>()) : std::string("-");
+  };
+  std::printf("\nover seeds (mean +- standard deviation):\n%-24s %6s %18s %18s %18s\n", "arm", "seeds", "score",
+              "fast_1", "correct");
+  for (auto& a : seeds["arms"])
+    std::printf("%-24s %6llu %18s %18s %18s\n", a["arm"].get<std::string>().c_str(),
+                (unsigned long long)a["seeds"].get<uint64_t>(),
+                (f(a["score_mean"], "{:.3f}") + " +- " + f(a["score_std"], "{:.3f}")).c_str(),
+                (f(a["fast_1_mean"], "{:.3f}") + " +- " + f(a["fast_1_std"], "{:.3f}")).c_str(),
+                (f(a["correct_rate_mean"], "{:.3f}") + " +- " + f(a["correct_rate_std"], "{:.3f}")).c_str());
+  for (auto& t : seeds["tests"])
+    std::printf(
+        "%s against %s: score difference %s over %llu paired seeds; paired t %s (p %s), sign-flip p %s, "
+        "Welch t %s (p %s)\n",
+        t["arm"].get<std::string>().c_str(), t["against"].get<std::string>().c_str(),
+        f(t["mean_difference"], "{:+.3f}").c_str(), (unsigned long long)t["paired_seeds"].get<uint64_t>(),
+        f(t["paired_t"], "{:.2f}").c_str(), f(t["paired_p"], "{:.3g}").c_str(), f(t["sign_flip_p"], "{:.3g}").c_str(),
+        f(t["welch_t"], "{:.2f}").c_str(), f(t["welch_p"], "{:.3g}").c_str());
+}
+
+}  // namespace
+
+int cmd_compare(const CompareOptions& o) {
+  std::vector<Run> runs;
+  for (auto& d : o.run_dirs) {
+    auto found = runs_in(d);
+    if (found.empty()) {
+      std::fprintf(stderr, "launch compare: %s: no compute.json (a run that did not finish?) and no seed-N runs\n",
+                   d.c_str());
+      return 2;
+    }
+    for (auto& [dir, seed] : found) {
+      Run r;
+      r.dir = dir;
+      r.arm = fs::path(d).lexically_normal().filename().string();
+      if (r.arm.empty()) r.arm = fs::path(d).lexically_normal().parent_path().filename().string();
+      r.seed = seed;
+      if (int rc = load_run(r)) return rc;
+      runs.push_back(std::move(r));
+    }
   }
+  const auto differences = budget_differences(runs);
+  if (!differences.empty() && !o.allow_mismatch) {
+    std::fprintf(
+        stderr,
+        "launch compare: the budgets differ, so the comparison is refused (--allow-mismatch compares anyway):\n");
+    for (auto& d : differences) std::fprintf(stderr, "  %s\n", d.c_str());
+    return 3;
+  }
+  for (auto& d : differences) std::fprintf(stderr, "launch compare: warning: %s\n", d.c_str());
+  const Comparison c = compare_runs(runs);
+  if (o.json) {
+    print_json(runs, differences, c);
+    return 0;
+  }
+  print_table(runs, c);
+  print_per_task(c);
+  if (c.seeded) print_seeds(c);
   return 0;
 }
 

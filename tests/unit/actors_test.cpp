@@ -1,4 +1,4 @@
-// The dispatcher and evaluators as actors (the learner's and selector's tests: learner_test.cpp).
+// The dispatcher and evaluators as actors (the learner's and selector's tests: train_actors_test.cpp).
 #include "actors/dispatcher.hpp"
 #include "actors/evaluator.hpp"
 #include "actors/monitor.hpp"

@@ -490,15 +490,21 @@ TEST_CASE("a ttt run adapts on every task each step and stops early without impr
   CHECK(r.engine->n_groups() == 9);
 }
 
-TEST_CASE("an eval run whose sampler of every task goes away ends with an error, not a hang", "[learner]") {
-  System s;
-  TempDir tmp;
+// An eval run of tasks t1 and t2 in tmp.
+SupervisorArgs eval_of_two_tasks(const TempDir& tmp) {
   SupervisorArgs sa;
   sa.experiment.run_id = "r";
   sa.experiment.run_dir = tmp.path.string();
   sa.store_path = (tmp.path / "store.sqlite").string();
   sa.experiment.mode = *parse_mode("eval");
   sa.experiment.task_ids = {"t1", "t2"};
+  return sa;
+}
+
+TEST_CASE("an eval run whose sampler of every task goes away ends with an error, not a hang", "[learner]") {
+  System s;
+  TempDir tmp;
+  SupervisorArgs sa = eval_of_two_tasks(tmp);
   auto sup = spawn_supervisor(*s.sys, sa);
   // The first sampler takes the plan of every task, answers, and dies before any sample arrives;
   // the second sampler and the evaluator idle.
@@ -528,12 +534,7 @@ TEST_CASE("an eval run whose sampler of every task goes away ends with an error,
 TEST_CASE("a cluster run with no sampler of its own waits for one to join, or ends when none does", "[learner]") {
   System s;
   TempDir tmp;
-  SupervisorArgs sa;
-  sa.experiment.run_id = "r";
-  sa.experiment.run_dir = tmp.path.string();
-  sa.store_path = (tmp.path / "store.sqlite").string();
-  sa.experiment.mode = *parse_mode("eval");
-  sa.experiment.task_ids = {"t1", "t2"};
+  SupervisorArgs sa = eval_of_two_tasks(tmp);
   sa.join_wait_s = 0.5;
   auto idle = [](caf::event_based_actor*) -> caf::behavior { return {[](stats_atom) { return uint64_t(0); }}; };
   caf::scoped_actor self{*s.sys};
