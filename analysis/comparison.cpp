@@ -47,7 +47,8 @@ nlohmann::json per_task_bon_vs_boa(const Comparison& c) {
       if (it == bon.end()) continue;
       const auto& b = *it->second;
       const bool covered = b.value("correct", uint64_t{0}) > 0;
-      const double bon_fast = field(b, "best_speedup").is_number() && field(b, "best_speedup").get<double>() > 1.0 ? 1.0 : 0.0;
+      const double bon_fast =
+          field(b, "best_speedup").is_number() && field(b, "best_speedup").get<double>() > 1.0 ? 1.0 : 0.0;
       const double boa = t.value("boa_fast_1", 0.0);
       rows.push_back({{"task_id", id},
                       {"base_correct_rate", b.value("correct_rate", 0.0)},
@@ -79,7 +80,8 @@ nlohmann::json seed_statistics(const Comparison& c) {
   auto scores_of = [&](const std::string& arm, const char* key) {
     std::map<uint64_t, double> out;
     for (auto& r : runs)
-      if (r.arm == arm && r.seed) out[*r.seed] = std::string(key) == "score" ? r.score : field(r.analysis, key).get<double>();
+      if (r.arm == arm && r.seed)
+        out[*r.seed] = std::string(key) == "score" ? r.score : field(r.analysis, key).get<double>();
     return out;
   };
   auto stats = [](const std::map<uint64_t, double>& v) {

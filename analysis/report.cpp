@@ -385,13 +385,13 @@ std::string render_comparison_report(const std::string& title, const nlohmann::j
   return h;
 }
 
-std::string render_report(const ReportInputs& in) {
-  const auto& a = in.analysis;
-  const std::string fk = "fast_1";
-  std::string h =
-      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kernelrl report: " + esc(in.title) +
-      "</title>\n<style>" + style + "</style></head><body>\n";
-  h += "<h1>kernelrl report: " + esc(in.title) + "</h1>\n";
+namespace {
+
+// Each section of a run's report (render_report), in the page's order; "" when it has nothing to show.
+const std::string fk = "fast_1";  // the headline rate's key
+
+std::string summary_section(const ReportInputs& in, const nlohmann::json& a) {
+  std::string h;
   // Summary figures.
   std::string mode = in.summary.is_object() && in.summary.contains("mode") ? in.summary["mode"].get<std::string>() : "";
   std::vector<std::vector<std::string>> rows = {
@@ -430,7 +430,11 @@ std::string render_report(const ReportInputs& in) {
         cr.push_back({"settings." + k, v.is_string() ? v.get<std::string>() : v.dump()});
     h += "<h2>Compute (the budget)</h2>\n" + table({"figure", "value"}, cr);
   }
+  return h;
+}
 
+std::string training_section(const nlohmann::json& a) {
+  std::string h;
   // Training curves.
   const auto& steps = a.value("steps", nlohmann::json::array());
   if (steps.size() > 1) {
@@ -479,7 +483,11 @@ std::string render_report(const ReportInputs& in) {
       h += "<p class=\"note\">The learner's figures of the update made from each step's samples.</p>\n" + svg_chart(l);
     }
   }
+  return h;
+}
 
+std::string turns_section(const nlohmann::json& a) {
+  std::string h;
   // Multi-turn episodes: each turn's samples and the best so far over the turns.
   const auto& turns = a.value("turns", nlohmann::json::array());
   if (!turns.empty()) {
@@ -511,7 +519,11 @@ std::string render_report(const ReportInputs& in) {
         table({"turn", "samples", "correct", fk, "fast_1.2", "best so far " + fk, "best so far fast_1.2", "fixed"},
               rows);
   }
+  return h;
+}
 
+std::string scaling_section(const nlohmann::json& a) {
+  std::string h;
   // Scaling curve.
   const auto& at_k = a.value("at_k", nlohmann::json::array());
   if (!at_k.empty()) {
@@ -542,7 +554,11 @@ std::string render_report(const ReportInputs& in) {
          fk + "@k), by the unbiased estimator, averaged over tasks; the bands are " + conf +
          " bootstrap intervals over tasks.</p>\n" + svg_chart(c);
   }
+  return h;
+}
 
+std::string trajectories_section(const nlohmann::json& a) {
+  std::string h;
   // TTT trajectories.
   const auto& pst = a.value("per_step_task", nlohmann::json::array());
   std::map<std::string, Series> traj;
@@ -574,7 +590,11 @@ std::string render_report(const ReportInputs& in) {
                : std::string()) +
          ".</p>\n" + svg_chart(tc);
   }
+  return h;
+}
 
+std::string selection_section(const nlohmann::json& a) {
+  std::string h;
   // Selection strategies.
   if (a.contains("selection") && a["selection"].contains("strategies") && !a["selection"]["strategies"].empty()) {
     const auto& sel = a["selection"];
@@ -594,7 +614,11 @@ std::string render_report(const ReportInputs& in) {
              sel.value("groups", 0), sel.value("m", 0)) +
          svg_bars("selection fast_1", bars, "fast_1 of the selected sample");
   }
+  return h;
+}
 
+std::string scatter_section(const ReportInputs& in, const nlohmann::json& a) {
+  std::string h;
   // Per-task scatter: surprisal against speedup of correct samples.
   std::map<std::string, Series> by_task;
   for (auto& s : in.samples) {
@@ -628,7 +652,11 @@ std::string render_report(const ReportInputs& in) {
            "logprob).</p>\n" +
            table({"quartile", "samples", "mean logprob", "mean tokens", "mean speedup", "faster share"}, qr);
   }
+  return h;
+}
 
+std::string tasks_section(const nlohmann::json& a) {
+  std::string h;
   // Per-task table.
   std::vector<std::vector<std::string>> tr;
   for (auto& t : a.value("per_task", nlohmann::json::array()))
@@ -636,6 +664,23 @@ std::string render_report(const ReportInputs& in) {
                   fmt_num(value(t, "correct_rate")), fmt_num(value(t, fk)),
                   fmt_num(value(t, "geomean_speedup"), "{:.2f}x"), fmt_num(value(t, "best_speedup"), "{:.2f}x")});
   if (!tr.empty()) h += "<h2>Tasks</h2>\n" + table({"task", "samples", "correct", fk, "geomean", "best"}, tr);
+  return h;
+}
+}  // namespace
+
+std::string render_report(const ReportInputs& in) {
+  std::string h =
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kernelrl report: " + esc(in.title) +
+      "</title>\n<style>" + style + "</style></head><body>\n";
+  h += "<h1>kernelrl report: " + esc(in.title) + "</h1>\n";
+  h += summary_section(in, in.analysis);
+  h += training_section(in.analysis);
+  h += turns_section(in.analysis);
+  h += scaling_section(in.analysis);
+  h += trajectories_section(in.analysis);
+  h += selection_section(in.analysis);
+  h += scatter_section(in, in.analysis);
+  h += tasks_section(in.analysis);
   h += "<p class=\"note\">Made by <code>launch report</code> from the run's store; the figures are those of "
        "<code>launch analyze --json</code>.</p>\n</body></html>\n";
   return h;

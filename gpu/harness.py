@@ -946,6 +946,62 @@ def bound_ms(output_bytes, bound):
     return BOUND_FRACTION * output_bytes / rate
 
 
+class _Calls:
+    """How the harness calls one candidate's forward (frozen by the watch, as Harness is)."""
+
+    def __init__(self, harness, model, watch, ref_codes, own_codes, task, seed, n, dists, corr):
+        self.h, self.model, self.watch = harness, model, watch
+        self.ref_codes, self.own_codes = ref_codes, own_codes
+        self.task, self.seed, self.n, self.dists, self.corr = task, seed, n, dists, corr
+        self.calls = 0
+        self.given_shapes = None  # the shapes of the last check's inputs
+
+    def run(self, inputs, sync=True):
+        """forward(*inputs) as candidate code: the watch knows (its first call exempt from the
+        checks of later ones), the reference's code may not run inside, and what it raises is its
+        runtime_error."""
+        watch, h = self.watch, self.h
+        watch.in_candidate = True
+        watch.exempt = self.calls == 0
+        self.calls += 1
+        try:
+            with defenses.ReferenceGuard(self.ref_codes, self.own_codes) as guard:
+                out = self.model(*inputs)
+                if sync and h.device.type == "cuda":
+                    _cuda_sync(h.device)
+        except Verdict:
+            raise
+        except BaseException as e:
+            raise Verdict("runtime_error", h._candidate_exc(e), _tb(e))
+        finally:
+            watch.in_candidate = False
+            watch.exempt = False
+        if guard.hit:
+            raise Verdict("hacked", f"the candidate {guard.hit}")
+        return out
+
+    def trial(self, label, index=0, into=None):
+        """One check of the judge's protocol: the candidate's output on inputs from the check's
+        seed (copied into `into`, tensors it was given before, when given) goes to the judge,
+        which runs the reference on its own copy of them. Under another input distribution the
+        judge is asked first whether the inputs are inside the reference's domain (None when not:
+        no check). Returns the tensors the candidate was given."""
+        h, dists = self.h, self.dists
+        dist = judge.distribution_of(label, index, dists)
+        if dist is not None and not h._in_domain(label, index):
+            return None
+        with h._harness_step("generating inputs"):
+            inputs = h._inputs(self.task, judge.seed_of(label, index, self.seed, self.n, len(dists)), dist)
+            if into is not None and _shapes(into) == _shapes(inputs):
+                for old, new in zip(into, inputs):
+                    if isinstance(old, torch.Tensor):
+                        old.copy_(new)
+                inputs = into
+        self.given_shapes = _shapes(inputs)
+        h._judged(label, index, self.run(inputs), self.corr)
+        return inputs
+
+
 class Harness:
     """Lives in the worker (task cache, reference-timing cache); evaluate() runs in a child."""
 
@@ -1097,47 +1153,28 @@ class Harness:
         except Exception as e:  # noqa: BLE001
             raise Verdict("runtime_error", f"reference Model failed to build: {_short_exc(e)}", _tb(e))
 
-    def _evaluate(self, req, s, res):
-        task, source = self._load_task(req)
-        size = apply_size(task, s.get("size", "cpu"))
-
-        try:
-            code = assemble(req["action"], req["action_space"], source, req["task_id"])
-        except FormatError as e:
-            raise Verdict("format_error", str(e))
-        res["assembled_code"] = code
-
-        why = defenses.static_reference_use(policy_code(req["action"], req["action_space"]),
-                                            req["action_space"])
-        if why:
-            raise Verdict("hacked", f"the candidate {why}")
-
-        # Hide the task module from the candidate; install the build cache and the watch.
-        for name in [n for n in sys.modules if n.startswith("kernelrl_task_")]:
-            del sys.modules[name]
-        import compile_cache  # the worker imported it already (ForkServer), else here
-        rec = compile_cache.install(self.cache_root, _builder())
+    @staticmethod
+    def _watch(task):
+        """The defences' watch over what the candidate must leave as it is: the task's module and
+        Model, and the judge's own code (its modules and classes: a candidate replacing the
+        comparison or the clock is caught; gpu/worker.py computes the speedup itself)."""
         watch = defenses.Watch()
         watch.freeze("the task's module", task)
         watch.freeze("the task's Model", task.Model)
-        # The judge's own code: its modules and classes stay as they are (a candidate replacing
-        # the comparison or the clock is caught here; gpu/worker.py computes the speedup itself).
         for name in (__name__, "defenses", "judge", "sandbox", "compile_cache", "scaffold"):
             if name in sys.modules:
                 watch.freeze(f"the harness module {name}", sys.modules[name])
-        for cls in (Harness, Timer, defenses.Watch, defenses.ReferenceGuard, judge.Link):
+        for cls in (Harness, _Calls, Timer, defenses.Watch, defenses.ReferenceGuard, judge.Link):
             watch.freeze(f"the harness class {cls.__name__}", cls)
-        self._phase(res, "watch")
+        return watch
 
-        def hacked_check(where):
-            _watch_check(watch, where)
-            if watch.violations:
-                raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]))
-
-        # Load the candidate program: module-level errors (imports, kernel builds) are compile errors.
+    @staticmethod
+    def _load_program(req, s, res, code, rec):
+        """Runs the candidate's program as module kernelrl_candidate: module-level errors
+        (imports, kernel builds through the cache `rec`) are compile errors, with what it printed
+        (its first and last 4 KB) and the build log. Returns (module, its compiled code)."""
         mod = types.ModuleType("kernelrl_candidate")
-        allocated_before = self._allocated()
-        captured = bounded.BoundedText()  # the first and last 4 KB of what import prints
+        captured = bounded.BoundedText()
         try:
             compiled, mod.__dict__["__file__"] = _compile_candidate(code, req["sample_id"])
             with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
@@ -1158,6 +1195,73 @@ class Harness:
         res["compile_s"], res["compile_cached"] = summ["seconds"], summ["cached"]
         if not isinstance(getattr(mod, "ModelNew", None), type):
             raise Verdict("compile_error", "the program defines no class ModelNew")
+        return mod, compiled
+
+    @staticmethod
+    def _reference_codes(req, task, source, compiled):
+        """(the reference's forward code objects, the program's own): the reference matched by
+        identity is the task module's and, in the forward_body space, the copy the scaffold embeds
+        in the candidate's program."""
+        ref_codes = [getattr(task.Model.forward, "__code__", None)]
+        if req["action_space"] == "forward_body":
+            first, last = embedded_task_lines(source)
+            ref_codes += defenses.embedded_reference_codes(compiled, first, last)
+        return ref_codes, defenses.program_codes(compiled)
+
+    def _reverifies(self, s, speedup, cand_stats, res):
+        """Whether the speedup must be re-verified: above `reverify_speedup` (or `review_speedup`,
+        when set and lower: one that could be unconfirmed is re-verified first), or a runtime
+        below the device bound (res records the output's bytes and the bound)."""
+        threshold = float(s.get("reverify_speedup", 10.0))
+        review = float(s.get("review_speedup", 0.0))
+        if review > 0:
+            threshold = min(threshold, review) if threshold > 0 else review
+        res["output_bytes"] = self._output_bytes
+        res["bound_ms"] = bound_ms(self._output_bytes, self.given_bound)
+        return (threshold > 0 and speedup > threshold) or cand_stats["median_ms"] < res["bound_ms"]
+
+    def _coverage(self, s, code, new_model, task, seed, res, watch):
+        """Kernel coverage, last: once CUPTI has been active in a process, later kernel launches
+        there are slower and vary more (a launch-bound 0.26 ms kernel's median varied by 4.9% over
+        10 evaluations profiled before timing). Profiling costs seconds per process (CUPTI
+        start-up): only candidates that declare their own kernels need it; for the others
+        coverage is 0 by definition."""
+        if defenses.declares_custom_kernels(code) or s.get("profile") == "always":
+            self._profile(new_model, task, seed, code, res, watch)
+        else:
+            res["kernel_coverage"] = 0.0
+        self._phase(res, "profile")
+
+    def _evaluate(self, req, s, res):
+        task, source = self._load_task(req)
+        size = apply_size(task, s.get("size", "cpu"))
+
+        try:
+            code = assemble(req["action"], req["action_space"], source, req["task_id"])
+        except FormatError as e:
+            raise Verdict("format_error", str(e))
+        res["assembled_code"] = code
+
+        why = defenses.static_reference_use(policy_code(req["action"], req["action_space"]),
+                                            req["action_space"])
+        if why:
+            raise Verdict("hacked", f"the candidate {why}")
+
+        # Hide the task module from the candidate; install the build cache and the watch.
+        for name in [n for n in sys.modules if n.startswith("kernelrl_task_")]:
+            del sys.modules[name]
+        import compile_cache  # the worker imported it already (ForkServer), else here
+        rec = compile_cache.install(self.cache_root, _builder())
+        watch = self._watch(task)
+        self._phase(res, "watch")
+
+        def hacked_check(where):
+            _watch_check(watch, where)
+            if watch.violations:
+                raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]))
+
+        allocated_before = self._allocated()
+        mod, compiled = self._load_program(req, s, res, code, rec)
         apply_size(mod, size)  # the program's copy of the task's size constants, as the task's
         hacked_check("when its program was loaded")
         self._phase(res, "load")
@@ -1165,13 +1269,7 @@ class Harness:
         # builds, done above, needed no hold); its timed regions hold the device alone.
         self._hold(res, "shared")
 
-        # The reference's forward, matched by identity: the task module's own and, in the
-        # forward_body space, the copy the scaffold embeds in the candidate's program.
-        ref_codes = [getattr(task.Model.forward, "__code__", None)]
-        own_codes = defenses.program_codes(compiled)
-        if req["action_space"] == "forward_body":
-            first, last = embedded_task_lines(source)
-            ref_codes += defenses.embedded_reference_codes(compiled, first, last)
+        ref_codes, own_codes = self._reference_codes(req, task, source, compiled)
 
         seed = int(req["seed"])
         dists = judge.distributions(s)
@@ -1195,49 +1293,8 @@ class Harness:
                 finally:
                     watch.in_candidate = False
                 self._candidate_bytes = max(0, self._allocated() - allocated_before)
-                state = {"calls": 0}
-
-                def run_candidate(inputs, sync=True):
-                    watch.in_candidate = True
-                    watch.exempt = state["calls"] == 0
-                    state["calls"] += 1
-                    try:
-                        with defenses.ReferenceGuard(ref_codes, own_codes) as guard:
-                            out = new_model(*inputs)
-                            if cuda and sync:
-                                _cuda_sync(dev)
-                    except Verdict:
-                        raise
-                    except BaseException as e:
-                        raise Verdict("runtime_error", self._candidate_exc(e), _tb(e))
-                    finally:
-                        watch.in_candidate = False
-                        watch.exempt = False
-                    if guard.hit:
-                        raise Verdict("hacked", f"the candidate {guard.hit}")
-                    return out
-
-                def trial(label, index=0, into=None):
-                    """One check of the judge's protocol: the candidate's output on inputs from
-                    the check's seed (copied into `into`, tensors it was given before, when
-                    given) goes to the judge, which runs the reference on its own copy of them.
-                    Under another input distribution the judge is asked first whether the
-                    inputs are inside the reference's domain (None when not: no check).
-                    Returns the tensors the candidate was given."""
-                    dist = judge.distribution_of(label, index, dists)
-                    if dist is not None and not self._in_domain(label, index):
-                        return None
-                    with step("generating inputs"):
-                        inputs = self._inputs(task, judge.seed_of(label, index, seed, n, len(dists)), dist)
-                        if into is not None and _shapes(into) == _shapes(inputs):
-                            for old, new in zip(into, inputs):
-                                if isinstance(old, torch.Tensor):
-                                    old.copy_(new)
-                            inputs = into
-                    state["given_shapes"] = _shapes(inputs)
-                    self._judged(label, index, run_candidate(inputs), corr)
-                    return inputs
-
+                calls = _Calls(self, new_model, watch, ref_codes, own_codes, task, seed, n, dists, corr)
+                run_candidate, trial = calls.run, calls.trial
                 self._phase(res, "build")
                 for i in range(n):
                     trial("trial", i)
@@ -1255,20 +1312,16 @@ class Harness:
                 res["ref_runtime"] = ref_stats
                 with step("allocating the L2 flush buffer"):
                     timer = Timer(dev)
-                with self._as_candidate(watch):  # the warm-up, beside other candidates' work
-                    timing_inputs = self._warm(timer, task, new_model, warmup, seed)
-                self._phase(res, "warm_up")
-                precision = float(s.get("timing_precision", 0.0))
-                with self._alone(res):  # the checks that time, and the timing
+
+                def checks():  # the checks that time, in the timed region
                     if cuda:
                         timer._calibrate_spin()  # for both checks' spins
                         self._side_stream_check(task, seed, run_candidate, timer)
                         self._ordering_check(task, seed, n, run_candidate, timer, corr)
                     self._phase(res, "checks")
-                    cand_stats = self._time_candidate(timer, task, trials, warmup, seed, new_model, watch, res,
-                                                      inputs=timing_inputs, warm_ms=Timer.REWARM_MS,
-                                                      precision=precision)
-                    timing_inputs = None
+
+                timed = (timer, task, new_model, watch, res, warmup, float(s.get("timing_precision", 0.0)))
+                cand_stats = self._timed(*timed, trials, seed, checks)
                 hacked_check("while being timed")
                 self._phase(res, "timing")
 
@@ -1276,7 +1329,7 @@ class Harness:
                 # candidate was given with new values and call it on them again: an output cached
                 # by input identity shows up as a stale result.
                 given = trial("post")
-                if _shapes(given) != state["given_shapes"]:
+                if _shapes(given) != calls.given_shapes:
                     raise Verdict("incorrect", f"{judge.check_name('post', 0, n, dists, seed)}: the candidate "
                                                f"changed the shape or strides of its input tensors (a caller's "
                                                f"tensors are not its to resize)")
@@ -1288,13 +1341,7 @@ class Harness:
                 self._phase(res, "post_checks")
 
                 speedup = ref_stats["median_ms"] / cand_stats["median_ms"] if cand_stats["median_ms"] > 0 else 0.0
-                threshold = float(s.get("reverify_speedup", 10.0))
-                review = float(s.get("review_speedup", 0.0))
-                if review > 0:  # a speedup that could be unconfirmed is re-verified first
-                    threshold = min(threshold, review) if threshold > 0 else review
-                res["output_bytes"] = self._output_bytes
-                res["bound_ms"] = bound_ms(self._output_bytes, self.given_bound)
-                if (threshold > 0 and speedup > threshold) or cand_stats["median_ms"] < res["bound_ms"]:
+                if self._reverifies(s, speedup, cand_stats, res):
                     # The judge checks 4n more trials on new inputs, cycling through the task's own
                     # draw and every other input distribution; the candidate is timed again in
                     # full mode (the worker divides the reference's trusted full-mode timing by
@@ -1302,27 +1349,12 @@ class Harness:
                     res["reverified"] = True
                     for i in range(4 * n):
                         trial("reverify", i)
-                    full = int(s["full_trials"])
-                    with self._as_candidate(watch):
-                        timing_inputs = self._warm(timer, task, new_model, warmup, seed + 7_919)
-                    with self._alone(res):
-                        self._time_candidate(timer, task, full, warmup, seed + 7_919, new_model, watch, res,
-                                             inputs=timing_inputs, warm_ms=Timer.REWARM_MS, precision=precision)
-                        timing_inputs = None
+                    self._timed(*timed, int(s["full_trials"]), seed + 7_919)
                     hacked_check("during re-verification")
                     self._phase(res, "reverify")
 
                 if cuda:
-                    # Kernel coverage, last: once CUPTI has been active in a process, later kernel
-                    # launches there are slower and vary more (a launch-bound 0.26 ms kernel's
-                    # median varied by 4.9% over 10 evaluations profiled before timing). Profiling
-                    # costs seconds per process (CUPTI start-up): only candidates that declare
-                    # their own kernels need it; for the others coverage is 0 by definition.
-                    if defenses.declares_custom_kernels(code) or s.get("profile") == "always":
-                        self._profile(new_model, task, seed, code, res, watch)
-                    else:
-                        res["kernel_coverage"] = 0.0
-                    self._phase(res, "profile")
+                    self._coverage(s, code, new_model, task, seed, res, watch)
         except Verdict as v:
             # A candidate that gamed the harness is hacked even when it was also wrong.
             if v.status != "hacked":
@@ -1550,6 +1582,21 @@ class Harness:
             raise Verdict("runtime_error", self._candidate_exc(e), _tb(e))
         finally:
             watch.in_candidate = False
+
+    def _timed(self, timer, task, new_model, watch, res, warmup, precision, trials, seed, checks=None):
+        """The candidate's warm-up in the shared hold (beside other candidates' work: it is not
+        timed; phase warm_up when there are `checks`), then the timed region alone: `checks`
+        first, then the timing (_time_candidate), warmed up again for REWARM_MS and stopped at
+        `precision`. Returns its stats."""
+        with self._as_candidate(watch):
+            inputs = self._warm(timer, task, new_model, warmup, seed)
+        if checks is not None:
+            self._phase(res, "warm_up")
+        with self._alone(res):
+            if checks is not None:
+                checks()
+            return self._time_candidate(timer, task, trials, warmup, seed, new_model, watch, res, inputs=inputs,
+                                        warm_ms=Timer.REWARM_MS, precision=precision)
 
     def _time_candidate(self, timer, task, trials, warmup, seed, new_model, watch, res, **how):
         """The candidate's timing on repeated inputs (as KernelBench times), checked by the
