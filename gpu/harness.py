@@ -718,7 +718,6 @@ class Timer:
                     _cuda_sync(self.device)
             if cuda:
                 _cuda_sync(self.device)
-        return runs
 
     @staticmethod
     def median_interval(times):
@@ -961,20 +960,14 @@ class _Calls:
         checks of later ones), the reference's code may not run inside, and what it raises is its
         runtime_error."""
         watch, h = self.watch, self.h
-        watch.in_candidate = True
         watch.exempt = self.calls == 0
         self.calls += 1
         try:
-            with defenses.ReferenceGuard(self.ref_codes, self.own_codes) as guard:
+            with h._as_candidate(watch), defenses.ReferenceGuard(self.ref_codes, self.own_codes) as guard:
                 out = self.model(*inputs)
                 if sync and h.device.type == "cuda":
                     _cuda_sync(h.device)
-        except Verdict:
-            raise
-        except BaseException as e:
-            raise Verdict("runtime_error", h._candidate_exc(e), _tb(e))
         finally:
-            watch.in_candidate = False
             watch.exempt = False
         if guard.hit:
             raise Verdict("hacked", f"the candidate {guard.hit}")
@@ -1349,6 +1342,7 @@ class Harness:
                     res["reverified"] = True
                     for i in range(4 * n):
                         trial("reverify", i)
+                    self._phase(res, "reverify")
                     self._timed(*timed, int(s["full_trials"]), seed + 7_919)
                     hacked_check("during re-verification")
                     self._phase(res, "reverify")
@@ -1504,15 +1498,19 @@ class Harness:
     # checks between do not hold a third set of KernelBench-size inputs.
     KEEP_TIMING_INPUTS_BYTES = 256 << 20
 
+    @staticmethod
+    def _timing_seed(seed):
+        return seed * 1000 + 999
+
     def _timing_inputs(self, task, seed):
         with self._harness_step("generating inputs"):
-            return self._inputs(task, seed * 1000 + 999)
+            return self._inputs(task, self._timing_seed(seed))
 
-    def _warm(self, timer, task, model, warmup, seed, inputs=None):
+    def _warm(self, timer, task, model, warmup, seed):
         """The warm-up before a timed region, run in the shared hold (untimed: beside other
         candidates' work) on the timing inputs of seed. Returns those inputs when they are small
         enough to keep for the timed region, else None."""
-        inputs = inputs if inputs is not None else self._timing_inputs(task, seed)
+        inputs = self._timing_inputs(task, seed)
         timer.warm(model, inputs, warmup)
         small = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
         return inputs if small <= self.KEEP_TIMING_INPUTS_BYTES else None
@@ -1525,9 +1523,9 @@ class Harness:
         trials, alternating, before each of which the inputs are refilled outside the timed region
         (the task's own draw, generated and copied alike): with the same values again (arm
         "repeated") or with new ones (arm "fresh"); a probe that finds the fresh arm slower is run
-        again and the second one stands. Returns (stats, (repeated, fresh) or None; None for a
+        again and the second one stands. Returns (stats, (repeated, fresh) trial times or None; None for a
         task whose inputs change shape with the seed or hold no floating-point tensor)."""
-        timing_seed = seed * 1000 + 999
+        timing_seed = self._timing_seed(seed)
         if inputs is None:
             inputs = self._timing_inputs(task, seed)
         out = timer.run(model, inputs, warmup, trials, warm_ms=warm_ms, precision=precision)
@@ -1552,10 +1550,7 @@ class Harness:
             rounds[0] += 1  # new values each round: a cache filled by the first has none of them
             timer.run(model, inputs, warmup, 2 * fresh, refill=refill, warm_up=False)
             times = timer.last_times
-            arms = stats(times[0::2]), stats(times[1::2])
-            for arm, ts in zip(arms, (times[0::2], times[1::2])):
-                arm["_sorted"] = sorted(ts)  # for _kept_by_values; dropped before the reply
-            return arms
+            return times[0::2], times[1::2]
 
         try:
             arms = probe()
@@ -1566,14 +1561,16 @@ class Harness:
         return out, arms
 
     def _kept_by_values(self, repeated, fresh):
-        """Whether the fresh-values probe's arms say the timing holds a result kept by input
-        values: every fresh trial but its fastest more than FRESH_RATIO slower than every
-        repeated one but its slowest (one trial of each arm disturbed by the host, e.g. a process
-        scheduled in, does not hide the cache; noise does not move three of four trials past
-        three of four of the other arm, twice), and the medians FRESH_MIN_MS apart."""
-        f, r = fresh["_sorted"], repeated["_sorted"]
+        """Whether the fresh-values probe's arms (their trial times, ms) say the timing holds a
+        result kept by input values: every fresh trial but its fastest more than FRESH_RATIO
+        slower than every repeated one but its slowest (one trial of each arm disturbed by the
+        host, e.g. a process scheduled in, does not hide the cache; noise does not move three of
+        four trials past three of four of the other arm, twice), and the medians FRESH_MIN_MS
+        apart."""
+        f, r = sorted(fresh), sorted(repeated)
         fast, slow = (f[1], r[-2]) if len(f) >= 3 and len(r) >= 3 else (f[0], r[-1])
-        return fast > self.FRESH_RATIO * slow and fresh["median_ms"] - repeated["median_ms"] > self.FRESH_MIN_MS
+        return (fast > self.FRESH_RATIO * slow
+                and statistics.median(f) - statistics.median(r) > self.FRESH_MIN_MS)
 
     @contextlib.contextmanager
     def _as_candidate(self, watch):
@@ -1591,13 +1588,12 @@ class Harness:
 
     def _timed(self, timer, task, new_model, watch, res, warmup, precision, trials, seed, checks=None):
         """The candidate's warm-up in the shared hold (beside other candidates' work: it is not
-        timed; phase warm_up when there are `checks`), then the timed region alone: `checks`
-        first, then the timing (_time_candidate), warmed up again for REWARM_MS and stopped at
-        `precision`. Returns its stats."""
+        timed; phase warm_up), then the timed region alone: `checks` first, then the timing
+        (_time_candidate), warmed up again for REWARM_MS and stopped at `precision`. Returns its
+        stats."""
         with self._as_candidate(watch):
             inputs = self._warm(timer, task, new_model, warmup, seed)
-        if checks is not None:
-            self._phase(res, "warm_up")
+        self._phase(res, "warm_up")
         with self._alone(res):
             if checks is not None:
                 checks()
@@ -1615,10 +1611,8 @@ class Harness:
             cand_stats, probe = self._time_model(timer, task, new_model, trials, warmup, seed, self.FRESH_TRIALS,
                                                  **how)
         if probe is not None:
-            repeated, fresh = probe
-            kept = self._kept_by_values(repeated, fresh)
-            repeated.pop("_sorted")
-            fresh.pop("_sorted")
+            kept = self._kept_by_values(*probe)
+            repeated, fresh = stats(probe[0]), stats(probe[1])
             cand_stats["repeated_median_ms"] = repeated["median_ms"]
             cand_stats["fresh_median_ms"] = fresh["median_ms"]
             if kept:

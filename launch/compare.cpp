@@ -10,8 +10,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <algorithm>
-#include <array>
-#include <cmath>
 #include <cstdio>
 #include <map>
 #include <optional>
