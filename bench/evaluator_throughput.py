@@ -8,7 +8,8 @@ ones meant to hang or to be caught as hacks (a baseline has no such verdicts), e
 Both run the tasks' GPU sizes, 5 correctness trials and 50 timed trials. Verdicts must agree (ok,
 incorrect, or an error of any kind); candidates per hour and their ratio are printed, whole (start-up
 included) and in steady state (from the first candidate on the device to the last verdict: a
-training run starts its evaluators once). --per-device N[,M...]: a run with N evaluators sharing the
+training run starts its evaluators once). --samples K evaluates each candidate K times in a row (a
+task's group of samples, as training sends them; the baseline runs each once). --per-device N[,M...]: a run with N evaluators sharing the
 device (their checks at once, each timed region alone; target >= 20x), then M...; --no-baseline
 leaves the baseline out; --logs DIR keeps the workers' logs; --unlocked adds the control of N
 launches of one evaluator at once, each with a lock of its own (what the lock costs).
@@ -36,7 +37,8 @@ this machine). Part `cpu`: a fixed CPU-bound work in one process, then one per c
 cores the machine really delivers: quota, SMT siblings, a busy host).
 
 Usage: python bench/evaluator_throughput.py --launch PATH [--device cuda:0]
-           [--parts torch,phases,inline,parallel,cpu] [--limit N] [--stride N] [--per-device N[,M]] [--no-baseline]
+           [--parts torch,phases,inline,parallel,cpu] [--limit N] [--stride N] [--samples K] [--per-device N[,M]]
+           [--no-baseline]
            [--phases N] [--phases-at-once N] [--logs DIR] [--inline K]
            [--baseline-inline B] [--compile-workers W] [--parallel N] [--alone WALL,CPU] [--json OUT.json]
 """
@@ -204,9 +206,16 @@ def replay_candidates(args, work):
 
 
 def part_torch(args, work, out):
-    cands = replay_candidates(args, work)
+    distinct = replay_candidates(args, work)
+    # --samples K: each candidate K times in a row, as a training step's group of K samples of one
+    # task reaches the evaluators (each task's reference is then timed once for K candidates, as in
+    # a run, not once for about every candidate). The baseline runs the distinct candidates once:
+    # its fresh process per candidate costs the same whatever K (its reference timings are cached
+    # by task as well, after the first).
+    cands = [c for c in distinct for _ in range(args.samples)]
     n = len(cands)
-    print(f"[torch] {n} candidates over {len({c[0] for c in cands})} tasks", flush=True)
+    print(f"[torch] {n} candidates over {len({c[0] for c in cands})} tasks ({len(distinct)} distinct, "
+          f"{args.samples} sample(s) each)", flush=True)
 
     # No candidate here builds anything: the evaluator's default two compile workers. With
     # --per-device N[,M...], N evaluators share the device (issue 53, target 3: >= 20x the baseline),
@@ -259,10 +268,12 @@ def part_torch(args, work, out):
     if not args.no_baseline:
         ref_cache = os.path.join(work, "baseline-ref.json")
         t0 = time.monotonic()
-        for task, f, _ in cands:
-            base.append(run_baseline(args.device, task, f, ref_cache, os.path.join(work, "ext-torch")))
-        bwall = time.monotonic() - t0
-        print(f"[torch] baseline: {n} in {bwall:.1f} s = {3600 * n / bwall:.0f} candidates/hour; "
+        for task, f, _ in distinct:
+            b = run_baseline(args.device, task, f, ref_cache, os.path.join(work, "ext-torch"))
+            base += [b] * args.samples
+        bwall = (time.monotonic() - t0) * args.samples  # (the per-candidate rate of the distinct ones)
+        print(f"[torch] baseline: {len(distinct)} in {bwall / args.samples:.1f} s = {3600 * n / bwall:.0f} "
+              f"candidates/hour; "
               f"process wall mean {statistics.fmean(b['wall_s'] for b in base):.2f} s", flush=True)
 
     out["torch"] = {"candidates": n, "baseline_wall_s": bwall or None, "unlocked": unlocked,
@@ -310,7 +321,11 @@ def phase_breakdown(args, cands, action_space="forward_body", size=None, tag="ph
     settings on top of the defaults. Returns the means, and a row per candidate."""
     if not cands:
         return {}
-    sys.path.insert(0, os.path.abspath(args.gpu_dir) if args.gpu_dir else os.path.join(ROOT, "gpu"))
+    gpu_dir = getattr(args, "gpu_dir", "")  # (bench/kernelbench_parity.py has no --gpu-dir)
+    precision = args.timing_precision
+    if precision is None:  # (kernelbench_parity's default: the config's, 0.005 in core/config.hpp)
+        precision = 0.005
+    sys.path.insert(0, os.path.abspath(gpu_dir) if gpu_dir else os.path.join(ROOT, "gpu"))
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     from worker import ForkServer
     if size is None:
@@ -318,7 +333,7 @@ def phase_breakdown(args, cands, action_space="forward_body", size=None, tag="ph
     settings = {"correctness_trials": 5, "warmup": 2, "fast_trials": 5, "full_trials": 50,
                 "atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2,
                 "timeout_s": 600, "compile_timeout_s": 600, "memory_limit_mb": 0 if size == "cpu" else 16384,
-                "reverify_speedup": 10.0, "size": size, "timing_precision": args.timing_precision, **(extra or {})}
+                "reverify_speedup": 10.0, "size": size, "timing_precision": precision, **(extra or {})}
     server = ForkServer(args.device, 1)
     rows = []
     sums, walls, fixed, formats, worker_sums, judge_sums = {}, [], [], [], {}, {}
@@ -577,6 +592,8 @@ def main():
     ap.add_argument("--parts", default="torch,inline")
     ap.add_argument("--limit", type=int, default=0, help="torch part: first N candidates only")
     ap.add_argument("--stride", type=int, default=1, help="torch part: every Nth candidate")
+    ap.add_argument("--samples", type=int, default=1, help="torch part: each candidate this many times in a row "
+                    "(a task's group of samples; the baseline runs each once)")
     ap.add_argument("--phases", type=int, default=12, help="torch part: candidates timed phase by phase")
     ap.add_argument("--timing-precision", type=float, default=0.005,
                     help="phases part: [evaluator] timing_precision (0: every timed trial)")

@@ -1668,8 +1668,8 @@ class Harness:
         """The device's memory bandwidth as a copy achieves it (bytes read and written per ms, the
         best of 5 copies of up to 1 GiB, an eighth of the free memory at most; 64 MB on a CPU) and
         its last-level cache's size (GPU: L2; CPU: the largest cache sysfs lists; 0: unknown).
-        Measured once per worker by the judge (a process that runs no candidate code), holding the
-        device alone."""
+        Measured once per device for a launch's workers (gpu/shared_timings.py) by the judge (a
+        process that runs no candidate code), holding the device alone."""
         with self._alone({}):
             return self._measure_bandwidth()
 

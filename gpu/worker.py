@@ -105,7 +105,7 @@ class ForkServer:
     """The worker's logic without the socket: usable from Python tests and benchmarks."""
 
     def __init__(self, device="cpu", threads=1, cache_root=None, tmp_root=None, isolate_net=True, hide=(),
-                 lock_dir=None):
+                 lock_dir=None, shared_dir=None):
         import torch  # noqa: F401  (imported once here, inherited by every child)
         import sandbox
         from harness import Harness
@@ -129,13 +129,15 @@ class ForkServer:
         home = os.path.expanduser("~")
         keep = ([sys.prefix, sys.base_prefix, HERE, self.cache_root] + [p for p in sys.path if p and os.path.isdir(p)]
                 + toolchain_paths())
-        hidden = [home, "/root", self.tmp_root] + beyond_the_system() + list(hide)
+        hidden = [home, "/root", self.tmp_root] + beyond_the_system() + list(hide) + ([shared_dir] if shared_dir else [])
         self.conf = sandbox.Confinement(enabled=isolate_net, hide=hidden,
                                         expose=sorted(set(os.path.abspath(p) for p in keep)))
         os.makedirs(os.path.join(self.cache_root, ".staging"), exist_ok=True)
         self.spare = None
         self.judge = None  # the trusted judge's process (gpu/judge.py), started at the first evaluation
         self.bandwidth = None  # the device's measured bandwidth and cache (Harness.measure_bandwidth)
+        from shared_timings import SharedTimings
+        self.shared = SharedTimings(shared_dir)  # the references' timings, shared with the launch's other workers
         self.exit_hold = False  # the device's lock held shared while a replied candidate exits (_defer_exit)
         self.exiting = []  # (pid, tmpdir) killed after their reply, not yet reaped (by self.reaper)
         self.exits = threading.Condition()  # guards exiting and exit_hold
@@ -351,18 +353,44 @@ class ForkServer:
         return dict(req, task_source=source, task_source_hash=hashlib.sha1(source.encode()).hexdigest())
 
     def _reference(self, req, s, mode, env):
-        """The reference's timing for this request's task, size and mode: measured once per
-        worker by the judge, a process that runs no candidate code. Returns (stats, failure reply)."""
+        """The reference's timing for this request's task, size and mode: measured by the judge, a
+        process that runs no candidate code, once per device for all the launch's workers
+        (gpu/shared_timings.py), and with it the device's bandwidth. Returns (stats, failure reply)."""
         trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
+        device = self.info.get("uuid") or self.info["device"]
         key = "|".join(str(x) for x in (req["task_path"], req.get("task_source_hash", ""), s.get("size", "cpu"),
-                                        self.info["device"], mode, trials, int(s["warmup"]),
+                                        device, mode, trials, int(s["warmup"]),
                                         float(s.get("timing_precision", 0.0))))
         hit = self.harness.ref_cache.get(key)
         if hit is not None:
             return hit, None
-        measure = self.bandwidth is None and bool(s.get("bandwidth_bound", True))
+        wants_bw = bool(s.get("bandwidth_bound", True))
+        bw_key = "bandwidth|" + device
+        stats = self.shared.get(key)
+        if wants_bw and self.bandwidth is None:
+            self.bandwidth = self.shared.get(bw_key)
+        if stats is None or (wants_bw and self.bandwidth is None):
+            with self.shared.measuring(key):
+                stats = stats or self.shared.get(key)  # another worker's, measured while this one waited
+                if wants_bw and self.bandwidth is None:
+                    self.bandwidth = self.shared.get(bw_key)
+                if stats is None or (wants_bw and self.bandwidth is None):
+                    measured, failure = self._time_reference(req, s, mode, env, wants_bw and self.bandwidth is None)
+                    if failure:
+                        return None, failure
+                    if stats is None:
+                        stats = measured
+                        self.shared.put(key, stats)
+                    if self.bandwidth is not None:
+                        self.shared.put(bw_key, self.bandwidth)
+        self.harness.ref_cache[key] = stats
+        return stats, None
+
+    def _time_reference(self, req, s, mode, env, bandwidth):
+        """The judge's timing of the reference (and the device's bandwidth when asked): (stats,
+        failure reply)."""
         reply = self._judge_process(env).time_reference(req, s, mode, float(s.get("timeout_s", 60)) * 4,
-                                                        bandwidth=measure)
+                                                        bandwidth=bandwidth)
         failure = None
         if reply is None:
             self.judge = None
@@ -373,8 +401,7 @@ class ForkServer:
             return None, {"status": "out_of_memory" if oom else "runtime_error",
                           "error": f"timing the reference failed (no verdict on the candidate): {why.get('error', '')}",
                           "compile_log": (reply or {}).get("compile_log", "")}
-        self.harness.ref_cache[key] = reply["stats"]
-        if measure and reply.get("bandwidth"):
+        if bandwidth and reply.get("bandwidth"):
             self.bandwidth = reply["bandwidth"]
         return reply["stats"], None
 
@@ -632,6 +659,8 @@ def main():
     ap.add_argument("--cache", default="", help="build cache folder (default ~/.cache/kernelrl/build-cache)")
     ap.add_argument("--no-netns", action="store_true",
                     help="do not confine candidates (no namespaces, no private file view): for debugging only")
+    ap.add_argument("--shared-dir", default="",
+                    help="a folder the launch's workers share, hidden from candidates (references' timings)")
     ap.add_argument("--hide", action="append", default=[],
                     help="a folder candidates must not see (the run folder, the store); repeatable")
     args = ap.parse_args()
@@ -639,7 +668,7 @@ def main():
     sandbox.die_with_parent()
 
     server = ForkServer(args.device, args.threads, args.cache or None, isolate_net=not args.no_netns,
-                        hide=args.hide)
+                        hide=args.hide, shared_dir=args.shared_dir or None)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.REP)
     sock.setsockopt(zmq.LINGER, 0)

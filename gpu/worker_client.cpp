@@ -194,6 +194,10 @@ bool WorkerClient::ensure_started(std::string& err) {
     args.push_back(opts_.cache_dir);
   }
   if (!opts_.isolate_network) args.push_back("--no-netns");
+  if (!worker_dir_.empty() && !process_temp_dir().empty()) {
+    args.push_back("--shared-dir");  // this process's workers share what they measure of a device
+    args.push_back(process_temp_dir());
+  }
   for (auto& h : opts_.hide) {
     if (h.empty()) continue;
     args.push_back("--hide");

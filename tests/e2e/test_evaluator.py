@@ -1092,8 +1092,8 @@ SHARE_DRIVER = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 from worker import ForkServer
-task, cache, tmp, lock_dir, ready, n_workers, n, settings = sys.argv[2:10]
-server = ForkServer("cpu", 1, cache, tmp_root=tmp, lock_dir=lock_dir)
+task, cache, tmp, lock_dir, ready, n_workers, n, settings, shared = sys.argv[2:11]
+server = ForkServer("cpu", 1, cache, tmp_root=tmp, lock_dir=lock_dir, shared_dir=shared)
 open(os.path.join(ready, str(os.getpid())), "w").close()
 while len(os.listdir(ready)) < int(n_workers):  # every worker started: their candidates overlap
     time.sleep(0.02)
@@ -1103,7 +1103,7 @@ for i in range(int(n)):
            "seed": 42 + i, "action_space": "forward_body",
            "action": "import time\ntime.sleep(0.03)\nreturn torch.nn.functional.silu(x)"}
     r = server.evaluate(req, json.loads(settings))
-    out.append({k: r.get(k) for k in ("status", "error", "device_lock", "phases")})
+    out.append({k: r.get(k) for k in ("status", "error", "device_lock", "phases", "ref_runtime")})
 server.close()
 print(json.dumps(out))
 """
@@ -1112,21 +1112,23 @@ print(json.dumps(out))
 class DeviceShareTest(unittest.TestCase):
     """Issue 53, target 3: several workers on one device, as `per_gpu` (or cpu_slots) starts them.
     Their candidates' processes check at once; no timed region of one overlaps any hold of another
-    (the windows each candidate's process records, on the system's monotonic clock)."""
+    (the windows each candidate's process records, on the system's monotonic clock). The task's
+    reference is timed once for all of them (gpu/shared_timings.py), though all three ask at once."""
 
     WORKERS, EACH = 3, 3
 
     def test_candidates_check_at_once_and_each_timed_region_runs_alone(self):
         with tempfile.TemporaryDirectory() as d:
-            ready = os.path.join(d, "ready")
+            ready, shared = os.path.join(d, "ready"), os.path.join(d, "launch")
             os.makedirs(ready)
+            os.makedirs(shared)
             procs = []
             for w in range(self.WORKERS):
                 tmp = os.path.join(d, f"scratch{w}")
                 os.makedirs(tmp)
                 procs.append(subprocess.Popen(
                     [sys.executable, "-c", SHARE_DRIVER, os.path.join(ROOT, "gpu"), SWISH, os.path.join(d, "cache"),
-                     tmp, d, ready, str(self.WORKERS), str(self.EACH), json.dumps(SETTINGS)],
+                     tmp, d, ready, str(self.WORKERS), str(self.EACH), json.dumps(SETTINGS), shared],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             results = []
             for p in procs:
@@ -1149,6 +1151,9 @@ class DeviceShareTest(unittest.TestCase):
         shared = [h for h in holds if h[2] == "shared"]
         beside = [(x, y) for x in shared for y in shared if x[0] < y[0] and x[3] < y[4] and y[3] < x[4]]
         self.assertTrue(beside, "candidates of different workers checked at once")
+        refs = {json.dumps(r["ref_runtime"], sort_keys=True) for rs in results for r in rs}
+        self.assertEqual(len(refs), 1, f"the reference timed once for the three workers, not {len(refs)} times")
+        self.assertGreater(json.loads(refs.pop())["median_ms"], 0)
 
 
 class DeviceWaitTest(unittest.TestCase):
