@@ -374,52 +374,203 @@ bool renders_prompts(const Config& cfg, const NodeConfig& node) {
   return has_role(node, "sampler") || (has_role(node, "learner") && cfg.experiment.mode == Mode::sdpo);
 }
 
-// Runs `node`'s evaluators and samplers for the head until the head is gone.
+// What a node prepares before it joins: its log folder (and what of it this process made), and
+// for a sampler or a self-distilling learner the tasks' prompts as the head renders them, and
+// the sampler's models (a model that does not load is a clear error here, not a dead sampler
+// later).
+struct NodePreparation {
+  std::string log_dir;
+  std::vector<fs::path> made;  // created here: removed again (when still empty) if the head never takes it
+  std::vector<RenderedPrompt> rendered;
+  SamplerArgs sampling;
+  std::vector<std::shared_ptr<SamplerBackend>> backends;
+};
 
+bool prepare_node(const Config& cfg, const NodeConfig& node, NodePreparation& out, std::string& err) {
+  out.log_dir = (fs::path(cfg.experiment.run_root) / ("node-" + sanitize_id(node.name))).string();
+  std::error_code probe;
+  for (auto p : {fs::path(cfg.experiment.run_root), fs::path(out.log_dir)})
+    if (!fs::exists(p, probe)) out.made.push_back(p);
+  fs::create_directories(out.log_dir);
+  if (renders_prompts(cfg, node)) {
+    TaskSet tasks, eval_tasks;
+    if (!load_experiment_tasks(cfg, tasks, eval_tasks, err) ||
+        !render_task_prompts(cfg, tasks, eval_tasks, out.rendered, err))
+      return false;
+  }
+  if (has_role(node, "sampler")) {
+    out.sampling = sampler_settings(cfg);
+    for (auto& p : out.rendered) out.sampling.prompts.push_back({p.task_id, p.prompt, p.prompt_tokens, p.user});
+    try {
+      out.backends = make_backends(cfg, out.log_dir, node, false);
+    } catch (const std::exception& e) {
+      err = e.what();
+      return false;
+    }
+  }
+  return true;
+}
+
+// The learner role on a joined node: the head names the run directory (its checkpoints go there,
+// on this machine) and whether the run resumes; the model loads, then the learner registers.
+// Returns 0, or the process's exit code.
+int start_learner(caf::scoped_actor& self, const caf::actor& gate, const Config& cfg, const NodeConfig& node,
+                  const std::string& how, const std::vector<RenderedPrompt>& rendered, LearningActors& learning) {
+  auto lg = log::get("node");
+  auto& sys = self->home_system();
+  std::string run_dir, fail;
+  bool resume = false;
+  self->request(gate, std::chrono::seconds(30), learner_atom::value)
+      .receive(
+          [&](std::string& dir, bool r) {
+            run_dir = std::move(dir);
+            resume = r;
+          },
+          [&](caf::error& e) { fail = error_text(sys, e); });
+  if (!fail.empty()) {
+    std::fprintf(stderr, "launch: %s: the head did not take this node's learner: %s\n", how.c_str(), fail.c_str());
+    return 2;
+  }
+  std::map<std::string, std::string> users;
+  for (auto& p : rendered) users[p.task_id] = p.user;
+  try {
+    fs::create_directories(fs::path(run_dir) / "checkpoints");
+    learning = spawn_learning(sys, cfg, users, run_dir, make_engine(cfg, run_dir, resume));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), e.what());
+    return 2;
+  }
+  bool registered = false;
+  self->request(gate, std::chrono::seconds(30), register_atom::value, learner_atom::value, learning.learner,
+                learning.selector)
+      .receive([&](bool) { registered = true; },
+               [&](caf::error& e) {
+                 lg->error("node {}: the head did not take its learner: {}", node.name, error_text(sys, e));
+               });
+  if (!registered) {
+    self->send_exit(learning.learner, caf::exit_reason::user_shutdown);
+    self->send_exit(learning.selector, caf::exit_reason::user_shutdown);
+    return 1;
+  }
+  lg->info("node {}: the learner runs here; checkpoints in {}/checkpoints", node.name, run_dir);
+  return 0;
+}
+
+// The monitor role on a joined node: the head names the run directory (metrics.jsonl goes there,
+// on this machine) and the supervisor that stores the snapshots; the gate hands it every source.
+// Returns 0, or the process's exit code.
+int start_monitor(caf::scoped_actor& self, const caf::actor& gate, const Config& cfg, const NodeConfig& node,
+                  const std::string& how, caf::actor& monitor) {
+  auto lg = log::get("node");
+  auto& sys = self->home_system();
+  std::string run_dir, fail;
+  caf::actor recorder;
+  self->request(gate, std::chrono::seconds(30), monitor_atom::value)
+      .receive(
+          [&](std::string& dir, caf::actor& r) {
+            run_dir = std::move(dir);
+            recorder = std::move(r);
+          },
+          [&](caf::error& e) { fail = error_text(sys, e); });
+  if (!fail.empty()) {
+    std::fprintf(stderr, "launch: %s: the head did not take this node's monitor: %s\n", how.c_str(), fail.c_str());
+    return 2;
+  }
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  auto ma = monitor_settings(cfg, run_dir);
+  if (!ma) return 2;
+  monitor = spawn_monitor(sys, std::move(*ma), {}, recorder);
+  bool registered = false;
+  self->request(gate, std::chrono::seconds(30), register_atom::value, monitor_atom::value, monitor)
+      .receive([&](bool) { registered = true; },
+               [&](caf::error& e) {
+                 lg->error("node {}: the head did not take its monitor: {}", node.name, error_text(sys, e));
+               });
+  if (!registered) {
+    self->send_exit(monitor, caf::exit_reason::user_shutdown);
+    return 1;
+  }
+  lg->info("node {}: the monitor runs here; metrics in {}/{}", node.name, run_dir, cfg.monitor.metrics_file);
+  return 0;
+}
+
+// The node's samplers, each registered with the head (one it does not take is stopped): appended
+// to `actors`.
+void start_samplers(caf::scoped_actor& self, const caf::actor& gate, const NodeConfig& node,
+                    const NodePreparation& prep, std::vector<caf::actor>& actors) {
+  auto lg = log::get("node");
+  auto& sys = self->home_system();
+  const std::string digest = prompts_digest(prep.rendered);
+  for (size_t i = 0; i < prep.backends.size(); ++i) {
+    SamplerArgs one = prep.sampling;
+    one.backend = prep.backends[i];
+    one.id = sampler_name(node, false, i);
+    const std::string id = one.id;
+    auto s = spawn_sampler(sys, std::move(one), gate);  // its rollouts go through the gate
+    bool registered = false;
+    self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value, s, id, digest)
+        .receive([&](bool) { registered = true; },
+                 [&](caf::error& e) {
+                   lg->error("node {}: the head did not take sampler {}: {}", node.name, id, error_text(sys, e));
+                 });
+    if (!registered) {
+      self->send_exit(s, caf::exit_reason::user_shutdown);
+      continue;
+    }
+    actors.push_back(s);
+  }
+}
+
+// Runs until the head is gone (the run ended, or the link went silent past peer_timeout_s) or
+// every one of `actors` stopped (1); stops them.
+int run_until_the_head_is_gone(caf::scoped_actor& self, const caf::actor& gate, const std::string& name,
+                               const std::vector<caf::actor>& actors) {
+  auto lg = log::get("node");
+  auto& sys = self->home_system();
+  self->monitor(gate);
+  for (auto& a : actors) self->monitor(a);
+  size_t alive = actors.size();
+  int rc = 0;
+  bool head_gone = false;
+  while (!head_gone && alive > 0) {
+    self->receive([&](caf::down_msg& dm) {
+      if (dm.source == gate.address()) {
+        head_gone = true;
+        // In words: CAF's exit reasons are not for people.
+        const std::string why =
+            !dm.reason || dm.reason == caf::exit_reason::user_shutdown || dm.reason == caf::exit_reason::normal
+                ? "the run ended"
+            : dm.reason == caf::exit_reason::remote_link_unreachable ? "the connection to it was lost"
+                                                                     : sys.render(dm.reason);
+        lg->info("node {}: the head is gone ({}); stopping", name, why);
+      } else {
+        --alive;
+      }
+    });
+  }
+  if (alive == 0 && !head_gone) {
+    lg->error("node {}: every evaluator, sampler, learner and monitor stopped (see the errors above)", name);
+    rc = 1;
+  }
+  for (auto& a : actors) self->send_exit(a, caf::exit_reason::user_shutdown);
+  return rc;
+}
+
+// Runs `node`'s roles for the head until the head is gone.
 int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how) {
   auto lg = log::get("node");
   const std::string& name = node.name;
   std::string err;
   auto secret = read_cluster_secret(cfg.cluster, err);
-  if (!secret) {
+  NodePreparation prep;
+  if (!secret || !prepare_node(cfg, node, prep, err)) {
     std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), err.c_str());
     return 2;
   }
   std::string host;
   uint16_t port = 0;
   head_address(cfg, host, port);
-  const std::string log_dir = (fs::path(cfg.experiment.run_root) / ("node-" + sanitize_id(name))).string();
-  std::error_code probe;
-  // What this process creates, removed again (when still empty) if the head never takes it.
-  std::vector<fs::path> made;
-  for (auto p : {fs::path(cfg.experiment.run_root), fs::path(log_dir)})
-    if (!fs::exists(p, probe)) made.push_back(p);
-  fs::create_directories(log_dir);
-
-  // The sampler role: each task's prompt as the head renders it, and the models, loaded before
-  // joining (a model that does not load is a clear error here, not a dead sampler later).
-  SamplerArgs sampling;
-  std::vector<std::shared_ptr<SamplerBackend>> backends;
-  const bool learns = has_role(node, "learner") && traits(cfg.experiment.mode).learns;
-  std::vector<RenderedPrompt> rendered;
-  if (renders_prompts(cfg, node)) {
-    TaskSet tasks, eval_tasks;
-    if (!load_experiment_tasks(cfg, tasks, eval_tasks, err) ||
-        !render_task_prompts(cfg, tasks, eval_tasks, rendered, err)) {
-      std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), err.c_str());
-      return 2;
-    }
-  }
-  if (has_role(node, "sampler")) {
-    sampling = sampler_settings(cfg);
-    for (auto& p : rendered) sampling.prompts.push_back({p.task_id, p.prompt, p.prompt_tokens, p.user});
-    try {
-      backends = make_backends(cfg, log_dir, node, false);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), e.what());
-      return 2;
-    }
-  }
 
   caf::actor_system_config sys_cfg;
   add_message_types(sys_cfg);
@@ -437,7 +588,7 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
     if (!joined) {
       std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), err.c_str());
       std::error_code ignored;
-      for (auto it = made.rbegin(); it != made.rend(); ++it) fs::remove(*it, ignored);  // (only if empty)
+      for (auto it = prep.made.rbegin(); it != prep.made.rend(); ++it) fs::remove(*it, ignored);  // (only if empty)
       return refused ? 2 : 1;
     }
     caf::actor gate = *joined;
@@ -445,138 +596,24 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
                 unsigned(port));
     std::fflush(stdout);
 
-    std::vector<caf::actor> actors;  // evaluators, then samplers, then the learner and its selector
-    // The learner role: the head names the run directory (its checkpoints go there, on this
-    // machine) and whether the run resumes; the model loads, then the learner registers.
     LearningActors learning;
-    if (learns) {
-      std::string run_dir, fail;
-      bool resume = false;
-      self->request(gate, std::chrono::seconds(30), learner_atom::value)
-          .receive(
-              [&](std::string& dir, bool r) {
-                run_dir = std::move(dir);
-                resume = r;
-              },
-              [&](caf::error& e) { fail = error_text(sys, e); });
-      if (!fail.empty()) {
-        std::fprintf(stderr, "launch: %s: the head did not take this node's learner: %s\n", how.c_str(), fail.c_str());
-        return 2;
-      }
-      std::map<std::string, std::string> users;
-      for (auto& p : rendered) users[p.task_id] = p.user;
-      try {
-        fs::create_directories(fs::path(run_dir) / "checkpoints");
-        learning = spawn_learning(sys, cfg, users, run_dir, make_engine(cfg, run_dir, resume));
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "launch: %s: %s\n", how.c_str(), e.what());
-        return 2;
-      }
-      bool registered = false;
-      self->request(gate, std::chrono::seconds(30), register_atom::value, learner_atom::value, learning.learner,
-                    learning.selector)
-          .receive([&](bool) { registered = true; },
-                   [&](caf::error& e) {
-                     lg->error("node {}: the head did not take its learner: {}", name, error_text(sys, e));
-                   });
-      if (!registered) {
-        self->send_exit(learning.learner, caf::exit_reason::user_shutdown);
-        self->send_exit(learning.selector, caf::exit_reason::user_shutdown);
-        return 1;
-      }
-      lg->info("node {}: the learner runs here; checkpoints in {}/checkpoints", name, run_dir);
-    }
-    // The monitor role: the head names the run directory (metrics.jsonl goes there, on this
-    // machine) and the supervisor that stores the snapshots; the gate hands it every source.
+    if (has_role(node, "learner") && traits(cfg.experiment.mode).learns)
+      if (int rc = start_learner(self, gate, cfg, node, how, prep.rendered, learning)) return rc;
     caf::actor monitor;
-    if (has_role(node, "monitor")) {
-      std::string run_dir, fail;
-      caf::actor recorder;
-      self->request(gate, std::chrono::seconds(30), monitor_atom::value)
-          .receive(
-              [&](std::string& dir, caf::actor& r) {
-                run_dir = std::move(dir);
-                recorder = std::move(r);
-              },
-              [&](caf::error& e) { fail = error_text(sys, e); });
-      if (!fail.empty()) {
-        std::fprintf(stderr, "launch: %s: the head did not take this node's monitor: %s\n", how.c_str(), fail.c_str());
-        return 2;
-      }
-      std::error_code ec;
-      fs::create_directories(run_dir, ec);
-      auto ma = monitor_settings(cfg, run_dir);
-      if (!ma) return 2;
-      monitor = spawn_monitor(sys, std::move(*ma), {}, recorder);
-      bool registered = false;
-      self->request(gate, std::chrono::seconds(30), register_atom::value, monitor_atom::value, monitor)
-          .receive([&](bool) { registered = true; },
-                   [&](caf::error& e) {
-                     lg->error("node {}: the head did not take its monitor: {}", name, error_text(sys, e));
-                   });
-      if (!registered) {
-        self->send_exit(monitor, caf::exit_reason::user_shutdown);
-        return 1;
-      }
-      lg->info("node {}: the monitor runs here; metrics in {}/{}", name, run_dir, cfg.monitor.metrics_file);
-    }
-    for (auto& ea : node_evaluators(cfg, node, log_dir)) actors.push_back(spawn_evaluator(sys, ea, gate));
-    const std::string digest = prompts_digest(rendered);
+    if (has_role(node, "monitor"))
+      if (int rc = start_monitor(self, gate, cfg, node, how, monitor)) return rc;
+    std::vector<caf::actor> actors;  // evaluators, then samplers, then the learner and its selector
+    for (auto& ea : node_evaluators(cfg, node, prep.log_dir)) actors.push_back(spawn_evaluator(sys, ea, gate));
     const size_t evaluators = actors.size();
-    for (size_t i = 0; i < backends.size(); ++i) {
-      SamplerArgs one = sampling;
-      one.backend = backends[i];
-      one.id = sampler_name(node, false, i);
-      const std::string id = one.id;
-      auto s = spawn_sampler(sys, std::move(one), gate);  // its rollouts go through the gate
-      bool registered = false;
-      self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value, s, id, digest)
-          .receive([&](bool) { registered = true; },
-                   [&](caf::error& e) {
-                     lg->error("node {}: the head did not take sampler {}: {}", name, id, error_text(sys, e));
-                   });
-      if (!registered) {
-        self->send_exit(s, caf::exit_reason::user_shutdown);
-        continue;
-      }
-      actors.push_back(s);
-    }
+    start_samplers(self, gate, node, prep, actors);
     lg->info("node {}: {} evaluator(s) and {} sampler(s) started; logs in {}", name, evaluators,
-             actors.size() - evaluators, log_dir);
+             actors.size() - evaluators, prep.log_dir);
     if (learning.learner) {
       actors.push_back(learning.learner);
       actors.push_back(learning.selector);
     }
     if (monitor) actors.push_back(monitor);
-
-    // Run until the head is gone (the run ended, or the link went silent past peer_timeout_s).
-    self->monitor(gate);
-    for (auto& a : actors) self->monitor(a);
-    size_t alive = actors.size();
-    int rc = 0;
-    bool head_gone = false;
-    while (!head_gone && alive > 0) {
-      self->receive([&](caf::down_msg& dm) {
-        if (dm.source == gate.address()) {
-          head_gone = true;
-          // In words: CAF's exit reasons are not for people.
-          const std::string why =
-              !dm.reason || dm.reason == caf::exit_reason::user_shutdown || dm.reason == caf::exit_reason::normal
-                  ? "the run ended"
-              : dm.reason == caf::exit_reason::remote_link_unreachable ? "the connection to it was lost"
-                                                                       : sys.render(dm.reason);
-          lg->info("node {}: the head is gone ({}); stopping", name, why);
-        } else {
-          --alive;
-        }
-      });
-    }
-    if (alive == 0 && !head_gone) {
-      lg->error("node {}: every evaluator, sampler, learner and monitor stopped (see the errors above)", name);
-      rc = 1;
-    }
-    for (auto& a : actors) self->send_exit(a, caf::exit_reason::user_shutdown);
-    return rc;
+    return run_until_the_head_is_gone(self, gate, name, actors);
   }();
   stop_actor_system(std::move(sysp), std::chrono::seconds(10), code);
   return code;

@@ -64,6 +64,71 @@ char next_wake(int timeout_ms) {
   return c;
 }
 
+// The dispatcher's and the HTTP front's settings for the config's tasks.
+void service_settings(const Config& cfg, const ServeArgs& a, const TaskSet& tasks, const TaskSet& eval_tasks,
+                      DispatcherArgs& da, ServiceArgs& sa) {
+  auto lg = log::get("serve");
+  std::string err;
+  for (auto* set : {&tasks, &eval_tasks})
+    for (auto& t : set->tasks()) {
+      da.task_paths[t.id] = sa.task_paths[t.id] = t.path;
+      std::string user;  // the task as a prompt's user message, for clients that build datasets
+      if (task_user_message(t, cfg.evaluator.action_space, cfg.tasks.languages, user, err))
+        sa.task_prompts[t.id] = std::move(user);
+      else
+        lg->warn("task {}: no prompt for GET /v1/tasks: {}", t.id, err);
+    }
+  da.action_space = sa.action_space = cfg.evaluator.action_space;
+  da.mode = sa.mode = cfg.evaluator.mode;
+  da.seed = cfg.evaluator.seed;
+  da.max_in_flight = cfg.evaluator.in_flight();
+  da.max_attempts = cfg.evaluator.max_attempts;
+  da.max_queue = std::max<uint32_t>(a.max_pending, 1);
+}
+
+// Serves until SIGINT, SIGTERM or the front's end (it should not end: then the service ends with
+// an error instead of listening to nothing); on a signal, stops taking requests and gives those in
+// flight up to --drain-s to be answered (a second signal ends the wait); records the summary.
+// Returns the exit code.
+int serve_until_stopped(caf::actor_system& sys, const ServeArgs& a, const caf::actor& front, const caf::actor& recorder,
+                        std::vector<caf::actor>& all) {
+  auto lg = log::get("serve");
+  int code = 0;
+  auto watcher = sys.spawn([front](caf::event_based_actor* self) -> caf::behavior {
+    self->monitor(front);
+    self->set_down_handler([](caf::down_msg&) { wake('f'); });
+    return {[](tick_atom) {}};
+  });
+  all.push_back(watcher);
+  char why = 0;
+  while (!why) why = next_wake(-1);
+  caf::scoped_actor self{sys};
+  if (why == 'f') {
+    lg->error("the HTTP front stopped; the service ends");
+    code = 1;
+  } else {
+    lg->info("{}: stopping the service", why == 'i' ? "SIGINT" : "SIGTERM");
+    anon_send(front, finish_atom::value);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(a.drain_s);
+    while (std::chrono::steady_clock::now() < until) {
+      double pending = 0;
+      self->request(front, std::chrono::seconds(5), stats_atom::value)
+          .receive([&](Telemetry& t) { pending = t.values["pending"]; }, [&](caf::error&) { pending = 0; });
+      if (pending == 0) break;
+      if (next_wake(250)) {
+        lg->warn("a second signal: {} requests in flight are not answered", pending);
+        break;
+      }
+    }
+  }
+  nlohmann::json summary = {{"ok", code == 0}, {"mode", "serve"}};
+  self->request(front, std::chrono::seconds(5), stats_atom::value)
+      .receive([&](Telemetry& t) { summary["service"] = t.values; }, [](caf::error&) {});
+  self->request(recorder, std::chrono::seconds(10), finish_atom::value, summary.dump())
+      .receive([](bool) {}, [](caf::error&) {});
+  return code;
+}
+
 int cmd_serve(const ServeArgs& a) {
   if (::pipe2(wake_pipe, O_CLOEXEC) != 0) {
     std::perror("launch serve: pipe");
@@ -133,21 +198,7 @@ int cmd_serve(const ServeArgs& a) {
       all.push_back(reward);
       DispatcherArgs da;
       ServiceArgs sa;
-      for (auto* set : {&tasks, &eval_tasks})
-        for (auto& t : set->tasks()) {
-          da.task_paths[t.id] = sa.task_paths[t.id] = t.path;
-          std::string user;  // the task as a prompt's user message, for clients that build datasets
-          if (task_user_message(t, cfg->evaluator.action_space, cfg->tasks.languages, user, err))
-            sa.task_prompts[t.id] = std::move(user);
-          else
-            lg->warn("task {}: no prompt for GET /v1/tasks: {}", t.id, err);
-        }
-      da.action_space = sa.action_space = cfg->evaluator.action_space;
-      da.mode = sa.mode = cfg->evaluator.mode;
-      da.seed = cfg->evaluator.seed;
-      da.max_in_flight = cfg->evaluator.in_flight();
-      da.max_attempts = cfg->evaluator.max_attempts;
-      da.max_queue = std::max<uint32_t>(a.max_pending, 1);
+      service_settings(*cfg, a, tasks, eval_tasks, da, sa);
       auto dispatcher = spawn_dispatcher(*sys, da, reward);
       all.push_back(dispatcher);
       const std::string worker_logs = (fs::path(*run_dir) / "workers").string();
@@ -191,42 +242,7 @@ int cmd_serve(const ServeArgs& a) {
           std::printf("serving %zu tasks on http://%s:%u (POST /v1/evaluate; %u evaluators here; run directory %s)\n",
                       sa.task_paths.size(), a.host.c_str(), service.port, sa.local_evaluators, run_dir->c_str());
           std::fflush(stdout);
-          // A watcher wakes the main thread if the front ever stops (it should not: then the
-          // service ends with an error instead of listening to nothing).
-          auto watcher = sys->spawn([front = service.front](caf::event_based_actor* self) -> caf::behavior {
-            self->monitor(front);
-            self->set_down_handler([](caf::down_msg&) { wake('f'); });
-            return {[](tick_atom) {}};
-          });
-          all.push_back(watcher);
-          char why = 0;
-          while (!why) why = next_wake(-1);
-          caf::scoped_actor self{*sys};
-          if (why == 'f') {
-            lg->error("the HTTP front stopped; the service ends");
-            code = 1;
-          } else {
-            // Stop taking requests, then give those in flight up to --drain-s to be answered (a second
-            // signal ends the wait).
-            lg->info("{}: stopping the service", why == 'i' ? "SIGINT" : "SIGTERM");
-            anon_send(service.front, finish_atom::value);
-            const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(a.drain_s);
-            while (std::chrono::steady_clock::now() < until) {
-              double pending = 0;
-              self->request(service.front, std::chrono::seconds(5), stats_atom::value)
-                  .receive([&](Telemetry& t) { pending = t.values["pending"]; }, [&](caf::error&) { pending = 0; });
-              if (pending == 0) break;
-              if (next_wake(250)) {
-                lg->warn("a second signal: {} requests in flight are not answered", pending);
-                break;
-              }
-            }
-          }
-          nlohmann::json summary = {{"ok", code == 0}, {"mode", "serve"}};
-          self->request(service.front, std::chrono::seconds(5), stats_atom::value)
-              .receive([&](Telemetry& t) { summary["service"] = t.values; }, [](caf::error&) {});
-          self->request(recorder, std::chrono::seconds(10), finish_atom::value, summary.dump())
-              .receive([](bool) {}, [](caf::error&) {});
+          code = serve_until_stopped(*sys, a, service.front, recorder, all);
           std::printf("stopped; every verdict is in %s/%s\n", run_dir->c_str(), cfg->store.file.c_str());
         }
       }
