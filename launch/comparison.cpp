@@ -70,35 +70,26 @@ void merge(toml::table& base, toml::table&& over) {
   }
 }
 
-// The arms of a comparison config, validated; false after printing every problem.
-bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mismatch, std::vector<std::string>& compare,
-               std::vector<uint64_t>& seeds) {
-  toml::table root;
-  try {
-    root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    std::fprintf(stderr, "%s:%u:%u: (syntax): %s\n", path.c_str(), e.source().begin.line, e.source().begin.column,
-                 std::string(e.description()).c_str());
-    return false;
-  }
-  auto where = [&](const toml::node& n) { return fmt_where(path, n.source().begin.line, n.source().begin.column); };
-  bool ok = true;
-  if (!root["comparison"].is_table()) {
-    std::fprintf(stderr, "%s: comparison: expected a table ([comparison])\n", path.c_str());
-    return false;
-  }
-  const toml::table& cmp = *root["comparison"].as_table();
-  // comparison.arms and comparison.compare: arrays of arm names; false after printing what is wrong.
+std::string where_in(const std::string& path, const toml::node& n) {
+  return fmt_where(path, n.source().begin.line, n.source().begin.column);
+}
+
+// [comparison]'s keys: arms, compare, seeds, allow_mismatch; false after printing what is wrong.
+bool read_comparison(const std::string& path, const toml::table& cmp, std::vector<std::string>& names,
+                     std::vector<std::string>& compare, std::vector<uint64_t>& seeds, bool& allow_mismatch) {
+  // comparison.arms and comparison.compare: arrays of arm names.
   auto read_names = [&](const toml::node& v, const std::string& key, std::vector<std::string>& out) {
     auto* a = v.as_array();
     if (!a) {
-      std::fprintf(stderr, "%s: comparison.%s: expected an array of arm names\n", where(v).c_str(), key.c_str());
+      std::fprintf(stderr, "%s: comparison.%s: expected an array of arm names\n", where_in(path, v).c_str(),
+                   key.c_str());
       return false;
     }
     bool good = true;
     for (auto& x : *a) {
       if (!x.is_string()) {
-        std::fprintf(stderr, "%s: comparison.%s: expected arm names (strings)\n", where(x).c_str(), key.c_str());
+        std::fprintf(stderr, "%s: comparison.%s: expected arm names (strings)\n", where_in(path, x).c_str(),
+                     key.c_str());
         good = false;
       } else {
         out.push_back(x.as_string()->get());
@@ -106,7 +97,7 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
     }
     return good;
   };
-  std::vector<std::string> names;
+  bool ok = true;
   for (auto& [k, v] : cmp) {
     std::string key(k.str());
     if (key == "arms" || key == "compare") {
@@ -127,70 +118,139 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
         std::fprintf(stderr,
                      "%s: comparison.seeds: expected a non-empty array of distinct seeds (integers >= 0), e.g. "
                      "[0, 1, 2]\n",
-                     where(v).c_str());
+                     where_in(path, v).c_str());
         ok = false;
       }
     } else if (key == "allow_mismatch") {
       if (!v.is_boolean()) {
-        std::fprintf(stderr, "%s: comparison.allow_mismatch: expected true or false\n", where(v).c_str());
+        std::fprintf(stderr, "%s: comparison.allow_mismatch: expected true or false\n", where_in(path, v).c_str());
         ok = false;
       } else {
         allow_mismatch = v.as_boolean()->get();
       }
     } else {
       std::fprintf(stderr, "%s: comparison.%s: unknown key (expected arms, compare, allow_mismatch, seeds)\n",
-                   where(v).c_str(), key.c_str());
+                   where_in(path, v).c_str(), key.c_str());
       ok = false;
     }
   }
-  const toml::table* arm_tables = root["arm"].as_table();
+  return ok;
+}
+
+// The arms' names against their [arm.NAME] tables and comparison.compare; false after printing
+// what is wrong (`ok`: whether [comparison] read well; a short compare list is reported only then).
+bool check_arm_names(const std::string& path, const toml::table& cmp, const toml::table* arm_tables,
+                     const std::vector<std::string>& names, const std::vector<std::string>& compare, bool ok) {
+  const std::string where = where_in(path, cmp);
   std::set<std::string> seen;
   if (names.size() < 2) {
-    std::fprintf(stderr, "%s: comparison.arms: expected at least two arms, got %zu\n", where(cmp).c_str(),
-                 names.size());
+    std::fprintf(stderr, "%s: comparison.arms: expected at least two arms, got %zu\n", where.c_str(), names.size());
     ok = false;
   }
   for (auto& n : names) {
     if (!seen.insert(n).second) {
-      std::fprintf(stderr, "%s: comparison.arms: \"%s\" is listed twice\n", where(cmp).c_str(), n.c_str());
+      std::fprintf(stderr, "%s: comparison.arms: \"%s\" is listed twice\n", where.c_str(), n.c_str());
       ok = false;
     }
     if (n.empty() ||
         n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos) {
       std::fprintf(stderr,
                    "%s: comparison.arms: \"%s\": arm names use letters, digits, - and _ (each names a folder)\n",
-                   where(cmp).c_str(), n.c_str());
+                   where.c_str(), n.c_str());
       ok = false;
     }
     if (!arm_tables || !arm_tables->get(n) || !arm_tables->get(n)->is_table()) {
-      std::fprintf(stderr, "%s: comparison.arms: \"%s\" has no [arm.%s] table\n", where(cmp).c_str(), n.c_str(),
-                   n.c_str());
+      std::fprintf(stderr, "%s: comparison.arms: \"%s\" has no [arm.%s] table\n", where.c_str(), n.c_str(), n.c_str());
       ok = false;
     }
   }
   if (arm_tables)
     for (auto& [k, v] : *arm_tables)
       if (!seen.count(std::string(k.str()))) {
-        std::fprintf(stderr, "%s: arm.%s: not listed in comparison.arms\n", where(v).c_str(),
+        std::fprintf(stderr, "%s: arm.%s: not listed in comparison.arms\n", where_in(path, v).c_str(),
                      std::string(k.str()).c_str());
         ok = false;
       }
   std::set<std::string> compared;
   for (auto& c : compare) {
     if (!seen.count(c)) {
-      std::fprintf(stderr, "%s: comparison.compare: \"%s\" is not one of comparison.arms\n", where(cmp).c_str(),
-                   c.c_str());
+      std::fprintf(stderr, "%s: comparison.compare: \"%s\" is not one of comparison.arms\n", where.c_str(), c.c_str());
       ok = false;
     } else if (!compared.insert(c).second) {
-      std::fprintf(stderr, "%s: comparison.compare: \"%s\" is listed twice\n", where(cmp).c_str(), c.c_str());
+      std::fprintf(stderr, "%s: comparison.compare: \"%s\" is listed twice\n", where.c_str(), c.c_str());
       ok = false;
     }
   }
   if (cmp.get("compare") && compare.size() < 2 && ok) {
-    std::fprintf(stderr, "%s: comparison.compare: expected at least two arms, got %zu\n", where(cmp).c_str(),
+    std::fprintf(stderr, "%s: comparison.compare: expected at least two arms, got %zu\n", where.c_str(),
                  compare.size());
     ok = false;
   }
+  return ok;
+}
+
+// Arm `n`'s policy.adapter = "arm:NAME" (an earlier learning arm's best checkpoint, known once that
+// arm has run): `from` = NAME and the key erased (set when the arm starts). False when it names no
+// earlier learning arm of one checkpoint (printed, unless that arm was itself invalid: then `n` is
+// marked invalid too).
+bool adapter_from_arm(const std::string& path, const std::string& n, toml::table& t, const std::vector<Arm>& arms,
+                      std::set<std::string>& invalid, std::string& from) {
+  auto* pol = t["policy"].as_table();
+  if (!pol || !pol->get("adapter") || !pol->get("adapter")->is_string()) return true;
+  std::string ad = pol->get("adapter")->as_string()->get();
+  if (ad.rfind("arm:", 0) != 0) return true;
+  from = ad.substr(4);
+  const Arm* earlier = nullptr;
+  for (auto& a : arms)
+    if (a.name == from) earlier = &a;
+  if (!earlier && invalid.count(from)) {  // its own errors are reported
+    invalid.insert(n);
+    return false;
+  }
+  if (!earlier) {
+    std::fprintf(stderr,
+                 "%s: arm %s: policy.adapter = \"%s\": expected an arm listed before \"%s\" in comparison.arms\n",
+                 path.c_str(), n.c_str(), ad.c_str(), n.c_str());
+    return false;
+  }
+  const char* m = name(earlier->cfg.experiment.mode);
+  if (!traits(earlier->cfg.experiment.mode).learns) {
+    std::fprintf(stderr,
+                 "%s: arm %s: policy.adapter = \"%s\": arm %s (mode %s) learns nothing (expected a train, "
+                 "ttt or sdpo arm)\n",
+                 path.c_str(), n.c_str(), ad.c_str(), from.c_str(), m);
+    return false;
+  }
+  if (earlier->cfg.experiment.per_task) {
+    std::fprintf(stderr,
+                 "%s: arm %s: policy.adapter = \"%s\": arm %s adapts one adapter per task (per_task = true): "
+                 "there is no one checkpoint to start from\n",
+                 path.c_str(), n.c_str(), ad.c_str(), from.c_str());
+    return false;
+  }
+  pol->erase("adapter");  // validated without it; set when the arm starts
+  return true;
+}
+
+// The arms of a comparison config, validated; false after printing every problem.
+bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mismatch, std::vector<std::string>& compare,
+               std::vector<uint64_t>& seeds) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::fprintf(stderr, "%s:%u:%u: (syntax): %s\n", path.c_str(), e.source().begin.line, e.source().begin.column,
+                 std::string(e.description()).c_str());
+    return false;
+  }
+  if (!root["comparison"].is_table()) {
+    std::fprintf(stderr, "%s: comparison: expected a table ([comparison])\n", path.c_str());
+    return false;
+  }
+  const toml::table& cmp = *root["comparison"].as_table();
+  std::vector<std::string> names;
+  bool ok = read_comparison(path, cmp, names, compare, seeds, allow_mismatch);
+  ok = check_arm_names(path, cmp, root["arm"].as_table(), names, compare, ok);
   if (!ok) return false;
   if (compare.empty()) compare = names;
   std::set<std::string> invalid;  // arms already reported: what refers to them adds nothing
@@ -201,46 +261,10 @@ bool load_arms(const std::string& path, std::vector<Arm>& arms, bool& allow_mism
     t.erase("comparison");
     t.erase("arm");
     merge(t, std::move(over));
-    // adapter = "arm:NAME": an earlier learning arm's best checkpoint, known once that arm has run.
     std::string from;
-    if (auto* pol = t["policy"].as_table(); pol && pol->get("adapter") && pol->get("adapter")->is_string()) {
-      std::string ad = pol->get("adapter")->as_string()->get();
-      if (ad.rfind("arm:", 0) == 0) {
-        from = ad.substr(4);
-        const Arm* earlier = nullptr;
-        for (auto& a : arms)
-          if (a.name == from) earlier = &a;
-        if (!earlier && invalid.count(from)) {  // its own errors are reported
-          invalid.insert(n);
-          ok = false;
-          continue;
-        }
-        if (!earlier) {
-          std::fprintf(stderr,
-                       "%s: arm %s: policy.adapter = \"%s\": expected an arm listed before \"%s\" in comparison.arms\n",
-                       path.c_str(), n.c_str(), ad.c_str(), n.c_str());
-          ok = false;
-          continue;
-        }
-        const char* m = name(earlier->cfg.experiment.mode);
-        if (!traits(earlier->cfg.experiment.mode).learns) {
-          std::fprintf(stderr,
-                       "%s: arm %s: policy.adapter = \"%s\": arm %s (mode %s) learns nothing (expected a train, "
-                       "ttt or sdpo arm)\n",
-                       path.c_str(), n.c_str(), ad.c_str(), from.c_str(), m);
-          ok = false;
-          continue;
-        }
-        if (earlier->cfg.experiment.per_task) {
-          std::fprintf(stderr,
-                       "%s: arm %s: policy.adapter = \"%s\": arm %s adapts one adapter per task (per_task = true): "
-                       "there is no one checkpoint to start from\n",
-                       path.c_str(), n.c_str(), ad.c_str(), from.c_str());
-          ok = false;
-          continue;
-        }
-        pol->erase("adapter");  // validated without it; set when the arm starts
-      }
+    if (!adapter_from_arm(path, n, t, arms, invalid, from)) {
+      ok = false;
+      continue;
     }
     std::vector<ConfigError> set_errs;
     if (!apply_overrides(t, config_overrides(), set_errs)) {
