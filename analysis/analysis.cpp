@@ -360,6 +360,127 @@ nlohmann::json turn_figures(const std::vector<AnalysisSample>& samples, const st
   return out;
 }
 
+// pass@k and fast_1@k over tasks (the "1.0" threshold, or the first one given), with bootstrap
+// intervals over tasks.
+nlohmann::json at_k_figures(const std::map<std::string, Counts>& by_task, const AnalysisOptions& o) {
+  std::vector<std::pair<uint64_t, uint64_t>> pass, fast;
+  size_t fi = 0;
+  for (size_t i = 0; i < o.p.size(); ++i)
+    if (o.p[i] == 1.0) fi = i;
+  uint64_t min_n = std::numeric_limits<uint64_t>::max();
+  for (auto& [id, c] : by_task) {
+    pass.push_back({c.n, c.correct});
+    fast.push_back({c.n, c.fast.empty() ? 0 : c.fast[fi]});
+    min_n = std::min(min_n, c.n);
+  }
+  std::vector<uint32_t> ks = o.ks;
+  if (ks.empty() && !by_task.empty())
+    for (uint64_t k = 1; k <= min_n; k *= 2) ks.push_back(uint32_t(k));
+  std::vector<size_t> everyone(pass.size());
+  std::iota(everyone.begin(), everyone.end(), 0);
+  std::mt19937_64 rng(o.seed);
+  std::vector<std::vector<size_t>> resamples(o.bootstrap, std::vector<size_t>(pass.size()));
+  for (auto& r : resamples)
+    for (auto& i : r) i = size_t(rng() % pass.size());
+  const double lo_q = (1 - o.confidence) / 2, hi_q = 1 - lo_q;
+  nlohmann::json at_k = nlohmann::json::array();
+  for (uint32_t k : ks) {
+    nlohmann::json j = {{"k", k}};
+    size_t used = 0;
+    for (auto& [n, c] : pass) used += n >= k ? 1 : 0;
+    j["tasks"] = used;
+    const std::string fast_name = p_key(o.p.empty() ? 1.0 : o.p[fi]);  // fast_1: correct and faster
+    for (auto& [name, data] : std::vector<std::pair<std::string, const std::vector<std::pair<uint64_t, uint64_t>>*>>{
+             {"pass", &pass}, {fast_name, &fast}}) {
+      j[name] = num(mean_at_k(*data, everyone, k));
+      if (o.bootstrap > 0 && !pass.empty()) {
+        std::vector<double> boots;
+        boots.reserve(resamples.size());
+        for (auto& r : resamples) boots.push_back(mean_at_k(*data, r, k));
+        j[name + "_ci"] = {num(percentile(boots, lo_q)), num(percentile(boots, hi_q))};
+      }
+    }
+    at_k.push_back(j);
+  }
+  return at_k;
+}
+
+// Mean logprob against speedup, over correct samples with tokens: rank correlations and the
+// surprisal quartiles.
+nlohmann::json logprob_figures(const std::vector<AnalysisSample>& samples) {
+  std::vector<double> lp, sp, len;
+  for (auto& s : samples)
+    if (s.correct && s.num_tokens > 0) {
+      lp.push_back(s.logprob_mean);
+      sp.push_back(s.speedup);
+      len.push_back(double(s.num_tokens));
+    }
+  nlohmann::json lj = {{"n", lp.size()}};
+  const double rho = spearman(lp, sp), prho = partial_spearman(lp, sp, len), lrho = spearman(len, sp);
+  lj["spearman_rho"] = num(rho);
+  lj["spearman_p"] = num(spearman_p_value(rho, lp.size()));
+  lj["partial_spearman_rho_length"] = num(prho);
+  lj["partial_spearman_p_length"] = num(spearman_p_value(prho, lp.size(), 1));
+  lj["length_vs_speedup"] = {{"spearman_rho", num(lrho)}, {"spearman_p", num(spearman_p_value(lrho, lp.size()))}};
+  // Quartiles of surprisal (-mean logprob), as the seeds number them: Q1 the most surprising
+  // quarter (lowest mean logprob), Q4 the most confident.
+  nlohmann::json quart = nlohmann::json::array();
+  if (lp.size() >= 4) {
+    std::vector<size_t> idx = surprisal_order(lp);
+    for (int q = 0; q < 4; ++q) {
+      size_t b = idx.size() * q / 4, e = idx.size() * (q + 1) / 4;
+      double ssum = 0, lsum = 0, tsum = 0;
+      uint64_t faster = 0;
+      for (size_t i = b; i < e; ++i) {
+        ssum += sp[idx[i]];
+        lsum += lp[idx[i]];
+        tsum += len[idx[i]];
+        faster += sp[idx[i]] > 1.0 ? 1 : 0;
+      }
+      double n = double(e - b);
+      quart.push_back({{"quartile", q + 1},
+                       {"n", e - b},
+                       {"mean_logprob", lsum / n},
+                       {"mean_tokens", tsum / n},
+                       {"mean_speedup", ssum / n},
+                       {"faster_share", double(faster) / n}});
+    }
+  }
+  lj["surprisal_quartiles"] = quart;
+  return lj;
+}
+
+// Selection strategies over each (step, task) group of at least two samples.
+nlohmann::json selection_figures(const std::vector<AnalysisSample>& samples, const AnalysisOptions& o) {
+  std::map<std::pair<uint32_t, std::string>, std::vector<AnalysisSample>> groups;
+  for (auto& s : samples) groups[{s.step, s.task_id}].push_back(s);
+  std::map<std::string, std::pair<Selection, uint64_t>> totals;  // summed over groups, and the count
+  uint64_t n_groups = 0;
+  for (auto& [key, g] : groups) {
+    if (g.size() < 2) continue;
+    ++n_groups;
+    for (auto& [name, sel] : select_group(g, o.m)) {
+      if (!sel.applicable) continue;
+      auto& t = totals[name];
+      t.first.fast_1 += sel.fast_1;
+      t.first.correct += sel.correct;
+      t.first.speedup += sel.speedup;
+      t.first.evaluations += sel.evaluations;
+      ++t.second;
+    }
+  }
+  nlohmann::json sel = {{"groups", n_groups}, {"m", o.m}, {"strategies", nlohmann::json::object()}};
+  for (auto& [name, t] : totals) {
+    double n = double(t.second);
+    sel["strategies"][name] = {{"groups", t.second},
+                               {"fast_1", t.first.fast_1 / n},
+                               {"correct", t.first.correct / n},
+                               {"mean_speedup", t.first.speedup / n},
+                               {"evaluations_per_group", double(t.first.evaluations) / n}};
+  }
+  return sel;
+}
+
 }  // namespace
 
 nlohmann::json analyze(const std::vector<AnalysisSample>& all_samples, const AnalysisOptions& o,
@@ -410,119 +531,10 @@ nlohmann::json analyze(const std::vector<AnalysisSample>& all_samples, const Ana
   }
   out["per_step_task"] = step_tasks;
 
-  // pass@k and fast_1@k over tasks (the "1.0" threshold, or the first one given).
-  std::vector<std::pair<uint64_t, uint64_t>> pass, fast;
-  size_t fi = 0;
-  for (size_t i = 0; i < o.p.size(); ++i)
-    if (o.p[i] == 1.0) fi = i;
-  uint64_t min_n = std::numeric_limits<uint64_t>::max();
-  for (auto& [id, c] : by_task) {
-    pass.push_back({c.n, c.correct});
-    fast.push_back({c.n, c.fast.empty() ? 0 : c.fast[fi]});
-    min_n = std::min(min_n, c.n);
-  }
-  std::vector<uint32_t> ks = o.ks;
-  if (ks.empty() && !by_task.empty())
-    for (uint64_t k = 1; k <= min_n; k *= 2) ks.push_back(uint32_t(k));
-  std::vector<size_t> everyone(pass.size());
-  std::iota(everyone.begin(), everyone.end(), 0);
-  std::mt19937_64 rng(o.seed);
-  std::vector<std::vector<size_t>> resamples(o.bootstrap, std::vector<size_t>(pass.size()));
-  for (auto& r : resamples)
-    for (auto& i : r) i = size_t(rng() % pass.size());
-  const double lo_q = (1 - o.confidence) / 2, hi_q = 1 - lo_q;
-  nlohmann::json at_k = nlohmann::json::array();
-  for (uint32_t k : ks) {
-    nlohmann::json j = {{"k", k}};
-    size_t used = 0;
-    for (auto& [n, c] : pass) used += n >= k ? 1 : 0;
-    j["tasks"] = used;
-    const std::string fast_name = p_key(o.p.empty() ? 1.0 : o.p[fi]);  // fast_1: correct and faster
-    for (auto& [name, data] : std::vector<std::pair<std::string, const std::vector<std::pair<uint64_t, uint64_t>>*>>{
-             {"pass", &pass}, {fast_name, &fast}}) {
-      j[name] = num(mean_at_k(*data, everyone, k));
-      if (o.bootstrap > 0 && !pass.empty()) {
-        std::vector<double> boots;
-        boots.reserve(resamples.size());
-        for (auto& r : resamples) boots.push_back(mean_at_k(*data, r, k));
-        j[name + "_ci"] = {num(percentile(boots, lo_q)), num(percentile(boots, hi_q))};
-      }
-    }
-    at_k.push_back(j);
-  }
-  out["at_k"] = at_k;
+  out["at_k"] = at_k_figures(by_task, o);
   out["bootstrap"] = {{"resamples", o.bootstrap}, {"confidence", o.confidence}, {"seed", o.seed}, {"unit", "task"}};
-
-  // Mean logprob against speedup, over correct samples with tokens.
-  std::vector<double> lp, sp, len;
-  for (auto& s : samples)
-    if (s.correct && s.num_tokens > 0) {
-      lp.push_back(s.logprob_mean);
-      sp.push_back(s.speedup);
-      len.push_back(double(s.num_tokens));
-    }
-  nlohmann::json lj = {{"n", lp.size()}};
-  const double rho = spearman(lp, sp), prho = partial_spearman(lp, sp, len), lrho = spearman(len, sp);
-  lj["spearman_rho"] = num(rho);
-  lj["spearman_p"] = num(spearman_p_value(rho, lp.size()));
-  lj["partial_spearman_rho_length"] = num(prho);
-  lj["partial_spearman_p_length"] = num(spearman_p_value(prho, lp.size(), 1));
-  lj["length_vs_speedup"] = {{"spearman_rho", num(lrho)}, {"spearman_p", num(spearman_p_value(lrho, lp.size()))}};
-  // Quartiles of surprisal (-mean logprob), as the seeds number them: Q1 the most surprising
-  // quarter (lowest mean logprob), Q4 the most confident.
-  nlohmann::json quart = nlohmann::json::array();
-  if (lp.size() >= 4) {
-    std::vector<size_t> idx = surprisal_order(lp);
-    for (int q = 0; q < 4; ++q) {
-      size_t b = idx.size() * q / 4, e = idx.size() * (q + 1) / 4;
-      double ssum = 0, lsum = 0, tsum = 0;
-      uint64_t faster = 0;
-      for (size_t i = b; i < e; ++i) {
-        ssum += sp[idx[i]];
-        lsum += lp[idx[i]];
-        tsum += len[idx[i]];
-        faster += sp[idx[i]] > 1.0 ? 1 : 0;
-      }
-      double n = double(e - b);
-      quart.push_back({{"quartile", q + 1},
-                       {"n", e - b},
-                       {"mean_logprob", lsum / n},
-                       {"mean_tokens", tsum / n},
-                       {"mean_speedup", ssum / n},
-                       {"faster_share", double(faster) / n}});
-    }
-  }
-  lj["surprisal_quartiles"] = quart;
-  out["logprob_vs_speedup"] = lj;
-
-  // Selection strategies over each (step, task) group of at least two samples.
-  std::map<std::pair<uint32_t, std::string>, std::vector<AnalysisSample>> groups;
-  for (auto& s : samples) groups[{s.step, s.task_id}].push_back(s);
-  std::map<std::string, std::pair<Selection, uint64_t>> totals;  // summed over groups, and the count
-  uint64_t n_groups = 0;
-  for (auto& [key, g] : groups) {
-    if (g.size() < 2) continue;
-    ++n_groups;
-    for (auto& [name, sel] : select_group(g, o.m)) {
-      if (!sel.applicable) continue;
-      auto& t = totals[name];
-      t.first.fast_1 += sel.fast_1;
-      t.first.correct += sel.correct;
-      t.first.speedup += sel.speedup;
-      t.first.evaluations += sel.evaluations;
-      ++t.second;
-    }
-  }
-  nlohmann::json sel = {{"groups", n_groups}, {"m", o.m}, {"strategies", nlohmann::json::object()}};
-  for (auto& [name, t] : totals) {
-    double n = double(t.second);
-    sel["strategies"][name] = {{"groups", t.second},
-                               {"fast_1", t.first.fast_1 / n},
-                               {"correct", t.first.correct / n},
-                               {"mean_speedup", t.first.speedup / n},
-                               {"evaluations_per_group", double(t.first.evaluations) / n}};
-  }
-  out["selection"] = sel;
+  out["logprob_vs_speedup"] = logprob_figures(samples);
+  out["selection"] = selection_figures(samples, o);
   if (auto turns = turn_figures(samples, o.p); !turns.empty()) out["turns"] = turns;
   if (!held.is_null()) out["eval"] = held;
   return out;
