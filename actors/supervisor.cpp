@@ -354,6 +354,101 @@ void begin_experiment(self_ptr self, const SupervisorArgs& args) {
           });
 }
 
+// No evaluator running: a single node fails at once; a cluster waits join_wait_s for one to join
+// (a node restarting, a new machine) before it gives up.
+void none_left(self_ptr self, const SupervisorArgs& args, const std::string& why) {
+  auto& st = self->state;
+  if (st.finished || st.experiment->all_in()) return;
+  if (args.join_wait_s <= 0) {
+    finish(self, args, why);
+    return;
+  }
+  uint64_t n = ++st.waits;
+  log::get("supervisor")->warn("no evaluator is running; waiting up to {:g} s for one to join", args.join_wait_s);
+  self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(args.join_wait_s * 1000)), tick_atom::value,
+                     n);
+}
+
+// The run's plan: its samplers and evaluators, watched; the run starts (or finishes at once, with
+// no store or no evaluator on a single node). The promise is kept when the run finishes.
+caf::response_promise plan(self_ptr self, const SupervisorArgs& args, std::vector<caf::actor> samplers,
+                           const std::vector<caf::actor>& evaluators, const std::string& store_error) {
+  auto& st = self->state;
+  st.done = self->make_response_promise();
+  st.samplers = std::move(samplers);
+  for (size_t i = 0; i < st.samplers.size(); ++i) st.sampler_names.push_back("sampler-" + std::to_string(i));
+  st.pool = SamplerPool(st.samplers.size());
+  for (auto& s : st.samplers) self->monitor(s);
+  st.running = true;
+  st.evaluators_alive = evaluators.size();
+  for (auto& e : evaluators) self->monitor(e);
+  if (!st.store) {
+    finish(self, args, "the run store could not be opened: " + store_error);
+    return st.done;
+  }
+  if (st.evaluators_alive == 0) {
+    none_left(self, args, "no evaluator is running (see the errors above)");
+    if (st.finished) return st.done;
+  }
+  start(self, args);
+  return st.done;
+}
+
+// A learner node's learner and selector, registered through the gate.
+void learner_joined(self_ptr self, const SupervisorArgs& args, caf::actor l, caf::actor sel, const std::string& node) {
+  auto lg = log::get("supervisor");
+  auto& st = self->state;
+  if (st.finished || !l) return;
+  if (st.learner || args.learner_node.empty()) {
+    lg->warn("a learner from node {} registered, but this run has its learner: ignored", node);
+    return;
+  }
+  st.learner = std::move(l);
+  st.selector = std::move(sel);
+  self->monitor(st.learner);
+  lg->info("the learner of node {} joined", node);
+  if (st.start_waits) start(self, args);  // else the plan has not come yet: start() finds it
+}
+
+// A sampler join deadline (the n-th): the run ends when no sampler joined and samples wait.
+void sampler_deadline(self_ptr self, const SupervisorArgs& args, uint64_t n) {
+  auto& st = self->state;
+  if (n != st.sampler_waits) return;
+  st.sampler_deadline = false;
+  if (st.finished || st.pool.alive() > 0) return;
+  if (st.pool.waiting() == 0 && !st.sample_all_waits) return;
+  std::string refused;
+  for (auto& r : st.refused_samplers) refused += (refused.empty() ? "; refused: " : ", ") + r;
+  finish(self, args,
+         fmt::format("no sampler joined within {:g} s ([cluster] join_wait_s); {} samples were not sampled{}",
+                     args.join_wait_s, st.experiment->outstanding(), refused));
+}
+
+// A scored sample: stored (once: a second copy is dropped), then handed to the experiment.
+void record_scored(self_ptr self, const SupervisorArgs& args, ScoredRollout& s) {
+  auto lg = log::get("supervisor");
+  auto& st = self->state;
+  if (!st.store) return;
+  if (st.finished) {  // an evaluation that ended with the run (an interrupted run's, say): no verdict of it
+    lg->debug("sample {} arrived after the run ended; not recorded", s.rollout.sample_id);
+    return;
+  }
+  switch (st.store->record_sample(args.experiment.run_id, s)) {
+    case InsertResult::duplicate:
+      ++st.duplicates;
+      lg->warn("sample {} arrived twice; the second copy is dropped", s.rollout.sample_id);
+      return;
+    case InsertResult::failed:
+      ++st.store_failures;
+      lg->error("store: cannot record sample {}: {}", s.rollout.sample_id, st.store->last_error());
+      break;
+    case InsertResult::inserted:
+      break;
+  }
+  st.pool.arrived(s.rollout.task_id, s.rollout.group_id, s.rollout.sample_index);
+  apply(self, args, st.experiment->sampled(s));
+}
+
 caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
   auto lg = log::get("supervisor");
   std::string err;
@@ -366,20 +461,6 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
     lg->error("{}", err);
   else if (!st0.store->begin_run(args.experiment.run_id, name(args.experiment.mode), args.config_toml))
     lg->error("store: cannot begin run: {}", st0.store->last_error());
-  // No evaluator running: a single node fails at once; a cluster waits join_wait_s for one to
-  // join (a node restarting, a new machine) before it gives up.
-  auto none_left = [=](const std::string& why) {
-    auto& st = self->state;
-    if (st.finished || st.experiment->all_in()) return;
-    if (args.join_wait_s <= 0) {
-      finish(self, args, why);
-      return;
-    }
-    uint64_t n = ++st.waits;
-    lg->warn("no evaluator is running; waiting up to {:g} s for one to join", args.join_wait_s);
-    self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(args.join_wait_s * 1000)), tick_atom::value,
-                       n);
-  };
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     if (st.learner && dm.source == st.learner.address()) {  // the learner node's (the only one watched)
@@ -393,46 +474,19 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
       }
     if (st.evaluators_alive > 0) --st.evaluators_alive;
     if (st.evaluators_alive == 0)
-      none_left(fmt::format("no evaluator is running (see the errors above); {} samples have no verdict",
+      none_left(self, args,
+                fmt::format("no evaluator is running (see the errors above); {} samples have no verdict",
                             st.experiment->outstanding()));
   });
   return {
-      [=](plan_atom, std::vector<caf::actor> samplers, std::vector<caf::actor> evaluators) -> caf::response_promise {
-        auto& st = self->state;
-        st.done = self->make_response_promise();
-        st.samplers = std::move(samplers);
-        for (size_t i = 0; i < st.samplers.size(); ++i) st.sampler_names.push_back("sampler-" + std::to_string(i));
-        st.pool = SamplerPool(st.samplers.size());
-        for (auto& s : st.samplers) self->monitor(s);
-        st.running = true;
-        st.evaluators_alive = evaluators.size();
-        for (auto& e : evaluators) self->monitor(e);
-        if (!st.store) {
-          finish(self, args, "the run store could not be opened: " + err);
-          return st.done;
-        }
-        if (st.evaluators_alive == 0) {
-          none_left("no evaluator is running (see the errors above)");
-          if (st.finished) return st.done;
-        }
-        start(self, args);
-        return st.done;
+      [=](plan_atom, std::vector<caf::actor> samplers, std::vector<caf::actor> evaluators) {
+        return plan(self, args, std::move(samplers), evaluators, err);
       },
       [=](register_atom, sampler_atom, caf::actor s, const std::string& name) {  // from the gate
         sampler_joined(self, args, std::move(s), name);
       },
       [=](register_atom, learner_atom, caf::actor l, caf::actor sel, const std::string& node) {  // from the gate
-        auto& st = self->state;
-        if (st.finished || !l) return;
-        if (st.learner || args.learner_node.empty()) {
-          lg->warn("a learner from node {} registered, but this run has its learner: ignored", node);
-          return;
-        }
-        st.learner = std::move(l);
-        st.selector = std::move(sel);
-        self->monitor(st.learner);
-        lg->info("the learner of node {} joined", node);
-        if (st.start_waits) start(self, args);  // else the plan has not come yet: start() finds it
+        learner_joined(self, args, std::move(l), std::move(sel), node);
       },
       [=](tick_atom, learner_atom) {  // the learner join deadline
         auto& st = self->state;
@@ -442,18 +496,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
                            "`launch CONFIG --node {}`",
                            args.learner_node, args.join_wait_s, args.learner_node));
       },
-      [=](tick_atom, sampler_atom, uint64_t n) {  // a sampler join deadline
-        auto& st = self->state;
-        if (n != st.sampler_waits) return;
-        st.sampler_deadline = false;
-        if (st.finished || st.pool.alive() > 0) return;
-        if (st.pool.waiting() == 0 && !st.sample_all_waits) return;
-        std::string refused;
-        for (auto& r : st.refused_samplers) refused += (refused.empty() ? "; refused: " : ", ") + r;
-        finish(self, args,
-               fmt::format("no sampler joined within {:g} s ([cluster] join_wait_s); {} samples were not sampled{}",
-                           args.join_wait_s, st.experiment->outstanding(), refused));
-      },
+      [=](tick_atom, sampler_atom, uint64_t n) { sampler_deadline(self, args, n); },
       [=](register_atom, caf::actor ev, const std::string& id) {  // from the gate: a remote evaluator
         self->monitor(ev);
         ++self->state.evaluators_alive;
@@ -466,28 +509,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
                  fmt::format("no evaluator joined within {:g} s; {} samples have no verdict", args.join_wait_s,
                              st.experiment->outstanding()));
       },
-      [=](record_atom, ScoredRollout& s) {
-        auto& st = self->state;
-        if (!st.store) return;
-        if (st.finished) {  // an evaluation that ended with the run (an interrupted run's, say): no verdict of it
-          lg->debug("sample {} arrived after the run ended; not recorded", s.rollout.sample_id);
-          return;
-        }
-        switch (st.store->record_sample(args.experiment.run_id, s)) {
-          case InsertResult::duplicate:
-            ++st.duplicates;
-            lg->warn("sample {} arrived twice; the second copy is dropped", s.rollout.sample_id);
-            return;
-          case InsertResult::failed:
-            ++st.store_failures;
-            lg->error("store: cannot record sample {}: {}", s.rollout.sample_id, st.store->last_error());
-            break;
-          case InsertResult::inserted:
-            break;
-        }
-        st.pool.arrived(s.rollout.task_id, s.rollout.group_id, s.rollout.sample_index);
-        apply(self, args, st.experiment->sampled(s));
-      },
+      [=](record_atom, ScoredRollout& s) { record_scored(self, args, s); },
       [=](interrupt_atom, const std::string& why) { finish(self, args, why, true); },
       [=](record_atom, Telemetry& t) {
         auto& st = self->state;
