@@ -67,30 +67,127 @@ void add_source(self_ptr self, const caf::actor& src, const std::string& id) {
   if (self->state.monitor) self->send(self->state.monitor, register_atom::value, src, id);
 }
 
+// A watched actor is gone: the monitor node's monitor, or one of a peer's actors (the peer leaves
+// with its last).
+void member_gone(self_ptr self, const GateArgs& args, caf::down_msg& dm) {
+  auto lg = log::get("gate");
+  auto& st = self->state;
+  if (st.monitor && dm.source == st.monitor.address()) {
+    lg->warn("the monitor of node \"{}\" is gone ({}); the run goes on without its telemetry", args.monitor_node,
+             caf::to_string(dm.reason));
+    st.monitor = nullptr;
+    return;
+  }
+  auto it = st.joiners.find(dm.source);
+  if (it == st.joiners.end()) return;
+  auto nid = it->second;
+  st.joiners.erase(it);
+  for (auto& [addr, n] : st.joiners)
+    if (n == nid) return;  // another of its actors still holds the membership
+  auto j = st.joined.find(nid);
+  if (j != st.joined.end()) {
+    lg->info("peer \"{}\" left", j->second);
+    st.joined.erase(j);
+  }
+}
+
+// A peer's join: same protocol, same cluster, a challenge answered with the secret, a name of its own.
+caf::result<bool> join(self_ptr self, const GateArgs& args, const std::string& node, const std::string& cluster,
+                       uint32_t protocol, const std::string& proof) {
+  auto lg = log::get("gate");
+  auto sender = self->current_sender();
+  if (!sender) return refuse(self, "(anonymous)", "no sender");
+  auto nid = sender->node();
+  std::string peer = "\"" + node + "\" (" + caf::to_string(nid) + ")";
+  if (protocol != protocol_version)
+    return refuse(self, peer,
+                  "protocol version mismatch: the head runs protocol " + std::to_string(protocol_version) +
+                      ", node \"" + node + "\" runs " + std::to_string(protocol) +
+                      "; run the same kernelrl build on every node");
+  if (cluster != args.cluster)
+    return refuse(self, peer, "this is cluster \"" + args.cluster + "\", not \"" + cluster + "\"");
+  auto it = self->state.nonces.find(nid);
+  if (it == self->state.nonces.end()) return refuse(self, peer, "join without a challenge");
+  std::string nonce = std::move(it->second);
+  self->state.nonces.erase(it);
+  if (!proofs_equal(proof, join_proof(args.secret, nonce, node, cluster, protocol)))
+    return refuse(self, peer, "authentication failed (wrong cluster secret)");
+  for (auto& [other, other_name] : self->state.joined)
+    if (other_name == node && other != nid)
+      return refuse(self, peer, "a peer named \"" + node + "\" has already joined; give each machine its own name");
+  self->state.joined[nid] = node;
+  self->state.joiners[sender->address()] = nid;
+  self->monitor(caf::actor_cast<caf::actor_addr>(sender));
+  lg->info("peer \"{}\" joined", node);
+  return true;
+}
+
+// The learner node's learner and selector, its own, registered once.
+caf::result<bool> register_learner(self_ptr self, const GateArgs& args, const caf::actor& supervisor,
+                                   const caf::actor& l, const caf::actor& sel) {
+  auto lg = log::get("gate");
+  auto found = role_peer(self, args.learner_node, "learner");
+  if (!found) return std::move(found.error());
+  const std::string node = *found;
+  auto sender = self->current_sender();
+  if (!l || l.node() != sender->node() || (sel && sel.node() != sender->node()))
+    return refuse(self, "\"" + node + "\"", "a node registers its own learner only");
+  if (self->state.learner) return refuse(self, "\"" + node + "\"", "this run's learner is registered already");
+  self->state.learner = true;
+  lg->info("the learner of node \"{}\" registered", node);
+  if (supervisor) self->send(supervisor, register_atom::value, learner_atom::value, l, sel, node);
+  add_source(self, l, "learner");
+  return true;
+}
+
+// A joined node's sampler: its own actor, registered once, named sampler-NODE-i, rendering the
+// prompts as the head does.
+caf::result<bool> register_sampler(self_ptr self, const GateArgs& args, const caf::actor& supervisor,
+                                   const caf::actor& s, const std::string& id, const std::string& digest) {
+  auto sender = self->current_sender();
+  if (!trusted(self) || !sender) return refuse(self, "(not joined)", "samplers come from peers that have joined");
+  auto j = self->state.joined.find(sender->node());
+  const std::string node = j == self->state.joined.end() ? std::string() : j->second;
+  if (!s || s.node() != sender->node())
+    return refuse(self, "\"" + node + "\"", "sampler " + id + ": a node registers its own samplers only");
+  if (node.empty() || id.rfind("sampler-" + node + "-", 0) != 0)
+    return refuse(self, "\"" + node + "\"",
+                  "sampler \"" + id + "\": the samplers of node \"" + node + "\" are named sampler-" + node + "-N");
+  if (!args.prompts_digest.empty() && digest != args.prompts_digest)
+    return refuse(self, "\"" + node + "\"",
+                  "sampler " + id + ": node \"" + node +
+                      "\" renders the tasks' prompts differently from the head (prompt digest " + digest.substr(0, 12) +
+                      " against " + args.prompts_digest.substr(0, 12) +
+                      "): give every node the same config, task files and model tokenizer");
+  if (!self->state.samplers.emplace(s.address(), id).second)
+    return refuse(self, "\"" + node + "\"", "sampler " + id + " is registered already");
+  if (supervisor) self->send(supervisor, register_atom::value, sampler_atom::value, s, id);
+  add_source(self, s, id);
+  return true;
+}
+
+// The monitor node's monitor, its own, registered once; it gets every source of the run.
+caf::result<bool> register_monitor(self_ptr self, const GateArgs& args, const caf::actor& m) {
+  auto lg = log::get("gate");
+  auto found = role_peer(self, args.monitor_node, "monitor");
+  if (!found) return std::move(found.error());
+  auto sender = self->current_sender();
+  if (!m || m.node() != sender->node())
+    return refuse(self, "\"" + *found + "\"", "a node registers its own monitor only");
+  if (self->state.monitor) return refuse(self, "\"" + *found + "\"", "this run's monitor is registered already");
+  self->state.monitor = m;
+  self->monitor(m);
+  for (auto& [src, id] : args.sources) self->send(m, register_atom::value, src, id);
+  for (auto& [src, id] : self->state.sources) self->send(m, register_atom::value, src, id);
+  lg->info("the monitor of node \"{}\" registered", *found);
+  return true;
+}
+
 caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, caf::actor supervisor,
                          caf::actor monitor) {
   auto lg = log::get("gate");
   self->state.monitor = monitor;
-  self->set_down_handler([=](caf::down_msg& dm) {
-    auto& st = self->state;
-    if (st.monitor && dm.source == st.monitor.address()) {
-      lg->warn("the monitor of node \"{}\" is gone ({}); the run goes on without its telemetry", args.monitor_node,
-               caf::to_string(dm.reason));
-      st.monitor = nullptr;
-      return;
-    }
-    auto it = st.joiners.find(dm.source);
-    if (it == st.joiners.end()) return;
-    auto nid = it->second;
-    st.joiners.erase(it);
-    for (auto& [addr, n] : st.joiners)
-      if (n == nid) return;  // another of its actors still holds the membership
-    auto j = st.joined.find(nid);
-    if (j != st.joined.end()) {
-      lg->info("peer \"{}\" left", j->second);
-      st.joined.erase(j);
-    }
-  });
+  self->set_down_handler([=](caf::down_msg& dm) { member_gone(self, args, dm); });
   self->set_default_handler([=](caf::scheduled_actor* s, caf::message_view& m) -> caf::result<caf::message> {
     auto sender = s->current_sender();
     lg->warn("dropped an unexpected message from {}: {}",
@@ -108,34 +205,8 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
         return std::vector<std::string>{nonce,
                                         head_proof(args.secret, peer_nonce, nonce, args.cluster, protocol_version)};
       },
-      [=](join_atom, const std::string& node, const std::string& cluster, uint32_t protocol,
-          const std::string& proof) -> caf::result<bool> {
-        auto sender = self->current_sender();
-        if (!sender) return refuse(self, "(anonymous)", "no sender");
-        auto nid = sender->node();
-        std::string peer = "\"" + node + "\" (" + caf::to_string(nid) + ")";
-        if (protocol != protocol_version)
-          return refuse(self, peer,
-                        "protocol version mismatch: the head runs protocol " + std::to_string(protocol_version) +
-                            ", node \"" + node + "\" runs " + std::to_string(protocol) +
-                            "; run the same kernelrl build on every node");
-        if (cluster != args.cluster)
-          return refuse(self, peer, "this is cluster \"" + args.cluster + "\", not \"" + cluster + "\"");
-        auto it = self->state.nonces.find(nid);
-        if (it == self->state.nonces.end()) return refuse(self, peer, "join without a challenge");
-        std::string nonce = std::move(it->second);
-        self->state.nonces.erase(it);
-        if (!proofs_equal(proof, join_proof(args.secret, nonce, node, cluster, protocol)))
-          return refuse(self, peer, "authentication failed (wrong cluster secret)");
-        for (auto& [other, other_name] : self->state.joined)
-          if (other_name == node && other != nid)
-            return refuse(self, peer,
-                          "a peer named \"" + node + "\" has already joined; give each machine its own name");
-        self->state.joined[nid] = node;
-        self->state.joiners[sender->address()] = nid;
-        self->monitor(caf::actor_cast<caf::actor_addr>(sender));
-        lg->info("peer \"{}\" joined", node);
-        return true;
+      [=](join_atom, const std::string& node, const std::string& cluster, uint32_t protocol, const std::string& proof) {
+        return join(self, args, node, cluster, protocol, proof);
       },
       [=](hello_atom) -> std::vector<std::string> {
         return {args.cluster, std::to_string(protocol_version)};
@@ -187,43 +258,12 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
         if (!node) return std::move(node.error());
         return {args.run_dir, args.resume};
       },
-      [=](register_atom, learner_atom, caf::actor l, caf::actor sel) -> caf::result<bool> {
-        auto found = role_peer(self, args.learner_node, "learner");
-        if (!found) return std::move(found.error());
-        const std::string node = *found;
-        auto sender = self->current_sender();
-        if (!l || l.node() != sender->node() || (sel && sel.node() != sender->node()))
-          return refuse(self, "\"" + node + "\"", "a node registers its own learner only");
-        if (self->state.learner) return refuse(self, "\"" + node + "\"", "this run's learner is registered already");
-        self->state.learner = true;
-        lg->info("the learner of node \"{}\" registered", node);
-        if (supervisor) self->send(supervisor, register_atom::value, learner_atom::value, l, sel, node);
-        add_source(self, l, "learner");
-        return true;
+      [=](register_atom, learner_atom, caf::actor l, caf::actor sel) {
+        return register_learner(self, args, supervisor, l, sel);
       },
       // A joined node's sampler: its own actor, registered once, named sampler-NODE-i.
-      [=](register_atom, sampler_atom, caf::actor s, std::string id, std::string digest) -> caf::result<bool> {
-        auto sender = self->current_sender();
-        if (!trusted(self) || !sender) return refuse(self, "(not joined)", "samplers come from peers that have joined");
-        auto j = self->state.joined.find(sender->node());
-        const std::string node = j == self->state.joined.end() ? std::string() : j->second;
-        if (!s || s.node() != sender->node())
-          return refuse(self, "\"" + node + "\"", "sampler " + id + ": a node registers its own samplers only");
-        if (node.empty() || id.rfind("sampler-" + node + "-", 0) != 0)
-          return refuse(
-              self, "\"" + node + "\"",
-              "sampler \"" + id + "\": the samplers of node \"" + node + "\" are named sampler-" + node + "-N");
-        if (!args.prompts_digest.empty() && digest != args.prompts_digest)
-          return refuse(self, "\"" + node + "\"",
-                        "sampler " + id + ": node \"" + node +
-                            "\" renders the tasks' prompts differently from the head (prompt digest " +
-                            digest.substr(0, 12) + " against " + args.prompts_digest.substr(0, 12) +
-                            "): give every node the same config, task files and model tokenizer");
-        if (!self->state.samplers.emplace(s.address(), id).second)
-          return refuse(self, "\"" + node + "\"", "sampler " + id + " is registered already");
-        if (supervisor) self->send(supervisor, register_atom::value, sampler_atom::value, s, id);
-        add_source(self, s, id);
-        return true;
+      [=](register_atom, sampler_atom, caf::actor s, const std::string& id, const std::string& digest) {
+        return register_sampler(self, args, supervisor, s, id, digest);
       },
       // The monitor node: where its metrics.jsonl goes and who stores its snapshots; then its
       // monitor, which gets every source of the run.
@@ -232,20 +272,7 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
         if (!node) return std::move(node.error());
         return {args.run_dir, args.recorder};
       },
-      [=](register_atom, monitor_atom, caf::actor m) -> caf::result<bool> {
-        auto found = role_peer(self, args.monitor_node, "monitor");
-        if (!found) return std::move(found.error());
-        auto sender = self->current_sender();
-        if (!m || m.node() != sender->node())
-          return refuse(self, "\"" + *found + "\"", "a node registers its own monitor only");
-        if (self->state.monitor) return refuse(self, "\"" + *found + "\"", "this run's monitor is registered already");
-        self->state.monitor = m;
-        self->monitor(m);
-        for (auto& [src, id] : args.sources) self->send(m, register_atom::value, src, id);
-        for (auto& [src, id] : self->state.sources) self->send(m, register_atom::value, src, id);
-        lg->info("the monitor of node \"{}\" registered", *found);
-        return true;
-      },
+      [=](register_atom, monitor_atom, caf::actor m) { return register_monitor(self, args, m); },
       // The run's end (this process only): the monitor's last snapshot, wherever it runs.
       [=](finish_atom) -> caf::result<bool> {
         auto sender = self->current_sender();
