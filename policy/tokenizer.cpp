@@ -314,6 +314,136 @@ struct Tokenizer::Impl {
   mutable std::mutex cache_mu;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
 
+  // `normalizer`: null, NFC or a Sequence of those.
+  void read_normalizer(const nlohmann::json& n, const std::string& where) {
+    const std::string& path = source;
+    if (n.is_null()) return;
+    std::string type = n.value("type", "");
+    if (type == "NFC") {
+      nfc_normalize = true;
+    } else if (type == "Sequence") {
+      for (size_t i = 0; i < n["normalizers"].size(); ++i)
+        read_normalizer(n["normalizers"][i], where + ".normalizers[" + std::to_string(i) + "]");
+    } else {
+      fail(path, where + ": type " + type + " is not supported (null, NFC or Sequence)");
+    }
+  }
+
+  // `pre_tokenizer`: ByteLevel, Split, Digits or a Sequence of those.
+  void read_pre_tokenizer(const nlohmann::json& p, const std::string& where) {
+    const std::string& path = source;
+    if (p.is_null()) return;
+    std::string type = p.value("type", "");
+    if (type == "Sequence") {
+      for (size_t i = 0; i < p["pretokenizers"].size(); ++i)
+        read_pre_tokenizer(p["pretokenizers"][i], where + ".pretokenizers[" + std::to_string(i) + "]");
+    } else if (type == "ByteLevel") {
+      PreTok x;
+      x.kind = PreTok::ByteLevel;
+      x.add_prefix_space = p.value("add_prefix_space", false);
+      if (p.value("use_regex", true)) x.regex = std::make_shared<Regex>(gpt2_pattern, path + ": " + where);
+      byte_level = true;
+      pre.push_back(std::move(x));
+    } else if (type == "Split") {
+      PreTok x;
+      const auto& pat = p.at("pattern");
+      if (pat.contains("Regex"))
+        x.regex = std::make_shared<Regex>(pat["Regex"].get<std::string>(), path + ": " + where + ".pattern");
+      else if (pat.contains("String"))
+        x.literal = pat["String"].get<std::string>();
+      else
+        fail(path, where + ".pattern: expected {\"Regex\": ...} or {\"String\": ...}");
+      x.behavior = p.value("behavior", "Isolated");
+      static const char* ok[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
+      if (std::find(std::begin(ok), std::end(ok), x.behavior) == std::end(ok))
+        fail(path, where + ".behavior: " + x.behavior + " is not supported");
+      x.invert = p.value("invert", false);
+      pre.push_back(std::move(x));
+    } else if (type == "Digits") {
+      PreTok x;
+      x.regex =
+          std::make_shared<Regex>(p.value("individual_digits", false) ? "\\p{N}" : "\\p{N}+", path + ": " + where);
+      pre.push_back(std::move(x));
+    } else {
+      fail(path, where + ": type " + type + " is not supported (ByteLevel, Split, Digits or Sequence)");
+    }
+  }
+
+  // `model` (byte-level BPE: its vocabulary and merges) and `added_tokens`.
+  void read_model(const nlohmann::json& m, const nlohmann::json& added_tokens) {
+    const std::string& path = source;
+    if (m.value("type", "BPE") != "BPE") fail(path, "model.type: " + m.value("type", "") + " is not supported (BPE)");
+    if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() != 0)
+      fail(path, "model.dropout: BPE dropout is not supported");
+    if (m.value("byte_fallback", false)) fail(path, "model.byte_fallback: not supported (byte-level BPE only)");
+    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+      if (m.contains(k) && m[k].is_string() && !m[k].get<std::string>().empty())
+        fail(path, std::string("model.") + k + ": not supported");
+    ignore_merges = m.value("ignore_merges", false);
+    int32_t max_id = -1;
+    for (auto it = m.at("vocab").begin(); it != m.at("vocab").end(); ++it) {
+      int32_t id = it.value().get<int32_t>();
+      if (id < 0) fail(path, "model.vocab." + it.key() + ": negative id");
+      vocab[it.key()] = id;
+      max_id = std::max(max_id, id);
+    }
+    std::vector<Added> tokens;
+    for (const auto& a : added_tokens) {
+      Added x{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("lstrip", false),
+                    a.value("rstrip", false), a.value("special", false)};
+      if (x.content.empty()) fail(path, "added_tokens: a token with empty content");
+      max_id = std::max(max_id, x.id);
+      tokens.push_back(std::move(x));
+    }
+    id_to_token.assign(max_id + 1, "");
+    id_bytes.assign(max_id + 1, "");
+    special.assign(max_id + 1, 0);
+    for (auto& [tok, id] : vocab) {
+      id_to_token[id] = tok;
+      std::string bytes;
+      for (uint32_t cp : to_codepoints(tok)) {
+        auto it = char_to_byte.find(cp);
+        if (it == char_to_byte.end()) {  // not a byte-level token: its spelling is its bytes
+          bytes = tok;
+          break;
+        }
+        bytes.push_back(static_cast<char>(it->second));
+      }
+      id_bytes[id] = bytes;
+    }
+    for (auto& a : tokens) {
+      id_to_token[a.id] = a.content;
+      id_bytes[a.id] = a.content;
+      special[a.id] = a.special;
+    }
+    std::sort(tokens.begin(), tokens.end(), [](auto& a, auto& b) { return a.content.size() > b.content.size(); });
+    added = std::move(tokens);
+    if (m.contains("unk_token") && m["unk_token"].is_string()) {
+      auto it = vocab.find(m["unk_token"].get<std::string>());
+      if (it != vocab.end()) unk = it->second;
+    }
+    const auto& merge_list = m.at("merges");
+    for (size_t r = 0; r < merge_list.size(); ++r) {
+      std::string a, b;
+      if (merge_list[r].is_string()) {
+        std::string s = merge_list[r];
+        auto sp = s.find(' ', 1);
+        if (sp == std::string::npos) fail(path, "model.merges[" + std::to_string(r) + "]: expected \"A B\"");
+        a = s.substr(0, sp);
+        b = s.substr(sp + 1);
+      } else {
+        a = merge_list[r].at(0).get<std::string>();
+        b = merge_list[r].at(1).get<std::string>();
+      }
+      auto ia = vocab.find(a), ib = vocab.find(b), im = vocab.find(a + b);
+      if (ia == vocab.end() || ib == vocab.end() || im == vocab.end())
+        fail(path,
+             "model.merges[" + std::to_string(r) + "]: \"" + a + " " + b + "\" names a token not in the vocabulary");
+      merges.emplace((uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second),
+                     std::make_pair(static_cast<int32_t>(r), im->second));
+    }
+  }
+
   void init_byte_map() {
     int n = 0;
     for (int b = 0; b < 256; ++b) {
@@ -478,135 +608,10 @@ std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path_in) {
   t.source = path;
   t.init_byte_map();
   try {
-    // normalizer
-    std::function<void(const nlohmann::json&, const std::string&)> normalizer = [&](const nlohmann::json& n,
-                                                                                    const std::string& where) {
-      if (n.is_null()) return;
-      std::string type = n.value("type", "");
-      if (type == "NFC") {
-        t.nfc_normalize = true;
-      } else if (type == "Sequence") {
-        for (size_t i = 0; i < n["normalizers"].size(); ++i)
-          normalizer(n["normalizers"][i], where + ".normalizers[" + std::to_string(i) + "]");
-      } else {
-        fail(path, where + ": type " + type + " is not supported (null, NFC or Sequence)");
-      }
-    };
-    normalizer(j.value("normalizer", nlohmann::json()), "normalizer");
-
-    // pre_tokenizer
-    std::function<void(const nlohmann::json&, const std::string&)> pretok = [&](const nlohmann::json& p,
-                                                                                const std::string& where) {
-      if (p.is_null()) return;
-      std::string type = p.value("type", "");
-      if (type == "Sequence") {
-        for (size_t i = 0; i < p["pretokenizers"].size(); ++i)
-          pretok(p["pretokenizers"][i], where + ".pretokenizers[" + std::to_string(i) + "]");
-      } else if (type == "ByteLevel") {
-        PreTok x;
-        x.kind = PreTok::ByteLevel;
-        x.add_prefix_space = p.value("add_prefix_space", false);
-        if (p.value("use_regex", true)) x.regex = std::make_shared<Regex>(gpt2_pattern, path + ": " + where);
-        t.byte_level = true;
-        t.pre.push_back(std::move(x));
-      } else if (type == "Split") {
-        PreTok x;
-        const auto& pat = p.at("pattern");
-        if (pat.contains("Regex"))
-          x.regex = std::make_shared<Regex>(pat["Regex"].get<std::string>(), path + ": " + where + ".pattern");
-        else if (pat.contains("String"))
-          x.literal = pat["String"].get<std::string>();
-        else
-          fail(path, where + ".pattern: expected {\"Regex\": ...} or {\"String\": ...}");
-        x.behavior = p.value("behavior", "Isolated");
-        static const char* ok[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
-        if (std::find(std::begin(ok), std::end(ok), x.behavior) == std::end(ok))
-          fail(path, where + ".behavior: " + x.behavior + " is not supported");
-        x.invert = p.value("invert", false);
-        t.pre.push_back(std::move(x));
-      } else if (type == "Digits") {
-        PreTok x;
-        x.regex =
-            std::make_shared<Regex>(p.value("individual_digits", false) ? "\\p{N}" : "\\p{N}+", path + ": " + where);
-        t.pre.push_back(std::move(x));
-      } else {
-        fail(path, where + ": type " + type + " is not supported (ByteLevel, Split, Digits or Sequence)");
-      }
-    };
-    pretok(j.value("pre_tokenizer", nlohmann::json()), "pre_tokenizer");
+    t.read_normalizer(j.value("normalizer", nlohmann::json()), "normalizer");
+    t.read_pre_tokenizer(j.value("pre_tokenizer", nlohmann::json()), "pre_tokenizer");
     if (!t.byte_level) fail(path, "pre_tokenizer: no ByteLevel step; only byte-level BPE tokenizers are supported");
-
-    const auto& m = j.at("model");
-    if (m.value("type", "BPE") != "BPE") fail(path, "model.type: " + m.value("type", "") + " is not supported (BPE)");
-    if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() != 0)
-      fail(path, "model.dropout: BPE dropout is not supported");
-    if (m.value("byte_fallback", false)) fail(path, "model.byte_fallback: not supported (byte-level BPE only)");
-    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
-      if (m.contains(k) && m[k].is_string() && !m[k].get<std::string>().empty())
-        fail(path, std::string("model.") + k + ": not supported");
-    t.ignore_merges = m.value("ignore_merges", false);
-    int32_t max_id = -1;
-    for (auto it = m.at("vocab").begin(); it != m.at("vocab").end(); ++it) {
-      int32_t id = it.value().get<int32_t>();
-      if (id < 0) fail(path, "model.vocab." + it.key() + ": negative id");
-      t.vocab[it.key()] = id;
-      max_id = std::max(max_id, id);
-    }
-    std::vector<Impl::Added> added;
-    for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
-      Impl::Added x{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("lstrip", false),
-                    a.value("rstrip", false), a.value("special", false)};
-      if (x.content.empty()) fail(path, "added_tokens: a token with empty content");
-      max_id = std::max(max_id, x.id);
-      added.push_back(std::move(x));
-    }
-    t.id_to_token.assign(max_id + 1, "");
-    t.id_bytes.assign(max_id + 1, "");
-    t.special.assign(max_id + 1, 0);
-    for (auto& [tok, id] : t.vocab) {
-      t.id_to_token[id] = tok;
-      std::string bytes;
-      for (uint32_t cp : to_codepoints(tok)) {
-        auto it = t.char_to_byte.find(cp);
-        if (it == t.char_to_byte.end()) {  // not a byte-level token: its spelling is its bytes
-          bytes = tok;
-          break;
-        }
-        bytes.push_back(static_cast<char>(it->second));
-      }
-      t.id_bytes[id] = bytes;
-    }
-    for (auto& a : added) {
-      t.id_to_token[a.id] = a.content;
-      t.id_bytes[a.id] = a.content;
-      t.special[a.id] = a.special;
-    }
-    std::sort(added.begin(), added.end(), [](auto& a, auto& b) { return a.content.size() > b.content.size(); });
-    t.added = std::move(added);
-    if (m.contains("unk_token") && m["unk_token"].is_string()) {
-      auto it = t.vocab.find(m["unk_token"].get<std::string>());
-      if (it != t.vocab.end()) t.unk = it->second;
-    }
-    const auto& merges = m.at("merges");
-    for (size_t r = 0; r < merges.size(); ++r) {
-      std::string a, b;
-      if (merges[r].is_string()) {
-        std::string s = merges[r];
-        auto sp = s.find(' ', 1);
-        if (sp == std::string::npos) fail(path, "model.merges[" + std::to_string(r) + "]: expected \"A B\"");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else {
-        a = merges[r].at(0).get<std::string>();
-        b = merges[r].at(1).get<std::string>();
-      }
-      auto ia = t.vocab.find(a), ib = t.vocab.find(b), im = t.vocab.find(a + b);
-      if (ia == t.vocab.end() || ib == t.vocab.end() || im == t.vocab.end())
-        fail(path,
-             "model.merges[" + std::to_string(r) + "]: \"" + a + " " + b + "\" names a token not in the vocabulary");
-      t.merges.emplace((uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second),
-                       std::make_pair(static_cast<int32_t>(r), im->second));
-    }
+    t.read_model(j.at("model"), j.value("added_tokens", nlohmann::json::array()));
     const auto& dec = j.value("decoder", nlohmann::json());
     if (!dec.is_null() && dec.value("type", "") != "ByteLevel")
       fail(path, "decoder: type " + dec.value("type", "") + " is not supported (ByteLevel)");
