@@ -5,7 +5,7 @@
 #include "core/config_toml.hpp"
 #include "core/paths.hpp"
 
-#include "tasks/task_set.hpp"
+#include "core/task_set.hpp"
 
 #include <fmt/format.h>
 #include <toml++/toml.h>

@@ -6,7 +6,7 @@
 #include "launch/setup.hpp"
 #include "messages/messages.hpp"
 #include "policy/runtime_info.hpp"
-#include "tasks/task_set.hpp"
+#include "core/task_set.hpp"
 
 #include <nlohmann/json.hpp>
 #include <algorithm>

@@ -5,7 +5,7 @@
 #include "analysis/analysis.hpp"
 #include "core/config.hpp"
 #include "store/store.hpp"
-#include "tasks/task_set.hpp"
+#include "core/task_set.hpp"
 
 #include <memory>
 #include <optional>

@@ -390,7 +390,7 @@ struct Tokenizer::Impl {
     std::vector<Added> tokens;
     for (const auto& a : added_tokens) {
       Added x{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("lstrip", false),
-                    a.value("rstrip", false), a.value("special", false)};
+              a.value("rstrip", false), a.value("special", false)};
       if (x.content.empty()) fail(path, "added_tokens: a token with empty content");
       max_id = std::max(max_id, x.id);
       tokens.push_back(std::move(x));

@@ -1,6 +1,6 @@
 #include "tasks/prompt.hpp"
 
-#include "tasks/task_set.hpp"
+#include "core/task_set.hpp"
 
 #include <fmt/format.h>
 

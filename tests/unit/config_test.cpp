@@ -1,7 +1,7 @@
 // Config validation: every kind of mistake is rejected with FILE:LINE:COLUMN: key.path: message.
 #include "core/config.hpp"
 #include "tasks/prompt.hpp"
-#include "tasks/task_set.hpp"
+#include "core/task_set.hpp"
 
 #include <catch2/catch.hpp>
 

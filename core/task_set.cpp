@@ -1,4 +1,4 @@
-#include "tasks/task_set.hpp"
+#include "core/task_set.hpp"
 
 #include <toml++/toml.h>
 

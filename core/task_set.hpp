@@ -1,4 +1,5 @@
-// The tasks of an experiment: KernelBench-format Python files (class Model, get_inputs,
+// The tasks of an experiment (the files a config's [tasks] names; in core/ since the config reader
+// checks that they exist): KernelBench-format Python files (class Model, get_inputs,
 // get_init_inputs), one task per file, the task id being the file name without ".py". They come
 // from the bundled folder or from a KernelBench checkout as it is (KernelBench/levelN/*.py), and
 // are chosen by file stem, by problem number or range ("3", "1-10": the file name's leading
