@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 namespace fs = std::filesystem;
 
@@ -49,6 +50,7 @@ struct learner_state {
   bool started = false;  // `current` is set (by the first plan)
   std::map<uint32_t, StepPlan> steps;
   std::map<std::pair<uint32_t, uint64_t>, std::vector<ScoredRollout>> groups;  // (step, group) -> samples
+  std::set<std::pair<uint32_t, uint64_t>> complete;  // groups whose last sample came (the supervisor says which)
   uint64_t received = 0, groups_learned = 0, groups_skipped = 0, updates = 0, sync_failures = 0;
   double last_loss = 0, last_grad_norm = 0, last_entropy = 0, last_clip = 0, last_lr = 0, busy_s = 0;
   static inline const char* name = "learner";
@@ -223,7 +225,7 @@ void learn_ready(self_ptr self, const LearnerArgs& args) {
   auto it = st.steps.find(st.current);
   if (it == st.steps.end()) return;
   for (auto g = st.groups.lower_bound({st.current, 0}); g != st.groups.end() && g->first.first == st.current;) {
-    if (g->second.size() < args.group_size) {
+    if (!st.complete.count(g->first)) {
       ++g;
       continue;
     }
@@ -240,6 +242,7 @@ void learn_ready(self_ptr self, const LearnerArgs& args) {
         ++st.groups_skipped;
         ++it->second.learned;
         ++st.groups_learned;
+        st.complete.erase(g->first);
         g = st.groups.erase(g);
         continue;
       }
@@ -270,6 +273,7 @@ void learn_ready(self_ptr self, const LearnerArgs& args) {
     st.busy_s += mono_s() - t0;
     ++it->second.learned;
     ++st.groups_learned;
+    st.complete.erase(g->first);
     g = st.groups.erase(g);
   }
   try_step(self, args);
@@ -361,7 +365,7 @@ caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
   self->set_down_handler([=](caf::down_msg& dm) { sampler_gone(self, dm.source); });
   if (!args.engine) {
     return {
-        [=](train_atom, const ScoredRollout&) { ++self->state.received; },
+        [=](train_atom, const ScoredRollout&, bool) { ++self->state.received; },
         [=](sync_atom, const std::vector<caf::actor>&) -> caf::result<uint64_t> {
           return caf::make_error(caf::sec::runtime_error, "learner: no model to train in this run");
         },
@@ -442,12 +446,15 @@ caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
         learn_ready(self, args);
         return rp;
       },
-      [=](train_atom, ScoredRollout& s) {
+      [=](train_atom, ScoredRollout& s, bool last) {  // `last`: the group is complete
         auto& st = self->state;
         ++st.received;
-        auto& g = st.groups[{s.rollout.step, s.rollout.group_id}];
-        g.push_back(std::move(s));
-        if (g.size() == args.group_size) learn_ready(self, args);
+        const std::pair<uint32_t, uint64_t> key{s.rollout.step, s.rollout.group_id};
+        st.groups[key].push_back(std::move(s));
+        if (last) {
+          st.complete.insert(key);
+          learn_ready(self, args);
+        }
       },
       [=](stats_atom) {
         auto& st = self->state;

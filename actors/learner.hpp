@@ -1,8 +1,8 @@
 // learner: GRPO on a LoRA adapter with streaming minibatches (the engine is learner/lora_learner,
 // behind a torch-free interface). Runs detached: forward/backward blocks its own thread only.
 //
-// A group (the group_size samples of one task in one step) is learned from as soon as its last
-// reward arrives, while other groups are still being sampled and evaluated; the optimizer steps
+// A group (the samples of one task in one step) is learned from as soon as its last sample
+// arrives (the supervisor's experiment decides when a group is complete and says so), while other groups are still being sampled and evaluated; the optimizer steps
 // once every group the supervisor planned for the step is in. One step, one policy version: the
 // new adapter is saved as RUN_DIR/checkpoints/step-V (V the new version), announced to the
 // checkpoint_selector, and published to every sampler as WeightsUpdate(V). The step's answer goes
@@ -20,7 +20,8 @@
 //               acked; it gets every later version too;
 //               (plan_atom, uint32_t step, uint64_t groups) -> StepUpdate: answered when that
 //               step's update is done and acknowledged (error set on failure);
-//               (train_atom, ScoredRollout): a sample the supervisor accepted;
+//               (train_atom, ScoredRollout, bool last): a sample the supervisor accepted; `last`:
+//               its group is complete;
 //               (stats_atom) -> Telemetry
 // Messages out: WeightsUpdate -> samplers; Checkpoint -> checkpoint_selector
 #pragma once
@@ -41,7 +42,6 @@ class LearnerEngine;
 
 struct LearnerArgs {
   std::shared_ptr<LearnerEngine> engine;  // null: every step request is refused with an error
-  uint32_t group_size = 8;                // samples per group
   caf::actor selector;                    // checkpoint_selector (may be invalid)
   std::string checkpoint_dir;             // RUN_DIR/checkpoints
   double sync_timeout_s = 300;            // per WeightsUpdate acknowledgement

@@ -59,8 +59,7 @@ struct reward_state {
   static inline const char* name = "reward";
 };
 
-caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig cfg, caf::actor recorder,
-                           caf::actor learner) {
+caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig cfg, caf::actor recorder) {
   return {
       [=](score_atom, Rollout& ro, EvalResult& res) {
         auto& acc = self->state.task_speedups[res.task_id];
@@ -73,7 +72,6 @@ caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig
         }
         s.rollout = std::move(ro);
         s.result = std::move(res);
-        if (learner) self->send(learner, train_atom::value, s);
         self->send(recorder, record_atom::value, std::move(s));
       },
   };
@@ -81,8 +79,8 @@ caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig
 
 }  // namespace
 
-caf::actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder, caf::actor learner) {
-  return sys.spawn(reward_actor, std::move(cfg), std::move(recorder), std::move(learner));
+caf::actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder) {
+  return sys.spawn(reward_actor, std::move(cfg), std::move(recorder));
 }
 
 }  // namespace kernelrl

@@ -8,8 +8,8 @@
 //              ... or lazy_reward when measured coverage < min_coverage (rejected as lazy)
 //   incorrect: incorrect_reward; hacked: hacked_reward (default 0); other failures: failure_reward
 // Messages in:  (score_atom, Rollout, EvalResult)
-// Messages out: (record_atom, ScoredRollout) -> recorder (the supervisor);
-//               (train_atom, ScoredRollout) -> learner, when there is one
+// Messages out: (record_atom, ScoredRollout) -> recorder (the supervisor, which hands the learner
+//               what its experiment accepts)
 #pragma once
 
 #include "core/config.hpp"
@@ -29,7 +29,6 @@ double paid_speedup(const RewardConfig& cfg, const EvalResult& r);
 // Whether a correct verdict is rejected as lazy (its measured kernel coverage is too low).
 bool rejected_as_lazy(const RewardConfig& cfg, const EvalResult& r);
 
-// `learner` may be a default (invalid) actor: then nothing is sent to it.
-caf::actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder, caf::actor learner);
+caf::actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder);
 
 }  // namespace kernelrl

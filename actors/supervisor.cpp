@@ -272,7 +272,7 @@ void apply(self_ptr self, const SupervisorArgs& args, Actions actions) {
                                  fmt::format("learner failed at step {}: {}", step, error_text(self->system(), e)));
                         });
             },
-            [&](act::Learn& a) { self->send(st.learner, train_atom::value, std::move(a.sample)); },
+            [&](act::Learn& a) { self->send(st.learner, train_atom::value, std::move(a.sample), a.last); },
             [&](act::StepDone& a) {
               if (st.store && !st.store->record_step(run_id, a.stats))
                 lg->error("store: cannot record step {}: {}", a.stats.step, st.store->last_error());

@@ -71,6 +71,7 @@ struct LearnStep {    // tell the learner that step `step` has `groups` groups; 
 };
 struct Learn {  // one accepted sample for the learner
   ScoredRollout sample;
+  bool last = false;  // its group's last: the group is complete (the learner counts nothing itself)
 };
 struct StepDone {  // a step's samples are all in: store its row, score its checkpoint in the selector
   StepStats stats;

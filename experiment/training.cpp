@@ -164,7 +164,7 @@ void Training::accept_group(uint32_t s, std::vector<ScoredRollout>& samples, Act
     ++t.status_counts[to_string(x.result.status)];
     t.version = std::max(t.version, x.rollout.policy_version);
     if (learned) x.reward = (*learned)[i];
-    out.push_back(act::Learn{std::move(x)});
+    out.push_back(act::Learn{std::move(x), i + 1 == samples.size()});
   }
   if (++t.accepted < t.groups) return;
   t.stats = stats_of(t.tasks, t.status_counts, s);

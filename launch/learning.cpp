@@ -84,7 +84,6 @@ LearningActors spawn_learning(caf::actor_system& sys, const Config& cfg,
   run.selector = spawn_checkpoint_selector(sys, SelectorArgs{checkpoints, cfg.learner.keep_last});
   LearnerArgs la;
   la.engine = std::move(engine);
-  la.group_size = cfg.learner.group_size;
   la.reject_coverage_below = cfg.reward.reject_coverage_below;
   la.reject_keep_probability = cfg.reward.reject_keep_probability;
   la.reject_seed = cfg.experiment.seed;

@@ -410,7 +410,7 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
     }
   }
   run.supervisor = spawn_supervisor(sys, sa);
-  run.reward = spawn_reward(sys, cfg.reward, run.supervisor, caf::actor{});
+  run.reward = spawn_reward(sys, cfg.reward, run.supervisor);
   DispatcherArgs da;
   for (auto* set : {&in.tasks, &in.eval_tasks})
     for (auto& t : set->tasks()) da.task_paths[t.id] = t.path;

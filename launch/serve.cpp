@@ -194,7 +194,7 @@ int cmd_serve(const ServeArgs& a) {
       code = 1;
     } else {
       all.push_back(recorder);
-      auto reward = spawn_reward(*sys, cfg->reward, recorder, caf::actor{});
+      auto reward = spawn_reward(*sys, cfg->reward, recorder);
       all.push_back(reward);
       DispatcherArgs da;
       ServiceArgs sa;

@@ -20,7 +20,7 @@
 namespace kernelrl {
 
 // Bumped whenever a message's fields change; peers with another version are refused.
-inline constexpr uint32_t protocol_version = 18;
+inline constexpr uint32_t protocol_version = 19;
 
 // ---------------------------------------------------------------------------------------------
 // The verdict of one evaluation. Order is part of the wire format: append only.

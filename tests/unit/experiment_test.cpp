@@ -211,7 +211,14 @@ TEST_CASE("train: each step's groups go to the learner once complete; the next s
   CHECK(plans[0].plan.task_ids.size() == 2);
   CHECK(plans[0].plan.n == 2);
   auto got = sample_all(*e, first, 0, 2.0);
-  CHECK(of<act::Learn>(got).size() == 4);
+  auto to_learn = of<act::Learn>(got);
+  REQUIRE(to_learn.size() == 4);
+  for (size_t i = 0; i < to_learn.size(); ++i) {  // a group's samples together, its last one saying so
+    const bool ends =
+        i + 1 == to_learn.size() || to_learn[i + 1].sample.rollout.group_id != to_learn[i].sample.rollout.group_id;
+    CHECK(to_learn[i].last == ends);
+  }
+  CHECK(std::count_if(to_learn.begin(), to_learn.end(), [](const act::Learn& l) { return l.last; }) == 2);
   auto done = of<act::StepDone>(got);
   REQUIRE(done.size() == 1);
   CHECK(done[0].stats.samples == 4);

@@ -114,12 +114,11 @@ ScoredRollout sample(uint32_t step, uint64_t group, uint32_t i, const std::strin
   return s;
 }
 
-// A learner actor over `engine` with groups of 2, checkpoints under `tmp`.
+// A learner actor over `engine`, checkpoints under `tmp`.
 caf::actor scripted_learner(System& s, const TempDir& tmp, std::shared_ptr<ScriptedEngine> engine,
                             double sync_timeout_s) {
   LearnerArgs la;
   la.engine = std::move(engine);
-  la.group_size = 2;
   la.checkpoint_dir = (tmp.path / "checkpoints").string();
   la.sync_timeout_s = sync_timeout_s;
   return spawn_learner(*s.sys, la);
@@ -151,11 +150,11 @@ TEST_CASE("the learner learns each group as it completes and publishes one versi
   CHECK(fs::exists(tmp.path / "checkpoints" / "step-0" / "learner.json"));
 
   auto h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{0}, uint64_t{2});
-  self->send(learner, train_atom::value, sample(0, 0, 0, "a", 0, 1.0));
-  self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0));
+  self->send(learner, train_atom::value, sample(0, 0, 0, "a", 0, 1.0), false);
+  self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0), true);
   // A group of the next step arrives early: it waits for step 0's update.
-  self->send(learner, train_atom::value, sample(1, 7, 0, "c", 0, 1.0));
-  self->send(learner, train_atom::value, sample(1, 7, 1, "c", 0, 0.0));
+  self->send(learner, train_atom::value, sample(1, 7, 0, "c", 0, 1.0), false);
+  self->send(learner, train_atom::value, sample(1, 7, 1, "c", 0, 0.0), true);
   // The first group is learned from before the step's last group exists (streaming).
   self->request(learner, std::chrono::seconds(5), stats_atom::value)
       .receive(
@@ -165,8 +164,8 @@ TEST_CASE("the learner learns each group as it completes and publishes one versi
           },
           [](caf::error&) { FAIL("no stats"); });
   CHECK(engine->n_groups() == 1);
-  self->send(learner, train_atom::value, sample(0, 1, 0, "b", 0, 0.5));
-  self->send(learner, train_atom::value, sample(0, 1, 1, "b", 0, 0.0));
+  self->send(learner, train_atom::value, sample(0, 1, 0, "b", 0, 0.5), false);
+  self->send(learner, train_atom::value, sample(0, 1, 1, "b", 0, 0.0), true);
   h.receive(
       [&](StepUpdate& u) {
         CHECK(u.error.empty());
@@ -200,8 +199,8 @@ TEST_CASE("a sampler that joins gets the current version first, then every later
   caf::scoped_actor self{*s.sys};
   sync_at_version_0(self, learner, {first});
   auto h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{0}, uint64_t{1});
-  self->send(learner, train_atom::value, sample(0, 0, 0, "a", 0, 1.0));
-  self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0));
+  self->send(learner, train_atom::value, sample(0, 0, 0, "a", 0, 1.0), false);
+  self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0), true);
   h.receive([](StepUpdate& u) { CHECK(u.policy_version == 1); }, [](caf::error&) { FAIL("step failed"); });
   // A sampler joins at version 1: it is sent version 1 alone, answered once it acknowledged.
   auto late = s.sys->spawn(fake_sampler, std::string("ok"));
@@ -223,8 +222,8 @@ TEST_CASE("a sampler that joins gets the current version first, then every later
   self->request(learner, std::chrono::milliseconds(300), sync_atom::value, mute, std::string("sampler-mute-0"))
       .receive([](uint64_t) { FAIL("a mute sampler acknowledged"); }, [](caf::error&) {});
   h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{1}, uint64_t{1});
-  self->send(learner, train_atom::value, sample(1, 1, 0, "b", 1, 1.0));
-  self->send(learner, train_atom::value, sample(1, 1, 1, "b", 1, 0.0));
+  self->send(learner, train_atom::value, sample(1, 1, 0, "b", 1, 1.0), false);
+  self->send(learner, train_atom::value, sample(1, 1, 1, "b", 1, 0.0), true);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   self->send_exit(mute, caf::exit_reason::kill);
   h.receive(
@@ -259,8 +258,8 @@ TEST_CASE("a weight sync that is not acknowledged stops the step with an error",
     else
       CHECK(err.find("adapter rank does not match") != std::string::npos);
     auto h = self->request(learner, std::chrono::seconds(10), plan_atom::value, uint32_t{0}, uint64_t{1});
-    self->send(learner, train_atom::value, sample(0, 0, 0, "a", 0, 1.0));
-    self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0));
+    self->send(learner, train_atom::value, sample(0, 0, 0, "a", 0, 1.0), false);
+    self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0), true);
     h.receive([&](StepUpdate& u) { CHECK(u.error.find("did not take policy version 1") != std::string::npos); },
               [](caf::error&) { FAIL("expected a StepUpdate carrying the error"); });
     for (auto& a : {learner, good, bad}) self->send_exit(a, caf::exit_reason::user_shutdown);
@@ -295,7 +294,6 @@ TEST_CASE("profiling rejection sampling takes lazy correct samples out of their 
   auto engine = std::make_shared<ScriptedEngine>();
   LearnerArgs la;
   la.engine = engine;
-  la.group_size = 3;
   la.checkpoint_dir = (tmp.path / "checkpoints").string();
   la.reject_coverage_below = 0.3;
   auto learner = spawn_learner(*s.sys, la);
@@ -310,7 +308,7 @@ TEST_CASE("profiling rejection sampling takes lazy correct samples out of their 
     for (auto& x : *g) {
       x.rollout.group_id = g == &g0 ? 0 : 1;
       x.rollout.sample_id = make_sample_id(x.rollout.task_id, x.rollout.group_id, x.rollout.sample_index);
-      self->send(learner, train_atom::value, x);
+      self->send(learner, train_atom::value, x, x.rollout.sample_index == 2);  // its group's last
     }
   h.receive(
       [&](StepUpdate& u) {
