@@ -1,5 +1,5 @@
 #include "actors/supervisor.hpp"
-#include "actors/sampler_pool.hpp"
+#include "experiment/sampler_pool.hpp"
 
 #include "core/files.hpp"
 #include "core/log.hpp"

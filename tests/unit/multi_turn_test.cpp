@@ -1,7 +1,7 @@
 // Multi-turn episodes ([experiment] turns): the later turns' prompts and their cutting rule, the
 // feedback the policy reads, the experiments that drive the turns (train, eval), the sampler pool
 // re-planning a later turn, and TRLOO's advantages against an independent formulation.
-#include "actors/sampler_pool.hpp"
+#include "experiment/sampler_pool.hpp"
 #include "experiment/experiment.hpp"
 #include "learner/advantages.hpp"
 #include "tasks/prompt.hpp"

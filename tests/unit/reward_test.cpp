@@ -1,5 +1,5 @@
 // The reward is a pure function of the verdict and the [reward] config.
-#include "actors/reward.hpp"
+#include "experiment/reward.hpp"
 
 #include <catch2/catch.hpp>
 

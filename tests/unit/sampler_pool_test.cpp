@@ -1,6 +1,6 @@
 // SamplerPool: a step's groups spread over the samplers by load, whole; a lost sampler's unfinished
 // groups planned again elsewhere from their first missing sample, with the same sample ids.
-#include "actors/sampler_pool.hpp"
+#include "experiment/sampler_pool.hpp"
 
 #include <catch2/catch.hpp>
 

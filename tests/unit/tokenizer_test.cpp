@@ -67,7 +67,8 @@ TEST_CASE("BPE merges by rank, after GPT-2's pre-tokenization and byte map", "[t
   CHECK(t->encode(" a") == std::vector<int32_t>{6});
   CHECK(t->decode({5, 3, 5}) == "abc abc");
   CHECK(t->token_bytes(3) == " ");
-  CHECK(t->token_id("\xC4\xA0" "a") == 6);  // "Ġa"
+  CHECK(t->token_id("\xC4\xA0"
+                    "a") == 6);  // "Ġa"
 }
 
 TEST_CASE("added tokens are matched before the words around them", "[tokenizer]") {
@@ -86,9 +87,10 @@ TEST_CASE("a tokenizer.json it cannot read is refused naming the field", "[token
   CHECK(refusal(j).find("normalizer: type Lowercase is not supported") != std::string::npos);
 
   j = small_bpe();
-  j["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Sideways"}},
-                                           {{"type", "ByteLevel"}}}}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Sideways"}}, {{"type", "ByteLevel"}}}}};
   CHECK(refusal(j).find("pre_tokenizer.pretokenizers[0].behavior: Sideways is not supported") != std::string::npos);
 
   j = small_bpe();

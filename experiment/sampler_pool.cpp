@@ -1,4 +1,4 @@
-#include "actors/sampler_pool.hpp"
+#include "experiment/sampler_pool.hpp"
 
 #include <algorithm>
 #include <tuple>
