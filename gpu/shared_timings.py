@@ -36,7 +36,7 @@ class SharedTimings:
                 os.makedirs(path, mode=0o700, exist_ok=True)
                 self.folder = path
             except OSError:
-                self.folder = None
+                pass
 
     def _path(self, key):
         return os.path.join(self.folder, hashlib.sha1(key.encode()).hexdigest())
@@ -55,14 +55,16 @@ class SharedTimings:
     def put(self, key, value):
         if not self.folder or value is None:
             return
-        path = self._path(key) + ".json"
         try:
             fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".entry-")
+        except OSError:
+            return
+        try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump({"key": key, "value": value}, f)
-            os.replace(tmp, path)
+            os.replace(tmp, self._path(key) + ".json")
         except OSError:
-            with contextlib.suppress(OSError, UnboundLocalError):
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
     @contextlib.contextmanager

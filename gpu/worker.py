@@ -366,23 +366,19 @@ class ForkServer:
             return hit, None
         wants_bw = bool(s.get("bandwidth_bound", True))
         bw_key = "bandwidth|" + device
-        stats = self.shared.get(key)
-        if wants_bw and self.bandwidth is None:
-            self.bandwidth = self.shared.get(bw_key)
-        if stats is None or (wants_bw and self.bandwidth is None):
-            with self.shared.measuring(key):
-                stats = stats or self.shared.get(key)  # another worker's, measured while this one waited
-                if wants_bw and self.bandwidth is None:
-                    self.bandwidth = self.shared.get(bw_key)
-                if stats is None or (wants_bw and self.bandwidth is None):
-                    measured, failure = self._time_reference(req, s, mode, env, wants_bw and self.bandwidth is None)
-                    if failure:
-                        return None, failure
-                    if stats is None:
-                        stats = measured
-                        self.shared.put(key, stats)
-                    if self.bandwidth is not None:
-                        self.shared.put(bw_key, self.bandwidth)
+        with self.shared.measuring(key):  # another worker measuring it: its answer, once it has one
+            stats = self.shared.get(key)
+            if wants_bw and self.bandwidth is None:
+                self.bandwidth = self.shared.get(bw_key)
+            if stats is None or (wants_bw and self.bandwidth is None):
+                measured, failure = self._time_reference(req, s, mode, env, wants_bw and self.bandwidth is None)
+                if failure:
+                    return None, failure
+                if stats is None:
+                    stats = measured
+                    self.shared.put(key, stats)
+                if self.bandwidth is not None:
+                    self.shared.put(bw_key, self.bandwidth)
         self.harness.ref_cache[key] = stats
         return stats, None
 
