@@ -63,10 +63,14 @@ def verdict_class(status):
     return status if status in ("ok", "incorrect") else "error"
 
 
-def run_launch(launch, device, cands, workers, cache_root, timeout_s=120, per_device=1, worker_log="", lock_dir=""):
-    """cands: [(task_path, candidate_file)] -> (results, wall seconds, start unix time)."""
+def run_launch(launch, device, cands, workers, cache_root, timeout_s=120, per_device=1, worker_log="", lock_dir="",
+               reference_cache_mb=None):
+    """cands: [(task_path, candidate_file)] -> (results, wall seconds, start unix time).
+    `reference_cache_mb`: [evaluator] reference_cache_mb (None: the config's default)."""
     cmd = [launch, "evaluate", "--device", device, "--mode", "full", "--timeout", str(timeout_s),
            "--compile-workers", str(workers), "--per-device", str(per_device), "--json"]
+    if reference_cache_mb is not None:
+        cmd += ["--reference-cache-mb", f"{reference_cache_mb:g}"]
     if worker_log:
         cmd += ["--worker-log", worker_log]
     for task, f in cands:
@@ -145,6 +149,8 @@ def phases_at_once(args, work, alone, unlocked=False):
     argv = [PY, os.path.abspath(__file__), "--launch", args.launch, "--device", args.device, "--parts", "phases",
             "--phases", str(args.phases), "--stride", str(args.stride), "--limit", str(args.limit),
             "--timing-precision", str(args.timing_precision)] + (["--gpu-dir", args.gpu_dir] if args.gpu_dir else [])
+    if args.reference_cache_mb[0] is not None:
+        argv += ["--reference-cache-mb", f"{args.reference_cache_mb[0]:g}"]
     files = [os.path.join(work, f"at-once-{k}{'-unlocked' if unlocked else ''}.json") for k in range(n)]
     envs = [dict(os.environ, KERNELRL_LOCK_DIR=os.path.join(work, f"lock-{k}")) if unlocked else None
             for k in range(n)]
@@ -225,22 +231,25 @@ def part_torch(args, work, out):
     runs = []
     if args.logs:
         os.makedirs(args.logs, exist_ok=True)
-    for per in args.per_device:
-        log = os.path.join(args.logs, f"worker-per{per}.log") if args.logs else ""
+    for per, mb in [(p, m) for m in args.reference_cache_mb for p in args.per_device]:
+        tag = f"{per}" + (f"-ref{mb:g}" if mb is not None else "")
+        log = os.path.join(args.logs, f"worker-per{tag}.log") if args.logs else ""
         ours, wall, t_start = run_launch(args.launch, args.device, [(t, f) for t, f, _ in cands], 2,
-                                         os.path.join(work, f"cache-torch-{per}"), per_device=per, worker_log=log)
+                                         os.path.join(work, f"cache-torch-{tag}"), per_device=per, worker_log=log,
+                                         reference_cache_mb=mb)
         iso = [r["isolation_s"] for r in ours]
         first = min(r["device_start"] for r in ours)
         startup = first - t_start
         span = max(r["device_end"] for r in ours) - first
         steady = 3600 * (n - 1) / span if span > 0 else 0.0
-        print(f"[torch] ours, {per} evaluator(s) on the device: {n} in {wall:.1f} s = {3600 * n / wall:.0f} "
+        print(f"[torch] ours, {per} evaluator(s) on the device"
+              f"{'' if mb is None else f', reference_cache_mb = {mb:g}'}: {n} in {wall:.1f} s = {3600 * n / wall:.0f} "
               f"candidates/hour; start-up (launch start to the first candidate on the device) {startup:.2f} s; "
               f"steady state {steady:.0f} candidates/hour ({span:.1f} s from the first on the device to the last "
               f"verdict); isolation (fork to first instruction) median {statistics.median(iso):.4f} s, "
               f"max {max(iso):.4f} s", flush=True)
         raw = [{k: v for k, v in r.items() if k not in ("compile_log", "output")} for r in ours]
-        runs.append({"per_device": per, "ours": ours, "wall": wall, "startup_s": startup, "steady_per_hour": steady,
+        runs.append({"per_device": per, "reference_cache_mb": mb, "ours": ours, "wall": wall, "startup_s": startup, "steady_per_hour": steady,
                      "span_s": span, "iso": iso, "raw": raw})
     # The control: N launches of one evaluator each at once on the device, each with a lock of its
     # own (nothing keeps their timed regions apart): what N evaluators give without the lock.
@@ -297,7 +306,7 @@ def part_torch(args, work, out):
         idle = device_idle(ours)
         print(f"[torch] {per} evaluator(s): device stage idle while a candidate waited: {idle['total_s']:.4f} s "
               f"over {idle['gaps']} hand-overs (max {idle['max_s']:.4f} s)", flush=True)
-        row = {"per_device": per, "ours_wall_s": wall, "ours_per_hour": 3600 * n / wall, "agree": agree,
+        row = {"per_device": per, "reference_cache_mb": run["reference_cache_mb"], "ours_wall_s": wall, "ours_per_hour": 3600 * n / wall, "agree": agree,
                "steady_per_hour": run["steady_per_hour"], "span_s": run["span_s"], "startup_s": run["startup_s"],
                "isolation_median_s": statistics.median(run["iso"]), "isolation_max_s": max(run["iso"]),
                "device_idle": idle, "rows": rows, "raw": run["raw"]}
@@ -334,6 +343,9 @@ def phase_breakdown(args, cands, action_space="forward_body", size=None, tag="ph
                 "atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2,
                 "timeout_s": 600, "compile_timeout_s": 600, "memory_limit_mb": 0 if size == "cpu" else 16384,
                 "reverify_speedup": 10.0, "size": size, "timing_precision": precision, **(extra or {})}
+    mb = (getattr(args, "reference_cache_mb", None) or [None])[0]
+    if mb is not None:
+        settings["reference_cache_mb"] = mb
     server = ForkServer(args.device, 1)
     rows = []
     sums, walls, fixed, formats, worker_sums, judge_sums = {}, [], [], [], {}, {}
@@ -605,6 +617,8 @@ def main():
     ap.add_argument("--unlocked", action="store_true", help="torch part: for each N > 1 of --per-device, the "
                     "control: N launches of one evaluator at once, each with a device lock of its own (phases "
                     "part: the --phases-at-once breakdowns again, each with a lock of its own)")
+    ap.add_argument("--reference-cache-mb", default="", help="[evaluator] reference_cache_mb, e.g. 2048,0 (torch "
+                    "part: a run each, for each --per-device; phases part: the first; default the config's)")
     ap.add_argument("--no-baseline", action="store_true", help="torch part: leave out the fresh-process baseline")
     ap.add_argument("--logs", default="", help="torch part: the workers' logs go here")
     ap.add_argument("--inline", type=int, default=32, help="distinct load_inline candidates")
@@ -615,6 +629,7 @@ def main():
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     args.per_device = [int(x) for x in str(args.per_device).split(",")]
+    args.reference_cache_mb = [float(x) for x in args.reference_cache_mb.split(",")] if args.reference_cache_mb else [None]
     work = tempfile.mkdtemp(prefix="kernelrl-bench-")
     out = {"device": args.device, "date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(),
            "compile_workers": args.compile_workers}

@@ -653,6 +653,7 @@ void read_evaluator(TableReader& r, Config& c, const toml::table& root) {
   r.number("scale_tol_half", e.scale_tol_half, 0, 1e3);
   r.boolean("bandwidth_bound", e.bandwidth_bound);
   r.number("bound_min_output_mb", e.bound_min_output_mb, 0, 1e9);
+  r.number("reference_cache_mb", e.reference_cache_mb, 0, 1e9);
   r.boolean("isolate_network", e.isolate_network);
   r.path("cache_dir", e.cache_dir, PathKind::any);
   r.one_of("backend", e.backend, {"worker", "synthetic"});

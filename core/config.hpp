@@ -150,13 +150,16 @@ struct EvaluatorConfig {
   // signed (random signs), large (x256), zeros (an eighth of the elements 0); a distribution on
   // which the reference's outputs hold NaN or Inf is outside its domain and left out. [] : none.
   std::vector<std::string> input_distributions{"signed", "large", "zeros"};
-  double scale_tol_fp32 = 1e-2;     // the scale rule: an output's root-mean-square error relative to the
-  double scale_tol_half = 5e-2;     // reference's own (float32 / float16 and bfloat16 outputs; 0: off)
-  bool bandwidth_bound = true;      // the device bound: a candidate faster than writing its outputs takes
-                                    // at twice the measured bandwidth is re-verified and, if it stands,
-                                    // unconfirmed
-  double bound_min_output_mb = 0;   // outputs smaller than this are left out of the bound (0: 4x the
-                                    // device's last-level cache, which can absorb smaller writes)
+  double scale_tol_fp32 = 1e-2;    // the scale rule: an output's root-mean-square error relative to the
+  double scale_tol_half = 5e-2;    // reference's own (float32 / float16 and bfloat16 outputs; 0: off)
+  bool bandwidth_bound = true;     // the device bound: a candidate faster than writing its outputs takes
+                                   // at twice the measured bandwidth is re-verified and, if it stands,
+                                   // unconfirmed
+  double bound_min_output_mb = 0;  // outputs smaller than this are left out of the bound (0: 4x the
+                                   // device's last-level cache, which can absorb smaller writes)
+  // The reference's outputs each judge keeps for a task's later candidates, in MB of device memory
+  // (of host memory on CPU; at most 1/16 of it); 0: the reference runs for every candidate.
+  double reference_cache_mb = 2048;
   bool isolate_network = true;      // candidates run in a network namespace of their own
   std::string cache_dir;            // build cache (default ~/.cache/kernelrl/build-cache)
   std::string backend = "worker";   // worker: real evaluation; synthetic: answers after

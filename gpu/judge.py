@@ -40,8 +40,10 @@ The judge process itself (``JudgeProcess``) is forked from the worker, confined 
 takes one session at a time over a control socket that carries the link's descriptor.
 """
 
-import ctypes
+import collections
 import contextlib
+import ctypes
+import json
 import os
 import select
 import signal
@@ -307,6 +309,10 @@ class Judge:
         self.domains = {}       # (task, size, seed, distribution) -> (valid, why)
         self.noises = {}        # (task, size, seed, distribution) -> the reference's rounding error, per output
         self.fused = None       # (FusedCheck or None, why not): the one-pass comparison on a GPU, loaded once
+        # The reference's outputs of earlier sessions, least recently used first: a training step
+        # sends a task's group of samples, whose checks meet the same inputs (ReferenceCache).
+        self.outputs = ReferenceCache()
+        self.facts = {}         # (task, size, seed) -> (floating-point inputs, the ordering check applies)
 
     def session(self, req, s, sock, ctl=None):
         """Judges one candidate over its link until it ends the session, closes the link, or
@@ -315,8 +321,11 @@ class Judge:
         import harness as H
         self.req, self.s, self.sock = req, s, sock
         self.seed, self.n = int(req["seed"]), int(s["correctness_trials"])
+        self.settings_key = json.dumps(s, sort_keys=True, default=str)
         self.dists = distributions(s)
         self.task = self.model = None
+        self.outputs.budget(s, self.h.device)
+        self.runs = self.reused = 0  # reference outputs computed and taken from earlier sessions
         self.passed, self.prev = set(), []
         self.skipped = {}  # (label, index) -> why its inputs are outside the reference's domain
         self.task_rms = []  # each output's root-mean-square on the task's own draw (trial 0)
@@ -372,7 +381,7 @@ class Judge:
                        "reverified": sum(1 for label, _ in self.passed if label == "reverify"),
                        "reverify_complete": all(("reverify", i) in self.passed or ("reverify", i) in self.skipped
                                                 for i in range(4 * self.n)),
-                       "phases": self.phases}
+                       "phases": self.phases, "reference_runs": self.runs, "reference_reused": self.reused}
             if failed is not None:
                 verdict.update(status=failed.status, error=failed.why)
             else:
@@ -604,6 +613,8 @@ class Judge:
             return hit[0], hit[1], None
         try:
             out = self._run_reference(trial_seed, dist)
+        except _Failed:
+            raise
         except H.Verdict as v:
             raise _Failed(v.status, v.error)
         except Exception as e:  # noqa: BLE001 - the reference refuses these inputs
@@ -660,7 +671,7 @@ class Judge:
         try:
             inputs = h._inputs(self.task, trial_seed, dist)
             inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-            model = copy.deepcopy(self.model).double()
+            model = copy.deepcopy(self._reference_model()).double()
             out = H._flatten(model(*inputs))
             del model, inputs
             if len(out) != len(refs):
@@ -774,21 +785,16 @@ class Judge:
 
     # ---- the reference -----------------------------------------------------------------------
     def _load(self):
-        """The task and the reference Model, built (from the request's seed, as the candidate's
-        ModelNew) at the session's first check."""
+        """The task, loaded at the session's first check (its reference Model is built when a
+        reference output is not remembered: _reference_model)."""
         import harness as H
-        if self.model is not None:
+        if self.task is not None:
             return
         h = self.h
         try:
             task, _ = h._load_task(self.req)
             H.apply_size(task, self.s.get("size", "cpu"))
-            H._manual_seed(self.seed)
-            init_inputs = task.get_init_inputs()
-            self.model = h._build_reference(task, init_inputs, self.seed)
-            self.task = task
-            self.prev_timing = False
-            key = self.req.get("task_source_hash") or self.req["task_path"]
+            key = self._task_key()
             if key not in self.reproducible:
                 tensors = lambda xs: [x for x in xs if isinstance(x, torch_tensor())]  # noqa: E731
                 with h._harness_step("generating inputs"):
@@ -800,26 +806,54 @@ class Judge:
                 raise H.Verdict("runtime_error", f"task {self.req['task_id']}: get_inputs() gives different "
                                                  f"inputs for the same seed, so the judge cannot give a candidate "
                                                  f"the reference's inputs (no verdict on the candidate)")
+            self.task = task
+            self.prev_timing = False
         except H.Verdict as v:
-            self.model = None
             raise _Failed(v.status, v.error)
 
+    def _task_key(self):
+        return self.req.get("task_source_hash") or self.req["task_path"]
+
+    def _reference_model(self):
+        """The reference Model, built (from the request's seed, as the candidate's ModelNew) the
+        first time this session needs to run it."""
+        import harness as H
+        if self.model is None:
+            try:
+                H._manual_seed(self.seed)
+                init_inputs = self.task.get_init_inputs()
+                self.model = self.h._build_reference(self.task, init_inputs, self.seed)
+            except H.Verdict as v:
+                raise _Failed(v.status, v.error)
+        return self.model
+
     def _run_reference(self, trial_seed, dist=None):
-        """The reference's output on a check's inputs (what it raises, raised)."""
+        """The reference's output on a check's inputs (what it raises, raised), remembered for
+        the task's later candidates (ReferenceCache: the judge only reads it)."""
         import harness as H
         h = self.h
+        key = (self._inputs_key(trial_seed, dist), self.seed, self.settings_key)
+        out = self.outputs.get(key)
+        if out is not None:
+            self.reused += 1
+            return out
+        model = self._reference_model()
         with h._harness_step("generating inputs"):
             inputs = h._inputs(self.task, trial_seed, dist)
         with h._harness_step("running the reference Model"):
-            out = self.model(*inputs)
+            out = model(*inputs)
             if h.device.type == "cuda":
                 H._cuda_sync(h.device)
+        self.runs += 1
+        self.outputs.put(key, out)
         return out
 
     def _reference(self, trial_seed, dist=None):
         import harness as H
         try:
             return self._run_reference(trial_seed, dist)
+        except _Failed:
+            raise
         except H.Verdict as v:
             raise _Failed(v.status, v.error)
         except Exception as e:  # noqa: BLE001
@@ -829,7 +863,6 @@ class Judge:
         """The checks of the protocol this candidate did not pass. The ordering check applies on
         CUDA to tasks whose inputs keep their shapes across seeds; the refill check to tasks with
         floating-point inputs (as the candidate's process runs them)."""
-        import harness as H
         d = len(self.dists)
         need = [("trial", i) for i in range(self.n)] + [("post", 0)]
         missing = [trial_name(label, i, self.n, d) for label, i in need if (label, i) not in self.passed]
@@ -838,17 +871,94 @@ class Judge:
         for i, name in enumerate(self.dists):
             if ("dist", i) not in self.passed and ("dist", i) not in self.skipped and self._in_domain("dist", i)[0]:
                 missing.append(f"{trial_name('dist', i, self.n, d)} ({name} inputs)")
-        h = self.h
-        post = h._inputs(self.task, seed_of("post", 0, self.seed, self.n))
-        floats = any(isinstance(x, torch_tensor()) and x.is_floating_point() for x in post)
+        floats, ordering = self._protocol_facts()
         if floats and ("refill", 0) not in self.passed:
             missing.append("the refill trial")
-        if h.device.type == "cuda" and ("ordering", 0) not in self.passed:
-            values = h._inputs(self.task, seed_of("ordering", 0, self.seed, self.n))
-            given = h._inputs(self.task, seed_of("ordering", 0, self.seed, self.n) + 1)
-            if H._shapes(values) == H._shapes(given):
-                missing.append("the ordering check")
+        if ordering and ("ordering", 0) not in self.passed:
+            missing.append("the ordering check")
         return missing
+
+    def _protocol_facts(self):
+        """(whether the task's inputs hold floating-point tensors, whether the ordering check
+        applies), from its inputs as the candidate's process makes them; remembered per task,
+        size and seed (three input draws, each as large as the task's inputs)."""
+        import harness as H
+        key = (self._task_key(), self.s.get("size", "cpu"), self.seed)
+        if key not in self.facts:
+            h = self.h
+            post = h._inputs(self.task, seed_of("post", 0, self.seed, self.n))
+            floats = any(isinstance(x, torch_tensor()) and x.is_floating_point() for x in post)
+            del post
+            ordering = False
+            if h.device.type == "cuda":
+                values = h._inputs(self.task, seed_of("ordering", 0, self.seed, self.n))
+                given = h._inputs(self.task, seed_of("ordering", 0, self.seed, self.n) + 1)
+                ordering = H._shapes(values) == H._shapes(given)
+            self.facts[key] = (floats, ordering)
+        return self.facts[key]
+
+
+class ReferenceCache:
+    """The reference's outputs the judge computed, kept for the task's later candidates, least
+    recently used first, within a budget of bytes: `[evaluator] reference_cache_mb` (0: none),
+    at most a sixteenth of the device's memory (on CPU, of the host's and of the processes'
+    memory limit). A training step evaluates
+    a task's group of samples together and every candidate of a task meets the same inputs (the
+    check's seed, the request's seed, the task's source and size), so only the group's first
+    candidate waits for the reference. The outputs stay in the judge's process: candidates never
+    see them. An output larger than the budget is not kept."""
+
+    DEFAULT_MB = 2048
+
+    def __init__(self):
+        self.items = collections.OrderedDict()  # key -> (output, bytes)
+        self.limit, self.used = 0, 0
+
+    def budget(self, s, device):
+        """Sets the budget from a session's settings `s`, dropping what no longer fits."""
+        mb = s.get("reference_cache_mb")
+        mb = self.DEFAULT_MB if mb is None else max(0.0, float(mb))
+        limit = int(mb * (1 << 20))
+        if limit:
+            limit = min(limit, _memory_of(device) // 16)
+            if device.type != "cuda" and s.get("memory_limit_mb"):  # the judge's own limit (sandbox)
+                limit = min(limit, int(float(s["memory_limit_mb"]) * (1 << 20)) // 16)
+        self.limit = limit
+        self._fit(0)
+
+    def get(self, key):
+        hit = self.items.get(key)
+        if hit is None:
+            return None
+        self.items.move_to_end(key)
+        return hit[0]
+
+    def put(self, key, out):
+        """Keeps `out` (a tensor, or a tuple or list of them) when it fits the budget."""
+        import harness as H
+        try:
+            tensors = H._flatten(out)
+        except TypeError:
+            return
+        nbytes = sum(t.untyped_storage().nbytes() for t in tensors)
+        if key in self.items or nbytes > self.limit:
+            return
+        self._fit(nbytes)
+        self.items[key] = (out, nbytes)
+        self.used += nbytes
+
+    def _fit(self, nbytes):
+        while self.items and self.used + nbytes > self.limit:
+            _, (_, n) = self.items.popitem(last=False)
+            self.used -= n
+
+
+def _memory_of(device):
+    """Bytes of memory of a torch device (the host's physical memory for the CPU)."""
+    import torch
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def torch_tensor():

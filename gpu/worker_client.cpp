@@ -358,7 +358,7 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
   pk.pack("request");
   pk.pack(req);
   pk.pack("settings");
-  pk.pack_map(23);
+  pk.pack_map(24);
   pk.pack("correctness_trials");
   pk.pack(s.correctness_trials);
   pk.pack("warmup");
@@ -397,6 +397,8 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
   pk.pack(s.bandwidth_bound);
   pk.pack("bound_min_output_mb");
   pk.pack(s.bound_min_output_mb);
+  pk.pack("reference_cache_mb");
+  pk.pack(s.reference_cache_mb);
   pk.pack("size");
   pk.pack(size);
   pk.pack("precompiled");

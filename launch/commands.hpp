@@ -146,6 +146,7 @@ struct EvaluateOptions {
   std::string mode;                   // fast or full ("": config's / default)
   double timeout_s = 0;               // per-candidate limit (0: config's / default)
   double timing_precision = -1;       // [evaluator] timing_precision (-1: config's / default)
+  double reference_cache_mb = -1;     // [evaluator] reference_cache_mb (-1: config's / default)
   int compile_workers = -1;           // compile-stage processes (-1: config's / default)
   uint32_t per_device = 1;            // evaluators on the device, sharing it (gpu/devlock.py)
   uint64_t seed = 0;                  // base seed (0: config's / default)

@@ -66,6 +66,7 @@ int cmd_evaluate(const EvaluateOptions& o) {
   if (!o.mode.empty()) settings.mode = o.mode;
   if (o.timeout_s > 0) settings.timeout_s = o.timeout_s;
   if (o.timing_precision >= 0) settings.timing_precision = o.timing_precision;
+  if (o.reference_cache_mb >= 0) settings.reference_cache_mb = o.reference_cache_mb;
   if (o.compile_workers >= 0) settings.compile_workers = static_cast<uint32_t>(o.compile_workers);
   if (settings.action_space != "forward_body" && settings.action_space != "full_program") {
     std::fprintf(stderr, "launch evaluate: --action: expected forward_body or full_program, got \"%s\"\n",
@@ -153,7 +154,8 @@ void add_evaluate(CLI::App& app, cli::Action& action) {
       app, "evaluate",
       "launch evaluate --task FILE --candidate FILE [--candidate FILE ...] [--task FILE --candidate FILE ...]\n"
       "                [--action forward_body|full_program] [--device cpu|cuda:N] [--mode fast|full]\n"
-      "                [--timeout SECONDS] [--compile-workers N] [--per-device N] [--seed S] [--config CONFIG]\n"
+      "                [--timeout SECONDS] [--timing-precision F] [--reference-cache-mb MB] [--compile-workers N]\n"
+      "                [--per-device N] [--seed S] [--config CONFIG]\n"
       "                [--worker-log FILE] [--log-level LEVEL] [--json]\n"
       "  evaluate candidates in one evaluator (or --per-device N sharing the device), each against the --task\n"
       "  before it; one line each");
@@ -170,6 +172,10 @@ void add_evaluate(CLI::App& app, cli::Action& action) {
                   "timed runs stop once the median is known to within this fraction; 0: every run "
                   "(default: the config's)")
       ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--reference-cache-mb", o->reference_cache_mb,
+                  "MB of the reference's outputs each judge keeps for a task's later candidates; 0: none "
+                  "(default: the config's)")
+      ->check(CLI::Range(0.0, 1e9));
   sub->add_option("--compile-workers", o->compile_workers, "compile-stage processes")->check(cli::count(0, 256));
   sub->add_option("--per-device", o->per_device,
                   "evaluators on the device: candidates check at once, timed regions run alone (default 1)")

@@ -1011,6 +1011,37 @@ class JudgeLinkTest(Base):
         self.assertStatus(self.evaluate(GOOD), "ok")
 
 
+class ReferenceCacheTest(Base):
+    """The judge keeps the reference's outputs for a task's later candidates (a training step's
+    group): only the first candidate of a task waits for the reference, and every verdict and
+    figure is the one a judge computing the reference again gives."""
+
+    def test_a_tasks_later_candidates_reuse_its_reference_outputs_with_the_same_verdicts(self):
+        first = self.evaluate(GOOD)
+        self.assertStatus(first, "ok")
+        self.assertGreaterEqual(first["judge_reference"]["runs"], SETTINGS["correctness_trials"])
+        again = self.evaluate("return x * torch.sigmoid(x)")
+        self.assertStatus(again, "ok")
+        self.assertEqual(again["judge_reference"]["runs"], 0)
+        self.assertGreaterEqual(again["judge_reference"]["reused"], SETTINGS["correctness_trials"])
+        wrong = self.evaluate("return torch.nn.functional.silu(x) * 1.01")
+        self.assertStatus(wrong, "incorrect", "trial 0")
+        self.assertEqual(wrong["judge_reference"]["runs"], 0)
+        other = self.evaluate("return torch.matmul(A, B).sum(dim=1, keepdim=True)", task=MATMUL)  # another task: computed
+        self.assertStatus(other, "ok")
+        self.assertGreater(other["judge_reference"]["runs"], 0)
+        cached = self.evaluate(GOOD)
+        fresh = self.evaluate(GOOD, reference_cache_mb=0)
+        self.assertEqual(cached["judge_reference"]["runs"], 0)
+        self.assertGreaterEqual(fresh["judge_reference"]["runs"], SETTINGS["correctness_trials"])
+        self.assertEqual(fresh["judge_reference"]["reused"], 0)
+        for r in (cached, fresh):
+            self.assertStatus(r, "ok")
+        for key in ("trials", "passed", "max_abs_diff", "max_rel_diff", "max_scale_err", "distributions"):
+            self.assertEqual(cached["correctness"][key], fresh["correctness"][key], key)
+        self.assertEqual(cached["judge_checked"], fresh["judge_checked"])
+
+
 class BuildCacheTest(Base):
     def test_an_identical_candidate_builds_once_and_a_bad_build_is_a_compile_error(self):
         first = self.evaluate(CPP_OK)
