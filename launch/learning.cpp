@@ -20,36 +20,13 @@ namespace kernelrl {
 
 std::shared_ptr<LearnerEngine> make_engine(const Config& cfg, const std::string& run_dir, bool resume) {
   LearnerOptions lo;
+  lo.learner = cfg.learner;
   lo.model_dir = cfg.policy.model;
   lo.adapter_dir = cfg.policy.adapter;
-  lo.device = cfg.learner.device;
-  lo.dtype = cfg.learner.dtype;
-  lo.lora_rank = cfg.learner.lora_rank;
-  lo.lora_alpha = cfg.learner.lora_alpha;
-  lo.lora_dropout = cfg.learner.lora_dropout;
-  lo.lora_targets = cfg.learner.lora_targets;
   lo.seed = cfg.experiment.seed;
-  lo.estimator = cfg.learner.algorithm;
-  lo.adv_eps = cfg.learner.adv_eps;
-  lo.learning_rate = cfg.learner.learning_rate;
-  lo.weight_decay = cfg.learner.weight_decay;
-  lo.max_grad_norm = cfg.learner.max_grad_norm;
-  lo.schedule = cfg.learner.lr_schedule;
-  lo.warmup_steps = cfg.learner.warmup_steps;
-  lo.total_steps = cfg.learner.steps;
   lo.temperature = cfg.sampler.temperature;
-  lo.clip_low = cfg.learner.clip_low;
-  lo.clip_high = cfg.learner.clip_high;
-  lo.kl_coef = cfg.learner.kl_coef;
-  lo.entropy_coef = cfg.learner.entropy_coef;
-  lo.mismatch = cfg.learner.mismatch;
-  lo.mismatch_threshold = cfg.learner.mismatch_threshold;
   lo.objective = traits(cfg.experiment.mode).objective;
   lo.sdpo_beta = cfg.sdpo.beta;
-  lo.aggregation = cfg.learner.aggregation;
-  lo.minibatch_size = cfg.learner.minibatch_size;
-  lo.activation_checkpointing = cfg.learner.activation_checkpointing;
-  lo.devices = cfg.learner.devices;
   std::shared_ptr<LearnerEngine> engine = create_learner(lo);
   if (!resume) return engine;
   // The newest checkpoint that is whole (its manifest's sizes and hashes) and loads; a damaged one

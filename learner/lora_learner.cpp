@@ -3,7 +3,7 @@
 #include "core/files.hpp"
 
 #include "core/paths.hpp"
-#include "learner/advantages.hpp"
+#include "learner/objective.hpp"
 #include "policy/model.hpp"
 #include "policy/tokenizer.hpp"
 #include "learner/trainer.hpp"
@@ -21,27 +21,28 @@ namespace kernelrl {
 namespace {
 TrainOptions train_options(const LearnerOptions& o) {
   TrainOptions to;
-  to.learning_rate = o.learning_rate;
-  to.weight_decay = o.weight_decay;
-  to.max_grad_norm = o.max_grad_norm;
-  to.schedule = o.schedule;
-  to.warmup_steps = o.warmup_steps;
-  to.total_steps = o.total_steps;
+  to.learning_rate = o.learner.learning_rate;
+  to.weight_decay = o.learner.weight_decay;
+  to.max_grad_norm = o.learner.max_grad_norm;
+  to.schedule = o.learner.lr_schedule;
+  to.warmup_steps = o.learner.warmup_steps;
+  to.total_steps = o.learner.steps;
   to.temperature = o.temperature > 0 ? o.temperature : 1.0;
-  to.loss.clip_low = o.clip_low;
-  to.loss.clip_high = o.clip_high;
-  to.loss.kl_coef = o.kl_coef;
-  to.loss.entropy_coef = o.entropy_coef;
-  to.loss.mismatch = o.mismatch;
-  to.loss.mismatch_threshold = o.mismatch_threshold;
-  to.loss.aggregation = o.aggregation;
-  to.activation_checkpointing = o.activation_checkpointing;
+  to.loss.clip_low = o.learner.clip_low;
+  to.loss.clip_high = o.learner.clip_high;
+  to.loss.kl_coef = o.learner.kl_coef;
+  to.loss.entropy_coef = o.learner.entropy_coef;
+  to.loss.mismatch = o.learner.mismatch;
+  to.loss.mismatch_threshold = o.learner.mismatch_threshold;
+  to.loss.aggregation = o.learner.aggregation;
+  to.activation_checkpointing = o.learner.activation_checkpointing;
   return to;
 }
 }  // namespace
 
 struct LoraLearner::Impl {
   LearnerOptions opt;
+  std::unique_ptr<Objective> objective;  // the group's advantages (learner/objective.hpp)
   torch::Device device{torch::kCPU};
   std::unique_ptr<CausalLM> model;
   std::shared_ptr<Tokenizer> tok;
@@ -121,25 +122,24 @@ std::unique_ptr<LoraLearner> LoraLearner::create(const LearnerOptions& o) {
   try {
     if (o.model_dir.empty()) throw LearnerError("learner: no model directory ([policy] model)");
     if (!fs::is_directory(o.model_dir)) throw LearnerError("learner: " + o.model_dir + ": not a directory");
-    impl->device = torch::Device(o.device);
+    impl->device = torch::Device(o.learner.device);
     if (impl->device.is_cuda() && !torch::cuda::is_available())
-      throw LearnerError("learner: device " + o.device + ": CUDA is not available on this machine");
-    impl->model = load_shared_model(o.model_dir, impl->device, parse_dtype(o.dtype), "learner");
+      throw LearnerError("learner: device " + o.learner.device + ": CUDA is not available on this machine");
+    impl->model = load_shared_model(o.model_dir, impl->device, parse_dtype(o.learner.dtype), "learner");
     impl->tok = Tokenizer::load(o.model_dir);
     if (!o.adapter_dir.empty()) {
       impl->model->load_lora(o.adapter_dir);
     } else {
       LoraSettings s;
-      s.r = o.lora_rank;
-      s.alpha = o.lora_alpha;
-      s.dropout = o.lora_dropout;
-      s.targets = o.lora_targets;
+      s.r = o.learner.lora_rank;
+      s.alpha = o.learner.lora_alpha;
+      s.dropout = o.learner.lora_dropout;
+      s.targets = o.learner.lora_targets;
       impl->model->add_lora(s, o.seed);
     }
     TrainOptions to = train_options(o);
     scheduled_lr(to, 0);  // validates the schedule name
-    if (o.objective != "grpo" && o.objective != "sdpo")
-      throw LearnerError("learner: objective \"" + o.objective + "\": expected grpo or sdpo");
+    impl->objective = make_objective(o);
     impl->trainer = std::make_unique<LoraTrainer>(*impl->model, to);
   } catch (const LearnerError&) {
     throw;
@@ -149,112 +149,33 @@ std::unique_ptr<LoraLearner> LoraLearner::create(const LearnerOptions& o) {
   return std::unique_ptr<LoraLearner>(new LoraLearner(std::move(impl)));
 }
 
-GroupOutcome LoraLearner::plan_group(const LearnerOptions& o, const std::vector<LearnSample>& group) {
-  GroupOutcome out;
-  bool per_token = false;
-  for (size_t i = 0; i < group.size(); ++i) {
-    const auto& s = group[i];
-    if (s.logprobs.size() != s.token_ids.size())
-      throw LearnerError("learner: sample " + std::to_string(i) + " of the group has " +
-                         std::to_string(s.token_ids.size()) + " tokens but " + std::to_string(s.logprobs.size()) +
-                         " logprobs");
-    if (!s.token_advantages.empty()) {
-      if (s.token_advantages.size() != s.token_ids.size())
-        throw LearnerError("learner: sample " + std::to_string(i) + ": token_advantages has " +
-                           std::to_string(s.token_advantages.size()) + " entries for " +
-                           std::to_string(s.token_ids.size()) + " tokens");
-      per_token = true;
-    }
-  }
-  if (o.objective == "sdpo") return out;  // its advantages need the model (add_group)
-  if (per_token) {
-    for (auto& s : group)
-      if (s.token_advantages.empty() && !s.token_ids.empty())
-        throw LearnerError("learner: a group mixes per-token and per-sequence advantages");
-    return out;
-  }
-  std::vector<double> rewards;
-  for (auto& s : group) rewards.push_back(s.reward);
-  AdvantageOptions ao;
-  ao.estimator = o.estimator;
-  ao.eps = o.adv_eps;
-  GroupAdvantages ga;
-  try {
-    ga = group_advantages(rewards, ao);
-  } catch (const std::exception& e) {
-    throw LearnerError(std::string("learner: ") + e.what());
-  }
-  out.advantages = ga.advantages;
-  out.skipped = ga.skipped;
-  return out;
-}
-
 GroupOutcome LoraLearner::add_group(const std::vector<LearnSample>& group) {
   auto& im = *impl_;
-  GroupOutcome out = plan_group(im.opt, group);
+  GroupOutcome out = im.objective->plan(group);
   if (out.skipped) return out;
-  bool per_token = false;
-  for (auto& s : group) per_token = per_token || !s.token_advantages.empty();
-  std::vector<std::vector<float>> sdpo_adv;  // objective sdpo: per-token advantages, per sample
-  if (im.opt.objective == "sdpo") {
-    out.teacher_logprob_sum.assign(group.size(), 0.0);
-    out.student_logprob_sum.assign(group.size(), 0.0);
-    out.teacher_tokens.assign(group.size(), 0);
-    sdpo_adv.resize(group.size());
-    double t0 = mono_s();
-    bool any = false;
-    const size_t mb = std::max<uint32_t>(1, im.opt.minibatch_size);
-    std::vector<size_t> rows;
-    for (size_t i = 0; i < group.size(); ++i)
-      if (!group[i].teacher_prompt.empty() && !group[i].token_ids.empty()) rows.push_back(i);
-    for (size_t b0 = 0; b0 < rows.size(); b0 += mb) {
-      std::vector<std::vector<int32_t>> prompts, comps;
-      for (size_t k = b0; k < std::min(rows.size(), b0 + mb); ++k) {
-        prompts.push_back(im.tok->encode(group[rows[k]].teacher_prompt));
-        comps.push_back(group[rows[k]].token_ids);
-      }
-      std::vector<std::vector<float>> t;
-      try {
-        t = im.score(prompts, comps);
-      } catch (const std::exception& e) {
-        throw LearnerError(std::string("learner: teacher scoring failed: ") + e.what());
-      }
-      for (size_t k = b0; k < std::min(rows.size(), b0 + mb); ++k) {
-        const size_t i = rows[k];
-        const auto& tl = t[k - b0];
-        auto& a = sdpo_adv[i];
-        for (size_t j = 0; j < tl.size(); ++j) {
-          a.push_back(float(im.opt.sdpo_beta * (double(tl[j]) - double(group[i].logprobs[j]))));
-          out.teacher_logprob_sum[i] += tl[j];
-          out.student_logprob_sum[i] += group[i].logprobs[j];
-        }
-        out.teacher_tokens[i] = prompts[k - b0].size() + comps[k - b0].size();
-        any = true;
-      }
-    }
-    im.busy_s += mono_s() - t0;
-    if (!any) {
-      out.skipped = true;
-      return out;
-    }
-    per_token = true;
-  }
+  PolicyScores policy;
+  policy.encode = [&im](const std::string& text) { return im.tok->encode(text); };
+  policy.score = [&im](const std::vector<std::vector<int32_t>>& prompts,
+                       const std::vector<std::vector<int32_t>>& comps) { return im.score(prompts, comps); };
+  policy.minibatch = im.opt.learner.minibatch_size;
+  double t_scores = mono_s();
+  const auto token_adv = im.objective->token_advantages(group, policy, out);
+  im.busy_s += mono_s() - t_scores;
+  if (out.skipped) return out;
   double t0 = mono_s();
-  const size_t mb = std::max<uint32_t>(1, im.opt.minibatch_size);
+  const size_t mb = std::max<uint32_t>(1, im.opt.learner.minibatch_size);
   for (size_t b0 = 0; b0 < group.size(); b0 += mb) {
     std::vector<std::vector<int32_t>> prompts, comps;
     std::vector<std::vector<float>> logps, advs;
     std::vector<double> seq;
     for (size_t i = b0; i < std::min(group.size(), b0 + mb); ++i) {
-      if (group[i].token_ids.empty()) continue;                // nothing generated: nothing to learn from
-      if (!sdpo_adv.empty() && sdpo_adv[i].empty()) continue;  // sdpo: no teacher for this one
+      if (group[i].token_ids.empty()) continue;                  // nothing generated: nothing to learn from
+      if (!token_adv.empty() && token_adv[i].empty()) continue;  // left out (sdpo: no teacher for it)
       prompts.push_back(im.tok->encode(group[i].prompt));
       comps.push_back(group[i].token_ids);
       logps.push_back(group[i].logprobs);
-      if (!sdpo_adv.empty())
-        advs.push_back(sdpo_adv[i]);
-      else if (per_token)
-        advs.push_back(group[i].token_advantages);
+      if (!token_adv.empty())
+        advs.push_back(token_adv[i]);
       else
         seq.push_back(out.advantages[i]);
     }
@@ -318,7 +239,7 @@ UpdateStats LoraLearner::sft_step(const std::vector<std::pair<std::string, std::
   auto& im = *impl_;
   double t0 = mono_s();
   auto eos = im.model->config().eos_token_ids;
-  const size_t mb = std::max<uint32_t>(1, im.opt.minibatch_size);
+  const size_t mb = std::max<uint32_t>(1, im.opt.learner.minibatch_size);
   for (size_t b0 = 0; b0 < demos.size(); b0 += mb) {
     std::vector<std::vector<int32_t>> prompts, comps;
     for (size_t i = b0; i < std::min(demos.size(), b0 + mb); ++i) {

@@ -8,6 +8,7 @@
 // Checkpoints: the adapter in PEFT format plus optimizer state, so a run resumes exactly.
 #pragma once
 
+#include "core/config.hpp"
 #include "messages/messages.hpp"
 
 #include <cstdint>
@@ -22,37 +23,20 @@ struct LearnerError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What a learner is given: [learner] whole, as the config's reader made it (core/config.hpp holds
+// each setting's one default; the reader resolves device and dtype from [policy]), and the few
+// settings it takes from other sections.
 struct LearnerOptions {
-  std::string model_dir;       // Hugging Face model directory (the policy's base model)
-  std::string adapter_dir;     // PEFT adapter to start from ("": a fresh one)
-  std::string device = "cpu";  // cpu or cuda[:N]
-  // Data-parallel: one rank per entry ("cpu" each, or "cuda:N" each with distinct N), made by
-  // create_learner; empty or one entry: `device` alone.
-  std::vector<std::string> devices;
-  std::string dtype = "f32";  // base weights' dtype; the adapter is float32
-  int64_t lora_rank = 16;     // fresh adapter: rank, alpha, dropout, target modules, init seed
-  double lora_alpha = 32;
-  double lora_dropout = 0;
-  std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  uint64_t seed = 0;
-  std::string estimator = "grpo";  // grpo, dr_grpo or rloo (learner/advantages.hpp)
-  double adv_eps = 1e-4;
-  // Optimizer and loss (learner/trainer.hpp, learner/grpo.hpp).
-  double learning_rate = 1e-5, weight_decay = 0, max_grad_norm = 1.0;
-  std::string schedule = "constant";
-  int64_t warmup_steps = 0, total_steps = 0;
-  double temperature = 1.0;  // the sampler's temperature: logprobs are recomputed at it
-  double clip_low = 0.2, clip_high = 0.2, kl_coef = 0, entropy_coef = 0;
-  std::string mismatch = "off";     // mismatch rejection sampling: off, token or sequence
-  double mismatch_threshold = 0.5;  // |log(learner / sampler probability)| beyond which it rejects
-  std::string aggregation = "token_mean";
-  uint32_t minibatch_size = 8;            // sequences per forward/backward
-  bool activation_checkpointing = false;  // recompute each layer in the backward pass
-  // "grpo": group-relative advantages from the rewards; "sdpo": per-token advantages
-  // sdpo_beta * (teacher - student logprob), the teacher being the current policy given each
-  // sample's teacher_prompt (learner/sdpo.hpp).
+  LearnerConfig learner;     // devices, dtype, the fresh adapter's shape, estimator, optimizer, loss
+  std::string model_dir;     // [policy] model: the Hugging Face model directory
+  std::string adapter_dir;   // [policy] adapter: the PEFT adapter to start from ("": a fresh one)
+  uint64_t seed = 0;         // [experiment] seed: a fresh adapter's initialisation
+  double temperature = 1.0;  // [sampler] temperature: logprobs are recomputed at it
+  // The mode's objective (core/mode.hpp): "grpo", group-relative advantages from the rewards;
+  // "sdpo", per-token advantages sdpo_beta * (teacher - student logprob), the teacher being the
+  // current policy given each sample's teacher_prompt (learner/sdpo.hpp).
   std::string objective = "grpo";
-  double sdpo_beta = 1.0;
+  double sdpo_beta = 1.0;  // [sdpo] beta
 };
 
 // One sample of a group as the learner needs it.
@@ -119,9 +103,6 @@ class LoraLearner : public LearnerEngine {
   std::vector<TensorBlob> adapter_blobs() const override;
   void save_checkpoint(const std::string& dir) const override;
   void load_checkpoint(const std::string& dir) override;
-  // Checks a group's samples and, for objective grpo, computes its advantages (or finds it
-  // skipped) without touching a model: what add_group does first. Throws LearnerError.
-  static GroupOutcome plan_group(const LearnerOptions& o, const std::vector<LearnSample>& group);
   // Data-parallel rank: step(true) takes the optimizer step through the reducer's collective even
   // when this rank learned nothing since the last step (another rank did); step(false) only counts
   // the version (no rank learned). Every rank makes the same call for every step.

@@ -7,6 +7,7 @@
 // the one a single learner gets from the whole step. Checkpoints and weights come from rank 0.
 #include "learner/data_parallel.hpp"
 #include "learner/lora_learner.hpp"
+#include "learner/objective.hpp"
 
 #include "core/log_line.hpp"
 #include "core/paths.hpp"
@@ -108,22 +109,23 @@ std::vector<T> gather(std::vector<std::future<T>>& futs, const std::vector<std::
 
 class ParallelLearner : public LearnerEngine {
  public:
-  explicit ParallelLearner(const LearnerOptions& o) : opt_(o) {
+  explicit ParallelLearner(const LearnerOptions& o) : objective_(make_objective(o)) {
     std::vector<std::shared_ptr<GradientReducer>> reducers;
     try {
-      reducers = local_reducers(o.devices);
+      reducers = local_reducers(o.learner.devices);
     } catch (const std::exception& e) {
       throw LearnerError(std::string("learner: ") + e.what());
     }
-    for (size_t r = 0; r < o.devices.size(); ++r) ranks_.push_back(std::make_unique<Rank>(int(r), o.devices[r]));
+    for (size_t r = 0; r < o.learner.devices.size(); ++r)
+      ranks_.push_back(std::make_unique<Rank>(int(r), o.learner.devices[r]));
     // Each rank loads its model on its own device at once; the same seed gives every rank the
     // same fresh adapter (drawn on the CPU, then moved).
     std::vector<std::future<bool>> made;
     for (size_t r = 0; r < ranks_.size(); ++r) {
       Rank* rank = ranks_[r].get();
       LearnerOptions ro = o;
-      ro.device = o.devices[r];
-      ro.devices.clear();
+      ro.learner.device = o.learner.devices[r];
+      ro.learner.devices.clear();
       auto reducer = reducers[r];
       made.push_back(rank->run([rank, ro, reducer] {
         rank->slot() = LoraLearner::create(ro);
@@ -133,7 +135,7 @@ class ParallelLearner : public LearnerEngine {
     }
     gather(made, ranks_, "loading the model");
     log::info("learner", "data-parallel over " + std::to_string(ranks_.size()) + " ranks (" + joined() +
-                             "), gradients summed by c10d " + (o.devices[0] == "cpu" ? "gloo" : "NCCL"));
+                             "), gradients summed by c10d " + (o.learner.devices[0] == "cpu" ? "gloo" : "NCCL"));
   }
 
   ~ParallelLearner() override {
@@ -153,7 +155,7 @@ class ParallelLearner : public LearnerEngine {
   }
 
   GroupOutcome add_group(const std::vector<LearnSample>& group) override {
-    GroupOutcome out = LoraLearner::plan_group(opt_, group);
+    GroupOutcome out = objective_->plan(group);
     if (out.skipped) return out;
     double tokens = 0;
     for (auto& s : group) tokens += double(s.token_ids.size()) + double(s.prompt.size()) / 4.0;
@@ -161,7 +163,7 @@ class ParallelLearner : public LearnerEngine {
                    return a->queued_tokens < b->queued_tokens;
                  })->get();
     rank->queued_tokens += tokens;
-    if (opt_.objective == "sdpo") {  // the outcome needs the teacher's scores: wait for them
+    if (objective_->needs_policy()) {  // the outcome needs the policy's scores: wait for them
       const double t0 = mono_s();
       auto f = rank->run([rank, group] { return rank->learner().add_group(group); });
       auto got = f.get();
@@ -247,7 +249,7 @@ class ParallelLearner : public LearnerEngine {
     return s;
   }
 
-  LearnerOptions opt_;
+  std::unique_ptr<Objective> objective_;  // checks and plans each group before a rank learns from it
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<std::future<bool>> pending_;  // the step's queued groups
   double serial_s_ = 0;                     // SDPO: time spent waiting on groups in this step
@@ -256,10 +258,10 @@ class ParallelLearner : public LearnerEngine {
 }  // namespace
 
 std::unique_ptr<LearnerEngine> create_learner(const LearnerOptions& o) {
-  if (o.devices.size() > 1) return std::make_unique<ParallelLearner>(o);
+  if (o.learner.devices.size() > 1) return std::make_unique<ParallelLearner>(o);
   LearnerOptions one = o;
-  if (o.devices.size() == 1) one.device = o.devices.front();
-  one.devices.clear();
+  if (o.learner.devices.size() == 1) one.learner.device = o.learner.devices.front();
+  one.learner.devices.clear();
   return LoraLearner::create(one);
 }
 
