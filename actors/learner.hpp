@@ -49,7 +49,7 @@ struct LearnerArgs {
   // teacher_prompt(task_id, section) for its section from teacher_sections(group, sdpo); every
   // sample's teacher context and figures are appended to teacher_log (JSONL) for audit.
   bool sdpo_enabled = false;
-  SdpoOptions sdpo;
+  SdpoConfig sdpo;  // [sdpo] as the config's reader made it
   std::function<std::string(const std::string& task_id, const std::string& section)> teacher_prompt;
   std::string teacher_log;  // RUN_DIR/teacher.jsonl
   // Profiling rejection sampling: a correct sample whose own kernels were measured to cover less

@@ -69,10 +69,7 @@ LearningActors spawn_learning(caf::actor_system& sys, const Config& cfg,
   la.sync_timeout_s = cfg.learner.sync_timeout_s;
   if (cfg.experiment.mode == Mode::sdpo) {
     la.sdpo_enabled = true;
-    la.sdpo.context = cfg.sdpo.context;
-    la.sdpo.demonstration = cfg.sdpo.demonstration;
-    la.sdpo.beta = cfg.sdpo.beta;
-    la.sdpo.max_error_chars = cfg.sdpo.max_error_chars;
+    la.sdpo = cfg.sdpo;
     la.teacher_log = (fs::path(run_dir) / "teacher.jsonl").string();
     la.teacher_prompt = [policy = cfg.policy, users = user_messages](const std::string& task,
                                                                      const std::string& section) {

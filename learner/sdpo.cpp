@@ -53,7 +53,7 @@ std::string execution_feedback(const EvalResult& r, size_t max_error_chars) {
   return f;
 }
 
-std::vector<std::string> teacher_sections(const std::vector<ScoredRollout>& group, const SdpoOptions& o) {
+std::vector<std::string> teacher_sections(const std::vector<ScoredRollout>& group, const SdpoConfig& o) {
   std::vector<std::string> out(group.size());
   for (size_t i = 0; i < group.size(); ++i) {
     // The fastest correct sample other than this one (the earliest on a tie).

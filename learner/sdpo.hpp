@@ -8,6 +8,7 @@
 // here, the engine (learner/lora_learner) does the scoring.
 #pragma once
 
+#include "core/config.hpp"
 #include "messages/messages.hpp"
 
 #include <string>
@@ -15,21 +16,13 @@
 
 namespace kernelrl {
 
-struct SdpoOptions {
-  std::string context = "feedback";  // "feedback": demonstration (if any) + execution feedback;
-                                     // "prompt": demonstration only (no feedback)
-  bool demonstration = true;         // include the group's best correct sample (another one's)
-  double beta = 1.0;                 // advantage = beta * (teacher - student logprob)
-  size_t max_error_chars = 1500;     // error text and compile output kept in the feedback
-};
-
 // Structured feedback on one evaluation, as the teacher reads it. Contains no candidate code.
-std::string execution_feedback(const EvalResult& r, size_t max_error_chars = 1500);
+std::string execution_feedback(const EvalResult& r, size_t max_error_chars);  // ([sdpo] max_error_chars)
 
 // The teacher-only section for each sample of `group` (same order); "" where the teacher would
 // know nothing the student did not (prompt variant, no other correct sample): such a sample
 // carries no SDPO signal. The demonstration for sample i is the fastest correct sample j != i.
-std::vector<std::string> teacher_sections(const std::vector<ScoredRollout>& group, const SdpoOptions& o);
+std::vector<std::string> teacher_sections(const std::vector<ScoredRollout>& group, const SdpoConfig& o);
 
 // The teacher's user message: the student's user message followed by the section.
 std::string teacher_user_message(const std::string& user, const std::string& section);

@@ -24,7 +24,7 @@ ScoredRollout sample(const std::string& code, EvalStatus status, double speedup 
 
 TEST_CASE("execution feedback states status, correctness, timing and errors but no code", "[sdpo]") {
   auto ok = sample("return x * 2  # CODE-A", EvalStatus::ok, 1.25);
-  auto f = execution_feedback(ok.result);
+  auto f = execution_feedback(ok.result, SdpoConfig{}.max_error_chars);
   CHECK(f.find("- status: ok") != std::string::npos);
   CHECK(f.find("- compiled: yes") != std::string::npos);
   CHECK(f.find("- correct: yes (6 of 6 trials") != std::string::npos);
@@ -44,7 +44,7 @@ TEST_CASE("execution feedback states status, correctness, timing and errors but 
 
   auto wrong = sample("CODE-C", EvalStatus::incorrect);
   wrong.result.correctness = {6, 2, 0.5, 3.0, 1e-2, 1e-2, "trial 2: shape [4, 8] != [8, 4]"};
-  f = execution_feedback(wrong.result);
+  f = execution_feedback(wrong.result, SdpoConfig{}.max_error_chars);
   CHECK(f.find("- correct: no (2 of 6 trials") != std::string::npos);
   CHECK(f.find("- first mismatch: trial 2: shape [4, 8] != [8, 4]") != std::string::npos);
   CHECK(f.find("speedup") == std::string::npos);
@@ -53,7 +53,7 @@ TEST_CASE("execution feedback states status, correctness, timing and errors but 
 TEST_CASE("the teacher sees the fastest correct sample of the group, never the sample's own code", "[sdpo]") {
   std::vector<ScoredRollout> g = {sample("SLOW-OK", EvalStatus::ok, 0.8), sample("FAST-OK", EvalStatus::ok, 1.9),
                                   sample("BROKEN", EvalStatus::runtime_error), sample("MID-OK", EvalStatus::ok, 1.2)};
-  SdpoOptions o;
+  SdpoConfig o;
   auto t = teacher_sections(g, o);
   REQUIRE(t.size() == 4);
   for (size_t i = 0; i < g.size(); ++i) CHECK(t[i].find(g[i].rollout.completion) == std::string::npos);
@@ -68,7 +68,7 @@ TEST_CASE("the teacher sees the fastest correct sample of the group, never the s
   CHECK(t[0].find("FAST-OK") == std::string::npos);
   CHECK(t[0].find("- status: ok") != std::string::npos);
 
-  o = SdpoOptions{};
+  o = SdpoConfig{};
   o.context = "prompt";  // demonstration alone: a group with one correct sample gives it nothing
   std::vector<ScoredRollout> one = {sample("ONLY-OK", EvalStatus::ok, 1.1), sample("BAD", EvalStatus::incorrect),
                                     sample("BAD2", EvalStatus::timeout)};
