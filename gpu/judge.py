@@ -648,7 +648,7 @@ class Judge:
 
     def _inputs_key(self, trial_seed, dist):
         """What a check's inputs depend on: the task, its size, the seed and the distribution."""
-        return (self.req.get("task_source_hash") or self.req["task_path"], self.s.get("size", "cpu"), trial_seed, dist)
+        return (self._task_key(), self.s.get("size", "cpu"), trial_seed, dist)
 
     def _dist_noise(self, trial_seed, dist, refs):
         """_scale_noise for the check's inputs, remembered per task, size, seed and distribution
@@ -812,6 +812,7 @@ class Judge:
             raise _Failed(v.status, v.error)
 
     def _task_key(self):
+        """What names the task: its source's hash (else its path)."""
         return self.req.get("task_source_hash") or self.req["task_path"]
 
     def _reference_model(self):
@@ -902,10 +903,9 @@ class ReferenceCache:
     """The reference's outputs the judge computed, kept for the task's later candidates, least
     recently used first, within a budget of bytes: `[evaluator] reference_cache_mb` (0: none),
     at most a sixteenth of the device's memory (on CPU, of the host's and of the processes'
-    memory limit). A training step evaluates
-    a task's group of samples together and every candidate of a task meets the same inputs (the
-    check's seed, the request's seed, the task's source and size), so only the group's first
-    candidate waits for the reference. The outputs stay in the judge's process: candidates never
+    memory limit). A training step evaluates a task's group of samples together and every
+    candidate of a task meets the same inputs (the check's seed, the request's seed, the task's
+    source and size), so only the group's first candidate waits for the reference. The outputs stay in the judge's process: candidates never
     see them. An output larger than the budget is not kept."""
 
     DEFAULT_MB = 2048

@@ -4,6 +4,8 @@
 #include "learner/advantages.hpp"
 #include "learner/objective.hpp"
 
+#include <algorithm>
+
 namespace kernelrl {
 
 namespace {
@@ -40,13 +42,12 @@ class GroupRelative : public Objective {
 
   std::vector<std::vector<float>> token_advantages(const std::vector<LearnSample>& group, const PolicyScores&,
                                                    GroupOutcome&) const override {
+    // The experiment's own per-token advantages (plan() checked every sample has them), or none.
+    const bool per_token =
+        std::any_of(group.begin(), group.end(), [](const LearnSample& s) { return !s.token_advantages.empty(); });
     std::vector<std::vector<float>> adv;
-    for (auto& s : group)
-      if (!s.token_advantages.empty()) {
-        adv.reserve(group.size());
-        for (auto& x : group) adv.push_back(x.token_advantages);
-        break;
-      }
+    if (per_token)
+      for (auto& s : group) adv.push_back(s.token_advantages);
     return adv;
   }
 
