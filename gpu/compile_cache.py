@@ -118,7 +118,11 @@ def build_into(kind: str, module: str, payload: dict, staging: str):
         raise RuntimeError(f"the build left no {module}.so")
 
 
-def build_key(kind: str, payload: dict, arch=None) -> str:
+def build_key(kind: str, name: str, payload: dict, arch=None) -> str:
+    """The entry of one build: the module's name is compiled into the library (its init symbol),
+    so two extensions of the same sources under different names are two entries (with one entry
+    for both, each build replaced the other's library, and a candidate's evaluation waited for a
+    rebuild of what its compile stage had built)."""
     env = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -126,7 +130,7 @@ def build_key(kind: str, payload: dict, arch=None) -> str:
         "python": sys.version.split()[0],
         "cxx": os.environ.get("CXX", ""),
     }
-    blob = json.dumps({"kind": kind, "payload": _norm(payload), "env": env}, sort_keys=True)
+    blob = json.dumps({"kind": kind, "name": name, "payload": _norm(payload), "env": env}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -175,7 +179,7 @@ class BuildRecorder:
     def _run(self, kind, name, payload, call, kw=None):
         if self.builder is not None:
             return self._ask(kind, name, payload, kw)
-        key = build_key(kind, payload)
+        key = build_key(kind, name, payload)
         build_dir = os.path.join(self.root, key[:32])
         os.makedirs(build_dir, exist_ok=True)
         mod_name = f"{name}_{key[:12]}"

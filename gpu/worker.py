@@ -313,13 +313,18 @@ class ForkServer:
         if kind not in ("load_inline", "load") or not isinstance(payload, dict) \
                 or not isinstance(name, str) or not self.BUILD_NAME.fullmatch(name):
             return {"ok": False, "error": "malformed build request (kind, name or arguments)"}
-        key = compile_cache.build_key(kind, payload, arch=env.get("TORCH_CUDA_ARCH_LIST", ""))
+        key = compile_cache.build_key(kind, name, payload, arch=env.get("TORCH_CUDA_ARCH_LIST", ""))
         entry = os.path.join(self.cache_root, key[:32])
         module = f"{name}_{key[:12]}"
         lock = open(os.path.join(self.cache_root, ".staging", key[:32] + ".lock"), "w")
         try:
+            t_lock = time.monotonic()
             fcntl.flock(lock, fcntl.LOCK_EX)  # one build per entry across this machine's workers
+            waited = time.monotonic() - t_lock
             found = compile_cache.verified_library(entry)
+            print(f"worker {os.getpid()}: build {name} {key[:12]} (arch {env.get('TORCH_CUDA_ARCH_LIST', '')!r}): "
+                  f"{'cached' if found is not None and found[0] == module else 'building'} after {waited:.1f} s "
+                  f"waiting for the entry's lock", file=sys.stderr, flush=True)
             if found is not None and found[0] == module:
                 return {"ok": True, "dir": entry, "key": key, "cached": True}
             staging = tempfile.mkdtemp(prefix=key[:12] + "-", dir=os.path.join(self.cache_root, ".staging"))

@@ -40,6 +40,7 @@ SETTINGS = {"correctness_trials": 5, "warmup": 3, "fast_trials": 20, "full_trial
             "timeout_s": 120, "compile_timeout_s": 600, "memory_limit_mb": 65536,
             "reverify_speedup": 10.0, "size": "gpu"}
 CANDS = os.path.join(ROOT, "tests", "fixtures", "gpu_candidates")
+LOG_DIR = ""  # main(): the folder of --json, where the CUDA suite's worker logs go
 
 
 def replay_suite(server, rows):
@@ -105,7 +106,10 @@ def judge(suite, expect, results, rows):
         rows.append({"suite": suite, "candidate": f, "status": r["status"], "expected": status, "ok": ok,
                      "speedup": r["speedup"], "runtime_ms": r["runtime_ms"], "coverage": r["kernel_coverage"],
                      "compile_s": r["compile_s"], "compile_cached": r["compile_cached"],
-                     "wall_s": r["wall_s"], "error": r["error"][:300]})
+                     "wall_s": r["wall_s"], "error": r["error"][:300],
+                     # where a slow one spent its time: the stages' stamps and its build records
+                     "ready_at": r.get("ready_at", 0), "device_start": r.get("device_start", 0),
+                     "device_end": r.get("device_end", 0), "compile_log": r.get("compile_log", "")[-2000:]})
         print(f"{'ok ' if ok else 'BAD'} {f:34} {r['status']:13} x{r['speedup']:6.2f} cov {r['kernel_coverage']:.3f} "
               f"compile {r['compile_s']:5.1f}s{' cached' if r['compile_cached'] else ''} {r['error'][:80]}",
               flush=True)
@@ -117,8 +121,10 @@ def cuda_suite(launch, device, rows):
               ("swish_cuda_illegal_address.txt", "runtime_error", "illegal memory access"),
               ("swish_cuda.txt", "ok", ""), ("swish_cuda_unused.txt", "hacked", "none ran"),
               ("swish_side_stream.txt", "hacked", "another CUDA stream"), ("swish_cuda.txt", "ok", "")]
-    results, wall = launch_evaluate(launch, device, [e[0] for e in expect],
-                                    extra=["--compile-workers", "4"])
+    extra = ["--compile-workers", "4"]
+    if LOG_DIR:  # the workers' logs (builds, the build lock's waits) beside the suite's JSON
+        extra += ["--worker-log", os.path.join(LOG_DIR, "cuda-worker.log")]
+    results, wall = launch_evaluate(launch, device, [e[0] for e in expect], extra=extra)
     bad = judge("cuda", expect, results, rows)
     print(f"cuda suite: {len(results)} candidates in {wall:.1f} s (launch evaluate, cold cache)")
     return bad
@@ -322,6 +328,8 @@ def main():
     ap.add_argument("--only-stability", action="store_true", help="the timing-stability check alone")
     ap.add_argument("--parts", default="replay,compare,sandbox,cuda,triton,stability", help="which parts, comma-separated")
     args = ap.parse_args()
+    global LOG_DIR
+    LOG_DIR = os.path.dirname(os.path.abspath(args.json)) if args.json else ""
     parts = set(args.parts.split(","))
     if args.skip_replay:
         parts.discard("replay")

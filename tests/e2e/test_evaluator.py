@@ -1058,6 +1058,14 @@ class BuildCacheTest(Base):
         self.assertStatus(second, "ok")
         self.assertTrue(second["compile_cached"])
         self.assertLess(second["compile_s"], first["compile_s"] / 3)
+        # The same sources under another extension name are another library (the name is
+        # compiled in): built on their own, and the first stays cached beside them.
+        renamed = self.evaluate(CPP_OK.replace('name="kernelrl_test_swish"', 'name="kernelrl_test_swish_b"'))
+        self.assertStatus(renamed, "ok")
+        self.assertFalse(renamed["compile_cached"])
+        third = self.evaluate(CPP_OK, precompiled=True)
+        self.assertStatus(third, "ok")
+        self.assertTrue(third["compile_cached"], "the renamed build replaced the first one's entry")
 
         bad = self.server.compile(dict(req, action=CPP_BAD), SETTINGS)
         self.assertEqual(bad["status"], "compile_error")
