@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <unordered_set>
 
 namespace kernelrl {
@@ -20,6 +21,7 @@ struct Pending {
   EvalRequest request;
   std::string last_error;
   bool withdrawing = false;  // asked back from its evaluator for an idle one
+  uint32_t passed_over = 0;  // times a later sample was dispatched first (task affinity)
 };
 
 struct EvaluatorSlot {
@@ -45,8 +47,10 @@ struct dispatcher_state {
   uint64_t received = 0, dispatched = 0, completed = 0, redispatched = 0, failed = 0, skipped = 0;
   uint64_t duplicates = 0, late = 0, foreign = 0, withdrawn = 0;
   std::map<std::string, NodeTotals> nodes;
-  std::deque<caf::response_promise> held;  // producers' answers, held while the queue is full
-  double last_stats = -1;                  // mono_s of the last telemetry answer (utilisation is over the interval)
+  std::map<std::string, std::set<std::string>> task_nodes;  // task id -> nodes it was dispatched to
+  uint64_t task_node_pairs = 0;                             // sum of their sizes, ever
+  std::deque<caf::response_promise> held;                   // producers' answers, held while the queue is full
+  double last_stats = -1;  // mono_s of the last telemetry answer (utilisation is over the interval)
   static inline const char* name = "dispatcher";
 };
 
@@ -114,6 +118,34 @@ void retry(self_ptr self, const DispatcherArgs& args, const caf::actor& reward, 
   }
 }
 
+// Task affinity. Each node times a task's reference once and keeps it (its evaluators share the
+// timing), so a task's samples spread over n nodes pay for n reference timings, each a timed
+// region alone on a GPU. With evaluators on more than one node, a free evaluator takes the oldest
+// queued sample of a task its node has seen; failing that, a task no node has seen yet (it starts
+// that task's reference here instead of repeating another node's); failing that, the oldest.
+// Samples only ever wait while an evaluator of a node that has their task is busy: the oldest is
+// dispatched first once `kMaxPassedOver` later ones have gone before it, so a slow node cannot
+// hold its tasks' samples back for long. With one node the queue's order is kept.
+constexpr uint32_t kMaxPassedOver = 32;  // a GRPO group of 16 taken by another node twice over
+constexpr size_t kAffinityWindow = 512;  // queued samples looked at for each dispatch
+
+size_t choose(dispatcher_state& st, const EvaluatorSlot& to) {
+  if (st.queue.front().passed_over >= kMaxPassedOver) return 0;
+  bool several = std::any_of(st.evaluators.begin(), st.evaluators.end(),
+                             [&](const EvaluatorSlot& e) { return e.node != st.evaluators.front().node; });
+  if (!several) return 0;
+  size_t fresh = st.queue.size(), n = std::min(st.queue.size(), kAffinityWindow);
+  for (size_t i = 0; i < n; ++i) {
+    auto it = st.task_nodes.find(st.queue[i].request.task_id);
+    if (it == st.task_nodes.end()) {
+      fresh = std::min(fresh, i);
+      continue;
+    }
+    if (it->second.count(to.node)) return i;
+  }
+  return fresh < st.queue.size() ? fresh : 0;
+}
+
 void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward) {
   auto& st = self->state;
   while (!st.queue.empty()) {
@@ -121,8 +153,11 @@ void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward) {
     for (auto& e : st.evaluators)
       if (e.in_flight.size() < args.max_in_flight && (!best || e.in_flight.size() < best->in_flight.size())) best = &e;
     if (!best) return;
-    Pending p = std::move(st.queue.front());
-    st.queue.pop_front();
+    size_t pick = choose(st, *best);
+    for (size_t i = 0; i < pick; ++i) ++st.queue[i].passed_over;
+    Pending p = std::move(st.queue[pick]);
+    st.queue.erase(st.queue.begin() + std::ptrdiff_t(pick));
+    if (st.task_nodes[p.request.task_id].insert(best->node).second) ++st.task_node_pairs;
     while (!st.held.empty() && st.queue.size() < args.max_queue) {  // room again: let one more in
       st.held.front().deliver(true);
       st.held.pop_front();
@@ -206,7 +241,10 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
                self->system().render(dm.reason), it->in_flight.size());
       account(self, *it, true);
       auto items = std::move(it->in_flight);
+      std::string node = it->node;
       evs.erase(it);
+      if (std::none_of(evs.begin(), evs.end(), [&](const EvaluatorSlot& e) { return e.node == node; }))
+        for (auto& [task, nodes] : self->state.task_nodes) nodes.erase(node);  // nobody there to wait for
       for (auto rit = items.rbegin(); rit != items.rend(); ++rit)
         retry(self, args, reward, std::move(rit->second), "evaluator went down: " + self->system().render(dm.reason));
       break;
@@ -296,6 +334,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
                     {"foreign_dropped", double(st.foreign)},
                     {"withdrawn", double(st.withdrawn)},
                     {"skipped", double(st.skipped)},
+                    {"task_nodes", double(st.task_node_pairs)},
                     {"producers_held", double(st.held.size())}};
         // Per node: evaluators, work held, capacity, answers, and utilisation (the share of its
         // evaluators' time spent holding work since the previous answer).

@@ -230,18 +230,24 @@ def gpus(args, out):
             con = sqlite3.connect(os.path.join(d, "run", "store.sqlite"))
             verdicts.append(dict(con.execute("SELECT sample_id, status FROM samples").fetchall()))
             by_node = dict(con.execute("SELECT evaluator_id, COUNT(*) FROM samples GROUP BY evaluator_id").fetchall())
+            # Each node times a task's reference once: distinct (task, node) pairs are the reference
+            # timings the run paid for (the dispatcher's task affinity keeps them near one a task).
+            pairs = {(t, (e or "").split("/")[0]) for t, e in
+                     con.execute("SELECT task_id, evaluator_id FROM samples WHERE evaluator_id != ''").fetchall()}
             con.close()
         span = summ["record_span_s"]
         window = working_window(stamps(r for r in rows if r[0]))
         row = {"nodes": k, "gpus": args.gpus[:k], "samples": len(rows), "record_span_s": span,
                "samples_per_s": (len(rows) - 1) / span, "run_wall_s": summ["wall_s"], "by_evaluator": by_node,
-               "statuses": summ["status_counts"], **window}
+               "statuses": summ["status_counts"], "task_node_pairs": len(pairs),
+               "tasks": len({t for t, _ in pairs}), **window}
         res.append(row)
         print(f"gpus: {k} node(s) on GPU(s) {args.gpus[:k]}: {len(rows)} candidates, {row['samples_per_s']:.2f}/s "
               f"(first to last stored {span:.1f} s, run {summ['wall_s']:.1f} s); {window['window_per_s']:.2f}/s "
               f"while every node evaluated ({window['window_samples']} in {window['window_s']:.1f} s; the nodes' "
               f"first candidates on the device {', '.join(f'{x:.1f}' for x in window['node_starts_s'])} s after the "
-              f"first); by evaluator {by_node}; statuses {summ['status_counts']}", flush=True)
+              f"first); by evaluator {by_node}; statuses {summ['status_counts']}; {row['task_node_pairs']} task x node "
+              f"pairs (reference timings) for {row['tasks']} tasks", flush=True)
     same = sum(1 for sid, st in verdicts[0].items() if verdicts[1].get(sid) == st)
     if res[0]["window_per_s"]:
         w = res[1]["window_per_s"] / res[0]["window_per_s"]

@@ -53,6 +53,19 @@ uint64_t wait_scored(caf::scoped_actor& self, const caf::actor& scores, int n, i
   }
   return got;
 }
+// Synthetic evaluators registered with `dispatcher`, each answering after `latency_ms`.
+std::vector<caf::actor> synthetic_evaluators(System& s, const caf::actor& dispatcher,
+                                             std::initializer_list<const char*> ids, double latency_ms) {
+  std::vector<caf::actor> evs;
+  for (auto* id : ids) {
+    EvaluatorArgs ea;
+    ea.id = id;
+    ea.settings.backend = "synthetic";
+    ea.settings.synthetic_latency_ms = latency_ms;
+    evs.push_back(spawn_evaluator(*s.sys, ea, dispatcher));
+  }
+  return evs;
+}
 }  // namespace
 
 TEST_CASE("the dispatcher balances synthetic evaluators of two nodes and reports each node", "[actors]") {
@@ -62,14 +75,7 @@ TEST_CASE("the dispatcher balances synthetic evaluators of two nodes and reports
   da.task_paths["t"] = "/nonexistent/t.py";  // synthetic evaluators never read it
   da.max_in_flight = 2;
   auto dispatcher = spawn_dispatcher(*s.sys, da, scores);
-  std::vector<caf::actor> evs;
-  for (auto* id : {"n1/cpu-0", "n1/cpu-1", "n2/cpu-0"}) {
-    EvaluatorArgs ea;
-    ea.id = id;
-    ea.settings.backend = "synthetic";
-    ea.settings.synthetic_latency_ms = 2;
-    evs.push_back(spawn_evaluator(*s.sys, ea, dispatcher));
-  }
+  auto evs = synthetic_evaluators(s, dispatcher, {"n1/cpu-0", "n1/cpu-1", "n2/cpu-0"}, 2);
   caf::scoped_actor self{*s.sys};
   const int n = 90;
   send_rollouts(self, dispatcher, n);
@@ -86,6 +92,45 @@ TEST_CASE("the dispatcher balances synthetic evaluators of two nodes and reports
             CHECK(t.values["node.n2.completed"] >= n / 3 - 10);
             CHECK(t.values["node.n1.completed"] >= 2 * n / 3 - 10);
             CHECK(t.values["duplicates_dropped"] == 0);
+          },
+          [](caf::error&) { FAIL("no dispatcher stats"); });
+  for (auto& a : evs) self->send_exit(a, caf::exit_reason::user_shutdown);
+  self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
+  self->send_exit(scores, caf::exit_reason::user_shutdown);
+}
+
+// A training step's groups, as the sampler sends them: 8 samples of each of 6 tasks, in order, to
+// one evaluator on each of two nodes. Least-loaded alone sends every task to both nodes (12 task x
+// node pairs: 12 reference timings); with task affinity each node keeps to its own tasks.
+TEST_CASE("across nodes a task's samples go to the node that already has its reference", "[actors]") {
+  System s;
+  auto scores = s.sys->spawn(collect_scores);
+  DispatcherArgs da;
+  const int tasks = 6, group = 8;
+  for (int t = 0; t < tasks; ++t) da.task_paths["t" + std::to_string(t)] = "/nonexistent/t.py";
+  auto dispatcher = spawn_dispatcher(*s.sys, da, scores);
+  auto evs = synthetic_evaluators(s, dispatcher, {"n1/cpu-0", "n2/cpu-0"}, 3);
+  caf::scoped_actor self{*s.sys};
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both registered
+  for (int t = 0; t < tasks; ++t)
+    for (int i = 0; i < group; ++i) {
+      Rollout r;
+      r.task_id = "t" + std::to_string(t);
+      r.sample_index = i;
+      r.sample_id = make_sample_id(r.task_id, 0, i);
+      self->send(dispatcher, r);
+    }
+  REQUIRE(wait_scored(self, scores, tasks * group, 10) == uint64_t(tasks * group));
+  self->request(dispatcher, std::chrono::seconds(5), stats_atom::value)
+      .receive(
+          [&](Telemetry& t) {
+            // Each task on one node, but for the last ones, which both nodes finish together.
+            CHECK(t.values["task_nodes"] <= tasks + 2);
+            CHECK(t.values["task_nodes"] >= tasks);
+            // Neither node idles for it.
+            CHECK(t.values["node.n1.completed"] >= tasks * group / 3);
+            CHECK(t.values["node.n2.completed"] >= tasks * group / 3);
+            CHECK(t.values["completed"] == tasks * group);
           },
           [](caf::error&) { FAIL("no dispatcher stats"); });
   for (auto& a : evs) self->send_exit(a, caf::exit_reason::user_shutdown);
