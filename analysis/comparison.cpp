@@ -70,8 +70,24 @@ nlohmann::json per_task_bon_vs_boa(const Comparison& c) {
   return out;
 }
 
-// Seeded arms: each arm's mean and standard deviation over its seeds, and each arm against the
-// first (paired t, Welch's t and the sign-flip test on the scores).
+// One test's row: the paired figures of `paired`, Welch's of `welch`.
+nlohmann::json test_json(const std::string& arm, const std::string& against, const SeedTests& paired,
+                         const SeedTests& welch) {
+  return {{"arm", arm},
+          {"against", against},
+          {"paired_seeds", paired.n},
+          {"mean_difference", num_or_null(paired.mean_difference)},
+          {"paired_t", num_or_null(paired.paired_t)},
+          {"paired_p", num_or_null(paired.paired_p)},
+          {"sign_flip_p", num_or_null(paired.sign_flip_p)},
+          {"welch_t", num_or_null(welch.welch_t)},
+          {"welch_df", num_or_null(welch.welch_df)},
+          {"welch_p", num_or_null(welch.welch_p)}};
+}
+
+// Seeded arms: each arm's mean and standard deviation over its seeds, each arm against the first
+// (paired t, Welch's t and the sign-flip test on the scores), and each arm against the curve's
+// fast_1@k at its own rollouts and tokens a task (matched_budgets), paired by seed.
 nlohmann::json seed_statistics(const Comparison& c) {
   const auto& runs = *c.runs;
   std::vector<std::string> arms;
@@ -104,7 +120,8 @@ nlohmann::json seed_statistics(const Comparison& c) {
                              {"run_dir", r.dir},
                              {"score", r.score},
                              {"fast_1", field(r.analysis, "fast_1")},
-                             {"equivalent_k", c.equivalent_k(r)}});
+                             {"equivalent_k", c.equivalent_k(r)},
+                             {"matched", c.matched(r)}});
     a["seeds"] = a["runs"].size();
     seeds["arms"].push_back(a);
   }
@@ -120,18 +137,27 @@ nlohmann::json seed_statistics(const Comparison& c) {
       }
     }
     for (auto& [s, x] : base) b_all.push_back(x);
-    auto paired = seed_tests(a, b), welch = seed_tests(a_all, b_all);
-    seeds["tests"].push_back({{"arm", arms[i]},
-                              {"against", arms.front()},
-                              {"paired_seeds", paired.n},
-                              {"mean_difference", num_or_null(paired.mean_difference)},
-                              {"paired_t", num_or_null(paired.paired_t)},
-                              {"paired_p", num_or_null(paired.paired_p)},
-                              {"sign_flip_p", num_or_null(paired.sign_flip_p)},
-                              {"welch_t", num_or_null(welch.welch_t)},
-                              {"welch_df", num_or_null(welch.welch_df)},
-                              {"welch_p", num_or_null(welch.welch_p)}});
+    seeds["tests"].push_back(test_json(arms[i], arms.front(), seed_tests(a, b), seed_tests(a_all, b_all)));
   }
+  // Each arm read on the curve of its seed (best-of-N's fast_1@k) at its own budget: its score
+  // against the curve's value at its rollouts a task and at its tokens a task, paired by seed.
+  for (auto& arm : arms)
+    for (auto [which, key] : {std::pair{"rollouts", "fast_1_at_rollouts"}, std::pair{"tokens", "fast_1_at_tokens"}}) {
+      std::vector<double> a, b;
+      std::string curve_arm;
+      for (auto& r : runs) {
+        if (r.arm != arm || !r.seed) continue;
+        auto m = c.matched(r);
+        if (!m.is_object() || !m[key].is_number()) continue;
+        a.push_back(r.score);
+        b.push_back(m[key].get<double>());
+        curve_arm = c.curve_of(r)->arm;
+      }
+      if (a.empty()) continue;
+      auto paired = seed_tests(a, b);
+      seeds["tests"].push_back(
+          test_json(arm, fmt::format("{}'s fast_1@k at equal {}", curve_arm, which), paired, paired));
+    }
   return seeds;
 }
 
@@ -139,6 +165,48 @@ nlohmann::json seed_statistics(const Comparison& c) {
 
 std::string ComparedRun::label() const {
   return seed ? arm + "/seed-" + std::to_string(*seed) : std::filesystem::path(dir).filename().string();
+}
+
+bool draws(const ComparedRun& r) { return field(r.analysis, "at_k").size() >= 2 && !r.analysis.contains("turns"); }
+
+bool sequential(const ComparedRun& r) { return !field(r.analysis, "turns").empty(); }
+
+namespace {
+
+// fast_1@k on the curve's points (k = 1, 2, ..., K), linear between whole k; NaN past K or below 1.
+double curve_at(const nlohmann::json& at_k, double k) {
+  std::vector<std::pair<double, double>> pts;
+  for (auto& a : at_k)
+    if (a["fast_1"].is_number()) pts.emplace_back(a["k"].get<double>(), a["fast_1"].get<double>());
+  for (size_t i = 0; i < pts.size(); ++i) {
+    if (std::abs(pts[i].first - k) < 1e-9) return pts[i].second;
+    if (i + 1 < pts.size() && pts[i].first < k && k < pts[i + 1].first) {
+      double w = (k - pts[i].first) / (pts[i + 1].first - pts[i].first);
+      return pts[i].second + w * (pts[i + 1].second - pts[i].second);
+    }
+  }
+  return std::nan("");
+}
+
+}  // namespace
+
+nlohmann::json matched_budgets(const ComparedRun& r, const ComparedRun& curve) {
+  const double tasks = field(r.analysis, "tasks").is_number() ? r.analysis["tasks"].get<double>() : 0;
+  const double rollouts = double(r.compute.value("rollouts", uint64_t{0}));
+  const double tokens = double(r.compute.value("student_tokens", uint64_t{0}));
+  const double c_rollouts = double(curve.compute.value("rollouts", uint64_t{0}));
+  const double c_tokens = double(curve.compute.value("student_tokens", uint64_t{0}));
+  if (tasks <= 0 || rollouts <= 0 || tokens <= 0 || c_rollouts <= 0 || c_tokens <= 0) return nullptr;
+  const auto& at_k = field(curve.analysis, "at_k");
+  const double k_max = at_k.empty() ? 0 : at_k.back().value("k", 0.0);
+  const double k_rollouts = rollouts / tasks, k_tokens = (tokens / tasks) / (c_tokens / c_rollouts);
+  return {{"curve", curve.dir},
+          {"k_rollouts", k_rollouts},
+          {"fast_1_at_rollouts", num_or_null(curve_at(at_k, k_rollouts))},
+          {"k_tokens", k_tokens},
+          {"fast_1_at_tokens", num_or_null(curve_at(at_k, k_tokens))},
+          {"curve_k", k_max},
+          {"reaches", k_rollouts >= 1 && k_tokens >= 1 && k_rollouts <= k_max + 1e-9 && k_tokens <= k_max + 1e-9}};
 }
 
 std::vector<std::string> budget_differences(const std::vector<ComparedRun>& runs) {
@@ -160,9 +228,24 @@ std::vector<std::string> budget_differences(const std::vector<ComparedRun>& runs
       if (setting(first, k) != setting(r, k))
         differences.push_back(
             fmt::format("{}: {} in {} but {} in {}", k, setting(first, k), first.dir, setting(r, k), r.dir));
-    if (rollouts(first) != rollouts(r))
+    if (sequential(first) != sequential(r) && (draws(first) || draws(r))) {
+      // Sequential refinement against independent draws: read on the draws' curve at both budgets.
+      const ComparedRun& seq = sequential(r) ? r : first;
+      const ComparedRun& bon = sequential(r) ? first : r;
+      auto m = matched_budgets(seq, bon);
+      if (m.is_null())
+        differences.push_back(
+            fmt::format("tokens: {} or {} has no tasks, rollouts or tokens to match", seq.dir, bon.dir));
+      else if (!m["reaches"].get<bool>())
+        differences.push_back(fmt::format(
+            "rollouts and tokens: {} spends as much as {:.1f} samples a task in rollouts and {:.1f} in tokens (prompt "
+            "and completion) of {}, whose fast_1@k curve ends at k = {:g}: evaluate it with at least k = {:g}",
+            seq.dir, m["k_rollouts"].get<double>(), m["k_tokens"].get<double>(), bon.dir, m["curve_k"].get<double>(),
+            std::ceil(std::max(m["k_rollouts"].get<double>(), m["k_tokens"].get<double>()))));
+    } else if (rollouts(first) != rollouts(r)) {
       differences.push_back(
           fmt::format("rollouts: {} in {} but {} in {}", rollouts(first), first.dir, rollouts(r), r.dir));
+    }
   }
   return differences;
 }
@@ -186,11 +269,17 @@ nlohmann::json Comparison::equivalent_k(const ComparedRun& r) const {
   return std::isfinite(k) ? nlohmann::json(k) : nlohmann::json(nullptr);
 }
 
+nlohmann::json Comparison::matched(const ComparedRun& r) const {
+  const ComparedRun* x = curve_of(r);
+  if (!x || x == &r) return nullptr;
+  return matched_budgets(r, *x);
+}
+
 Comparison compare_runs(const std::vector<ComparedRun>& runs) {
   Comparison c;
   c.runs = &runs;
   for (auto& r : runs)
-    if (!c.curve && field(r.analysis, "at_k").size() >= 2 && !r.analysis.contains("turns")) c.curve = &r;
+    if (!c.curve && draws(r)) c.curve = &r;
   c.per_task = per_task_bon_vs_boa(c);
   for (auto& r : runs) c.seeded = c.seeded || r.seed.has_value();
   if (c.seeded) c.seeds = seed_statistics(c);

@@ -25,8 +25,23 @@ struct ComparedRun {
 };
 
 // What must match for a fair comparison, each run against the first run of its seed (of the whole
-// list without seeds): the settings named here and the rollouts spent. One line per difference.
+// list without seeds): the settings named here and the rollouts spent. A sequential (multi-turn)
+// run beside independent draws (best-of-N, `draws`) is matched on the draws' fast_1@k curve
+// instead, at its rollouts and at its tokens a task (`matched_budgets`): a difference only when
+// the curve does not reach them. One line per difference.
 std::vector<std::string> budget_differences(const std::vector<ComparedRun>& runs);
+
+// A run of independent draws: at least two samples a task, not multi-turn (a curve to read).
+bool draws(const ComparedRun& r);
+// A multi-turn run (its later turns read the earlier ones: more prompt tokens a rollout).
+bool sequential(const ComparedRun& r);
+
+// `r`'s budget a task in samples of `curve` (independent draws): `k_rollouts`, its rollouts a task,
+// and `k_tokens`, its tokens a task (prompt and completion, compute.json's student_tokens) over
+// the curve's tokens a sample; with `curve`'s fast_1@k at each (linear between whole k), null
+// where k is past the curve's last point. `reaches`: both within the curve. Null when either run
+// has no tasks or tokens to count.
+nlohmann::json matched_budgets(const ComparedRun& r, const ComparedRun& curve);
 
 struct Comparison {
   const std::vector<ComparedRun>* runs = nullptr;
@@ -39,6 +54,8 @@ struct Comparison {
   bool seeded = false;
   // Where r's score falls on the curve: a k, "< K" below its first point, null when never reached.
   nlohmann::json equivalent_k(const ComparedRun& r) const;
+  // matched_budgets(r, its curve); null for the curve itself or without one.
+  nlohmann::json matched(const ComparedRun& r) const;
   const ComparedRun* curve_of(const ComparedRun& r) const;
 };
 Comparison compare_runs(const std::vector<ComparedRun>& runs);

@@ -107,15 +107,17 @@ void print_json(const std::vector<Run>& runs, const std::vector<std::string>& di
                          {"compute", r.compute},
                          {"analysis", r.analysis},
                          {"score", r.score},
-                         {"equivalent_k", c.equivalent_k(r)}});
+                         {"equivalent_k", c.equivalent_k(r)},
+                         {"matched", c.matched(r)}});
   std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
 }
 
 void print_table(std::vector<Run>& runs, const Comparison& c) {
   const Run* ref = c.curve;
   const bool seeded = c.seeded;
-  std::printf("%-40s %-10s %9s %14s %9s %9s %8s %8s %8s %8s %8s %7s\n", "run", "mode", "rollouts", "student tok",
-              "eval s", "learner s", "correct", "fast_1", "fast_1.2", "oracle", "score", "equiv K");
+  std::printf("%-40s %-10s %9s %14s %9s %9s %8s %8s %8s %8s %8s %7s %16s %16s\n", "run", "mode", "rollouts",
+              "student tok", "eval s", "learner s", "correct", "fast_1", "fast_1.2", "oracle", "score", "equiv K",
+              "curve@rollouts", "curve@tokens");
   for (auto& r : runs) {
     auto& a = r.analysis;
     auto& sel = a["selection"]["strategies"];
@@ -124,19 +126,28 @@ void print_table(std::vector<Run>& runs, const Comparison& c) {
     std::string eks = ek.is_number()   ? fmt::format("{:.1f}", ek.get<double>())
                       : ek.is_string() ? ek.get<std::string>()
                                        : (ref ? "> K" : "-");
-    std::printf("%-40s %-10s %9llu %14llu %9.1f %9.1f %8.3f %8.3f %8.3f %8s %8.3f %7s\n", r.label().c_str(),
+    // The curve's fast_1 at this run's budget a task, in rollouts and in tokens: "value (k)".
+    auto m = c.matched(r);
+    auto at = [&](const char* v, const char* k) {
+      if (m.is_null()) return std::string("-");
+      std::string kk = fmt::format("(k {:.1f})", m[k].get<double>());
+      return m[v].is_number() ? fmt::format("{:.3f} {}", m[v].get<double>(), kk) : "> K " + kk;
+    };
+    std::printf("%-40s %-10s %9llu %14llu %9.1f %9.1f %8.3f %8.3f %8.3f %8s %8.3f %7s %16s %16s\n", r.label().c_str(),
                 r.compute["settings"].value("mode", std::string("?")).c_str(),
                 (unsigned long long)r.compute.value("rollouts", uint64_t{0}),
                 (unsigned long long)r.compute.value("student_tokens", uint64_t{0}),
                 r.compute.value("eval_seconds", 0.0), r.compute.value("learner_seconds", 0.0),
                 a["correct_rate"].get<double>(), a["fast_1"].get<double>(), a["fast_1.2"].get<double>(), oracle.c_str(),
-                r.score, eks.c_str());
+                r.score, eks.c_str(), at("fast_1_at_rollouts", "k_rollouts").c_str(),
+                at("fast_1_at_tokens", "k_tokens").c_str());
   }
   if (ref)
     std::printf(
         "score: fast_1 (a train/ttt run: its Best-of-Adaptation step's; a per-task run: the mean over tasks of "
         "each task's; a multi-turn run: its episodes' best so far at the last turn); equiv K: the k at which %s's "
-        "fast_1@k reaches that score%s\n",
+        "fast_1@k reaches that score%s; curve@rollouts, curve@tokens: its fast_1@k at the k whose samples cost "
+        "as many rollouts a task, and as many tokens a task (prompt and completion), as the run's\n",
         ref->seed ? ref->arm.c_str() : fs::path(ref->dir).filename().string().c_str(),
         seeded ? " (of the same seed)" : "");
 }

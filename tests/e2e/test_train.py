@@ -856,6 +856,25 @@ mode = "ttt"
             self.assertAlmostEqual(arms[arm]["score_mean"], float(np.mean(xs)), places=12)
             self.assertAlmostEqual(arms[arm]["score_std"], float(np.std(xs, ddof=1)), places=12)
             self.assertEqual([r["seed"] for r in arms[arm]["runs"]], [0, 1, 2])
+        # Each seed's TTT score against best-of-N's fast_1@k at TTT's rollouts a task (seed 001's comparison:
+        # Best-of-Adaptation against best-of-K at equal rollouts), best-of-N's counted here from its samples.
+        def fast_at(samples, k):
+            per = {}
+            for x in samples:
+                per.setdefault(x["task_id"], []).append(x["status"] == "ok" and x["speedup"] > 1)
+            return float(np.mean([1 - math.comb(len(v) - sum(v), k) / math.comb(len(v), k) for v in per.values()]))
+        runs = {(r["arm"], r["seed"]): r for r in c["runs"]}
+        at_k = []
+        for s in (0, 1, 2):
+            m = runs[("ttt", s)]["matched"]
+            bon = export_of(os.path.join(root, "bon", "seed-%d" % s))
+            self.assertEqual(m["k_rollouts"], runs[("ttt", s)]["compute"]["rollouts"] / len({x["task_id"] for x in bon}))
+            at_k.append(fast_at(bon, round(m["k_rollouts"])))
+            self.assertAlmostEqual(m["fast_1_at_rollouts"], at_k[-1], places=12)
+        eq = [x for x in c["seeds"]["tests"] if x["against"] == "bon's fast_1@k at equal rollouts" and x["arm"] == "ttt"]
+        self.assertEqual(len(eq), 1)
+        self.assertAlmostEqual(eq[0]["mean_difference"], float(np.mean([score[("ttt", s)] for s in (0, 1, 2)]) -
+                                                                np.mean(at_k)), places=12)
         t = c["seeds"]["tests"][0]
         self.assertEqual((t["arm"], t["against"], t["paired_seeds"]), ("ttt", "bon", 3))
         a = np.array([score[("ttt", s)] for s in (0, 1, 2)])

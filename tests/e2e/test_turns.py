@@ -14,6 +14,7 @@ the second turns repair more of the first turns' format errors than they did bef
 avoided them before training. (The tiny model barely reads the feedback: its first and second turns move together.)
 """
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -155,18 +156,22 @@ class MultiTurnRunTest(PolicyServerCase):
         # ... above the chance that an untrained first turn avoided one.
         self.assertGreater(1 - after2, 1 - before1 + 0.1, repaired)
 
-    def test_sequential_refinement_is_compared_with_best_of_n_at_equal_rollouts(self):
-        # Inference: 2 episodes of 2 turns a task against 4 independent samples, from the same base policy.
+    def test_sequential_refinement_is_compared_with_best_of_n_at_equal_rollouts_and_equal_tokens(self):
+        # Inference: 2 episodes of 2 turns a task against 8 independent samples, from the same base policy. Refinement's
+        # later turns read the conversation so far, so its 4 rollouts a task cost more tokens than 4 samples: it is read
+        # on best-of-N's fast_1@k curve at both budgets.
         run_dir = os.path.join(self.tmp, "refine-vs-bon")
-        cfg = config(self.tmp, self.url, self.model, "refine-vs-bon", mode="best_of_n", experiment="k = 4",
-                     extra='[comparison]\narms = ["bon", "refine"]\n[arm.bon.experiment]\nk = 4\n'
+        cfg = config(self.tmp, self.url, self.model, "refine-vs-bon", mode="best_of_n", experiment="k = 8",
+                     extra='[comparison]\narms = ["bon", "refine"]\n[arm.bon.experiment]\nk = 8\n'
                            '[arm.refine.experiment]\nk = 2\nturns = 2\n')
         p = subprocess.run([LAUNCH, cfg, "--run-dir", run_dir], capture_output=True, text=True, timeout=900)
         self.assertEqual(p.returncode, 0, p.stderr[-4000:])
         refine = export_of(os.path.join(run_dir, "refine"))
+        bon = export_of(os.path.join(run_dir, "bon"))
         by_id = {s["sample_id"]: s for s in refine}
         tasks = sorted({s["task_id"] for s in refine})
         self.assertEqual(len(refine), len(tasks) * 4)
+        self.assertEqual(len(bon), len(tasks) * 8)
         self.assertEqual(sorted(s["turn"] for s in refine), [1] * (2 * len(tasks)) + [2] * (2 * len(tasks)))
         for s in refine:
             if s["turn"] == 2:
@@ -175,9 +180,11 @@ class MultiTurnRunTest(PolicyServerCase):
         with open(os.path.join(run_dir, "comparison.json")) as f:
             comp = json.load(f)
         runs = {os.path.basename(r["run_dir"]): r for r in comp["runs"]}
-        self.assertEqual(comp["differences"], [])  # equal rollouts, equal settings: a fair comparison
-        self.assertEqual(runs["bon"]["compute"]["rollouts"], runs["refine"]["compute"]["rollouts"])
+        self.assertEqual(comp["differences"], [])  # both budgets within best-of-N's curve: a fair comparison
         self.assertEqual(comp["curve_of"], runs["bon"]["run_dir"])  # independent draws make the curve
+        rc, bc = runs["refine"]["compute"], runs["bon"]["compute"]
+        # Later turns carry the conversation so far: more prompt tokens a rollout.
+        self.assertGreater(rc["student_prompt_tokens"] / rc["rollouts"], bc["student_prompt_tokens"] / bc["rollouts"])
 
         # The refine arm's score: its episodes' best so far at the last turn, counted here.
         def best(s):
@@ -185,9 +192,28 @@ class MultiTurnRunTest(PolicyServerCase):
             return max(own, best(by_id[s["parent_id"]])) if s["parent_id"] else own
         last = [s for s in refine if s["turn"] == 2]
         self.assertAlmostEqual(runs["refine"]["score"], sum(best(s) > 1 for s in last) / len(last))
-        # Later turns carry the conversation so far: more prompt tokens for the same rollouts.
-        self.assertGreater(runs["refine"]["compute"]["student_prompt_tokens"],
-                           runs["bon"]["compute"]["student_prompt_tokens"])
+
+        # Best-of-N's fast_1@k (the unbiased estimator over each task's 8 samples, mean over tasks), counted here,
+        # read at refinement's rollouts a task (4) and at its tokens a task in best-of-N's tokens a sample.
+        def fast_at(k):
+            out = []
+            for t in tasks:
+                mine = [s for s in bon if s["task_id"] == t]
+                n, c = len(mine), sum(s["status"] == "ok" and s["speedup"] > 1 for s in mine)
+                out.append(1 - math.comb(n - c, k) / math.comb(n, k))
+            return sum(out) / len(out)
+        m = runs["refine"]["matched"]
+        self.assertTrue(m["reaches"])
+        self.assertAlmostEqual(m["k_rollouts"], 4)
+        self.assertAlmostEqual(m["fast_1_at_rollouts"], fast_at(4))
+        k_tok = (rc["student_tokens"] / len(tasks)) / (bc["student_tokens"] / bc["rollouts"])
+        self.assertAlmostEqual(m["k_tokens"], k_tok)
+        self.assertGreater(k_tok, 4)  # equal rollouts would give refinement more tokens
+        lo = math.floor(k_tok)
+        self.assertAlmostEqual(m["fast_1_at_tokens"], fast_at(lo) + (k_tok - lo) * (fast_at(lo + 1) - fast_at(lo))
+                               if lo < k_tok else fast_at(lo))
+        self.assertIsNone(runs["bon"]["matched"])
+        # (A curve that ends before refinement's tokens is refused: tests/unit/analysis_test.cpp.)
 
     def test_the_models_own_chat_template_renders_every_turn(self):
         # A model with a chat template of its own (markers no built-in template has): prompts are rendered by it, as

@@ -1,11 +1,13 @@
 // analysis/: the statistics that have closed forms elsewhere, against values computed with mpmath
 // (30 digits; the expressions are in each case's comment). The rest of the analysis is checked
-// against numpy in tests/e2e/test_analysis.py.
+// against numpy in tests/e2e/test_analysis.py; the comparison's budget matching against its own formula.
 #include "analysis/analysis.hpp"
+#include "analysis/comparison.hpp"
 
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 
 using namespace kernelrl;
 
@@ -58,4 +60,89 @@ TEST_CASE("Student's t p-values and the tests over seeds equal mpmath's and a di
   auto one = seed_tests({0.5}, {0.4});  // one seed: no test
   CHECK(std::isnan(one.paired_p));
   CHECK(std::isnan(one.welch_p));
+}
+
+namespace {
+// A finished run as launch compare loads it: its compute.json's budget and the analysis fields
+// the comparison reads (a fast_1@k curve of k = 1..K for independent draws, turns for multi-turn).
+ComparedRun compared(const std::string& dir, uint64_t tasks, uint64_t rollouts, uint64_t tokens, int curve_k,
+                     bool multi_turn) {
+  ComparedRun r;
+  r.dir = dir;
+  r.compute = {{"rollouts", rollouts}, {"student_tokens", tokens}, {"settings", {{"temperature", "0.8"}}}};
+  r.analysis = {{"tasks", tasks}, {"at_k", nlohmann::json::array()}, {"fast_1", 0.1}, {"correct_rate", 0.5}};
+  for (int k = 1; k <= curve_k; ++k) r.analysis["at_k"].push_back({{"k", k}, {"fast_1", 1 - std::pow(0.8, k)}});
+  if (multi_turn) r.analysis["turns"] = nlohmann::json::array({{{"turn", 1}}, {{"turn", 2}}});
+  return r;
+}
+}  // namespace
+
+TEST_CASE("sequential refinement is read on best-of-N's curve at equal rollouts and at equal tokens", "[analysis]") {
+  // Best-of-N: 8 samples a task over 3 tasks, 100 tokens a sample. Refinement: 4 rollouts a task, 700 tokens a task
+  // (its later turns carry the conversation): as many tokens as 7 of best-of-N's samples.
+  std::vector<ComparedRun> runs = {compared("bon", 3, 24, 2400, 8, false), compared("refine", 3, 12, 2100, 1, true)};
+  CHECK(draws(runs[0]));
+  CHECK_FALSE(draws(runs[1]));
+  CHECK(sequential(runs[1]));
+  CHECK(budget_differences(runs).empty());  // unequal raw rollouts, both budgets within the curve
+  Comparison c = compare_runs(runs);
+  REQUIRE(c.curve == &runs[0]);
+  CHECK(c.matched(runs[0]).is_null());
+  auto m = c.matched(runs[1]);
+  CHECK(m["k_rollouts"].get<double>() == Approx(4));
+  CHECK(m["k_tokens"].get<double>() == Approx(7));
+  CHECK(m["fast_1_at_rollouts"].get<double>() == Approx(1 - std::pow(0.8, 4)));
+  CHECK(m["fast_1_at_tokens"].get<double>() == Approx(1 - std::pow(0.8, 7)));
+  // Between whole k: linear.
+  runs[1].compute["student_tokens"] = 3 * 650;
+  m = matched_budgets(runs[1], runs[0]);
+  CHECK(m["fast_1_at_tokens"].get<double>() == Approx(((1 - std::pow(0.8, 6)) + (1 - std::pow(0.8, 7))) / 2));
+
+  // Past the curve's end in tokens (1,000 a task: 10 samples of a curve of 8): refused, in either order, saying
+  // what best-of-N needs.
+  runs[1].compute["student_tokens"] = 3000;
+  for (auto order : {runs, std::vector<ComparedRun>{runs[1], runs[0]}}) {
+    auto d = budget_differences(order);
+    REQUIRE(d.size() == 1);
+    CHECK(d[0].find("rollouts and tokens: refine") == 0);
+    CHECK(d[0].find("at least k = 10") != std::string::npos);
+  }
+  m = matched_budgets(runs[1], runs[0]);
+  CHECK_FALSE(m["reaches"].get<bool>());
+  CHECK(m["fast_1_at_tokens"].is_null());
+
+  // Two runs of independent draws (or two multi-turn runs) still need equal rollouts.
+  std::vector<ComparedRun> two = {compared("bon", 3, 24, 2400, 8, false), compared("bon16", 3, 48, 4800, 16, false)};
+  auto d = budget_differences(two);
+  REQUIRE(d.size() == 1);
+  CHECK(d[0] == "rollouts: 24 in bon but 48 in bon16");
+}
+
+TEST_CASE("over seeds each arm is tested against best-of-N's curve at its own rollouts and tokens", "[analysis]") {
+  std::vector<ComparedRun> runs;
+  const double scores[] = {0.9, 0.8, 0.95};
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    runs.push_back(compared("bon/seed-" + std::to_string(seed), 3, 24, 2400, 8, false));
+    runs.back().arm = "bon";
+    runs.back().seed = seed;
+  }
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    runs.push_back(compared("refine/seed-" + std::to_string(seed), 3, 12, 2100, 1, true));
+    runs.back().arm = "refine";
+    runs.back().seed = seed;
+    runs.back().score = scores[seed - 1];
+  }
+  Comparison c = compare_runs(runs);
+  REQUIRE(c.seeded);
+  CHECK(c.curve_of(runs[4]) == &runs[1]);  // the curve of the same seed
+  std::map<std::string, nlohmann::json> tests;
+  for (auto& t : c.seeds["tests"]) tests[t["against"].get<std::string>()] = t;
+  REQUIRE(tests.count("bon's fast_1@k at equal tokens"));
+  REQUIRE(tests.count("bon's fast_1@k at equal rollouts"));
+  auto& tok = tests["bon's fast_1@k at equal tokens"];
+  CHECK(tok["arm"] == "refine");
+  CHECK(tok["paired_seeds"] == 3);
+  CHECK(tok["mean_difference"].get<double>() == Approx((0.9 + 0.8 + 0.95) / 3 - (1 - std::pow(0.8, 7))));
+  CHECK(tests["bon's fast_1@k at equal rollouts"]["mean_difference"].get<double>() ==
+        Approx((0.9 + 0.8 + 0.95) / 3 - (1 - std::pow(0.8, 4))));
 }
