@@ -84,8 +84,13 @@ class ExperimentConfigsTest(ConfigLayout):
                 continue
             self.assertGreaterEqual(len(arms), 2, name)
             first = next(iter(arms.values()))
-            budget = {a: rollouts_per_task(c) for a, c in arms.items()}
+            # A multi-turn arm is read on a best-of-N arm's fast_1@k curve (launch compare): that arm's K at
+            # least its rollouts a task; every other arm spends the same rollouts a task.
+            multi = {a for a, c in arms.items() if c["experiment"].get("turns", 1) > 1}
+            budget = {a: rollouts_per_task(c) for a, c in arms.items() if a not in multi}
             self.assertEqual(len(set(budget.values())), 1, "%s: rollouts per task differ: %s" % (name, budget))
+            for a in multi:
+                self.assertGreaterEqual(next(iter(budget.values())), rollouts_per_task(arms[a]), "%s arm %s" % (name, a))
             for arm, cfg in arms.items():
                 for sec, key in same:
                     self.assertEqual(cfg[sec].get(key), first[sec].get(key), "%s arm %s: %s.%s" % (name, arm, sec, key))
