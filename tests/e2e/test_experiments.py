@@ -202,6 +202,24 @@ class SeedConfigsTest(ConfigLayout):
         self.assertEqual(d["sdpo"]["sdpo"]["context"], "feedback")
 
 
+class LaptopSeedConfigTest(unittest.TestCase):
+    """configs/seed-bon-vs-ttt-local.toml: seed 001's comparison on the embedded policy, valid as shipped, at one
+    equal budget (64 rollouts a task each), over three seeds."""
+
+    def test_valid_as_shipped_at_equal_rollouts_over_seeds(self):
+        p = subprocess.run([LAUNCH, "check", os.path.join(ROOT, "configs", "seed-bon-vs-ttt-local.toml")],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("each run with seeds 0, 1, 2", p.stdout)
+        arms = {}
+        for part in p.stdout.split("\n# arm ")[1:]:
+            arm, text = part.split("\n", 1)
+            arms[arm.strip()] = tomllib.loads(text)
+        self.assertEqual({a: rollouts_per_task(c) for a, c in arms.items()}, {"bon": 64, "ttt": 64})
+        self.assertTrue(arms["ttt"]["experiment"]["per_task"])
+        self.assertEqual({c["sampler"]["temperature"] for c in arms.values()}, {0.25})
+
+
 class KernelBenchConfigTest(unittest.TestCase):
     """configs/kernelbench-level1.toml (the README's "A real model, step by step") is valid as shipped, next to a
     KernelBench checkout and a checkpoint folder, and `--set` switches it to a vLLM server as the README says."""
