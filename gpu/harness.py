@@ -43,7 +43,7 @@ import bounded
 import defenses
 import devlock
 import fused_check
-import judge
+import protocol
 import sandbox
 from scaffold import FormatError, assemble, embedded_task_lines, extract_code, FORWARD_MARKER
 
@@ -256,7 +256,7 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 #   signed: every element's sign flipped with probability 1/2 (the task's magnitudes, both signs)
 #   large:  every element times 256 (exact in binary floating point)
 #   zeros:  a random eighth of the elements set to exactly 0
-INPUT_DISTRIBUTIONS = ("signed", "large", "zeros")
+INPUT_DISTRIBUTIONS = protocol.INPUT_DISTRIBUTIONS  # (one definition, shared with the judge)
 LARGE_SCALE = 256.0
 ZERO_SHARE = 0.125
 
@@ -980,11 +980,11 @@ class _Calls:
         judge is asked first whether the inputs are inside the reference's domain (None when not:
         no check). Returns the tensors the candidate was given."""
         h, dists = self.h, self.dists
-        dist = judge.distribution_of(label, index, dists)
+        dist = protocol.distribution_of(label, index, dists)
         if dist is not None and not h._in_domain(label, index):
             return None
         with h._harness_step("generating inputs"):
-            inputs = h._inputs(self.task, judge.seed_of(label, index, self.seed, self.n, len(dists)), dist)
+            inputs = h._inputs(self.task, protocol.seed_of(label, index, self.seed, self.n, len(dists)), dist)
             if into is not None and _shapes(into) == _shapes(inputs):
                 for old, new in zip(into, inputs):
                     if isinstance(old, torch.Tensor):
@@ -1157,7 +1157,7 @@ class Harness:
         for name in (__name__, "defenses", "judge", "sandbox", "compile_cache", "scaffold"):
             if name in sys.modules:
                 watch.freeze(f"the harness module {name}", sys.modules[name])
-        for cls in (Harness, _Calls, Timer, defenses.Watch, defenses.ReferenceGuard, judge.Link):
+        for cls in (Harness, _Calls, Timer, defenses.Watch, defenses.ReferenceGuard, protocol.Link):
             watch.freeze(f"the harness class {cls.__name__}", cls)
         return watch
 
@@ -1265,7 +1265,7 @@ class Harness:
         ref_codes, own_codes = self._reference_codes(req, task, source, compiled)
 
         seed = int(req["seed"])
-        dists = judge.distributions(s)
+        dists = protocol.distributions(s)
         dev = self.device
         cuda = dev.type == "cuda"
         corr = res["correctness"]
@@ -1323,7 +1323,7 @@ class Harness:
                 # by input identity shows up as a stale result.
                 given = trial("post")
                 if _shapes(given) != calls.given_shapes:
-                    raise Verdict("incorrect", f"{judge.check_name('post', 0, n, dists, seed)}: the candidate "
+                    raise Verdict("incorrect", f"{protocol.check_name('post', 0, n, dists, seed)}: the candidate "
                                                f"changed the shape or strides of its input tensors (a caller's "
                                                f"tensors are not its to resize)")
                 if any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in given):
@@ -1378,7 +1378,7 @@ class Harness:
         try:
             with self._harness_step("handing the outputs to the judge"):
                 answer = self.link.check(label, index, tensors, error)
-        except (judge.LinkError, OSError) as e:
+        except (protocol.LinkError, OSError) as e:
             raise Verdict("runtime_error", f"the judge's link failed ({e}); no verdict on the candidate")
         acc = answer.get("acc") or {}
         corr.update({k: acc[k] for k in ("max_abs_diff", "max_rel_diff", "atol", "rtol") if k in acc})
@@ -1393,7 +1393,7 @@ class Harness:
         if self.link is None:
             if sandbox.JUDGE_LINK is None:
                 raise Verdict("runtime_error", "this process has no link to a judge; no verdict on the candidate")
-            self.link = judge.Link(sandbox.JUDGE_LINK)
+            self.link = protocol.Link(sandbox.JUDGE_LINK)
 
     def _in_domain(self, label, index):
         """Whether the judge finds a check's inputs (another input distribution) inside the
@@ -1401,7 +1401,7 @@ class Harness:
         self._open_link()
         try:
             answer = self.link.domain(label, index)
-        except (judge.LinkError, OSError) as e:
+        except (protocol.LinkError, OSError) as e:
             raise Verdict("runtime_error", f"the judge's link failed ({e}); no verdict on the candidate")
         if "valid" not in answer:
             raise Verdict(str(answer.get("status", "runtime_error")), str(answer.get("why", "")))
@@ -1712,7 +1712,7 @@ class Harness:
         the reference's on the written values. A forward whose work runs on a stream that does
         not wait for the caller's reads the tensors before they are written. (The timing's head
         start would otherwise let such work run, unseen, before the start event.)"""
-        at = judge.seed_of("ordering", 0, seed, n)
+        at = protocol.seed_of("ordering", 0, seed, n)
         with self._harness_step("generating inputs"):
             given = self._inputs(task, at + 1)  # what the tensors hold before the write
             values = self._inputs(task, at)

@@ -991,16 +991,16 @@ class JudgeLinkTest(Base):
 
     @classmethod
     def setUpClass(cls):
-        import judge
-        cls.saved = judge.LINK_CHUNK_BYTES
-        judge.LINK_CHUNK_BYTES = 1000  # inherited by the judge's and the candidates' processes
+        import protocol
+        cls.saved = protocol.LINK_CHUNK_BYTES
+        protocol.LINK_CHUNK_BYTES = 1000  # inherited by the judge's and the candidates' processes
         super().setUpClass()
 
     @classmethod
     def tearDownClass(cls):
-        import judge
+        import protocol
         super().tearDownClass()
-        judge.LINK_CHUNK_BYTES = cls.saved
+        protocol.LINK_CHUNK_BYTES = cls.saved
 
     def test_every_piece_is_compared(self):
         self.assertStatus(self.evaluate(GOOD), "ok")

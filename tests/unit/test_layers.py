@@ -1,8 +1,11 @@
 """The C++ product's layers: a folder includes only its own headers and those of the layers below
 it (docs/ARCHITECTURE.md, "Layers"). An include against the order fails this test, naming the file,
 the line and the layers. An include let through against it would be listed in KNOWN with why (none
-is), and the test fails when a listed one is gone (so the list cannot go stale)."""
+is), and the test fails when a listed one is gone (so the list cannot go stale). The evaluation
+worker's Python modules (gpu/) import each other in one direction: a cycle, even through an import
+inside a function, fails GpuImportsTest, naming it."""
 
+import ast
 import os
 import re
 import tempfile
@@ -80,6 +83,54 @@ class LayersTest(unittest.TestCase):
                     f.write(text)
             found = sorted((f, n, t) for f, n, t, _ in violations(d))
         self.assertEqual(found, [("core/a.cpp", 2, "actors"), ("store/s.cpp", 1, "tasks")])
+
+
+def gpu_imports(folder):
+    """{module: {sibling modules it imports, at the top or inside a function}} for folder/*.py."""
+    mods = {n[:-3] for n in os.listdir(folder) if n.endswith(".py")}
+    graph = {}
+    for m in sorted(mods):
+        with open(os.path.join(folder, m + ".py")) as f:
+            tree = ast.parse(f.read())
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                deps.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                deps.add(node.module.split(".")[0])
+        graph[m] = sorted((deps & mods) - {m})
+    return graph
+
+
+def import_cycles(graph):
+    """Each cycle of `graph` once, as [a, b, ..., a], starting at its smallest module."""
+    out = set()
+
+    def walk(path):
+        for nxt in graph.get(path[-1], ()):
+            if nxt == path[0]:
+                out.add(tuple(path + [nxt]))
+            elif nxt not in path and nxt > path[0]:
+                walk(path + [nxt])
+
+    for m in sorted(graph):
+        walk([m])
+    return sorted(list(c) for c in out)
+
+
+class GpuImportsTest(unittest.TestCase):
+    def test_the_gpu_modules_import_in_one_direction(self):
+        cycles = import_cycles(gpu_imports(os.path.join(ROOT, "gpu")))
+        self.assertEqual(cycles, [], "gpu/ modules that import each other: " +
+                         "; ".join(" -> ".join(c) for c in cycles))
+
+    def test_the_check_finds_a_cycle_through_a_function_level_import(self):
+        with tempfile.TemporaryDirectory() as d:
+            for name, text in {"a.py": "import b\n", "b.py": "def f():\n    from c import x\n",
+                               "c.py": "import os\n\ndef g():\n    import a as A\n", "d.py": "import a\n"}.items():
+                with open(os.path.join(d, name), "w") as f:
+                    f.write(text)
+            self.assertEqual(import_cycles(gpu_imports(d)), [["a", "b", "c", "a"]])
 
 
 if __name__ == "__main__":
