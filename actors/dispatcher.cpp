@@ -28,6 +28,7 @@ struct EvaluatorSlot {
   caf::actor handle;
   std::string id;
   std::string node;                       // the part of id before '/'
+  std::string site;                       // node and device: where a task's reference timing is kept
   std::map<uint64_t, Pending> in_flight;  // dispatch number -> the work it carries
   uint64_t done = 0;
   double busy_since = -1;  // holding work since (mono_s), -1: idle
@@ -47,8 +48,8 @@ struct dispatcher_state {
   uint64_t received = 0, dispatched = 0, completed = 0, redispatched = 0, failed = 0, skipped = 0;
   uint64_t duplicates = 0, late = 0, foreign = 0, withdrawn = 0;
   std::map<std::string, NodeTotals> nodes;
-  std::map<std::string, std::set<std::string>> task_nodes;  // task id -> nodes it was dispatched to
-  uint64_t task_node_pairs = 0;                             // sum of their sizes, ever
+  std::map<std::string, std::set<std::string>> task_sites;  // task id -> sites it was dispatched to
+  uint64_t task_site_pairs = 0;                             // sum of their sizes, ever
   std::deque<caf::response_promise> held;                   // producers' answers, held while the queue is full
   double last_stats = -1;  // mono_s of the last telemetry answer (utilisation is over the interval)
   static inline const char* name = "dispatcher";
@@ -68,6 +69,16 @@ void account(self_ptr self, EvaluatorSlot& e, bool closing = false) {
 }
 
 void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward);
+
+// Where an evaluator's reference timings are kept: its node and device ("n1/cuda:0" for "n1/cuda:0"
+// and "n1/cuda:0#2"; "n1/cpu" for every CPU slot "n1/cpu-K"). An id without a device is its own site.
+std::string site_of(const std::string& id) {
+  auto slash = id.find('/');
+  if (slash == std::string::npos) return id;
+  std::string dev = id.substr(slash + 1);
+  if (dev.rfind("cpu", 0) == 0) dev = "cpu";
+  return id.substr(0, slash + 1) + dev.substr(0, dev.find('#'));
+}
 
 // The work of dispatch `n` to `target`, taken out of its slot; nullopt when it is no longer there
 // (its evaluator went down and the work was re-queued: this answer is late and is dropped).
@@ -118,30 +129,31 @@ void retry(self_ptr self, const DispatcherArgs& args, const caf::actor& reward, 
   }
 }
 
-// Task affinity. Each node times a task's reference once and keeps it (its evaluators share the
-// timing), so a task's samples spread over n nodes pay for n reference timings, each a timed
-// region alone on a GPU. With evaluators on more than one node, a free evaluator takes the oldest
-// queued sample of a task its node has seen; failing that, a task no node has seen yet (it starts
-// that task's reference here instead of repeating another node's); failing that, the oldest.
-// Samples only ever wait while an evaluator of a node that has their task is busy: the oldest is
-// dispatched first once `kMaxPassedOver` later ones have gone before it, so a slow node cannot
-// hold its tasks' samples back for long. With one node the queue's order is kept.
+// Task affinity. A task's reference is timed once per device of a node and kept there (the
+// evaluators sharing that GPU, or a node's CPU slots, share the timing: gpu/shared_timings.py), so
+// a task's samples spread over n such sites pay for n reference timings, each a timed region alone
+// on its device. With evaluators on more than one site, a free evaluator takes the oldest queued
+// sample of a task its site has seen; failing that, a task no site has seen yet (it starts that
+// task's reference there instead of repeating another's); failing that, the oldest. Samples only
+// ever wait while an evaluator of a site that has their task is busy: the oldest is dispatched
+// first once `kMaxPassedOver` later ones have gone before it, so a slow site cannot hold its
+// tasks' samples back for long. With one site the queue's order is kept.
 constexpr uint32_t kMaxPassedOver = 32;  // a GRPO group of 16 taken by another node twice over
 constexpr size_t kAffinityWindow = 512;  // queued samples looked at for each dispatch
 
 size_t choose(dispatcher_state& st, const EvaluatorSlot& to) {
   if (st.queue.front().passed_over >= kMaxPassedOver) return 0;
   bool several = std::any_of(st.evaluators.begin(), st.evaluators.end(),
-                             [&](const EvaluatorSlot& e) { return e.node != st.evaluators.front().node; });
+                             [&](const EvaluatorSlot& e) { return e.site != st.evaluators.front().site; });
   if (!several) return 0;
   size_t fresh = st.queue.size(), n = std::min(st.queue.size(), kAffinityWindow);
   for (size_t i = 0; i < n; ++i) {
-    auto it = st.task_nodes.find(st.queue[i].request.task_id);
-    if (it == st.task_nodes.end()) {
+    auto it = st.task_sites.find(st.queue[i].request.task_id);
+    if (it == st.task_sites.end()) {
       fresh = std::min(fresh, i);
       continue;
     }
-    if (it->second.count(to.node)) return i;
+    if (it->second.count(to.site)) return i;
   }
   return fresh < st.queue.size() ? fresh : 0;
 }
@@ -157,7 +169,7 @@ void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward) {
     for (size_t i = 0; i < pick; ++i) ++st.queue[i].passed_over;
     Pending p = std::move(st.queue[pick]);
     st.queue.erase(st.queue.begin() + std::ptrdiff_t(pick));
-    if (st.task_nodes[p.request.task_id].insert(best->node).second) ++st.task_node_pairs;
+    if (st.task_sites[p.request.task_id].insert(best->site).second) ++st.task_site_pairs;
     while (!st.held.empty() && st.queue.size() < args.max_queue) {  // room again: let one more in
       st.held.front().deliver(true);
       st.held.pop_front();
@@ -241,10 +253,16 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
                self->system().render(dm.reason), it->in_flight.size());
       account(self, *it, true);
       auto items = std::move(it->in_flight);
-      std::string node = it->node;
+      std::string site = it->site;
       evs.erase(it);
-      if (std::none_of(evs.begin(), evs.end(), [&](const EvaluatorSlot& e) { return e.node == node; }))
-        for (auto& [task, nodes] : self->state.task_nodes) nodes.erase(node);  // nobody there to wait for
+      if (std::none_of(evs.begin(), evs.end(), [&](const EvaluatorSlot& e) { return e.site == site; })) {
+        // Nobody there to wait for: its tasks are others' again, or fresh where it held them alone.
+        auto& ts = self->state.task_sites;
+        for (auto t = ts.begin(); t != ts.end();) {
+          t->second.erase(site);
+          t = t->second.empty() ? ts.erase(t) : std::next(t);
+        }
+      }
       for (auto rit = items.rbegin(); rit != items.rend(); ++rit)
         retry(self, args, reward, std::move(rit->second), "evaluator went down: " + self->system().render(dm.reason));
       break;
@@ -310,6 +328,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
         slot.handle = ev;
         slot.id = id;
         slot.node = id.substr(0, id.find('/'));
+        slot.site = site_of(id);
         self->state.evaluators.push_back(std::move(slot));
         lg->debug("evaluator {} registered ({} now)", id, self->state.evaluators.size());
         pump(self, args, reward);
@@ -334,7 +353,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
                     {"foreign_dropped", double(st.foreign)},
                     {"withdrawn", double(st.withdrawn)},
                     {"skipped", double(st.skipped)},
-                    {"task_nodes", double(st.task_node_pairs)},
+                    {"task_sites", double(st.task_site_pairs)},
                     {"producers_held", double(st.held.size())}};
         // Per node: evaluators, work held, capacity, answers, and utilisation (the share of its
         // evaluators' time spent holding work since the previous answer).

@@ -1,6 +1,6 @@
 // dispatcher: the queue in front of every evaluator, local or on other nodes. Turns Rollouts into
 // EvalRequests, sends each to the least-loaded evaluator (at most max_in_flight at one; across
-// nodes a task's samples preferably where its reference is timed already), keeps what each
+// devices a task's samples preferably where its reference is timed already), keeps what each
 // evaluator holds, and when one goes down (its process, its node, or a silent link)
 // puts all of that back in the queue; after max_attempts failed dispatches a sample is recorded
 // as a runtime_error. No sample is lost; a second verdict for a sample (a late answer) is dropped
@@ -8,8 +8,8 @@
 // (remote evaluators arrive through the gate).
 // Messages in:  Rollout (sampler); (skip_atom, Rollout, std::string why) (sampler: not to be
 //               evaluated, scored as skipped); (register_atom, actor, std::string id) (evaluator);
-//               (stats_atom) -> Telemetry (task_nodes: distinct task x node dispatches, each a
-//               reference timing on that node)
+//               (stats_atom) -> Telemetry (task_sites: distinct task x node-and-device
+//               dispatches, each a reference timing there)
 // Messages out: (eval_atom, EvalRequest) -> evaluator; (score_atom, Rollout, EvalResult) -> reward
 #pragma once
 

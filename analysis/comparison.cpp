@@ -236,6 +236,10 @@ std::vector<std::string> budget_differences(const std::vector<ComparedRun>& runs
       if (m.is_null())
         differences.push_back(
             fmt::format("tokens: {} or {} has no tasks, rollouts or tokens to match", seq.dir, bon.dir));
+      else if (std::min(m["k_rollouts"].get<double>(), m["k_tokens"].get<double>()) < 1)
+        differences.push_back(fmt::format(
+            "rollouts and tokens: {} spends less than one sample a task of {} ({:.2f} in rollouts, {:.2f} in tokens)",
+            seq.dir, bon.dir, m["k_rollouts"].get<double>(), m["k_tokens"].get<double>()));
       else if (!m["reaches"].get<bool>())
         differences.push_back(fmt::format(
             "rollouts and tokens: {} spends as much as {:.1f} samples a task in rollouts and {:.1f} in tokens (prompt "
@@ -271,7 +275,7 @@ nlohmann::json Comparison::equivalent_k(const ComparedRun& r) const {
 
 nlohmann::json Comparison::matched(const ComparedRun& r) const {
   const ComparedRun* x = curve_of(r);
-  if (!x || x == &r) return nullptr;
+  if (!x || x == &r || x->seed != r.seed) return nullptr;  // (a seeded run: only its own seed's curve)
   return matched_budgets(r, *x);
 }
 

@@ -54,7 +54,8 @@ struct Comparison {
   bool seeded = false;
   // Where r's score falls on the curve: a k, "< K" below its first point, null when never reached.
   nlohmann::json equivalent_k(const ComparedRun& r) const;
-  // matched_budgets(r, its curve); null for the curve itself or without one.
+  // matched_budgets(r, its curve); null for the curve itself, without one, or (seeded) without
+  // the curve arm's run of r's seed.
   nlohmann::json matched(const ComparedRun& r) const;
   const ComparedRun* curve_of(const ComparedRun& r) const;
 };

@@ -40,6 +40,12 @@ TASKS = os.path.join(ROOT, "tasks", "bundled")
 SECRET = "bench-secret-" + os.urandom(12).hex()
 
 
+def site_of(evaluator_id):
+    """The node and device of an evaluator's id ("n/cuda:0" for "n/cuda:0#2", "n/cpu" for "n/cpu-1")."""
+    node, _, dev = evaluator_id.partition("/")
+    return node + "/" + ("cpu" if dev.startswith("cpu") else dev.split("#")[0])
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -230,23 +236,24 @@ def gpus(args, out):
             con = sqlite3.connect(os.path.join(d, "run", "store.sqlite"))
             verdicts.append(dict(con.execute("SELECT sample_id, status FROM samples").fetchall()))
             by_node = dict(con.execute("SELECT evaluator_id, COUNT(*) FROM samples GROUP BY evaluator_id").fetchall())
-            # Each node times a task's reference once: distinct (task, node) pairs are the reference
-            # timings the run paid for (the dispatcher's task affinity keeps them near one a task).
-            pairs = {(t, (e or "").split("/")[0]) for t, e in
+            # A task's reference is timed once per device of a node (its site): distinct (task, site)
+            # pairs are the reference timings the run paid for (the dispatcher's task affinity keeps
+            # them near one a task). Sites as actors/dispatcher.cpp site_of makes them.
+            pairs = {(t, site_of(e)) for t, e in
                      con.execute("SELECT task_id, evaluator_id FROM samples WHERE evaluator_id != ''").fetchall()}
             con.close()
         span = summ["record_span_s"]
         window = working_window(stamps(r for r in rows if r[0]))
         row = {"nodes": k, "gpus": args.gpus[:k], "samples": len(rows), "record_span_s": span,
                "samples_per_s": (len(rows) - 1) / span, "run_wall_s": summ["wall_s"], "by_evaluator": by_node,
-               "statuses": summ["status_counts"], "task_node_pairs": len(pairs),
+               "statuses": summ["status_counts"], "task_site_pairs": len(pairs),
                "tasks": len({t for t, _ in pairs}), **window}
         res.append(row)
         print(f"gpus: {k} node(s) on GPU(s) {args.gpus[:k]}: {len(rows)} candidates, {row['samples_per_s']:.2f}/s "
               f"(first to last stored {span:.1f} s, run {summ['wall_s']:.1f} s); {window['window_per_s']:.2f}/s "
               f"while every node evaluated ({window['window_samples']} in {window['window_s']:.1f} s; the nodes' "
               f"first candidates on the device {', '.join(f'{x:.1f}' for x in window['node_starts_s'])} s after the "
-              f"first); by evaluator {by_node}; statuses {summ['status_counts']}; {row['task_node_pairs']} task x node "
+              f"first); by evaluator {by_node}; statuses {summ['status_counts']}; {row['task_site_pairs']} task x site "
               f"pairs (reference timings) for {row['tasks']} tasks", flush=True)
     same = sum(1 for sid, st in verdicts[0].items() if verdicts[1].get(sid) == st)
     if res[0]["window_per_s"]:

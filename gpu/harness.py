@@ -1154,7 +1154,7 @@ class Harness:
         watch = defenses.Watch()
         watch.freeze("the task's module", task)
         watch.freeze("the task's Model", task.Model)
-        for name in (__name__, "defenses", "judge", "sandbox", "compile_cache", "scaffold"):
+        for name in (__name__, "defenses", "judge", "protocol", "sandbox", "compile_cache", "scaffold"):
             if name in sys.modules:
                 watch.freeze(f"the harness module {name}", sys.modules[name])
         for cls in (Harness, _Calls, Timer, defenses.Watch, defenses.ReferenceGuard, protocol.Link):

@@ -11,8 +11,8 @@ import socket
 
 import msgpack
 
-# The input distributions a check may draw from ([evaluator] input_distributions), the task's own
-# first (gpu/harness.py makes each).
+# The input distributions a check may draw from beyond the task's own draw ([evaluator]
+# input_distributions; gpu/harness.py makes each).
 INPUT_DISTRIBUTIONS = ("signed", "large", "zeros")
 
 FRAME_LIMIT = 1 << 20

@@ -131,7 +131,8 @@ void print_table(std::vector<Run>& runs, const Comparison& c) {
     auto at = [&](const char* v, const char* k) {
       if (m.is_null()) return std::string("-");
       std::string kk = fmt::format("(k {:.1f})", m[k].get<double>());
-      return m[v].is_number() ? fmt::format("{:.3f} {}", m[v].get<double>(), kk) : "> K " + kk;
+      if (m[v].is_number()) return fmt::format("{:.3f} {}", m[v].get<double>(), kk);
+      return (m[k].get<double>() < 1 ? "< 1 " : "> K ") + kk;  // off the curve: below k = 1 or past its end
     };
     std::printf("%-40s %-10s %9llu %14llu %9.1f %9.1f %8.3f %8.3f %8.3f %8s %8.3f %7s %16s %16s\n", r.label().c_str(),
                 r.compute["settings"].value("mode", std::string("?")).c_str(),

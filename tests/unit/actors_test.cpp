@@ -100,16 +100,17 @@ TEST_CASE("the dispatcher balances synthetic evaluators of two nodes and reports
 }
 
 // A training step's groups, as the sampler sends them: 8 samples of each of 6 tasks, in order, to
-// one evaluator on each of two nodes. Least-loaded alone sends every task to both nodes (12 task x
-// node pairs: 12 reference timings); with task affinity each node keeps to its own tasks.
-TEST_CASE("across nodes a task's samples go to the node that already has its reference", "[actors]") {
+// two evaluators. A task's reference is timed once per device of a node (a site); least-loaded
+// alone sends every task to both evaluators (12 task x site pairs: 12 reference timings); with task
+// affinity each site keeps to its own tasks, and two evaluators of one site keep the queue's order.
+namespace {
+Telemetry affinity_run(std::initializer_list<const char*> ids, int tasks, int group) {
   System s;
   auto scores = s.sys->spawn(collect_scores);
   DispatcherArgs da;
-  const int tasks = 6, group = 8;
   for (int t = 0; t < tasks; ++t) da.task_paths["t" + std::to_string(t)] = "/nonexistent/t.py";
   auto dispatcher = spawn_dispatcher(*s.sys, da, scores);
-  auto evs = synthetic_evaluators(s, dispatcher, {"n1/cpu-0", "n2/cpu-0"}, 3);
+  auto evs = synthetic_evaluators(s, dispatcher, ids, 3);
   caf::scoped_actor self{*s.sys};
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // both registered
   for (int t = 0; t < tasks; ++t)
@@ -121,21 +122,38 @@ TEST_CASE("across nodes a task's samples go to the node that already has its ref
       self->send(dispatcher, r);
     }
   REQUIRE(wait_scored(self, scores, tasks * group, 10) == uint64_t(tasks * group));
+  Telemetry out;
   self->request(dispatcher, std::chrono::seconds(5), stats_atom::value)
-      .receive(
-          [&](Telemetry& t) {
-            // Each task on one node, but for the last ones, which both nodes finish together.
-            CHECK(t.values["task_nodes"] <= tasks + 2);
-            CHECK(t.values["task_nodes"] >= tasks);
-            // Neither node idles for it.
-            CHECK(t.values["node.n1.completed"] >= tasks * group / 3);
-            CHECK(t.values["node.n2.completed"] >= tasks * group / 3);
-            CHECK(t.values["completed"] == tasks * group);
-          },
-          [](caf::error&) { FAIL("no dispatcher stats"); });
+      .receive([&](Telemetry& t) { out = t; }, [](caf::error&) { FAIL("no dispatcher stats"); });
   for (auto& a : evs) self->send_exit(a, caf::exit_reason::user_shutdown);
   self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
   self->send_exit(scores, caf::exit_reason::user_shutdown);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("a task's samples go to the node and device that already has its reference", "[actors]") {
+  const int tasks = 6, group = 8;
+  SECTION("two nodes") {
+    auto t = affinity_run({"n1/cpu-0", "n2/cpu-0"}, tasks, group);
+    // Each task on one site, but for the first (both take it while the queue fills) and the last
+    // ones (both sites finish them together).
+    CHECK(t.values["task_sites"] <= tasks + 3);
+    CHECK(t.values["task_sites"] >= tasks);
+    // Neither node idles for it.
+    CHECK(t.values["node.n1.completed"] >= tasks * group / 3);
+    CHECK(t.values["node.n2.completed"] >= tasks * group / 3);
+    CHECK(t.values["completed"] == tasks * group);
+  }
+  SECTION("two GPUs of one node") {
+    auto t = affinity_run({"n1/cuda:0", "n1/cuda:1"}, tasks, group);
+    CHECK(t.values["task_sites"] <= tasks + 3);
+    CHECK(t.values["completed"] == tasks * group);
+  }
+  SECTION("two evaluators sharing one GPU, or a node's CPU slots: one site") {
+    CHECK(affinity_run({"n1/cuda:0", "n1/cuda:0#2"}, tasks, group).values["task_sites"] == tasks);
+    CHECK(affinity_run({"n1/cpu-0", "n1/cpu-1"}, tasks, group).values["task_sites"] == tasks);
+  }
 }
 
 TEST_CASE("an idle evaluator takes the work waiting behind a slow one", "[actors]") {

@@ -111,6 +111,19 @@ TEST_CASE("sequential refinement is read on best-of-N's curve at equal rollouts 
   CHECK_FALSE(m["reaches"].get<bool>());
   CHECK(m["fast_1_at_tokens"].is_null());
 
+  // Less than one sample's worth: refused as such, not as a curve too short.
+  runs[1].compute["student_tokens"] = 3 * 50;
+  auto below = budget_differences(runs);
+  REQUIRE(below.size() == 1);
+  CHECK(below[0].find("spends less than one sample a task of bon") != std::string::npos);
+
+  // The run's own task count and the curve's tokens a sample: refinement over 2 tasks (4 rollouts and
+  // 600 tokens a task) beside best-of-N over 3 (100 tokens a sample).
+  runs[1] = compared("refine2", 2, 8, 1200, 1, true);
+  m = matched_budgets(runs[1], runs[0]);
+  CHECK(m["k_rollouts"].get<double>() == Approx(4));
+  CHECK(m["k_tokens"].get<double>() == Approx(6));
+
   // Two runs of independent draws (or two multi-turn runs) still need equal rollouts.
   std::vector<ComparedRun> two = {compared("bon", 3, 24, 2400, 8, false), compared("bon16", 3, 48, 4800, 16, false)};
   auto d = budget_differences(two);
@@ -125,6 +138,9 @@ TEST_CASE("over seeds each arm is tested against best-of-N's curve at its own ro
     runs.push_back(compared("bon/seed-" + std::to_string(seed), 3, 24, 2400, 8, false));
     runs.back().arm = "bon";
     runs.back().seed = seed;
+    // Each seed's curve its own: fast_1@k = 1 - (0.8 + 0.05 (seed - 2))^k.
+    for (auto& a : runs.back().analysis["at_k"])
+      a["fast_1"] = 1 - std::pow(0.8 + 0.05 * (double(seed) - 2), a["k"].get<double>());
   }
   for (uint64_t seed = 1; seed <= 3; ++seed) {
     runs.push_back(compared("refine/seed-" + std::to_string(seed), 3, 12, 2100, 1, true));
@@ -142,7 +158,16 @@ TEST_CASE("over seeds each arm is tested against best-of-N's curve at its own ro
   auto& tok = tests["bon's fast_1@k at equal tokens"];
   CHECK(tok["arm"] == "refine");
   CHECK(tok["paired_seeds"] == 3);
-  CHECK(tok["mean_difference"].get<double>() == Approx((0.9 + 0.8 + 0.95) / 3 - (1 - std::pow(0.8, 7))));
+  // Each seed against its own seed's curve.
+  auto curve_mean = [](double k) {
+    return ((1 - std::pow(0.75, k)) + (1 - std::pow(0.8, k)) + (1 - std::pow(0.85, k))) / 3;
+  };
+  CHECK(tok["mean_difference"].get<double>() == Approx((0.9 + 0.8 + 0.95) / 3 - curve_mean(7)));
   CHECK(tests["bon's fast_1@k at equal rollouts"]["mean_difference"].get<double>() ==
-        Approx((0.9 + 0.8 + 0.95) / 3 - (1 - std::pow(0.8, 4))));
+        Approx((0.9 + 0.8 + 0.95) / 3 - curve_mean(4)));
+  // A seed the curve's arm did not run is not read on another seed's curve.
+  runs[2].seed = 7;
+  Comparison c2 = compare_runs(runs);
+  CHECK(c2.matched(runs[5]).is_null());
+  CHECK_FALSE(c2.matched(runs[4]).is_null());
 }
