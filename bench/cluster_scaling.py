@@ -14,12 +14,14 @@ starts it (`launch CONFIG`, `launch CONFIG --node NAME`) on loopback.
             GPUs: one evaluator node on the first of --gpus, then a node on each of them (--per-gpu
             N: N evaluators sharing each node's GPU). Samples/s from the first to the last sample
             stored, what each added GPU gives against the first, and whether both runs gave every
-            candidate the same verdict. On the GPU machine: scripts/gpu-check --cluster
-            [--cluster-args "--gpus 0,1,2,3 --per-gpu 4"].
+            candidate the same verdict; each node's device stage busy share (the evaluators' own
+            stamps), the reference timings paid for, the processes' CPU seconds; --keep DIR keeps
+            each run's store (every record, to read afterwards). On the GPU machine:
+            scripts/gpu-check --cluster [--cluster-args "--gpus 0,1,2,3 --per-gpu 4"].
 
   scripts/python bench/cluster_scaling.py [--parts capacity,scale,gpus] [--nodes 1,2,4,8]
       [--evaluators 4] [--latency-ms 50] [--seconds 10] [--capacity-samples 20000]
-      [--gpus 0,1] [--per-gpu 1] [--repeat 2] [--exclude-labels hangs] [--json FILE]
+      [--gpus 0,1] [--per-gpu 1] [--repeat 2] [--exclude-labels hangs] [--keep DIR] [--json FILE]
 """
 
 import argparse
@@ -27,6 +29,8 @@ import glob
 import json
 import os
 import platform
+import resource
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -107,6 +111,14 @@ progress = false
     return path
 
 
+CPU_SECONDS = []  # each run's {process: CPU seconds (user + system) of it and the children it reaped}
+
+
+def cpu_seconds(who):
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
 def run(cfg, d, nodes):
     """Starts the nodes, then the head; returns (head wall seconds, rows of the store)."""
     logs = open(os.path.join(d, "processes.log"), "w")
@@ -114,13 +126,18 @@ def run(cfg, d, nodes):
              for k in range(nodes)]
     run_dir = os.path.join(d, "run")
     t0 = time.monotonic()
+    before = cpu_seconds(resource.RUSAGE_CHILDREN)  # (every process this one reaped so far)
     head = subprocess.run([LAUNCH, cfg, "--run-dir", run_dir], capture_output=True, text=True, timeout=1800)
     wall = time.monotonic() - t0
-    for p in procs:
+    cpu = {"head": cpu_seconds(resource.RUSAGE_CHILDREN) - before}
+    for k, p in enumerate(procs):
         try:
             p.wait(timeout=60)
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()
+        cpu[f"node-{k}"] = cpu_seconds(resource.RUSAGE_CHILDREN) - before - sum(cpu.values())
+    CPU_SECONDS.append(cpu)
     logs.close()
     if head.returncode != 0:
         sys.exit(f"the head failed ({head.returncode}):\n{head.stdout[-2000:]}\n{head.stderr[-2000:]}")
@@ -162,6 +179,48 @@ def working_window(st):
     first = min(lo for lo, _ in nodes.values())
     return {"window_s": t1 - t0, "window_samples": done, "window_per_s": done / (t1 - t0) if t1 > t0 else 0.0,
             "node_starts_s": sorted(lo - first for lo, _ in nodes.values())}
+
+
+def sample_spans(rows):
+    """{sample_id: (seconds its device stage held it, whether it was its task's first at its site)}."""
+    import msgpack
+    recs = sorted((msgpack.unpackb(rec, raw=False, strict_map_key=False)["result"] for ev, rec in rows if ev),
+                  key=lambda r: r["device_start"])
+    seen, out = set(), {}
+    for r in recs:
+        if r["device_start"] <= 0:
+            continue
+        key = (r["task_id"], site_of(r["evaluator_id"]))
+        out[r["sample_id"]] = (r["device_end"] - r["device_start"], key not in seen)
+        seen.add(key)
+    return out
+
+
+def span_growth(one, many):
+    """What each candidate's device stage costs with more nodes: the samples that were not their
+    task's first at their site (no reference timing) in either run, their seconds in each."""
+    both = [sid for sid, (_, first) in one.items() if not first and sid in many and not many[sid][1]]
+    if not both:
+        return {}
+    ratios = [many[s][0] / one[s][0] for s in both if one[s][0] > 0]
+    return {"samples": len(both), "one_s": sum(one[s][0] for s in both), "many_s": sum(many[s][0] for s in both),
+            "median_ratio": sorted(ratios)[len(ratios) // 2] if ratios else 0.0}
+
+
+def node_busy(st):
+    """{node: [samples, seconds its timing stage held a candidate, its span]}: the share of a node's
+    span its device stage was busy (gaps are waits for work: dispatch, transport, the compile stage)."""
+    out = {}
+    spans, _, _ = node_spans([(ev, s, e) for ev, s, e in st if s > 0])
+    for ev, s, e in st:
+        if s <= 0:
+            continue
+        row = out.setdefault(ev.split("/")[0], [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += e - s
+    for node, (lo, hi) in spans.items():
+        out[node][2] = hi - lo
+    return out
 
 
 def run_summary(d):
@@ -227,7 +286,7 @@ def gpus(args, out):
             lines += [line if line.endswith("\n") else line + "\n" for line in f
                       if line.strip() and json.loads(line).get("label") not in args.exclude_labels]
     lines = lines * args.repeat
-    res, verdicts = [], []
+    res, verdicts, spans = [], [], []
     for k in (1, len(args.gpus)):
         with tempfile.TemporaryDirectory() as d:
             cfg = write_run(d, 0, k, 1, 0, gpus=args.gpus[:k], replay_lines=lines, per_gpu=args.per_gpu)
@@ -242,20 +301,33 @@ def gpus(args, out):
             pairs = {(t, site_of(e)) for t, e in
                      con.execute("SELECT task_id, evaluator_id FROM samples WHERE evaluator_id != ''").fetchall()}
             con.close()
+            if args.keep:  # every record, for reading afterwards
+                os.makedirs(args.keep, exist_ok=True)
+                shutil.copy(os.path.join(d, "run", "store.sqlite"), os.path.join(args.keep, f"gpus-{k}.sqlite"))
         span = summ["record_span_s"]
-        window = working_window(stamps(r for r in rows if r[0]))
+        st = stamps(r for r in rows if r[0])
+        spans.append(sample_spans(rows))
+        window = working_window(st)
+        busy = node_busy(st)
         row = {"nodes": k, "gpus": args.gpus[:k], "samples": len(rows), "record_span_s": span,
                "samples_per_s": (len(rows) - 1) / span, "run_wall_s": summ["wall_s"], "by_evaluator": by_node,
                "statuses": summ["status_counts"], "task_site_pairs": len(pairs),
-               "tasks": len({t for t, _ in pairs}), **window}
+               "tasks": len({t for t, _ in pairs}), "node_busy": busy, "cpu_s": CPU_SECONDS[-1], **window}
         res.append(row)
         print(f"gpus: {k} node(s) on GPU(s) {args.gpus[:k]}: {len(rows)} candidates, {row['samples_per_s']:.2f}/s "
               f"(first to last stored {span:.1f} s, run {summ['wall_s']:.1f} s); {window['window_per_s']:.2f}/s "
               f"while every node evaluated ({window['window_samples']} in {window['window_s']:.1f} s; the nodes' "
               f"first candidates on the device {', '.join(f'{x:.1f}' for x in window['node_starts_s'])} s after the "
               f"first); by evaluator {by_node}; statuses {summ['status_counts']}; {row['task_site_pairs']} task x site "
-              f"pairs (reference timings) for {row['tasks']} tasks", flush=True)
+              f"pairs (reference timings) for {row['tasks']} tasks; device stage busy "
+              f"{', '.join(f'{n} {b / sp:.0%} of {sp:.1f} s ({c})' for n, (c, b, sp) in sorted(busy.items()) if sp)}; "
+              f"CPU seconds {', '.join(f'{n} {v:.1f}' for n, v in CPU_SECONDS[-1].items())}", flush=True)
     same = sum(1 for sid, st in verdicts[0].items() if verdicts[1].get(sid) == st)
+    growth = span_growth(*spans)
+    if growth:
+        print(f"gpus: the same {growth['samples']} candidates (none its task's first at its site in either run): "
+              f"{growth['one_s']:.1f} s of device stage on 1 node, {growth['many_s']:.1f} s on {len(args.gpus)}; "
+              f"median ratio {growth['median_ratio']:.2f}", flush=True)
     if res[0]["window_per_s"]:
         w = res[1]["window_per_s"] / res[0]["window_per_s"]
         print(f"gpus: while every node evaluated, {len(args.gpus)} nodes against 1: {w:.2f}x; each added GPU "
@@ -266,7 +338,7 @@ def gpus(args, out):
     per_added = (res[1]["samples_per_s"] - res[0]["samples_per_s"]) / res[0]["samples_per_s"] / max(1, len(args.gpus) - 1)
     print(f"gpus: each added GPU gives {per_added:.2f} of the first's samples/s (target 0.9)", flush=True)
     out["gpus"] = {"runs": res, "ratio": speedup, "per_added_gpu": per_added, "same_verdicts": same,
-                   "candidates": len(verdicts[0]), "per_gpu": args.per_gpu}
+                   "candidates": len(verdicts[0]), "per_gpu": args.per_gpu, "span_growth": growth}
 
 
 def main():
@@ -281,6 +353,7 @@ def main():
     ap.add_argument("--per-gpu", type=int, default=1, help="evaluators sharing each node's GPU (gpus)")
     ap.add_argument("--repeat", type=int, default=2, help="times the replayed candidates are evaluated (gpus)")
     ap.add_argument("--exclude-labels", default="", help="replayed candidates with these labels are left out (gpus)")
+    ap.add_argument("--keep", default="", help="copy each run's store here (gpus: gpus-K.sqlite)")
     ap.add_argument("--launch", default="", help="the launch program (default: build/launch)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()

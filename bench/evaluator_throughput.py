@@ -19,7 +19,8 @@ worker's fork server in this process, the second pass timed phase by phase: each
 phases (from its process), the worker's (reference, hand-over, spare start, collect, judge, exit
 waits), the fixed cost (the wall outside the candidate's phases and the reference's timing; target
 <= 50 ms median) and format and syntax errors' wall (answered without a process; target <= 5 ms).
-With --phases-at-once N, then N such breakdowns at once on the device (N processes, one device
+With --at-once-devices cuda:0,cuda:1 one such breakdown on each device at once (what evaluators on
+other GPUs of the machine cost each other). With --phases-at-once N, then N such breakdowns at once on the device (N processes, one device
 lock, as N evaluators share a GPU), their mean phases beside the first's and the cores busy.
 
 Part `inline` (load_inline CUDA candidates): K distinct one-kernel extensions (the swish kernel of
@@ -130,7 +131,7 @@ def part_phases(args, work, out):
     t0 = time.time()
     out["phases"] = phase_breakdown(args, cands[:args.phases])
     out["phases"]["unix_span"] = [t0, time.time()]  # (to read a GPU utilisation log sampled beside it)
-    if args.phases_at_once > 1:
+    if args.phases_at_once > 1 or args.at_once_devices:
         out["phases_at_once"] = phases_at_once(args, work, out["phases"])
         if args.unlocked:
             out["phases_at_once_unlocked"] = phases_at_once(args, work, out["phases"], unlocked=True)
@@ -145,8 +146,9 @@ def _busy_cores():
 def phases_at_once(args, work, alone, unlocked=False):
     """N breakdowns (N processes, each a worker's fork server) at once; `unlocked`: each with a
     device lock of its own (nothing keeps their timed regions apart)."""
-    n = args.phases_at_once
-    argv = [PY, os.path.abspath(__file__), "--launch", args.launch, "--device", args.device, "--parts", "phases",
+    devices = args.at_once_devices.split(",") if args.at_once_devices else [args.device] * args.phases_at_once
+    n = len(devices)
+    argv = [PY, os.path.abspath(__file__), "--launch", args.launch, "--parts", "phases",
             "--phases", str(args.phases), "--stride", str(args.stride), "--limit", str(args.limit),
             "--timing-precision", str(args.timing_precision)] + (["--gpu-dir", args.gpu_dir] if args.gpu_dir else [])
     if args.reference_cache_mb[0] is not None:
@@ -160,8 +162,8 @@ def phases_at_once(args, work, alone, unlocked=False):
     b0, t0 = _busy_cores()
     u0 = time.time()
     w0 = time.monotonic()
-    procs = [subprocess.Popen(argv + ["--json", f], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=e) for f, e in zip(files, envs)]
+    procs = [subprocess.Popen(argv + ["--device", dev, "--json", f], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=e) for f, e, dev in zip(files, envs, devices)]
     logs = [p.communicate()[0] for p in procs]
     wall = time.monotonic() - w0
     b1, t1 = _busy_cores()
@@ -180,9 +182,9 @@ def phases_at_once(args, work, alone, unlocked=False):
         keys = sorted({k for g in got for k in g.get(key, {})})
         return {k: statistics.fmean(g.get(key, {}).get(k, 0.0) for g in got) for k in keys}
 
-    res = {"processes": n, "unlocked": unlocked, "completed": len(got), "wall_s": wall, "busy_cores": busy,
+    res = {"processes": n, "devices": devices, "unlocked": unlocked, "completed": len(got), "wall_s": wall, "busy_cores": busy,
            "unix_span": [u0, time.time()], "wall_mean_s": statistics.fmean(g["wall_mean_s"] for g in got)}
-    tag = f"{n} breakdowns at once{', each its own lock' if unlocked else ''}"
+    tag = f"{n} breakdowns at once on {','.join(devices)}{', each its own lock' if unlocked else ''}"
     print(f"[phases] {tag} ({len(got)} completed) in {wall:.1f} s (both passes), {busy:.1f} of "
           f"{os.cpu_count()} cores busy on average; candidate wall mean {res['wall_mean_s']:.3f} s "
           f"(alone {alone['wall_mean_s']:.3f} s)", flush=True)
@@ -613,6 +615,8 @@ def main():
                     "tree's; e.g. a previous commit's, from git archive, to compare both in one call)")
     ap.add_argument("--phases-at-once", type=int, default=1, help="phases part: then N breakdowns at once "
                     "on the device, their phases beside the first's")
+    ap.add_argument("--at-once-devices", default="", help="phases part: instead of --phases-at-once, one breakdown "
+                    "on each of these devices at once (e.g. cuda:0,cuda:1: what evaluators of other GPUs cost)")
     ap.add_argument("--per-device", default="1", help="torch part: evaluators sharing the device, e.g. 1,4 (a run each)")
     ap.add_argument("--unlocked", action="store_true", help="torch part: for each N > 1 of --per-device, the "
                     "control: N launches of one evaluator at once, each with a device lock of its own (phases "

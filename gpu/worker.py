@@ -118,6 +118,7 @@ class ForkServer:
                                "could not use the GPU); is PYTORCH_NVML_BASED_CUDA_CHECK=1 honoured?")
         self.torch = torch
         self.sandbox = sandbox
+        device, self.visible = device_view(device)
         self.device = device
         self.cache_root = cache_root or default_cache_root()
         self.tmp_root = tmp_root or os.environ.get("TMPDIR", "/tmp")
@@ -145,7 +146,7 @@ class ForkServer:
         self.harness = Harness(device, threads, self.cache_root)
         self.build_timeout_s = 600.0
         self.info = {"device": "cpu", "capability": "", "cuda_init_s": 0.0, "network": "", "sandbox": ""}
-        self.env = {}
+        self.env = dict(self.visible)
         sandbox.cgroups.setup()
         self._probe()
         # The device's share with this machine's other workers (gpu/devlock.py): its identity, so
@@ -189,7 +190,7 @@ class ForkServer:
             return {"status": "ok", "device": "cpu", "capability": "", "cuda_init_s": 0.0, "uuid": "cpu"}
 
         reply, failure = self.sandbox.run_isolated(
-            probe, timeout_s=120, memory_limit_mb=0, env={}, conf=self.conf,
+            probe, timeout_s=120, memory_limit_mb=0, env=dict(self.visible), conf=self.conf,
             address_space_limit=False, tmp_root=self.tmp_root)
         if reply and reply.get("blocked"):
             iso = reply.get("isolation", {})
@@ -653,6 +654,28 @@ class ForkServer:
         reply.pop("output", None)
         reply["wall_s"] = time.monotonic() - t0
         return reply
+
+
+def device_view(device, environ=None):
+    """(the name the worker's processes use for `device`, the environment they get for it). A
+    worker on cuda:N shows its processes (the candidates', the judge's, the spare's) that GPU
+    alone, as cuda:0: with more than one GPU on a machine, a candidate cannot start work on a GPU
+    where another evaluator is timing, and each process's CUDA start-up and exit set up and tear
+    down one device, not every GPU of the machine (driver work that evaluators of other GPUs
+    waited for: issue 53, target 5). A CUDA_VISIBLE_DEVICES the worker was given (by the user, for
+    the node) is narrowed: cuda:N is its N-th entry."""
+    environ = os.environ if environ is None else environ
+    m = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if not m:
+        return device, {}
+    index = int(m.group(1) or 0)
+    given = environ.get("CUDA_VISIBLE_DEVICES")
+    if given is None:
+        return "cuda:0", {"CUDA_VISIBLE_DEVICES": str(index)}
+    entries = [e.strip() for e in given.split(",") if e.strip()]
+    if index >= len(entries):
+        return device, {}  # not there: the probe says so, in torch's words
+    return "cuda:0", {"CUDA_VISIBLE_DEVICES": entries[index]}
 
 
 def main():

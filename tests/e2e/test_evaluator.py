@@ -699,6 +699,14 @@ class SandboxTest(Base):
         self.assertStatus(r, "ok")
         return r
 
+    def test_a_candidate_sees_its_own_gpu_alone(self):
+        # Another evaluator may be timing on the machine's other GPUs (issue 53, target 5).
+        if not DEVICE.startswith("cuda"):
+            self.skipTest("a GPU's test")
+        r = self.evaluate("n = torch.cuda.device_count()\nassert n == 1, f'sees {n} GPUs'\n" + GOOD)
+        self.assertStatus(r, "ok")
+        self.assertEqual(r["device"], self.server.info["device"])
+
     def test_patching_the_judge_from_inside_is_hacked(self):
         # The judge's live modules, as a candidate finds them.
         find = "import sys\nharness, defenses = sys.modules['harness'], sys.modules['defenses']\n"
