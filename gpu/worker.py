@@ -323,10 +323,11 @@ class ForkServer:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one build per entry across this machine's workers
             waited = time.monotonic() - t_lock
             found = compile_cache.verified_library(entry)
+            cached = found is not None and found[0] == module
             print(f"worker {os.getpid()}: build {name} {key[:12]} (arch {env.get('TORCH_CUDA_ARCH_LIST', '')!r}): "
-                  f"{'cached' if found is not None and found[0] == module else 'building'} after {waited:.1f} s "
+                  f"{'cached' if cached else 'building'} after {waited:.1f} s "
                   f"waiting for the entry's lock", file=sys.stderr, flush=True)
-            if found is not None and found[0] == module:
+            if cached:
                 return {"ok": True, "dir": entry, "key": key, "cached": True}
             staging = tempfile.mkdtemp(prefix=key[:12] + "-", dir=os.path.join(self.cache_root, ".staging"))
             if os.geteuid() == 0:
