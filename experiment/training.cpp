@@ -198,7 +198,7 @@ void Training::accept_episodes(uint32_t s, std::vector<std::vector<ScoredRollout
   for (size_t e = 0; e < E; ++e) {
     std::vector<double> r;
     for (size_t t = 0; t < T; ++t) r.push_back(e < turns[t].size() ? turns[t][e].reward : 0.0);
-    auto g = turn_returns(r, args_.turn_gamma);
+    auto g = turn_returns(r, args_.turn_gamma, args_.turn_progress);
     for (size_t t = 0; t < T; ++t) learned[t][e] = g[t];
   }
   for (size_t t = 0; t < T; ++t) accept_group(s, turns[t], out, &learned[t]);

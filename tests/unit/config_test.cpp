@@ -607,6 +607,12 @@ TEST_CASE("multi-turn settings: turns needs a model sampler, and neither sdpo no
   auto trloo = parse_config(base + "[learner]\nalgorithm = \"trloo\"\nturn_gamma = 0.9\n", s.cfg());
   REQUIRE(std::holds_alternative<Config>(trloo));
   CHECK(std::get<Config>(trloo).learner.turn_gamma == 0.9);
+  auto progress = parse_config(base + "[learner]\nturn_progress = 1.5\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(progress));
+  CHECK(std::get<Config>(progress).learner.turn_progress == 1.5);
+  auto negative = errors_of(base + "[learner]\nturn_progress = -1\n", s.cfg());
+  REQUIRE(negative.size() == 1);
+  CHECK(negative[0].find("learner.turn_progress") != std::string::npos);
   auto gamma = errors_of(base + "[learner]\nturn_gamma = 1.5\n", s.cfg());
   REQUIRE(gamma.size() == 1);
   CHECK(gamma[0].find("learner.turn_gamma") != std::string::npos);

@@ -177,6 +177,24 @@ TEST_CASE("TRLOO: each turn's advantage is its return less the mean return of th
   CHECK(flat.skipped[1]);
 }
 
+TEST_CASE("the progress bonus: a later turn earns alpha times its gain over the turn before, then discounted",
+          "[turns]") {
+  // By hand: rewards (0, 3, 3) with alpha 0.5: s = (0, 3 + 1.5, 3 + 0) = (0, 4.5, 3); gamma 0.5:
+  // G = (0 + 0.5 * (4.5 + 1.5), 4.5 + 1.5, 3) = (3, 6, 3).
+  auto g = turn_returns({0, 3, 3}, 0.5, 0.5);
+  REQUIRE(g.size() == 3);
+  CHECK(g[0] == Approx(3.0));
+  CHECK(g[1] == Approx(6.0));
+  CHECK(g[2] == Approx(3.0));
+  // A later turn that undoes a good one loses by its fall; with alpha 0 the rewards are as given.
+  auto worse = turn_returns({2, 0}, 0.0, 1.0);
+  CHECK(worse[1] == Approx(-2.0));
+  CHECK(worse[0] == Approx(2.0));
+  CHECK(turn_returns({2, 0, 1}, 1.0, 0.0) == turn_returns({2, 0, 1}, 1.0));
+  // Repair beats repetition at turn 2: a format error (0) fixed to 2 against a 2 repeated.
+  CHECK(turn_returns({0, 2}, 0.0, 1.0)[1] > turn_returns({2, 2}, 0.0, 1.0)[1]);
+}
+
 TEST_CASE("train with turns: later turns follow each group's feedback; the learner gets every turn with returns",
           "[turns][experiment]") {
   ExperimentArgs a;

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Multi-turn RL on the embedded policy, on CPU (issue 56, item 1): does training lift the second
+turn? For each seed: the base policy's 2-turn evaluation on the train split (28 tasks x 4
+episodes), a 2-turn TRLOO train run (tests/e2e/test_local.py's recipe, 8 tasks x 8 episodes a
+step), then the last checkpoint's 2-turn evaluation. Printed per turn, before and after: format
+errors, the second turn's repairs (of the samples after a format error, how many are none),
+correct, fast_1, the best so far and the mean reward (the capped speedup of correct samples).
+--set SECTION.KEY=VALUE changes the train run's config (and the evaluations' where it applies),
+e.g. --set learner.turn_gamma=0 --set learner.turn_progress=1.
+
+  scripts/python bench/multi_turn_tuning.py [--seeds 0,1,2] [--steps 8] [--set ...] [--json FILE]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+from test_local import TURNS_CONFIG  # noqa: E402  (the recipe the test trains with)
+
+LAUNCH = os.path.join(ROOT, "build", "launch")
+
+
+def with_settings(text, settings):
+    """TURNS_CONFIG with each SECTION.KEY=VALUE set (replaced in its section, or added to it)."""
+    lines = text.split("\n")
+    for item in settings:
+        where, value = item.split("=", 1)
+        section, key = where.split(".", 1)
+        start = lines.index(f"[{section}]")
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
+        at = next((i for i in range(start + 1, end) if lines[i].split("=")[0].strip() == key), None)
+        if at is None:
+            lines.insert(start + 1, f"{key} = {value}")
+        else:
+            lines[at] = f"{key} = {value}"
+    return "\n".join(lines)
+
+
+def figures(samples):
+    by = {s["sample_id"]: s for s in samples}
+
+    def best(s):  # the best speedup of the episode so far (0: nothing correct yet)
+        own = s["speedup"] if s["status"] == "ok" else 0.0
+        return max(own, best(by[s["parent_id"]])) if s["parent_id"] else own
+    out = {}
+    for t in sorted({s["turn"] for s in samples}):
+        mine = [s for s in samples if s["turn"] == t]
+        after = [s for s in mine if s["parent_id"] and by[s["parent_id"]]["status"] == "format_error"]
+        n = len(mine)
+        out[t] = {"samples": n, "format_errors": sum(s["status"] == "format_error" for s in mine),
+                  "after_format_error": len(after), "repaired": sum(s["status"] != "format_error" for s in after),
+                  "correct": sum(s["status"] == "ok" for s in mine),
+                  "fast_1": sum(s["status"] == "ok" and s["speedup"] > 1 for s in mine) / n,
+                  "best_fast_1": sum(best(s) > 1 for s in mine) / n,
+                  "mean_reward": sum(s["reward"] for s in mine) / n}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--set", action="append", default=[], help="SECTION.KEY=VALUE (TOML value), repeatable")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    report = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "set": args.set, "seeds": {}}
+    with tempfile.TemporaryDirectory(prefix="kernelrl-turn-tuning-") as tmp:
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            def run(name, mode, adapter=""):
+                cfg = os.path.join(tmp, f"{name}-{seed}.toml")
+                with open(cfg, "w") as f:
+                    f.write(with_settings(TURNS_CONFIG % {
+                        "root": ROOT, "adapter": f'adapter = "{adapter}"' if adapter else "", "seed": seed,
+                        "steps": args.steps, "mode": mode}, args.set))
+                d = os.path.join(tmp, f"{name}-{seed}")
+                t0 = time.monotonic()
+                subprocess.run([LAUNCH, cfg, "--run-dir", d], capture_output=True, text=True, check=True)
+                wall = time.monotonic() - t0
+                out = subprocess.run([LAUNCH, "export", d, "--jsonl"], capture_output=True, text=True, check=True)
+                return d, [json.loads(line) for line in out.stdout.splitlines()], wall
+            _, before, w0 = run("before", "eval")
+            train, _, w1 = run("train", "train")
+            _, after, w2 = run("after", "eval", os.path.join(train, "checkpoints", f"step-{args.steps}"))
+            row = {"before": figures(before), "after": figures(after), "wall_s": [w0, w1, w2]}
+            report["seeds"][seed] = row
+            for when in ("before", "after"):
+                print(f"seed {seed} {when:6}: " + " | ".join(
+                    f"turn {t}: format errors {x['format_errors']}/{x['samples']}"
+                    + (f", repaired {x['repaired']}/{x['after_format_error']}" if t > 1 else "")
+                    + f", correct {x['correct']}, fast_1 {x['fast_1']:.3f}, best so far {x['best_fast_1']:.3f}, "
+                    f"mean reward {x['mean_reward']:.2f}" for t, x in row[when].items()), flush=True)
+            print(f"seed {seed}: {w0:.0f} s + {w1:.0f} s + {w2:.0f} s", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
