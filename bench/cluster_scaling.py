@@ -111,7 +111,9 @@ progress = false
     return path
 
 
-CPU_SECONDS = []  # each run's {process: CPU seconds (user + system) of it and the children it reaped}
+# Each run's {process: CPU seconds (user + system) of it and of the descendants it reaped; a node
+# killed at the end loses its workers' share (they die with it, unreaped)}.
+CPU_SECONDS = []
 
 
 def cpu_seconds(who):
@@ -208,18 +210,25 @@ def span_growth(one, many):
 
 
 def node_busy(st):
-    """{node: [samples, seconds its timing stage held a candidate, its span]}: the share of a node's
-    span its device stage was busy (gaps are waits for work: dispatch, transport, the compile stage)."""
-    out = {}
+    """{node: [samples, seconds some timing stage of the node held a candidate, its span]}: the
+    share of a node's span its device stages were busy (the union of its evaluators' intervals;
+    gaps are waits for work: dispatch, transport, the compile stage)."""
+    out, intervals = {}, {}
     spans, _, _ = node_spans([(ev, s, e) for ev, s, e in st if s > 0])
     for ev, s, e in st:
         if s <= 0:
             continue
-        row = out.setdefault(ev.split("/")[0], [0, 0.0, 0.0])
-        row[0] += 1
-        row[1] += e - s
-    for node, (lo, hi) in spans.items():
-        out[node][2] = hi - lo
+        node = ev.split("/")[0]
+        out.setdefault(node, [0, 0.0, 0.0])[0] += 1
+        intervals.setdefault(node, []).append((s, e))
+    for node, iv in intervals.items():
+        busy, end = 0.0, float("-inf")
+        for s, e in sorted(iv):
+            if e > end:
+                busy += e - max(s, end)
+                end = e
+        out[node][1] = busy
+        out[node][2] = spans[node][1] - spans[node][0]
     return out
 
 

@@ -4,7 +4,9 @@ turn? For each seed: the base policy's 2-turn evaluation on the train split (28 
 episodes), a 2-turn TRLOO train run (tests/e2e/test_local.py's recipe, 8 tasks x 8 episodes a
 step), then the last checkpoint's 2-turn evaluation. Printed per turn, before and after: format
 errors, the second turn's repairs (of the samples after a format error, how many are none),
-correct, fast_1, the best so far and the mean reward (the capped speedup of correct samples).
+correct, fast_1 (over every sample, as `launch analyze`'s table by turn counts it), the best so far,
+the mean reward, the distinct completions a task, and how often a second turn after a correct
+but slow first answer is faster.
 --set SECTION.KEY=VALUE changes the train run's config (and the evaluations' where it applies),
 e.g. --set learner.turn_gamma=0 --set learner.turn_progress=1.
 
@@ -22,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 from test_local import TURNS_CONFIG  # noqa: E402  (the recipe the test trains with)
 
-LAUNCH = os.path.join(ROOT, "build", "launch")
+LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 
 
 def with_settings(text, settings):
@@ -57,7 +59,14 @@ def figures(samples):
                   "correct": sum(s["status"] == "ok" for s in mine),
                   "fast_1": sum(s["status"] == "ok" and s["speedup"] > 1 for s in mine) / n,
                   "best_fast_1": sum(best(s) > 1 for s in mine) / n,
-                  "mean_reward": sum(s["reward"] for s in mine) / n}
+                  "mean_reward": sum(s["reward"] for s in mine) / n,
+                  "distinct_a_task": len({(s["task_id"], s["completion"]) for s in mine})
+                  / len({s["task_id"] for s in mine})}
+        slow = [s for s in mine if s["parent_id"] and by[s["parent_id"]]["status"] == "ok"
+                and by[s["parent_id"]]["speedup"] <= 1]
+        if slow:
+            out[t]["after_slow_correct"] = len(slow)
+            out[t]["faster_after_slow_correct"] = sum(s["status"] == "ok" and s["speedup"] > 1 for s in slow)
     return out
 
 
@@ -68,6 +77,8 @@ def main():
     ap.add_argument("--set", action="append", default=[], help="SECTION.KEY=VALUE (TOML value), repeatable")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
+    if any(s.startswith("learner.steps=") for s in args.set):
+        ap.error("give the steps with --steps (the evaluation after reads that checkpoint)")
     report = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "set": args.set, "seeds": {}}
     with tempfile.TemporaryDirectory(prefix="kernelrl-turn-tuning-") as tmp:
         for seed in [int(s) for s in args.seeds.split(",")]:
@@ -79,7 +90,9 @@ def main():
                         "steps": args.steps, "mode": mode}, args.set))
                 d = os.path.join(tmp, f"{name}-{seed}")
                 t0 = time.monotonic()
-                subprocess.run([LAUNCH, cfg, "--run-dir", d], capture_output=True, text=True, check=True)
+                p = subprocess.run([LAUNCH, cfg, "--run-dir", d], capture_output=True, text=True)
+                if p.returncode != 0:
+                    sys.exit(f"{name} (seed {seed}) failed ({p.returncode}):\n{p.stderr[-3000:]}")
                 wall = time.monotonic() - t0
                 out = subprocess.run([LAUNCH, "export", d, "--jsonl"], capture_output=True, text=True, check=True)
                 return d, [json.loads(line) for line in out.stdout.splitlines()], wall
@@ -93,7 +106,9 @@ def main():
                     f"turn {t}: format errors {x['format_errors']}/{x['samples']}"
                     + (f", repaired {x['repaired']}/{x['after_format_error']}" if t > 1 else "")
                     + f", correct {x['correct']}, fast_1 {x['fast_1']:.3f}, best so far {x['best_fast_1']:.3f}, "
-                    f"mean reward {x['mean_reward']:.2f}" for t, x in row[when].items()), flush=True)
+                    f"mean reward {x['mean_reward']:.2f}, {x['distinct_a_task']:.2f} distinct a task"
+                    + (f", faster after a slow correct one {x['faster_after_slow_correct']}/{x['after_slow_correct']}"
+                       if "after_slow_correct" in x else "") for t, x in row[when].items()), flush=True)
             print(f"seed {seed}: {w0:.0f} s + {w1:.0f} s + {w2:.0f} s", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -14,7 +14,8 @@
 // planned with the step; turn t + 1 of a task once its turn t group is in, each sample's prompt
 // showing its episode's earlier attempts and their feedback; each turn is a group of its own (its
 // own group id). Once the last turn is in, the T groups go to the learner together, each sample
-// learning from its return r_t + turn_gamma * G_{t+1} (with rloo or trloo: TRLOO), the step
+// learning from its return r_t + turn_gamma * G_{t+1}, a later turn's plus [learner]
+// turn_progress times its gain over the turn before (with rloo or trloo: TRLOO), the step
 // counting T groups a task. A stale turn makes the whole episode set stale (sampled again from turn
 // 1); a resumed run abandons the resumed step's multi-turn samples and samples the step again.
 

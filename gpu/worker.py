@@ -118,6 +118,7 @@ class ForkServer:
                                "could not use the GPU); is PYTORCH_NVML_BASED_CUDA_CHECK=1 honoured?")
         self.torch = torch
         self.sandbox = sandbox
+        self.device_given = device  # (as the user named it: in messages)
         device, self.visible = device_view(device)
         self.device = device
         self.cache_root = cache_root or default_cache_root()
@@ -203,7 +204,8 @@ class ForkServer:
                 f"does), or allow namespaces (docker run --privileged)")
         if failure or "device" not in reply:
             why = (failure or reply).get("error", "no reply")
-            raise RuntimeError(f"device probe on {dev} failed: {why} {(reply or {}).get('compile_log', '')}")
+            raise RuntimeError(f"device probe on {self.device_given} failed: {why} "
+                               f"{(reply or {}).get('compile_log', '')}")
         self.info = {k: reply[k] for k in ("device", "capability", "cuda_init_s", "uuid")}
         iso = reply.get("isolation", {})
         self.info["network"] = iso.get("network", "")
@@ -660,12 +662,12 @@ class ForkServer:
 def device_view(device, environ=None):
     """(the name the worker's processes use for `device`, the environment they get for it). A
     worker on cuda:N shows its processes (the candidates', the judge's, the spare's) that GPU
-    alone, as cuda:0: with more than one GPU on a machine, a candidate cannot start work on a GPU
-    where another evaluator is timing, and each process's CUDA start-up and exit set up and tear
-    down one device, not every GPU of the machine (driver work that evaluators of other GPUs
-    waited for: issue 53, target 5). A CUDA_VISIBLE_DEVICES the worker was given (by the user, for
-    the node) is narrowed: cuda:N is its N-th entry."""
+    alone, as cuda:0, and a CPU worker shows them none: on a machine of several GPUs a candidate
+    cannot start work on a GPU where another evaluator is timing. A CUDA_VISIBLE_DEVICES the
+    worker was given (by the user, for the node) is narrowed: cuda:N is its N-th entry."""
     environ = os.environ if environ is None else environ
+    if device == "cpu":
+        return device, {"CUDA_VISIBLE_DEVICES": ""}
     m = re.fullmatch(r"cuda(?::(\d+))?", device)
     if not m:
         return device, {}

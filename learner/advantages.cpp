@@ -40,10 +40,8 @@ GroupAdvantages group_advantages(const std::vector<double>& rewards, const Advan
 std::vector<double> turn_returns(const std::vector<double>& rewards, double gamma, double progress) {
   std::vector<double> g(rewards.size());
   double next = 0;
-  for (size_t t = rewards.size(); t-- > 0;) {
-    const double shaped = rewards[t] + (t > 0 ? progress * (rewards[t] - rewards[t - 1]) : 0.0);
-    next = g[t] = shaped + (t + 1 < rewards.size() ? gamma * next : 0.0);
-  }
+  for (size_t t = rewards.size(); t-- > 0;) next = g[t] = rewards[t] + (t + 1 < rewards.size() ? gamma * next : 0.0);
+  for (size_t t = 1; t < rewards.size(); ++t) g[t] += progress * (rewards[t] - rewards[t - 1]);
   return g;
 }
 

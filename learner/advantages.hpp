@@ -25,11 +25,12 @@ struct GroupAdvantages {
 // Throws std::invalid_argument for an unknown estimator or a group of fewer than 2 samples.
 GroupAdvantages group_advantages(const std::vector<double>& rewards, const AdvantageOptions& o);
 
-// Multi-turn: the return of each turn of one episode from its turns' rewards (in turn order),
-// G_t = s_t + gamma * G_{t+1}, G_T = s_T, where s_1 = r_1 and a later turn's reward carries a
-// bonus for its progress over the turn before, s_t = r_t + progress * (r_t - r_{t-1}) (SCoRe's
-// reward shaping: a later turn that only repeats a good answer earns no more than it, one that
-// repairs or improves earns more; progress 0: the rewards as they are).
+// Multi-turn: what each turn of one episode learns from, given its turns' rewards (in turn order):
+// its return G_t = r_t + gamma * G_{t+1} (G_T = r_T), and for a later turn a bonus for its
+// progress over the turn before, + progress * (r_t - r_{t-1}) (SCoRe's reward shaping: a later
+// turn that only repeats a good answer earns no more than it, one that repairs or improves earns
+// more). The bonus is the turn's own: earlier turns' returns are of the rewards as they are, so a
+// first turn is never paid for a worse answer that a later turn then improves on.
 std::vector<double> turn_returns(const std::vector<double>& rewards, double gamma, double progress = 0.0);
 
 // A group's episodes (rewards[e][t]: episode e's reward at turn t, every episode with the same

@@ -177,15 +177,18 @@ TEST_CASE("TRLOO: each turn's advantage is its return less the mean return of th
   CHECK(flat.skipped[1]);
 }
 
-TEST_CASE("the progress bonus: a later turn earns alpha times its gain over the turn before, then discounted",
+TEST_CASE("the progress bonus: a later turn earns alpha times its gain over the turn before, on its own return",
           "[turns]") {
-  // By hand: rewards (0, 3, 3) with alpha 0.5: s = (0, 3 + 1.5, 3 + 0) = (0, 4.5, 3); gamma 0.5:
-  // G = (0 + 0.5 * (4.5 + 1.5), 4.5 + 1.5, 3) = (3, 6, 3).
+  // By hand: rewards (0, 3, 3), gamma 0.5: returns (0 + 0.5 * (3 + 0.5 * 3), 3 + 0.5 * 3, 3) =
+  // (2.25, 4.5, 3); alpha 0.5 adds 0.5 * (3 - 0) to turn 2 and 0.5 * (3 - 3) to turn 3: (2.25, 6, 3).
   auto g = turn_returns({0, 3, 3}, 0.5, 0.5);
   REQUIRE(g.size() == 3);
-  CHECK(g[0] == Approx(3.0));
+  CHECK(g[0] == Approx(2.25));
   CHECK(g[1] == Approx(6.0));
   CHECK(g[2] == Approx(3.0));
+  // The first turn is not paid for a worse answer: with gamma 1 and a large alpha, a first turn
+  // of 0 followed by 2 learns less than a first turn of 2 followed by 2.
+  CHECK(turn_returns({0, 2}, 1.0, 5.0)[0] < turn_returns({2, 2}, 1.0, 5.0)[0]);
   // A later turn that undoes a good one loses by its fall; with alpha 0 the rewards are as given.
   auto worse = turn_returns({2, 0}, 0.0, 1.0);
   CHECK(worse[1] == Approx(-2.0));

@@ -27,8 +27,9 @@ class DeviceViewTest(unittest.TestCase):
         self.assertEqual(device_view("cuda:3", {"CUDA_VISIBLE_DEVICES": "0,1"}), ("cuda:3", {}))
         self.assertEqual(device_view("cuda:0", {"CUDA_VISIBLE_DEVICES": ""}), ("cuda:0", {}))
 
-    def test_the_cpu_is_not_touched(self):
-        self.assertEqual(device_view("cpu", {"CUDA_VISIBLE_DEVICES": "0"}), ("cpu", {}))
+    def test_a_cpu_worker_shows_no_gpu(self):
+        self.assertEqual(device_view("cpu", {"CUDA_VISIBLE_DEVICES": "0"}), ("cpu", {"CUDA_VISIBLE_DEVICES": ""}))
+        self.assertEqual(device_view("cpu", {}), ("cpu", {"CUDA_VISIBLE_DEVICES": ""}))
 
 
 if __name__ == "__main__":
