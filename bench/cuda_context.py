@@ -17,8 +17,15 @@ a 4096^3 bf16 matmul, compute-bound), N trials each, synchronised between trials
 Each condition prints the median, the CV, the 95th percentile, the largest trial and the share of
 trials over 1.5x the median for both kernels, and how many start-ups or exits happened during them.
 
-Usage: python bench/cuda_context.py [--device 0] [--parts lifecycle,disturb] [--reps 10]
-           [--trials 3000] [--json OUT.json]
+Part `cross` (a machine of two GPUs or more): what another GPU's evaluator costs this GPU's
+candidates. --reps fresh processes on --device, each with its context made first (untimed, as the
+worker's spare), time their first calls (new allocations, elementwise, reductions, softmax, cuBLAS,
+cuDNN, comparisons, a copy back; each the first of its kind in the process) and the same again,
+while on --other nothing runs, contexts start, contexts exit, candidates' lives follow one another
+(context, first calls, exit), or kernels run back to back.
+
+Usage: python bench/cuda_context.py [--device 0] [--parts lifecycle,disturb,cross] [--reps 10]
+           [--trials 3000] [--other 1] [--json OUT.json]
 """
 
 import argparse
@@ -149,6 +156,12 @@ def _churn(device, mode, stop_r, count_w, ready_w):
         except BlockingIOError:
             return False
 
+    def firsts():  # a candidate's life: context, first calls, killed
+        pid, r = _child(lambda w: _firsts_child(device, w))
+        _read_line(r)
+        os.close(r)
+        _kill(pid)
+
     kept, n = [], 0
     if mode == "exits":
         kept = [up() for _ in range(12)]
@@ -156,6 +169,9 @@ def _churn(device, mode, stop_r, count_w, ready_w):
     while not stopped():
         if mode == "start-ups":
             kept.append(up())
+            n += 1
+        elif mode == "candidates":
+            firsts()
             n += 1
         elif kept:
             _kill(kept.pop())
@@ -166,6 +182,52 @@ def _churn(device, mode, stop_r, count_w, ready_w):
     for pid in kept:
         _kill(pid)
     os.write(count_w, f"{n}\n".encode())
+
+
+def _firsts(dev):
+    """A candidate's first calls in a fresh process whose context exists (as the worker's spare):
+    allocations of new sizes, elementwise, reductions, softmax, cuBLAS, cuDNN, comparisons and a
+    copy back, each the first of its kind here (its module loaded lazily, its memory new), each
+    synchronised; seconds per step, then the same steps again (what is left once loaded)."""
+    def steps():
+        x = torch.randn(1 << 20, device=dev)
+        yield "alloc_4MB_randn"
+        y = torch.empty(64 << 20, device=dev).fill_(1.0)
+        yield "alloc_256MB_fill"
+        z = torch.relu(x * 2.0 + 1.0)
+        yield "elementwise"
+        z.sum().item(), z.amax()
+        yield "reductions"
+        torch.softmax(x.view(1024, 1024), dim=-1)
+        yield "softmax"
+        a = x.view(1024, 1024)
+        a @ a
+        yield "matmul"
+        torch.nn.functional.conv2d(x.view(1, 16, 256, 256), torch.randn(16, 16, 3, 3, device=dev))
+        yield "conv2d"
+        (torch.isclose(z, z + 1e-7).all().item(), (z - x).abs().max().item())
+        yield "compare"
+        y[:1 << 20].cpu()
+        yield "copy_back"
+
+    rows = []
+    for _ in range(2):
+        row, t0 = {}, time.monotonic()
+        for name in steps():
+            torch.cuda.synchronize()
+            t1 = time.monotonic()
+            row[name] = t1 - t0
+            t0 = t1
+        rows.append(row)
+    return rows
+
+
+def _firsts_child(device, w):
+    dev = torch.device("cuda", device)
+    torch.cuda.set_device(dev)
+    torch.empty(1, device=dev)
+    torch.cuda.synchronize()
+    os.write(w, (json.dumps(_firsts(dev)) + "\n").encode())
 
 
 def _stats(ts):
@@ -200,40 +262,21 @@ def timed_trials(device, trials, w):
 
 
 def disturb(args, condition):
-    helpers, count = [], None
-    stop_w = count_r = None
-    if condition in ("kernels", "frozen"):
+    helpers, count, finish = [], None, None
+    if condition == "frozen":
         pid, r = _child(lambda w: _neighbour(args.device, condition, w))
         _read_line(r)
-        if condition == "frozen":
-            _read_line(r)
-            os.kill(pid, signal.SIGSTOP)
+        _read_line(r)
+        os.kill(pid, signal.SIGSTOP)
         helpers.append(pid)
-    elif condition in ("start-ups", "exits"):
-        stop_r, stop_w = os.pipe()
-        os.set_blocking(stop_r, False)
-        count_r, count_w = os.pipe()
-        ready_r, ready_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(stop_w)
-            os.close(count_r)
-            os.close(ready_r)
-            _churn(args.device, condition, stop_r, count_w, ready_w)
-            os._exit(0)
-        os.close(stop_r)
-        os.close(count_w)
-        os.close(ready_w)
-        _read_line(ready_r)
-        os.close(ready_r)
+    elif condition != "quiet":
+        finish = _helper(args.device, condition)
     pid, r = _child(lambda w: timed_trials(args.device, args.trials, w))
     line = _read_line(r)
     os.close(r)
     _kill(pid)
-    if stop_w is not None:
-        os.write(stop_w, b"x")
-        count = int(_read_line(count_r) or 0)
-        os.waitpid(-1, 0)
+    if finish is not None:
+        count = finish()
     for h in helpers:
         os.kill(h, signal.SIGCONT)
         _kill(h)
@@ -243,6 +286,69 @@ def disturb(args, condition):
     if count is not None:
         res["churned"] = count
     return res
+
+
+def _helper(device, condition):
+    """Processes beside the timed ones (parts disturb and cross), started: kernels back to back,
+    or start-ups, exits or candidates' lives (_churn). Returns finish(), which ends them and
+    returns how many start-ups, exits or lives happened meanwhile (None for kernels)."""
+    if condition == "kernels":
+        pid, r = _child(lambda w: _neighbour(device, condition, w))
+        _read_line(r)
+        return lambda: (_kill(pid), None)[1]
+    stop_r, stop_w = os.pipe()
+    os.set_blocking(stop_r, False)
+    count_r, count_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(stop_w)
+        os.close(count_r)
+        os.close(ready_r)
+        _churn(device, condition, stop_r, count_w, ready_w)
+        os._exit(0)
+    os.close(stop_r)
+    os.close(count_w)
+    os.close(ready_w)
+    _read_line(ready_r)
+    os.close(ready_r)
+
+    def finish():
+        os.write(stop_w, b"x")
+        n = int(_read_line(count_r) or 0)
+        os.waitpid(pid, 0)
+        return n
+    return finish
+
+
+def part_cross(args, out):
+    """What another GPU's evaluator costs this GPU's candidates: --reps fresh processes (context
+    made first, untimed, as the worker's spare), each timing its first calls (_firsts), while on
+    --other nothing runs, contexts start, contexts exit, candidates' lives (context, first calls,
+    exit) follow one another, or kernels run back to back."""
+    other = args.other if args.other >= 0 else (args.device + 1) % max(1, torch.cuda.device_count())
+    res = {"device": args.device, "other": other}
+    for cond in ("quiet", "start-ups", "exits", "candidates", "kernels", "quiet"):
+        finish = None if cond == "quiet" else _helper(other, cond)
+        rows = []
+        for _ in range(args.reps):
+            pid, r = _child(lambda w: _firsts_child(args.device, w))
+            line = _read_line(r)
+            os.close(r)
+            _kill(pid)
+            if line.startswith("error") or not line:
+                raise RuntimeError(f"firsts failed ({cond}): {line}")
+            rows.append(json.loads(line))
+        churned = finish() if finish else None
+        first = {k: statistics.median(r[0][k] for r in rows) for k in rows[0][0]}
+        again = statistics.median(sum(r[1].values()) for r in rows)
+        total = statistics.median(sum(r[0].values()) for r in rows)
+        name = cond if cond not in res else cond + " again"
+        res[name] = {"first_total_s": total, "again_total_s": again, "first_s": first, "churned": churned}
+        print(f"[cross] GPU {args.device} while GPU {other}: {name:14} first calls {1000 * total:.1f} ms "
+              f"(again {1000 * again:.1f} ms){'' if churned is None else f', {churned} there during it'}: "
+              + " ".join(f"{k} {1000 * v:.1f}" for k, v in first.items()), flush=True)
+    out["cross"] = res
 
 
 def part_disturb(args, out):
@@ -265,13 +371,14 @@ def main():
     ap.add_argument("--parts", default="lifecycle,disturb")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--trials", type=int, default=3000)
+    ap.add_argument("--other", type=int, default=-1, help="part cross: the other GPU (default the next)")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if torch.cuda.is_initialized():
         sys.exit("CUDA was initialised before forking")
     out = {}
     for part in args.parts.split(","):
-        {"lifecycle": part_lifecycle, "disturb": part_disturb}[part](args, out)
+        {"lifecycle": part_lifecycle, "disturb": part_disturb, "cross": part_cross}[part](args, out)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

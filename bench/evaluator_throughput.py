@@ -20,8 +20,10 @@ phases (from its process), the worker's (reference, hand-over, spare start, coll
 waits), the fixed cost (the wall outside the candidate's phases and the reference's timing; target
 <= 50 ms median) and format and syntax errors' wall (answered without a process; target <= 5 ms).
 With --at-once-devices cuda:0,cuda:1 one such breakdown on each device at once (what evaluators on
-other GPUs of the machine cost each other). With --phases-at-once N, then N such breakdowns at once on the device (N processes, one device
-lock, as N evaluators share a GPU), their mean phases beside the first's and the cores busy.
+other GPUs of the machine cost each other); groups separated by ';' run one after another, and an
+entry "spin" is a process keeping a core busy instead (cuda:0,cuda:1;cuda:0,spin: another GPU's
+evaluator against a busy core). With --phases-at-once N, then N such breakdowns at once on the
+device (N processes, one device lock, as N evaluators share a GPU), their mean phases beside the first's and the cores busy.
 
 Part `inline` (load_inline CUDA candidates): K distinct one-kernel extensions (the swish kernel of
 tests/fixtures/gpu_candidates with a variant number in it, so each builds on its own), evaluated
@@ -34,8 +36,8 @@ is compared with; the device stage's idle time while built candidates waited (fr
 evaluator's ready_at/device_start/device_end stamps); isolation overhead per candidate.
 
 Part `parallel`: N plain builds at once outside kernelrl against one alone (how builds scale on
-this machine). Part `cpu`: a fixed CPU-bound work in one process, then one per core at once (the
-cores the machine really delivers: quota, SMT siblings, a busy host).
+this machine). Part `cpu`: a fixed CPU-bound work in one process, then 2, 4, ... and one per core at
+once (the cores the machine really delivers: quota, SMT siblings, turbo limits, a busy host).
 
 Usage: python bench/evaluator_throughput.py --launch PATH [--device cuda:0]
            [--parts torch,phases,inline,parallel,cpu] [--limit N] [--stride N] [--samples K] [--per-device N[,M]]
@@ -131,7 +133,10 @@ def part_phases(args, work, out):
     t0 = time.time()
     out["phases"] = phase_breakdown(args, cands[:args.phases])
     out["phases"]["unix_span"] = [t0, time.time()]  # (to read a GPU utilisation log sampled beside it)
-    if args.phases_at_once > 1 or args.at_once_devices:
+    if args.at_once_devices and ";" in args.at_once_devices:
+        out["phases_at_once_groups"] = [phases_at_once(args, work, out["phases"], devices=g.split(","))
+                                        for g in args.at_once_devices.split(";")]
+    elif args.phases_at_once > 1 or args.at_once_devices:
         out["phases_at_once"] = phases_at_once(args, work, out["phases"])
         if args.unlocked:
             out["phases_at_once_unlocked"] = phases_at_once(args, work, out["phases"], unlocked=True)
@@ -143,10 +148,21 @@ def _busy_cores():
     return sum(v) - v[3] - v[4], sum(v)
 
 
-def phases_at_once(args, work, alone, unlocked=False):
+def _spin_until(path):
+    """A busy core (the CPU-bound loop of part cpu) until ``path`` exists."""
+    while not os.path.exists(path):
+        _spin(0.05)
+
+
+def phases_at_once(args, work, alone, unlocked=False, devices=None):
     """N breakdowns (N processes, each a worker's fork server) at once; `unlocked`: each with a
-    device lock of its own (nothing keeps their timed regions apart)."""
-    devices = args.at_once_devices.split(",") if args.at_once_devices else [args.device] * args.phases_at_once
+    device lock of its own (nothing keeps their timed regions apart). A device named "spin" is a
+    process keeping one core busy meanwhile in place of a breakdown (the control for the host's
+    share: does a busy core cost what another GPU's evaluator costs?)."""
+    if devices is None:
+        devices = args.at_once_devices.split(",") if args.at_once_devices else [args.device] * args.phases_at_once
+    spins = devices.count("spin")
+    devices = [d for d in devices if d != "spin"]
     n = len(devices)
     argv = [PY, os.path.abspath(__file__), "--launch", args.launch, "--parts", "phases",
             "--phases", str(args.phases), "--stride", str(args.stride), "--limit", str(args.limit),
@@ -162,10 +178,19 @@ def phases_at_once(args, work, alone, unlocked=False):
     b0, t0 = _busy_cores()
     u0 = time.time()
     w0 = time.monotonic()
-    procs = [subprocess.Popen(argv + ["--device", dev, "--json", f], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=e) for f, e, dev in zip(files, envs, devices)]
+    import multiprocessing as mp
+    stop = os.path.join(work, f"spin-stop-{time.monotonic_ns()}")
+    spinners = [mp.get_context("fork").Process(target=_spin_until, args=(stop,)) for _ in range(spins)]
+    for s in spinners:
+        s.start()
+    procs = [subprocess.Popen(argv + ["--device", dev, "--json", f], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=e)
+             for f, e, dev in zip(files, envs, devices)]
     logs = [p.communicate()[0] for p in procs]
     wall = time.monotonic() - w0
+    open(stop, "w").close()
+    for s in spinners:
+        s.join()
     b1, t1 = _busy_cores()
     busy = os.cpu_count() * (b1 - b0) / max(1, t1 - t0)
     got = []
@@ -182,9 +207,11 @@ def phases_at_once(args, work, alone, unlocked=False):
         keys = sorted({k for g in got for k in g.get(key, {})})
         return {k: statistics.fmean(g.get(key, {}).get(k, 0.0) for g in got) for k in keys}
 
-    res = {"processes": n, "devices": devices, "unlocked": unlocked, "completed": len(got), "wall_s": wall, "busy_cores": busy,
-           "unix_span": [u0, time.time()], "wall_mean_s": statistics.fmean(g["wall_mean_s"] for g in got)}
-    tag = f"{n} breakdowns at once on {','.join(devices)}{', each its own lock' if unlocked else ''}"
+    res = {"processes": n, "devices": devices, "spinning_cores": spins, "unlocked": unlocked, "completed": len(got),
+           "wall_s": wall, "busy_cores": busy, "unix_span": [u0, time.time()],
+           "wall_mean_s": statistics.fmean(g["wall_mean_s"] for g in got)}
+    tag = (f"{n} breakdowns at once on {','.join(devices)}{', each its own lock' if unlocked else ''}"
+           + (f", {spins} cores kept busy" if spins else ""))
     print(f"[phases] {tag} ({len(got)} completed) in {wall:.1f} s (both passes), {busy:.1f} of "
           f"{os.cpu_count()} cores busy on average; candidate wall mean {res['wall_mean_s']:.3f} s "
           f"(alone {alone['wall_mean_s']:.3f} s)", flush=True)
@@ -506,9 +533,17 @@ def part_cpu(args, work, out):
         return time.monotonic() - t0
 
     alone = timed(1)
+    # The ladder: how a process's speed falls as more cores work (turbo limits, SMT siblings that
+    # the guest sees as cores): the time of n at once against one alone.
+    ladder = {}
+    n = 2
+    while n < cores:
+        ladder[n] = timed(n)
+        n *= 2
     tot0, steal0 = _cpu_times()
     full = timed(cores)
     tot1, steal1 = _cpu_times()
+    ladder[cores] = full
     eff = cores * alone / full
     steal = (steal1 - steal0) / max(1, tot1 - tot0)
     threads = ""
@@ -521,8 +556,11 @@ def part_cpu(args, work, out):
     print(f"[cpu] {cores} cores (affinity {len(os.sched_getaffinity(0))}, cgroup cpu.max '{quota}', "
           f"threads/core cores/socket sockets: {threads}); fixed work alone {alone:.2f} s, {cores} at once "
           f"{full:.2f} s: {eff:.1f} effective cores, steal {100 * steal:.1f}%", flush=True)
+    print("[cpu] n at once: each as slow as alone x " + ", ".join(f"{k}: {v / alone:.2f}" for k, v in ladder.items()),
+          flush=True)
     out["cpu"] = {"cores": cores, "cpu_max": quota, "lscpu": threads, "alone_s": alone, "all_s": full,
-                  "effective_cores": eff, "steal_fraction": steal}
+                  "effective_cores": eff, "steal_fraction": steal,
+                  "ladder_s": {str(k): v for k, v in ladder.items()}}
 
 
 def part_parallel(args, work, out):

@@ -22,7 +22,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
-from test_local import TURNS_CONFIG  # noqa: E402  (the recipe the test trains with)
+from test_local import TURNS_CONFIG, turn_counts  # noqa: E402  (the recipe and counts the test uses)
 
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 
@@ -50,12 +50,13 @@ def figures(samples):
         own = s["speedup"] if s["status"] == "ok" else 0.0
         return max(own, best(by[s["parent_id"]])) if s["parent_id"] else own
     out = {}
-    for t in sorted({s["turn"] for s in samples}):
+    counts = turn_counts(samples)  # samples, format errors, after a format error, repaired
+    for t in sorted(counts):
         mine = [s for s in samples if s["turn"] == t]
-        after = [s for s in mine if s["parent_id"] and by[s["parent_id"]]["status"] == "format_error"]
         n = len(mine)
-        out[t] = {"samples": n, "format_errors": sum(s["status"] == "format_error" for s in mine),
-                  "after_format_error": len(after), "repaired": sum(s["status"] != "format_error" for s in after),
+        c = counts[t]
+        out[t] = {"samples": c["samples"], "format_errors": c["format_errors"],
+                  "after_format_error": c["after_format_error"], "repaired": c["format_fixed"],
                   "correct": sum(s["status"] == "ok" for s in mine),
                   "fast_1": sum(s["status"] == "ok" and s["speedup"] > 1 for s in mine) / n,
                   "best_fast_1": sum(best(s) > 1 for s in mine) / n,

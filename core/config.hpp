@@ -203,8 +203,9 @@ struct LearnerConfig {
   double adv_eps = 1e-4;                  // grpo: added to the group's reward std
   double turn_gamma = 1.0;                // multi-turn ([experiment] turns > 1): each turn learns from its
                                           // return r_t + turn_gamma * (the next turn's return)
-  double turn_progress = 0.0;             // multi-turn: a later turn's reward gets + turn_progress *
-                                          // (r_t - r_{t-1}), its progress over the turn before (SCoRe)
+  double turn_progress = 0.0;             // multi-turn: a later turn learns from its return +
+                                          // turn_progress * (r_t - r_{t-1}), its progress over the
+                                          // turn before (SCoRe); earlier turns' returns carry raw rewards
   uint32_t steps = 10;                    // train: optimizer steps (policy versions) of the run
   uint32_t batch_size = 8;                // tasks per step
   uint32_t group_size = 8;                // samples per task per step (a GRPO group)

@@ -190,9 +190,11 @@ def _shared(fd):
 
 
 @contextlib.contextmanager
-def held_shared(path):
+def held_shared(path, gated=False):
     """The lock at ``path`` held shared for the block, without the gate (a CUDA context's start-up
-    in a spare process or the judge's): it waits only while a timed region runs."""
+    in a spare process or the judge's): it waits only while a timed region runs. ``gated``: through
+    the gate first (its file beside the lock's, as paths() names them), so a timed region waiting
+    for the lock goes first (a spare's warm-up steps after its context)."""
     if not path:
         yield
         return
@@ -202,6 +204,17 @@ def held_shared(path):
         yield
         return
     try:
+        if gated and path.endswith(".lock"):
+            try:
+                gate = open_file(path[:-len(".lock")] + ".gate")
+            except OSError:
+                gate = None
+            if gate is not None:
+                try:
+                    fcntl.flock(gate, fcntl.LOCK_EX)  # through the turnstile
+                    fcntl.flock(gate, fcntl.LOCK_UN)
+                finally:
+                    os.close(gate)
         with _shared(fd):
             yield
     finally:

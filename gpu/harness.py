@@ -1018,6 +1018,47 @@ class Harness:
         torch.cuda.set_device(self.device)
         return torch.cuda.get_device_name(self.device)
 
+    def prewarm_steps(self):
+        """In a spare process (its context made, no candidate yet), a step at a time (a
+        generator: the spare holds the device shared for each step, through the gate): the first
+        calls the harness makes in every candidate's process, made here while the previous
+        candidate runs. A process's first call of each kernel loads it (CUDA's lazy loading: 10-20
+        ms a kernel on an H200; bench/cuda_context.py --parts cross, where another GPU's context
+        start-ups slow such first calls by a quarter). Rehearsed on small float32 tensors: the
+        inputs' draws, a module's initialisation, the input distributions, the checks on outputs
+        and the timer (its flush buffer and spin). What it leaves is freed and the peak memory
+        figures are reset, so a candidate's own figures are its own."""
+        if self.device.type != "cuda":
+            return
+        dev = self.device
+        with _no_grad():
+            with torch.device(dev):
+                x = torch.randn(64, 64)
+                torch.rand(64, 64)
+                torch.nn.Linear(64, 64)
+            _fresh_versions([x])
+            torch.cuda.synchronize(dev)
+            yield True
+            for name in INPUT_DISTRIBUTIONS:
+                distribute([x], name, 0)
+                torch.cuda.synchronize(dev)
+                yield True
+            digest([x])
+            fingerprint([x])
+            torch.cuda.synchronize(dev)
+            yield True
+            all_finite(x)
+            rms(x)
+            torch.cuda.synchronize(dev)
+            yield True
+            timer = Timer(dev)
+            timer.flush_buf.zero_()
+            timer._calibrate_spin()
+            del x, timer
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+
     def prepare(self, req, s):
         """Compile stage (no GPU): loads the candidate program so its kernels build into the cache.
         Returns status ok or compile_error with the build log."""

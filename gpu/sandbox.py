@@ -675,10 +675,13 @@ class Spare:
     then waiting for its request. ``send(request)`` then ``collect(timeout_s)`` run
     ``handler(request)`` in it under the same limits as run_isolated. While warming it holds its
     device's lock (gpu/devlock.py, ``lock_path``) shared, so its start-up never overlaps a timed
-    region; the seconds its process then waits for that lock extend its time limit (``waited``)."""
+    region; the seconds its process then waits for that lock extend its time limit (``waited``).
+    ``warm_steps`` (a generator function): more warm-up after the context, one step at a time,
+    each holding the lock shared through its gate (so a timed region goes first)."""
 
     def __init__(self, *, handler, warm, key, env, isolate_net=True, address_space_limit,
-                 memory_limit_mb, tmp_root, lock_path, conf=None, service=None, judge_link=False):
+                 memory_limit_mb, tmp_root, lock_path, conf=None, service=None, judge_link=False,
+                 warm_steps=None):
         conf = conf or Confinement(enabled=isolate_net)
         # With judge_link: a socket pair, one end the process's (JUDGE_LINK), the other kept
         # here (self.link) for the worker to hand to its judge with the request.
@@ -712,6 +715,19 @@ class Spare:
                     try:
                         warm()
                     except Exception:  # noqa: BLE001 - the evaluation meets it again and reports it
+                        pass
+                if warm_steps is not None and "setup" not in net:
+                    # Then its warm-up steps (a generator), each holding the lock shared through
+                    # the gate: a timed region waiting meanwhile waits for one step at most. A
+                    # request that has come ends them (its candidate waits for one step at most,
+                    # and pays the first calls left itself, as without them).
+                    try:
+                        steps = warm_steps()
+                        more = True
+                        while more and not select.select([req_r], [], [], 0)[0]:
+                            with devlock.held_shared(lock_path, gated=True):
+                                more = next(steps, False)
+                    except Exception:  # noqa: BLE001 - as warm()'s
                         pass
                 chunks = []
                 while True:

@@ -210,6 +210,31 @@ class IsolationTest(Base):
             self.assertFalse(spare.alive())
             self.assertLess(mine.acquire("exclusive"), 0.1, "nobody warming: no wait")
 
+    def test_warm_up_steps_give_way_to_a_timed_region_and_end_when_a_request_comes(self):
+        import devlock
+
+        def steps():  # never done by itself: only a request ends it
+            while True:
+                time.sleep(0.2)
+                yield True
+
+        with tempfile.TemporaryDirectory() as d:
+            lock, gate = devlock.paths("test", d)
+            spare = sandbox.Spare(handler=lambda m: {"status": "ok", "got": m}, warm=lambda: None,
+                                  warm_steps=steps, key="k", env={}, isolate_net=False,
+                                  address_space_limit=False, memory_limit_mb=0, tmp_root=d, lock_path=lock)
+            time.sleep(0.7)  # well into its steps
+            mine = devlock.DeviceLock(devlock.open_file(lock), devlock.open_file(gate))
+            self.assertLess(mine.acquire("exclusive"), 0.5, "a timed region waits for one step at most")
+            time.sleep(0.5)  # the steps wait at the gate meanwhile
+            mine.acquire(None)
+            t0 = time.monotonic()
+            self.assertTrue(spare.send({"n": 7}))
+            reply, failure = spare.collect(10)
+            self.assertIsNone(failure)
+            self.assertEqual(reply["got"], {"n": 7})
+            self.assertLess(time.monotonic() - t0, 2.0, "the request ended the warm-up steps")
+
     def test_timing_waits_until_the_previous_candidate_has_exited(self):
         import fcntl
         import devlock
@@ -1123,6 +1148,19 @@ class DeviceLockTest(unittest.TestCase):
         self.assertLess(got, 4.0)
         self.assertEqual(mine.record()["windows"][0][0], "shared")
         self.assertGreater(mine.waited_s, 1.2)
+
+    def test_a_gated_start_up_hold_waits_behind_a_waiting_timed_region(self):
+        t0 = time.monotonic() + 0.5
+        kids = [self.hold("shared", t0, 1.0),           # a candidate checking
+                self.hold("exclusive", t0 + 0.3, 0.5)]  # a timed region: waits until 1.0, runs to 1.5
+        time.sleep(max(0.0, t0 + 0.6 - time.monotonic()))
+        with self.devlock.held_shared(self.paths[0]):  # a context's start-up: beside the first
+            self.assertLess(time.monotonic() - t0, 0.9)
+        with self.devlock.held_shared(self.paths[0], gated=True):  # a warm-up step: behind the timed region
+            got = time.monotonic() - t0
+        for p in kids:
+            p.wait()
+        self.assertGreater(got, 1.4, "a warm-up step does not overtake a waiting timed region")
 
     def test_shared_holds_run_at_once(self):
         t0 = time.monotonic() + 0.5
