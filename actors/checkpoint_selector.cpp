@@ -33,7 +33,7 @@ struct selector_state {
   static inline const char* name = "checkpoint_selector";
 };
 
-using self_ptr = caf::stateful_actor<selector_state>*;
+using self_ptr = selector_actor::stateful_pointer<selector_state>;
 
 const Entry* best_of(const selector_state& st) {
   const Entry* best = nullptr;
@@ -73,7 +73,7 @@ void score(self_ptr self, const SelectorArgs& args, Entry& e, const StepStats& s
   prune(self, args);
 }
 
-caf::behavior selector_actor(self_ptr self, SelectorArgs args) {
+selector_actor::behavior_type selector_behavior(self_ptr self, SelectorArgs args) {
   // What an earlier run (being resumed) left: step-N folders, scored where stats.json exists.
   if (!args.dir.empty()) {
     for (auto& [n, path] : list_checkpoints(args.dir)) {
@@ -127,8 +127,8 @@ caf::behavior selector_actor(self_ptr self, SelectorArgs args) {
 
 }  // namespace
 
-caf::actor spawn_checkpoint_selector(caf::actor_system& sys, SelectorArgs args) {
-  return sys.spawn(selector_actor, std::move(args));
+selector_actor spawn_checkpoint_selector(caf::actor_system& sys, SelectorArgs args) {
+  return sys.spawn(selector_behavior, std::move(args));
 }
 
 }  // namespace kernelrl

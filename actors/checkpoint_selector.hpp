@@ -5,11 +5,14 @@
 // step 0, the newest `keep_last`, the best by fast_1 (the earlier step on a tie) and any not yet
 // scored, and any pinned; the others are deleted. At start it reads what an earlier run left in
 // the folder.
+// Interface: selector_actor (messages/interfaces.hpp)
 // Messages in:  Checkpoint (a new checkpoint, score not known yet);
 //               (record_atom, StepStats) (the score of checkpoint step-N);
 //               (keep_atom, uint32_t step) (pin step-N: a version the held-out evaluation scores);
 //               (best_atom) -> Checkpoint, or an error when none is scored
 #pragma once
+
+#include "messages/interfaces.hpp"
 
 #include <caf/fwd.hpp>
 
@@ -23,6 +26,6 @@ struct SelectorArgs {
   uint32_t keep_last = 3;  // newest checkpoints kept besides step 0 and the best (0: all)
 };
 
-caf::actor spawn_checkpoint_selector(caf::actor_system& sys, SelectorArgs args);
+selector_actor spawn_checkpoint_selector(caf::actor_system& sys, SelectorArgs args);
 
 }  // namespace kernelrl

@@ -68,7 +68,7 @@ void account(self_ptr self, EvaluatorSlot& e, bool closing = false) {
   if (busy && e.busy_since < 0) e.busy_since = now;
 }
 
-void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward);
+void pump(self_ptr self, const DispatcherArgs& args, const reward_actor& reward);
 
 // Where an evaluator's reference timings are kept: its node and device ("n1/cuda:0" for "n1/cuda:0"
 // and "n1/cuda:0#2"; "n1/cpu" for every CPU slot "n1/cpu-K"). An id without a device is its own site.
@@ -98,7 +98,7 @@ std::optional<Pending> take(self_ptr self, const caf::actor& target, uint64_t n,
   return std::nullopt;
 }
 
-void finish(self_ptr self, const caf::actor& reward, Pending&& p, EvalResult&& r) {
+void finish(self_ptr self, const reward_actor& reward, Pending&& p, EvalResult&& r) {
   if (!self->state.completed_ids.insert(p.rollout.sample_id).second) {
     ++self->state.duplicates;  // a second verdict for a sample: never scored twice
     log::get("dispatcher")->warn("sample {}: a second verdict arrived and was dropped", p.rollout.sample_id);
@@ -110,7 +110,7 @@ void finish(self_ptr self, const caf::actor& reward, Pending&& p, EvalResult&& r
 
 // A dispatch failed or its evaluator went away: back to the queue, or recorded as a
 // runtime_error after max_attempts.
-void retry(self_ptr self, const DispatcherArgs& args, const caf::actor& reward, Pending&& p, const std::string& why) {
+void retry(self_ptr self, const DispatcherArgs& args, const reward_actor& reward, Pending&& p, const std::string& why) {
   p.last_error = why;
   if (++p.request.attempt >= args.max_attempts) {
     log::get("dispatcher")
@@ -158,7 +158,7 @@ size_t choose(dispatcher_state& st, const EvaluatorSlot& to) {
   return fresh < st.queue.size() ? fresh : 0;
 }
 
-void pump(self_ptr self, const DispatcherArgs& args, const caf::actor& reward) {
+void pump(self_ptr self, const DispatcherArgs& args, const reward_actor& reward) {
   auto& st = self->state;
   while (!st.queue.empty()) {
     EvaluatorSlot* best = nullptr;
@@ -243,7 +243,7 @@ bool from_here(self_ptr self) {
   return false;
 }
 
-caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor reward) {
+caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, reward_actor reward) {
   auto lg = log::get("dispatcher");
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& evs = self->state.evaluators;
@@ -390,7 +390,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, caf::actor re
 
 }  // namespace
 
-caf::actor spawn_dispatcher(caf::actor_system& sys, DispatcherArgs args, caf::actor reward) {
+caf::actor spawn_dispatcher(caf::actor_system& sys, DispatcherArgs args, reward_actor reward) {
   return sys.spawn(dispatcher_actor, std::move(args), std::move(reward));
 }
 

@@ -13,6 +13,7 @@
 // Messages out: (eval_atom, EvalRequest) -> evaluator; (score_atom, Rollout, EvalResult) -> reward
 #pragma once
 
+#include "messages/interfaces.hpp"
 #include "messages/messages.hpp"
 
 #include <caf/fwd.hpp>
@@ -32,6 +33,6 @@ struct DispatcherArgs {
   uint32_t max_queue = 256;                       // queued rollouts before producers wait
 };
 
-caf::actor spawn_dispatcher(caf::actor_system& sys, DispatcherArgs args, caf::actor reward);
+caf::actor spawn_dispatcher(caf::actor_system& sys, DispatcherArgs args, reward_actor reward);
 
 }  // namespace kernelrl

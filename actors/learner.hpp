@@ -26,6 +26,8 @@
 // Messages out: WeightsUpdate -> samplers; Checkpoint -> checkpoint_selector
 #pragma once
 
+#include "messages/interfaces.hpp"
+
 #include <caf/actor.hpp>
 
 #include "learner/sdpo.hpp"
@@ -42,7 +44,7 @@ class LearnerEngine;
 
 struct LearnerArgs {
   std::shared_ptr<LearnerEngine> engine;  // null: every step request is refused with an error
-  caf::actor selector;                    // checkpoint_selector (may be invalid)
+  selector_actor selector;                // checkpoint_selector (may be invalid)
   std::string checkpoint_dir;             // RUN_DIR/checkpoints
   double sync_timeout_s = 300;            // per WeightsUpdate acknowledgement
   // SDPO (the engine's objective is "sdpo"): each sample's teacher prompt is

@@ -13,7 +13,8 @@ struct reward_state {
   static inline const char* name = "reward";
 };
 
-caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig cfg, caf::actor recorder) {
+reward_actor::behavior_type reward_behavior(reward_actor::stateful_pointer<reward_state> self, RewardConfig cfg,
+                                            caf::actor recorder) {
   return {
       [=](score_atom, Rollout& ro, EvalResult& res) {
         auto& acc = self->state.task_speedups[res.task_id];
@@ -26,15 +27,17 @@ caf::behavior reward_actor(caf::stateful_actor<reward_state>* self, RewardConfig
         }
         s.rollout = std::move(ro);
         s.result = std::move(res);
-        self->send(recorder, record_atom::value, std::move(s));
+        // The recorder (the supervisor, the service) is dynamically typed: a typed actor sends to it
+        // anonymously (it needs no sender for a record).
+        caf::anon_send(recorder, record_atom::value, std::move(s));
       },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder) {
-  return sys.spawn(reward_actor, std::move(cfg), std::move(recorder));
+reward_actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder) {
+  return sys.spawn(reward_behavior, std::move(cfg), std::move(recorder));
 }
 
 }  // namespace kernelrl

@@ -36,9 +36,10 @@ struct supervisor_state {
   uint64_t sampler_waits = 0;                 // sampler join deadlines started (only the latest counts)
   bool sampler_deadline = false;              // one is running
   std::vector<std::string> refused_samplers;  // joined, but could not take the weights (why)
-  caf::actor learner, selector;               // args' or, from the learner node, as registered
-  bool start_waits = false;                   // the plan has come; a learning run waits for its learner
-  std::string last_checkpoint;                // the newest the learner saved ("": none this run)
+  caf::actor learner;                         // args' or, from the learner node, as registered
+  selector_actor selector;
+  bool start_waits = false;     // the plan has come; a learning run waits for its learner
+  std::string last_checkpoint;  // the newest the learner saved ("": none this run)
   bool finished = false;
   uint64_t duplicates = 0, store_failures = 0;
   size_t evaluators_alive = 0;
@@ -404,7 +405,7 @@ void learner_joined(self_ptr self, const SupervisorArgs& args, caf::actor l, caf
     return;
   }
   st.learner = std::move(l);
-  st.selector = std::move(sel);
+  st.selector = caf::actor_cast<selector_actor>(std::move(sel));  // crossed the network untyped
   self->monitor(st.learner);
   lg->info("the learner of node {} joined", node);
   if (st.start_waits) start(self, args);  // else the plan has not come yet: start() finds it

@@ -30,6 +30,8 @@
 
 #include "experiment/experiment.hpp"
 
+#include "messages/interfaces.hpp"
+
 #include <caf/actor.hpp>
 
 #include <string>
@@ -45,7 +47,7 @@ struct SupervisorArgs {
                                        // none is running (0: single node, fail at once)
   bool resume = false;                 // continue a run from its store and checkpoints
   caf::actor learner;                  // learning modes: the learner actor
-  caf::actor selector;                 // checkpoint_selector (StepStats score its checkpoints)
+  selector_actor selector;             // checkpoint_selector (StepStats score its checkpoints)
   std::string learner_node;            // learning modes, cluster: the node whose learner joins (learner unset)
 };
 

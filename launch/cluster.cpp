@@ -442,7 +442,7 @@ int start_learner(caf::scoped_actor& self, const caf::actor& gate, const Config&
   }
   bool registered = false;
   self->request(gate, std::chrono::seconds(30), register_atom::value, learner_atom::value, learning.learner,
-                learning.selector)
+                caf::actor_cast<caf::actor>(learning.selector))  // typed handles cross nodes untyped
       .receive([&](bool) { registered = true; },
                [&](caf::error& e) {
                  lg->error("node {}: the head did not take its learner: {}", node.name, error_text(sys, e));
@@ -610,7 +610,7 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
              actors.size() - evaluators, prep.log_dir);
     if (learning.learner) {
       actors.push_back(learning.learner);
-      actors.push_back(learning.selector);
+      actors.push_back(caf::actor_cast<caf::actor>(learning.selector));
     }
     if (monitor) actors.push_back(monitor);
     return run_until_the_head_is_gone(self, gate, name, actors);

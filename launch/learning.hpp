@@ -5,6 +5,8 @@
 
 #include "core/config.hpp"
 
+#include "messages/interfaces.hpp"
+
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
@@ -21,7 +23,8 @@ class LearnerEngine;
 std::shared_ptr<LearnerEngine> make_engine(const Config& cfg, const std::string& run_dir, bool resume);
 
 struct LearningActors {
-  caf::actor learner, selector;
+  caf::actor learner;
+  selector_actor selector;
 };
 
 // The checkpoint selector of RUN_DIR/checkpoints and the learner around `engine`; SDPO's teacher

@@ -365,11 +365,14 @@ void log_start(const Config& cfg, const RunInputs& in, const std::string& run_id
 
 // The actors of one run on the head, and their shutdown.
 struct RunActors {
-  caf::actor supervisor, reward, dispatcher, learner, selector, monitor, gate;
+  caf::actor supervisor, dispatcher, learner, monitor, gate;
+  reward_actor reward;
+  selector_actor selector;
   std::vector<caf::actor> samplers, evaluators;
   void stop(caf::actor_system& sys) {
     if (gate) unpublish_gate(gate);
-    for (auto& a : {monitor, dispatcher, reward, supervisor, gate, learner, selector})
+    for (auto& a : {monitor, dispatcher, caf::actor_cast<caf::actor>(reward), supervisor, gate, learner,
+                    caf::actor_cast<caf::actor>(selector)})
       if (a) anon_send_exit(a, caf::exit_reason::user_shutdown);
     for (auto& s : samplers) anon_send_exit(s, caf::exit_reason::user_shutdown);
     for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);

@@ -195,7 +195,7 @@ int cmd_serve(const ServeArgs& a) {
     } else {
       all.push_back(recorder);
       auto reward = spawn_reward(*sys, cfg->reward, recorder);
-      all.push_back(reward);
+      all.push_back(caf::actor_cast<caf::actor>(reward));
       DispatcherArgs da;
       ServiceArgs sa;
       service_settings(*cfg, a, tasks, eval_tasks, da, sa);

@@ -19,7 +19,10 @@ using test::System;
 // The dispatcher in front of synthetic evaluators of two nodes: every sample comes back scored
 // once, and its telemetry splits evaluators, answers and utilisation by node.
 namespace {
-caf::behavior collect_scores(caf::stateful_actor<std::vector<std::string>>* self) {
+// The reward's stand-in: reward_actor's interface, and the count of what it was sent.
+using scores_actor = reward_actor::extend<caf::replies_to<stats_atom>::with<uint64_t>>;
+
+scores_actor::behavior_type collect_scores(scores_actor::stateful_pointer<std::vector<std::string>> self) {
   return {
       [=](score_atom, Rollout& r, EvalResult& e) {
         CHECK(e.sample_id == r.sample_id);
@@ -44,7 +47,7 @@ void send_rollouts(caf::scoped_actor& self, const caf::actor& dispatcher, int n)
 }
 
 // Samples scored so far, once n are or after `seconds`.
-uint64_t wait_scored(caf::scoped_actor& self, const caf::actor& scores, int n, int seconds) {
+uint64_t wait_scored(caf::scoped_actor& self, const scores_actor& scores, int n, int seconds) {
   uint64_t got = 0;
   for (int tries = 0; tries < seconds * 100 && got < uint64_t(n); ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -190,7 +193,8 @@ TEST_CASE("an idle evaluator takes the work waiting behind a slow one", "[actors
             CHECK(t.values["duplicates_dropped"] == 0);
           },
           [](caf::error&) { FAIL("no dispatcher stats"); });
-  for (auto& a : {ev_slow, ev_fast, dispatcher, scores}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& a : {ev_slow, ev_fast, dispatcher, caf::actor_cast<caf::actor>(scores)})
+    self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
 // Hands n rollouts to the dispatcher as requests, all at once, and counts the answers.
@@ -226,7 +230,8 @@ TEST_CASE("a full dispatcher queue holds its producers back until evaluators dra
   auto ev = spawn_evaluator(*s.sys, ea, dispatcher);
   REQUIRE(wait_scored(self, scores, n, 10) == uint64_t(n));
   CHECK(answered() == uint64_t(n));
-  for (auto& a : {ev, prod, dispatcher, scores}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& a : {ev, prod, dispatcher, caf::actor_cast<caf::actor>(scores)})
+    self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
 // The monitor sums its samplers' gauges; one that goes away keeps its counts in the sums but not

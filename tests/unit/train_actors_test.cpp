@@ -334,7 +334,7 @@ TEST_CASE("the checkpoint selector keeps step 0, the newest and the best, and an
       .receive([](Checkpoint&) {}, [&](caf::error&) { none = true; });
   CHECK(none);
   const std::vector<double> fast_1 = {0.1, 0.5, 0.3, 0.5, 0.2, 0.0};
-  auto feed = [&](const caf::actor& selector, const fs::path& folder) {  // a checkpoint a step, then its score
+  auto feed = [&](const selector_actor& selector, const fs::path& folder) {  // a checkpoint a step, then its score
     for (uint32_t k = 0; k < fast_1.size(); ++k) {
       auto p = folder / ("step-" + std::to_string(k));
       fs::create_directories(p);

@@ -1,0 +1,26 @@
+// The actors' typed interfaces: what each accepts and answers, declared in one place beside the
+// messages, so a message a receiver cannot handle does not compile (CAF typed actors). Converted
+// so far: reward and checkpoint_selector; the others still take dynamically typed messages, their
+// protocols written in their headers. A typed handle crossing nodes travels as caf::actor (the
+// gate's register messages) and is cast back on arrival.
+#pragma once
+
+#include "messages/messages.hpp"
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include <cstdint>
+
+namespace kernelrl {
+
+// reward (actors/reward.hpp): scores a verdict and sends the ScoredRollout to its recorder.
+using reward_actor = caf::typed_actor<caf::reacts_to<score_atom, Rollout, EvalResult>>;
+
+// checkpoint_selector (actors/checkpoint_selector.hpp): a new checkpoint; the score of step N;
+// pin step N; the best scored so far.
+using selector_actor =
+    caf::typed_actor<caf::reacts_to<Checkpoint>, caf::reacts_to<record_atom, StepStats>,
+                     caf::reacts_to<keep_atom, uint32_t>, caf::replies_to<best_atom>::with<Checkpoint>>;
+
+}  // namespace kernelrl

@@ -1,0 +1,61 @@
+"""The actors' typed interfaces (messages/interfaces.hpp) as the compiler holds them: a program that
+sends an actor a message its interface lists compiles; one that sends it a message its interface
+does not list, or asks it for an answer of the wrong type, does not, and the compiler says why (CAF's
+static assertion). Each program is checked with the product's own compiler and flags (CXX and
+CXX_FLAGS, given by tests/CMakeLists.txt), syntax only."""
+
+import os
+import shlex
+import subprocess
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+HEAD = """#include "messages/interfaces.hpp"
+#include <caf/all.hpp>
+using namespace kernelrl;
+void f(caf::event_based_actor* self, reward_actor reward, selector_actor selector) {
+"""
+
+RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
+  self->send(selector, Checkpoint{});
+  self->send(selector, record_atom::value, StepStats{});
+  self->send(selector, keep_atom::value, uint32_t(3));
+  self->request(selector, caf::infinite, best_atom::value).then([](Checkpoint&) {});
+}
+"""
+
+WRONG = {
+    "a message the reward does not take": "  self->send(reward, record_atom::value, StepStats{});\n}\n",
+    "the selector's record without its stats": "  self->send(selector, record_atom::value);\n}\n",
+    "an answer of the wrong type": "  self->request(selector, caf::infinite, best_atom::value).then([](StepStats&) {});\n}\n",
+}
+
+
+def compile_snippet(body):
+    cxx = os.environ.get("CXX", "c++")
+    flags = shlex.split(os.environ.get("CXX_FLAGS", f"-std=c++20 -I{ROOT}"))
+    with tempfile.NamedTemporaryFile("w", suffix=".cpp", delete=False) as f:
+        f.write(HEAD + body)
+    try:
+        return subprocess.run([cxx, *flags, "-fsyntax-only", f.name], capture_output=True, text=True, timeout=300)
+    finally:
+        os.unlink(f.name)
+
+
+class TypedInterfacesTest(unittest.TestCase):
+    def test_messages_the_interfaces_list_compile(self):
+        p = compile_snippet(RIGHT)
+        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+
+    def test_messages_they_do_not_list_are_refused_by_the_compiler(self):
+        for what, body in WRONG.items():
+            with self.subTest(what):
+                p = compile_snippet(body)
+                self.assertNotEqual(p.returncode, 0, f"{what}: compiled")
+                self.assertRegex(p.stderr, r"static.assert(ion)? failed", f"{what}: failed for another reason")
+
+
+if __name__ == "__main__":
+    unittest.main()
