@@ -2,7 +2,7 @@
 #include "launch/cli.hpp"
 #include "launch/commands.hpp"
 #include "core/machine.hpp"
-#include "launch/cluster.hpp"
+#include "wiring/cluster.hpp"
 #include "launch/setup.hpp"
 #include "messages/messages.hpp"
 #include "policy/runtime_info.hpp"

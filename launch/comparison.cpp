@@ -21,7 +21,7 @@
 // `launch compare` puts the arms side by side (refusing unequal budgets unless allowed) and its
 // JSON goes to RUN_DIR/comparison.json.
 #include "launch/commands.hpp"
-#include "launch/child.hpp"
+#include "wiring/child.hpp"
 #include "launch/setup.hpp"
 
 #include "core/config.hpp"

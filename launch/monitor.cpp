@@ -1,7 +1,7 @@
 // `launch monitor HOST:PORT`: attaches to a running cluster's head, proves the cluster secret,
 // and shows its live telemetry (or one snapshot with --once). It only asks the head's gate for
 // the monitor's latest snapshot: attaching and detaching never touch the run's actors.
-#include "launch/cluster.hpp"
+#include "wiring/cluster.hpp"
 #include "launch/cli.hpp"
 #include "launch/commands.hpp"
 

@@ -8,7 +8,7 @@
 // their settings and the whole task count, so that `launch analyze`, `report` and `compare` read
 // RUN_DIR like any run. A task run that finished (has compute.json) is not run again: the same
 // command with --run-dir RUN_DIR goes on after an interruption.
-#include "launch/child.hpp"
+#include "wiring/child.hpp"
 #include "launch/json.hpp"
 #include "launch/commands.hpp"
 #include "launch/setup.hpp"

@@ -3,7 +3,7 @@
 // it with `launch CONFIG --node NAME`) behind the same dispatcher and reward as a run; every
 // request's verdict kept in RUN_DIR/store.sqlite; SIGINT or SIGTERM ends it cleanly.
 #include "launch/cli.hpp"
-#include "launch/cluster.hpp"
+#include "wiring/cluster.hpp"
 #include "launch/commands.hpp"
 #include "launch/setup.hpp"
 

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # Lowest first; folders of one layer do not include each other.
 LAYERS = [("core",), ("messages",), ("store", "tasks", "gpu"), ("policy",), ("learner",), ("experiment",),
-          ("analysis",), ("actors",), ("launch",)]
+          ("analysis",), ("actors",), ("wiring",), ("launch",)]
 
 # (file, included folder): why it is still there (none now; an entry must say why).
 KNOWN = {}

@@ -1,4 +1,4 @@
-#include "launch/samplers.hpp"
+#include "wiring/samplers.hpp"
 
 #include "core/log.hpp"
 #include "core/mode.hpp"

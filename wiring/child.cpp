@@ -1,4 +1,4 @@
-#include "launch/child.hpp"
+#include "wiring/child.hpp"
 
 #include <spawn.h>
 #include <sys/wait.h>

@@ -1,4 +1,4 @@
-#include "launch/learning.hpp"
+#include "wiring/learning.hpp"
 
 #include "actors/checkpoint_selector.hpp"
 #include "actors/learner.hpp"
