@@ -18,7 +18,8 @@ No process waits at the gate or for the exclusive lock while it holds the lock s
 holder of the exclusive lock waits for no other process: there is no cycle to deadlock on. The
 start-up and exit holds take the lock shared without the gate (they only wait while a timed region
 runs, and nothing that region waits for waits on them). (Start-ups through the gate were tried:
-with four workers a GPU, no faster; docs/BENCHMARKS.md.)
+with four workers a GPU, no faster; docs/BENCHMARKS.md.) A spare's warm-up steps after its context
+(gpu/sandbox.py _warm_up) take it shared through the gate, one step at a time.
 
 The lock is advisory: a candidate's process could run GPU work outside it (from a thread it
 starts, which the harness's defences report, or before it takes it). Its timing does not gain from
@@ -190,11 +191,9 @@ def _shared(fd):
 
 
 @contextlib.contextmanager
-def held_shared(path, gated=False):
+def held_shared(path):
     """The lock at ``path`` held shared for the block, without the gate (a CUDA context's start-up
-    in a spare process or the judge's): it waits only while a timed region runs. ``gated``: through
-    the gate first (its file beside the lock's, as paths() names them), so a timed region waiting
-    for the lock goes first (a spare's warm-up steps after its context)."""
+    in a spare process or the judge's): it waits only while a timed region runs."""
     if not path:
         yield
         return
@@ -204,17 +203,6 @@ def held_shared(path, gated=False):
         yield
         return
     try:
-        if gated and path.endswith(".lock"):
-            try:
-                gate = open_file(path[:-len(".lock")] + ".gate")
-            except OSError:
-                gate = None
-            if gate is not None:
-                try:
-                    fcntl.flock(gate, fcntl.LOCK_EX)  # through the turnstile
-                    fcntl.flock(gate, fcntl.LOCK_UN)
-                finally:
-                    os.close(gate)
         with _shared(fd):
             yield
     finally:

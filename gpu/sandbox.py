@@ -669,6 +669,44 @@ def run_isolated(fn, *, timeout_s: float, memory_limit_mb: int, env: dict, isola
             svc.close()
 
 
+def _warm_up(warm_steps, req_r):
+    """A spare's warm-up steps after its context (``warm_steps()``: (steps, finish)), one at a
+    time, each holding the device shared through its turnstile (a timed region waiting meanwhile
+    waits for one step at most), through the descriptors _child_setup opened (the lock's folder
+    may be hidden now), until a request comes (its candidate then makes the calls left itself);
+    then finish(), under the same hold. Waits here are not counted against the candidate (the
+    counter extends its time limit): no request has come yet."""
+    def requested():
+        return bool(select.select([req_r], [], [], 0)[0])
+
+    held = devlock.DeviceLock.from_env()
+    counter, devlock.WAITED = devlock.WAITED, None
+
+    def run(fn, unless_requested=False):
+        if held is not None:
+            held.acquire("shared")
+        try:
+            if not (unless_requested and requested()):  # (it may have come while this waited)
+                fn()
+        finally:
+            if held is not None:
+                held.acquire(None)
+
+    try:
+        steps, finish = warm_steps()
+        try:
+            for step in steps:
+                if requested():
+                    break
+                run(step, unless_requested=True)
+        finally:
+            run(finish)
+    except Exception:  # noqa: BLE001 - the evaluation meets it again and reports it
+        pass
+    finally:
+        devlock.WAITED = counter
+
+
 class Spare:
     """A candidate's process started ahead of its candidate: forked, isolated and through
     ``warm()`` (CUDA context creation, ~0.3-0.4 s on an H100) while the previous candidate runs,
@@ -676,8 +714,8 @@ class Spare:
     ``handler(request)`` in it under the same limits as run_isolated. While warming it holds its
     device's lock (gpu/devlock.py, ``lock_path``) shared, so its start-up never overlaps a timed
     region; the seconds its process then waits for that lock extend its time limit (``waited``).
-    ``warm_steps`` (a generator function): more warm-up after the context, one step at a time,
-    each holding the lock shared through its gate (so a timed region goes first)."""
+    ``warm_steps`` (see _warm_up): more warm-up after the context, a step at a time, each holding
+    the lock shared through its turnstile (a timed region goes first), until the request comes."""
 
     def __init__(self, *, handler, warm, key, env, isolate_net=True, address_space_limit,
                  memory_limit_mb, tmp_root, lock_path, conf=None, service=None, judge_link=False,
@@ -717,18 +755,7 @@ class Spare:
                     except Exception:  # noqa: BLE001 - the evaluation meets it again and reports it
                         pass
                 if warm_steps is not None and "setup" not in net:
-                    # Then its warm-up steps (a generator), each holding the lock shared through
-                    # the gate: a timed region waiting meanwhile waits for one step at most. A
-                    # request that has come ends them (its candidate waits for one step at most,
-                    # and pays the first calls left itself, as without them).
-                    try:
-                        steps = warm_steps()
-                        more = True
-                        while more and not select.select([req_r], [], [], 0)[0]:
-                            with devlock.held_shared(lock_path, gated=True):
-                                more = next(steps, False)
-                    except Exception:  # noqa: BLE001 - as warm()'s
-                        pass
+                    _warm_up(warm_steps, req_r)
                 chunks = []
                 while True:
                     chunk = os.read(req_r, 1 << 20)

@@ -243,7 +243,7 @@ class ForkServer:
                                   address_space_limit=cpu,
                                   memory_limit_mb=memory_limit_mb, tmp_root=self.tmp_root,
                                   lock_path=self.lock_path, judge_link=True,
-                                  warm_steps=self.harness.prewarm_steps)
+                                  warm_steps=None if cpu else self.harness.prewarm_steps)
 
     def _judge_process(self, env):
         """The worker's judge (gpu/judge.py), started again if it is gone."""

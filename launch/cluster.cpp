@@ -11,30 +11,19 @@
 #include "actors/monitor.hpp"
 #include "actors/sampler.hpp"
 #include "core/auth.hpp"
-#include "core/curve.hpp"
 #include "core/log.hpp"
 #include "core/machine.hpp"
-#include "core/paths.hpp"
 #include "messages/messages.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
-#include <caf/openssl/all.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <cstdio>
 #include <filesystem>
-#include <thread>
 
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;

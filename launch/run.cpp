@@ -19,7 +19,8 @@
 #include "experiment/assemble.hpp"
 #include "gpu/worker_client.hpp"
 #include "launch/cli.hpp"
-#include "launch/cluster.hpp"
+#include "launch/cluster.hpp"  // JoinOptions
+#include "wiring/cluster.hpp"
 #include "launch/commands.hpp"
 #include "wiring/child.hpp"
 #include "wiring/learning.hpp"

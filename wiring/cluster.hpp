@@ -37,7 +37,6 @@ const NodeConfig* monitor_node(const Config& cfg);
 std::optional<MonitorArgs> monitor_settings(const Config& cfg, const std::string& run_dir);
 // Where nodes reach the head: [cluster] head, else the head node's host and port.
 void head_address(const Config& cfg, std::string& host, uint16_t& port);
-// Loads the io middleman with heartbeats and the peer timeout of [cluster].
 // The middleman with the cluster's heartbeat and timeout; with [cluster] tls also CAF's OpenSSL
 // module and this machine's certificate, key and CA (every link then TLS, certificates both ways).
 void configure_middleman(caf::actor_system_config& sys_cfg, const ClusterConfig& cluster);
@@ -45,13 +44,13 @@ void configure_middleman(caf::actor_system_config& sys_cfg, const ClusterConfig&
 // The head's gate listening on host:port (through TLS when the system has the OpenSSL module).
 caf::expected<uint16_t> publish_gate(const caf::actor& gate, uint16_t port, const std::string& host);
 void unpublish_gate(const caf::actor& gate);
-// One evaluator per CPU slot and per GPU of `node`; worker logs go to `log_dir`.
 // The devices a node's evaluators run on ("cpu-0", ..., "cuda:0", ...); none without the role.
 std::vector<std::string> evaluator_devices(const NodeConfig& node);
 // The candidates' memory plan of node's evaluators on its machine, counting the evaluators of the
 // config's other nodes at the same host; *shared_with (optional) names them for the log.
 MemoryPlan node_memory_plan(const Config& cfg, const NodeConfig& node, std::string* shared_with = nullptr);
 
+// One evaluator per CPU slot and per GPU of `node`; worker logs go to `log_dir`.
 std::vector<EvaluatorArgs> node_evaluators(const Config& cfg, const NodeConfig& node, const std::string& log_dir);
 // Destroys the actor system (which waits for every actor to be gone), for at most `grace`; past
 // it the process ends at once with `code`, its logs flushed. CAF 0.17 can keep a detached actor

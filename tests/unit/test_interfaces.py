@@ -1,8 +1,9 @@
 """The actors' typed interfaces (messages/interfaces.hpp) as the compiler holds them: a program that
 sends an actor a message its interface lists compiles; one that sends it a message its interface
 does not list, or asks it for an answer of the wrong type, does not, and the compiler says why (CAF's
-static assertion). Each program is checked with the product's own compiler and flags (CXX and
-CXX_FLAGS, given by tests/CMakeLists.txt), syntax only."""
+static assertion). Each program is checked with the product's compiler and C++ standard (CXX and
+CXX_FLAGS, given by tests/CMakeLists.txt; CAF and msgpack from the system's include path), syntax
+only."""
 
 import os
 import shlex
