@@ -23,7 +23,8 @@ With --at-once-devices cuda:0,cuda:1 one such breakdown on each device at once (
 other GPUs of the machine cost each other); groups separated by ';' run one after another, and an
 entry "spin" is a process keeping a core busy instead (cuda:0,cuda:1;cuda:0,spin: another GPU's
 evaluator against a busy core). With --phases-at-once N, then N such breakdowns at once on the
-device (N processes, one device lock, as N evaluators share a GPU), their mean phases beside the first's and the cores busy.
+device (N processes, one device lock, as N evaluators share a GPU), their mean phases beside the
+first's and the cores busy.
 
 Part `inline` (load_inline CUDA candidates): K distinct one-kernel extensions (the swish kernel of
 tests/fixtures/gpu_candidates with a variant number in it, so each builds on its own), evaluated
@@ -148,9 +149,9 @@ def _busy_cores():
     return sum(v) - v[3] - v[4], sum(v)
 
 
-def _spin_until(path):
-    """A busy core (the CPU-bound loop of part cpu) until ``path`` exists."""
-    while not os.path.exists(path):
+def _spin_until(stop):
+    """A busy core (the CPU-bound loop of part cpu) until ``stop`` (an Event) is set."""
+    while not stop.is_set():
         _spin(0.05)
 
 
@@ -179,8 +180,9 @@ def phases_at_once(args, work, alone, unlocked=False, devices=None):
     u0 = time.time()
     w0 = time.monotonic()
     import multiprocessing as mp
-    stop = os.path.join(work, f"spin-stop-{time.monotonic_ns()}")
-    spinners = [mp.get_context("fork").Process(target=_spin_until, args=(stop,)) for _ in range(spins)]
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    spinners = [ctx.Process(target=_spin_until, args=(stop,)) for _ in range(spins)]
     for s in spinners:
         s.start()
     procs = [subprocess.Popen(argv + ["--device", dev, "--json", f], stdout=subprocess.PIPE,
@@ -188,7 +190,7 @@ def phases_at_once(args, work, alone, unlocked=False, devices=None):
              for f, e, dev in zip(files, envs, devices)]
     logs = [p.communicate()[0] for p in procs]
     wall = time.monotonic() - w0
-    open(stop, "w").close()
+    stop.set()
     for s in spinners:
         s.join()
     b1, t1 = _busy_cores()
