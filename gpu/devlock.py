@@ -18,8 +18,7 @@ No process waits at the gate or for the exclusive lock while it holds the lock s
 holder of the exclusive lock waits for no other process: there is no cycle to deadlock on. The
 start-up and exit holds take the lock shared without the gate (they only wait while a timed region
 runs, and nothing that region waits for waits on them). (Start-ups through the gate were tried:
-with four workers a GPU, no faster; docs/BENCHMARKS.md.) A spare's warm-up steps after its context
-(gpu/sandbox.py _warm_up) take it shared through the gate, one step at a time.
+with four workers a GPU, no faster; docs/BENCHMARKS.md.)
 
 The lock is advisory: a candidate's process could run GPU work outside it (from a thread it
 starts, which the harness's defences report, or before it takes it). Its timing does not gain from

@@ -1018,62 +1018,6 @@ class Harness:
         torch.cuda.set_device(self.device)
         return torch.cuda.get_device_name(self.device)
 
-    def prewarm_steps(self):
-        """In a spare process (its context made, no candidate yet): the first calls the harness
-        makes in every candidate's process, made there while the previous candidate runs, as
-        (steps, finish): callables the spare runs one at a time, each holding the device shared
-        through the turnstile, until its request comes, then finish() (always). A process's first
-        call of each kernel loads it (CUDA's lazy loading: 10-20 ms a kernel on an H200;
-        bench/cuda_context.py --parts cross, where another GPU's context start-ups slow such first
-        calls by a quarter). Rehearsed on small float32 tensors: the inputs' draws, a module's
-        initialisation, the input distributions, the checks on outputs and the timer (its flush
-        buffer and spin). finish() frees what they left (the digest's weights too: the candidate's
-        process makes its own, as before) and resets the peak memory figures, so a candidate's
-        own figures are its own; no step leaves a mode set (each enters no_grad itself)."""
-        if self.device.type != "cuda":
-            return [], lambda: None
-        dev = self.device
-        held = {}
-
-        def draws():
-            with _no_grad(), torch.device(dev):
-                held["x"] = torch.randn(64, 64)
-                torch.rand(64, 64)
-                torch.nn.Linear(64, 64)
-            _fresh_versions([held["x"]])
-
-        def dist(name):
-            return lambda: distribute([held["x"]], name, 0)
-
-        def checks():
-            with _no_grad():
-                x = held["x"]
-                digest([x])
-                fingerprint([x])
-                all_finite(x)
-                rms(x)
-
-        def timer():
-            t = Timer(dev)
-            t.flush_buf.zero_()
-            t._calibrate_spin()
-
-        def synced(fn):
-            def step():
-                fn()
-                torch.cuda.synchronize(dev)
-            return step
-
-        def finish():
-            held.clear()
-            _WEIGHTS.clear()
-            torch.cuda.synchronize(dev)
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(dev)
-
-        steps = [draws] + [dist(n) for n in INPUT_DISTRIBUTIONS] + [checks, timer]
-        return [synced(f) for f in steps], finish
-
     def prepare(self, req, s):
         """Compile stage (no GPU): loads the candidate program so its kernels build into the cache.
         Returns status ok or compile_error with the build log."""

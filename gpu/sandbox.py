@@ -669,57 +669,16 @@ def run_isolated(fn, *, timeout_s: float, memory_limit_mb: int, env: dict, isola
             svc.close()
 
 
-def _warm_up(warm_steps, req_r):
-    """A spare's warm-up steps after its context (``warm_steps()``: (steps, finish)), one at a
-    time, each holding the device shared through its turnstile (a timed region waiting meanwhile
-    waits for one step at most), through the descriptors _child_setup opened (the lock's folder
-    may be hidden now), until a request comes (its candidate then makes the calls left itself);
-    then finish(), under the same hold. Waits here are not counted against the candidate (the
-    counter extends its time limit): no request has come yet."""
-    def requested():
-        return bool(select.select([req_r], [], [], 0)[0])
-
-    held = devlock.DeviceLock.from_env()
-    counter, devlock.WAITED = devlock.WAITED, None
-
-    def run(fn, unless_requested=False):
-        if held is not None:
-            held.acquire("shared")
-        try:
-            if not (unless_requested and requested()):  # (it may have come while this waited)
-                fn()
-        finally:
-            if held is not None:
-                held.acquire(None)
-
-    try:
-        steps, finish = warm_steps()
-        try:
-            for step in steps:
-                if requested():
-                    break
-                run(step, unless_requested=True)
-        finally:
-            run(finish)
-    except Exception:  # noqa: BLE001 - the evaluation meets it again and reports it
-        pass
-    finally:
-        devlock.WAITED = counter
-
-
 class Spare:
     """A candidate's process started ahead of its candidate: forked, isolated and through
     ``warm()`` (CUDA context creation, ~0.3-0.4 s on an H100) while the previous candidate runs,
     then waiting for its request. ``send(request)`` then ``collect(timeout_s)`` run
     ``handler(request)`` in it under the same limits as run_isolated. While warming it holds its
     device's lock (gpu/devlock.py, ``lock_path``) shared, so its start-up never overlaps a timed
-    region; the seconds its process then waits for that lock extend its time limit (``waited``).
-    ``warm_steps`` (see _warm_up): more warm-up after the context, a step at a time, each holding
-    the lock shared through its turnstile (a timed region goes first), until the request comes."""
+    region; the seconds its process then waits for that lock extend its time limit (``waited``)."""
 
     def __init__(self, *, handler, warm, key, env, isolate_net=True, address_space_limit,
-                 memory_limit_mb, tmp_root, lock_path, conf=None, service=None, judge_link=False,
-                 warm_steps=None):
+                 memory_limit_mb, tmp_root, lock_path, conf=None, service=None, judge_link=False):
         conf = conf or Confinement(enabled=isolate_net)
         # With judge_link: a socket pair, one end the process's (JUDGE_LINK), the other kept
         # here (self.link) for the worker to hand to its judge with the request.
@@ -754,8 +713,6 @@ class Spare:
                         warm()
                     except Exception:  # noqa: BLE001 - the evaluation meets it again and reports it
                         pass
-                if warm_steps is not None and "setup" not in net:
-                    _warm_up(warm_steps, req_r)
                 chunks = []
                 while True:
                     chunk = os.read(req_r, 1 << 20)

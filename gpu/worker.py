@@ -242,8 +242,7 @@ class ForkServer:
                                   conf=self.conf, service=lambda r: self._serve(r, env),
                                   address_space_limit=cpu,
                                   memory_limit_mb=memory_limit_mb, tmp_root=self.tmp_root,
-                                  lock_path=self.lock_path, judge_link=True,
-                                  warm_steps=None if cpu else self.harness.prewarm_steps)
+                                  lock_path=self.lock_path, judge_link=True)
 
     def _judge_process(self, env):
         """The worker's judge (gpu/judge.py), started again if it is gone."""

@@ -210,47 +210,6 @@ class IsolationTest(Base):
             self.assertFalse(spare.alive())
             self.assertLess(mine.acquire("exclusive"), 0.1, "nobody warming: no wait")
 
-    def test_warm_up_steps_hold_the_device_give_way_to_a_timed_region_and_end_when_a_request_comes(self):
-        import fcntl
-        import itertools
-        import devlock
-        finished = []
-
-        def warm_steps():  # steps without end (only a request ends them), then finish
-            return itertools.repeat(lambda: time.sleep(0.3)), lambda: finished.append(1)
-
-        with tempfile.TemporaryDirectory() as d:
-            lock, gate = devlock.paths("test", d)
-            # Confined as a candidate's process is (its /tmp, where the lock files are, private):
-            # the steps reach the lock through the descriptors opened before.
-            spare = sandbox.Spare(handler=lambda m: {"status": "ok", "got": m}, warm=lambda: None,
-                                  warm_steps=warm_steps, key="k",
-                                  env={"KERNELRL_DEVICE_LOCK": lock, "KERNELRL_DEVICE_GATE": gate},
-                                  address_space_limit=False, memory_limit_mb=0, tmp_root=d, lock_path=lock)
-            time.sleep(0.7)  # well into its steps
-            fd = devlock.open_file(lock)
-            free = 0
-            for _ in range(50):  # a timed region trying to start, every 10 ms
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-                    free += 1
-                except BlockingIOError:
-                    pass
-                time.sleep(0.01)
-            os.close(fd)
-            self.assertLess(free, 10, "the steps hold the device (shared) while they run")
-            mine = devlock.DeviceLock(devlock.open_file(lock), devlock.open_file(gate))
-            self.assertLess(mine.acquire("exclusive"), 0.6, "a timed region waits for one step at most")
-            time.sleep(0.5)  # the steps wait meanwhile
-            mine.acquire(None)
-            t0 = time.monotonic()
-            self.assertTrue(spare.send({"n": 7}))
-            reply, failure = spare.collect(10)
-            self.assertIsNone(failure)
-            self.assertEqual(reply["got"], {"n": 7})
-            self.assertLess(time.monotonic() - t0, 2.0, "the request ended the warm-up steps")
-
     def test_timing_waits_until_the_previous_candidate_has_exited(self):
         import fcntl
         import devlock
