@@ -52,7 +52,7 @@ struct GateArgs {
   std::string monitor_node;  // the node whose monitor this run takes ("": the head's own)
   caf::actor recorder;       // ... told to it: where its snapshots are stored (the supervisor)
   std::vector<std::pair<caf::actor, std::string>> sources;  // ... and what it watches (this process's)
-  std::string prompts_digest;  // the head's rendered prompts (launch/setup.hpp); a sampler node's must match
+  std::string prompts_digest;  // the head's rendered prompts (wiring/inputs.hpp); a sampler node's must match
 };
 
 // `monitor` answers (stats_atom) with the merged snapshot; may be invalid (then a monitor node's

@@ -4,6 +4,7 @@
 #include "core/machine.hpp"
 #include "wiring/cluster.hpp"
 #include "launch/setup.hpp"
+#include "wiring/inputs.hpp"
 #include "messages/messages.hpp"
 #include "policy/runtime_info.hpp"
 #include "core/task_set.hpp"

@@ -1,5 +1,5 @@
-// `launch CONFIG --node NAME` and `launch CONFIG --join`: a node of a cluster (launch/cluster.cpp);
-// what they share with the head is wiring/cluster.hpp.
+// `launch CONFIG --node NAME` and `launch CONFIG --join`: a node of a cluster (launch/cluster.cpp;
+// its roles are served by wiring/node.hpp; what it shares with the head is wiring/cluster.hpp).
 #pragma once
 
 #include "core/config.hpp"

@@ -12,6 +12,7 @@
 #include "launch/json.hpp"
 #include "launch/commands.hpp"
 #include "launch/setup.hpp"
+#include "wiring/inputs.hpp"
 
 #include "core/config.hpp"
 #include "core/log.hpp"

@@ -1,19 +1,9 @@
 // launch CONFIG [--run-dir DIR | --resume RUN_DIR]: read the config, assemble the run (its
 // inputs, its directory, the policy and learner engines, the actors around the experiment), run
 // it to its end and print its tables.
-#include "actors/checkpoint_selector.hpp"
-#include "actors/dispatcher.hpp"
-#include "actors/evaluator.hpp"
-#include "actors/gate.hpp"
-#include "actors/learner.hpp"
-#include "actors/monitor.hpp"
-#include "actors/reward.hpp"
-#include "actors/sampler.hpp"
-#include "actors/supervisor.hpp"
 #include "core/auth.hpp"
 #include "core/curve.hpp"
 #include "core/files.hpp"
-#include "core/tls.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "experiment/assemble.hpp"
@@ -21,10 +11,11 @@
 #include "launch/cli.hpp"
 #include "launch/cluster.hpp"  // JoinOptions
 #include "wiring/cluster.hpp"
+#include "wiring/learning.hpp"
+#include "wiring/run.hpp"
+#include "wiring/samplers.hpp"
 #include "launch/commands.hpp"
 #include "wiring/child.hpp"
-#include "wiring/learning.hpp"
-#include "wiring/samplers.hpp"
 #include "launch/setup.hpp"
 #include "core/machine.hpp"
 #include "launch/stop_signals.hpp"
@@ -115,62 +106,6 @@ void print_summary(const nlohmann::json& j, const std::string& run_dir) {
   std::printf("wall time: %.1f s\n", j["wall_s"].get<double>());
   std::printf("run directory: %s\n", run_dir.c_str());
   std::fflush(stdout);
-}
-
-// What a run reads before anything starts: its tasks, and the replayed actions or each task's prompt.
-struct RunInputs {
-  TaskSet tasks, eval_tasks;  // eval_tasks: the held-out tasks of a learning run's rounds
-  std::vector<ReplayRecord> records;
-  std::vector<SamplerArgs::TaskPrompt> prompts;
-  std::map<std::string, std::string> user_messages;  // by task: what the student was asked (SDPO's teacher sees more)
-  std::string prompts_digest;                        // sampler nodes must render the same prompts
-  std::vector<std::string> ids(const TaskSet& set) const {
-    std::vector<std::string> out;
-    for (auto& t : set.tasks()) out.push_back(t.id);
-    return out;
-  }
-};
-
-std::optional<RunInputs> read_inputs(const Config& cfg) {
-  auto lg = log::get("launch");
-  RunInputs in;
-  std::string err;
-  if (!load_experiment_tasks(cfg, in.tasks, in.eval_tasks, err)) {
-    lg->error("{}", err);
-    return std::nullopt;
-  }
-  size_t shared = 0;
-  for (auto& t : in.eval_tasks.tasks()) shared += in.tasks.find(t.id) ? 1 : 0;
-  if (shared > 0)
-    lg->warn("[experiment] eval: {} of the {} eval tasks are also training tasks: their figures are not held out",
-             shared, in.eval_tasks.size());
-  if (cfg.sampler.backend != "replay") {
-    std::vector<RenderedPrompt> rendered;
-    if (!render_task_prompts(cfg, in.tasks, in.eval_tasks, rendered, err)) {
-      lg->error("{}", err);
-      return std::nullopt;
-    }
-    for (auto& p : rendered) {
-      in.prompts.push_back({p.task_id, p.prompt, p.prompt_tokens, p.user});
-      in.user_messages[p.task_id] = p.user;
-    }
-    in.prompts_digest = prompts_digest(rendered);
-    return in;
-  }
-  std::vector<std::string> replay_errors;
-  in.records = load_replay(cfg.sampler.replay, replay_errors);
-  for (auto& e : replay_errors) lg->error("{}", e);
-  if (!cfg.tasks.ids.empty() || !cfg.tasks.split.empty()) {  // a selection also selects what is replayed
-    size_t before = in.records.size();
-    std::erase_if(in.records, [&](const ReplayRecord& r) { return !in.tasks.find(r.task_id); });
-    if (before != in.records.size())
-      lg->info("tasks: {} replayed actions for tasks not selected are left out", before - in.records.size());
-  }
-  if (in.records.empty()) {
-    lg->error("{}: no replay actions to evaluate", cfg.sampler.replay);
-    return std::nullopt;
-  }
-  return in;
 }
 
 // The newest complete checkpoint of RUN_DIR, or "".
@@ -364,153 +299,13 @@ void log_start(const Config& cfg, const RunInputs& in, const std::string& run_id
              in.tasks.size(), std::max<uint32_t>(1, cfg.sampler.samples_per_task), cfg.sampler.backend, run_dir);
 }
 
-// The actors of one run on the head, and their shutdown.
-struct RunActors {
-  caf::actor supervisor, dispatcher, learner, monitor, gate;
-  reward_actor reward;
-  selector_actor selector;
-  std::vector<caf::actor> samplers, evaluators;
-  void stop(caf::actor_system& sys) {
-    if (gate) unpublish_gate(gate);
-    for (auto& a : {monitor, dispatcher, caf::actor_cast<caf::actor>(reward), supervisor, gate, learner,
-                    caf::actor_cast<caf::actor>(selector)})
-      if (a) anon_send_exit(a, caf::exit_reason::user_shutdown);
-    for (auto& s : samplers) anon_send_exit(s, caf::exit_reason::user_shutdown);
-    for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
-  }
-};
-
-// Every actor of the run on this process (the head): evaluators first (their workers take a few
-// seconds to import torch), then the rest; in a cluster, the gate other nodes join through.
-// Nullopt after logging why not.
-std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, RunInputs in, const std::string& run_dir,
-                                   const std::string& run_id, bool resume,
-                                   std::vector<std::shared_ptr<SamplerBackend>> backends,
-                                   std::shared_ptr<LearnerEngine> engine, const std::string& secret,
-                                   const std::string& config_path) {
-  auto lg = log::get("launch");
-  const bool cluster = is_cluster(cfg);
-  RunActors run;
-  std::vector<EvaluatorArgs> eval_args;
-  const std::string worker_logs = (fs::path(run_dir) / "workers").string();
-  for (auto& node : cfg.nodes) {  // in a cluster the other nodes' evaluators come with their nodes
-    if (cluster && &node != &head_node(cfg)) continue;
-    for (auto& ea : node_evaluators(cfg, node, worker_logs)) eval_args.push_back(ea);
-  }
-  SupervisorArgs sa;
-  sa.experiment = experiment_args(cfg, in.ids(in.tasks), in.ids(in.eval_tasks), run_id, run_dir);
-  sa.store_path = (fs::path(run_dir) / cfg.store.file).string();
-  sa.synchronous = cfg.store.synchronous;
-  sa.config_toml = cfg.resolved_toml;
-  sa.resume = resume;
-  if (cluster) sa.join_wait_s = cfg.cluster.join_wait_s;
-  if (traits(cfg.experiment.mode).learns) {
-    if (const NodeConfig* ln = learner_node(cfg)) {  // it joins from its node
-      sa.learner_node = ln->name;
-    } else {
-      auto la = spawn_learning(sys, cfg, in.user_messages, run_dir, std::move(engine));
-      run.learner = sa.learner = la.learner;
-      run.selector = sa.selector = la.selector;
-    }
-  }
-  run.supervisor = spawn_supervisor(sys, sa);
-  run.reward = spawn_reward(sys, cfg.reward, run.supervisor);
-  DispatcherArgs da;
-  for (auto* set : {&in.tasks, &in.eval_tasks})
-    for (auto& t : set->tasks()) da.task_paths[t.id] = t.path;
-  da.action_space = cfg.evaluator.action_space;
-  da.mode = cfg.evaluator.mode;
-  da.seed = cfg.evaluator.seed;
-  da.max_in_flight = cfg.evaluator.in_flight();
-  da.max_attempts = cfg.evaluator.max_attempts;
-  da.max_queue = cfg.sampler.max_pending;
-  run.dispatcher = spawn_dispatcher(sys, da, run.reward);
-  for (auto& ea : eval_args) run.evaluators.push_back(spawn_evaluator(sys, ea, run.dispatcher));
-  SamplerArgs sma = sampler_settings(cfg);
-  sma.records = std::move(in.records);
-  sma.prompts = std::move(in.prompts);
-  for (size_t i = 0; i < backends.size(); ++i) {
-    SamplerArgs one = sma;
-    one.backend = backends[i];
-    one.id = sampler_name(head_node(cfg), true, i);
-    run.samplers.push_back(spawn_sampler(sys, std::move(one), run.dispatcher));
-  }
-  if (backends.size() > 1)
-    lg->info("{} samplers ({} backend): each step's groups are spread over them", backends.size(), cfg.sampler.backend);
-  const NodeConfig* mon_node = monitor_node(cfg);
-  std::optional<MonitorArgs> ma;
-  if (!mon_node) {
-    ma = monitor_settings(cfg, run_dir);
-    if (!ma) {
-      run.stop(sys);
-      return std::nullopt;
-    }
-  }
-  std::vector<caf::actor> watched{run.supervisor, run.dispatcher};
-  for (auto& s : run.samplers) watched.push_back(s);
-  if (run.learner) watched.push_back(run.learner);
-  if (ma)
-    run.monitor = spawn_monitor(sys, *ma, watched, run.supervisor);
-  else
-    lg->info("the monitor runs on node {}: it joins the head with `launch {} --node {}`", mon_node->name, config_path,
-             mon_node->name);
-  if (!cluster) return run;
-  const auto& head = head_node(cfg);  // it listens on its own host and port
-  GateArgs ga{cfg.cluster.name, secret};
-  ga.prompts_digest = in.prompts_digest;
-  if (!sa.learner_node.empty()) {  // learning modes only
-    ga.learner_node = sa.learner_node;
-    ga.run_dir = fs::absolute(run_dir).string();
-    ga.resume = resume;
-  }
-  if (mon_node) {
-    ga.monitor_node = mon_node->name;
-    ga.run_dir = fs::absolute(run_dir).string();
-    ga.recorder = run.supervisor;
-    for (auto& w : watched) ga.sources.emplace_back(w, "head");
-  }
-  run.gate = spawn_gate(sys, ga, run.dispatcher, run.supervisor, run.monitor);
-  auto bound = publish_gate(run.gate, head.port, head.host);
-  if (!bound) {
-    lg->error("cannot listen on {}:{}: {}", head.host, head.port, sys.render(bound.error()));
-    run.stop(sys);
-    return std::nullopt;
-  }
-  lg->info(
-      "cluster {}: head listening on {}:{}; nodes join with `launch {} --node NAME` (or --join), "
-      "monitors attach with `launch monitor {}:{}`",
-      cfg.cluster.name, head.host, *bound, config_path, head.host, *bound);
-  if (cfg.cluster.tls)
-    lg->info("cluster {}: links are TLS with certificates both ways: this head is {}; peers must verify against {}",
-             cfg.cluster.name, tls_identity(cfg.cluster.tls_cert), cfg.cluster.tls_ca);
-  else if (head.host != "127.0.0.1" && head.host != "localhost" && head.host.rfind("127.", 0) != 0)
-    lg->warn(
-        "cluster {}: {} is not a loopback address and the link between nodes is not encrypted (peers prove the "
-        "cluster secret both ways, but actions, verdicts and weights cross the network in plain text): keep the "
-        "nodes on a private network, or set [cluster] tls = true",
-        cfg.cluster.name, head.host);
-  return run;
-}
-
 // Starts the experiment, waits for its summary, prints it; the exit code.
 int run_to_end(caf::actor_system& sys, RunActors& run, const std::string& run_dir) {
-  caf::scoped_actor self{sys};
-  std::string summary;
-  self->request(run.supervisor, caf::infinite, plan_atom::value, run.samplers, run.evaluators)
-      .receive([&](std::string& s) { summary = std::move(s); },
-               [&](caf::error& e) {
-                 summary = nlohmann::json{{"ok", false}, {"error", sys.render(e)}}.dump();
-               });
-  // The last snapshot: from this process's monitor, or through the gate from a monitor node's.
-  if (run.monitor || run.gate)
-    self->request(run.monitor ? run.monitor : run.gate, std::chrono::seconds(12), finish_atom::value)
-        .receive([](bool) {}, [](caf::error&) {});
-  auto j = nlohmann::json::parse(summary);
+  auto j = nlohmann::json::parse(run_to_summary(sys, run));
   if (j.contains("tasks") && j.value("samples", 0) > 0)
     print_summary(j, run_dir);
   else
     std::printf("run directory: %s\n", run_dir.c_str());
-  run.stop(sys);
   if (j.value("ok", false)) return 0;
   if (j.value("interrupted", false)) return 1;  // said when it was asked for (cmd_run's StopSignals)
   log::get("launch")->error("run failed: {}", j.value("error", std::string("unknown error")));

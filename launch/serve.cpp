@@ -6,6 +6,7 @@
 #include "wiring/cluster.hpp"
 #include "launch/commands.hpp"
 #include "launch/setup.hpp"
+#include "wiring/inputs.hpp"
 
 #include "actors/dispatcher.hpp"
 #include "actors/evaluator.hpp"

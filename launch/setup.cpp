@@ -47,42 +47,6 @@ std::optional<Config> load_or_report(const std::string& path) {
   return std::get<Config>(std::move(res));
 }
 
-// The config's tasks, and the eval tasks of its periodic evaluation (none without one).
-bool load_experiment_tasks(const Config& cfg, TaskSet& tasks, TaskSet& eval_tasks, std::string& err) {
-  if (!tasks.load(cfg.tasks, err)) return false;
-  if (cfg.experiment.evaluates() && !eval_tasks.load(cfg.experiment.eval_tasks, err)) {
-    err = "[experiment] eval: " + err;
-    return false;
-  }
-  return true;
-}
-
-// Each task's prompt as the sampler renders it: the tasks, then the eval tasks not among them.
-bool render_task_prompts(const Config& cfg, const TaskSet& tasks, const TaskSet& eval_tasks,
-                         std::vector<RenderedPrompt>& out, std::string& err) {
-  std::set<std::string> seen;
-  // The prompts' token counts (compute.json counts them), when the model's tokenizer is at hand.
-  std::shared_ptr<Tokenizer> tok;
-  if (!cfg.policy.model.empty() &&
-      std::filesystem::exists(std::filesystem::path(cfg.policy.model) / "tokenizer.json")) {
-    try {
-      tok = Tokenizer::load(cfg.policy.model);
-    } catch (const std::exception& e) {
-      err = cfg.policy.model + "/tokenizer.json: " + e.what();
-      return false;
-    }
-  }
-  for (auto* set : {&tasks, &eval_tasks})
-    for (auto& t : set->tasks()) {
-      if (!seen.insert(t.id).second) continue;  // an eval task that is also a training task
-      RenderedPrompt p{t.id, set == &tasks ? "" : "eval", "", "", 0};
-      if (!task_user_message(t, cfg.evaluator.action_space, cfg.tasks.languages, p.user, err)) return false;
-      p.prompt = render_prompt(cfg.policy, p.user);
-      if (tok) p.prompt_tokens = uint32_t(tok->encode(p.prompt).size());
-      out.push_back(std::move(p));
-    }
-  return true;
-}
 namespace {
 // The CUDA devices this process sees, asked of LibTorch once (which initialises the driver here).
 int local_gpu_count() {
@@ -254,15 +218,6 @@ std::vector<AnalysisSample> analysis_samples(Store& store) {
                    r.record.rollout.parent_id, r.status == "format_error", unconfirmed});
   }
   return out;
-}
-
-std::string prompts_digest(const std::vector<RenderedPrompt>& prompts) {
-  std::vector<const RenderedPrompt*> order;
-  for (auto& p : prompts) order.push_back(&p);
-  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->task_id < b->task_id; });
-  Sha256 h;  // length-prefixed: no two lists hash alike by moving a boundary
-  for (auto* p : order) h.add_sized(p->task_id).add_sized(p->prompt);
-  return h.hex();
 }
 
 }  // namespace kernelrl

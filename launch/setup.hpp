@@ -1,6 +1,6 @@
 #pragma once
 // What the subcommands that read a config share: loading it (every error printed as
-// FILE:LINE:COLUMN), the log level, "auto" devices, and the experiment's tasks and prompts.
+// FILE:LINE:COLUMN), the log level, "auto" devices, the run directory and the store.
 
 #include "analysis/analysis.hpp"
 #include "core/config.hpp"
@@ -32,22 +32,6 @@ std::optional<Config> load_with_level(const std::string& config_path, const std:
 // Whether every GPU `node` lists for its evaluators exists on this machine (else says which does
 // not, on stderr); true when the node lists none.
 bool check_listed_gpus(const Config& cfg, const NodeConfig& node);
-
-// The config's tasks, and the held-out tasks of its periodic evaluation (none without one).
-bool load_experiment_tasks(const Config& cfg, TaskSet& tasks, TaskSet& eval_tasks, std::string& err);
-
-struct RenderedPrompt {
-  std::string task_id, split;  // split: "" for [tasks], "eval" for an eval task
-  std::string user, prompt;    // the user message, and the prompt the sampler sends
-  uint32_t prompt_tokens = 0;  // its tokens under [policy] model's tokenizer (0: no tokenizer there)
-};
-// Each task's prompt as the sampler renders it: the tasks, then the eval tasks not among them.
-bool render_task_prompts(const Config& cfg, const TaskSet& tasks, const TaskSet& eval_tasks,
-                         std::vector<RenderedPrompt>& out, std::string& err);
-// SHA-256 (hex) over every rendered task's id and prompt, in task-id order: a sampler node's
-// must equal the head's (the same tasks, template and model tokenizer's chat format), else the
-// head refuses its samplers.
-std::string prompts_digest(const std::vector<RenderedPrompt>& prompts);
 
 // How a launch takes its run directory: a new run (a directory whose store already holds the run is
 // refused), a resumed learning run, or a service (launch serve) that goes on with the run its
