@@ -25,7 +25,7 @@ struct Pending {
 };
 
 struct EvaluatorSlot {
-  caf::actor handle;
+  evaluator_actor handle;  // registered as caf::actor (it may come through the gate), cast back
   std::string id;
   std::string node;                       // the part of id before '/'
   std::string site;                       // node and device: where a task's reference timing is kept
@@ -82,7 +82,7 @@ std::string site_of(const std::string& id) {
 
 // The work of dispatch `n` to `target`, taken out of its slot; nullopt when it is no longer there
 // (its evaluator went down and the work was re-queued: this answer is late and is dropped).
-std::optional<Pending> take(self_ptr self, const caf::actor& target, uint64_t n, bool answered) {
+std::optional<Pending> take(self_ptr self, const evaluator_actor& target, uint64_t n, bool answered) {
   for (auto& e : self->state.evaluators) {
     if (e.handle != target) continue;
     auto it = e.in_flight.find(n);
@@ -325,7 +325,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, reward_actor 
         if (!from_here(self)) return;
         self->monitor(ev);
         EvaluatorSlot slot;
-        slot.handle = ev;
+        slot.handle = caf::actor_cast<evaluator_actor>(ev);
         slot.id = id;
         slot.node = id.substr(0, id.find('/'));
         slot.site = site_of(id);

@@ -40,7 +40,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_state>* self, WorkerOptions 
 
 struct Job {
   EvalRequest req;
-  caf::response_promise rp;
+  caf::typed_response_promise<EvalResult> rp;
   bool precompiled = false;
   double compile_s = 0;
   bool compile_cached = false;
@@ -55,17 +55,23 @@ struct evaluator_state {
   std::deque<std::shared_ptr<Job>> compile_queue, timing_queue;
   bool timing_ready = false, timing_busy = false;
   std::string arch;  // the timing device's architecture, for builds
-  uint64_t evaluated = 0;
   static inline const char* name = "evaluator";
 };
 
-using self_ptr = caf::stateful_actor<evaluator_state>*;
+// Registers the evaluator with its dispatcher (dynamically typed, and on a node the head's gate,
+// which trusts a register by its sender's node): sent as the evaluator itself, which a typed
+// actor's send() to an untyped receiver does not allow.
+template <class Self>
+void register_with(Self* self, const caf::actor& dispatcher, const std::string& id) {
+  if (dispatcher) caf::unsafe_send_as(self, dispatcher, register_atom::value, caf::actor_cast<caf::actor>(self), id);
+}
+
+using self_ptr = evaluator_actor::stateful_pointer<evaluator_state>;
 
 void pump(self_ptr self, const EvaluatorArgs& args);
 
 void finish(self_ptr self, const EvaluatorArgs& args, Job& job, EvalResult r) {
   r.evaluator_id = args.id;
-  ++self->state.evaluated;
   log::get("evaluator")
       ->debug("{} {} -> {}{}{} ({:.2f} s)", args.id, job.req.sample_id, to_string(r.status),
               r.error.empty() ? "" : ": ", r.error, r.wall_s);
@@ -145,7 +151,7 @@ void pump(self_ptr self, const EvaluatorArgs& args) {
           });
 }
 
-caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor dispatcher) {
+evaluator_actor::behavior_type evaluator_behavior(self_ptr self, EvaluatorArgs args, caf::actor dispatcher) {
   auto lg = log::get("evaluator");
   auto& st = self->state;
   st.timing = self->spawn<caf::detached + caf::linked>(stage_actor, args.worker, args.settings);
@@ -176,7 +182,7 @@ caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor disp
             auto sandbox_log =
                 hello.at(5).find("none:") == std::string::npos ? spdlog::level::info : spdlog::level::warn;
             lg->log(sandbox_log, "evaluator {} candidate sandbox: {}", args.id, hello[5]);
-            if (dispatcher) self->send(dispatcher, register_atom::value, caf::actor_cast<caf::actor>(self), args.id);
+            register_with(self, dispatcher, args.id);
             pump(self, args);
           },
           [=](caf::error& e) {
@@ -187,7 +193,7 @@ caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor disp
       [=](eval_atom, EvalRequest& req) {
         auto job = std::make_shared<Job>();
         job->req = std::move(req);
-        job->rp = self->make_response_promise();
+        job->rp = self->make_response_promise<EvalResult>();
         auto& s = self->state;
         if (!s.compilers.empty() && declares_build(job->req.action)) {
           s.compile_queue.push_back(job);
@@ -210,10 +216,6 @@ caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor disp
           }
         }
       },
-      [=](stats_atom, bool) -> std::vector<uint64_t> {
-        auto& s = self->state;
-        return {s.evaluated, s.compile_queue.size(), s.timing_queue.size(), s.timing_busy ? 1u : 0u};
-      },
   };
 }
 
@@ -221,13 +223,14 @@ caf::behavior evaluator_actor(self_ptr self, EvaluatorArgs args, caf::actor disp
 // a fixed latency, like a device that takes that long per candidate, so that benchmarks measure
 // the dispatcher, the transport, the reward and the store rather than kernels.
 struct synthetic_state {
-  std::deque<std::pair<EvalRequest, caf::response_promise>> queue;
+  std::deque<std::pair<EvalRequest, caf::typed_response_promise<EvalResult>>> queue;
   bool busy = false;
-  uint64_t evaluated = 0;
   static inline const char* name = "synthetic_evaluator";
 };
 
-using synth_ptr = caf::stateful_actor<synthetic_state>*;
+// The evaluator's interface and the self-sent end of a request's latency.
+using synthetic_actor = evaluator_actor::extend<caf::reacts_to<done_atom, double>>;
+using synth_ptr = synthetic_actor::stateful_pointer<synthetic_state>;
 
 EvalResult synthetic_result(const EvaluatorArgs& args, const EvalRequest& req, double started) {
   EvalResult r;
@@ -255,7 +258,6 @@ void synth_next(synth_ptr self, const EvaluatorArgs& args) {
     while (!st.queue.empty()) {
       auto [req, rp] = std::move(st.queue.front());
       st.queue.pop_front();
-      ++st.evaluated;
       rp.deliver(synthetic_result(args, req, now_s()));
     }
     return;
@@ -264,14 +266,14 @@ void synth_next(synth_ptr self, const EvaluatorArgs& args) {
   self->delayed_send(self, latency, done_atom::value, now_s());
 }
 
-caf::behavior synthetic_actor(synth_ptr self, EvaluatorArgs args, caf::actor dispatcher) {
+synthetic_actor::behavior_type synthetic_behavior(synth_ptr self, EvaluatorArgs args, caf::actor dispatcher) {
   log::get("evaluator")
       ->info("evaluator {} ready: synthetic, {:g} ms per request (verdicts are not measurements)", args.id,
              args.settings.synthetic_latency_ms);
-  if (dispatcher) self->send(dispatcher, register_atom::value, caf::actor_cast<caf::actor>(self), args.id);
+  register_with(self, dispatcher, args.id);
   return {
       [=](eval_atom, EvalRequest& req) {
-        auto rp = self->make_response_promise();
+        auto rp = self->make_response_promise<EvalResult>();
         self->state.queue.emplace_back(std::move(req), rp);
         synth_next(self, args);
         return rp;
@@ -281,7 +283,6 @@ caf::behavior synthetic_actor(synth_ptr self, EvaluatorArgs args, caf::actor dis
         st.busy = false;
         auto [req, rp] = std::move(st.queue.front());
         st.queue.pop_front();
-        ++st.evaluated;
         rp.deliver(synthetic_result(args, req, started));
         synth_next(self, args);
       },
@@ -296,18 +297,15 @@ caf::behavior synthetic_actor(synth_ptr self, EvaluatorArgs args, caf::actor dis
           return;
         }
       },
-      [=](stats_atom, bool) -> std::vector<uint64_t> {
-        auto& s = self->state;
-        return {s.evaluated, 0, s.queue.size(), s.busy ? 1u : 0u};
-      },
   };
 }
 
 }  // namespace
 
-caf::actor spawn_evaluator(caf::actor_system& sys, EvaluatorArgs args, caf::actor dispatcher) {
-  if (args.settings.backend == "synthetic") return sys.spawn(synthetic_actor, std::move(args), std::move(dispatcher));
-  return sys.spawn(evaluator_actor, std::move(args), std::move(dispatcher));
+evaluator_actor spawn_evaluator(caf::actor_system& sys, EvaluatorArgs args, caf::actor dispatcher) {
+  if (args.settings.backend == "synthetic")
+    return caf::actor_cast<evaluator_actor>(sys.spawn(synthetic_behavior, std::move(args), std::move(dispatcher)));
+  return sys.spawn(evaluator_behavior, std::move(args), std::move(dispatcher));
 }
 
 }  // namespace kernelrl

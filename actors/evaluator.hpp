@@ -6,12 +6,15 @@
 //     the next ready candidate as soon as it is free (so it never idles while built work waits).
 // A candidate whose build fails gets compile_error without using the device. A crashed or hung
 // worker is replaced and the sample still gets its verdict (runtime_error / timeout).
-// Messages in:  (eval_atom, EvalRequest) -> EvalResult
-// Messages out: (register_atom, self, id) -> dispatcher, once its timing worker is up
+// Messages in:  evaluator_actor (messages/interfaces.hpp): (eval_atom, EvalRequest) -> EvalResult;
+//               (withdraw_atom, sample_id): a queued request given back
+// Messages out: (register_atom, self, id) -> dispatcher, once its timing worker is up (as caf::actor:
+//               it may cross nodes through the gate; the dispatcher casts it back)
 #pragma once
 
 #include "core/config.hpp"
 #include "gpu/worker_client.hpp"
+#include "messages/interfaces.hpp"
 
 #include <caf/fwd.hpp>
 
@@ -24,6 +27,6 @@ struct EvaluatorArgs {
 };
 
 // `dispatcher` may be invalid (launch evaluate): then nothing is registered.
-caf::actor spawn_evaluator(caf::actor_system& sys, EvaluatorArgs args, caf::actor dispatcher);
+evaluator_actor spawn_evaluator(caf::actor_system& sys, EvaluatorArgs args, caf::actor dispatcher);
 
 }  // namespace kernelrl

@@ -89,7 +89,7 @@ int cmd_evaluate(const EvaluateOptions& o) {
   // per_device evaluators on the device (a worker process each): their candidates build, load and
   // check at once, each timed region alone (gpu/devlock.py); candidate i goes to evaluator i % n.
   const uint32_t n = std::max<uint32_t>(1, o.per_device);
-  std::vector<caf::actor> evaluators;
+  std::vector<evaluator_actor> evaluators;
   const auto memory_mb = plan_candidate_memory(settings, n, machine_memory_mb()).per_candidate_mb;
   for (uint32_t k = 0; k < n; ++k) {
     EvaluatorArgs ea;
@@ -108,7 +108,7 @@ int cmd_evaluate(const EvaluateOptions& o) {
 
   caf::scoped_actor self{sys};
   // Everything is sent at once so the compile stage can build ahead; results print in order.
-  std::vector<caf::response_handle<caf::blocking_actor, caf::message, true>> handles;
+  std::vector<decltype(self->request(evaluators[0], caf::infinite, eval_atom::value, EvalRequest{}))> handles;
   for (size_t i = 0; i < cands.size(); ++i) {
     EvalRequest req;
     req.sample_id = cands[i].file;

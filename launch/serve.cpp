@@ -206,7 +206,7 @@ int cmd_serve(const ServeArgs& a) {
       for (auto& node : cfg->nodes) {
         if (cluster && &node != &head_node(*cfg)) continue;  // those join from their nodes
         for (auto& ea : node_evaluators(*cfg, node, worker_logs)) {
-          all.push_back(spawn_evaluator(*sys, ea, dispatcher));
+          all.push_back(caf::actor_cast<caf::actor>(spawn_evaluator(*sys, ea, dispatcher)));
           ++sa.local_evaluators;
         }
       }

@@ -1,8 +1,8 @@
 // The actors' typed interfaces: what each accepts and answers, declared in one place beside the
 // messages, so a message a receiver cannot handle does not compile (CAF typed actors). Converted
-// so far: reward and checkpoint_selector; the others still take dynamically typed messages, their
-// protocols written in their headers. A typed handle crossing nodes travels as caf::actor (the
-// gate's register messages) and is cast back on arrival.
+// so far: evaluator, reward and checkpoint_selector; the others still take dynamically typed
+// messages, their protocols written in their headers. A typed handle crossing nodes travels as
+// caf::actor (the gate's register messages) and is cast back on arrival.
 #pragma once
 
 #include "messages/messages.hpp"
@@ -11,8 +11,14 @@
 #include <caf/typed_actor.hpp>
 
 #include <cstdint>
+#include <string>
 
 namespace kernelrl {
+
+// evaluator (actors/evaluator.hpp): a request's verdict; a queued request not yet started given
+// back (its request then answers the error withdrawn_error).
+using evaluator_actor = caf::typed_actor<caf::replies_to<eval_atom, EvalRequest>::with<EvalResult>,
+                                         caf::reacts_to<withdraw_atom, std::string>>;
 
 // reward (actors/reward.hpp): scores a verdict and sends the ScoredRollout to its recorder.
 using reward_actor = caf::typed_actor<caf::reacts_to<score_atom, Rollout, EvalResult>>;

@@ -264,7 +264,8 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
     if (has_role(node, "monitor"))
       if (int rc = start_monitor(self, gate, cfg, node, how, monitor)) return rc;
     std::vector<caf::actor> actors;  // evaluators, then samplers, then the learner and its selector
-    for (auto& ea : node_evaluators(cfg, node, prep.log_dir)) actors.push_back(spawn_evaluator(sys, ea, gate));
+    for (auto& ea : node_evaluators(cfg, node, prep.log_dir))
+      actors.push_back(caf::actor_cast<caf::actor>(spawn_evaluator(sys, ea, gate)));
     const size_t evaluators = actors.size();
     start_samplers(self, gate, node, prep, actors);
     lg->info("node {}: {} evaluator(s) and {} sampler(s) started; logs in {}", name, evaluators,

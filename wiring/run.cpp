@@ -78,7 +78,8 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   da.max_attempts = cfg.evaluator.max_attempts;
   da.max_queue = cfg.sampler.max_pending;
   run.dispatcher = spawn_dispatcher(sys, da, run.reward);
-  for (auto& ea : eval_args) run.evaluators.push_back(spawn_evaluator(sys, ea, run.dispatcher));
+  for (auto& ea : eval_args)
+    run.evaluators.push_back(caf::actor_cast<caf::actor>(spawn_evaluator(sys, ea, run.dispatcher)));
   SamplerArgs sma = sampler_settings(cfg);
   sma.records = std::move(in.records);
   sma.prompts = std::move(in.prompts);

@@ -65,7 +65,7 @@ std::vector<caf::actor> synthetic_evaluators(System& s, const caf::actor& dispat
     ea.id = id;
     ea.settings.backend = "synthetic";
     ea.settings.synthetic_latency_ms = latency_ms;
-    evs.push_back(spawn_evaluator(*s.sys, ea, dispatcher));
+    evs.push_back(caf::actor_cast<caf::actor>(spawn_evaluator(*s.sys, ea, dispatcher)));
   }
   return evs;
 }
@@ -193,7 +193,8 @@ TEST_CASE("an idle evaluator takes the work waiting behind a slow one", "[actors
             CHECK(t.values["duplicates_dropped"] == 0);
           },
           [](caf::error&) { FAIL("no dispatcher stats"); });
-  for (auto& a : {ev_slow, ev_fast, dispatcher, caf::actor_cast<caf::actor>(scores)})
+  for (auto& a : {caf::actor_cast<caf::actor>(ev_slow), caf::actor_cast<caf::actor>(ev_fast), dispatcher,
+                  caf::actor_cast<caf::actor>(scores)})
     self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
@@ -230,7 +231,7 @@ TEST_CASE("a full dispatcher queue holds its producers back until evaluators dra
   auto ev = spawn_evaluator(*s.sys, ea, dispatcher);
   REQUIRE(wait_scored(self, scores, n, 10) == uint64_t(n));
   CHECK(answered() == uint64_t(n));
-  for (auto& a : {ev, prod, dispatcher, caf::actor_cast<caf::actor>(scores)})
+  for (auto& a : {caf::actor_cast<caf::actor>(ev), prod, dispatcher, caf::actor_cast<caf::actor>(scores)})
     self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 

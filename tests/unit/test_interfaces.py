@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HEAD = """#include "messages/interfaces.hpp"
 #include <caf/all.hpp>
 using namespace kernelrl;
-void f(caf::event_based_actor* self, reward_actor reward, selector_actor selector) {
+void f(caf::event_based_actor* self, reward_actor reward, selector_actor selector, evaluator_actor evaluator) {
 """
 
 RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
@@ -24,6 +24,8 @@ RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
   self->send(selector, record_atom::value, StepStats{});
   self->send(selector, keep_atom::value, uint32_t(3));
   self->request(selector, caf::infinite, best_atom::value).then([](Checkpoint&) {});
+  self->request(evaluator, caf::infinite, eval_atom::value, EvalRequest{}).then([](EvalResult&) {});
+  self->send(evaluator, withdraw_atom::value, std::string("s1"));
 }
 """
 
@@ -31,6 +33,11 @@ WRONG = {
     "a message the reward does not take": "  self->send(reward, record_atom::value, StepStats{});\n}\n",
     "the selector's record without its stats": "  self->send(selector, record_atom::value);\n}\n",
     "an answer of the wrong type": "  self->request(selector, caf::infinite, best_atom::value).then([](StepStats&) {});\n}\n",
+    "a question the evaluator does not answer": "  self->send(evaluator, stats_atom::value, true);\n}\n",
+    "a rollout sent to the evaluator (it takes requests)":
+        "  self->send(evaluator, eval_atom::value, Rollout{});\n}\n",
+    "a verdict read as a rollout": "  self->request(evaluator, caf::infinite, eval_atom::value, EvalRequest{})"
+                                   ".then([](Rollout&) {});\n}\n",
 }
 
 
