@@ -114,6 +114,8 @@ progress = false
 # Each run's {process: CPU seconds (user + system) of it and of the descendants it reaped; a node
 # killed at the end loses its workers' share (they die with it, unreaped)}.
 CPU_SECONDS = []
+# The last run's nodes as run() saw them (see there).
+NODES_SEEN = []
 
 
 def cpu_seconds(who):
@@ -143,6 +145,11 @@ def run(cfg, d, nodes):
     logs.close()
     if head.returncode != 0:
         sys.exit(f"the head failed ({head.returncode}):\n{head.stdout[-2000:]}\n{head.stderr[-2000:]}")
+    # What a check of the nodes shows when some never evaluated: their exit codes, their output's
+    # tail and the head's log (registrations, refusals).
+    with open(os.path.join(d, "processes.log"), errors="replace") as f:
+        tail = f.read()[-3000:]
+    NODES_SEEN[:] = [f"exit codes {[p.returncode for p in procs]}", tail, head.stderr[-3000:]]
     con = sqlite3.connect(os.path.join(run_dir, "store.sqlite"))
     rows = con.execute("SELECT evaluator_id, record FROM samples").fetchall()
     con.close()
@@ -273,7 +280,10 @@ def scale(args, out):
         st = stamps(rows)
         assert len(st) == n
         nodes, t0, t1 = node_spans(st)  # every node is working from t0 to t1
-        assert len(nodes) == k, f"{len(nodes)} of {k} nodes evaluated"
+        if len(nodes) != k:
+            missing = sorted(set(f"node-{i}" for i in range(k)) - set(nodes))
+            sys.exit(f"{len(nodes)} of {k} nodes evaluated (none from {', '.join(missing)}); nodes' "
+                     + "\n".join(NODES_SEEN))
         done = sum(1 for _, s, e in st if t0 <= e <= t1)
         rate = done / (t1 - t0)
         ideal = per_eval * args.evaluators * k

@@ -447,11 +447,17 @@ class BlindSpotTest(Base):
         self.assertGreater(r["bound_ms"], r["runtime"]["median_ms"])
         self.assertGreater(r["speedup"], 1.0)
         self.assertEqual(r["output_bytes"], rows * 1024 * 4)
-        # Writing the output keeps it within the bound, whatever its speed.
-        r = self.run_on("scale_one", "return xs[0].clone()", reverify_speedup=0, **self.BOUND)
+        # Writing the output keeps it within the bound, whatever its speed. On a CPU, with the
+        # bound's default minimum (four times the last-level cache): an output the cache can absorb
+        # may be written faster than the memory's bandwidth (this 4 MB copy sometimes was), and is
+        # exempt.
+        r = self.run_on("scale_one", "return xs[0].clone()", reverify_speedup=0)
         self.assertStatus(r, "ok")
-        self.assertGreater(r["runtime"]["median_ms"], r["bound_ms"])
         self.assertFalse(r["reverified"])
+        if DEVICE == "cpu":
+            self.assertEqual(r["bound_ms"], 0.0)
+        else:
+            self.assertGreater(r["runtime"]["median_ms"], r["bound_ms"])
         # Above the review threshold (KernelBench's flag, when set) after re-verification: unconfirmed too.
         r = self.run_on("scale_one", "return xs[0].clone()", review_speedup=0.01)
         self.assertStatus(r, "unconfirmed")
