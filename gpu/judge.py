@@ -21,12 +21,13 @@ and after a ``check`` header the judge accepted, each output's raw bytes in flat
 
 On CUDA the outputs need not cross the host. The candidate's process asks once for a buffer:
 
-  candidate -> {"op": "share"}
+  candidate -> {"op": "share", "bytes": its first check's output bytes}
   judge     -> {"share": nbytes} with a descriptor of device memory the judge allocated for this
                session (gpu/devshare.py), or {"share": 0, "why"}
 
 and a check header with "via": "device" then moves each output through that buffer in pieces of at
-most nbytes / 2, alternating between its two halves: the candidate copies piece k into half k % 2
+most nbytes / 2 (each half sized to the outputs' bytes, within bounds: protocol.device_half_bytes),
+alternating between its two halves: the candidate copies piece k into half k % 2
 and sends b"C"; the judge compares it there (gpu/fused_check.py reads each value once; the PyTorch
 comparison, several passes, compares its own copy) and, once done reading, sends b"N" when piece
 k + 2 follows; the candidate waits for that b"N" before writing piece k + 2. So the candidate fills
@@ -55,7 +56,7 @@ import tempfile
 import time
 import traceback
 
-from protocol import (DEVICE_CHUNK_BYTES, LABELS, TIMING_SEED, LinkError, _framed, _memory, _recv_exact,
+from protocol import (LABELS, TIMING_SEED, LinkError, _framed, _memory, _recv_exact, device_half_bytes,
                       _recv_exact_into, _staging, check_name, device_pieces, distribution_of, distributions,
                       recv_frame, seed_of, send_frame, trial_name)
 
@@ -127,7 +128,7 @@ class Judge:
                         self._domain(frame)
                         continue
                     if frame.get("op") == "share":
-                        self._share()
+                        self._share(frame.get("bytes"))
                         continue
                     self._check(frame)
                 except _Failed as f:
@@ -162,9 +163,10 @@ class Judge:
         self.task = self.model = None
         return verdict
 
-    def _share(self):
-        """Answers the candidate's process's request for a device buffer: this session's own,
-        sent as a descriptor; or why not (then its outputs come as bytes)."""
+    def _share(self, wanted):
+        """Answers the candidate's process's request for a device buffer for outputs of `wanted`
+        bytes: this session's own, sent as a descriptor; or why not (then its outputs come as
+        bytes)."""
         why = ""
         if self.shared is not None:
             raise _Failed("hacked", "the candidate's process asked the judge for a second device buffer")
@@ -177,7 +179,8 @@ class Judge:
             import torch
             try:
                 index = self.h.device.index if self.h.device.index is not None else torch.cuda.current_device()
-                self.shared = devshare.Shared.create(DEVICE_CHUNK_BYTES, index)
+                half = device_half_bytes(wanted, _memory_of(torch.device("cuda", index)))
+                self.shared = devshare.Shared.create(2 * half, index)
             except devshare.DevShareError as e:
                 why = f"no shareable device memory here: {e}"
         if why:

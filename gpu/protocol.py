@@ -18,9 +18,27 @@ INPUT_DISTRIBUTIONS = ("signed", "large", "zeros")
 FRAME_LIMIT = 1 << 20
 # Bytes per piece of an output on the link: one pinned staging buffer this size on each side.
 LINK_CHUNK_BYTES = 64 << 20
-# Bytes of the device buffer a session's outputs move through on CUDA (allocated per session):
-# two halves, a piece in each.
-DEVICE_CHUNK_BYTES = 512 << 20
+# The device buffer a session's outputs move through on CUDA (allocated per session) has two
+# halves, a piece in each. Each piece costs a device synchronisation and a socket round trip on
+# both sides (about 1 ms on an H200), so a half holds a check's whole output where it can: the
+# candidate's process says how many bytes its first check's outputs take, and the judge sizes each
+# half to that, at least DEVICE_HALF_MIN_BYTES and at most a 128th of the device's memory (1 GB on
+# an H200, 0.6 GB on an 80 GB card) or DEVICE_HALF_MAX_BYTES. A 6.4 GB output crosses in 6 pieces
+# a check instead of 24.
+DEVICE_HALF_MIN_BYTES = 32 << 20
+DEVICE_HALF_MAX_BYTES = 1 << 30
+
+
+def device_half_bytes(wanted, device_total):
+    """Bytes of each half of a session's device buffer, for outputs of `wanted` bytes (the
+    candidate's process's word, so only a hint: bounded either way) on a device of
+    `device_total` bytes."""
+    try:
+        wanted = int(wanted)
+    except (TypeError, ValueError, OverflowError):
+        wanted = 0
+    cap = max(DEVICE_HALF_MIN_BYTES, min(DEVICE_HALF_MAX_BYTES, int(device_total) // 128))
+    return max(DEVICE_HALF_MIN_BYTES, min(cap, wanted))
 
 LABELS = ("trial", "dist", "ordering", "post", "refill", "reverify")
 
@@ -150,23 +168,23 @@ class Link:
         self.asked = False   # asked for it already (at most once a session)
         self.why_bytes = ""  # why not through the device, when they could have (told the judge)
 
-    def _share(self, device):
-        """Asks the judge for the session's device buffer and maps it; on any failure the outputs
-        go as bytes (why_bytes says why)."""
+    def _share(self, device, nbytes):
+        """Asks the judge for the session's device buffer (for outputs of `nbytes` bytes, the
+        first check's) and maps it; on any failure the outputs go as bytes (why_bytes says why)."""
         self.asked = True
-        send_frame(self.sock, {"op": "share"})
+        send_frame(self.sock, {"op": "share", "bytes": int(nbytes)})
         length, fds, _, _ = socket.recv_fds(self.sock, 4, 1)  # the descriptor comes with the frame's first bytes
         try:
             if len(length) < 4:
                 length += _recv_exact(self.sock, 4 - len(length))
             answer = recv_frame(self.sock, length)
-            nbytes = int(answer.get("share", 0))
-            if nbytes <= 0 or not fds:
+            size = int(answer.get("share", 0))
+            if size <= 0 or not fds:
                 self.why_bytes = str(answer.get("why", "the judge gave no device buffer"))
                 return
             import devshare
             try:
-                self.shared = devshare.Shared.attach(fds[0], nbytes, device.index)
+                self.shared = devshare.Shared.attach(fds[0], size, device.index)
             except devshare.DevShareError as e:
                 self.why_bytes = f"mapping the judge's buffer failed: {e}"
         finally:
@@ -182,7 +200,7 @@ class Link:
             return recv_frame(self.sock)
         cuda = [t.device for t in tensors if t.device.type == "cuda"]
         if cuda and len(cuda) == len(tensors) and len(set(cuda)) == 1 and not self.asked:
-            self._share(cuda[0])
+            self._share(cuda[0], sum(t.numel() * t.element_size() for t in tensors))
         device = self.shared is not None and len(cuda) == len(tensors) and len(set(cuda)) == 1 \
             and cuda[0].index == self.shared.device_index
         header = {"op": "check", "label": label, "index": index,

@@ -201,7 +201,7 @@ def compare_suite(device, rows, cases=120):
     tolerance's edge (both sides of it, where the output dtype's rounding decides), zeros, NaN and
     infinities on either side, references from 1e-6 to 1e3 in scale. Verdicts, flags and the largest
     difference must be identical; the excess, relative difference and sums equal to rounding.
-    Then each way's time over a 1 GB float32 output in 256 MB pieces (the device link's)."""
+    Then each way's time over a 1 GB float32 output in 256 MB pieces (a quarter of the device link's largest)."""
     import torch
     import fused_check
     import harness as H
@@ -283,7 +283,7 @@ def compare_suite(device, rows, cases=120):
                      "expected": "identical", "ok": wrong == 0})
         print(f"{'ok ' if not wrong else 'BAD'} compare {dt:9} {kind:9} {n} pairs, {failing} not close, "
               f"{wrong} differing", flush=True)
-    # Time: a 1 GB float32 output against its reference, in the device link's 256 MB pieces.
+    # Time: a 1 GB float32 output against its reference, in 256 MB pieces (a quarter of the device link's largest).
     ref = torch.randn(1 << 28, generator=g, device=device)
     out = ref + 1e-6
     piece = 1 << 26

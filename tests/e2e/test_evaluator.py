@@ -1213,6 +1213,26 @@ class DeviceShareTest(unittest.TestCase):
         self.assertGreater(json.loads(refs.pop())["median_ms"], 0)
 
 
+class DeviceLinkSizeTest(unittest.TestCase):
+    """The halves of a session's device buffer are sized to the candidate's outputs, within bounds
+    its word cannot move (gpu/protocol.py device_half_bytes)."""
+
+    def test_a_half_holds_the_outputs_within_bounds(self):
+        import protocol as P
+        h200, small_card = 150_000 << 20, 16 << 30
+        lo, hi = P.DEVICE_HALF_MIN_BYTES, P.DEVICE_HALF_MAX_BYTES
+        self.assertEqual(P.device_half_bytes(100 << 20, h200), 100 << 20, "an output that fits: one piece")
+        self.assertEqual(P.device_half_bytes(6_400_000_000, h200), hi, "a 6.4 GB output: capped")
+        self.assertEqual(P.device_half_bytes(6_400_000_000, small_card), (16 << 30) // 128, "a 128th of the card")
+        self.assertEqual(P.device_half_bytes(4096, h200), lo)
+        for lie in (-1, 0, None, "many", 10 ** 18, float("inf")):
+            self.assertTrue(lo <= P.device_half_bytes(lie, h200) <= hi, lie)
+        self.assertEqual(P.device_half_bytes(10 ** 18, 1 << 30), lo, "a tiny device still gets the minimum")
+        # Pieces of a 6.4 GB float32 output (L1/19's) at that size: 6 a check, where 256 MB halves took 24.
+        self.assertEqual(P.device_pieces([(1_600_000_000, 4)], hi), 6)
+        self.assertEqual(P.device_pieces([(1_600_000_000, 4)], 256 << 20), 24)
+
+
 class DeviceWaitTest(unittest.TestCase):
     """Waiting for another candidate's timed region is not a candidate's own time: a device held
     alone by another process for longer than the time limit leaves a correct candidate ok."""
