@@ -153,26 +153,28 @@ Telemetry sampler_telemetry(sampler_ptr self, const SamplerArgs& args) {
 }
 
 // Hands rollouts to the dispatcher while fewer than `window` of its answers are outstanding; it
-// answers only once its queue has room, so a full queue holds the sampler back.
-void feed(sampler_ptr self, const SamplerArgs& args, const caf::actor& dispatcher) {
+// answers only once its queue has room, so a full queue holds the sampler back. (Its answer
+// handlers capture the window, not the SamplerArgs: a copy of those, with every replayed action,
+// per rollout made a replay of N actions cost O(N^2).)
+void feed(sampler_ptr self, uint32_t window, const caf::actor& dispatcher) {
   auto& st = self->state;
   for (auto& [r, why] : st.to_skip) self->send(dispatcher, skip_atom::value, std::move(r), std::move(why));
   st.to_skip.clear();
-  while (!st.to_send.empty() && st.unanswered < args.window) {
+  while (!st.to_send.empty() && st.unanswered < window) {
     Rollout r = std::move(st.to_send.front());
     st.to_send.pop_front();
     ++st.unanswered;
     std::string id = r.sample_id;
     self->request(dispatcher, caf::infinite, std::move(r))
         .then(
-            [=](bool) {
+            [self, window, dispatcher](bool) {
               --self->state.unanswered;
-              feed(self, args, dispatcher);
+              feed(self, window, dispatcher);
             },
-            [=](caf::error& e) {
+            [self, window, dispatcher, id](caf::error& e) {
               --self->state.unanswered;
               log::get("sampler")->error("sample {}: the dispatcher refused it: {}", id, self->system().render(e));
-              feed(self, args, dispatcher);
+              feed(self, window, dispatcher);
             });
   }
 }
@@ -289,7 +291,7 @@ void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& 
     }
     route_group(st, args, std::move(group));
   }
-  feed(self, args, dispatcher);
+  feed(self, args.window, dispatcher);
   if (!st.to_generate.empty()) {  // let answers and weight updates in before the next batch
     st.generating = true;
     self->send(self, tick_atom::value);
@@ -440,7 +442,7 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispa
         for (auto& [g, rs] : groups) route_group(self->state, args, std::move(rs));
         lg->info("step {}: replayed {} actions over {} tasks", step, sent, group_of.size());
         self->state.rollouts += sent;
-        feed(self, args, dispatcher);
+        feed(self, args.window, dispatcher);
         return sent;
       },
       [=](stats_atom) { return sampler_telemetry(self, args); },

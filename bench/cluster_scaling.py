@@ -114,8 +114,6 @@ progress = false
 # Each run's {process: CPU seconds (user + system) of it and of the descendants it reaped; a node
 # killed at the end loses its workers' share (they die with it, unreaped)}.
 CPU_SECONDS = []
-# The last run's nodes as run() saw them (see there).
-NODES_SEEN = []
 
 
 def cpu_seconds(who):
@@ -124,7 +122,9 @@ def cpu_seconds(who):
 
 
 def run(cfg, d, nodes):
-    """Starts the nodes, then the head; returns (head wall seconds, rows of the store)."""
+    """Starts the nodes, then the head; returns (head wall seconds, its output, rows of the store,
+    what a check of the nodes shows when some never evaluated: their exit codes, their output's
+    tail and the head's log)."""
     logs = open(os.path.join(d, "processes.log"), "w")
     procs = [subprocess.Popen([LAUNCH, cfg, "--node", f"node-{k}"], stdout=logs, stderr=subprocess.STDOUT)
              for k in range(nodes)]
@@ -145,15 +145,13 @@ def run(cfg, d, nodes):
     logs.close()
     if head.returncode != 0:
         sys.exit(f"the head failed ({head.returncode}):\n{head.stdout[-2000:]}\n{head.stderr[-2000:]}")
-    # What a check of the nodes shows when some never evaluated: their exit codes, their output's
-    # tail and the head's log (registrations, refusals).
     with open(os.path.join(d, "processes.log"), errors="replace") as f:
         tail = f.read()[-3000:]
-    NODES_SEEN[:] = [f"exit codes {[p.returncode for p in procs]}", tail, head.stderr[-3000:]]
+    seen = "\n".join([f"exit codes {[p.returncode for p in procs]}", tail, head.stderr[-3000:]])
     con = sqlite3.connect(os.path.join(run_dir, "store.sqlite"))
     rows = con.execute("SELECT evaluator_id, record FROM samples").fetchall()
     con.close()
-    return wall, head.stdout, rows
+    return wall, head.stdout, rows, seen
 
 
 def stamps(rows):
@@ -253,7 +251,7 @@ def capacity(args, out):
             n = args.capacity_samples
             cfg = write_run(d, n, 0 if where == "local" else 1, args.evaluators, 0,
                             head_evaluators=args.evaluators if where == "local" else 0, max_in_flight=16)
-            wall, stdout, rows = run(cfg, d, 0 if where == "local" else 1)
+            wall, stdout, rows, _ = run(cfg, d, 0 if where == "local" else 1)
             assert len(rows) == n and len({r[0] for r in rows}) >= 1, "every sample stored"
             summ = run_summary(d)
             span = summ["record_span_s"]
@@ -276,14 +274,13 @@ def scale(args, out):
             # max_in_flight 2: enough that an evaluator never waits for the dispatcher's next
             # request across the link, small enough to keep the queue at the head.
             cfg = write_run(d, n, k, args.evaluators, args.latency_ms, max_in_flight=2)
-            wall, stdout, rows = run(cfg, d, k)
+            wall, stdout, rows, seen = run(cfg, d, k)
         st = stamps(rows)
         assert len(st) == n
         nodes, t0, t1 = node_spans(st)  # every node is working from t0 to t1
         if len(nodes) != k:
             missing = sorted(set(f"node-{i}" for i in range(k)) - set(nodes))
-            sys.exit(f"{len(nodes)} of {k} nodes evaluated (none from {', '.join(missing)}); nodes' "
-                     + "\n".join(NODES_SEEN))
+            sys.exit(f"{len(nodes)} of {k} nodes evaluated (none from {', '.join(missing)}); nodes' {seen}")
         done = sum(1 for _, s, e in st if t0 <= e <= t1)
         rate = done / (t1 - t0)
         ideal = per_eval * args.evaluators * k
@@ -309,7 +306,7 @@ def gpus(args, out):
     for k in (1, len(args.gpus)):
         with tempfile.TemporaryDirectory() as d:
             cfg = write_run(d, 0, k, 1, 0, gpus=args.gpus[:k], replay_lines=lines, per_gpu=args.per_gpu)
-            wall, stdout, rows = run(cfg, d, k)
+            wall, stdout, rows, _ = run(cfg, d, k)
             summ = run_summary(d)
             con = sqlite3.connect(os.path.join(d, "run", "store.sqlite"))
             verdicts.append(dict(con.execute("SELECT sample_id, status FROM samples").fetchall()))
