@@ -14,8 +14,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <memory>
 #include <fstream>
+#include <memory>
+#include <set>
 #include <utility>
 
 namespace kernelrl {
@@ -43,7 +44,9 @@ struct supervisor_state {
   bool finished = false;
   uint64_t duplicates = 0, store_failures = 0;
   size_t evaluators_alive = 0;
-  uint64_t waits = 0;  // join deadlines started (a deadline only counts if it is the latest)
+  uint64_t waits = 0;             // join deadlines started (a deadline only counts if it is the latest)
+  std::set<std::string> awaited;  // listed evaluator nodes none of whose evaluators has registered yet
+  bool start_deferred = false;    // the plan has come; the run waits for them
   static inline const char* name = "supervisor";
 };
 
@@ -355,6 +358,12 @@ void begin_experiment(self_ptr self, const SupervisorArgs& args) {
           });
 }
 
+std::string node_list(const std::set<std::string>& nodes) {
+  std::string out;
+  for (auto& n : nodes) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 // No evaluator running: a single node fails at once; a cluster waits join_wait_s for one to join
 // (a node restarting, a new machine) before it gives up.
 void none_left(self_ptr self, const SupervisorArgs& args, const std::string& why) {
@@ -381,7 +390,7 @@ caf::response_promise plan(self_ptr self, const SupervisorArgs& args, std::vecto
   st.pool = SamplerPool(st.samplers.size());
   for (auto& s : st.samplers) self->monitor(s);
   st.running = true;
-  st.evaluators_alive = evaluators.size();
+  st.evaluators_alive += evaluators.size();  // (and any that joined before the plan came)
   for (auto& e : evaluators) self->monitor(e);
   if (!st.store) {
     finish(self, args, "the run store could not be opened: " + store_error);
@@ -391,8 +400,45 @@ caf::response_promise plan(self_ptr self, const SupervisorArgs& args, std::vecto
     none_left(self, args, "no evaluator is running (see the errors above)");
     if (st.finished) return st.done;
   }
+  if (!st.awaited.empty()) {
+    st.start_deferred = true;
+    log::get("supervisor")
+        ->info("waiting up to {:g} s for the evaluators of node{} {} to join before the run starts ({} running)",
+               args.join_wait_s, st.awaited.size() > 1 ? "s" : "", node_list(st.awaited), st.evaluators_alive);
+    self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(args.join_wait_s * 1000)), tick_atom::value,
+                       plan_atom::value);
+    return st.done;
+  }
   start(self, args);
   return st.done;
+}
+
+// A remote evaluator registered (its id is NODE/DEVICE): its node is no longer awaited; the run
+// starts when it was the last.
+void evaluator_joined(self_ptr self, const SupervisorArgs& args, const caf::actor& ev, const std::string& id) {
+  auto lg = log::get("supervisor");
+  auto& st = self->state;
+  self->monitor(ev);
+  ++st.evaluators_alive;
+  lg->info("evaluator {} joined ({} running)", id, st.evaluators_alive);
+  if (st.awaited.erase(id.substr(0, id.find('/'))) == 0 || !st.awaited.empty() || !st.start_deferred) return;
+  st.start_deferred = false;
+  if (st.finished) return;
+  lg->info("every listed evaluator node has joined; the run starts with {} evaluators", st.evaluators_alive);
+  start(self, args);
+}
+
+// The deadline for the listed evaluator nodes: the run starts with the evaluators it has.
+void evaluator_nodes_deadline(self_ptr self, const SupervisorArgs& args) {
+  auto& st = self->state;
+  if (!st.start_deferred || st.finished) return;
+  st.start_deferred = false;
+  log::get("supervisor")
+      ->warn(
+          "node{} {} brought no evaluator within {:g} s ([cluster] join_wait_s); the run starts with {} "
+          "evaluators (a node that joins later takes its share then)",
+          st.awaited.size() > 1 ? "s" : "", node_list(st.awaited), args.join_wait_s, st.evaluators_alive);
+  start(self, args);
 }
 
 // A learner node's learner and selector, registered through the gate.
@@ -457,6 +503,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
   st0.learner = args.learner;
   st0.selector = args.selector;
   st0.experiment = make_experiment(args.experiment);
+  if (args.join_wait_s > 0) st0.awaited.insert(args.evaluator_nodes.begin(), args.evaluator_nodes.end());
   st0.store = Store::open(args.store_path, args.synchronous, err);
   if (!st0.store)
     lg->error("{}", err);
@@ -499,10 +546,9 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
       },
       [=](tick_atom, sampler_atom, uint64_t n) { sampler_deadline(self, args, n); },
       [=](register_atom, caf::actor ev, const std::string& id) {  // from the gate: a remote evaluator
-        self->monitor(ev);
-        ++self->state.evaluators_alive;
-        lg->info("evaluator {} joined ({} running)", id, self->state.evaluators_alive);
+        evaluator_joined(self, args, ev, id);
       },
+      [=](tick_atom, plan_atom) { evaluator_nodes_deadline(self, args); },
       [=](tick_atom, uint64_t n) {  // a join deadline
         auto& st = self->state;
         if (n == st.waits && st.evaluators_alive == 0 && !st.finished)

@@ -20,6 +20,9 @@
 // node's learner and checkpoint selector register ((register_atom, learner_atom, learner,
 // selector, node), through the gate), waiting join_wait_s for them; losing that learner ends the
 // run with an error that names its last checkpoint (`launch CONFIG --resume RUN_DIR` continues).
+// A cluster's run starts once every node listed with evaluators (evaluator_nodes) has registered
+// one, or join_wait_s after the plan came, naming the nodes still missing: a run does not begin
+// on the first node's evaluators while the others are still starting.
 // Messages in:  (plan_atom, vector<actor> samplers, vector<actor> evaluators) -> std::string summary JSON;
 //               (record_atom, ScoredRollout); (record_atom, Telemetry) (kept in the store);
 //               (register_atom, actor, id) (a remote evaluator joined); (register_atom,
@@ -39,16 +42,18 @@
 namespace kernelrl {
 
 struct SupervisorArgs {
-  ExperimentArgs experiment;           // the run (its id and RUN_DIR), its mode, tasks and loop
-  std::string store_path;              // RUN_DIR/store.sqlite
-  std::string synchronous = "normal";  // StoreConfig::synchronous
-  std::string config_toml;             // resolved config, kept with the run
-  double join_wait_s = 0;              // cluster: how long to wait for an evaluator to join when
-                                       // none is running (0: single node, fail at once)
-  bool resume = false;                 // continue a run from its store and checkpoints
-  caf::actor learner;                  // learning modes: the learner actor
-  selector_actor selector;             // checkpoint_selector (StepStats score its checkpoints)
-  std::string learner_node;            // learning modes, cluster: the node whose learner joins (learner unset)
+  ExperimentArgs experiment;                 // the run (its id and RUN_DIR), its mode, tasks and loop
+  std::string store_path;                    // RUN_DIR/store.sqlite
+  std::string synchronous = "normal";        // StoreConfig::synchronous
+  std::string config_toml;                   // resolved config, kept with the run
+  double join_wait_s = 0;                    // cluster: how long to wait for an evaluator to join when
+                                             // none is running (0: single node, fail at once)
+  bool resume = false;                       // continue a run from its store and checkpoints
+  caf::actor learner;                        // learning modes: the learner actor
+  selector_actor selector;                   // checkpoint_selector (StepStats score its checkpoints)
+  std::string learner_node;                  // learning modes, cluster: the node whose learner joins (learner unset)
+  std::vector<std::string> evaluator_nodes;  // cluster: the other listed nodes with evaluators; the run
+                                             // starts once each has one registered, or join_wait_s on
 };
 
 caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args);

@@ -56,7 +56,13 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   sa.synchronous = cfg.store.synchronous;
   sa.config_toml = cfg.resolved_toml;
   sa.resume = resume;
-  if (cluster) sa.join_wait_s = cfg.cluster.join_wait_s;
+  if (cluster) {
+    sa.join_wait_s = cfg.cluster.join_wait_s;
+    for (auto& node : cfg.nodes)  // (a node whose GPUs are "auto" may find none: it is awaited all the same)
+      if (&node != &head_node(cfg) &&
+          (!evaluator_devices(node).empty() || (node.gpus_auto && has_role(node, "evaluator"))))
+        sa.evaluator_nodes.push_back(node.name);
+  }
   if (traits(cfg.experiment.mode).learns) {
     if (const NodeConfig* ln = learner_node(cfg)) {  // it joins from its node
       sa.learner_node = ln->name;

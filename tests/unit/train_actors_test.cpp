@@ -577,6 +577,72 @@ TEST_CASE("a cluster run with no sampler of its own waits for one to join, or en
   }
 }
 
+TEST_CASE("a cluster run starts once every listed evaluator node has joined or join_wait_s after the plan",
+          "[learner]") {
+  System s;
+  TempDir tmp;
+  SupervisorArgs sa = eval_of_two_tasks(tmp);
+  sa.evaluator_nodes = {"gen", "spare"};
+  auto idle = [](caf::event_based_actor*) -> caf::behavior { return {[](stats_atom) { return uint64_t(0); }}; };
+  caf::scoped_actor self{*s.sys};
+  auto planned = std::make_shared<std::atomic<int>>(0);
+  auto sampler_of = [&](caf::actor sup) {
+    return s.sys->spawn([sup, planned](caf::event_based_actor* self) -> caf::behavior {
+      return {
+          [=](plan_atom, uint32_t) -> uint64_t {
+            ++*planned;
+            self->send(sup, record_atom::value, sample(0, 0, 0, "t1", 0, 1.0));
+            self->send(sup, record_atom::value, sample(0, 1, 0, "t2", 0, 0.0));
+            return 2;
+          },
+      };
+    });
+  };
+  auto finish = [&](auto& h) {
+    nlohmann::json j;
+    h.receive([&](std::string& summary) { j = nlohmann::json::parse(summary); },
+              [](caf::error&) { FAIL("no summary: the run hung"); });
+    return j;
+  };
+  SECTION("both join: the run starts with the last") {
+    sa.join_wait_s = 30;
+    auto sup = spawn_supervisor(*s.sys, sa);
+    auto local = s.sys->spawn(idle), gen = s.sys->spawn(idle), spare = s.sys->spawn(idle);
+    auto sampler = sampler_of(sup);
+    auto h = self->request(sup, std::chrono::seconds(20), plan_atom::value, std::vector<caf::actor>{sampler},
+                           std::vector<caf::actor>{local});
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    CHECK(*planned == 0);  // the head's own evaluator is not the cluster
+    self->send(sup, register_atom::value, gen, std::string("gen/cuda:0"));
+    self->send(sup, register_atom::value, gen, std::string("gen/cuda:0#2"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    CHECK(*planned == 0);  // "spare" still starting
+    self->send(sup, register_atom::value, spare, std::string("spare/cpu-0"));
+    auto j = finish(h);
+    INFO(j.dump());
+    CHECK(j["ok"] == true);
+    CHECK(j["samples"] == 2);
+    CHECK(*planned == 1);
+    for (auto& a : {sup, local, gen, spare, sampler}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  SECTION("one never joins: the run starts join_wait_s after the plan, with the evaluators it has") {
+    sa.join_wait_s = 0.4;
+    auto sup = spawn_supervisor(*s.sys, sa);
+    auto local = s.sys->spawn(idle), gen = s.sys->spawn(idle);
+    auto sampler = sampler_of(sup);
+    const auto t0 = std::chrono::steady_clock::now();
+    self->send(sup, register_atom::value, gen, std::string("gen/cuda:0"));  // before the plan came
+    auto h = self->request(sup, std::chrono::seconds(20), plan_atom::value, std::vector<caf::actor>{sampler},
+                           std::vector<caf::actor>{local});
+    auto j = finish(h);
+    INFO(j.dump());
+    CHECK(j["ok"] == true);
+    CHECK(j["samples"] == 2);
+    CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(400));
+    for (auto& a : {sup, local, gen, sampler}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+}
+
 TEST_CASE("a learning run whose learner is on another node starts once it joins and ends when it dies", "[learner]") {
   ScriptedRun r("train", 3, 2, 0);
   r.sa.learner_node = "trainer";
