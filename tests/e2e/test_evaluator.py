@@ -1049,6 +1049,10 @@ class ReferenceCacheTest(Base):
         self.assertEqual(cached["judge_reference"]["runs"], 0)
         self.assertGreaterEqual(fresh["judge_reference"]["runs"], SETTINGS["correctness_trials"])
         self.assertEqual(fresh["judge_reference"]["reused"], 0)
+        # Without the cache, the reference runs once per check's inputs (the domain questions'
+        # answers remembered from the task's earlier sessions), and once on the timing inputs
+        # (for the post-check's comparison with an earlier output).
+        self.assertEqual(fresh["judge_reference"]["runs"], len(fresh["judge_checked"]) + 1, fresh["judge_checked"])
         for r in (cached, fresh):
             self.assertStatus(r, "ok")
         for key in ("trials", "passed", "max_abs_diff", "max_rel_diff", "max_scale_err", "distributions"):
