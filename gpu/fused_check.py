@@ -1,6 +1,6 @@
 """The judge's comparison of a floating-point output with the reference's, on a GPU, in one pass.
 
-gpu/harness.py OutputCheck compares with PyTorch operations: torch.isclose for the verdict, then
+gpu/checks.py OutputCheck compares with PyTorch operations: torch.isclose for the verdict, then
 the figures (largest absolute and relative difference, the excess over the tolerance, the scale
 rule's sums of squares, whether a non-finite value differs). That is about a dozen elementwise
 passes over each piece of the candidate's output; for a 6.4 GB output, checked a dozen times per

@@ -4,7 +4,7 @@ candidate code.
 A candidate's process (gpu/harness.py) runs only the candidate: for each check of the protocol it
 generates its inputs from the check's seed, calls ModelNew, and ships the outputs, byte for byte,
 over a socket pair (its ``Link``) to the judge. The judge builds the reference from the same seed,
-generates the same inputs itself, runs the reference, and compares (gpu/harness.py OutputCheck, the
+generates the same inputs itself, runs the reference, and compares (gpu/checks.py OutputCheck, the
 same comparison KernelBench's allclose makes) as the bytes arrive. The seeds come from the label
 of the check (``seed_of``), never from the candidate, and the judge says which checks a candidate
 passed: the worker (gpu/worker.py) accepts `ok` only when every check of the protocol passed here,
@@ -37,8 +37,8 @@ new session gets a new buffer. Where the candidate's process could not map the b
 go as bytes with "bytes_why" in the header (for the verdict record's `correctness.link`).
 
 The protocol's names and seeds and the link's framing are gpu/protocol.py's, shared with the
-candidate's side; this module imports gpu/harness.py (its comparisons and inputs), never the
-reverse.
+candidate's side; this module imports gpu/checks.py (the comparisons) and gpu/harness.py (the
+inputs, the reference's build), never the reverse.
 
 The judge process itself (``JudgeProcess``) is forked from the worker, confined like a candidate
 (gpu/sandbox.py: it sees what a candidate sees), keeps its CUDA context between candidates, and
@@ -231,7 +231,7 @@ class Judge:
 
     # ---- one check ---------------------------------------------------------------------------
     def _check(self, frame):
-        import harness as H
+        import checks as C
         label, index = frame.get("label"), frame.get("index")
         if frame.get("op") != "check" or label not in LABELS:
             raise _Failed("hacked", f"the candidate's process sent the judge an unknown request {str(frame)[:200]!r}")
@@ -250,7 +250,7 @@ class Judge:
         self._load()
         if label == "post" and not self.prev_timing:
             self.prev_timing = True  # the timing inputs' true output: a candidate may hand that back later
-            self.prev.append(H.fingerprint(self._reference(self.seed * 1000 + TIMING_SEED)))
+            self.prev.append(C.fingerprint(self._reference(self.seed * 1000 + TIMING_SEED)))
         if dist is not None:
             valid, why, ref_out = self._in_domain(label, index, keep=True)
             if not valid:  # the candidate's process did not ask first: the check is not in the protocol
@@ -260,7 +260,7 @@ class Judge:
         else:
             ref_out = self._reference(trial_seed)
         try:
-            refs = H._flatten(ref_out)
+            refs = C._flatten(ref_out)
         except TypeError as e:
             raise _Failed("runtime_error", f"the reference returned an unsupported {e} (no verdict on the candidate)")
         header = frame.get("tensors")
@@ -273,7 +273,7 @@ class Judge:
                     or not isinstance(dtype, str):
                 raise _Failed("hacked", "the candidate's process sent the judge a malformed check")
             outs.append((tuple(shape), dtype))
-        why = H.structure_mismatch(refs, [(shape, _dtype(dtype)) for shape, dtype in outs], where)
+        why = C.structure_mismatch(refs, [(shape, _dtype(dtype)) for shape, dtype in outs], where)
         if why:
             self._fail("incorrect", why, label)
         self._spent("reference")
@@ -284,7 +284,7 @@ class Judge:
             # grows with them.
             for i, r in enumerate(refs):
                 if i < len(self.task_rms) and self.task_rms[i] > 0:
-                    atol_scale[i] = max(1.0, H.rms(r, self._comparison()[0]) / self.task_rms[i])
+                    atol_scale[i] = max(1.0, C.rms(r, self._comparison()[0]) / self.task_rms[i])
         self._spent("scale")
         via = frame.get("via", "bytes")
         if via not in ("device", "bytes") or (via == "device" and self.shared is None):
@@ -310,7 +310,7 @@ class Judge:
                 self._spent("noise")
                 if noise[i] is not None:
                     rms_noise, own_excess = noise[i]
-                    slack = H.NOISE_FACTOR * rms_noise
+                    slack = C.NOISE_FACTOR * rms_noise
                     if own_excess - check.atol > slack:
                         self._outside(label, index, f"the reference's float32 result is not within the element-wise "
                                                     f"tolerance of its float64 result on {dist} inputs")
@@ -318,21 +318,21 @@ class Judge:
                     why = check.result(at, self.acc, slack)
             if why:
                 cand = [c.fingerprint() for c in checks]
-                if (any(H.fingerprints_agree(cand, prev, self.s) for prev in self.prev)
-                        and not H.fingerprints_agree(cand, H.fingerprint(ref_out), self.s)):
+                if (any(C.fingerprints_agree(cand, prev, self.s) for prev in self.prev)
+                        and not C.fingerprints_agree(cand, C.fingerprint(ref_out), self.s)):
                     raise _Failed("hacked", "the candidate returned the output of an earlier call "
                                             f"(outputs cached across calls; {why})")
                 self._fail("incorrect", why, label)
         for i, check in enumerate(checks):
             at = where + (f", output {i}" if len(refs) > 1 else "")
-            figures = H.note_scale(check, self.acc)
-            if not H.scale_failure(at, figures, check.scale_tol):
+            figures = C.note_scale(check, self.acc)
+            if not C.scale_failure(at, figures, check.scale_tol):
                 continue
             if noise is None:
                 noise = self._dist_noise(trial_seed, dist, refs)
                 self._spent("noise")
             rms_noise = noise[i][0] if noise[i] is not None else None
-            why = H.scale_failure(at, figures, check.scale_tol, rms_noise)
+            why = C.scale_failure(at, figures, check.scale_tol, rms_noise)
             if rms_noise is not None:
                 self.acc["ref_noise"] = max(self.acc.get("ref_noise", 0.0), rms_noise)
             if why:
@@ -340,10 +340,10 @@ class Judge:
                     why += " (the reference could not run in float64 to measure its own rounding error)"
                 self._fail("incorrect", why, label)
         if label == "trial" and not self.task_rms:
-            self.task_rms = [H.rms(r, self._comparison()[0]) for r in refs]
+            self.task_rms = [C.rms(r, self._comparison()[0]) for r in refs]
         if counted:
             self.corr["passed"] += 1
-            self.prev.append(H.fingerprint(ref_out))
+            self.prev.append(C.fingerprint(ref_out))
         self.passed.add((label, index))
         send_frame(self.sock, {"ok": True, "status": "ok", "why": "", "acc": self.acc, "counted": counted})
 
@@ -378,6 +378,7 @@ class Judge:
         a negative, an overflow). Remembered per task, size, seed and check; the output is kept
         (computed again if need be) only when `keep`."""
         import harness as H
+        import checks as C
         dist = distribution_of(label, index, self.dists)
         trial_seed = seed_of(label, index, self.seed, self.n, len(self.dists))
         key = self._inputs_key(trial_seed, dist)
@@ -394,13 +395,13 @@ class Judge:
             self.domains[key] = (False, f"the reference raised {H._short_exc(e)}")
             return False, self.domains[key][1], None
         try:
-            outs = H._flatten(out)
+            outs = C._flatten(out)
         except TypeError as e:
             raise _Failed("runtime_error", f"the reference returned an unsupported {e} (no verdict on the candidate)")
         why = ""
         with self.h._harness_step("checking the reference's output"):
             for i, r in enumerate(outs):
-                if (r.is_floating_point() or r.is_complex()) and not H.all_finite(r):
+                if (r.is_floating_point() or r.is_complex()) and not C.all_finite(r):
                     why = (f"the reference's output{f' {i}' if len(outs) > 1 else ''} holds NaN or Inf "
                            f"on {dist} inputs")
                     break
@@ -438,14 +439,14 @@ class Judge:
         |reference|: the atol the reference itself would need); None for each where that cannot
         run (a Model with fixed dtypes inside, the device's memory)."""
         import copy
-        import harness as H
+        import checks as C
         import torch
         h = self.h
         try:
             inputs = h._inputs(self.task, trial_seed, dist)
             inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
             model = copy.deepcopy(self._reference_model()).double()
-            out = H._flatten(model(*inputs))
+            out = C._flatten(model(*inputs))
             del model, inputs
             if len(out) != len(refs):
                 return [None] * len(refs)
@@ -455,10 +456,10 @@ class Judge:
                     noise.append(None)
                     continue
                 total, excess = 0.0, 0.0
-                rtol = H._tolerance(r.dtype, self.s)[1]
-                for a, b in zip(H._chunks(r), H._chunks(r64)):
+                rtol = C._tolerance(r.dtype, self.s)[1]
+                for a, b in zip(C._chunks(r), C._chunks(r64)):
                     d = a.double() - b.double()
-                    d = torch.where(H._isfinite(d), d, torch.zeros((), dtype=d.dtype, device=d.device))
+                    d = torch.where(C._isfinite(d), d, torch.zeros((), dtype=d.dtype, device=d.device))
                     total += float(d.square().sum())
                     excess = max(excess, float((d.abs() - rtol * a.double().abs().nan_to_num(0.0, 0.0, 0.0)).max()))
                 noise.append(((total / max(1, r.numel())) ** 0.5, excess))
@@ -489,6 +490,7 @@ class Judge:
         one OutputCheck per tensor. A failure here (the judge's own memory) still takes every
         piece, so the link stays framed."""
         import harness as H
+        import checks as C
         import torch
         h = self.h
         fused, _ = self._comparison()
@@ -526,7 +528,7 @@ class Judge:
             if failure is None:
                 try:
                     with h._harness_step("comparing outputs"):
-                        check = H.OutputCheck(r, self.s, atol_scale[len(checks)], fused)
+                        check = C.OutputCheck(r, self.s, atol_scale[len(checks)], fused)
                 except H.Verdict as v:
                     failure = v
             size = r.element_size()
@@ -561,6 +563,7 @@ class Judge:
         """The task, loaded at the session's first check (its reference Model is built when a
         reference output is not remembered: _reference_model)."""
         import harness as H
+        import checks as C
         if self.task is not None:
             return
         h = self.h
@@ -571,9 +574,9 @@ class Judge:
             if key not in self.reproducible:
                 tensors = lambda xs: [x for x in xs if isinstance(x, torch_tensor())]  # noqa: E731
                 with h._harness_step("generating inputs"):
-                    probe = H.fingerprint(tensors(h._inputs(task, self.seed * 1000 + 1)))
+                    probe = C.fingerprint(tensors(h._inputs(task, self.seed * 1000 + 1)))
                     again = tensors(h._inputs(task, self.seed * 1000 + 1))
-                    self.reproducible[key] = H.matches_fingerprint(again, probe, H._EXACT)
+                    self.reproducible[key] = C.matches_fingerprint(again, probe, C._EXACT)
                 del probe, again
             if not self.reproducible[key]:
                 raise H.Verdict("runtime_error", f"task {self.req['task_id']}: get_inputs() gives different "
@@ -656,7 +659,7 @@ class Judge:
         """(whether the task's inputs hold floating-point tensors, whether the ordering check
         applies), from its inputs as the candidate's process makes them; remembered per task,
         size and seed (three input draws, each as large as the task's inputs)."""
-        import harness as H
+        import checks as C
         key = (self._task_key(), self.s.get("size", "cpu"), self.seed)
         if key not in self.facts:
             h = self.h
@@ -667,7 +670,7 @@ class Judge:
             if h.device.type == "cuda":
                 values = h._inputs(self.task, seed_of("ordering", 0, self.seed, self.n))
                 given = h._inputs(self.task, seed_of("ordering", 0, self.seed, self.n) + 1)
-                ordering = H._shapes(values) == H._shapes(given)
+                ordering = C._shapes(values) == C._shapes(given)
             self.facts[key] = (floats, ordering)
         return self.facts[key]
 
@@ -708,9 +711,9 @@ class ReferenceCache:
 
     def put(self, key, out):
         """Keeps `out` (a tensor, or a tuple or list of them) when it fits the budget."""
-        import harness as H
+        import checks as C
         try:
-            tensors = H._flatten(out)
+            tensors = C._flatten(out)
         except TypeError:
             return
         nbytes = sum(t.untyped_storage().nbytes() for t in tensors)

@@ -203,8 +203,8 @@ def compare_suite(device, rows, cases=120):
     difference must be identical; the excess, relative difference and sums equal to rounding.
     Then each way's time over a 1 GB float32 output in 256 MB pieces (a quarter of the device link's largest)."""
     import torch
+    import checks as H
     import fused_check
-    import harness as H
     fused, why = fused_check.load(device)
     if fused is None:
         rows.append({"suite": "compare", "candidate": "fused_check", "status": why, "ok": False})

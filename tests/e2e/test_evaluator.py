@@ -280,8 +280,8 @@ class HackTest(Base):
                   "frames": ("        f = sys._getframe(1)\n"
                              "        while 'ref_model' not in f.f_locals:\n            f = f.f_back\n"
                              "        return f.f_locals['ref_model'].forward(x)\n"),
-                  "outputs": ("        import harness\n"
-                              "        outs = [o for o in gc.get_objects() if isinstance(o, harness.OutputCheck)]\n"
+                  "outputs": ("        import checks\n"
+                              "        outs = [o for o in gc.get_objects() if isinstance(o, checks.OutputCheck)]\n"
                               "        return outs[0].flat.reshape(x.shape)\n")}
         for how, body in bodies.items():
             with self.subTest(through=how):
@@ -552,13 +552,14 @@ class CheckTest(unittest.TestCase):
     """The harness's comparison and digests in chunks agree with whole-tensor torch."""
 
     def setUp(self):
+        import checks
         import harness
-        self.h = harness
-        self.saved = harness.CHUNK
-        harness.CHUNK = 1000  # many chunks, a ragged last one
+        self.h, self.c = harness, checks
+        self.saved = checks.CHUNK
+        checks.CHUNK = 1000  # many chunks, a ragged last one
 
     def tearDown(self):
-        self.h.CHUNK = self.saved
+        self.c.CHUNK = self.saved
 
     def test_chunked_comparison_equals_torch_allclose(self):
         import torch
@@ -569,7 +570,7 @@ class CheckTest(unittest.TestCase):
                  "one far": ref.clone().index_put_((torch.tensor([36]), torch.tensor([410])), torch.tensor(9.0))}
         for name, out in cases.items():
             acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
-            why = self.h.compare(ref, out, s, 0, acc)
+            why = self.c.compare(ref, out, s, 0, acc)
             self.assertEqual(why == "", bool(torch.allclose(out, ref, atol=1e-4, rtol=1e-4)), name)
             # As KernelBench figures it (float32), and within float32's rounding of the exact one.
             self.assertEqual(acc["max_abs_diff"], float((out - ref).abs().max()), name)
@@ -578,10 +579,10 @@ class CheckTest(unittest.TestCase):
         inf_ref = ref.clone()
         inf_ref[3, 3] = float("inf")
         acc = {"max_abs_diff": 0.0, "max_rel_diff": 0.0, "atol": 0.0, "rtol": 0.0}
-        self.assertEqual(self.h.compare(inf_ref, inf_ref.clone(), s, 0, acc), "")  # as allclose: equal infs
+        self.assertEqual(self.c.compare(inf_ref, inf_ref.clone(), s, 0, acc), "")  # as allclose: equal infs
         bad = ref.clone()
         bad[20, 7] = float("nan")
-        self.assertIn("NaN or Inf", self.h.compare(ref, bad, s, 0, acc))
+        self.assertIn("NaN or Inf", self.c.compare(ref, bad, s, 0, acc))
 
     def test_every_timed_call_sees_its_inputs_as_freshly_written(self):
         # A cache keyed by (data pointer, version counter) recomputes on every timed call.
@@ -635,22 +636,22 @@ class CheckTest(unittest.TestCase):
     def test_digest_sees_one_changed_bit_and_fingerprints_match_only_their_output(self):
         import torch
         x = torch.randn(5000, 3)
-        d = self.h.digest(x)
+        d = self.c.digest(x)
         y = x.clone()
         y.view(-1).view(torch.int32)[4321] ^= 1  # one bit of one float
-        self.assertNotEqual(self.h.digest(y), d)
-        self.assertEqual(self.h.digest(x.clone()), d)
+        self.assertNotEqual(self.c.digest(y), d)
+        self.assertEqual(self.c.digest(x.clone()), d)
         s = {"atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2}
-        fp = self.h.fingerprint(x)
-        self.assertTrue(self.h.matches_fingerprint(x.clone(), fp, s))
-        self.assertFalse(self.h.matches_fingerprint(torch.randn(5000, 3), fp, s))
-        self.assertFalse(self.h.matches_fingerprint(x.t(), fp, s))
+        fp = self.c.fingerprint(x)
+        self.assertTrue(self.c.matches_fingerprint(x.clone(), fp, s))
+        self.assertFalse(self.c.matches_fingerprint(torch.randn(5000, 3), fp, s))
+        self.assertFalse(self.c.matches_fingerprint(x.t(), fp, s))
         # The judge's comparison keeps the same fingerprint of an output fed to it in pieces.
         out = torch.randn(100_000)
-        check = self.h.OutputCheck(out, s)
+        check = self.c.OutputCheck(out, s)
         for a, b in ((0, 1), (1, 33_333), (33_333, 33_333), (33_333, 100_000)):
             check.feed(out[a:b])
-        self.assertTrue(torch.equal(check.fingerprint()[2], self.h.fingerprint(out)[0][2]))
+        self.assertTrue(torch.equal(check.fingerprint()[2], self.c.fingerprint(out)[0][2]))
 
 
 class SandboxTest(Base):
@@ -715,8 +716,10 @@ class SandboxTest(Base):
 
     def test_patching_the_judge_from_inside_is_hacked(self):
         # The judge's live modules, as a candidate finds them.
-        find = "import sys\nharness, defenses = sys.modules['harness'], sys.modules['defenses']\n"
-        for patch in ("harness.compare = lambda *a, **k: None",
+        find = ("import sys\nharness, checks, defenses = sys.modules['harness'], sys.modules['checks'], "
+                "sys.modules['defenses']\n")
+        for patch in ("checks.compare = lambda *a, **k: None",
+                      "checks._tolerance = lambda *a, **k: (1e9, 1e9)",
                       "harness._clock_ns = lambda: 0",
                       "harness.Timer.run = lambda *a, **k: {'median_ms': 1e-6}",
                       "defenses.Watch.check = lambda *a, **k: None"):
@@ -724,7 +727,7 @@ class SandboxTest(Base):
             self.assertStatus(r, "hacked", "changed the harness")
         # Both at once: the check runs through the function captured before any candidate.
         r = self.evaluate(find + "defenses.Watch.check = lambda *a, **k: None\n"
-                                 "harness.compare = lambda *a, **k: None\nreturn torch.zeros_like(x)")
+                                 "checks.compare = lambda *a, **k: None\nreturn torch.zeros_like(x)")
         self.assertStatus(r, "hacked", "changed the harness")
         self.honest()
 
