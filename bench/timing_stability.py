@@ -8,7 +8,7 @@ imported torch without initialising CUDA, exactly as the evaluation worker forks
 (gpu/sandbox.py). In each process every protocol times it once in every position of the order
 (50 trials, median; a Latin square shifted per process, since the GPU warms over a process's runs):
 
-  head     gpu/harness.py's Timer as the evaluator runs it: flush, a spin kernel as head start,
+  head     gpu/timing.py's Timer as the evaluator runs it: flush, a spin kernel as head start,
            events on the stream, the device-wide synchronize's tail counted only when work
            outlasts the stream
   notail   the same without the tail rule (start->end always): what the tail rule costs

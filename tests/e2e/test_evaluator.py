@@ -716,11 +716,13 @@ class SandboxTest(Base):
 
     def test_patching_the_judge_from_inside_is_hacked(self):
         # The judge's live modules, as a candidate finds them.
-        find = ("import sys\nharness, checks, defenses = sys.modules['harness'], sys.modules['checks'], "
-                "sys.modules['defenses']\n")
+        find = ("import sys\nharness, checks, timing, defenses = sys.modules['harness'], sys.modules['checks'], "
+                "sys.modules['timing'], sys.modules['defenses']\n")
         for patch in ("checks.compare = lambda *a, **k: None",
                       "checks._tolerance = lambda *a, **k: (1e9, 1e9)",
                       "harness._clock_ns = lambda: 0",
+                      "timing._clock_ns = lambda: 0",
+                      "timing.stats = lambda times: {'median_ms': 1e-6}",
                       "harness.Timer.run = lambda *a, **k: {'median_ms': 1e-6}",
                       "defenses.Watch.check = lambda *a, **k: None"):
             r = self.evaluate(find + patch + "\nreturn torch.zeros_like(x)")
