@@ -207,7 +207,7 @@ void sampler_joined(self_ptr self, const SupervisorArgs& args, caf::actor s, con
     log::get("supervisor")->warn("{} registered twice: the second registration is ignored", name);
     return;
   }
-  if (!st.running || st.start_waits) {  // the run has not started (or waits for its learner)
+  if (!st.running || st.start_waits || st.start_deferred) {  // not started (or waits for its learner or nodes)
     st.early.emplace_back(std::move(s), name);
     return;
   }

@@ -18,6 +18,7 @@ import fused_check
 _isclose = torch.isclose
 _isfinite = torch.isfinite
 
+
 def _flatten(out):
     if isinstance(out, torch.Tensor):
         return [out]

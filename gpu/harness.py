@@ -1,6 +1,6 @@
 """Evaluation of one candidate against its task, with KernelBench's semantics: the candidate's
 side runs inside the candidate's own process (gpu/sandbox.py forks it; gpu/worker.py drives it),
-the reference's side in the judge's (gpu/judge.py), which uses this module's comparison.
+the reference's side in the judge's (gpu/judge.py), which compares with gpu/checks.py.
 
 Correctness: identical weights (Model and ModelNew built after the same seed), N trials with fresh
 inputs from per-trial seeds built directly on the evaluation device, generated separately by the

@@ -538,10 +538,15 @@ class Judge:
                     with h._harness_step("comparing outputs"):
                         piece = take(min(per, r.numel() - a) * size, r.dtype)
                         try:
-                            if check is not None:
+                            if check is not None and (check.reads_once or not device):
                                 # A comparison that reads each value once reads the shared
-                                # buffer itself; PyTorch's passes (several) read a copy.
-                                check.feed(piece if check.reads_once or not device else piece.clone())
+                                # buffer itself (and a piece of bytes is the judge's own).
+                                check.feed(piece)
+                            elif check is not None:
+                                # PyTorch's passes (several) read a copy, a chunk at a time: a
+                                # piece may be 1 GB, their temporaries stay a few hundred MB.
+                                for sub in C._chunks(piece):
+                                    check.feed(sub.clone())
                         finally:
                             done()
                 except H.Verdict as v:

@@ -157,7 +157,9 @@ class ClusterTest(unittest.TestCase):
 
             procs = []
             try:
-                head = start("head", "--run-dir", run_dir)
+                # Node b is listed but starts mid-run: the head waits join_wait_s (20 s here) for
+                # it, then starts with node a's evaluators, naming b.
+                head = start("head", "--run-dir", run_dir, "--set", "cluster.join_wait_s=20")
                 procs.append(head)
                 a = start("a", "--node", "a")
                 procs.append(a)
@@ -206,6 +208,8 @@ class ClusterTest(unittest.TestCase):
             self.assertIn("a", by_node)
             self.assertIn("b", by_node)
             self.assertIn('peer "a" joined', head_log)
+            self.assertIn("node b brought no evaluator within 20 s ([cluster] join_wait_s); the run starts with 1 "
+                          "evaluators", head_log)
             # (the stranger stopped at the head's proof: it never sent one of its own)
             self.assertIn("is down", head_log)  # the dispatcher noticed node a's evaluator go
 
