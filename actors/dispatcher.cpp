@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <unordered_set>
@@ -50,12 +51,14 @@ struct dispatcher_state {
   std::map<std::string, NodeTotals> nodes;
   std::map<std::string, std::set<std::string>> task_sites;  // task id -> sites it was dispatched to
   uint64_t task_site_pairs = 0;                             // sum of their sizes, ever
-  std::deque<caf::response_promise> held;                   // producers' answers, held while the queue is full
+  std::deque<caf::typed_response_promise<bool>> held;       // producers' answers, held while the queue is full
   double last_stats = -1;  // mono_s of the last telemetry answer (utilisation is over the interval)
   static inline const char* name = "dispatcher";
 };
 
-using self_ptr = caf::stateful_actor<dispatcher_state>*;
+using self_ptr = dispatcher_actor::stateful_pointer<dispatcher_state>;
+// The settings, shared by the handlers (an answer's handler captures the pointer, not a copy of the task map).
+using ArgsPtr = std::shared_ptr<const DispatcherArgs>;
 
 // Keeps the busy time of a slot: an evaluator is busy while it holds any work.
 void account(self_ptr self, EvaluatorSlot& e, bool closing = false) {
@@ -68,7 +71,7 @@ void account(self_ptr self, EvaluatorSlot& e, bool closing = false) {
   if (busy && e.busy_since < 0) e.busy_since = now;
 }
 
-void pump(self_ptr self, const DispatcherArgs& args, const reward_actor& reward);
+void pump(self_ptr self, const ArgsPtr& args, const reward_actor& reward);
 
 // Where an evaluator's reference timings are kept: its node and device ("n1/cuda:0" for "n1/cuda:0"
 // and "n1/cuda:0#2"; "n1/cpu" for every CPU slot "n1/cpu-K"). An id without a device is its own site.
@@ -110,9 +113,9 @@ void finish(self_ptr self, const reward_actor& reward, Pending&& p, EvalResult&&
 
 // A dispatch failed or its evaluator went away: back to the queue, or recorded as a
 // runtime_error after max_attempts.
-void retry(self_ptr self, const DispatcherArgs& args, const reward_actor& reward, Pending&& p, const std::string& why) {
+void retry(self_ptr self, const ArgsPtr& args, const reward_actor& reward, Pending&& p, const std::string& why) {
   p.last_error = why;
-  if (++p.request.attempt >= args.max_attempts) {
+  if (++p.request.attempt >= args->max_attempts) {
     log::get("dispatcher")
         ->error("sample {}: evaluation failed on {} dispatches ({}); recorded as runtime_error", p.rollout.sample_id,
                 p.request.attempt, p.last_error);
@@ -158,19 +161,19 @@ size_t choose(dispatcher_state& st, const EvaluatorSlot& to) {
   return fresh < st.queue.size() ? fresh : 0;
 }
 
-void pump(self_ptr self, const DispatcherArgs& args, const reward_actor& reward) {
+void pump(self_ptr self, const ArgsPtr& args, const reward_actor& reward) {
   auto& st = self->state;
   while (!st.queue.empty()) {
     EvaluatorSlot* best = nullptr;
     for (auto& e : st.evaluators)
-      if (e.in_flight.size() < args.max_in_flight && (!best || e.in_flight.size() < best->in_flight.size())) best = &e;
+      if (e.in_flight.size() < args->max_in_flight && (!best || e.in_flight.size() < best->in_flight.size())) best = &e;
     if (!best) return;
     size_t pick = choose(st, *best);
     for (size_t i = 0; i < pick; ++i) ++st.queue[i].passed_over;
     Pending p = std::move(st.queue[pick]);
     st.queue.erase(st.queue.begin() + std::ptrdiff_t(pick));
     if (st.task_sites[p.request.task_id].insert(best->site).second) ++st.task_site_pairs;
-    while (!st.held.empty() && st.queue.size() < args.max_queue) {  // room again: let one more in
+    while (!st.held.empty() && st.queue.size() < args->max_queue) {  // room again: let one more in
       st.held.front().deliver(true);
       st.held.pop_front();
     }
@@ -243,7 +246,8 @@ bool from_here(self_ptr self) {
   return false;
 }
 
-caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, reward_actor reward) {
+dispatcher_actor::behavior_type dispatcher_behavior(self_ptr self, DispatcherArgs settings, reward_actor reward) {
+  ArgsPtr args = std::make_shared<const DispatcherArgs>(std::move(settings));
   auto lg = log::get("dispatcher");
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& evs = self->state.evaluators;
@@ -276,7 +280,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, reward_actor 
         if (!from_here(self)) return caf::make_error(caf::sec::runtime_error, "rollouts come from this process only");
         auto rp = self->make_response_promise<bool>();
         auto& st = self->state;
-        if (st.queue.size() >= args.max_queue)
+        if (st.queue.size() >= args->max_queue)
           st.held.push_back(rp);
         else
           rp.deliver(true);
@@ -285,12 +289,12 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, reward_actor 
         p.request.sample_id = r.sample_id;
         p.request.task_id = r.task_id;
         p.request.action = r.completion;
-        p.request.action_space = args.action_space;
-        p.request.mode = args.mode;
-        p.request.seed = args.seed;
-        auto it = args.task_paths.find(r.task_id);
+        p.request.action_space = args->action_space;
+        p.request.mode = args->mode;
+        p.request.seed = args->seed;
+        auto it = args->task_paths.find(r.task_id);
         p.rollout = std::move(r);
-        if (it == args.task_paths.end()) {
+        if (it == args->task_paths.end()) {
           // Nothing to evaluate against: recorded, never dropped.
           EvalResult res;
           res.sample_id = p.rollout.sample_id;
@@ -327,7 +331,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, reward_actor 
         EvaluatorSlot slot;
         slot.handle = caf::actor_cast<evaluator_actor>(ev);
         slot.id = id;
-        slot.node = id.substr(0, id.find('/'));
+        slot.node = evaluator_node(id);
         slot.site = site_of(id);
         self->state.evaluators.push_back(std::move(slot));
         lg->debug("evaluator {} registered ({} now)", id, self->state.evaluators.size());
@@ -376,7 +380,7 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, reward_actor 
           std::string k = "node." + node + ".";
           t.values[k + "evaluators"] = double(evs);
           t.values[k + "in_flight"] = double(held);
-          t.values[k + "capacity"] = double(evs * args.max_in_flight);
+          t.values[k + "capacity"] = double(evs * args->max_in_flight);
           t.values[k + "completed"] = double(tot.completed);
           t.values[k + "utilisation"] = util;
           busy_all += busy;
@@ -390,8 +394,8 @@ caf::behavior dispatcher_actor(self_ptr self, DispatcherArgs args, reward_actor 
 
 }  // namespace
 
-caf::actor spawn_dispatcher(caf::actor_system& sys, DispatcherArgs args, reward_actor reward) {
-  return sys.spawn(dispatcher_actor, std::move(args), std::move(reward));
+dispatcher_actor spawn_dispatcher(caf::actor_system& sys, DispatcherArgs args, reward_actor reward) {
+  return sys.spawn(dispatcher_behavior, std::move(args), std::move(reward));
 }
 
 }  // namespace kernelrl

@@ -6,6 +6,7 @@
 // as a runtime_error. No sample is lost; a second verdict for a sample (a late answer) is dropped
 // and counted, never scored twice. Only this process's actors may send it work or evaluators
 // (remote evaluators arrive through the gate).
+// Interface: dispatcher_actor (messages/interfaces.hpp).
 // Messages in:  Rollout (sampler); (skip_atom, Rollout, std::string why) (sampler: not to be
 //               evaluated, scored as skipped); (register_atom, actor, std::string id) (evaluator);
 //               (stats_atom) -> Telemetry (task_sites: distinct task x node-and-device
@@ -33,6 +34,6 @@ struct DispatcherArgs {
   uint32_t max_queue = 256;                       // queued rollouts before producers wait
 };
 
-caf::actor spawn_dispatcher(caf::actor_system& sys, DispatcherArgs args, reward_actor reward);
+dispatcher_actor spawn_dispatcher(caf::actor_system& sys, DispatcherArgs args, reward_actor reward);
 
 }  // namespace kernelrl

@@ -183,7 +183,7 @@ caf::result<bool> register_monitor(self_ptr self, const GateArgs& args, const ca
   return true;
 }
 
-caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, caf::actor supervisor,
+caf::behavior gate_actor(self_ptr self, GateArgs args, dispatcher_actor dispatcher, caf::actor supervisor,
                          caf::actor monitor) {
   auto lg = log::get("gate");
   self->state.monitor = monitor;
@@ -289,7 +289,7 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, caf::actor dispatcher, ca
 
 }  // namespace
 
-caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, caf::actor dispatcher, caf::actor supervisor,
+caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, dispatcher_actor dispatcher, caf::actor supervisor,
                       caf::actor monitor) {
   return sys.spawn(gate_actor, std::move(args), std::move(dispatcher), std::move(supervisor), std::move(monitor));
 }

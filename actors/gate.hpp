@@ -34,6 +34,8 @@
 //               (skip_atom, Rollout, why) -> dispatcher
 #pragma once
 
+#include "messages/interfaces.hpp"
+
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
@@ -57,7 +59,7 @@ struct GateArgs {
 
 // `monitor` answers (stats_atom) with the merged snapshot; may be invalid (then a monitor node's
 // registers later).
-caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, caf::actor dispatcher, caf::actor supervisor,
+caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, dispatcher_actor dispatcher, caf::actor supervisor,
                       caf::actor monitor);
 
 }  // namespace kernelrl

@@ -156,7 +156,7 @@ Telemetry sampler_telemetry(sampler_ptr self, const SamplerArgs& args) {
 // answers only once its queue has room, so a full queue holds the sampler back. (Its answer
 // handlers capture the window, not the SamplerArgs: a copy of those, with every replayed action,
 // per rollout made a replay of N actions cost O(N^2).)
-void feed(sampler_ptr self, uint32_t window, const caf::actor& dispatcher) {
+void feed(sampler_ptr self, uint32_t window, const rollout_sink& dispatcher) {
   auto& st = self->state;
   for (auto& [r, why] : st.to_skip) self->send(dispatcher, skip_atom::value, std::move(r), std::move(why));
   st.to_skip.clear();
@@ -208,7 +208,7 @@ void route_group(sampler_state& st, const SamplerArgs& args, std::vector<Rollout
 // Generates the next batch of planned prompts, turns the samples into Rollouts and hands them on.
 // A failed generation is logged and retried after a growing pause (capped at 30 s): nothing
 // planned is dropped.
-void generate_next(sampler_ptr self, const SamplerArgs& args, const caf::actor& dispatcher) {
+void generate_next(sampler_ptr self, const SamplerArgs& args, const rollout_sink& dispatcher) {
   auto& st = self->state;
   st.generating = false;
   if (st.to_generate.empty()) return;
@@ -358,7 +358,7 @@ uint64_t enqueue_plan(sampler_ptr self, const SamplerArgs& args, const SamplePla
   return n;
 }
 
-caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispatcher) {
+caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, rollout_sink dispatcher) {
   auto lg = log::get("sampler");
   if (args.backend) {
     return {
@@ -451,7 +451,7 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, caf::actor dispa
 
 }  // namespace
 
-caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, caf::actor dispatcher) {
+caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, rollout_sink dispatcher) {
   if (args.backend)  // generation blocks: a thread of its own, off CAF's scheduler
     return sys.spawn<caf::detached>(sampler_actor, std::move(args), std::move(dispatcher));
   return sys.spawn(sampler_actor, std::move(args), std::move(dispatcher));

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "policy/policy.hpp"
+#include "messages/interfaces.hpp"
 #include "messages/messages.hpp"
 
 #include <caf/fwd.hpp>
@@ -77,6 +78,7 @@ struct SamplerArgs {
   uint32_t max_failures = 0;
 };
 
-caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, caf::actor dispatcher);
+// `dispatcher`: the dispatcher, or on a sampler node the head's gate (rollout_sink).
+caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, rollout_sink dispatcher);
 
 }  // namespace kernelrl

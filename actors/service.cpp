@@ -139,7 +139,7 @@ void send_response(front_ptr self, caf::io::connection_handle hdl, int status, c
   }
 }
 
-void process(front_ptr self, const ServiceArgs& args, caf::actor dispatcher, caf::io::connection_handle hdl);
+void process(front_ptr self, const ServiceArgs& args, dispatcher_actor dispatcher, caf::io::connection_handle hdl);
 
 // A request's JSON body to a Rollout; 0 and the rollout, or an HTTP status and `why`.
 int parse_evaluate(front_ptr self, const ServiceArgs& args, const HttpServerRequest& req, const std::string& peer,
@@ -229,7 +229,7 @@ nlohmann::json health_json(front_ptr self, const ServiceArgs& args) {
           {"requests", st.requests}};
 }
 
-void handle(front_ptr self, const ServiceArgs& args, caf::actor dispatcher, caf::io::connection_handle hdl,
+void handle(front_ptr self, const ServiceArgs& args, dispatcher_actor dispatcher, caf::io::connection_handle hdl,
             HttpServerRequest req) {
   auto& st = self->state;
   auto& conn = st.conns.at(hdl);
@@ -329,7 +329,7 @@ void handle(front_ptr self, const ServiceArgs& args, caf::actor dispatcher, caf:
 
 // Answers every complete request buffered on `hdl`, one at a time (a request being evaluated
 // holds the ones behind it: HTTP/1.1 answers in order).
-void process(front_ptr self, const ServiceArgs& args, caf::actor dispatcher, caf::io::connection_handle hdl) {
+void process(front_ptr self, const ServiceArgs& args, dispatcher_actor dispatcher, caf::io::connection_handle hdl) {
   while (true) {
     auto it = self->state.conns.find(hdl);
     if (it == self->state.conns.end() || it->second.busy) return;
@@ -358,7 +358,7 @@ void process(front_ptr self, const ServiceArgs& args, caf::actor dispatcher, caf
   }
 }
 
-caf::behavior front_actor(front_ptr self, ServiceArgs args, caf::actor dispatcher, caf::actor recorder) {
+caf::behavior front_actor(front_ptr self, ServiceArgs args, dispatcher_actor dispatcher, caf::actor recorder) {
   auto lg = log::get("serve");
   self->state.next_group = args.first_group;
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -499,7 +499,7 @@ caf::actor spawn_service_recorder(caf::actor_system& sys, const std::string& sto
   return sys.spawn(recorder_actor, std::move(store), run_id);
 }
 
-Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, caf::actor dispatcher, caf::actor recorder,
+Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, dispatcher_actor dispatcher, caf::actor recorder,
                             std::string& err) {
   Service s;
   s.recorder = recorder;

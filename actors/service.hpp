@@ -16,6 +16,7 @@
 #pragma once
 
 #include "core/http_server.hpp"
+#include "messages/interfaces.hpp"
 
 #include <caf/actor.hpp>
 
@@ -53,7 +54,7 @@ caf::actor spawn_service_recorder(caf::actor_system& sys, const std::string& sto
                                   std::string& err);
 
 // Binds host:port and starts answering; an invalid actor and `err` when it cannot listen.
-Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, caf::actor dispatcher, caf::actor recorder,
+Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, dispatcher_actor dispatcher, caf::actor recorder,
                             std::string& err);
 
 }  // namespace kernelrl

@@ -421,7 +421,7 @@ void evaluator_joined(self_ptr self, const SupervisorArgs& args, const caf::acto
   self->monitor(ev);
   ++st.evaluators_alive;
   lg->info("evaluator {} joined ({} running)", id, st.evaluators_alive);
-  if (st.awaited.erase(id.substr(0, id.find('/'))) == 0 || !st.awaited.empty() || !st.start_deferred) return;
+  if (st.awaited.erase(evaluator_node(id)) == 0 || !st.awaited.empty() || !st.start_deferred) return;
   st.start_deferred = false;
   if (st.finished) return;
   lg->info("every listed evaluator node has joined; the run starts with {} evaluators", st.evaluators_alive);

@@ -201,12 +201,13 @@ int cmd_serve(const ServeArgs& a) {
       ServiceArgs sa;
       service_settings(*cfg, a, tasks, eval_tasks, da, sa);
       auto dispatcher = spawn_dispatcher(*sys, da, reward);
-      all.push_back(dispatcher);
+      all.push_back(caf::actor_cast<caf::actor>(dispatcher));
       const std::string worker_logs = (fs::path(*run_dir) / "workers").string();
       for (auto& node : cfg->nodes) {
         if (cluster && &node != &head_node(*cfg)) continue;  // those join from their nodes
         for (auto& ea : node_evaluators(*cfg, node, worker_logs)) {
-          all.push_back(caf::actor_cast<caf::actor>(spawn_evaluator(*sys, ea, dispatcher)));
+          all.push_back(
+              caf::actor_cast<caf::actor>(spawn_evaluator(*sys, ea, caf::actor_cast<caf::actor>(dispatcher))));
           ++sa.local_evaluators;
         }
       }

@@ -121,6 +121,9 @@ struct Correctness {
                      ref_noise, distributions, failed_distribution, failed_seed);
 };
 
+// The node of an evaluator's id ("node/device": "n1/cuda:0", "n1/cuda:0#2", "n1/cpu-1" -> "n1").
+inline std::string evaluator_node(const std::string& id) { return id.substr(0, id.find('/')); }
+
 // The evaluator's verdict on one EvalRequest.
 struct EvalResult {
   std::string sample_id;  // EvalRequest::sample_id

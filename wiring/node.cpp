@@ -167,7 +167,8 @@ void start_samplers(caf::scoped_actor& self, const caf::actor& gate, const NodeC
     one.backend = prep.backends[i];
     one.id = sampler_name(node, false, i);
     const std::string id = one.id;
-    auto s = spawn_sampler(sys, std::move(one), gate);  // its rollouts go through the gate
+    // Its rollouts go through the head's gate, which takes them as the dispatcher does.
+    auto s = spawn_sampler(sys, std::move(one), caf::actor_cast<rollout_sink>(gate));
     bool registered = false;
     self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value, s, id, digest)
         .receive([&](bool) { registered = true; },

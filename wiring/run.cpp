@@ -29,8 +29,8 @@ namespace kernelrl {
 
 void RunActors::stop() {
   if (gate) unpublish_gate(gate);
-  for (auto& a : {monitor, dispatcher, caf::actor_cast<caf::actor>(reward), supervisor, gate, learner,
-                  caf::actor_cast<caf::actor>(selector)})
+  for (auto& a : {monitor, caf::actor_cast<caf::actor>(dispatcher), caf::actor_cast<caf::actor>(reward), supervisor,
+                  gate, learner, caf::actor_cast<caf::actor>(selector)})
     if (a) anon_send_exit(a, caf::exit_reason::user_shutdown);
   for (auto& s : samplers) anon_send_exit(s, caf::exit_reason::user_shutdown);
   for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
@@ -85,7 +85,8 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   da.max_queue = cfg.sampler.max_pending;
   run.dispatcher = spawn_dispatcher(sys, da, run.reward);
   for (auto& ea : eval_args)
-    run.evaluators.push_back(caf::actor_cast<caf::actor>(spawn_evaluator(sys, ea, run.dispatcher)));
+    run.evaluators.push_back(
+        caf::actor_cast<caf::actor>(spawn_evaluator(sys, ea, caf::actor_cast<caf::actor>(run.dispatcher))));
   SamplerArgs sma = sampler_settings(cfg);
   sma.records = std::move(in.records);
   sma.prompts = std::move(in.prompts);
@@ -106,7 +107,7 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
       return std::nullopt;
     }
   }
-  std::vector<caf::actor> watched{run.supervisor, run.dispatcher};
+  std::vector<caf::actor> watched{run.supervisor, caf::actor_cast<caf::actor>(run.dispatcher)};
   for (auto& s : run.samplers) watched.push_back(s);
   if (run.learner) watched.push_back(run.learner);
   if (ma)

@@ -23,7 +23,8 @@ class SamplerBackend;
 
 // The actors of one run on the head, and their shutdown.
 struct RunActors {
-  caf::actor supervisor, dispatcher, learner, monitor, gate;
+  caf::actor supervisor, learner, monitor, gate;
+  dispatcher_actor dispatcher;
   reward_actor reward;
   selector_actor selector;
   std::vector<caf::actor> samplers, evaluators;

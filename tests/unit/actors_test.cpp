@@ -42,7 +42,7 @@ Rollout test_rollout(int i) {
   return r;
 }
 
-void send_rollouts(caf::scoped_actor& self, const caf::actor& dispatcher, int n) {
+void send_rollouts(caf::scoped_actor& self, const dispatcher_actor& dispatcher, int n) {
   for (int i = 0; i < n; ++i) self->send(dispatcher, test_rollout(i));
 }
 
@@ -57,7 +57,7 @@ uint64_t wait_scored(caf::scoped_actor& self, const scores_actor& scores, int n,
   return got;
 }
 // Synthetic evaluators registered with `dispatcher`, each answering after `latency_ms`.
-std::vector<caf::actor> synthetic_evaluators(System& s, const caf::actor& dispatcher,
+std::vector<caf::actor> synthetic_evaluators(System& s, const dispatcher_actor& dispatcher,
                                              std::initializer_list<const char*> ids, double latency_ms) {
   std::vector<caf::actor> evs;
   for (auto* id : ids) {
@@ -65,7 +65,7 @@ std::vector<caf::actor> synthetic_evaluators(System& s, const caf::actor& dispat
     ea.id = id;
     ea.settings.backend = "synthetic";
     ea.settings.synthetic_latency_ms = latency_ms;
-    evs.push_back(caf::actor_cast<caf::actor>(spawn_evaluator(*s.sys, ea, dispatcher)));
+    evs.push_back(caf::actor_cast<caf::actor>(spawn_evaluator(*s.sys, ea, caf::actor_cast<caf::actor>(dispatcher))));
   }
   return evs;
 }
@@ -172,14 +172,14 @@ TEST_CASE("an idle evaluator takes the work waiting behind a slow one", "[actors
   slow.id = "slow/cpu-0";
   slow.settings.backend = "synthetic";
   slow.settings.synthetic_latency_ms = 1500;
-  auto ev_slow = spawn_evaluator(*s.sys, slow, dispatcher);
+  auto ev_slow = spawn_evaluator(*s.sys, slow, caf::actor_cast<caf::actor>(dispatcher));
   const int n = 8;
   send_rollouts(self, dispatcher, n);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EvaluatorArgs fast = slow;
   fast.id = "fast/cpu-0";
   fast.settings.synthetic_latency_ms = 1;
-  auto ev_fast = spawn_evaluator(*s.sys, fast, dispatcher);
+  auto ev_fast = spawn_evaluator(*s.sys, fast, caf::actor_cast<caf::actor>(dispatcher));
   REQUIRE(wait_scored(self, scores, n, 10) == uint64_t(n));
   self->request(dispatcher, std::chrono::seconds(5), stats_atom::value)
       .receive(
@@ -193,13 +193,13 @@ TEST_CASE("an idle evaluator takes the work waiting behind a slow one", "[actors
             CHECK(t.values["duplicates_dropped"] == 0);
           },
           [](caf::error&) { FAIL("no dispatcher stats"); });
-  for (auto& a : {caf::actor_cast<caf::actor>(ev_slow), caf::actor_cast<caf::actor>(ev_fast), dispatcher,
-                  caf::actor_cast<caf::actor>(scores)})
+  for (auto& a : {caf::actor_cast<caf::actor>(ev_slow), caf::actor_cast<caf::actor>(ev_fast),
+                  caf::actor_cast<caf::actor>(dispatcher), caf::actor_cast<caf::actor>(scores)})
     self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
 // Hands n rollouts to the dispatcher as requests, all at once, and counts the answers.
-caf::behavior producer(caf::stateful_actor<uint64_t>* self, caf::actor dispatcher, int n) {
+caf::behavior producer(caf::stateful_actor<uint64_t>* self, dispatcher_actor dispatcher, int n) {
   for (int i = 0; i < n; ++i)
     self->request(dispatcher, caf::infinite, test_rollout(i)).then([=](bool) { ++self->state; }, [](caf::error&) {});
   return {[=](stats_atom) -> uint64_t { return self->state; }};
@@ -228,10 +228,11 @@ TEST_CASE("a full dispatcher queue holds its producers back until evaluators dra
   ea.id = "n/cpu-0";
   ea.settings.backend = "synthetic";
   ea.settings.synthetic_latency_ms = 1;
-  auto ev = spawn_evaluator(*s.sys, ea, dispatcher);
+  auto ev = spawn_evaluator(*s.sys, ea, caf::actor_cast<caf::actor>(dispatcher));
   REQUIRE(wait_scored(self, scores, n, 10) == uint64_t(n));
   CHECK(answered() == uint64_t(n));
-  for (auto& a : {caf::actor_cast<caf::actor>(ev), prod, dispatcher, caf::actor_cast<caf::actor>(scores)})
+  for (auto& a : {caf::actor_cast<caf::actor>(ev), prod, caf::actor_cast<caf::actor>(dispatcher),
+                  caf::actor_cast<caf::actor>(scores)})
     self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 

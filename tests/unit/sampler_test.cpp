@@ -51,12 +51,13 @@ struct Collector {
   std::vector<Rollout> got;
 };
 
-caf::behavior collecting_dispatcher(caf::event_based_actor*, std::shared_ptr<Collector> c) {
+rollout_sink::behavior_type collecting_dispatcher(std::shared_ptr<Collector> c) {
   return {[=](Rollout& r) {
-    std::lock_guard<std::mutex> g(c->mu);
-    c->got.push_back(std::move(r));
-    return true;
-  }};
+            std::lock_guard<std::mutex> g(c->mu);
+            c->got.push_back(std::move(r));
+            return true;
+          },
+          [](skip_atom, Rollout&, std::string&) {}};
 }
 
 size_t collected(const std::shared_ptr<Collector>& c) {
@@ -87,7 +88,7 @@ struct Rig {
   caf::actor_system& sys = *s.sys;
   std::shared_ptr<FakeBackend> backend = std::make_shared<FakeBackend>();
   std::shared_ptr<Collector> col = std::make_shared<Collector>();
-  caf::actor dispatcher = sys.spawn(collecting_dispatcher, col);
+  rollout_sink dispatcher = sys.spawn(collecting_dispatcher, col);
   caf::actor sampler;
   caf::scoped_actor self{sys};
 

@@ -16,7 +16,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HEAD = """#include "messages/interfaces.hpp"
 #include <caf/all.hpp>
 using namespace kernelrl;
-void f(caf::event_based_actor* self, reward_actor reward, selector_actor selector, evaluator_actor evaluator) {
+void f(caf::event_based_actor* self, reward_actor reward, selector_actor selector, evaluator_actor evaluator,
+       dispatcher_actor dispatcher, rollout_sink sink) {
 """
 
 RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
@@ -26,6 +27,13 @@ RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
   self->request(selector, caf::infinite, best_atom::value).then([](Checkpoint&) {});
   self->request(evaluator, caf::infinite, eval_atom::value, EvalRequest{}).then([](EvalResult&) {});
   self->send(evaluator, withdraw_atom::value, std::string("s1"));
+  self->request(dispatcher, caf::infinite, Rollout{}).then([](bool) {});
+  self->send(dispatcher, skip_atom::value, Rollout{}, std::string("left out"));
+  self->send(dispatcher, register_atom::value, caf::actor{}, std::string("n1/cuda:0"));
+  self->request(dispatcher, caf::infinite, stats_atom::value).then([](Telemetry&) {});
+  sink = dispatcher;  // a sampler's rollouts may go to the dispatcher itself
+  self->request(sink, caf::infinite, Rollout{}).then([](bool) {});
+  self->send(sink, skip_atom::value, Rollout{}, std::string("left out"));
 }
 """
 
@@ -36,6 +44,12 @@ WRONG = {
     "a question the evaluator does not answer": "  self->send(evaluator, stats_atom::value, true);\n}\n",
     "a rollout sent to the evaluator (it takes requests)":
         "  self->send(evaluator, eval_atom::value, Rollout{});\n}\n",
+    "a verdict sent to the dispatcher": "  self->send(dispatcher, score_atom::value, Rollout{}, EvalResult{});\n}\n",
+    "a skipped rollout without why": "  self->send(dispatcher, skip_atom::value, Rollout{});\n}\n",
+    "the dispatcher's answer read as a verdict": "  self->request(dispatcher, caf::infinite, Rollout{})"
+                                                 ".then([](EvalResult&) {});\n}\n",
+    "an evaluator registering with a rollout sink": "  self->send(sink, register_atom::value, caf::actor{}, "
+                                                    "std::string(\"n1/cpu-0\"));\n}\n",
     "a verdict read as a rollout": "  self->request(evaluator, caf::infinite, eval_atom::value, EvalRequest{})"
                                    ".then([](Rollout&) {});\n}\n",
 }
