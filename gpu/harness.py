@@ -27,7 +27,6 @@ import re
 import statistics
 import sys
 import tempfile
-import time
 import traceback
 import types
 import warnings
@@ -48,14 +47,12 @@ import sandbox
 from checks import _PLAIN_TENSORS, _flatten, _shapes, digest
 from scaffold import FormatError, assemble, embedded_task_lines, extract_code, FORWARD_MARKER
 from timing import Timer, stats
+# The clock and CUDA functions timing.py captured at import (one capture, which the watch guards).
+from timing import _clock_ns, _cuda_sync, _Event, _no_grad
 
-# Captured before any candidate runs: a candidate that rebinds time.perf_counter_ns or
-# torch.allclose cannot change what the harness uses.
-_clock_ns = time.perf_counter_ns
+# Captured before any candidate runs: a candidate that rebinds torch.manual_seed or
+# Watch.check cannot change what the harness uses.
 _manual_seed = torch.manual_seed
-_no_grad = torch.no_grad
-_Event = torch.cuda.Event
-_cuda_sync = torch.cuda.synchronize
 _watch_check = defenses.Watch.check  # a candidate replacing Watch.check does not silence it
 
 
@@ -376,6 +373,7 @@ class _Calls:
         dist = protocol.distribution_of(label, index, dists)
         if dist is not None and not h._in_domain(label, index):
             return None
+        h._prepare(label, index)
         with h._harness_step("generating inputs"):
             inputs = h._inputs(self.task, protocol.seed_of(label, index, self.seed, self.n, len(dists)), dist)
             if into is not None and _shapes(into) == _shapes(inputs):
@@ -788,6 +786,16 @@ class Harness:
             if sandbox.JUDGE_LINK is None:
                 raise Verdict("runtime_error", "this process has no link to a judge; no verdict on the candidate")
             self.link = protocol.Link(sandbox.JUDGE_LINK)
+
+    def _prepare(self, label, index):
+        """Has the judge compute a check's reference output while this process makes its inputs
+        and runs the candidate (this process's shared hold lasts until the check's answer, so the
+        judge's work stays inside it)."""
+        self._open_link()
+        try:
+            self.link.prepare(label, index)
+        except OSError as e:
+            raise Verdict("runtime_error", f"the judge's link failed ({e}); no verdict on the candidate")
 
     def _in_domain(self, label, index):
         """Whether the judge finds a check's inputs (another input distribution) inside the

@@ -84,6 +84,7 @@ class Judge:
         # sends a task's group of samples, whose checks meet the same inputs (ReferenceCache).
         self.outputs = ReferenceCache()
         self.facts = {}         # (task, size, seed) -> (floating-point inputs, the ordering check applies)
+        self.peaks = {}         # (task, size) -> the most device memory a reference run of it took (bytes)
 
     def session(self, req, s, sock, ctl=None):
         """Judges one candidate over its link until it ends the session, closes the link, or
@@ -97,6 +98,8 @@ class Judge:
         self.task = self.model = None
         self.outputs.budget(s, self.h.device)
         self.runs = self.reused = 0  # reference outputs computed and taken from earlier sessions
+        self.ahead = 0       # checks whose reference output was ready before the candidate's came
+        self.pending = None  # (label, index, the reference's output or the _Failed it raised): _prepare
         self.passed, self.prev = set(), []
         self.skipped = {}  # (label, index) -> why its inputs are outside the reference's domain
         self.task_rms = []  # each output's root-mean-square on the task's own draw (trial 0)
@@ -130,6 +133,9 @@ class Judge:
                     if frame.get("op") == "share":
                         self._share(frame.get("bytes"))
                         continue
+                    if frame.get("op") == "prepare":
+                        self._prepare(frame)
+                        continue
                     self._check(frame)
                 except _Failed as f:
                     failed = f
@@ -152,7 +158,8 @@ class Judge:
                        "reverified": sum(1 for label, _ in self.passed if label == "reverify"),
                        "reverify_complete": all(("reverify", i) in self.passed or ("reverify", i) in self.skipped
                                                 for i in range(4 * self.n)),
-                       "phases": self.phases, "reference_runs": self.runs, "reference_reused": self.reused}
+                       "phases": self.phases, "reference_runs": self.runs, "reference_reused": self.reused,
+                       "reference_ahead": self.ahead}
             if failed is not None:
                 verdict.update(status=failed.status, error=failed.why)
             else:
@@ -160,7 +167,7 @@ class Judge:
                 if missing:
                     verdict.update(status="incomplete",
                                    error=f"the judge saw {len(self.passed)} checks pass; missing: {', '.join(missing)}")
-        self.task = self.model = None
+        self.task = self.model = self.pending = None
         return verdict
 
     def _share(self, wanted):
@@ -251,7 +258,10 @@ class Judge:
         if label == "post" and not self.prev_timing:
             self.prev_timing = True  # the timing inputs' true output: a candidate may hand that back later
             self.prev.append(C.fingerprint(self._reference(self.seed * 1000 + TIMING_SEED)))
-        if dist is not None:
+        ready, ref_out = self._prepared(label, index)
+        if ready:
+            pass
+        elif dist is not None:
             valid, why, ref_out = self._in_domain(label, index, keep=True)
             if not valid:  # the candidate's process did not ask first: the check is not in the protocol
                 self.skipped[(label, index)] = why
@@ -346,6 +356,74 @@ class Judge:
             self.prev.append(C.fingerprint(ref_out))
         self.passed.add((label, index))
         send_frame(self.sock, {"ok": True, "status": "ok", "why": "", "acc": self.acc, "counted": counted})
+
+    def _prepare(self, frame):
+        """The candidate's process is about to make a check's inputs and run the candidate on
+        them (in its shared hold on the device, which it keeps until the judge answers that
+        check): the judge computes the reference's output now, beside it, instead of after the
+        candidate's output has come. Kept for that check only (one at a time); what the
+        reference raises is raised there."""
+        label, index = frame.get("label"), frame.get("index")
+        if (label not in LABELS or label == "ordering"
+                or seed_of(label, index, self.seed, self.n, len(self.dists)) is None
+                or (label, index) in self.passed or (label, index) in self.skipped):
+            raise _Failed("hacked", f"the candidate's process asked the judge to prepare a check outside the "
+                                    f"protocol ({str(label)[:40]} {index!r}, or one already passed or outside "
+                                    f"the reference's domain)")
+        self.pending = None  # (a check prepared and never sent: its candidate raised)
+        import harness as H
+        try:
+            self._load()
+        except _Failed as f:
+            self.pending = (label, index, f)  # raised at the check (no answer to a prepare)
+            return
+        dist = distribution_of(label, index, self.dists)
+        trial_seed = seed_of(label, index, self.seed, self.n, len(self.dists))
+        kept = (self._inputs_key(trial_seed, dist), self.seed, self.settings_key) in self.outputs.items
+        if not kept and not self._room_beside():
+            return  # computed at the check, once the candidate's output is in
+        lock = H.device_lock()
+        # Held shared while it works: the candidate's process holds the device until this check's
+        # answer, but may end before it sends the check (its candidate raised); no timed region
+        # starts until this work is done, and none is running when it starts.
+        with (lock.beside() if lock is not None else contextlib.nullcontext(True)) as free:
+            if not free:
+                return  # a timed region runs: the candidate's process no longer holds the device
+            try:
+                if dist is not None:
+                    valid, _, out = self._in_domain(label, index, keep=True)
+                    if not valid:
+                        return  # (the candidate's process asks first; the check says why not)
+                else:
+                    out = self._reference(trial_seed)
+            except _Failed as f:
+                out = f
+        self.pending = (label, index, out)
+        self._spent("ahead")
+
+    def _room_beside(self):
+        """Whether the reference may run beside the candidate: on a GPU, when the device's free
+        memory is at least 3x what the task's reference run last took (its inputs, intermediates
+        and output; the candidate's process makes as much of its own meanwhile); not before that
+        is known (the task's first check), nor where the device is short of it."""
+        if self.h.device.type != "cuda":
+            return True
+        peak = self.peaks.get((self._task_key(), self.s.get("size", "cpu")))
+        if peak is None:
+            return False
+        import torch
+        free, _ = torch.cuda.mem_get_info(self.h.device)
+        return free >= 3 * peak
+
+    def _prepared(self, label, index):
+        """(True, the reference's output _prepare computed for this check) or (False, None)."""
+        pending, self.pending = self.pending, None
+        if pending is None or pending[:2] != (label, index):
+            return False, None
+        if isinstance(pending[2], _Failed):
+            raise pending[2]
+        self.ahead += 1
+        return True, pending[2]
 
     def _fail(self, status, why, label):
         self.corr["detail"] = why
@@ -620,12 +698,20 @@ class Judge:
             self.reused += 1
             return out
         model = self._reference_model()
+        cuda = h.device.type == "cuda"
+        if cuda:
+            import torch
+            base = torch.cuda.memory_allocated(h.device)
+            torch.cuda.reset_peak_memory_stats(h.device)
         with h._harness_step("generating inputs"):
             inputs = h._inputs(self.task, trial_seed, dist)
         with h._harness_step("running the reference Model"):
             out = model(*inputs)
-            if h.device.type == "cuda":
+            if cuda:
                 H._cuda_sync(h.device)
+        if cuda:  # what it took, for _room_beside
+            size = (self._task_key(), self.s.get("size", "cpu"))
+            self.peaks[size] = max(self.peaks.get(size, 0), torch.cuda.max_memory_allocated(h.device) - base)
         self.runs += 1
         self.outputs.put(key, out)
         return out

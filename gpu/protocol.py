@@ -260,6 +260,11 @@ class Link:
         send_frame(self.sock, {"op": "domain", "label": label, "index": index})
         return recv_frame(self.sock)
 
+    def prepare(self, label, index):
+        """Tells the judge the check this process is about to make inputs for and run, so it
+        computes the reference's output meanwhile (no answer: the check's answer follows it)."""
+        send_frame(self.sock, {"op": "prepare", "label": label, "index": index})
+
     def end(self):
         try:
             send_frame(self.sock, {"op": "end"})

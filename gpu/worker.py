@@ -283,10 +283,12 @@ class ForkServer:
             return full
         full["correctness"] = dict(full.get("correctness") or {}, **verdict.get("correctness", {}))
         full["judge_phases"] = verdict.get("phases", {})
-        # The reference's outputs the judge computed for this candidate, and those it had from
-        # the task's earlier candidates (judge.ReferenceCache).
+        # The reference's outputs the judge computed for this candidate, those it had from the
+        # task's earlier candidates (judge.ReferenceCache), and the checks whose reference output
+        # was ready before the candidate's came (judge._prepare).
         full["judge_reference"] = {"runs": int(verdict.get("reference_runs", 0)),
-                                   "reused": int(verdict.get("reference_reused", 0))}
+                                   "reused": int(verdict.get("reference_reused", 0)),
+                                   "ahead": int(verdict.get("reference_ahead", 0))}
         js, cs = verdict.get("status"), full.get("status")
         if cs == "hacked":
             return full

@@ -761,6 +761,17 @@ class SandboxTest(Base):
         self.assertStatus(self.evaluate(body), "hacked", "outside the protocol")
         self.honest()
 
+    def test_preparing_a_check_outside_the_protocol_is_hacked(self):
+        # It asks the judge to compute the reference ahead of the ordering check, which runs in
+        # a timed region, where the judge must not work beside it.
+        body = ("import sandbox, judge, socket\n"
+                "s = socket.socket(fileno=sandbox.JUDGE_LINK)\n"
+                "judge.send_frame(s, {'op': 'prepare', 'label': 'ordering', 'index': 0})\n"
+                "s.detach()\n"
+                "return torch.nn.functional.silu(x)")
+        self.assertStatus(self.evaluate(body), "hacked", "prepare a check outside the protocol")
+        self.honest()
+
     def test_a_device_check_without_the_judges_buffer_is_hacked(self):
         # It claims its outputs are in a device buffer the judge never gave it.
         body = ("import sandbox, judge, socket\n"
@@ -1058,6 +1069,11 @@ class ReferenceCacheTest(Base):
         # answers remembered from the task's earlier sessions), and once on the timing inputs
         # (for the post-check's comparison with an earlier output).
         self.assertEqual(fresh["judge_reference"]["runs"], len(fresh["judge_checked"]) + 1, fresh["judge_checked"])
+        # Each check's reference output was computed while the candidate's process made its
+        # inputs and ran the candidate (all but the ordering check, which runs in a timed region).
+        ahead = [c for c in fresh["judge_checked"] if not c.startswith("ordering:")]
+        self.assertEqual(fresh["judge_reference"]["ahead"], len(ahead), fresh["judge_checked"])
+        self.assertGreater(fresh["judge_phases"].get("ahead", 0.0), 0.0)
         for r in (cached, fresh):
             self.assertStatus(r, "ok")
         for key in ("trials", "passed", "max_abs_diff", "max_rel_diff", "max_scale_err", "distributions"):
@@ -1138,6 +1154,25 @@ class DeviceLockTest(unittest.TestCase):
         self.assertLess(got, 4.0)
         self.assertEqual(mine.record()["windows"][0][0], "shared")
         self.assertGreater(mine.waited_s, 1.2)
+
+    def test_work_beside_a_candidate_never_waits_for_or_overlaps_a_timed_region(self):
+        # The judge computing a reference ahead (gpu/judge.py _prepare) takes the lock shared
+        # only where no timed region holds it, at once, and holds a timed region back meanwhile.
+        t0 = time.monotonic() + 0.5
+        kid = self.hold("exclusive", t0, 1.0)
+        time.sleep(max(0.0, t0 + 0.3 - time.monotonic()))
+        mine = self.lock()
+        start = time.monotonic()
+        with mine.beside() as free:
+            self.assertFalse(free, "a timed region holds the device")
+        self.assertLess(time.monotonic() - start, 0.2, "it does not wait for the timed region")
+        kid.wait()
+        with mine.beside() as free:
+            self.assertTrue(free)
+            timed = self.hold("exclusive", time.monotonic(), 0.0)
+            time.sleep(0.8)
+            self.assertIsNone(timed.poll(), "a timed region waits while the work beside runs")
+        self.assertEqual(timed.wait(timeout=10), 0)
 
     def test_shared_holds_run_at_once(self):
         t0 = time.monotonic() + 0.5
