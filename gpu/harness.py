@@ -789,8 +789,8 @@ class Harness:
 
     def _prepare(self, label, index):
         """Has the judge compute a check's reference output while this process makes its inputs
-        and runs the candidate (this process's shared hold lasts until the check's answer, so the
-        judge's work stays inside it)."""
+        and runs the candidate (the judge takes a shared hold on the device of its own, only
+        where no timed region holds it)."""
         self._open_link()
         try:
             self.link.prepare(label, index)

@@ -242,10 +242,7 @@ class Judge:
         label, index = frame.get("label"), frame.get("index")
         if frame.get("op") != "check" or label not in LABELS:
             raise _Failed("hacked", f"the candidate's process sent the judge an unknown request {str(frame)[:200]!r}")
-        trial_seed = seed_of(label, index, self.seed, self.n, len(self.dists))
-        if trial_seed is None or (label, index) in self.passed or (label, index) in self.skipped:
-            raise _Failed("hacked", f"the candidate's process asked for a check outside the protocol "
-                                    f"({label} {index!r}, or one already passed or outside the reference's domain)")
+        trial_seed = self._in_protocol(label, index, "asked for a check")
         dist = distribution_of(label, index, self.dists)
         where = check_name(label, index, self.n, self.dists, self.seed)
         self.failing = (dist or "task", trial_seed)
@@ -259,16 +256,15 @@ class Judge:
             self.prev_timing = True  # the timing inputs' true output: a candidate may hand that back later
             self.prev.append(C.fingerprint(self._reference(self.seed * 1000 + TIMING_SEED)))
         ready, ref_out = self._prepared(label, index)
-        if ready:
-            pass
-        elif dist is not None:
-            valid, why, ref_out = self._in_domain(label, index, keep=True)
-            if not valid:  # the candidate's process did not ask first: the check is not in the protocol
-                self.skipped[(label, index)] = why
-                raise _Failed("hacked", f"the candidate's process asked for a check outside the protocol "
-                                        f"({where} is outside the reference's domain: {why})")
-        else:
-            ref_out = self._reference(trial_seed)
+        if not ready:
+            if dist is not None:
+                valid, why, ref_out = self._in_domain(label, index, keep=True)
+                if not valid:  # the candidate's process did not ask first: the check is not in the protocol
+                    self.skipped[(label, index)] = why
+                    raise _Failed("hacked", f"the candidate's process asked for a check outside the protocol "
+                                            f"({where} is outside the reference's domain: {why})")
+            else:
+                ref_out = self._reference(trial_seed)
         try:
             refs = C._flatten(ref_out)
         except TypeError as e:
@@ -357,19 +353,25 @@ class Judge:
         self.passed.add((label, index))
         send_frame(self.sock, {"ok": True, "status": "ok", "why": "", "acc": self.acc, "counted": counted})
 
+    def _in_protocol(self, label, index, asked):
+        """The check's trial seed, where (label, index) is one of the protocol's checks not yet
+        passed or skipped; else the candidate's process broke the protocol (hacked)."""
+        trial_seed = seed_of(label, index, self.seed, self.n, len(self.dists)) if label in LABELS else None
+        if trial_seed is None or (label, index) in self.passed or (label, index) in self.skipped:
+            raise _Failed("hacked", f"the candidate's process {asked} outside the protocol ({str(label)[:40]} "
+                                    f"{index!r}, or one already passed or outside the reference's domain)")
+        return trial_seed
+
     def _prepare(self, frame):
         """The candidate's process is about to make a check's inputs and run the candidate on
-        them (in its shared hold on the device, which it keeps until the judge answers that
-        check): the judge computes the reference's output now, beside it, instead of after the
-        candidate's output has come. Kept for that check only (one at a time); what the
-        reference raises is raised there."""
+        them: the judge computes the reference's output now, beside it, instead of after the
+        candidate's output has come, in a shared hold on the device of its own (see below).
+        Kept for that check only (one at a time); what the reference raises is raised there."""
         label, index = frame.get("label"), frame.get("index")
-        if (label not in LABELS or label == "ordering"
-                or seed_of(label, index, self.seed, self.n, len(self.dists)) is None
-                or (label, index) in self.passed or (label, index) in self.skipped):
-            raise _Failed("hacked", f"the candidate's process asked the judge to prepare a check outside the "
-                                    f"protocol ({str(label)[:40]} {index!r}, or one already passed or outside "
-                                    f"the reference's domain)")
+        if label == "ordering":
+            raise _Failed("hacked", "the candidate's process asked the judge to prepare a check outside the protocol "
+                                    "(the ordering check)")
+        trial_seed = self._in_protocol(label, index, "asked the judge to prepare a check")
         self.pending = None  # (a check prepared and never sent: its candidate raised)
         import harness as H
         try:
@@ -378,8 +380,7 @@ class Judge:
             self.pending = (label, index, f)  # raised at the check (no answer to a prepare)
             return
         dist = distribution_of(label, index, self.dists)
-        trial_seed = seed_of(label, index, self.seed, self.n, len(self.dists))
-        kept = (self._inputs_key(trial_seed, dist), self.seed, self.settings_key) in self.outputs.items
+        kept = self._output_key(trial_seed, dist) in self.outputs
         if not kept and not self._room_beside():
             return  # computed at the check, once the candidate's output is in
         lock = H.device_lock()
@@ -408,7 +409,7 @@ class Judge:
         is known (the task's first check), nor where the device is short of it."""
         if self.h.device.type != "cuda":
             return True
-        peak = self.peaks.get((self._task_key(), self.s.get("size", "cpu")))
+        peak = self.peaks.get(self._peak_key())
         if peak is None:
             return False
         import torch
@@ -687,12 +688,20 @@ class Judge:
                 raise _Failed(v.status, v.error)
         return self.model
 
+    def _output_key(self, trial_seed, dist):
+        """The reference output's key in the ReferenceCache: the check's inputs and settings."""
+        return (self._inputs_key(trial_seed, dist), self.seed, self.settings_key)
+
+    def _peak_key(self):
+        """The key of `peaks`: a task at a size."""
+        return (self._task_key(), self.s.get("size", "cpu"))
+
     def _run_reference(self, trial_seed, dist=None):
         """The reference's output on a check's inputs (what it raises, raised), remembered for
         the task's later candidates (ReferenceCache: the judge only reads it)."""
         import harness as H
         h = self.h
-        key = (self._inputs_key(trial_seed, dist), self.seed, self.settings_key)
+        key = self._output_key(trial_seed, dist)
         out = self.outputs.get(key)
         if out is not None:
             self.reused += 1
@@ -710,7 +719,7 @@ class Judge:
             if cuda:
                 H._cuda_sync(h.device)
         if cuda:  # what it took, for _room_beside
-            size = (self._task_key(), self.s.get("size", "cpu"))
+            size = self._peak_key()
             self.peaks[size] = max(self.peaks.get(size, 0), torch.cuda.max_memory_allocated(h.device) - base)
         self.runs += 1
         self.outputs.put(key, out)
@@ -792,6 +801,9 @@ class ReferenceCache:
                 limit = min(limit, int(float(s["memory_limit_mb"]) * (1 << 20)) // 16)
         self.limit = limit
         self._fit(0)
+
+    def __contains__(self, key):
+        return key in self.items
 
     def get(self, key):
         hit = self.items.get(key)
