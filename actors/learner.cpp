@@ -43,7 +43,7 @@ struct Publication {
 };
 
 struct learner_state {
-  std::vector<caf::actor> samplers;              // every sampler serving the policy (from sync), watched
+  std::vector<sampler_actor> samplers;           // every sampler serving the policy (from sync), watched
   std::map<caf::actor_addr, std::string> names;  // each sampler's name for the log
   std::vector<std::shared_ptr<Publication>> publishing;
   uint32_t current = 0;  // the step whose groups are being learned from
@@ -56,7 +56,7 @@ struct learner_state {
   static inline const char* name = "learner";
 };
 
-using self_ptr = caf::stateful_actor<learner_state>*;
+using self_ptr = learner_actor::stateful_pointer<learner_state>;
 
 std::string name_of(self_ptr self, const caf::actor_addr& a) {
   auto it = self->state.names.find(a);
@@ -64,7 +64,7 @@ std::string name_of(self_ptr self, const caf::actor_addr& a) {
 }
 
 // Starts serving `s` as `name` (watched: when it goes away, it is dropped from every publication).
-void add_sampler(self_ptr self, const caf::actor& s, const std::string& name) {
+void add_sampler(self_ptr self, const sampler_actor& s, const std::string& name) {
   auto& st = self->state;
   if (std::find(st.samplers.begin(), st.samplers.end(), s) == st.samplers.end()) {
     st.samplers.push_back(s);
@@ -124,7 +124,7 @@ void sampler_gone(self_ptr self, const caf::actor_addr& a) { drop_sampler(self, 
 // answer within sync_timeout_s.
 // Returns the bytes of tensor data each sampler is sent (0 when there is none to send to).
 size_t publish(self_ptr self, const LearnerArgs& args, uint64_t version, std::function<void(std::string)> done,
-               std::vector<caf::actor> targets, bool join = false) {
+               std::vector<sampler_actor> targets, bool join = false) {
   if (targets.empty()) {
     done("");
     return 0;
@@ -360,7 +360,7 @@ void try_step(self_ptr self, const LearnerArgs& args) {
   learn_ready(self, args);
 }
 
-caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
+learner_actor::behavior_type learner_behavior(self_ptr self, LearnerArgs args) {
   auto lg = log::get("learner");
   self->set_down_handler([=](caf::down_msg& dm) { sampler_gone(self, dm.source); });
   if (!args.engine) {
@@ -387,7 +387,8 @@ caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
   }
   return {
       [=](sync_atom, std::vector<caf::actor> samplers) -> caf::result<uint64_t> {
-        for (size_t i = 0; i < samplers.size(); ++i) add_sampler(self, samplers[i], "sampler-" + std::to_string(i));
+        for (size_t i = 0; i < samplers.size(); ++i)
+          add_sampler(self, caf::actor_cast<sampler_actor>(samplers[i]), "sampler-" + std::to_string(i));
         auto rp = self->make_response_promise<uint64_t>();
         const uint64_t v = args.engine->version();
         std::string dir = checkpoint_dir(args.checkpoint_dir, v);
@@ -412,8 +413,9 @@ caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
             self->state.samplers);
         return rp;
       },
-      [=](sync_atom, caf::actor sampler, std::string name) -> caf::result<uint64_t> {
+      [=](sync_atom, caf::actor joined, std::string name) -> caf::result<uint64_t> {
         // A sampler that joined: the current weights before it samples, then every later version.
+        const auto sampler = caf::actor_cast<sampler_actor>(joined);
         add_sampler(self, sampler, name);
         auto rp = self->make_response_promise<uint64_t>();
         const uint64_t v = args.engine->version();
@@ -481,9 +483,9 @@ caf::behavior learner_actor(self_ptr self, LearnerArgs args) {
 
 }  // namespace
 
-caf::actor spawn_learner(caf::actor_system& sys, LearnerArgs args) {
-  if (args.engine) return sys.spawn<caf::detached>(learner_actor, std::move(args));
-  return sys.spawn(learner_actor, std::move(args));
+learner_actor spawn_learner(caf::actor_system& sys, LearnerArgs args) {
+  if (args.engine) return sys.spawn<caf::detached>(learner_behavior, std::move(args));
+  return sys.spawn(learner_behavior, std::move(args));
 }
 
 }  // namespace kernelrl

@@ -13,6 +13,7 @@
 // elsewhere; with none left the version is still saved, and one that joins starts from it).
 // SDPO: the group's teacher prompts are made here (learner/sdpo.hpp) and scored by the engine;
 // the step's teacher tokens are reported with its stats (teacher_tokens).
+// Interface: learner_actor (messages/interfaces.hpp).
 // Messages in:  (sync_atom, vector<actor> samplers) -> uint64_t version: the samplers to serve
 //               from now on; publishes the current weights to them, answered once acked;
 //               (sync_atom, actor sampler, std::string name) -> uint64_t version: a sampler that
@@ -66,6 +67,6 @@ struct LearnerArgs {
 // Whether profiling rejection sampling (LearnerArgs::reject_coverage_below) takes `s` out of its group.
 bool rejected_for_coverage(const ScoredRollout& s, double below, double keep_probability, uint64_t seed);
 
-caf::actor spawn_learner(caf::actor_system& sys, LearnerArgs args);
+learner_actor spawn_learner(caf::actor_system& sys, LearnerArgs args);
 
 }  // namespace kernelrl

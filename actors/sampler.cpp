@@ -135,7 +135,7 @@ struct sampler_state {
   static inline const char* name = "sampler";
 };
 
-using sampler_ptr = caf::stateful_actor<sampler_state>*;
+using sampler_ptr = sampler_actor::stateful_pointer<sampler_state>;
 
 Telemetry sampler_telemetry(sampler_ptr self, const SamplerArgs& args) {
   auto& st = self->state;
@@ -358,7 +358,7 @@ uint64_t enqueue_plan(sampler_ptr self, const SamplerArgs& args, const SamplePla
   return n;
 }
 
-caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, rollout_sink dispatcher) {
+sampler_actor::behavior_type sampler_behavior(sampler_ptr self, SamplerArgs args, rollout_sink dispatcher) {
   auto lg = log::get("sampler");
   if (args.backend) {
     return {
@@ -409,6 +409,13 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, rollout_sink dis
                                                             "actions and cannot take weights update " +
                                                             std::to_string(u.version));
       },
+      [=](SamplePlan& plan) -> caf::result<uint64_t> {
+        return caf::make_error(caf::sec::runtime_error,
+                               fmt::format("sampler {}: the replay backend replays every recorded action at once "
+                                           "and cannot take a plan of {} groups for step {}",
+                                           args.id, plan.task_ids.size(), plan.step));
+      },
+      [=](tick_atom) {},  // (model backends' timer)
       [=](plan_atom, uint32_t step) -> uint64_t {
         // Groups are tasks in order of first appearance; samples keep their file order.
         std::map<std::string, uint64_t> group_of;
@@ -451,10 +458,10 @@ caf::behavior sampler_actor(sampler_ptr self, SamplerArgs args, rollout_sink dis
 
 }  // namespace
 
-caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, rollout_sink dispatcher) {
+sampler_actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, rollout_sink dispatcher) {
   if (args.backend)  // generation blocks: a thread of its own, off CAF's scheduler
-    return sys.spawn<caf::detached>(sampler_actor, std::move(args), std::move(dispatcher));
-  return sys.spawn(sampler_actor, std::move(args), std::move(dispatcher));
+    return sys.spawn<caf::detached>(sampler_behavior, std::move(args), std::move(dispatcher));
+  return sys.spawn(sampler_behavior, std::move(args), std::move(dispatcher));
 }
 
 }  // namespace kernelrl

@@ -2,9 +2,11 @@
 // Backends: replay (actions recorded in JSONL files or in an earlier run's store), libtorch and
 // openai (policy/sampler_backend.hpp; the actor then runs detached, on a thread of its own,
 // generating batch_prompts prompts at a time so rollouts stream out while later ones generate).
+// Interface: sampler_actor (messages/interfaces.hpp).
 // Messages in:  (plan_atom, uint32_t step) -> replies uint64_t (rollouts that step will send);
+//               SamplePlan -> replies uint64_t (model backends; replay: an error);
 //               WeightsUpdate -> replies uint64_t (the version now served) or an error;
-//               (stats_atom) -> Telemetry
+//               (tick_atom) (its own: the next batch); (stats_atom) -> Telemetry
 // Messages out: Rollout -> dispatcher, as a request answered once its queue has room; at most
 //               `window` unanswered at a time (backpressure); (skip_atom, Rollout, why) ->
 //               dispatcher for a sample left out by evaluate_top_m
@@ -79,6 +81,6 @@ struct SamplerArgs {
 };
 
 // `dispatcher`: the dispatcher, or on a sampler node the head's gate (rollout_sink).
-caf::actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, rollout_sink dispatcher);
+sampler_actor spawn_sampler(caf::actor_system& sys, SamplerArgs args, rollout_sink dispatcher);
 
 }  // namespace kernelrl

@@ -27,17 +27,17 @@ struct supervisor_state {
   std::unique_ptr<Store> store;
   std::unique_ptr<Experiment> experiment;
   caf::response_promise done;
-  std::vector<caf::actor> samplers;
-  std::vector<std::string> sampler_names;                 // "sampler-i" on the head; a joined one's own id
-  std::vector<std::pair<caf::actor, std::string>> early;  // joined before the run started
-  bool running = false;                                   // the plan has come
+  std::vector<sampler_actor> samplers;
+  std::vector<std::string> sampler_names;                    // "sampler-i" on the head; a joined one's own id
+  std::vector<std::pair<sampler_actor, std::string>> early;  // joined before the run started
+  bool running = false;                                      // the plan has come
   SamplerPool pool{0};
   size_t sample_all = SIZE_MAX;               // the sampler sampling every task once (eval, best_of_n)
   bool sample_all_waits = false;              // ... and none was running when it was asked for
   uint64_t sampler_waits = 0;                 // sampler join deadlines started (only the latest counts)
   bool sampler_deadline = false;              // one is running
   std::vector<std::string> refused_samplers;  // joined, but could not take the weights (why)
-  caf::actor learner;                         // args' or, from the learner node, as registered
+  learner_actor learner;                      // args' or, from the learner node, as registered
   selector_actor selector;
   bool start_waits = false;     // the plan has come; a learning run waits for its learner
   std::string last_checkpoint;  // the newest the learner saved ("": none this run)
@@ -181,7 +181,7 @@ void sampler_lost(self_ptr self, const SupervisorArgs& args, size_t i, const std
 
 // A sampler is running and serves the current policy: it takes its share from now on, and the
 // groups that waited for one.
-void adopt_sampler(self_ptr self, const SupervisorArgs& args, caf::actor s, const std::string& name) {
+void adopt_sampler(self_ptr self, const SupervisorArgs& args, sampler_actor s, const std::string& name) {
   auto& st = self->state;
   if (st.finished) return;
   st.samplers.push_back(s);
@@ -198,10 +198,10 @@ void adopt_sampler(self_ptr self, const SupervisorArgs& args, caf::actor s, cons
 
 // A sampler on another node has joined (through the gate): in a learning mode the learner first
 // publishes the current weights to it, so that it never samples with others.
-void sampler_joined(self_ptr self, const SupervisorArgs& args, caf::actor s, const std::string& name) {
+void sampler_joined(self_ptr self, const SupervisorArgs& args, sampler_actor s, const std::string& name) {
   auto& st = self->state;
   if (st.finished || !s) return;
-  const auto known = [&](const caf::actor& x) { return x == s; };
+  const auto known = [&](const sampler_actor& x) { return x == s; };
   if (std::any_of(st.samplers.begin(), st.samplers.end(), known) ||
       std::any_of(st.early.begin(), st.early.end(), [&](auto& e) { return e.first == s; })) {
     log::get("supervisor")->warn("{} registered twice: the second registration is ignored", name);
@@ -215,7 +215,7 @@ void sampler_joined(self_ptr self, const SupervisorArgs& args, caf::actor s, con
     adopt_sampler(self, args, std::move(s), name);
     return;
   }
-  self->request(st.learner, caf::infinite, sync_atom::value, s, name)
+  self->request(st.learner, caf::infinite, sync_atom::value, caf::actor_cast<caf::actor>(s), name)
       .then([=](uint64_t) { adopt_sampler(self, args, s, name); },
             [=](caf::error& e) {
               const std::string why = error_text(self->system(), e);
@@ -341,7 +341,7 @@ void begin_experiment(self_ptr self, const SupervisorArgs& args) {
     finish(self, args, fmt::format("{} mode needs a learner", name(args.experiment.mode)));
     return;
   }
-  self->request(st.learner, caf::infinite, sync_atom::value, st.samplers)
+  self->request(st.learner, caf::infinite, sync_atom::value, as_actors(st.samplers))
       .then(
           [=](uint64_t v) {
             auto& st = self->state;
@@ -381,7 +381,7 @@ void none_left(self_ptr self, const SupervisorArgs& args, const std::string& why
 
 // The run's plan: its samplers and evaluators, watched; the run starts (or finishes at once, with
 // no store or no evaluator on a single node). The promise is kept when the run finishes.
-caf::response_promise plan(self_ptr self, const SupervisorArgs& args, std::vector<caf::actor> samplers,
+caf::response_promise plan(self_ptr self, const SupervisorArgs& args, std::vector<sampler_actor> samplers,
                            const std::vector<caf::actor>& evaluators, const std::string& store_error) {
   auto& st = self->state;
   st.done = self->make_response_promise();
@@ -450,7 +450,7 @@ void learner_joined(self_ptr self, const SupervisorArgs& args, caf::actor l, caf
     lg->warn("a learner from node {} registered, but this run has its learner: ignored", node);
     return;
   }
-  st.learner = std::move(l);
+  st.learner = caf::actor_cast<learner_actor>(std::move(l));      // crossed the network untyped
   st.selector = caf::actor_cast<selector_actor>(std::move(sel));  // crossed the network untyped
   self->monitor(st.learner);
   lg->info("the learner of node {} joined", node);
@@ -528,10 +528,10 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
   });
   return {
       [=](plan_atom, std::vector<caf::actor> samplers, std::vector<caf::actor> evaluators) {
-        return plan(self, args, std::move(samplers), evaluators, err);
+        return plan(self, args, as_typed<sampler_actor>(samplers), evaluators, err);
       },
       [=](register_atom, sampler_atom, caf::actor s, const std::string& name) {  // from the gate
-        sampler_joined(self, args, std::move(s), name);
+        sampler_joined(self, args, caf::actor_cast<sampler_actor>(s), name);
       },
       [=](register_atom, learner_atom, caf::actor l, caf::actor sel, const std::string& node) {  // from the gate
         learner_joined(self, args, std::move(l), std::move(sel), node);

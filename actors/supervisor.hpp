@@ -49,7 +49,7 @@ struct SupervisorArgs {
   double join_wait_s = 0;                    // cluster: how long to wait for an evaluator to join when
                                              // none is running (0: single node, fail at once)
   bool resume = false;                       // continue a run from its store and checkpoints
-  caf::actor learner;                        // learning modes: the learner actor
+  learner_actor learner;                     // learning modes: the learner actor
   selector_actor selector;                   // checkpoint_selector (StepStats score its checkpoints)
   std::string learner_node;                  // learning modes, cluster: the node whose learner joins (learner unset)
   std::vector<std::string> evaluator_nodes;  // cluster: the other listed nodes with evaluators; the run

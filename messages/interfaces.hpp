@@ -1,17 +1,22 @@
 // The actors' typed interfaces: what each accepts and answers, declared in one place beside the
 // messages, so a message a receiver cannot handle does not compile (CAF typed actors). Converted
-// so far: evaluator, reward, checkpoint_selector and dispatcher; the others still take dynamically typed
-// messages, their protocols written in their headers. A typed handle crossing nodes travels as
-// caf::actor (the gate's register messages) and is cast back on arrival.
+// so far: evaluator, reward, checkpoint_selector, dispatcher, sampler and learner; the others
+// (supervisor, gate, monitor, service) still take dynamically typed messages, their protocols
+// written in their headers. A typed handle in a message or crossing nodes travels as caf::actor
+// (the gate's register messages, the supervisor's plan, the learner's sync: as_actors) and is
+// cast back on arrival (as_typed).
 #pragma once
 
 #include "messages/messages.hpp"
 
+#include <caf/actor.hpp>
+#include <caf/actor_cast.hpp>
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kernelrl {
 
@@ -32,6 +37,28 @@ using rollout_sink =
 using dispatcher_actor = rollout_sink::extend<caf::reacts_to<register_atom, caf::actor, std::string>,
                                               caf::replies_to<stats_atom>::with<Telemetry>>;
 
+// sampler (actors/sampler.hpp): a step's plan of every task, answered with the rollouts it will
+// send; a plan of some groups (the supervisor's share for it; a replay sampler refuses it); new
+// weights, answered with the policy version it now serves (a replay sampler refuses them); its own
+// timer (the next batch to generate); telemetry. A sampler on another node registers as caf::actor
+// (through the gate) and is cast to this on arrival.
+using sampler_actor =
+    caf::typed_actor<caf::replies_to<plan_atom, uint32_t>::with<uint64_t>, caf::replies_to<SamplePlan>::with<uint64_t>,
+                     caf::replies_to<WeightsUpdate>::with<uint64_t>, caf::reacts_to<tick_atom>,
+                     caf::replies_to<stats_atom>::with<Telemetry>>;
+
+// learner (actors/learner.hpp): the samplers to serve (as caf::actor: they travel in the
+// supervisor's message), answered with the policy version they took; a sampler that joined (from
+// another node) and its name, likewise; a step's plan (its step and groups), answered with the
+// step's update once every sampler took it; a sample the supervisor accepted and whether its group
+// is complete; telemetry. A learner node's learner registers as caf::actor (through the gate) and
+// is cast to this on arrival.
+using learner_actor =
+    caf::typed_actor<caf::replies_to<sync_atom, std::vector<caf::actor>>::with<uint64_t>,
+                     caf::replies_to<sync_atom, caf::actor, std::string>::with<uint64_t>,
+                     caf::replies_to<plan_atom, uint32_t, uint64_t>::with<StepUpdate>,
+                     caf::reacts_to<train_atom, ScoredRollout, bool>, caf::replies_to<stats_atom>::with<Telemetry>>;
+
 // reward (actors/reward.hpp): scores a verdict and sends the ScoredRollout to its recorder.
 using reward_actor = caf::typed_actor<caf::reacts_to<score_atom, Rollout, EvalResult>>;
 
@@ -40,5 +67,22 @@ using reward_actor = caf::typed_actor<caf::reacts_to<score_atom, Rollout, EvalRe
 using selector_actor =
     caf::typed_actor<caf::reacts_to<Checkpoint>, caf::reacts_to<record_atom, StepStats>,
                      caf::reacts_to<keep_atom, uint32_t>, caf::replies_to<best_atom>::with<Checkpoint>>;
+
+// Typed handles as they travel in messages (caf::actor), and back on arrival.
+template <class Handle>
+std::vector<caf::actor> as_actors(const std::vector<Handle>& handles) {
+  std::vector<caf::actor> out;
+  out.reserve(handles.size());
+  for (auto& h : handles) out.push_back(caf::actor_cast<caf::actor>(h));
+  return out;
+}
+
+template <class Handle>
+std::vector<Handle> as_typed(const std::vector<caf::actor>& actors) {
+  std::vector<Handle> out;
+  out.reserve(actors.size());
+  for (auto& a : actors) out.push_back(caf::actor_cast<Handle>(a));
+  return out;
+}
 
 }  // namespace kernelrl

@@ -23,7 +23,7 @@ class LearnerEngine;
 std::shared_ptr<LearnerEngine> make_engine(const Config& cfg, const std::string& run_dir, bool resume);
 
 struct LearningActors {
-  caf::actor learner;
+  learner_actor learner;
   selector_actor selector;
 };
 

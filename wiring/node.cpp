@@ -101,7 +101,8 @@ int start_learner(caf::scoped_actor& self, const caf::actor& gate, const Config&
     return 2;
   }
   bool registered = false;
-  self->request(gate, std::chrono::seconds(30), register_atom::value, learner_atom::value, learning.learner,
+  self->request(gate, std::chrono::seconds(30), register_atom::value, learner_atom::value,
+                caf::actor_cast<caf::actor>(learning.learner),
                 caf::actor_cast<caf::actor>(learning.selector))  // typed handles cross nodes untyped
       .receive([&](bool) { registered = true; },
                [&](caf::error& e) {
@@ -170,7 +171,8 @@ void start_samplers(caf::scoped_actor& self, const caf::actor& gate, const NodeC
     // Its rollouts go through the head's gate, which takes them as the dispatcher does.
     auto s = spawn_sampler(sys, std::move(one), caf::actor_cast<rollout_sink>(gate));
     bool registered = false;
-    self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value, s, id, digest)
+    self->request(gate, std::chrono::seconds(30), register_atom::value, sampler_atom::value,
+                  caf::actor_cast<caf::actor>(s), id, digest)
         .receive([&](bool) { registered = true; },
                  [&](caf::error& e) {
                    lg->error("node {}: the head did not take sampler {}: {}", node.name, id, error_text(sys, e));
@@ -179,7 +181,7 @@ void start_samplers(caf::scoped_actor& self, const caf::actor& gate, const NodeC
       self->send_exit(s, caf::exit_reason::user_shutdown);
       continue;
     }
-    actors.push_back(s);
+    actors.push_back(caf::actor_cast<caf::actor>(s));
   }
 }
 
@@ -272,7 +274,7 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
     lg->info("node {}: {} evaluator(s) and {} sampler(s) started; logs in {}", name, evaluators,
              actors.size() - evaluators, prep.log_dir);
     if (learning.learner) {
-      actors.push_back(learning.learner);
+      actors.push_back(caf::actor_cast<caf::actor>(learning.learner));
       actors.push_back(caf::actor_cast<caf::actor>(learning.selector));
     }
     if (monitor) actors.push_back(monitor);

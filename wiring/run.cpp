@@ -30,7 +30,7 @@ namespace kernelrl {
 void RunActors::stop() {
   if (gate) unpublish_gate(gate);
   for (auto& a : {monitor, caf::actor_cast<caf::actor>(dispatcher), caf::actor_cast<caf::actor>(reward), supervisor,
-                  gate, learner, caf::actor_cast<caf::actor>(selector)})
+                  gate, caf::actor_cast<caf::actor>(learner), caf::actor_cast<caf::actor>(selector)})
     if (a) anon_send_exit(a, caf::exit_reason::user_shutdown);
   for (auto& s : samplers) anon_send_exit(s, caf::exit_reason::user_shutdown);
   for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
@@ -108,8 +108,8 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
     }
   }
   std::vector<caf::actor> watched{run.supervisor, caf::actor_cast<caf::actor>(run.dispatcher)};
-  for (auto& s : run.samplers) watched.push_back(s);
-  if (run.learner) watched.push_back(run.learner);
+  for (auto& s : run.samplers) watched.push_back(caf::actor_cast<caf::actor>(s));
+  if (run.learner) watched.push_back(caf::actor_cast<caf::actor>(run.learner));
   if (ma)
     run.monitor = spawn_monitor(sys, *ma, watched, run.supervisor);
   else
@@ -158,7 +158,7 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
 std::string run_to_summary(caf::actor_system& sys, RunActors& run) {
   caf::scoped_actor self{sys};
   std::string summary;
-  self->request(run.supervisor, caf::infinite, plan_atom::value, run.samplers, run.evaluators)
+  self->request(run.supervisor, caf::infinite, plan_atom::value, as_actors(run.samplers), run.evaluators)
       .receive([&](std::string& s) { summary = std::move(s); },
                [&](caf::error& e) {
                  summary = nlohmann::json{{"ok", false}, {"error", sys.render(e)}}.dump();

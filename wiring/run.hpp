@@ -23,11 +23,13 @@ class SamplerBackend;
 
 // The actors of one run on the head, and their shutdown.
 struct RunActors {
-  caf::actor supervisor, learner, monitor, gate;
+  caf::actor supervisor, monitor, gate;
+  learner_actor learner;
   dispatcher_actor dispatcher;
   reward_actor reward;
   selector_actor selector;
-  std::vector<caf::actor> samplers, evaluators;
+  std::vector<sampler_actor> samplers;
+  std::vector<caf::actor> evaluators;
   void stop();
 };
 

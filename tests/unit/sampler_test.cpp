@@ -74,7 +74,7 @@ bool wait_for(const std::function<bool()>& f, double seconds) {
 }
 
 // The sampler's answer to a weights update: its error's text, or "" when it took the update.
-std::string refusal(caf::scoped_actor& self, const caf::actor& sampler, const WeightsUpdate& u) {
+std::string refusal(caf::scoped_actor& self, const sampler_actor& sampler, const WeightsUpdate& u) {
   std::string why;
   self->request(sampler, std::chrono::seconds(5), u)
       .receive([](uint64_t) {}, [&](caf::error& e) { why = self->system().render(e); });
@@ -89,7 +89,7 @@ struct Rig {
   std::shared_ptr<FakeBackend> backend = std::make_shared<FakeBackend>();
   std::shared_ptr<Collector> col = std::make_shared<Collector>();
   rollout_sink dispatcher = sys.spawn(collecting_dispatcher, col);
-  caf::actor sampler;
+  sampler_actor sampler;
   caf::scoped_actor self{sys};
 
   void start(SamplerArgs& a) {
@@ -171,7 +171,7 @@ TEST_CASE("bench_actions replace the completions of their tasks and keep the mod
   CHECK(by_task["t1"] == std::vector<std::string>{"return y", "return x", "return y"});
 }
 
-TEST_CASE("the replay sampler refuses weight updates with an error", "[actors][sampler]") {
+TEST_CASE("the replay sampler refuses weight updates and plans of groups with an error", "[actors][sampler]") {
   test::System s;
   caf::actor_system& sys = *s.sys;
   auto col = std::make_shared<Collector>();
@@ -179,6 +179,16 @@ TEST_CASE("the replay sampler refuses weight updates with an error", "[actors][s
   auto sampler = spawn_sampler(sys, SamplerArgs{}, dispatcher);
   caf::scoped_actor self{sys};
   CHECK(refusal(self, sampler, make_weights_update(3, {})).find("replay backend") != std::string::npos);
+  // Nor a plan of some groups (a supervisor's share): it replays every recorded action at once.
+  SamplePlan part;
+  part.step = 2;
+  part.task_ids = {"t0"};
+  part.group_ids = {0};
+  std::string why;
+  self->request(sampler, std::chrono::seconds(5), part)
+      .receive([](uint64_t) { FAIL("a replay sampler took a plan of groups"); },
+               [&](caf::error& e) { why = sys.render(e); });
+  CHECK(why.find("cannot take a plan of 1 groups for step 2") != std::string::npos);
   self->send_exit(sampler, caf::exit_reason::user_shutdown);
   self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
 }

@@ -17,7 +17,7 @@ HEAD = """#include "messages/interfaces.hpp"
 #include <caf/all.hpp>
 using namespace kernelrl;
 void f(caf::event_based_actor* self, reward_actor reward, selector_actor selector, evaluator_actor evaluator,
-       dispatcher_actor dispatcher, rollout_sink sink) {
+       dispatcher_actor dispatcher, rollout_sink sink, sampler_actor sampler, learner_actor learner) {
 """
 
 RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
@@ -34,6 +34,17 @@ RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
   sink = dispatcher;  // a sampler's rollouts may go to the dispatcher itself
   self->request(sink, caf::infinite, Rollout{}).then([](bool) {});
   self->send(sink, skip_atom::value, Rollout{}, std::string("left out"));
+  self->request(sampler, caf::infinite, plan_atom::value, uint32_t(0)).then([](uint64_t) {});
+  self->request(sampler, caf::infinite, SamplePlan{}).then([](uint64_t) {});
+  self->request(sampler, caf::infinite, WeightsUpdate{}).then([](uint64_t) {});
+  self->request(sampler, caf::infinite, stats_atom::value).then([](Telemetry&) {});
+  std::vector<sampler_actor> samplers = as_typed<sampler_actor>(as_actors(std::vector<sampler_actor>{sampler}));
+  self->request(learner, caf::infinite, sync_atom::value, as_actors(samplers)).then([](uint64_t) {});
+  self->request(learner, caf::infinite, sync_atom::value, caf::actor{}, std::string("sampler-b-0"))
+      .then([](uint64_t) {});
+  self->request(learner, caf::infinite, plan_atom::value, uint32_t(1), uint64_t(4)).then([](StepUpdate&) {});
+  self->send(learner, train_atom::value, ScoredRollout{}, true);
+  self->request(learner, caf::infinite, stats_atom::value).then([](Telemetry&) {});
 }
 """
 
@@ -50,6 +61,15 @@ WRONG = {
                                                  ".then([](EvalResult&) {});\n}\n",
     "an evaluator registering with a rollout sink": "  self->send(sink, register_atom::value, caf::actor{}, "
                                                     "std::string(\"n1/cpu-0\"));\n}\n",
+    "a rollout sent to a sampler": "  self->send(sampler, Rollout{});\n}\n",
+    "a plan's step not a uint32_t": "  self->send(sampler, plan_atom::value, uint64_t(0));\n}\n",
+    "an evaluator registering with a sampler": "  self->send(sampler, register_atom::value, caf::actor{}, "
+                                               "std::string(\"n1/cpu-0\"));\n}\n",
+    "the learner given typed samplers (they travel as caf::actor)":
+        "  self->send(learner, sync_atom::value, std::vector<sampler_actor>{sampler});\n}\n",
+    "a sample without whether its group is complete": "  self->send(learner, train_atom::value, ScoredRollout{});\n}\n",
+    "a step's update read as a version": "  self->request(learner, caf::infinite, plan_atom::value, uint32_t(1), "
+                                         "uint64_t(4)).then([](uint64_t) {});\n}\n",
     "a verdict read as a rollout": "  self->request(evaluator, caf::infinite, eval_atom::value, EvalRequest{})"
                                    ".then([](Rollout&) {});\n}\n",
 }

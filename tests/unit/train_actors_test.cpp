@@ -115,8 +115,8 @@ ScoredRollout sample(uint32_t step, uint64_t group, uint32_t i, const std::strin
 }
 
 // A learner actor over `engine`, checkpoints under `tmp`.
-caf::actor scripted_learner(System& s, const TempDir& tmp, std::shared_ptr<ScriptedEngine> engine,
-                            double sync_timeout_s) {
+learner_actor scripted_learner(System& s, const TempDir& tmp, std::shared_ptr<ScriptedEngine> engine,
+                               double sync_timeout_s) {
   LearnerArgs la;
   la.engine = std::move(engine);
   la.checkpoint_dir = (tmp.path / "checkpoints").string();
@@ -132,7 +132,7 @@ std::vector<uint64_t> versions_of(caf::scoped_actor& self, const caf::actor& sam
 }
 
 // The learner starts serving `samplers` at policy version 0.
-void sync_at_version_0(caf::scoped_actor& self, const caf::actor& learner, std::vector<caf::actor> samplers) {
+void sync_at_version_0(caf::scoped_actor& self, const learner_actor& learner, std::vector<caf::actor> samplers) {
   self->request(learner, std::chrono::seconds(5), sync_atom::value, std::move(samplers))
       .receive([](uint64_t v) { CHECK(v == 0); }, [](caf::error&) { FAIL("sync failed"); });
 }
@@ -262,7 +262,8 @@ TEST_CASE("a weight sync that is not acknowledged stops the step with an error",
     self->send(learner, train_atom::value, sample(0, 0, 1, "a", 0, 0.0), true);
     h.receive([&](StepUpdate& u) { CHECK(u.error.find("did not take policy version 1") != std::string::npos); },
               [](caf::error&) { FAIL("expected a StepUpdate carrying the error"); });
-    for (auto& a : {learner, good, bad}) self->send_exit(a, caf::exit_reason::user_shutdown);
+    for (auto& a : {caf::actor_cast<caf::actor>(learner), good, bad})
+      self->send_exit(a, caf::exit_reason::user_shutdown);
   }
 }
 
@@ -320,7 +321,7 @@ TEST_CASE("profiling rejection sampling takes lazy correct samples out of their 
   REQUIRE(engine->n_groups() == 1);
   CHECK(engine->groups[0].size() == 2);  // the lazy sample left group 0 before it was learned from
   CHECK(engine->groups[0][0].reward == 1.5);
-  for (auto& a : {learner, sampler}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& a : {caf::actor_cast<caf::actor>(learner), sampler}) self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("the checkpoint selector keeps step 0, the newest and the best, and answers the best", "[learner]") {
@@ -437,7 +438,8 @@ struct ScriptedRun {
                   std::vector<caf::actor>{pipe})
         .receive([&](std::string& summary) { j = nlohmann::json::parse(summary); },
                  [](caf::error&) { FAIL("no summary"); });
-    for (auto& a : {learner, sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
+    for (auto& a : {caf::actor_cast<caf::actor>(learner), sup, pipe})
+      self->send_exit(a, caf::exit_reason::user_shutdown);
     return j;
   }
 };
@@ -664,12 +666,14 @@ TEST_CASE("a learning run whose learner is on another node starts once it joins 
     auto j = run(sup, pipe, [&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       CHECK(r.engine->v == 0);  // nothing learned before it joined
-      self->send(sup, register_atom::value, learner_atom::value, learner, caf::actor{}, std::string("trainer"));
+      self->send(sup, register_atom::value, learner_atom::value, caf::actor_cast<caf::actor>(learner), caf::actor{},
+                 std::string("trainer"));
     });
     INFO(j.dump());
     CHECK(j["ok"] == true);
     CHECK(r.engine->v == 3);
-    for (auto& a : {learner, sup, pipe}) self->send_exit(a, caf::exit_reason::user_shutdown);
+    for (auto& a : {caf::actor_cast<caf::actor>(learner), sup, pipe})
+      self->send_exit(a, caf::exit_reason::user_shutdown);
   }
   SECTION("it never joins: the run ends after join_wait_s, saying how to start it") {
     r.sa.join_wait_s = 0.3;
@@ -689,7 +693,8 @@ TEST_CASE("a learning run whose learner is on another node starts once it joins 
     auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
     auto learner = scripted_learner(r.s, r.tmp, r.engine, 300);
     auto j = run(sup, pipe, [&] {
-      self->send(sup, register_atom::value, learner_atom::value, learner, caf::actor{}, std::string("trainer"));
+      self->send(sup, register_atom::value, learner_atom::value, caf::actor_cast<caf::actor>(learner), caf::actor{},
+                 std::string("trainer"));
       for (int i = 0; i < 5000 && !fs::exists(r.tmp.path / "checkpoints" / "step-2" / "learner.json"); ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       self->send_exit(learner, caf::exit_reason::kill);
@@ -715,6 +720,7 @@ TEST_CASE("a learning run whose learner is on another node starts once it joins 
     INFO(j.dump());
     CHECK(j["ok"] == true);
     CHECK(r.engine->v == 3);
-    for (auto& a : {learner, sup, pipe, other}) self->send_exit(a, caf::exit_reason::user_shutdown);
+    for (auto& a : {caf::actor_cast<caf::actor>(learner), sup, pipe, other})
+      self->send_exit(a, caf::exit_reason::user_shutdown);
   }
 }
