@@ -19,6 +19,9 @@ float64 for float64 outputs), their sums in float64.
 
 Compiled at run time with NVRTC (PyTorch's own, through torch.cuda's kernel compiler), once per
 process; where that fails the caller keeps the PyTorch comparison and says why.
+
+Digest (below): the side-stream check's exact digest of an output (gpu/checks.py digest), in one
+read of it.
 """
 
 import torch
@@ -195,15 +198,154 @@ class FusedCheck:
 _LOADED = {}
 
 
-def load(device):
-    """(FusedCheck, '') for a CUDA device, or (None, why not)."""
+def _load_once(kind, device, make, what):
+    """(make(index), '') for a CUDA device, once per process and device, or (None, why not)."""
     device = torch.device(device)
     if device.type != "cuda":
         return None, "not on a GPU"
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _LOADED:
+    if (kind, index) not in _LOADED:
         try:
-            _LOADED[index] = (FusedCheck(index), "")
+            _LOADED[kind, index] = (make(index), "")
         except Exception as e:  # the run-time compiler or its library missing, a driver refusal
-            _LOADED[index] = (None, f"the fused comparison did not compile here: {str(e).strip()[:300]}")
-    return _LOADED[index]
+            _LOADED[kind, index] = (None, f"the fused {what} is not loaded here: {str(e).strip()[:300]}")
+    return _LOADED[kind, index]
+
+
+def load(device):
+    """(FusedCheck, '') for a CUDA device, or (None, why not)."""
+    return _load_once("check", device, FusedCheck, "comparison")
+
+# The exact digest of gpu/checks.py digest() in one read of the tensor: per tensor, the sum of its
+# 32-bit words (or bytes) and their sum weighted by (position mod DIGEST_CHUNK) mod 65521 + 1, both
+# modulo 2^64 as PyTorch's int64 sums wrap. PyTorch's operations for the same figures write and
+# read int64 copies of every chunk (about a dozen bytes moved per byte digested); the side-stream
+# check digests a candidate's output twice.
+DIGEST_SOURCE = r"""
+typedef unsigned long long u64;
+#define V 8
+
+template <class W>
+__device__ void digest(const W* x, int n, u64* acc) {
+    u64 s1 = 0, s2 = 0;
+    const long long threads = (long long)gridDim.x * blockDim.x;
+    for (long long base = (long long)blockIdx.x * blockDim.x + threadIdx.x; base < n; base += threads * V) {
+        W v[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const long long i = base + j * threads;
+            if (i < n) v[j] = x[i];
+        }
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+            const long long i = base + j * threads;
+            if (i >= n) break;
+            const long long w = (long long)((i & (DIGEST_CHUNK - 1)) % 65521) + 1;
+            const long long value = (long long)v[j];
+            s1 += (u64)value;
+            s2 += (u64)(value * w);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        s1 += __shfl_down_sync(0xffffffffu, s1, o);
+        s2 += __shfl_down_sync(0xffffffffu, s2, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicAdd(acc, s1);
+        atomicAdd(acc + 1, s2);
+    }
+}
+
+extern "C" __global__ void digest_i32(const int* x, int n, u64* acc) { digest<int>(x, n, acc); }
+extern "C" __global__ void digest_u8(const unsigned char* x, int n, u64* acc) { digest<unsigned char>(x, n, acc); }
+"""
+
+DIGEST_CHUNK = 1 << 24  # gpu/checks.py CHUNK: the weights restart at each chunk
+DIGEST_KERNELS = {torch.int32: "digest_i32", torch.uint8: "digest_u8"}
+DIGEST_PIECE = 1 << 30  # elements a launch (an int count; a multiple of DIGEST_CHUNK)
+
+_CUBINS = {}  # arch ("90") -> (cubin bytes or None, why not)
+
+
+def _nvrtc_cubin(source, arch, options=()):
+    """source compiled by NVRTC for sm_<arch>, as a cubin (no CUDA context is needed: a
+    process that must stay CUDA-free, the worker, compiles for its children)."""
+    import ctypes
+    from torch.cuda import _utils as cu
+    lib = cu._get_gpu_rtc_library()
+    prog = ctypes.c_void_p()
+
+    def check(rc, what):
+        if rc != 0:
+            lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+            raise RuntimeError(f"{what}: {lib.nvrtcGetErrorString(rc).decode()}")
+
+    check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"digest.cu", 0, None, None),
+          "nvrtcCreateProgram")
+    try:
+        opts = [f"--gpu-architecture=sm_{arch}".encode()] + [o.encode() for o in options]
+        rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        if rc != 0:
+            size = ctypes.c_size_t()
+            lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetProgramLog(prog, log)
+            raise RuntimeError(f"nvrtcCompileProgram: {log.value.decode(errors='replace')[:600]}")
+        size = ctypes.c_size_t()
+        check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
+        out = ctypes.create_string_buffer(size.value)
+        check(lib.nvrtcGetCUBIN(prog, out), "nvrtcGetCUBIN")
+        return out.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def digest_cubin(arch):
+    """(the digest kernels' cubin for sm_<arch>, '') or (None, why not), compiled once per
+    process. NVRTC initialises the CUDA driver: the worker, which forks CUDA users, keeps the
+    copy its device probe compiled (keep_cubin), and candidates' processes inherit it (loading a
+    cubin takes a fraction of a millisecond where compiling takes a tenth of a second)."""
+    arch = str(arch).replace(".", "")
+    if arch not in _CUBINS:
+        try:
+            _CUBINS[arch] = (_nvrtc_cubin(DIGEST_SOURCE, arch, [f"-DDIGEST_CHUNK={DIGEST_CHUNK}LL"]), "")
+        except Exception as e:  # no NVRTC library, an architecture it does not know
+            _CUBINS[arch] = (None, f"the fused digest did not compile: {str(e).strip()[:300]}")
+    return _CUBINS[arch]
+
+
+def keep_cubin(arch, cubin, why=""):
+    """Keeps a cubin for sm_<arch> compiled elsewhere (None: why it was not)."""
+    _CUBINS[str(arch).replace(".", "")] = (cubin, "") if cubin else (None, why or "no cubin")
+
+
+class Digest:
+    """The digest kernels loaded on one device."""
+
+    def __init__(self, index):
+        from torch.cuda import _utils as cu
+        major, minor = torch.cuda.get_device_capability(index)
+        cubin, why = digest_cubin(f"{major}{minor}")
+        if cubin is None:
+            raise RuntimeError(why)
+        with torch.cuda.device(index):
+            self.kernels = cu._cuda_load_module(cubin, list(DIGEST_KERNELS.values()))
+        self.device = torch.device("cuda", index)
+        self.blocks = torch.cuda.get_device_properties(index).multi_processor_count * 8
+
+    def __call__(self, words):
+        """(sum, weighted sum) of a contiguous 1-d int32 or uint8 tensor on this device, as two
+        int64s (a tensor of 2 on the device: the caller reads it when it needs the figures)."""
+        acc = torch.zeros(2, dtype=torch.int64, device=words.device)
+        kernel = self.kernels[DIGEST_KERNELS[words.dtype]]
+        for a in range(0, words.numel(), DIGEST_PIECE):
+            piece = words[a:a + DIGEST_PIECE]
+            n = piece.numel()
+            blocks = min(self.blocks, -(-n // THREADS))
+            kernel(grid=(blocks, 1, 1), block=(THREADS, 1, 1), args=[piece, n, acc])
+        return acc
+
+
+def load_digest(device):
+    """(Digest, '') for a CUDA device, or (None, why not)."""
+    return _load_once("digest", device, Digest, "digest")

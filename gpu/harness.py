@@ -42,6 +42,7 @@ import bounded
 import checks
 import defenses
 import devlock
+import fused_check
 import protocol
 import sandbox
 from checks import _PLAIN_TENSORS, _flatten, _shapes, digest
@@ -344,6 +345,13 @@ class _Calls:
         self.task, self.seed, self.n, self.dists, self.corr = task, seed, n, dists, corr
         self.calls = 0
         self.given_shapes = None  # the shapes of the last check's inputs
+        self.spans = []  # (start, end) events on the caller's stream around each call but the first
+
+    def device_ms(self):
+        """The caller's stream's time over the calls so far but the first (its lazy compilation
+        and first loads), in ms: how long the device has run this candidate's forward (every call
+        so far synchronised: the correctness trials)."""
+        return sum(a.elapsed_time(b) for a, b in self.spans)
 
     def run(self, inputs, sync=True):
         """forward(*inputs) as candidate code: the watch knows (its first call exempt from the
@@ -353,9 +361,17 @@ class _Calls:
         watch.exempt = self.calls == 0
         self.calls += 1
         try:
+            on_gpu = h.device.type == "cuda"
+            span = (_Event(enable_timing=True), _Event(enable_timing=True)) if self.calls > 1 and on_gpu else None
+            stream = torch.cuda.current_stream(h.device) if span else None
             with h._as_candidate(watch), defenses.ReferenceGuard(self.ref_codes, self.own_codes) as guard:
+                if span:
+                    span[0].record(stream)
                 out = self.model(*inputs)
-                if sync and h.device.type == "cuda":
+                if span:
+                    span[1].record(stream)
+                    self.spans.append(span)
+                if sync and on_gpu:
                     _cuda_sync(h.device)
         finally:
             watch.exempt = False
@@ -400,6 +416,7 @@ class Harness:
         self.given_bound = {}  # (candidate's process) the device's measured bandwidth (see bound_ms)
         self._output_bytes = 0  # (candidate's process) bytes its first trial's outputs span
         self.device_name = "cpu" if self.device.type == "cpu" else device
+        self.fused_digest, self.fused_digest_why = None, "not on a GPU"  # (candidate's process) _setup_device
 
     # ---- runs in the candidate's process -------------------------------------------------------
     def _setup_device(self):
@@ -407,7 +424,12 @@ class Harness:
             torch.set_num_threads(self.threads)
             return "cpu"
         torch.cuda.set_device(self.device)
-        return torch.cuda.get_device_name(self.device)
+        name = torch.cuda.get_device_name(self.device)
+        # The one-pass digest's kernels (a spare process loads them while it waits for its
+        # candidate; the worker compiled them before forking it). Where they do not load, digest()
+        # makes the same figures with PyTorch's operations.
+        self.fused_digest, self.fused_digest_why = fused_check.load_digest(self.device)
+        return name
 
     def prepare(self, req, s):
         """Compile stage (no GPU): loads the candidate program so its kernels build into the cache.
@@ -545,11 +567,12 @@ class Harness:
         watch = defenses.Watch()
         watch.freeze("the task's module", task)
         watch.freeze("the task's Model", task.Model)
-        for name in (__name__, "checks", "timing", "defenses", "judge", "protocol", "sandbox", "compile_cache",
-                     "scaffold"):
+        for name in (__name__, "checks", "fused_check", "timing", "defenses", "judge", "protocol", "sandbox",
+                     "compile_cache", "scaffold"):
             if name in sys.modules:
                 watch.freeze(f"the harness module {name}", sys.modules[name])
-        for cls in (Harness, _Calls, Timer, defenses.Watch, defenses.ReferenceGuard, protocol.Link):
+        for cls in (Harness, _Calls, Timer, defenses.Watch, defenses.ReferenceGuard, protocol.Link,
+                    fused_check.Digest):
             watch.freeze(f"the harness class {cls.__name__}", cls)
         return watch
 
@@ -686,6 +709,7 @@ class Harness:
                 for i in range(len(dists)):
                     trial("dist", i)
                 hacked_check("during the correctness trials")
+                warmed_ms = calls.device_ms() if cuda else 0.0
                 self._phase(res, "correctness")
 
                 trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
@@ -701,12 +725,13 @@ class Harness:
                 def checks():  # the checks that time, in the timed region
                     if cuda:
                         timer._calibrate_spin()  # for both checks' spins
+                        corr["digest"] = "fused" if self.fused_digest is not None else self.fused_digest_why
                         self._side_stream_check(task, seed, run_candidate, timer)
                         self._ordering_check(task, seed, n, run_candidate, timer, corr)
                     self._phase(res, "checks")
 
                 timed = (timer, task, new_model, watch, res, warmup, float(s.get("timing_precision", 0.0)))
-                cand_stats = self._timed(*timed, trials, seed, checks)
+                cand_stats = self._timed(*timed, trials, seed, checks, warmed_ms=warmed_ms)
                 hacked_check("while being timed")
                 self._phase(res, "timing")
 
@@ -908,12 +933,14 @@ class Harness:
         with self._harness_step("generating inputs"):
             return self._inputs(task, self._timing_seed(seed))
 
-    def _warm(self, timer, task, model, warmup, seed):
+    def _warm(self, timer, task, model, warmup, seed, warmed_ms=0.0):
         """The warm-up before a timed region, run in the shared hold (untimed: beside other
-        candidates' work) on the timing inputs of seed. Returns those inputs when they are small
-        enough to keep for the timed region, else None."""
+        candidates' work) on the timing inputs of seed: `warmup` runs, and runs until the model
+        has run for Timer.WARM_UP_MS, of which `warmed_ms` the device spent on it just before (the
+        correctness trials: a 6.4 GB-input candidate has warmed the clocks up there already).
+        Returns those inputs when they are small enough to keep for the timed region, else None."""
         inputs = self._timing_inputs(task, seed)
-        timer.warm(model, inputs, warmup)
+        timer.warm(model, inputs, warmup, min_ms=max(0.0, Timer.WARM_UP_MS - warmed_ms))
         small = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
         return inputs if small <= self.KEEP_TIMING_INPUTS_BYTES else None
 
@@ -988,13 +1015,14 @@ class Harness:
         finally:
             watch.in_candidate = False
 
-    def _timed(self, timer, task, new_model, watch, res, warmup, precision, trials, seed, checks=None):
+    def _timed(self, timer, task, new_model, watch, res, warmup, precision, trials, seed, checks=None,
+               warmed_ms=0.0):
         """The candidate's warm-up in the shared hold (beside other candidates' work: it is not
-        timed; phase warm_up), then the timed region alone: `checks` first, then the timing
-        (_time_candidate), warmed up again for REWARM_MS and stopped at `precision`. Returns its
-        stats."""
+        timed; phase warm_up; `warmed_ms` as _warm's), then the timed region alone: `checks`
+        first, then the timing (_time_candidate), warmed up again for REWARM_MS and stopped at
+        `precision`. Returns its stats."""
         with self._as_candidate(watch):
-            inputs = self._warm(timer, task, new_model, warmup, seed)
+            inputs = self._warm(timer, task, new_model, warmup, seed, warmed_ms)
         self._phase(res, "warm_up")
         with self._alone(res):
             if checks is not None:
@@ -1149,9 +1177,9 @@ class Harness:
         out = run_candidate(inputs, sync=False)
         with self._harness_step("reading the candidate's output"):
             torch.cuda.current_stream(self.device).synchronize()
-            early = digest(out)
+            early = digest(out, self.fused_digest)
             _cuda_sync(self.device)
-            late = digest(out)
+            late = digest(out, self.fused_digest)
         del out
         if early != late:
             raise Verdict("hacked", "the candidate's output was still being written on another CUDA stream "

@@ -185,7 +185,10 @@ class ForkServer:
                 torch.empty(1, device=d)
                 cap = torch.cuda.get_device_capability(d)
                 uuid = str(getattr(torch.cuda.get_device_properties(d), "uuid", "") or "")
+                import fused_check
+                cubin, why = fused_check.digest_cubin(f"{cap[0]}{cap[1]}")
                 return {"status": "ok", "device": torch.cuda.get_device_name(d),
+                        "digest_cubin": cubin or b"", "digest_why": why,
                         "capability": f"{cap[0]}.{cap[1]}", "cuda_init_s": time.monotonic() - t0,
                         "uuid": "gpu-" + (uuid or f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')}-{dev}")}
             return {"status": "ok", "device": "cpu", "capability": "", "cuda_init_s": 0.0, "uuid": "cpu"}
@@ -215,6 +218,12 @@ class ForkServer:
         if self.info["capability"]:
             # Builds target exactly this GPU (and the compile key records it).
             self.env["TORCH_CUDA_ARCH_LIST"] = self.info["capability"]
+            # The side-stream check's one-pass digest, compiled by the probe (NVRTC initialises
+            # the CUDA driver, which a process that forks CUDA users must not): every candidate's
+            # process inherits it and only loads it.
+            import fused_check
+            fused_check.keep_cubin(self.info["capability"], reply.get("digest_cubin") or None,
+                                   reply.get("digest_why", "the probe did not compile it"))
 
     def ping(self):
         return {"ok": True, "pid": os.getpid(), "torch_version": self.torch.__version__, **self.info}

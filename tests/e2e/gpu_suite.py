@@ -14,7 +14,8 @@
    only on the task's own draw, a speedup beyond the device bound, a result kept by input values,
    a copy of the reference made at run time), at GPU-sized shapes where the size matters.
 5. The judge's one-pass comparison (gpu/fused_check.py) against PyTorch's operations on the same
-   pairs (`compare`): identical verdicts in every dtype it takes, and each way's time.
+   pairs (`compare`): identical verdicts in every dtype it takes, and each way's time; the
+   side-stream check's one-pass digest against PyTorch's: the same figures, bit for bit.
 
 Usage: python tests/e2e/gpu_suite.py --launch PATH/TO/launch [--device cuda:0] [--json OUT.json]
            [--parts replay,compare,sandbox,cuda,triton,stability]
@@ -59,6 +60,12 @@ def replay_suite(server, rows):
                 ok = res["status"] == rec["expect_status"]
                 link = (res.get("correctness") or {}).get("link", "")
                 how = (res.get("correctness") or {}).get("comparison", "")
+                dig = (res.get("correctness") or {}).get("digest", "")
+                if res["status"] == "ok" and dig != "fused":
+                    # The side-stream check digests the output with one kernel (gpu/fused_check.py
+                    # Digest), loaded in the candidate's process from the worker's compiled copy.
+                    ok = False
+                    res["error"] = f"the side-stream check's digest was not the fused one: {dig or 'none'}"
                 if res["status"] == "ok" and (link != "device" or how != "fused"):
                     # On a GPU the outputs reach the judge through device memory (gpu/devshare.py)
                     # and are compared in one pass (gpu/fused_check.py); a fallback is a failure of
@@ -195,6 +202,15 @@ def sandbox_suite(device, rows):
     return bad
 
 
+def loaded(suite, name, pair, rows):
+    """The kernels of a (kernels or None, why not) pair; a failed row saying why when None."""
+    kernels, why = pair
+    if kernels is None:
+        rows.append({"suite": suite, "candidate": name, "status": why, "ok": False})
+        print(f"BAD {name}: {why}", flush=True)
+    return kernels
+
+
 def compare_suite(device, rows, cases=120):
     """The judge's one-pass comparison (gpu/fused_check.py) against PyTorch's operations (OutputCheck
     without it) on the same pairs, fed in the same pieces: in every dtype it takes, outputs at the
@@ -205,10 +221,8 @@ def compare_suite(device, rows, cases=120):
     import torch
     import checks as H
     import fused_check
-    fused, why = fused_check.load(device)
+    fused = loaded("compare", "fused_check", fused_check.load(device), rows)
     if fused is None:
-        rows.append({"suite": "compare", "candidate": "fused_check", "status": why, "ok": False})
-        print(f"BAD fused comparison: {why}", flush=True)
         return 1
     g = torch.Generator(device=device).manual_seed(53)
 
@@ -319,6 +333,73 @@ def compare_suite(device, rows, cases=120):
     return bad
 
 
+def digest_suite(device, rows):
+    """The side-stream check's one-pass digest (gpu/fused_check.py Digest) against PyTorch's
+    operations (gpu/checks.py digest without it): the same figures, bit for bit, on outputs of
+    every shape the check meets (32-bit words; bytes where a tensor's size or address is not a
+    multiple of 4; across the weights' chunks and the kernel's pieces of 2^30 elements), and a
+    digest that moves with one flipped bit. Then each way's time over 1 GB."""
+    import torch
+    import checks as H
+    import fused_check
+    fused = loaded("digest", "fused_check.Digest", fused_check.load_digest(device), rows)
+    if fused is None:
+        return 1
+    g = torch.Generator(device=device).manual_seed(56)
+
+    def rand(n, dtype):
+        if dtype.is_floating_point:
+            return torch.randn(n, generator=g, device=device, dtype=torch.float32).to(dtype)
+        if dtype == torch.bool:
+            return torch.rand(n, generator=g, device=device) < 0.5
+        info = torch.iinfo(dtype)
+        return torch.randint(info.min, info.max, (n,), generator=g, device=device, dtype=dtype)
+
+    chunk = H.CHUNK
+    cases = [("float32 of 1", rand(1, torch.float32)), ("float16 of 3 (bytes)", rand(3, torch.float16)),
+             ("bfloat16 of 1000", rand(1000, torch.bfloat16)), ("int64 of 12345", rand(12345, torch.int64)),
+             ("bool of 4097 (bytes)", rand(4097, torch.bool)), ("int8 of 2^24 + 5 (bytes)", rand(chunk + 5, torch.int8)),
+             ("float32 of 3 x 2^24 + 7", rand(3 * chunk + 7, torch.float32)),
+             ("float32 at an odd address (bytes)", rand(4001, torch.float32).view(torch.uint8)[1:4001 * 4 - 3]),
+             ("a transposed float32 matrix", rand(513 * 257, torch.float32).reshape(513, 257).t()),
+             ("(float32, int32) tuple", (rand(77, torch.float32), rand(99, torch.int32))),
+             ("float32 of 2^30 + 2^24 + 3 (two pieces)", rand((1 << 30) + chunk + 3, torch.float32)),
+             ("uint8 of 2^31 + 11 (three pieces of bytes)", rand((1 << 31) + 11, torch.uint8))]
+    bad = 0
+    for name, t in cases:
+        want, got = H.digest(t), H.digest(t, fused)
+        flipped = got
+        first = t[0] if isinstance(t, tuple) else t
+        flat = first.reshape(-1) if first.is_contiguous() else None
+        if flat is not None and flat.numel():
+            at = flat.numel() // 2
+            raw = flat.view(torch.uint8)
+            byte = (at * flat.element_size()) % raw.numel()
+            raw[byte] ^= 4  # one bit
+            flipped = H.digest(t, fused)
+            raw[byte] ^= 4
+        ok = want == got and (flat is None or flipped != got)
+        bad += not ok
+        rows.append({"suite": "digest", "candidate": name, "status": "identical" if want == got else f"{want} != {got}",
+                     "expected": "identical", "ok": ok})
+        print(f"{'ok ' if ok else 'BAD'} digest {name}: {'identical' if want == got else f'torch {want}, fused {got}'}"
+              f"{'' if flipped != got or flat is None else ', blind to a flipped bit'}", flush=True)
+        del t, first, flat
+    t = rand(1 << 28, torch.float32)
+    for label, k in (("torch", None), ("fused", fused)):
+        times = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            H.digest(t, k)
+            times.append(time.perf_counter() - t0)
+        ms = 1000 * statistics.median(times)
+        rows.append({"suite": "digest", "candidate": f"time/{label}", "status": f"{ms:.2f} ms per GB", "ok": True})
+        print(f"digest time {label}: {ms:.2f} ms for 1 GB (median of 5, result read; {1 / (ms / 1000):.0f} GB/s)",
+              flush=True)
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launch", required=True)
@@ -342,6 +423,7 @@ def main():
     server.close()
     if "compare" in parts:
         bad += compare_suite(args.device, rows)
+        bad += digest_suite(args.device, rows)
     if "sandbox" in parts:
         bad += sandbox_suite(args.device, rows)
     if "cuda" in parts:

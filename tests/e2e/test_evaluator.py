@@ -653,6 +653,21 @@ class CheckTest(unittest.TestCase):
             check.feed(out[a:b])
         self.assertTrue(torch.equal(check.fingerprint()[2], self.c.fingerprint(out)[0][2]))
 
+    def test_the_one_pass_digest_compiles_without_a_gpu_for_the_chunks_of_the_torch_one(self):
+        # The worker's device probe compiles the side-stream check's digest kernels (NVRTC alone:
+        # no GPU is needed to compile) and candidates' processes load the copy; the GPU suite's
+        # `digest` part checks their figures against digest()'s PyTorch operations, bit for bit.
+        import fused_check
+        self.assertEqual(fused_check.DIGEST_CHUNK, self.saved)  # the weights restart where digest()'s do
+        self.assertEqual(fused_check.DIGEST_PIECE % fused_check.DIGEST_CHUNK, 0)
+        for arch in ("9.0", "100"):
+            cubin, why = fused_check.digest_cubin(arch)
+            self.assertEqual(why, "")
+            self.assertTrue(cubin.startswith(b"\x7fELF"), cubin[:8])
+        self.assertIsNone(fused_check.digest_cubin("1")[0])  # an architecture NVRTC refuses: a reason, no raise
+        self.assertIn("did not compile", fused_check.digest_cubin("1")[1])
+        self.assertEqual(fused_check.load_digest("cpu"), (None, "not on a GPU"))
+
 
 class SandboxTest(Base):
     """Issue 19's findings, one adversarial candidate each (and more of the same families): each
