@@ -24,7 +24,6 @@ import math
 import os
 import random
 import re
-import statistics
 import sys
 import tempfile
 import traceback
@@ -45,9 +44,11 @@ import devlock
 import fused_check
 import protocol
 import sandbox
-from checks import _PLAIN_TENSORS, _flatten, _shapes, digest
+import timed_region
+from checks import _PLAIN_TENSORS, _flatten, _shapes
 from scaffold import FormatError, assemble, embedded_task_lines, extract_code, FORWARD_MARKER
 from timing import Timer, stats
+from verdict import Verdict
 # The clock and CUDA functions timing.py captured at import (one capture, which the watch guards).
 from timing import _clock_ns, _cuda_sync, _Event, _no_grad
 
@@ -58,18 +59,6 @@ _watch_check = defenses.Watch.check  # a candidate replacing Watch.check does no
 
 
 LOG_LIMIT = 64 * 1024
-
-
-class _ShapeChanged(Exception):
-    """A task whose inputs change shape with the seed: no refill in place."""
-
-
-class Verdict(Exception):
-    """Ends an evaluation early with a status and a one-line error."""
-
-    def __init__(self, status, error, log=""):
-        super().__init__(error)
-        self.status, self.error, self.log = status, error, log
 
 
 _CANDIDATE_FILES = set()  # the files candidate programs were compiled under
@@ -567,8 +556,8 @@ class Harness:
         watch = defenses.Watch()
         watch.freeze("the task's module", task)
         watch.freeze("the task's Model", task.Model)
-        for name in (__name__, "checks", "fused_check", "timing", "defenses", "judge", "protocol", "sandbox",
-                     "compile_cache", "scaffold"):
+        for name in (__name__, "checks", "fused_check", "timing", "timed_region", "verdict", "defenses", "judge",
+                     "protocol", "sandbox", "compile_cache", "scaffold"):
             if name in sys.modules:
                 watch.freeze(f"the harness module {name}", sys.modules[name])
         for cls in (Harness, _Calls, Timer, defenses.Watch, defenses.ReferenceGuard, protocol.Link,
@@ -726,12 +715,12 @@ class Harness:
                     if cuda:
                         timer._calibrate_spin()  # for both checks' spins
                         corr["digest"] = "fused" if self.fused_digest is not None else self.fused_digest_why
-                        self._side_stream_check(task, seed, run_candidate, timer)
-                        self._ordering_check(task, seed, n, run_candidate, timer, corr)
+                        timed_region.side_stream_check(self, task, seed, run_candidate, timer)
+                        timed_region.ordering_check(self, task, seed, n, run_candidate, timer, corr)
                     self._phase(res, "checks")
 
                 timed = (timer, task, new_model, watch, res, warmup, float(s.get("timing_precision", 0.0)))
-                cand_stats = self._timed(*timed, trials, seed, checks, warmed_ms=warmed_ms)
+                cand_stats = timed_region.run(self, *timed, trials, seed, checks, warmed_ms=warmed_ms)
                 hacked_check("while being timed")
                 self._phase(res, "timing")
 
@@ -760,7 +749,7 @@ class Harness:
                     for i in range(4 * n):
                         trial("reverify", i)
                     self._phase(res, "reverify")
-                    self._timed(*timed, int(s["full_trials"]), seed + 7_919)
+                    timed_region.run(self, *timed, int(s["full_trials"]), seed + 7_919)
                     hacked_check("during re-verification")
                     self._phase(res, "reverify")
 
@@ -913,94 +902,6 @@ class Harness:
         except Exception:  # noqa: BLE001 - a faulted context: unknown, the worker waits
             res["gpu_held_bytes"] = -1
 
-    # Trials of each arm of the fresh-values probe, and how much slower the fresh arm must be than
-    # the repeated one to count instead (its fastest trial than the other's slowest, by this
-    # ratio; its median by this many milliseconds).
-    FRESH_TRIALS = 4
-    FRESH_RATIO = 1.25
-    FRESH_MIN_MS = 0.02
-
-    # Inputs of this many bytes or fewer, made for the warm-up in the shared hold, are kept for the
-    # timed region; larger ones are made again there (the same seed: the same values), so the
-    # checks between do not hold a third set of KernelBench-size inputs.
-    KEEP_TIMING_INPUTS_BYTES = 256 << 20
-
-    @staticmethod
-    def _timing_seed(seed):
-        return seed * 1000 + 999
-
-    def _timing_inputs(self, task, seed):
-        with self._harness_step("generating inputs"):
-            return self._inputs(task, self._timing_seed(seed))
-
-    def _warm(self, timer, task, model, warmup, seed, warmed_ms=0.0):
-        """The warm-up before a timed region, run in the shared hold (untimed: beside other
-        candidates' work) on the timing inputs of seed: `warmup` runs, and runs until the model
-        has run for Timer.WARM_UP_MS, of which `warmed_ms` the device spent on it just before (the
-        correctness trials: a 6.4 GB-input candidate has warmed the clocks up there already).
-        Returns those inputs when they are small enough to keep for the timed region, else None."""
-        inputs = self._timing_inputs(task, seed)
-        timer.warm(model, inputs, warmup, min_ms=max(0.0, Timer.WARM_UP_MS - warmed_ms))
-        small = sum(x.numel() * x.element_size() for x in inputs if isinstance(x, torch.Tensor))
-        return inputs if small <= self.KEEP_TIMING_INPUTS_BYTES else None
-
-    def _time_model(self, timer, task, model, trials, warmup, seed, fresh=0, inputs=None, warm_ms=None,
-                    precision=0.0):
-        """model's timing on the timing inputs of seed (the reference's, or a candidate's; made
-        here unless given), in a timed region the caller holds alone (_alone): Timer.run with
-        warm_ms and precision. With `fresh`, also the fresh-values probe: 2 x `fresh` more
-        trials, alternating, before each of which the inputs are refilled outside the timed region
-        (the task's own draw, generated and copied alike): with the same values again (arm
-        "repeated") or with new ones (arm "fresh"); a probe that finds the fresh arm slower is run
-        again and the second one stands. Returns (stats, (repeated, fresh) trial times or None; None for a
-        task whose inputs change shape with the seed or hold no floating-point tensor)."""
-        timing_seed = self._timing_seed(seed)
-        if inputs is None:
-            inputs = self._timing_inputs(task, seed)
-        out = timer.run(model, inputs, warmup, trials, warm_ms=warm_ms, precision=precision)
-        out["tail_trials"] = timer.tail_trials
-        if not fresh or not any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in inputs):
-            return out, None
-
-        rounds = [0]
-
-        def refill(i):
-            with self._harness_step("generating inputs"):
-                fresh_seed = seed * 1000 + 30_001 + 100 * rounds[0] + i
-                new = self._inputs(task, timing_seed if i % 2 == 0 else fresh_seed)
-                if _shapes(new) != _shapes(inputs):
-                    raise _ShapeChanged()
-                for old, value in zip(inputs, new):
-                    if isinstance(old, torch.Tensor):
-                        old.copy_(value)
-                del new
-
-        def probe():
-            rounds[0] += 1  # new values each round: a cache filled by the first has none of them
-            timer.run(model, inputs, warmup, 2 * fresh, refill=refill, warm_up=False)
-            times = timer.last_times
-            return times[0::2], times[1::2]
-
-        try:
-            arms = probe()
-            if self._kept_by_values(*arms):
-                arms = probe()  # once more: what a result kept by values does every time, noise does not
-        except _ShapeChanged:
-            return out, None
-        return out, arms
-
-    def _kept_by_values(self, repeated, fresh):
-        """Whether the fresh-values probe's arms (their trial times, ms) say the timing holds a
-        result kept by input values: every fresh trial but its fastest more than FRESH_RATIO
-        slower than every repeated one but its slowest (one trial of each arm disturbed by the
-        host, e.g. a process scheduled in, does not hide the cache; noise does not move three of
-        four trials past three of four of the other arm, twice), and the medians FRESH_MIN_MS
-        apart."""
-        f, r = sorted(fresh), sorted(repeated)
-        fast, slow = (f[1], r[-2]) if len(f) >= 3 and len(r) >= 3 else (f[0], r[-1])
-        return (fast > self.FRESH_RATIO * slow
-                and statistics.median(f) - statistics.median(r) > self.FRESH_MIN_MS)
-
     @contextlib.contextmanager
     def _as_candidate(self, watch):
         """Candidate code runs inside: the watch knows it, and what it raises is the candidate's
@@ -1014,48 +915,6 @@ class Harness:
             raise Verdict("runtime_error", self._candidate_exc(e), _tb(e))
         finally:
             watch.in_candidate = False
-
-    def _timed(self, timer, task, new_model, watch, res, warmup, precision, trials, seed, checks=None,
-               warmed_ms=0.0):
-        """The candidate's warm-up in the shared hold (beside other candidates' work: it is not
-        timed; phase warm_up; `warmed_ms` as _warm's), then the timed region alone: `checks`
-        first, then the timing (_time_candidate), warmed up again for REWARM_MS and stopped at
-        `precision`. Returns its stats."""
-        with self._as_candidate(watch):
-            inputs = self._warm(timer, task, new_model, warmup, seed, warmed_ms)
-        self._phase(res, "warm_up")
-        with self._alone(res):
-            if checks is not None:
-                checks()
-            return self._time_candidate(timer, task, trials, warmup, seed, new_model, watch, res, inputs=inputs,
-                                        warm_ms=Timer.REWARM_MS, precision=precision)
-
-    def _time_candidate(self, timer, task, trials, warmup, seed, new_model, watch, res, **how):
-        """The candidate's timing on repeated inputs (as KernelBench times), checked by the
-        fresh-values probe (_time_model): a result kept by input values (a cache keyed by a sample
-        of them) is fast only when the values repeat, so when the probe's fresh arm is more than
-        FRESH_RATIO slower than its repeated arm (_kept_by_values: all but one trial of each), the
-        fresh arm's timing is the candidate's (and res["note"] says so). Timing noise moves a
-        median or a trial, not the rest of one arm past the other."""
-        with self._as_candidate(watch):
-            cand_stats, probe = self._time_model(timer, task, new_model, trials, warmup, seed, self.FRESH_TRIALS,
-                                                 **how)
-        if probe is not None:
-            kept = self._kept_by_values(*probe)
-            repeated, fresh = stats(probe[0]), stats(probe[1])
-            cand_stats["repeated_median_ms"] = repeated["median_ms"]
-            cand_stats["fresh_median_ms"] = fresh["median_ms"]
-            if kept:
-                res["note"] = (f"the runtime is the fresh-values timing: {fresh['median_ms']:.4g} ms over "
-                               f"{fresh['trials']} trials whose inputs were refilled with new values, against "
-                               f"{repeated['median_ms']:.4g} ms refilled with the same values (and "
-                               f"{cand_stats['median_ms']:.4g} ms on repeated inputs): a result kept by input "
-                               f"values is fast only when they repeat")
-                fresh["repeated_median_ms"] = repeated["median_ms"]
-                fresh["fresh_median_ms"] = fresh["median_ms"]
-                cand_stats = fresh
-        res["runtime"] = cand_stats
-        return cand_stats
 
     def time_reference(self, req, s, mode):
         """In a process of its own that runs no candidate code: the reference's timing under the
@@ -1080,9 +939,9 @@ class Harness:
                     with self._harness_step("allocating the L2 flush buffer"):
                         timer = Timer(self.device)
                     with self._harness_step("warming up the reference Model"):
-                        inputs = self._warm(timer, task, ref_model, warmup, seed)
+                        inputs = timed_region.warm(self, timer, task, ref_model, warmup, seed)
                     with self._alone(res), self._harness_step("timing the reference Model"):
-                        res["stats"], _ = self._time_model(timer, task, ref_model, trials, warmup, seed,
+                        res["stats"], _ = timed_region.time_model(self, timer, task, ref_model, trials, warmup, seed,
                                                            inputs=inputs, warm_ms=Timer.REWARM_MS,
                                                            precision=float(s.get("timing_precision", 0.0)))
             finally:
@@ -1132,79 +991,6 @@ class Harness:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         return {"bytes_per_ms": 2 * n / best if best > 0 else 0.0, "cache_bytes": cache, "probe_bytes": n}
-
-    ORDER_SPIN_MS = 2.0
-
-    def _ordering_check(self, task, seed, n, run_candidate, timer, corr):
-        """The candidate's work must come after what the caller's stream did before the call, as
-        every CUDA caller assumes: its input tensors are written on the caller's stream behind a
-        spin of ORDER_SPIN_MS, and forward is called at once; the judge compares the output with
-        the reference's on the written values. A forward whose work runs on a stream that does
-        not wait for the caller's reads the tensors before they are written. (The timing's head
-        start would otherwise let such work run, unseen, before the start event.)"""
-        at = protocol.seed_of("ordering", 0, seed, n)
-        with self._harness_step("generating inputs"):
-            given = self._inputs(task, at + 1)  # what the tensors hold before the write
-            values = self._inputs(task, at)
-        if _shapes(given) != _shapes(values):
-            return  # a task whose inputs change shape with the seed: nothing to overwrite in place
-        _cuda_sync(self.device)
-        timer.spin(self.ORDER_SPIN_MS)
-        for old, new in zip(given, values):
-            if isinstance(old, torch.Tensor):
-                old.copy_(new)  # on the caller's stream, behind the spin
-        del values
-        self._judged("ordering", 0, run_candidate(given), corr)
-
-    SIDE_WORK_CALLS = 3
-    SIDE_WORK_MIN_MS = 0.05
-    SIDE_WORK_FRACTION = 0.1
-
-    def _side_stream_check(self, task, seed, run_candidate, timer):
-        """Work the caller's stream does not wait for is a hack: the caller would read an
-        unfinished output. Two checks on calls of the candidate's forward:
-        - its output read (an exact digest of every bit) once the caller's stream is done, and
-          again once the whole device is done: any difference means it was still being written;
-        - how long the device stays busy after the caller's stream is done (an event after
-          forward on the current stream; the host waits for it, synchronizes the device, records
-          another): when even the shortest of SIDE_WORK_CALLS calls exceeds the host's wake-up
-          after a wait as long (Timer's busy tail) by max(SIDE_WORK_MIN_MS, SIDE_WORK_FRACTION of
-          the forward's own time), work was left running on another stream. This one sees what
-          the first cannot: hidden work that fills the GPU keeps a kernel that reads the output
-          from starting until the work is nearly done."""
-        with self._harness_step("generating inputs"):
-            inputs = self._inputs(task, seed * 1000 + 555)
-        out = run_candidate(inputs, sync=False)
-        with self._harness_step("reading the candidate's output"):
-            torch.cuda.current_stream(self.device).synchronize()
-            early = digest(out, self.fused_digest)
-            _cuda_sync(self.device)
-            late = digest(out, self.fused_digest)
-        del out
-        if early != late:
-            raise Verdict("hacked", "the candidate's output was still being written on another CUDA stream "
-                                    "after forward returned (work hidden from the caller's stream)")
-        own, tails = [], []
-        for _ in range(self.SIDE_WORK_CALLS):
-            start, end, after = (_Event(enable_timing=True) for _ in range(3))
-            _cuda_sync(self.device)
-            start.record(timer.stream)
-            out = run_candidate(inputs, sync=False)
-            end.record(timer.stream)
-            end.synchronize()  # the caller's stream is done
-            _cuda_sync(self.device)
-            after.record(timer.stream)
-            after.synchronize()
-            own.append(start.elapsed_time(end))
-            tails.append(end.elapsed_time(after))
-            del out
-        own_ms = statistics.median(own)
-        hidden = min(tails) - timer.busy_tail(own_ms)
-        if hidden > max(self.SIDE_WORK_MIN_MS, self.SIDE_WORK_FRACTION * own_ms):
-            raise Verdict("hacked", f"the candidate left work running on another CUDA stream after forward "
-                                    f"returned: the device stayed busy {hidden:.3f} ms after the caller's "
-                                    f"stream was done, in each of {self.SIDE_WORK_CALLS} calls (its own stream's "
-                                    f"work took {own_ms:.3f} ms)")
 
     def _profile(self, new_model, task, seed, code, res, watch):
         """One profiled forward: kernel-time coverage of the candidate's own kernels, and the
