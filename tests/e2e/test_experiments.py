@@ -219,6 +219,21 @@ class LaptopSeedConfigTest(unittest.TestCase):
         self.assertTrue(arms["ttt"]["experiment"]["per_task"])
         self.assertEqual({c["sampler"]["temperature"] for c in arms.values()}, {0.25})
 
+    def test_the_sdpo_pair_is_valid_as_shipped_at_seed_002s_budget(self):
+        # configs/seed-sdpo-local.toml: seed 002's SDPO, feedback against prompt-only, per task.
+        p = subprocess.run([LAUNCH, "check", os.path.join(ROOT, "configs", "seed-sdpo-local.toml")],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("each run with seeds 0, 1, 2", p.stdout)
+        arms = {}
+        for part in p.stdout.split("\n# arm ")[1:]:
+            arm, text = part.split("\n", 1)
+            arms[arm.strip()] = tomllib.loads(text)
+        self.assertEqual({a: rollouts_per_task(c) for a, c in arms.items()}, {"feedback": 64, "prompt": 64})
+        self.assertEqual({a: c["sdpo"]["context"] for a, c in arms.items()}, {"feedback": "feedback", "prompt": "prompt"})
+        self.assertEqual({(c["experiment"]["mode"], c["experiment"]["per_task"], c["sdpo"]["beta"],
+                           c["sampler"]["temperature"]) for c in arms.values()}, {("sdpo", True, 1.0, 0.25)})
+
 
 class KernelBenchConfigTest(unittest.TestCase):
     """configs/kernelbench-level1.toml (the README's "A real model, step by step") is valid as shipped, next to a
