@@ -59,6 +59,7 @@ import traceback
 from protocol import (LABELS, TIMING_SEED, LinkError, _framed, _memory, _recv_exact, device_half_bytes,
                       _recv_exact_into, _staging, check_name, device_pieces, distribution_of, distributions,
                       recv_frame, seed_of, send_frame, trial_name)
+from verdict import Verdict
 
 class _Failed(Exception):
     """The session's verdict is decided (status, why): later checks are refused with it."""
@@ -468,7 +469,7 @@ class Judge:
             out = self._run_reference(trial_seed, dist)
         except _Failed:
             raise
-        except H.Verdict as v:
+        except Verdict as v:
             raise _Failed(v.status, v.error)
         except Exception as e:  # noqa: BLE001 - the reference refuses these inputs
             self.domains[key] = (False, f"the reference raised {H._short_exc(e)}")
@@ -568,7 +569,6 @@ class Judge:
         buffer, each piece where the candidate's process put it once it says it is in), feeding
         one OutputCheck per tensor. A failure here (the judge's own memory) still takes every
         piece, so the link stays framed."""
-        import harness as H
         import checks as C
         import torch
         h = self.h
@@ -608,7 +608,7 @@ class Judge:
                 try:
                     with h._harness_step("comparing outputs"):
                         check = C.OutputCheck(r, self.s, atol_scale[len(checks)], fused)
-                except H.Verdict as v:
+                except Verdict as v:
                     failure = v
             size = r.element_size()
             per = max(1, piece_bytes // size)
@@ -628,7 +628,7 @@ class Judge:
                                     check.feed(sub.clone())
                         finally:
                             done()
-                except H.Verdict as v:
+                except Verdict as v:
                     failure, check = v, None
             checks.append(check)
         if failure is not None:
@@ -663,12 +663,12 @@ class Judge:
                     self.reproducible[key] = C.matches_fingerprint(again, probe, C._EXACT)
                 del probe, again
             if not self.reproducible[key]:
-                raise H.Verdict("runtime_error", f"task {self.req['task_id']}: get_inputs() gives different "
+                raise Verdict("runtime_error", f"task {self.req['task_id']}: get_inputs() gives different "
                                                  f"inputs for the same seed, so the judge cannot give a candidate "
                                                  f"the reference's inputs (no verdict on the candidate)")
             self.task = task
             self.prev_timing = False
-        except H.Verdict as v:
+        except Verdict as v:
             raise _Failed(v.status, v.error)
 
     def _task_key(self):
@@ -684,7 +684,7 @@ class Judge:
                 H._manual_seed(self.seed)
                 init_inputs = self.task.get_init_inputs()
                 self.model = self.h._build_reference(self.task, init_inputs, self.seed)
-            except H.Verdict as v:
+            except Verdict as v:
                 raise _Failed(v.status, v.error)
         return self.model
 
@@ -731,7 +731,7 @@ class Judge:
             return self._run_reference(trial_seed, dist)
         except _Failed:
             raise
-        except H.Verdict as v:
+        except Verdict as v:
             raise _Failed(v.status, v.error)
         except Exception as e:  # noqa: BLE001
             raise _Failed("runtime_error", f"the reference Model failed: {H._short_exc(e)} (no verdict on the candidate)")

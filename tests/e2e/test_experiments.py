@@ -203,11 +203,13 @@ class SeedConfigsTest(ConfigLayout):
 
 
 class LaptopSeedConfigTest(unittest.TestCase):
-    """configs/seed-bon-vs-ttt-local.toml: seed 001's comparison on the embedded policy, valid as shipped, at one
-    equal budget (64 rollouts a task each), over three seeds."""
+    """configs/seed-bon-vs-ttt-local.toml (seed 001's comparison) and configs/seed-sdpo-local.toml (seed 002's
+    SDPO pair) on the embedded policy, valid as shipped, at one equal budget (64 rollouts a task each), over three
+    seeds."""
 
-    def test_valid_as_shipped_at_equal_rollouts_over_seeds(self):
-        p = subprocess.run([LAUNCH, "check", os.path.join(ROOT, "configs", "seed-bon-vs-ttt-local.toml")],
+    def arms(self, name):
+        """configs/NAME's arms as `launch check` resolves them, checked valid and run over seeds 0-2."""
+        p = subprocess.run([LAUNCH, "check", os.path.join(ROOT, "configs", name)],
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("each run with seeds 0, 1, 2", p.stdout)
@@ -215,20 +217,17 @@ class LaptopSeedConfigTest(unittest.TestCase):
         for part in p.stdout.split("\n# arm ")[1:]:
             arm, text = part.split("\n", 1)
             arms[arm.strip()] = tomllib.loads(text)
+        return arms
+
+    def test_valid_as_shipped_at_equal_rollouts_over_seeds(self):
+        arms = self.arms("seed-bon-vs-ttt-local.toml")
         self.assertEqual({a: rollouts_per_task(c) for a, c in arms.items()}, {"bon": 64, "ttt": 64})
         self.assertTrue(arms["ttt"]["experiment"]["per_task"])
         self.assertEqual({c["sampler"]["temperature"] for c in arms.values()}, {0.25})
 
     def test_the_sdpo_pair_is_valid_as_shipped_at_seed_002s_budget(self):
         # configs/seed-sdpo-local.toml: seed 002's SDPO, feedback against prompt-only, per task.
-        p = subprocess.run([LAUNCH, "check", os.path.join(ROOT, "configs", "seed-sdpo-local.toml")],
-                           capture_output=True, text=True, timeout=60)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("each run with seeds 0, 1, 2", p.stdout)
-        arms = {}
-        for part in p.stdout.split("\n# arm ")[1:]:
-            arm, text = part.split("\n", 1)
-            arms[arm.strip()] = tomllib.loads(text)
+        arms = self.arms("seed-sdpo-local.toml")
         self.assertEqual({a: rollouts_per_task(c) for a, c in arms.items()}, {"feedback": 64, "prompt": 64})
         self.assertEqual({a: c["sdpo"]["context"] for a, c in arms.items()}, {"feedback": "feedback", "prompt": "prompt"})
         self.assertEqual({(c["experiment"]["mode"], c["experiment"]["per_task"], c["sdpo"]["beta"],
