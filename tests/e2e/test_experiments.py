@@ -203,9 +203,10 @@ class SeedConfigsTest(ConfigLayout):
 
 
 class LaptopSeedConfigTest(unittest.TestCase):
-    """configs/seed-bon-vs-ttt-local.toml (seed 001's comparison) and configs/seed-sdpo-local.toml (seed 002's
-    SDPO pair) on the embedded policy, valid as shipped, at one equal budget (64 rollouts a task each), over three
-    seeds."""
+    """The seeds' comparisons on the embedded policy, valid as shipped and run over three seeds:
+    configs/seed-bon-vs-ttt-local.toml (seed 001's) and configs/seed-sdpo-local.toml (seed 002's SDPO pair) at one
+    equal budget (64 rollouts a task each), configs/seed-refine-vs-bon-local.toml (seed 003's refinement) against
+    best-of-64, which `launch compare` reads at refinement's rollouts and tokens."""
 
     def arms(self, name):
         """configs/NAME's arms as `launch check` resolves them, checked valid and run over seeds 0-2."""
@@ -232,6 +233,14 @@ class LaptopSeedConfigTest(unittest.TestCase):
         self.assertEqual({a: c["sdpo"]["context"] for a, c in arms.items()}, {"feedback": "feedback", "prompt": "prompt"})
         self.assertEqual({(c["experiment"]["mode"], c["experiment"]["per_task"], c["sdpo"]["beta"],
                            c["sampler"]["temperature"]) for c in arms.values()}, {("sdpo", True, 1.0, 0.25)})
+
+
+    def test_the_refinement_pair_is_valid_as_shipped_and_compared_at_both_budgets(self):
+        # configs/seed-refine-vs-bon-local.toml: seed 003's refinement (8 episodes x 3 turns) against 64 samples.
+        arms = self.arms("seed-refine-vs-bon-local.toml")
+        self.assertEqual({a: rollouts_per_task(c) for a, c in arms.items()}, {"bon": 64, "refine": 24})
+        self.assertEqual((arms["refine"]["experiment"]["turns"], arms["bon"]["experiment"]["turns"]), (3, 1))
+        self.assertEqual({c["sampler"]["temperature"] for c in arms.values()}, {1.0})
 
 
 class KernelBenchConfigTest(unittest.TestCase):
