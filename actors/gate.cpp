@@ -1,4 +1,5 @@
 #include "actors/gate.hpp"
+#include "actors/unexpected.hpp"
 
 #include "core/auth.hpp"
 #include "core/log.hpp"
@@ -188,12 +189,7 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, dispatcher_actor dispatch
   auto lg = log::get("gate");
   self->state.monitor = monitor;
   self->set_down_handler([=](caf::down_msg& dm) { member_gone(self, args, dm); });
-  self->set_default_handler([=](caf::scheduled_actor* s, caf::message_view& m) -> caf::result<caf::message> {
-    auto sender = s->current_sender();
-    lg->warn("dropped an unexpected message from {}: {}",
-             sender ? caf::to_string(sender->node()) : std::string("an anonymous sender"), m.content().stringify());
-    return caf::sec::unexpected_message;
-  });
+  log_unexpected_messages(self, "gate");
   return {
       [=](challenge_atom, const std::string& peer_nonce) -> caf::result<std::vector<std::string>> {
         auto sender = self->current_sender();

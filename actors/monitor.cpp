@@ -1,5 +1,6 @@
 #include "actors/monitor.hpp"
 #include "actors/supervisor.hpp"
+#include "actors/unexpected.hpp"
 
 #include "core/log.hpp"
 #include "core/paths.hpp"
@@ -146,6 +147,7 @@ caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::ac
   self->state.sources = std::move(sources0);
   for (auto& src : self->state.sources) self->monitor(src);
   self->set_down_handler([=](caf::down_msg& dm) { source_gone(self, dm.source); });
+  log_unexpected_messages(self, "monitor");
   self->state.tty = isatty(STDERR_FILENO) == 1;
   if (!args.metrics_path.empty())
     self->state.metrics = std::make_unique<std::ofstream>(args.metrics_path, std::ios::app);

@@ -410,10 +410,11 @@ sampler_actor::behavior_type sampler_behavior(sampler_ptr self, SamplerArgs args
                                                             std::to_string(u.version));
       },
       [=](SamplePlan& plan) -> caf::result<uint64_t> {
-        return caf::make_error(caf::sec::runtime_error,
-                               fmt::format("sampler {}: the replay backend replays every recorded action at once "
-                                           "and cannot take a plan of {} groups for step {}",
-                                           args.id, plan.task_ids.size(), plan.step));
+        return caf::make_error(
+            caf::sec::runtime_error,
+            fmt::format("sampler {}: the replay backend replays every recorded action at once "
+                        "and cannot take a plan of {} group{} for step {}",
+                        args.id, plan.task_ids.size(), plan.task_ids.size() == 1 ? "" : "s", plan.step));
       },
       [=](tick_atom) {},  // (model backends' timer)
       [=](plan_atom, uint32_t step) -> uint64_t {

@@ -1,4 +1,5 @@
 #include "actors/supervisor.hpp"
+#include "actors/unexpected.hpp"
 #include "experiment/sampler_pool.hpp"
 
 #include "core/files.hpp"
@@ -509,6 +510,7 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
     lg->error("{}", err);
   else if (!st0.store->begin_run(args.experiment.run_id, name(args.experiment.mode), args.config_toml))
     lg->error("store: cannot begin run: {}", st0.store->last_error());
+  log_unexpected_messages(self, "supervisor");
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     if (st.learner && dm.source == st.learner.address()) {  // the learner node's (the only one watched)

@@ -2,14 +2,18 @@
 #include "actors/dispatcher.hpp"
 #include "actors/evaluator.hpp"
 #include "actors/monitor.hpp"
+#include "core/log.hpp"
 #include "messages/messages.hpp"
 #include "actor_system.hpp"
 
 #include <caf/all.hpp>
 #include <catch2/catch.hpp>
+#include <spdlog/sinks/ostream_sink.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <thread>
 
 using namespace kernelrl;
@@ -285,6 +289,28 @@ TEST_CASE("the monitor sums samplers, forgets a gone one's rate, and asks a regi
   CHECK(eventually([&] { return snapshot(self, monitor)["sampler.tokens_per_s"] == 107.0; }));
   CHECK(snapshot(self, monitor)["sampler-gen-0.rollouts"] == 1.0);
   for (auto& x : {a, c, monitor}) self->send_exit(x, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("the monitor answers a message it has no handler for with an error, logs it and keeps running", "[actors]") {
+  System s;
+  std::ostringstream logged;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(logged);
+  log::get("monitor")->sinks().push_back(sink);
+  MonitorArgs ma;
+  ma.progress = false;
+  ma.interval_s = 0.05;
+  auto monitor = spawn_monitor(*s.sys, ma, {}, caf::actor{});
+  caf::scoped_actor self{*s.sys};
+  caf::error got;
+  self->request(monitor, std::chrono::seconds(5), std::string("a stray request"))
+      .receive([](const caf::message&) { FAIL("the monitor took a string"); }, [&](caf::error& e) { got = e; });
+  CHECK(got == caf::sec::unexpected_message);
+  CHECK(logged.str().find("dropped an unexpected message") != std::string::npos);
+  CHECK(logged.str().find("a stray request") != std::string::npos);
+  snapshot(self, monitor);  // still answers (FAILs otherwise)
+  auto& sinks = log::get("monitor")->sinks();
+  sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+  self->send_exit(monitor, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("a progress line made to fit 80 columns keeps where the run is and its ETA", "[monitor]") {

@@ -188,7 +188,7 @@ TEST_CASE("the replay sampler refuses weight updates and plans of groups with an
   self->request(sampler, std::chrono::seconds(5), part)
       .receive([](uint64_t) { FAIL("a replay sampler took a plan of groups"); },
                [&](caf::error& e) { why = sys.render(e); });
-  CHECK(why.find("cannot take a plan of 1 groups for step 2") != std::string::npos);
+  CHECK(why.find("cannot take a plan of 1 group for step 2") != std::string::npos);
   self->send_exit(sampler, caf::exit_reason::user_shutdown);
   self->send_exit(dispatcher, caf::exit_reason::user_shutdown);
 }
