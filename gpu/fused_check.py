@@ -17,8 +17,9 @@ and bfloat16, each intermediate rounded to it as PyTorch's kernels store it), no
 multiply-add. The figures are computed as OutputCheck computes them (differences in float32, or
 float64 for float64 outputs), their sums in float64.
 
-Compiled at run time with NVRTC (PyTorch's own, through torch.cuda's kernel compiler), once per
-process; where that fails the caller keeps the PyTorch comparison and says why.
+Compiled at run time with NVRTC (PyTorch's copy of the library), once per worker: its device
+probe compiles both programs here and every process it forks (the judge, candidates' processes)
+loads the cubins. Where that fails the caller keeps the PyTorch operations and says why.
 
 Digest (below): the side-stream check's exact digest of an output (gpu/checks.py digest), in one
 read of it.
@@ -160,12 +161,8 @@ class FusedCheck:
     """The compiled kernels of one device."""
 
     def __init__(self, device):
-        from torch.cuda import _utils as cu
         props = torch.cuda.get_device_properties(device)
-        with torch.cuda.device(device):
-            binary, _ = cu._nvrtc_compile(SOURCE, "check_f32", f"{props.major}{props.minor}",
-                                          nvcc_options=["--fmad=false"])
-            self.kernels = cu._cuda_load_module(binary, list(KERNELS.values()))
+        self.kernels = _load_module("check", device, KERNELS.values())
         self.blocks = props.multi_processor_count * 8
 
     def start(self, device):
@@ -264,7 +261,7 @@ DIGEST_CHUNK = 1 << 24  # gpu/checks.py CHUNK: the weights restart at each chunk
 DIGEST_KERNELS = {torch.int32: "digest_i32", torch.uint8: "digest_u8"}
 DIGEST_PIECE = 1 << 30  # elements a launch (an int count; a multiple of DIGEST_CHUNK)
 
-_CUBINS = {}  # arch ("90") -> (cubin bytes or None, why not)
+_CUBINS = {}  # (program, arch "90") -> (cubin bytes or None, why not)
 
 
 def _nvrtc_cubin(source, arch, options=()):
@@ -280,7 +277,7 @@ def _nvrtc_cubin(source, arch, options=()):
             lib.nvrtcGetErrorString.restype = ctypes.c_char_p
             raise RuntimeError(f"{what}: {lib.nvrtcGetErrorString(rc).decode()}")
 
-    check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"digest.cu", 0, None, None),
+    check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"fused_check.cu", 0, None, None),
           "nvrtcCreateProgram")
     try:
         opts = [f"--gpu-architecture=sm_{arch}".encode()] + [o.encode() for o in options]
@@ -300,36 +297,49 @@ def _nvrtc_cubin(source, arch, options=()):
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
-def digest_cubin(arch):
-    """(the digest kernels' cubin for sm_<arch>, '') or (None, why not), compiled once per
-    process. NVRTC initialises the CUDA driver: the worker, which forks CUDA users, keeps the
-    copy its device probe compiled (keep_cubin), and candidates' processes inherit it (loading a
-    cubin takes a fraction of a millisecond where compiling takes a tenth of a second)."""
+def programs():
+    """program -> (source, NVRTC options). The comparison compiles without fused multiply-add:
+    torch.isclose's arithmetic, bit for bit (see the module's docstring)."""
+    return {"check": (SOURCE, ("--fmad=false",)),
+            "digest": (DIGEST_SOURCE, (f"-DDIGEST_CHUNK={DIGEST_CHUNK}LL",))}
+
+
+def cubin(program, arch):
+    """(program's cubin for sm_<arch>, '') or (None, why not), compiled once per process.
+    NVRTC initialises the CUDA driver: the worker, which forks CUDA users, keeps the copies its
+    device probe compiled (keep_cubin), and the processes it forks inherit them (loading a cubin
+    takes a fraction of a millisecond where compiling takes a tenth of a second)."""
     arch = str(arch).replace(".", "")
-    if arch not in _CUBINS:
+    if (program, arch) not in _CUBINS:
+        source, options = programs()[program]
         try:
-            _CUBINS[arch] = (_nvrtc_cubin(DIGEST_SOURCE, arch, [f"-DDIGEST_CHUNK={DIGEST_CHUNK}LL"]), "")
+            _CUBINS[program, arch] = (_nvrtc_cubin(source, arch, options), "")
         except Exception as e:  # no NVRTC library, an architecture it does not know
-            _CUBINS[arch] = (None, f"the fused digest did not compile: {str(e).strip()[:300]}")
-    return _CUBINS[arch]
+            _CUBINS[program, arch] = (None, f"the fused {program} did not compile: {str(e).strip()[:300]}")
+    return _CUBINS[program, arch]
 
 
-def keep_cubin(arch, cubin, why=""):
-    """Keeps a cubin for sm_<arch> compiled elsewhere (None: why it was not)."""
-    _CUBINS[str(arch).replace(".", "")] = (cubin, "") if cubin else (None, why or "no cubin")
+def keep_cubin(program, arch, binary, why=""):
+    """Keeps program's cubin for sm_<arch>, compiled elsewhere (None: why it was not)."""
+    _CUBINS[program, str(arch).replace(".", "")] = (binary, "") if binary else (None, why or "no cubin")
+
+
+def _load_module(program, index, names):
+    """program's kernels `names` loaded on CUDA device `index` (raises why not)."""
+    from torch.cuda import _utils as cu
+    major, minor = torch.cuda.get_device_capability(index)
+    binary, why = cubin(program, f"{major}{minor}")
+    if binary is None:
+        raise RuntimeError(why)
+    with torch.cuda.device(index):
+        return cu._cuda_load_module(binary, list(names))
 
 
 class Digest:
     """The digest kernels loaded on one device."""
 
     def __init__(self, index):
-        from torch.cuda import _utils as cu
-        major, minor = torch.cuda.get_device_capability(index)
-        cubin, why = digest_cubin(f"{major}{minor}")
-        if cubin is None:
-            raise RuntimeError(why)
-        with torch.cuda.device(index):
-            self.kernels = cu._cuda_load_module(cubin, list(DIGEST_KERNELS.values()))
+        self.kernels = _load_module("digest", index, DIGEST_KERNELS.values())
         self.device = torch.device("cuda", index)
         self.blocks = torch.cuda.get_device_properties(index).multi_processor_count * 8
 

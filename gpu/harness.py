@@ -408,16 +408,20 @@ class Harness:
         self.fused_digest, self.fused_digest_why = None, "not on a GPU"  # (candidate's process) _setup_device
 
     # ---- runs in the candidate's process -------------------------------------------------------
-    def _setup_device(self):
+    def _setup_device(self, candidate=False):
+        """Sets the process's device; returns its name. `candidate`: a process that will judge a
+        candidate (the spare's warm-up, evaluate) also loads the one-pass digest's kernels; the
+        judge, the reference's timing and the bandwidth probe never digest and skip it."""
         if self.device.type == "cpu":
             torch.set_num_threads(self.threads)
             return "cpu"
         torch.cuda.set_device(self.device)
         name = torch.cuda.get_device_name(self.device)
-        # The one-pass digest's kernels (a spare process loads them while it waits for its
-        # candidate; the worker compiled them before forking it). Where they do not load, digest()
-        # makes the same figures with PyTorch's operations.
-        self.fused_digest, self.fused_digest_why = fused_check.load_digest(self.device)
+        if candidate:
+            # The worker compiled the kernels before forking (its device probe); a spare loads
+            # them while it waits for its candidate, so evaluate finds them loaded. Where they do
+            # not load, digest() makes the same figures with PyTorch's operations.
+            self.fused_digest, self.fused_digest_why = fused_check.load_digest(self.device)
         return name
 
     def prepare(self, req, s):
@@ -457,7 +461,7 @@ class Harness:
         self._candidate_bytes = 0
         self.memory_limit_mb = int(s.get("memory_limit_mb", 0))
         try:
-            res["device"] = self.device_name = self._setup_device()
+            res["device"] = self.device_name = self._setup_device(candidate=True)
             self._phase(res, "device")
             self._evaluate(req, s, res)
         except Verdict as v:

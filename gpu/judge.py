@@ -867,7 +867,7 @@ def _serve(ctl, harness):
         # candidate's start-up is (gpu/devlock.py), so no timed region runs meanwhile.
         with starting():
             harness._setup_device()
-            if harness.device.type == "cuda":  # compiled now, off every candidate's path
+            if harness.device.type == "cuda":  # the probe's cubin, loaded off every candidate's path
                 import fused_check
                 judge.fused = fused_check.load(harness.device)
     except Exception as e:  # noqa: BLE001 - said in every reply: sessions meet it again

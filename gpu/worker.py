@@ -186,9 +186,8 @@ class ForkServer:
                 cap = torch.cuda.get_device_capability(d)
                 uuid = str(getattr(torch.cuda.get_device_properties(d), "uuid", "") or "")
                 import fused_check
-                cubin, why = fused_check.digest_cubin(f"{cap[0]}{cap[1]}")
-                return {"status": "ok", "device": torch.cuda.get_device_name(d),
-                        "digest_cubin": cubin or b"", "digest_why": why,
+                cubins = {p: list(fused_check.cubin(p, f"{cap[0]}{cap[1]}")) for p in fused_check.programs()}
+                return {"status": "ok", "device": torch.cuda.get_device_name(d), "cubins": cubins,
                         "capability": f"{cap[0]}.{cap[1]}", "cuda_init_s": time.monotonic() - t0,
                         "uuid": "gpu-" + (uuid or f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')}-{dev}")}
             return {"status": "ok", "device": "cpu", "capability": "", "cuda_init_s": 0.0, "uuid": "cpu"}
@@ -218,12 +217,13 @@ class ForkServer:
         if self.info["capability"]:
             # Builds target exactly this GPU (and the compile key records it).
             self.env["TORCH_CUDA_ARCH_LIST"] = self.info["capability"]
-            # The side-stream check's one-pass digest, compiled by the probe (NVRTC initialises
-            # the CUDA driver, which a process that forks CUDA users must not): every candidate's
-            # process inherits it and only loads it.
+            # The judge's one-pass comparison and the side-stream check's digest, compiled by the
+            # probe (NVRTC initialises the CUDA driver, which a process that forks CUDA users
+            # must not): the judge and every candidate's process inherit them and only load them.
             import fused_check
-            fused_check.keep_cubin(self.info["capability"], reply.get("digest_cubin") or None,
-                                   reply.get("digest_why", "the probe did not compile it"))
+            for program in fused_check.programs():
+                binary, why = (reply.get("cubins") or {}).get(program) or (None, "the probe did not compile it")
+                fused_check.keep_cubin(program, self.info["capability"], binary or None, why)
 
     def ping(self):
         return {"ok": True, "pid": os.getpid(), "torch_version": self.torch.__version__, **self.info}
@@ -240,7 +240,7 @@ class ForkServer:
 
     def _spawn(self, key, env, memory_limit_mb, cpu):
         def warm():
-            self.harness._setup_device()
+            self.harness._setup_device(candidate=True)
 
         def handler(msg):
             self.harness.given_ref = msg.get("ref") or {}

@@ -211,6 +211,19 @@ def loaded(suite, name, pair, rows):
     return kernels
 
 
+def wall_ms(fn, runs=5):
+    """Median wall time of fn() in ms over `runs` calls, each from an idle device to its result
+    read back on the host (fn's own reads synchronise: a check's verdict, a digest's figures)."""
+    import torch
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
 def compare_suite(device, rows, cases=120):
     """The judge's one-pass comparison (gpu/fused_check.py) against PyTorch's operations (OutputCheck
     without it) on the same pairs, fed in the same pieces: in every dtype it takes, outputs at the
@@ -301,17 +314,14 @@ def compare_suite(device, rows, cases=120):
     ref = torch.randn(1 << 28, generator=g, device=device)
     out = ref + 1e-6
     piece = 1 << 26
+    def check(k):
+        c = H.OutputCheck(ref, SETTINGS, fused=k)
+        for a in range(0, out.numel(), piece):
+            c.feed(out[a:a + piece])
+        c.result("t", {"max_abs_diff": 0.0, "max_rel_diff": 0.0})
+
     for label, k in (("torch", None), ("fused", fused)):
-        times = []
-        for _ in range(5):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            c = H.OutputCheck(ref, SETTINGS, fused=k)
-            for a in range(0, out.numel(), piece):
-                c.feed(out[a:a + piece])
-            c.result("t", {"max_abs_diff": 0.0, "max_rel_diff": 0.0})
-            times.append(time.perf_counter() - t0)
-        ms = 1000 * statistics.median(times)
+        ms = wall_ms(lambda: check(k))
         rows.append({"suite": "compare", "candidate": f"time/{label}", "status": f"{ms:.2f} ms per GB", "ok": True})
         print(f"compare time {label}: {ms:.2f} ms for 1 GB of float32 output (median of 5; "
               f"{2 / (ms / 1000):.0f} GB/s read)", flush=True)
@@ -387,13 +397,7 @@ def digest_suite(device, rows):
         del t, first, flat
     t = rand(1 << 28, torch.float32)
     for label, k in (("torch", None), ("fused", fused)):
-        times = []
-        for _ in range(5):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            H.digest(t, k)
-            times.append(time.perf_counter() - t0)
-        ms = 1000 * statistics.median(times)
+        ms = wall_ms(lambda: H.digest(t, k))
         rows.append({"suite": "digest", "candidate": f"time/{label}", "status": f"{ms:.2f} ms per GB", "ok": True})
         print(f"digest time {label}: {ms:.2f} ms for 1 GB (median of 5, result read; {1 / (ms / 1000):.0f} GB/s)",
               flush=True)

@@ -653,20 +653,25 @@ class CheckTest(unittest.TestCase):
             check.feed(out[a:b])
         self.assertTrue(torch.equal(check.fingerprint()[2], self.c.fingerprint(out)[0][2]))
 
-    def test_the_one_pass_digest_compiles_without_a_gpu_for_the_chunks_of_the_torch_one(self):
-        # The worker's device probe compiles the side-stream check's digest kernels (NVRTC alone:
-        # no GPU is needed to compile) and candidates' processes load the copy; the GPU suite's
-        # `digest` part checks their figures against digest()'s PyTorch operations, bit for bit.
+    def test_the_fused_programs_compile_without_a_gpu_and_the_digest_for_the_chunks_of_the_torch_one(self):
+        # The worker's device probe compiles the judge's comparison and the side-stream check's
+        # digest (NVRTC alone: no GPU is needed to compile); the judge and candidates' processes
+        # load the copies. The GPU suite's compare cases check their figures against PyTorch's
+        # operations, bit for bit.
         import fused_check
         self.assertEqual(fused_check.DIGEST_CHUNK, self.saved)  # the weights restart where digest()'s do
         self.assertEqual(fused_check.DIGEST_PIECE % fused_check.DIGEST_CHUNK, 0)
-        for arch in ("9.0", "100"):
-            cubin, why = fused_check.digest_cubin(arch)
-            self.assertEqual(why, "")
-            self.assertTrue(cubin.startswith(b"\x7fELF"), cubin[:8])
-        self.assertIsNone(fused_check.digest_cubin("1")[0])  # an architecture NVRTC refuses: a reason, no raise
-        self.assertIn("did not compile", fused_check.digest_cubin("1")[1])
+        self.assertEqual(sorted(fused_check.programs()), ["check", "digest"])
+        self.assertIn("--fmad=false", fused_check.programs()["check"][1])  # torch.isclose's rounding
+        for program in fused_check.programs():
+            for arch in ("9.0", "100"):
+                cubin, why = fused_check.cubin(program, arch)
+                self.assertEqual(why, "")
+                self.assertTrue(cubin.startswith(b"\x7fELF"), cubin[:8])
+            self.assertIsNone(fused_check.cubin(program, "1")[0])  # an architecture NVRTC refuses: a reason, no raise
+            self.assertIn(f"the fused {program} did not compile", fused_check.cubin(program, "1")[1])
         self.assertEqual(fused_check.load_digest("cpu"), (None, "not on a GPU"))
+        self.assertEqual(fused_check.load("cpu"), (None, "not on a GPU"))
 
 
 class SandboxTest(Base):
