@@ -20,13 +20,13 @@ struct gate_state {
                                                             // connection dropping ends the membership
   std::map<caf::actor_addr, std::string> samplers;          // samplers registered by joined nodes
   bool learner = false;                                     // the learner node's learner registered
-  caf::actor monitor;                                       // the head's, or the monitor node's once registered
+  monitor_actor monitor;                                    // the head's, or the monitor node's once registered
   std::vector<std::pair<caf::actor, std::string>> sources;  // telemetry sources registered from nodes
   uint64_t refused = 0;
   static inline const char* name = "gate";
 };
 
-using self_ptr = caf::stateful_actor<gate_state>*;
+using self_ptr = gate_actor::stateful_pointer<gate_state>;
 
 caf::error refuse(self_ptr self, const std::string& peer, const std::string& why) {
   ++self->state.refused;
@@ -76,7 +76,7 @@ void member_gone(self_ptr self, const GateArgs& args, caf::down_msg& dm) {
   if (st.monitor && dm.source == st.monitor.address()) {
     lg->warn("the monitor of node \"{}\" is gone ({}); the run goes on without its telemetry", args.monitor_node,
              caf::to_string(dm.reason));
-    st.monitor = nullptr;
+    st.monitor = monitor_actor{};
     return;
   }
   auto it = st.joiners.find(dm.source);
@@ -136,7 +136,7 @@ caf::result<bool> register_learner(self_ptr self, const GateArgs& args, const ca
   if (self->state.learner) return refuse(self, "\"" + node + "\"", "this run's learner is registered already");
   self->state.learner = true;
   lg->info("the learner of node \"{}\" registered", node);
-  if (supervisor) self->send(supervisor, register_atom::value, learner_atom::value, l, sel, node);
+  if (supervisor) caf::anon_send(supervisor, register_atom::value, learner_atom::value, l, sel, node);
   add_source(self, l, "learner");
   return true;
 }
@@ -162,7 +162,7 @@ caf::result<bool> register_sampler(self_ptr self, const GateArgs& args, const ca
                       "): give every node the same config, task files and model tokenizer");
   if (!self->state.samplers.emplace(s.address(), id).second)
     return refuse(self, "\"" + node + "\"", "sampler " + id + " is registered already");
-  if (supervisor) self->send(supervisor, register_atom::value, sampler_atom::value, s, id);
+  if (supervisor) caf::anon_send(supervisor, register_atom::value, sampler_atom::value, s, id);
   add_source(self, s, id);
   return true;
 }
@@ -176,16 +176,17 @@ caf::result<bool> register_monitor(self_ptr self, const GateArgs& args, const ca
   if (!m || m.node() != sender->node())
     return refuse(self, "\"" + *found + "\"", "a node registers its own monitor only");
   if (self->state.monitor) return refuse(self, "\"" + *found + "\"", "this run's monitor is registered already");
-  self->state.monitor = m;
-  self->monitor(m);
-  for (auto& [src, id] : args.sources) self->send(m, register_atom::value, src, id);
-  for (auto& [src, id] : self->state.sources) self->send(m, register_atom::value, src, id);
+  auto typed = caf::actor_cast<monitor_actor>(m);  // a remote handle travels as caf::actor
+  self->state.monitor = typed;
+  self->monitor(typed);
+  for (auto& [src, id] : args.sources) self->send(typed, register_atom::value, src, id);
+  for (auto& [src, id] : self->state.sources) self->send(typed, register_atom::value, src, id);
   lg->info("the monitor of node \"{}\" registered", *found);
   return true;
 }
 
-caf::behavior gate_actor(self_ptr self, GateArgs args, dispatcher_actor dispatcher, caf::actor supervisor,
-                         caf::actor monitor) {
+gate_actor::behavior_type gate_behavior(self_ptr self, GateArgs args, dispatcher_actor dispatcher,
+                                        caf::actor supervisor, monitor_actor monitor) {
   auto lg = log::get("gate");
   self->state.monitor = monitor;
   self->set_down_handler([=](caf::down_msg& dm) { member_gone(self, args, dm); });
@@ -227,7 +228,7 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, dispatcher_actor dispatch
           return;
         }
         self->send(dispatcher, register_atom::value, ev, id);
-        if (supervisor) self->send(supervisor, register_atom::value, ev, id);
+        if (supervisor) caf::anon_send(supervisor, register_atom::value, ev, id);
       },
       // A joined node's samplers send their rollouts here: the gate passes each on to the
       // dispatcher (which takes rollouts from this process only) and relays its answer, so the
@@ -285,9 +286,9 @@ caf::behavior gate_actor(self_ptr self, GateArgs args, dispatcher_actor dispatch
 
 }  // namespace
 
-caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, dispatcher_actor dispatcher, caf::actor supervisor,
-                      caf::actor monitor) {
-  return sys.spawn(gate_actor, std::move(args), std::move(dispatcher), std::move(supervisor), std::move(monitor));
+gate_actor spawn_gate(caf::actor_system& sys, GateArgs args, dispatcher_actor dispatcher, caf::actor supervisor,
+                      monitor_actor monitor) {
+  return sys.spawn(gate_behavior, std::move(args), std::move(dispatcher), std::move(supervisor), std::move(monitor));
 }
 
 }  // namespace kernelrl

@@ -8,7 +8,8 @@
 // error to the peer and a warning in the log; the secret never appears in either.
 // A peer stays a member while the actor that joined is reachable; when its connection drops
 // (the process ended, or the link was silent past peer_timeout_s) it must join again.
-// Messages in:  (hello_atom) -> [cluster name, protocol version] (anyone: nothing secret);
+// Messages in (its interface, gate_actor in messages/interfaces.hpp):
+//               (hello_atom) -> [cluster name, protocol version] (anyone: nothing secret);
 //               (challenge_atom, peer nonce) -> [nonce, the head's proof of the secret];
 //               (join_atom, node, cluster, protocol, proof) -> bool;
 //               (register_atom, actor, std::string id) from a joined node or this process;
@@ -59,7 +60,7 @@ struct GateArgs {
 
 // `monitor` answers (stats_atom) with the merged snapshot; may be invalid (then a monitor node's
 // registers later).
-caf::actor spawn_gate(caf::actor_system& sys, GateArgs args, dispatcher_actor dispatcher, caf::actor supervisor,
-                      caf::actor monitor);
+gate_actor spawn_gate(caf::actor_system& sys, GateArgs args, dispatcher_actor dispatcher, caf::actor supervisor,
+                      monitor_actor monitor);
 
 }  // namespace kernelrl

@@ -29,7 +29,8 @@ struct StepPlan {
   uint64_t teacher_tokens = 0;     // sdpo: tokens the teacher read
   uint64_t teacher_samples = 0;    // sdpo: samples with a teacher signal
   uint64_t coverage_rejected = 0;  // samples profiling rejection sampling took out of their groups
-  caf::response_promise rp;
+  // The supervisor's (plan_atom, step, groups), answered with the step's update.
+  caf::typed_response_promise<StepUpdate> rp;
 };
 
 // One WeightsUpdate on its way to some samplers: answered once every one of them has
@@ -443,7 +444,7 @@ learner_actor::behavior_type learner_behavior(self_ptr self, LearnerArgs args) {
           return caf::make_error(caf::sec::runtime_error, fmt::format("learner: step {} is already done", step));
         auto& p = st.steps[step];
         p.groups = groups;
-        p.rp = self->make_response_promise();
+        p.rp = self->make_response_promise<StepUpdate>();
         auto rp = p.rp;
         learn_ready(self, args);
         return rp;

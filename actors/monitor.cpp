@@ -53,7 +53,7 @@ struct monitor_state {
   static inline const char* name = "monitor";
 };
 
-using self_ptr = caf::stateful_actor<monitor_state>*;
+using self_ptr = monitor_actor::stateful_pointer<monitor_state>;
 
 void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bool final_line) {
   auto& st = self->state;
@@ -86,7 +86,7 @@ void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bo
     st.metrics->flush();
   }
   if (args.publisher) args.publisher->publish(snap);
-  if (recorder) self->send(recorder, record_atom::value, std::move(snap));
+  if (recorder) caf::anon_send(recorder, record_atom::value, std::move(snap));  // a dynamically typed actor
 }
 
 // The samplers' gauges summed as "sampler.key", and with more than one kept per sampler too.
@@ -143,7 +143,8 @@ void poll(self_ptr self, const std::vector<caf::actor>& sources) {
   }
 }
 
-caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::actor> sources0, caf::actor recorder) {
+monitor_actor::behavior_type monitor_behavior(self_ptr self, MonitorArgs args, std::vector<caf::actor> sources0,
+                                              caf::actor recorder) {
   self->state.sources = std::move(sources0);
   for (auto& src : self->state.sources) self->monitor(src);
   self->set_down_handler([=](caf::down_msg& dm) { source_gone(self, dm.source); });
@@ -173,9 +174,9 @@ caf::behavior monitor_actor(self_ptr self, MonitorArgs args, std::vector<caf::ac
         t.step = static_cast<uint32_t>(get(t.values, "supervisor.step"));
         return t;
       },
-      [=](finish_atom) -> caf::response_promise {
+      [=](finish_atom) -> caf::result<bool> {
         // One last round of answers, then the final line.
-        auto rp = self->make_response_promise();
+        auto rp = self->make_response_promise<bool>();
         const auto sources = self->state.sources;
         auto pending = std::make_shared<size_t>(sources.size());
         auto done = [=]() mutable {
@@ -394,9 +395,9 @@ std::string format_snapshot(const std::string& label, const std::vector<std::pai
   return out;
 }
 
-caf::actor spawn_monitor(caf::actor_system& sys, MonitorArgs args, std::vector<caf::actor> sources,
-                         caf::actor recorder) {
-  return sys.spawn(monitor_actor, std::move(args), std::move(sources), std::move(recorder));
+monitor_actor spawn_monitor(caf::actor_system& sys, MonitorArgs args, std::vector<caf::actor> sources,
+                            caf::actor recorder) {
+  return sys.spawn(monitor_behavior, std::move(args), std::move(sources), std::move(recorder));
 }
 
 }  // namespace kernelrl

@@ -4,11 +4,13 @@
 // sources; a source that does not answer within the interval is skipped for that tick.
 // With a publisher, each snapshot also goes out on a ZeroMQ PUB socket: two frames, the topic
 // "kernelrl.telemetry" and the Telemetry as a msgpack map {ts, source, step, values}.
-// Messages in:  (tick_atom) (self); (finish_atom) -> bool, after a last snapshot;
-//               (stats_atom) -> Telemetry, the latest merged snapshot (source "cluster"; the gate
-//               serves it to `launch monitor HOST:PORT`); (register_atom, actor, id): one more
-//               source (a sampler that joined from another node)
+// Its interface is monitor_actor (messages/interfaces.hpp): (tick_atom) (self); (finish_atom) ->
+// bool, after a last snapshot; (stats_atom) -> Telemetry, the latest merged snapshot (source
+// "cluster"; the gate serves it to `launch monitor HOST:PORT`); (register_atom, actor, id): one
+// more source (a sampler that joined from another node).
 #pragma once
+
+#include "messages/interfaces.hpp"
 
 #include <caf/fwd.hpp>
 
@@ -51,8 +53,8 @@ struct MonitorArgs {
 };
 
 // `recorder` receives (record_atom, Telemetry) for each snapshot; may be invalid.
-caf::actor spawn_monitor(caf::actor_system& sys, MonitorArgs args, std::vector<caf::actor> sources,
-                         caf::actor recorder);
+monitor_actor spawn_monitor(caf::actor_system& sys, MonitorArgs args, std::vector<caf::actor> sources,
+                            caf::actor recorder);
 
 // The progress line for a merged snapshot (exposed for tests).
 std::string format_progress(const std::string& label, const std::vector<std::pair<std::string, double>>& values);

@@ -218,7 +218,7 @@ int cmd_serve(const ServeArgs& a) {
       sa.max_pending = a.max_pending;
       sa.limits.max_body_bytes = static_cast<size_t>(a.max_body_mb * 1024 * 1024);
       auto service = spawn_service_front(*sys, sa, dispatcher, recorder, err);
-      caf::actor gate;
+      gate_actor gate;
       if (!service.front) {
         lg->error("{}", err);
         code = 1;
@@ -229,8 +229,8 @@ int cmd_serve(const ServeArgs& a) {
           GateArgs ga;
           ga.cluster = cfg->cluster.name;
           ga.secret = secret;
-          gate = spawn_gate(*sys, std::move(ga), dispatcher, service.front, caf::actor{});
-          all.push_back(gate);
+          gate = spawn_gate(*sys, std::move(ga), dispatcher, service.front, monitor_actor{});
+          all.push_back(caf::actor_cast<caf::actor>(gate));
           auto bound = publish_gate(gate, head.port, head.host);
           if (!bound) {
             lg->error("cannot listen on {}:{}: {}", head.host, head.port, sys->render(bound.error()));

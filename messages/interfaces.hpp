@@ -1,8 +1,8 @@
 // The actors' typed interfaces: what each accepts and answers, declared in one place beside the
 // messages, so a message a receiver cannot handle does not compile (CAF typed actors). Converted
-// so far: evaluator, reward, checkpoint_selector, dispatcher, sampler and learner; the others
-// (supervisor, gate, monitor, service) still take dynamically typed messages, their protocols
-// written in their headers. A typed handle in a message or crossing nodes travels as caf::actor
+// so far: evaluator, reward, checkpoint_selector, dispatcher, sampler, learner, monitor and gate;
+// the others (supervisor, service) still take dynamically typed messages, their protocols written
+// in their headers. A typed handle in a message or crossing nodes travels as caf::actor
 // (the gate's register messages, the supervisor's plan, the learner's sync: as_actors) and is
 // cast back on arrival (as_typed).
 #pragma once
@@ -67,6 +67,37 @@ using reward_actor = caf::typed_actor<caf::reacts_to<score_atom, Rollout, EvalRe
 using selector_actor =
     caf::typed_actor<caf::reacts_to<Checkpoint>, caf::reacts_to<record_atom, StepStats>,
                      caf::reacts_to<keep_atom, uint32_t>, caf::replies_to<best_atom>::with<Checkpoint>>;
+
+// monitor (actors/monitor.hpp): its own timer (the next tick); one more telemetry source (as
+// caf::actor, a sampler that joined through the gate) and its id; the latest merged snapshot; a
+// last round of answers and the final line, answered once written. Its sources (supervisor,
+// dispatcher, sampler, learner, ...) are asked (stats_atom) -> Telemetry and stay caf::actor:
+// the supervisor is not typed yet.
+using monitor_actor =
+    caf::typed_actor<caf::reacts_to<tick_atom>, caf::reacts_to<register_atom, caf::actor, std::string>,
+                     caf::replies_to<stats_atom>::with<Telemetry>, caf::replies_to<finish_atom>::with<bool>>;
+
+// gate (actors/gate.hpp): the head's published door. Before joining, anyone: (hello_atom) ->
+// [cluster, protocol version]; (challenge_atom, nonce) -> [nonce, the head's proof]. Then (join_atom,
+// node, cluster, protocol_version, proof) -> bool. Joined peers: an evaluator (register_atom, actor,
+// id); a sampler's rollouts, as a rollout_sink; the learner node's (learner_atom) -> (run_dir,
+// resume) and (register_atom, learner_atom, learner, selector) -> bool; a sampler (register_atom,
+// sampler_atom, actor, id, prompts digest) -> bool; the monitor node's (monitor_atom) -> (run_dir,
+// recorder) and (register_atom, monitor_atom, monitor) -> bool; the monitor's snapshot (stats_atom)
+// -> Telemetry. This process: (finish_atom) -> bool. Peers reach it through a dynamically typed
+// remote handle (the hello and join shapes never change, so a peer of any version gets a clear
+// answer), and every handle in its messages is a caf::actor.
+using gate_actor =
+    rollout_sink::extend<caf::replies_to<hello_atom>::with<std::vector<std::string>>,
+                         caf::replies_to<challenge_atom, std::string>::with<std::vector<std::string>>,
+                         caf::replies_to<join_atom, std::string, std::string, uint32_t, std::string>::with<bool>,
+                         caf::reacts_to<register_atom, caf::actor, std::string>,
+                         caf::replies_to<learner_atom>::with<std::string, bool>,
+                         caf::replies_to<register_atom, learner_atom, caf::actor, caf::actor>::with<bool>,
+                         caf::replies_to<register_atom, sampler_atom, caf::actor, std::string, std::string>::with<bool>,
+                         caf::replies_to<monitor_atom>::with<std::string, caf::actor>,
+                         caf::replies_to<register_atom, monitor_atom, caf::actor>::with<bool>,
+                         caf::replies_to<stats_atom>::with<Telemetry>, caf::replies_to<finish_atom>::with<bool>>;
 
 // Typed handles as they travel in messages (caf::actor), and back on arrival.
 template <class Handle>

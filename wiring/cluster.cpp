@@ -131,12 +131,16 @@ void configure_middleman(caf::actor_system_config& sys_cfg, const ClusterConfig&
   }
 }
 
-caf::expected<uint16_t> publish_gate(const caf::actor& gate, uint16_t port, const std::string& host) {
+caf::expected<uint16_t> publish_gate(const gate_actor& typed, uint16_t port, const std::string& host) {
+  // Published without its interface: CAF refuses a dynamically typed remote handle to an actor
+  // published with one (unexpected_actor_messaging_interface), and a peer reaches the gate
+  // before it knows the head's version (hello and join answer any version clearly).
+  auto gate = caf::actor_cast<caf::actor>(typed);
   if (gate.home_system().has_openssl_manager()) return caf::openssl::publish(gate, port, host.c_str(), true);
   return gate.home_system().middleman().publish(gate, port, host.c_str(), true);
 }
 
-void unpublish_gate(const caf::actor& gate) {
+void unpublish_gate(const gate_actor& gate) {
   if (gate.home_system().has_openssl_manager())
     // (Debian's caf/openssl/unpublish.hpp does not compile against 0.17; this is what it means.)
     caf::anon_send(gate.home_system().openssl_manager().actor_handle(), caf::unpublish_atom::value, gate.address(),

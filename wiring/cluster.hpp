@@ -42,8 +42,8 @@ void head_address(const Config& cfg, std::string& host, uint16_t& port);
 void configure_middleman(caf::actor_system_config& sys_cfg, const ClusterConfig& cluster);
 
 // The head's gate listening on host:port (through TLS when the system has the OpenSSL module).
-caf::expected<uint16_t> publish_gate(const caf::actor& gate, uint16_t port, const std::string& host);
-void unpublish_gate(const caf::actor& gate);
+caf::expected<uint16_t> publish_gate(const gate_actor& typed, uint16_t port, const std::string& host);
+void unpublish_gate(const gate_actor& gate);
 // The devices a node's evaluators run on ("cpu-0", ..., "cuda:0", ...); none without the role.
 std::vector<std::string> evaluator_devices(const NodeConfig& node);
 // The candidates' memory plan of node's evaluators on its machine, counting the evaluators of the

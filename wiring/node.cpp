@@ -121,7 +121,7 @@ int start_learner(caf::scoped_actor& self, const caf::actor& gate, const Config&
 // on this machine) and the supervisor that stores the snapshots; the gate hands it every source.
 // Returns 0, or the process's exit code.
 int start_monitor(caf::scoped_actor& self, const caf::actor& gate, const Config& cfg, const NodeConfig& node,
-                  const std::string& how, caf::actor& monitor) {
+                  const std::string& how, monitor_actor& monitor) {
   auto lg = log::get("node");
   auto& sys = self->home_system();
   std::string run_dir, fail;
@@ -143,7 +143,8 @@ int start_monitor(caf::scoped_actor& self, const caf::actor& gate, const Config&
   if (!ma) return 2;
   monitor = spawn_monitor(sys, std::move(*ma), {}, recorder);
   bool registered = false;
-  self->request(gate, std::chrono::seconds(30), register_atom::value, monitor_atom::value, monitor)
+  self->request(gate, std::chrono::seconds(30), register_atom::value, monitor_atom::value,
+                caf::actor_cast<caf::actor>(monitor))  // a typed handle travels as caf::actor
       .receive([&](bool) { registered = true; },
                [&](caf::error& e) {
                  lg->error("node {}: the head did not take its monitor: {}", node.name, error_text(sys, e));
@@ -263,7 +264,7 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
     LearningActors learning;
     if (has_role(node, "learner") && traits(cfg.experiment.mode).learns)
       if (int rc = start_learner(self, gate, cfg, node, how, prep.rendered, learning)) return rc;
-    caf::actor monitor;
+    monitor_actor monitor;
     if (has_role(node, "monitor"))
       if (int rc = start_monitor(self, gate, cfg, node, how, monitor)) return rc;
     std::vector<caf::actor> actors;  // evaluators, then samplers, then the learner and its selector
@@ -277,7 +278,7 @@ int serve_node(const Config& cfg, const NodeConfig& node, const std::string& how
       actors.push_back(caf::actor_cast<caf::actor>(learning.learner));
       actors.push_back(caf::actor_cast<caf::actor>(learning.selector));
     }
-    if (monitor) actors.push_back(monitor);
+    if (monitor) actors.push_back(caf::actor_cast<caf::actor>(monitor));
     return run_until_the_head_is_gone(self, gate, name, actors);
   }();
   stop_actor_system(std::move(sysp), std::chrono::seconds(10), code);

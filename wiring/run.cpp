@@ -29,8 +29,9 @@ namespace kernelrl {
 
 void RunActors::stop() {
   if (gate) unpublish_gate(gate);
-  for (auto& a : {monitor, caf::actor_cast<caf::actor>(dispatcher), caf::actor_cast<caf::actor>(reward), supervisor,
-                  gate, caf::actor_cast<caf::actor>(learner), caf::actor_cast<caf::actor>(selector)})
+  for (auto& a : {caf::actor_cast<caf::actor>(monitor), caf::actor_cast<caf::actor>(dispatcher),
+                  caf::actor_cast<caf::actor>(reward), supervisor, caf::actor_cast<caf::actor>(gate),
+                  caf::actor_cast<caf::actor>(learner), caf::actor_cast<caf::actor>(selector)})
     if (a) anon_send_exit(a, caf::exit_reason::user_shutdown);
   for (auto& s : samplers) anon_send_exit(s, caf::exit_reason::user_shutdown);
   for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
@@ -164,9 +165,10 @@ std::string run_to_summary(caf::actor_system& sys, RunActors& run) {
                  summary = nlohmann::json{{"ok", false}, {"error", sys.render(e)}}.dump();
                });
   // The last snapshot: from this process's monitor, or through the gate from a monitor node's.
-  if (run.monitor || run.gate)
-    self->request(run.monitor ? run.monitor : run.gate, std::chrono::seconds(12), finish_atom::value)
-        .receive([](bool) {}, [](caf::error&) {});
+  if (run.monitor)
+    self->request(run.monitor, std::chrono::seconds(12), finish_atom::value).receive([](bool) {}, [](caf::error&) {});
+  else if (run.gate)
+    self->request(run.gate, std::chrono::seconds(12), finish_atom::value).receive([](bool) {}, [](caf::error&) {});
   run.stop();
   return summary;
 }

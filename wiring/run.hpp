@@ -23,7 +23,9 @@ class SamplerBackend;
 
 // The actors of one run on the head, and their shutdown.
 struct RunActors {
-  caf::actor supervisor, monitor, gate;
+  caf::actor supervisor;
+  gate_actor gate;
+  monitor_actor monitor;
   learner_actor learner;
   dispatcher_actor dispatcher;
   reward_actor reward;

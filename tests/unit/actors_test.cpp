@@ -252,7 +252,7 @@ caf::behavior fake_sampler_gauges(caf::event_based_actor*, std::string name, dou
   }};
 }
 
-std::map<std::string, double> snapshot(caf::scoped_actor& self, const caf::actor& monitor) {
+std::map<std::string, double> snapshot(caf::scoped_actor& self, const monitor_actor& monitor) {
   std::map<std::string, double> out;
   self->request(monitor, std::chrono::seconds(5), stats_atom::value)
       .receive([&](Telemetry& t) { out = t.values; }, [](caf::error&) { FAIL("no snapshot"); });
@@ -288,7 +288,7 @@ TEST_CASE("the monitor sums samplers, forgets a gone one's rate, and asks a regi
   self->send(monitor, register_atom::value, c, std::string("sampler-gen-0"));
   CHECK(eventually([&] { return snapshot(self, monitor)["sampler.tokens_per_s"] == 107.0; }));
   CHECK(snapshot(self, monitor)["sampler-gen-0.rollouts"] == 1.0);
-  for (auto& x : {a, c, monitor}) self->send_exit(x, caf::exit_reason::user_shutdown);
+  for (auto& x : {a, c, caf::actor_cast<caf::actor>(monitor)}) self->send_exit(x, caf::exit_reason::user_shutdown);
 }
 
 TEST_CASE("the monitor answers a message it has no handler for with an error, logs it and keeps running", "[actors]") {
@@ -302,7 +302,8 @@ TEST_CASE("the monitor answers a message it has no handler for with an error, lo
   auto monitor = spawn_monitor(*s.sys, ma, {}, caf::actor{});
   caf::scoped_actor self{*s.sys};
   caf::error got;
-  self->request(monitor, std::chrono::seconds(5), std::string("a stray request"))
+  // Its interface refuses this at compile time; a peer holds only a dynamically typed handle.
+  self->request(caf::actor_cast<caf::actor>(monitor), std::chrono::seconds(5), std::string("a stray request"))
       .receive([](const caf::message&) { FAIL("the monitor took a string"); }, [&](caf::error& e) { got = e; });
   CHECK(got == caf::sec::unexpected_message);
   CHECK(logged.str().find("dropped an unexpected message") != std::string::npos);

@@ -17,7 +17,8 @@ HEAD = """#include "messages/interfaces.hpp"
 #include <caf/all.hpp>
 using namespace kernelrl;
 void f(caf::event_based_actor* self, reward_actor reward, selector_actor selector, evaluator_actor evaluator,
-       dispatcher_actor dispatcher, rollout_sink sink, sampler_actor sampler, learner_actor learner) {
+       dispatcher_actor dispatcher, rollout_sink sink, sampler_actor sampler, learner_actor learner,
+       monitor_actor monitor, gate_actor gate) {
 """
 
 RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
@@ -45,6 +46,18 @@ RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
   self->request(learner, caf::infinite, plan_atom::value, uint32_t(1), uint64_t(4)).then([](StepUpdate&) {});
   self->send(learner, train_atom::value, ScoredRollout{}, true);
   self->request(learner, caf::infinite, stats_atom::value).then([](Telemetry&) {});
+  self->send(monitor, register_atom::value, caf::actor{}, std::string("sampler-b-0"));
+  self->request(monitor, caf::infinite, stats_atom::value).then([](Telemetry&) {});
+  self->request(monitor, caf::infinite, finish_atom::value).then([](bool) {});
+  self->request(gate, caf::infinite, hello_atom::value).then([](std::vector<std::string>&) {});
+  self->request(gate, caf::infinite, join_atom::value, std::string("n1"), std::string("c"), uint32_t(1),
+                std::string("proof")).then([](bool) {});
+  self->request(gate, caf::infinite, learner_atom::value).then([](std::string&, bool) {});
+  self->request(gate, caf::infinite, monitor_atom::value).then([](std::string&, caf::actor&) {});
+  self->request(gate, caf::infinite, register_atom::value, monitor_atom::value, caf::actor{}).then([](bool) {});
+  self->request(gate, caf::infinite, register_atom::value, sampler_atom::value, caf::actor{}, std::string("s"),
+                std::string("digest")).then([](bool) {});
+  sink = gate;  // a sampler node's rollouts go to the head's gate
 }
 """
 
@@ -70,6 +83,17 @@ WRONG = {
     "a sample without whether its group is complete": "  self->send(learner, train_atom::value, ScoredRollout{});\n}\n",
     "a step's update read as a version": "  self->request(learner, caf::infinite, plan_atom::value, uint32_t(1), "
                                          "uint64_t(4)).then([](uint64_t) {});\n}\n",
+    "a stray string to the monitor": "  self->send(monitor, std::string(\"a stray request\"));\n}\n",
+    "the monitor given a typed sampler (it travels as caf::actor)":
+        "  self->send(monitor, register_atom::value, sampler, std::string(\"sampler-b-0\"));\n}\n",
+    "the monitor's last snapshot read as telemetry": "  self->request(monitor, caf::infinite, finish_atom::value)"
+                                                     ".then([](Telemetry&) {});\n}\n",
+    "a join without its protocol version": "  self->send(gate, join_atom::value, std::string(\"n1\"), "
+                                          "std::string(\"c\"), std::string(\"proof\"));\n}\n",
+    "the gate's learner answer read as a bool alone": "  self->request(gate, caf::infinite, learner_atom::value)"
+                                                       ".then([](bool) {});\n}\n",
+    "a typed monitor registered with the gate (it travels as caf::actor)":
+        "  self->send(gate, register_atom::value, monitor_atom::value, monitor);\n}\n",
     "a verdict read as a rollout": "  self->request(evaluator, caf::infinite, eval_atom::value, EvalRequest{})"
                                    ".then([](Rollout&) {});\n}\n",
 }
