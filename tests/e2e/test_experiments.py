@@ -206,7 +206,8 @@ class LaptopSeedConfigTest(unittest.TestCase):
     """The seeds' comparisons on the embedded policy, valid as shipped and run over three seeds:
     configs/seed-bon-vs-ttt-local.toml (seed 001's) and configs/seed-sdpo-local.toml (seed 002's SDPO pair) at one
     equal budget (64 rollouts a task each), configs/seed-refine-vs-bon-local.toml (seed 003's refinement) against
-    best-of-64, which `launch compare` reads at refinement's rollouts and tokens."""
+    best-of-64, which `launch compare` reads at refinement's rollouts and tokens; configs/seed-nll-probe-local.toml
+    (seed 002's NLL probe) keeps every checkpoint of one batched adapter for `launch probe`."""
 
     def arms(self, name):
         """configs/NAME's arms as `launch check` resolves them, checked valid and run over seeds 0-2."""
@@ -241,6 +242,19 @@ class LaptopSeedConfigTest(unittest.TestCase):
         self.assertEqual({a: rollouts_per_task(c) for a, c in arms.items()}, {"bon": 64, "refine": 24})
         self.assertEqual((arms["refine"]["experiment"]["turns"], arms["bon"]["experiment"]["turns"]), (3, 1))
         self.assertEqual({c["sampler"]["temperature"] for c in arms.values()}, {1.0})
+
+    def test_the_nll_probe_pair_keeps_every_checkpoint_of_one_batched_adapter(self):
+        # configs/seed-nll-probe-local.toml: best-of-64 samples rescored under each checkpoint of batched TTT
+        # (`launch probe RUN_DIR/ttt/seed-S --samples-from RUN_DIR/bon/seed-S --samples 0`).
+        arms = self.arms("seed-nll-probe-local.toml")
+        self.assertEqual(arms["bon"]["experiment"]["mode"], "best_of_n")
+        self.assertEqual({a: rollouts_per_task(c) for a, c in arms.items()}, {"bon": 64, "ttt": 64})  # compare takes it
+        ttt = arms["ttt"]
+        self.assertEqual((ttt["experiment"]["mode"], ttt["experiment"]["per_task"], ttt["experiment"]["patience"]),
+                         ("ttt", False, 0))  # one adapter over every task, no early stop: steps 0-8 all exist
+        self.assertEqual((ttt["learner"]["steps"], ttt["learner"]["keep_last"]), (8, 0))
+        self.assertEqual({c["sampler"]["temperature"] for c in arms.values()}, {0.25})
+        self.assertEqual({c["policy"]["model"] for c in arms.values()}, {arms["bon"]["policy"]["model"]})
 
 
 class KernelBenchConfigTest(unittest.TestCase):
