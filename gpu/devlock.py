@@ -151,6 +151,44 @@ class DeviceLock:
             _count(waited, 0.0)
         return waited
 
+    def acquire_within(self, how, within_s):
+        """acquire(how), giving up after ``within_s`` seconds of waiting: then False, holding
+        nothing. (Polled every few milliseconds, the turnstile kept: a process that wants the
+        lock exclusively holds the gate while it waits.)"""
+        t0 = time.monotonic()
+        deadline = t0 + max(0.0, within_s)
+        self.acquire(None)
+
+        def take(fd, op):
+            while True:
+                try:
+                    fcntl.flock(fd, op | fcntl.LOCK_NB)
+                    return True
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        return False
+                    time.sleep(0.005)
+
+        ok = False
+        try:
+            if not take(self.gate_fd, fcntl.LOCK_EX):
+                return False
+            if how == "exclusive":
+                try:
+                    ok = take(self.lock_fd, fcntl.LOCK_EX)
+                finally:
+                    fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
+            else:
+                fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
+                ok = take(self.lock_fd, fcntl.LOCK_SH)
+            if ok:
+                self.state = how
+            return ok
+        finally:
+            now = time.monotonic()
+            self.since = now
+            self.waited_s += now - t0
+
     @contextlib.contextmanager
     def alone(self):
         """The device held exclusively for the block, then as before."""
@@ -189,6 +227,69 @@ class DeviceLock:
         if self.state is not None:
             windows.append([self.state, self.since, time.monotonic()])
         return {"waited_s": self.waited_s, "windows": windows}
+
+
+class MemoryShare:
+    """The device's memory among this machine's workers that evaluate on it (files beside the
+    device's lock, ``paths(key + ".memory")``). Each worker holds a member's slot for its life
+    (a file of its own, locked exclusively), and the memory lock shared from handing a candidate
+    over to the judge's verdict: an evaluation that ran out of memory while another worker was on
+    the device is evaluated again with the memory lock held exclusively, once every other
+    evaluation has ended (their candidates' processes have given their memory back) and none
+    starts until it is done. The gate is the device lock's turnstile again, so a stream of
+    evaluations cannot keep that retry waiting."""
+
+    SLOTS = 256
+
+    def __init__(self, key, folder=None):
+        lock, gate = paths(key + ".memory", folder)
+        self.base = lock[:-len(".lock")]
+        self.slot, self.member = None, -1
+        for i in range(self.SLOTS):
+            fd = open_file(f"{self.base}.member{i}")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            self.slot, self.member = i, fd
+            break
+        self.lock = DeviceLock(open_file(lock), open_file(gate))
+
+    def others(self):
+        """Whether another worker is on this device now (a member's slot besides this worker's
+        is locked). Without a slot of its own (all taken), a worker assumes there are others."""
+        if self.slot is None:
+            return True
+        for i in range(self.SLOTS):
+            if i == self.slot:
+                continue
+            try:
+                fd = os.open(f"{self.base}.member{i}", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue  # never taken
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return True
+            finally:
+                os.close(fd)
+        return False
+
+    def hold(self, how, within_s):
+        """Holds the memory lock as ``how`` ("shared" or "exclusive"); gives up after
+        ``within_s`` seconds of waiting (returns False, holding nothing) so that a worker never
+        outwaits its client's deadline."""
+        return self.lock.acquire_within(how, within_s)
+
+    def release(self):
+        self.lock.acquire(None)
+
+    def close(self):
+        self.release()
+        for fd in (self.lock.lock_fd, self.lock.gate_fd, self.member):
+            if fd >= 0:
+                os.close(fd)
 
 
 @contextlib.contextmanager

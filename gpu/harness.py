@@ -92,6 +92,9 @@ def _short_exc(e: BaseException) -> str:
             line = f" (candidate line {frame.lineno})"
             break
     msg = str(e).strip().splitlines()
+    if _nvml_report_failed(str(e)):
+        msg = ["CUDA out of memory (PyTorch's report of the device's processes then failed: NVML did not "
+               "initialise)"]
     return f"{type(e).__name__}: {msg[0] if msg else ''}{line}"[:500]
 
 
@@ -101,7 +104,15 @@ def _is_oom(e: BaseException) -> bool:
     if isinstance(e, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
         return True
     text = str(e)
-    return "out of memory" in text or "can't allocate memory" in text or "CUBLAS_STATUS_ALLOC_FAILED" in text
+    return ("out of memory" in text or "can't allocate memory" in text or "CUBLAS_STATUS_ALLOC_FAILED" in text
+            or _nvml_report_failed(text))
+
+
+def _nvml_report_failed(text: str) -> bool:
+    """PyTorch's caching allocator, out of memory, lists the device's processes through NVML for
+    its message, and asserts that NVML initialised: where it cannot (a container, a sandbox
+    without the management device), the allocation failure reads as this assertion instead."""
+    return "nvmlInit" in text and "CUDACachingAllocator" in text
 
 
 def _tb(e: BaseException) -> str:

@@ -156,6 +156,10 @@ class ForkServer:
         self.lock_path, self.gate_path = devlock.paths(self.info.get("uuid") or "cpu", lock_dir)
         self.lock_fd = devlock.open_file(self.lock_path)
         os.close(devlock.open_file(self.gate_path))  # (created by the worker: candidates open it by path)
+        # The device's memory among its workers: an evaluation that ran out of memory beside
+        # another worker's is evaluated again with the memory to itself (evaluate, "alone").
+        self.memory = (devlock.MemoryShare(self.info.get("uuid") or "cpu", lock_dir)
+                       if self.device.startswith("cuda") else None)
         # Everything imported so far (torch's hundreds of thousands of objects) is left out of
         # every later collection, here and in each forked child: the collections that free an
         # evaluation's tensors then take milliseconds, not a tenth of a second.
@@ -586,48 +590,66 @@ class ForkServer:
             full["wall_s"] = time.monotonic() - t0
             return full
         msg = {"request": req, "settings": s, "ref": {mode: ref}, "bound": self._bound(s)}
-        spare, self.spare = self.spare, None
-        if spare is not None and spare.key != key:
-            spare.discard()
-            spare = None
-        warm = spare is not None and self._hand_over(spare, msg, env)
-        marks("hand_over")
-        if warm:
-            self.spare = self._spawn(key, env, mem, cpu)  # warms up while this candidate runs
-            marks("next_spare")
-        else:
-            spare = self._spawn(key, env, mem, cpu)
-            if not self._hand_over(spare, msg, env):
+        alone = bool(s.get("alone"))
+        memory = None  # how this evaluation holds the device's memory (MemoryShare)
+        if self.memory is not None:
+            how = "exclusive" if alone else "shared"
+            memory = how if self.memory.hold(how, float(s.get("timeout_s", 60))) else None
+            marks("memory_wait")
+        try:
+            spare, self.spare = self.spare, None
+            if spare is not None and spare.key != key:
+                spare.discard()
                 spare = None
-            marks("cold_start")
-        if spare is None:
-            reply, failure = None, {"status": "runtime_error", "error": "the candidate's process could not start"}
-        else:
-            reply, failure = spare.collect(self._limits(req, s, False), defer_exit=self._defer_exit)
-            marks("collect")
-            if reply and not cpu and not 0 <= reply.get("gpu_held_bytes", -1) <= HELD_AFTER_REPLY:
-                # Its process still holds device memory after freeing what the evaluation
-                # allocated (a candidate's global tensors, a faulted context): the next candidate
-                # must find the GPU's memory free, so wait for this one's exit.
-                self._reap()
-                marks("exit_wait")
-        if self.spare is None:
-            self.spare = self._spawn(key, env, mem, cpu)  # ready for the next candidate
-            marks("next_spare")
-        full = empty_result(self.info["device"])
-        if failure:
-            full.update({k: failure[k] for k in ("status", "error")})
-            full["isolation"] = failure.get("isolation", {})
-            full["output"] = failure.get("output", "")
-        else:
-            full.update(reply)  # a reply from the child's last-resort handler lacks most fields
-        verdict = None
-        if spare is not None:
-            verdict = self.judge.finish(float(s.get("timeout_s", 60)))
-            if verdict is None:
-                self.judge = None  # stopped: the next candidate starts another
-            marks("judge")
-        full = self._decide(full, verdict)
+            warm = spare is not None and self._hand_over(spare, msg, env)
+            marks("hand_over")
+            if warm:
+                self.spare = self._spawn(key, env, mem, cpu)  # warms up while this candidate runs
+                marks("next_spare")
+            else:
+                spare = self._spawn(key, env, mem, cpu)
+                if not self._hand_over(spare, msg, env):
+                    spare = None
+                marks("cold_start")
+            if spare is None:
+                reply, failure = None, {"status": "runtime_error", "error": "the candidate's process could not start"}
+            else:
+                reply, failure = spare.collect(self._limits(req, s, False), defer_exit=self._defer_exit)
+                marks("collect")
+                if reply and not cpu and not 0 <= reply.get("gpu_held_bytes", -1) <= HELD_AFTER_REPLY:
+                    # Its process still holds device memory after freeing what the evaluation
+                    # allocated (a candidate's global tensors, a faulted context): the next candidate
+                    # must find the GPU's memory free, so wait for this one's exit.
+                    self._reap()
+                    marks("exit_wait")
+            if self.spare is None:
+                self.spare = self._spawn(key, env, mem, cpu)  # ready for the next candidate
+                marks("next_spare")
+            full = empty_result(self.info["device"])
+            if failure:
+                full.update({k: failure[k] for k in ("status", "error")})
+                full["isolation"] = failure.get("isolation", {})
+                full["output"] = failure.get("output", "")
+            else:
+                full.update(reply)  # a reply from the child's last-resort handler lacks most fields
+            verdict = None
+            if spare is not None:
+                verdict = self.judge.finish(float(s.get("timeout_s", 60)))
+                if verdict is None:
+                    self.judge = None  # stopped: the next candidate starts another
+                marks("judge")
+            full = self._decide(full, verdict)
+        finally:
+            if self.memory is not None:
+                self.memory.release()
+        if self.memory is not None:
+            if alone and memory != "exclusive":
+                why = f"the device's memory was not to itself within {float(s.get('timeout_s', 60)):g} s"
+                full["note"] = f"{full['note']}; {why}" if full.get("note") else why
+            elif not alone and ran_out_of_memory(full) and self.memory.others():
+                # Beside another worker's evaluation: the shortage may be theirs. The client asks
+                # again with the memory to itself (the verdict of that run stands).
+                full["retry_alone"] = True
         reply = self._speedup(full, req, s, env, ref)
         marks("speedup")
         reply["wall_s"] = time.monotonic() - t0
@@ -645,6 +667,9 @@ class ForkServer:
         self._reap()
         self.sandbox.cgroups.close()
         os.close(self.lock_fd)  # (the lock files stay: other workers of this machine share them)
+        if self.memory is not None:
+            self.memory.close()
+            self.memory = None
 
     def compile(self, req, s):
         t0 = time.monotonic()
@@ -668,6 +693,13 @@ class ForkServer:
         reply.pop("output", None)
         reply["wall_s"] = time.monotonic() - t0
         return reply
+
+
+def ran_out_of_memory(result):
+    """Whether an evaluation ended for want of device memory: the harness's own work did not fit
+    (out_of_memory), or the candidate's allocation failed (runtime_error naming it)."""
+    status, error = result.get("status"), str(result.get("error", "")).lower()
+    return status == "out_of_memory" or (status == "runtime_error" and "out of memory" in error)
 
 
 def device_view(device, environ=None):

@@ -320,7 +320,19 @@ bool declares_build(const std::string& action) {
 }
 
 EvalResult WorkerClient::evaluate(const EvalRequest& req, const EvaluatorConfig& s, const StageOptions& stage) {
-  return call("eval", req, s, stage);
+  bool retry = false;
+  EvalResult first = call("eval", req, s, stage, false, &retry);
+  if (!retry) return first;
+  // It ran out of device memory while another worker evaluated on the same GPU: the shortage may
+  // have been theirs, so the verdict is that of a second run with the memory to itself.
+  EvalResult again = call("eval", req, s, stage, true);
+  std::string why =
+      "evaluated again with the device's memory to itself: the first run, beside another evaluator's, "
+      "ended " +
+      to_string(first.status) + " (" + first.error.substr(0, 200) + ")";
+  again.note = again.note.empty() ? why : again.note + "; " + why;
+  again.wall_s += first.wall_s;
+  return again;
 }
 
 EvalResult WorkerClient::compile(const EvalRequest& req, const EvaluatorConfig& s, const StageOptions& stage) {
@@ -328,7 +340,7 @@ EvalResult WorkerClient::compile(const EvalRequest& req, const EvaluatorConfig& 
 }
 
 EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const EvaluatorConfig& s,
-                              const StageOptions& stage) {
+                              const StageOptions& stage, bool alone, bool* retry_alone) {
   EvalResult res;
   res.sample_id = req.sample_id;
   res.task_id = req.task_id;
@@ -349,6 +361,8 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
                      ? s.compile_timeout_s
                      : s.timeout_s + (declares_build(req.action) && !stage.precompiled ? s.compile_timeout_s : 0.0);
   constexpr double grace_s = 30;
+  // An evaluation may first wait, at most its own limit, for the device's memory (gpu/worker.py).
+  const double memory_wait_s = compile_op ? 0.0 : s.timeout_s;
 
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
@@ -358,7 +372,7 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
   pk.pack("request");
   pk.pack(req);
   pk.pack("settings");
-  pk.pack_map(24);
+  pk.pack_map(25);
   pk.pack("correctness_trials");
   pk.pack(s.correctness_trials);
   pk.pack("warmup");
@@ -407,9 +421,11 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
   pk.pack(stage.cuda_arch);
   pk.pack("mode");
   pk.pack(req.mode);
+  pk.pack("alone");
+  pk.pack(alone);
 
   std::string reply;
-  std::string why = round_trip(std::string(buf.data(), buf.size()), t0 + limit + grace_s, reply);
+  std::string why = round_trip(std::string(buf.data(), buf.size()), t0 + limit + memory_wait_s + grace_s, reply);
   res.wall_s = mono_s() - t0;
   if (why == "timeout") {
     kill_worker();
@@ -455,6 +471,7 @@ EvalResult WorkerClient::call(const char* op, const EvalRequest& req, const Eval
     read(m, "note", res.note);
     read(m, "output_bytes", res.output_bytes);
     read(m, "bound_ms", res.bound_ms);
+    if (retry_alone) read(m, "retry_alone", *retry_alone);
     if (auto* iso = field(m, "isolation")) read(*iso, "child_start_s", res.isolation_s);
   } catch (const std::exception& e) {
     res = EvalResult{};

@@ -81,7 +81,11 @@ class WorkerClient {
   std::string endpoint_;
   std::string worker_dir_;  // the worker's folder: its TMPDIR, and socket/ (0700) with its endpoint
   std::string torch_version_, device_name_, capability_, network_, sandbox_;
-  EvalResult call(const char* op, const EvalRequest& req, const EvaluatorConfig& settings, const StageOptions& stage);
+  // `alone`: the evaluation holds the device's memory to itself (gpu/devlock.py MemoryShare);
+  // `retry_alone`, if given, is set when the worker asks for that (it ran out of memory beside
+  // another worker's evaluation).
+  EvalResult call(const char* op, const EvalRequest& req, const EvaluatorConfig& settings, const StageOptions& stage,
+                  bool alone = false, bool* retry_alone = nullptr);
 };
 
 }  // namespace kernelrl
