@@ -43,7 +43,7 @@ std::string fmt_eta(double s) {
 struct monitor_state {
   std::map<std::string, double> merged;                           // "source.key" -> value
   std::map<std::string, std::map<std::string, double>> samplers;  // each sampler's last gauges
-  std::vector<caf::actor> sources;                                // asked every tick
+  std::vector<telemetry_source> sources;                          // asked every tick
   std::map<caf::actor_addr, std::string> names;                   // a source's telemetry name
   std::unique_ptr<std::ofstream> metrics;
   bool tty = false;
@@ -55,7 +55,7 @@ struct monitor_state {
 
 using self_ptr = monitor_actor::stateful_pointer<monitor_state>;
 
-void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bool final_line) {
+void emit(self_ptr self, const MonitorArgs& args, const telemetry_recorder& recorder, bool final_line) {
   auto& st = self->state;
   std::vector<std::pair<std::string, double>> vals(st.merged.begin(), st.merged.end());
   std::string line = format_progress(args.label, vals);
@@ -86,7 +86,7 @@ void emit(self_ptr self, const MonitorArgs& args, const caf::actor& recorder, bo
     st.metrics->flush();
   }
   if (args.publisher) args.publisher->publish(snap);
-  if (recorder) caf::anon_send(recorder, record_atom::value, std::move(snap));  // a dynamically typed actor
+  if (recorder) caf::anon_send(recorder, record_atom::value, std::move(snap));
 }
 
 // The samplers' gauges summed as "sampler.key", and with more than one kept per sampler too.
@@ -130,7 +130,7 @@ void source_gone(self_ptr self, const caf::actor_addr& a) {
   st.names.erase(it);
 }
 
-void poll(self_ptr self, const std::vector<caf::actor>& sources) {
+void poll(self_ptr self, const std::vector<telemetry_source>& sources) {
   auto timeout = std::chrono::seconds(2);
   for (auto& src : sources) {
     self->request(src, timeout, stats_atom::value)
@@ -143,8 +143,8 @@ void poll(self_ptr self, const std::vector<caf::actor>& sources) {
   }
 }
 
-monitor_actor::behavior_type monitor_behavior(self_ptr self, MonitorArgs args, std::vector<caf::actor> sources0,
-                                              caf::actor recorder) {
+monitor_actor::behavior_type monitor_behavior(self_ptr self, MonitorArgs args, std::vector<telemetry_source> sources0,
+                                              telemetry_recorder recorder) {
   self->state.sources = std::move(sources0);
   for (auto& src : self->state.sources) self->monitor(src);
   self->set_down_handler([=](caf::down_msg& dm) { source_gone(self, dm.source); });
@@ -160,7 +160,8 @@ monitor_actor::behavior_type monitor_behavior(self_ptr self, MonitorArgs args, s
         poll(self, self->state.sources);
         self->delayed_send(self, interval, tick_atom::value);
       },
-      [=](register_atom, caf::actor src, const std::string&) {  // a sampler on another node (the gate)
+      [=](register_atom, caf::actor a, const std::string&) {  // a sampler on another node (the gate)
+        auto src = caf::actor_cast<telemetry_source>(a);
         auto& v = self->state.sources;
         if (std::find(v.begin(), v.end(), src) != v.end()) return;
         self->monitor(src);
@@ -395,8 +396,8 @@ std::string format_snapshot(const std::string& label, const std::vector<std::pai
   return out;
 }
 
-monitor_actor spawn_monitor(caf::actor_system& sys, MonitorArgs args, std::vector<caf::actor> sources,
-                            caf::actor recorder) {
+monitor_actor spawn_monitor(caf::actor_system& sys, MonitorArgs args, std::vector<telemetry_source> sources,
+                            telemetry_recorder recorder) {
   return sys.spawn(monitor_behavior, std::move(args), std::move(sources), std::move(recorder));
 }
 

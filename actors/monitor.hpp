@@ -53,8 +53,8 @@ struct MonitorArgs {
 };
 
 // `recorder` receives (record_atom, Telemetry) for each snapshot; may be invalid.
-monitor_actor spawn_monitor(caf::actor_system& sys, MonitorArgs args, std::vector<caf::actor> sources,
-                            caf::actor recorder);
+monitor_actor spawn_monitor(caf::actor_system& sys, MonitorArgs args, std::vector<telemetry_source> sources,
+                            telemetry_recorder recorder);
 
 // The progress line for a merged snapshot (exposed for tests).
 std::string format_progress(const std::string& label, const std::vector<std::pair<std::string, double>>& values);

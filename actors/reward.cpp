@@ -14,7 +14,7 @@ struct reward_state {
 };
 
 reward_actor::behavior_type reward_behavior(reward_actor::stateful_pointer<reward_state> self, RewardConfig cfg,
-                                            caf::actor recorder) {
+                                            score_recorder recorder) {
   return {
       [=](score_atom, Rollout& ro, EvalResult& res) {
         auto& acc = self->state.task_speedups[res.task_id];
@@ -27,8 +27,7 @@ reward_actor::behavior_type reward_behavior(reward_actor::stateful_pointer<rewar
         }
         s.rollout = std::move(ro);
         s.result = std::move(res);
-        // The recorder (the supervisor, the service) is dynamically typed: a typed actor sends to it
-        // anonymously (it needs no sender for a record).
+        // (anonymously: a record needs no sender)
         caf::anon_send(recorder, record_atom::value, std::move(s));
       },
   };
@@ -36,7 +35,7 @@ reward_actor::behavior_type reward_behavior(reward_actor::stateful_pointer<rewar
 
 }  // namespace
 
-reward_actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder) {
+reward_actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, score_recorder recorder) {
   return sys.spawn(reward_behavior, std::move(cfg), std::move(recorder));
 }
 

@@ -15,6 +15,6 @@
 
 namespace kernelrl {
 
-reward_actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, caf::actor recorder);
+reward_actor spawn_reward(caf::actor_system& sys, RewardConfig cfg, score_recorder recorder);
 
 }  // namespace kernelrl

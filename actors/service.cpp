@@ -40,8 +40,8 @@ struct recorder_state {
   static inline const char* name = "service-recorder";
 };
 
-caf::behavior recorder_actor(caf::stateful_actor<recorder_state>* self, std::shared_ptr<Store> store,
-                             std::string run_id) {
+service_recorder_actor::behavior_type recorder_behavior(service_recorder_actor::stateful_pointer<recorder_state> self,
+                                                        std::shared_ptr<Store> store, std::string run_id) {
   self->state.store = std::move(store);
   auto lg = log::get("serve");
   return {
@@ -72,7 +72,8 @@ caf::behavior recorder_actor(caf::stateful_actor<recorder_state>* self, std::sha
           status = 500;
           body = error_body(500, "the verdict was stored but cannot be read back: " + st.store->last_error());
         }
-        if (st.front) self->send(st.front, record_atom::value, id, status, std::move(body), verdict, speedup);
+        if (st.front)  // (the front is a broker, not typed: sent anonymously, it needs no sender)
+          caf::anon_send(st.front, record_atom::value, id, status, std::move(body), verdict, speedup);
       },
       [=](record_atom, Telemetry& t) { self->state.store->record_telemetry(run_id, t); },
       [=](finish_atom, std::string& summary) { return self->state.store->finish_run(run_id, "finished", summary); },
@@ -358,7 +359,8 @@ void process(front_ptr self, const ServiceArgs& args, dispatcher_actor dispatche
   }
 }
 
-caf::behavior front_actor(front_ptr self, ServiceArgs args, dispatcher_actor dispatcher, caf::actor recorder) {
+caf::behavior front_actor(front_ptr self, ServiceArgs args, dispatcher_actor dispatcher,
+                          service_recorder_actor recorder) {
   auto lg = log::get("serve");
   self->state.next_group = args.first_group;
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -486,9 +488,9 @@ caf::behavior front_actor(front_ptr self, ServiceArgs args, dispatcher_actor dis
 
 }  // namespace
 
-caf::actor spawn_service_recorder(caf::actor_system& sys, const std::string& store_path, const std::string& synchronous,
-                                  const std::string& run_id, const std::string& config_toml, uint64_t& last_group,
-                                  std::string& err) {
+service_recorder_actor spawn_service_recorder(caf::actor_system& sys, const std::string& store_path,
+                                              const std::string& synchronous, const std::string& run_id,
+                                              const std::string& config_toml, uint64_t& last_group, std::string& err) {
   std::shared_ptr<Store> store = Store::open(store_path, synchronous, err);
   if (!store) return {};
   if (!store->begin_run(run_id, "serve", config_toml)) {
@@ -496,11 +498,11 @@ caf::actor spawn_service_recorder(caf::actor_system& sys, const std::string& sto
     return {};
   }
   last_group = store->max_group_id(run_id);
-  return sys.spawn(recorder_actor, std::move(store), run_id);
+  return sys.spawn(recorder_behavior, std::move(store), run_id);
 }
 
-Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, dispatcher_actor dispatcher, caf::actor recorder,
-                            std::string& err) {
+Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, dispatcher_actor dispatcher,
+                            service_recorder_actor recorder, std::string& err) {
   Service s;
   s.recorder = recorder;
   auto front = sys.middleman().spawn_broker(front_actor, args, dispatcher, recorder);

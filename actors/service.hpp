@@ -11,8 +11,7 @@
 // Messages in (front):    (record_atom, sample_id, status, body) from the recorder;
 //                         (register_atom, actor, id) from the gate (evaluators of joined nodes);
 //                         (stats_atom) -> Telemetry
-// Messages in (recorder): (record_atom, ScoredRollout) from reward; (record_atom, Telemetry);
-//                         (register_atom, actor front); (finish_atom, summary) -> bool
+// Messages in (recorder): its typed interface, messages/interfaces.hpp service_recorder_actor
 #pragma once
 
 #include "core/http_server.hpp"
@@ -43,18 +42,19 @@ struct ServiceArgs {
 };
 
 struct Service {
-  caf::actor front, recorder;
+  caf::actor front;
+  service_recorder_actor recorder;
   uint16_t port = 0;
 };
 
 // The recorder first (reward needs it), then the front once the dispatcher exists.
 // `last_group`: the largest group id the run already holds (a service restarted in its run directory).
-caf::actor spawn_service_recorder(caf::actor_system& sys, const std::string& store_path, const std::string& synchronous,
-                                  const std::string& run_id, const std::string& config_toml, uint64_t& last_group,
-                                  std::string& err);
+service_recorder_actor spawn_service_recorder(caf::actor_system& sys, const std::string& store_path,
+                                              const std::string& synchronous, const std::string& run_id,
+                                              const std::string& config_toml, uint64_t& last_group, std::string& err);
 
 // Binds host:port and starts answering; an invalid actor and `err` when it cannot listen.
-Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, dispatcher_actor dispatcher, caf::actor recorder,
-                            std::string& err);
+Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, dispatcher_actor dispatcher,
+                            service_recorder_actor recorder, std::string& err);
 
 }  // namespace kernelrl

@@ -27,7 +27,7 @@ namespace {
 struct supervisor_state {
   std::unique_ptr<Store> store;
   std::unique_ptr<Experiment> experiment;
-  caf::response_promise done;
+  caf::typed_response_promise<std::string> done;
   std::vector<sampler_actor> samplers;
   std::vector<std::string> sampler_names;                    // "sampler-i" on the head; a joined one's own id
   std::vector<std::pair<sampler_actor, std::string>> early;  // joined before the run started
@@ -51,7 +51,7 @@ struct supervisor_state {
   static inline const char* name = "supervisor";
 };
 
-using self_ptr = caf::stateful_actor<supervisor_state>*;
+using self_ptr = supervisor_actor::stateful_pointer<supervisor_state>;
 
 template <class... F>
 struct overloaded : F... {
@@ -382,10 +382,12 @@ void none_left(self_ptr self, const SupervisorArgs& args, const std::string& why
 
 // The run's plan: its samplers and evaluators, watched; the run starts (or finishes at once, with
 // no store or no evaluator on a single node). The promise is kept when the run finishes.
-caf::response_promise plan(self_ptr self, const SupervisorArgs& args, std::vector<sampler_actor> samplers,
-                           const std::vector<caf::actor>& evaluators, const std::string& store_error) {
+caf::typed_response_promise<std::string> plan(self_ptr self, const SupervisorArgs& args,
+                                              std::vector<sampler_actor> samplers,
+                                              const std::vector<caf::actor>& evaluators,
+                                              const std::string& store_error) {
   auto& st = self->state;
-  st.done = self->make_response_promise();
+  st.done = self->make_response_promise<std::string>();
   st.samplers = std::move(samplers);
   for (size_t i = 0; i < st.samplers.size(); ++i) st.sampler_names.push_back("sampler-" + std::to_string(i));
   st.pool = SamplerPool(st.samplers.size());
@@ -497,7 +499,7 @@ void record_scored(self_ptr self, const SupervisorArgs& args, ScoredRollout& s) 
   apply(self, args, st.experiment->sampled(s));
 }
 
-caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
+supervisor_actor::behavior_type supervisor_behavior(self_ptr self, SupervisorArgs args) {
   auto lg = log::get("supervisor");
   std::string err;
   auto& st0 = self->state;
@@ -581,8 +583,8 @@ caf::behavior supervisor_actor(self_ptr self, SupervisorArgs args) {
 
 }  // namespace
 
-caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args) {
-  return sys.spawn(supervisor_actor, std::move(args));
+supervisor_actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args) {
+  return sys.spawn(supervisor_behavior, std::move(args));
 }
 
 }  // namespace kernelrl

@@ -23,6 +23,7 @@
 // A cluster's run starts once every node listed with evaluators (evaluator_nodes) has registered
 // one, or join_wait_s after the plan came, naming the nodes still missing: a run does not begin
 // on the first node's evaluators while the others are still starting.
+// Its interface (messages/interfaces.hpp supervisor_actor):
 // Messages in:  (plan_atom, vector<actor> samplers, vector<actor> evaluators) -> std::string summary JSON;
 //               (record_atom, ScoredRollout); (record_atom, Telemetry) (kept in the store);
 //               (register_atom, actor, id) (a remote evaluator joined); (register_atom,
@@ -56,6 +57,6 @@ struct SupervisorArgs {
                                              // starts once each has one registered, or join_wait_s on
 };
 
-caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args);
+supervisor_actor spawn_supervisor(caf::actor_system& sys, SupervisorArgs args);
 
 }  // namespace kernelrl

@@ -420,9 +420,10 @@ class Harness:
 
     # ---- runs in the candidate's process -------------------------------------------------------
     def _setup_device(self, candidate=False):
-        """Sets the process's device; returns its name. `candidate`: a process that will judge a
-        candidate (the spare's warm-up, evaluate) also loads the one-pass digest's kernels; the
-        judge, the reference's timing and the bandwidth probe never digest and skip it."""
+        """Sets the process's device; returns its name. `candidate`: a candidate's own process
+        (the spare's warm-up, evaluate), whose side-stream check digests the candidate's outputs,
+        also loads the one-pass digest's kernels; the judge, the reference's timing and the
+        bandwidth probe never digest and skip it."""
         if self.device.type == "cpu":
             torch.set_num_threads(self.threads)
             return "cpu"

@@ -1,8 +1,9 @@
 // The actors' typed interfaces: what each accepts and answers, declared in one place beside the
 // messages, so a message a receiver cannot handle does not compile (CAF typed actors). Converted
-// so far: evaluator, reward, checkpoint_selector, dispatcher, sampler, learner, monitor and gate;
-// the others (supervisor, service) still take dynamically typed messages, their protocols written
-// in their headers. A typed handle in a message or crossing nodes travels as caf::actor
+// so far: evaluator, reward, checkpoint_selector, dispatcher, sampler, learner, monitor, gate and
+// supervisor, and `launch serve`'s recorder (the shared parts, telemetry_source, final_snapshot
+// and the recorders, declared once); `launch serve`'s front, a CAF broker, still takes dynamically
+// typed messages, its protocol written in its header. A typed handle in a message or crossing nodes travels as caf::actor
 // (the gate's register messages, the supervisor's plan, the learner's sync: as_actors) and is
 // cast back on arrival (as_typed).
 #pragma once
@@ -20,6 +21,13 @@
 
 namespace kernelrl {
 
+// What the monitor asks each of its sources every tick: the source's telemetry.
+using telemetry_source = caf::typed_actor<caf::replies_to<stats_atom>::with<Telemetry>>;
+
+// What ends a run's telemetry: a last round of answers and the final line, answered once written
+// (this process's monitor, or the gate, which passes it to a monitor node's).
+using final_snapshot = caf::typed_actor<caf::replies_to<finish_atom>::with<bool>>;
+
 // evaluator (actors/evaluator.hpp): a request's verdict; a queued request not yet started given
 // back (its request then answers the error withdrawn_error).
 using evaluator_actor = caf::typed_actor<caf::replies_to<eval_atom, EvalRequest>::with<EvalResult>,
@@ -34,8 +42,8 @@ using rollout_sink =
 
 // dispatcher (actors/dispatcher.hpp): rollouts; an evaluator registering (as caf::actor: it may
 // come through the gate), with its id "node/device"; telemetry.
-using dispatcher_actor = rollout_sink::extend<caf::reacts_to<register_atom, caf::actor, std::string>,
-                                              caf::replies_to<stats_atom>::with<Telemetry>>;
+using dispatcher_actor =
+    rollout_sink::extend<caf::reacts_to<register_atom, caf::actor, std::string>>::extend_with<telemetry_source>;
 
 // sampler (actors/sampler.hpp): a step's plan of every task, answered with the rollouts it will
 // send; a plan of some groups (the supervisor's share for it; a replay sampler refuses it); new
@@ -43,9 +51,9 @@ using dispatcher_actor = rollout_sink::extend<caf::reacts_to<register_atom, caf:
 // timer (the next batch to generate); telemetry. A sampler on another node registers as caf::actor
 // (through the gate) and is cast to this on arrival.
 using sampler_actor =
-    caf::typed_actor<caf::replies_to<plan_atom, uint32_t>::with<uint64_t>, caf::replies_to<SamplePlan>::with<uint64_t>,
-                     caf::replies_to<WeightsUpdate>::with<uint64_t>, caf::reacts_to<tick_atom>,
-                     caf::replies_to<stats_atom>::with<Telemetry>>;
+    telemetry_source::extend<caf::replies_to<plan_atom, uint32_t>::with<uint64_t>,
+                             caf::replies_to<SamplePlan>::with<uint64_t>,
+                             caf::replies_to<WeightsUpdate>::with<uint64_t>, caf::reacts_to<tick_atom>>;
 
 // learner (actors/learner.hpp): the samplers to serve (as caf::actor: they travel in the
 // supervisor's message), answered with the policy version they took; a sampler that joined (from
@@ -53,11 +61,10 @@ using sampler_actor =
 // step's update once every sampler took it; a sample the supervisor accepted and whether its group
 // is complete; telemetry. A learner node's learner registers as caf::actor (through the gate) and
 // is cast to this on arrival.
-using learner_actor =
-    caf::typed_actor<caf::replies_to<sync_atom, std::vector<caf::actor>>::with<uint64_t>,
-                     caf::replies_to<sync_atom, caf::actor, std::string>::with<uint64_t>,
-                     caf::replies_to<plan_atom, uint32_t, uint64_t>::with<StepUpdate>,
-                     caf::reacts_to<train_atom, ScoredRollout, bool>, caf::replies_to<stats_atom>::with<Telemetry>>;
+using learner_actor = telemetry_source::extend<caf::replies_to<sync_atom, std::vector<caf::actor>>::with<uint64_t>,
+                                               caf::replies_to<sync_atom, caf::actor, std::string>::with<uint64_t>,
+                                               caf::replies_to<plan_atom, uint32_t, uint64_t>::with<StepUpdate>,
+                                               caf::reacts_to<train_atom, ScoredRollout, bool>>;
 
 // reward (actors/reward.hpp): scores a verdict and sends the ScoredRollout to its recorder.
 using reward_actor = caf::typed_actor<caf::reacts_to<score_atom, Rollout, EvalResult>>;
@@ -71,11 +78,11 @@ using selector_actor =
 // monitor (actors/monitor.hpp): its own timer (the next tick); one more telemetry source (as
 // caf::actor, a sampler that joined through the gate) and its id; the latest merged snapshot; a
 // last round of answers and the final line, answered once written. Its sources (supervisor,
-// dispatcher, sampler, learner, ...) are asked (stats_atom) -> Telemetry and stay caf::actor:
-// the supervisor is not typed yet.
+// dispatcher, sampler, learner, ...) are held as telemetry_source (the supervisor, not typed yet,
+// cast to it).
 using monitor_actor =
-    caf::typed_actor<caf::reacts_to<tick_atom>, caf::reacts_to<register_atom, caf::actor, std::string>,
-                     caf::replies_to<stats_atom>::with<Telemetry>, caf::replies_to<finish_atom>::with<bool>>;
+    telemetry_source::extend<caf::reacts_to<tick_atom>,
+                             caf::reacts_to<register_atom, caf::actor, std::string>>::extend_with<final_snapshot>;
 
 // gate (actors/gate.hpp): the head's published door. Before joining, anyone: (hello_atom) ->
 // [cluster, protocol version]; (challenge_atom, nonce) -> [nonce, the head's proof]. Then (join_atom,
@@ -87,17 +94,46 @@ using monitor_actor =
 // -> Telemetry. This process: (finish_atom) -> bool. Peers reach it through a dynamically typed
 // remote handle (the hello and join shapes never change, so a peer of any version gets a clear
 // answer), and every handle in its messages is a caf::actor.
-using gate_actor =
-    rollout_sink::extend<caf::replies_to<hello_atom>::with<std::vector<std::string>>,
-                         caf::replies_to<challenge_atom, std::string>::with<std::vector<std::string>>,
-                         caf::replies_to<join_atom, std::string, std::string, uint32_t, std::string>::with<bool>,
-                         caf::reacts_to<register_atom, caf::actor, std::string>,
-                         caf::replies_to<learner_atom>::with<std::string, bool>,
-                         caf::replies_to<register_atom, learner_atom, caf::actor, caf::actor>::with<bool>,
-                         caf::replies_to<register_atom, sampler_atom, caf::actor, std::string, std::string>::with<bool>,
-                         caf::replies_to<monitor_atom>::with<std::string, caf::actor>,
-                         caf::replies_to<register_atom, monitor_atom, caf::actor>::with<bool>,
-                         caf::replies_to<stats_atom>::with<Telemetry>, caf::replies_to<finish_atom>::with<bool>>;
+using gate_actor = rollout_sink::extend<
+    caf::replies_to<hello_atom>::with<std::vector<std::string>>,
+    caf::replies_to<challenge_atom, std::string>::with<std::vector<std::string>>,
+    caf::replies_to<join_atom, std::string, std::string, uint32_t, std::string>::with<bool>,
+    caf::reacts_to<register_atom, caf::actor, std::string>, caf::replies_to<learner_atom>::with<std::string, bool>,
+    caf::replies_to<register_atom, learner_atom, caf::actor, caf::actor>::with<bool>,
+    caf::replies_to<register_atom, sampler_atom, caf::actor, std::string, std::string>::with<bool>,
+    caf::replies_to<monitor_atom>::with<std::string, caf::actor>,
+    caf::replies_to<register_atom, monitor_atom, caf::actor>::with<bool>>::extend_with<telemetry_source,
+                                                                                       final_snapshot>;
+
+// Where the reward sends each scored sample: the supervisor, or `launch serve`'s recorder.
+using score_recorder = caf::typed_actor<caf::reacts_to<record_atom, ScoredRollout>>;
+
+// Where the monitor stores its snapshots: the supervisor (on a monitor node, the remote handle
+// the gate gave, cast to this).
+using telemetry_recorder = caf::typed_actor<caf::reacts_to<record_atom, Telemetry>>;
+
+// `launch serve`'s recorder (actors/service.hpp), the store's one writer: scored samples (each
+// answered to the front) and telemetry to record; the front to answer (a CAF broker, not typed);
+// the service's summary at its end, answered once the run is closed in the store.
+using service_recorder_actor =
+    score_recorder::extend<caf::reacts_to<record_atom, Telemetry>, caf::reacts_to<register_atom, caf::actor>,
+                           caf::replies_to<finish_atom, std::string>::with<bool>>;
+
+// supervisor (actors/supervisor.hpp): the run's plan (its samplers and evaluators, as caf::actor),
+// answered with the run's summary (JSON) when it ends; scored samples and telemetry to record;
+// through the gate, a sampler (sampler_atom, actor, id), the learner node's learner and selector
+// (learner_atom, learner, selector, node) and an evaluator (actor, id) that joined; an interrupt
+// and why; its own deadlines (tick_atom: the learner's, the n-th sampler's, the listed evaluator
+// nodes', the n-th evaluator's); telemetry. The gate holds it as caf::actor (in `launch serve` the
+// service stands where the supervisor does).
+using supervisor_actor = score_recorder::extend<
+    caf::reacts_to<record_atom, Telemetry>,
+    caf::replies_to<plan_atom, std::vector<caf::actor>, std::vector<caf::actor>>::with<std::string>,
+    caf::reacts_to<register_atom, sampler_atom, caf::actor, std::string>,
+    caf::reacts_to<register_atom, learner_atom, caf::actor, caf::actor, std::string>,
+    caf::reacts_to<register_atom, caf::actor, std::string>, caf::reacts_to<interrupt_atom, std::string>,
+    caf::reacts_to<tick_atom, learner_atom>, caf::reacts_to<tick_atom, sampler_atom, uint64_t>,
+    caf::reacts_to<tick_atom, plan_atom>, caf::reacts_to<tick_atom, uint64_t>>::extend_with<telemetry_source>;
 
 // Typed handles as they travel in messages (caf::actor), and back on arrival.
 template <class Handle>

@@ -141,7 +141,7 @@ int start_monitor(caf::scoped_actor& self, const caf::actor& gate, const Config&
   fs::create_directories(run_dir, ec);
   auto ma = monitor_settings(cfg, run_dir);
   if (!ma) return 2;
-  monitor = spawn_monitor(sys, std::move(*ma), {}, recorder);
+  monitor = spawn_monitor(sys, std::move(*ma), {}, caf::actor_cast<telemetry_recorder>(recorder));  // came untyped
   bool registered = false;
   self->request(gate, std::chrono::seconds(30), register_atom::value, monitor_atom::value,
                 caf::actor_cast<caf::actor>(monitor))  // a typed handle travels as caf::actor

@@ -29,9 +29,10 @@ namespace kernelrl {
 
 void RunActors::stop() {
   if (gate) unpublish_gate(gate);
-  for (auto& a : {caf::actor_cast<caf::actor>(monitor), caf::actor_cast<caf::actor>(dispatcher),
-                  caf::actor_cast<caf::actor>(reward), supervisor, caf::actor_cast<caf::actor>(gate),
-                  caf::actor_cast<caf::actor>(learner), caf::actor_cast<caf::actor>(selector)})
+  for (auto& a :
+       {caf::actor_cast<caf::actor>(monitor), caf::actor_cast<caf::actor>(dispatcher),
+        caf::actor_cast<caf::actor>(reward), caf::actor_cast<caf::actor>(supervisor), caf::actor_cast<caf::actor>(gate),
+        caf::actor_cast<caf::actor>(learner), caf::actor_cast<caf::actor>(selector)})
     if (a) anon_send_exit(a, caf::exit_reason::user_shutdown);
   for (auto& s : samplers) anon_send_exit(s, caf::exit_reason::user_shutdown);
   for (auto& e : evaluators) anon_send_exit(e, caf::exit_reason::user_shutdown);
@@ -108,9 +109,9 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
       return std::nullopt;
     }
   }
-  std::vector<caf::actor> watched{run.supervisor, caf::actor_cast<caf::actor>(run.dispatcher)};
-  for (auto& s : run.samplers) watched.push_back(caf::actor_cast<caf::actor>(s));
-  if (run.learner) watched.push_back(caf::actor_cast<caf::actor>(run.learner));
+  std::vector<telemetry_source> watched{run.supervisor, run.dispatcher};
+  for (auto& s : run.samplers) watched.emplace_back(s);
+  if (run.learner) watched.emplace_back(run.learner);
   if (ma)
     run.monitor = spawn_monitor(sys, *ma, watched, run.supervisor);
   else
@@ -130,10 +131,10 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
   if (mon_node) {
     ga.monitor_node = mon_node->name;
     ga.run_dir = fs::absolute(run_dir).string();
-    ga.recorder = run.supervisor;
-    for (auto& w : watched) ga.sources.emplace_back(w, "head");
+    ga.recorder = caf::actor_cast<caf::actor>(run.supervisor);  // it travels to the monitor node untyped
+    for (auto& w : watched) ga.sources.emplace_back(caf::actor_cast<caf::actor>(w), "head");  // they travel untyped
   }
-  run.gate = spawn_gate(sys, ga, run.dispatcher, run.supervisor, run.monitor);
+  run.gate = spawn_gate(sys, ga, run.dispatcher, caf::actor_cast<caf::actor>(run.supervisor), run.monitor);
   auto bound = publish_gate(run.gate, head.port, head.host);
   if (!bound) {
     lg->error("cannot listen on {}:{}: {}", head.host, head.port, sys.render(bound.error()));
@@ -165,10 +166,8 @@ std::string run_to_summary(caf::actor_system& sys, RunActors& run) {
                  summary = nlohmann::json{{"ok", false}, {"error", sys.render(e)}}.dump();
                });
   // The last snapshot: from this process's monitor, or through the gate from a monitor node's.
-  if (run.monitor)
-    self->request(run.monitor, std::chrono::seconds(12), finish_atom::value).receive([](bool) {}, [](caf::error&) {});
-  else if (run.gate)
-    self->request(run.gate, std::chrono::seconds(12), finish_atom::value).receive([](bool) {}, [](caf::error&) {});
+  final_snapshot last = run.monitor ? final_snapshot{run.monitor} : final_snapshot{run.gate};
+  if (last) self->request(last, std::chrono::seconds(12), finish_atom::value).receive([](bool) {}, [](caf::error&) {});
   run.stop();
   return summary;
 }

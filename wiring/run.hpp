@@ -23,7 +23,7 @@ class SamplerBackend;
 
 // The actors of one run on the head, and their shutdown.
 struct RunActors {
-  caf::actor supervisor;
+  supervisor_actor supervisor;
   gate_actor gate;
   monitor_actor monitor;
   learner_actor learner;

@@ -275,7 +275,8 @@ TEST_CASE("the monitor sums samplers, forgets a gone one's rate, and asks a regi
   MonitorArgs ma;
   ma.progress = false;
   ma.interval_s = 0.05;
-  auto monitor = spawn_monitor(*s.sys, ma, {a, b}, caf::actor{});
+  auto monitor = spawn_monitor(*s.sys, ma, {caf::actor_cast<telemetry_source>(a), caf::actor_cast<telemetry_source>(b)},
+                               telemetry_recorder{});
   caf::scoped_actor self{*s.sys};
   CHECK(eventually([&] { return snapshot(self, monitor)["sampler.tokens_per_s"] == 150.0; }));
   CHECK(snapshot(self, monitor)["sampler.rollouts"] == 15.0);
@@ -299,7 +300,7 @@ TEST_CASE("the monitor answers a message it has no handler for with an error, lo
   MonitorArgs ma;
   ma.progress = false;
   ma.interval_s = 0.05;
-  auto monitor = spawn_monitor(*s.sys, ma, {}, caf::actor{});
+  auto monitor = spawn_monitor(*s.sys, ma, {}, telemetry_recorder{});
   caf::scoped_actor self{*s.sys};
   caf::error got;
   // Its interface refuses this at compile time; a peer holds only a dynamically typed handle.

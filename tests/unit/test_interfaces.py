@@ -18,7 +18,7 @@ HEAD = """#include "messages/interfaces.hpp"
 using namespace kernelrl;
 void f(caf::event_based_actor* self, reward_actor reward, selector_actor selector, evaluator_actor evaluator,
        dispatcher_actor dispatcher, rollout_sink sink, sampler_actor sampler, learner_actor learner,
-       monitor_actor monitor, gate_actor gate) {
+       monitor_actor monitor, gate_actor gate, supervisor_actor supervisor, service_recorder_actor service) {
 """
 
 RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
@@ -58,6 +58,24 @@ RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
   self->request(gate, caf::infinite, register_atom::value, sampler_atom::value, caf::actor{}, std::string("s"),
                 std::string("digest")).then([](bool) {});
   sink = gate;  // a sampler node's rollouts go to the head's gate
+  self->request(supervisor, caf::infinite, plan_atom::value, std::vector<caf::actor>{}, std::vector<caf::actor>{})
+      .then([](std::string&) {});
+  self->send(supervisor, record_atom::value, ScoredRollout{});
+  self->send(supervisor, record_atom::value, Telemetry{});
+  self->send(supervisor, register_atom::value, sampler_atom::value, caf::actor{}, std::string("sampler-b-0"));
+  self->send(supervisor, register_atom::value, learner_atom::value, caf::actor{}, caf::actor{}, std::string("b"));
+  self->send(supervisor, register_atom::value, caf::actor{}, std::string("n1/cuda:0"));
+  self->send(supervisor, interrupt_atom::value, std::string("SIGINT"));
+  // the shared parts: what the monitor asks, where the reward and the monitor record, what ends a run
+  std::vector<telemetry_source> sources{supervisor, dispatcher, sampler, learner};
+  score_recorder scores = supervisor;
+  telemetry_recorder snapshots = supervisor;
+  scores = service;  // under `launch serve`, its recorder
+  self->send(service, register_atom::value, caf::actor{});
+  self->request(service, caf::infinite, finish_atom::value, std::string("{}")).then([](bool) {});
+  final_snapshot last = monitor;
+  last = gate;
+  self->request(last, caf::infinite, finish_atom::value).then([](bool) {});
 }
 """
 
@@ -94,6 +112,11 @@ WRONG = {
                                                        ".then([](bool) {});\n}\n",
     "a typed monitor registered with the gate (it travels as caf::actor)":
         "  self->send(gate, register_atom::value, monitor_atom::value, monitor);\n}\n",
+    "the run's summary read as a bool": "  self->request(supervisor, caf::infinite, plan_atom::value, "
+                                        "std::vector<caf::actor>{}, std::vector<caf::actor>{}).then([](bool) {});\n}\n",
+    "a verdict sent to the supervisor unscored": "  self->send(supervisor, record_atom::value, EvalResult{});\n}\n",
+    "an interrupt without why": "  self->send(supervisor, interrupt_atom::value);\n}\n",
+    "the service's end without its summary": "  self->send(service, finish_atom::value);\n}\n",
     "a verdict read as a rollout": "  self->request(evaluator, caf::infinite, eval_atom::value, EvalRequest{})"
                                    ".then([](Rollout&) {});\n}\n",
 }

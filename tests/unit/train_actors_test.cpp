@@ -430,7 +430,7 @@ struct ScriptedRun {
   nlohmann::json run(bool lie) {
     auto learner = scripted_learner(s, tmp, engine, 300);
     sa.learner = learner;
-    auto sup = spawn_supervisor(*s.sys, sa);
+    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
     auto pipe = s.sys->spawn(fake_pipeline, sup, lie);
     caf::scoped_actor self{*s.sys};
     nlohmann::json j;
@@ -505,7 +505,7 @@ TEST_CASE("an eval run whose sampler of every task goes away ends with an error,
   System s;
   TempDir tmp;
   SupervisorArgs sa = eval_of_two_tasks(tmp);
-  auto sup = spawn_supervisor(*s.sys, sa);
+  auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
   // The first sampler takes the plan of every task, answers, and dies before any sample arrives;
   // the second sampler and the evaluator idle.
   auto dying = s.sys->spawn([](caf::event_based_actor* self) -> caf::behavior {
@@ -539,7 +539,7 @@ TEST_CASE("a cluster run with no sampler of its own waits for one to join, or en
   auto idle = [](caf::event_based_actor*) -> caf::behavior { return {[](stats_atom) { return uint64_t(0); }}; };
   caf::scoped_actor self{*s.sys};
   SECTION("nobody joins") {
-    auto sup = spawn_supervisor(*s.sys, sa);
+    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
     auto evaluator = s.sys->spawn(idle);
     nlohmann::json j;
     self->request(sup, std::chrono::seconds(20), plan_atom::value, std::vector<caf::actor>{},
@@ -553,7 +553,7 @@ TEST_CASE("a cluster run with no sampler of its own waits for one to join, or en
   }
   SECTION("a sampler joins (through the gate) and samples every task") {
     sa.join_wait_s = 30;
-    auto sup = spawn_supervisor(*s.sys, sa);
+    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
     auto evaluator = s.sys->spawn(idle);
     // It answers the plan and stores both tasks' samples, as the dispatcher and reward would.
     auto joiner = s.sys->spawn([sup](caf::event_based_actor* self) -> caf::behavior {
@@ -608,7 +608,7 @@ TEST_CASE("a cluster run starts once every listed evaluator node has joined or j
   };
   SECTION("both join: the run starts with the last") {
     sa.join_wait_s = 30;
-    auto sup = spawn_supervisor(*s.sys, sa);
+    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
     auto local = s.sys->spawn(idle), gen = s.sys->spawn(idle), spare = s.sys->spawn(idle);
     auto sampler = sampler_of(sup);
     auto h = self->request(sup, std::chrono::seconds(20), plan_atom::value, std::vector<caf::actor>{sampler},
@@ -629,7 +629,7 @@ TEST_CASE("a cluster run starts once every listed evaluator node has joined or j
   }
   SECTION("one never joins: the run starts join_wait_s after the plan, with the evaluators it has") {
     sa.join_wait_s = 0.4;
-    auto sup = spawn_supervisor(*s.sys, sa);
+    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
     auto local = s.sys->spawn(idle), gen = s.sys->spawn(idle);
     auto sampler = sampler_of(sup);
     const auto t0 = std::chrono::steady_clock::now();
@@ -660,7 +660,7 @@ TEST_CASE("a learning run whose learner is on another node starts once it joins 
     return j;
   };
   SECTION("it joins after the plan: the run waits, then learns every step") {
-    auto sup = spawn_supervisor(*r.s.sys, r.sa);
+    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*r.s.sys, r.sa));  // (handled as the fakes see it)
     auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
     auto learner = scripted_learner(r.s, r.tmp, r.engine, 300);
     auto j = run(sup, pipe, [&] {
@@ -677,7 +677,7 @@ TEST_CASE("a learning run whose learner is on another node starts once it joins 
   }
   SECTION("it never joins: the run ends after join_wait_s, saying how to start it") {
     r.sa.join_wait_s = 0.3;
-    auto sup = spawn_supervisor(*r.s.sys, r.sa);
+    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*r.s.sys, r.sa));  // (handled as the fakes see it)
     auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
     auto j = run(sup, pipe, [] {});
     INFO(j.dump());
@@ -689,7 +689,7 @@ TEST_CASE("a learning run whose learner is on another node starts once it joins 
   }
   SECTION("it dies mid-run: the run ends naming its last checkpoint and --resume") {
     r.sa.experiment.steps = 100000;
-    auto sup = spawn_supervisor(*r.s.sys, r.sa);
+    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*r.s.sys, r.sa));  // (handled as the fakes see it)
     auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
     auto learner = scripted_learner(r.s, r.tmp, r.engine, 300);
     auto j = run(sup, pipe, [&] {
@@ -712,7 +712,7 @@ TEST_CASE("a learning run whose learner is on another node starts once it joins 
     r.sa.learner_node.clear();
     auto learner = scripted_learner(r.s, r.tmp, r.engine, 300);
     r.sa.learner = learner;
-    auto sup = spawn_supervisor(*r.s.sys, r.sa);
+    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*r.s.sys, r.sa));  // (handled as the fakes see it)
     auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
     auto other = r.s.sys->spawn(fake_pipeline, sup, false);  // would answer nothing a learner is asked
     self->send(sup, register_atom::value, learner_atom::value, other, caf::actor{}, std::string("trainer"));
