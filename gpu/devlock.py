@@ -121,45 +121,21 @@ class DeviceLock:
         if self.state is not None:
             self.windows.append([self.state, self.since, now])
 
-    def acquire(self, how):
+    def acquire(self, how, within_s=None):
         """Holds the device as ``how`` ("shared", "exclusive" or None: not at all), giving up
-        the current hold first. Returns the seconds spent waiting."""
+        the current hold first. Returns the seconds spent waiting. With ``within_s``, gives up
+        after that many seconds of waiting and returns None, holding nothing (the locks then
+        polled every few milliseconds; the turnstile is the same: a process that wants the lock
+        exclusively holds the gate while it waits)."""
         if how == self.state:
             return 0.0
         t0 = time.monotonic()
-        self._close_window(t0)
-        fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
-        self.state = None
-        _count(0.0, t0)  # waiting from now (the worker sees the wait while it lasts)
-        try:
-            if how == "exclusive":
-                fcntl.flock(self.gate_fd, fcntl.LOCK_EX)
-                try:
-                    fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
-                finally:
-                    fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
-            elif how == "shared":
-                fcntl.flock(self.gate_fd, fcntl.LOCK_EX)  # through the turnstile
-                fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
-                fcntl.flock(self.lock_fd, fcntl.LOCK_SH)
-            self.state = how
-        finally:
-            now = time.monotonic()
-            self.since = now
-            waited = now - t0
-            self.waited_s += waited
-            _count(waited, 0.0)
-        return waited
-
-    def acquire_within(self, how, within_s):
-        """acquire(how), giving up after ``within_s`` seconds of waiting: then False, holding
-        nothing. (Polled every few milliseconds, the turnstile kept: a process that wants the
-        lock exclusively holds the gate while it waits.)"""
-        t0 = time.monotonic()
-        deadline = t0 + max(0.0, within_s)
-        self.acquire(None)
+        deadline = None if within_s is None else t0 + max(0.0, within_s)
 
         def take(fd, op):
+            if deadline is None:
+                fcntl.flock(fd, op)
+                return True
             while True:
                 try:
                     fcntl.flock(fd, op | fcntl.LOCK_NB)
@@ -169,25 +145,31 @@ class DeviceLock:
                         return False
                     time.sleep(0.005)
 
-        ok = False
+        self._close_window(t0)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+        self.state = None
+        _count(0.0, t0)  # waiting from now (the worker sees the wait while it lasts)
+        ok = True
         try:
-            if not take(self.gate_fd, fcntl.LOCK_EX):
-                return False
-            if how == "exclusive":
-                try:
-                    ok = take(self.lock_fd, fcntl.LOCK_EX)
-                finally:
+            if how is not None:
+                ok = take(self.gate_fd, fcntl.LOCK_EX)  # through the turnstile
+                if ok and how == "exclusive":
+                    try:
+                        ok = take(self.lock_fd, fcntl.LOCK_EX)
+                    finally:
+                        fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
+                elif ok:
                     fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
-            else:
-                fcntl.flock(self.gate_fd, fcntl.LOCK_UN)
-                ok = take(self.lock_fd, fcntl.LOCK_SH)
+                    ok = take(self.lock_fd, fcntl.LOCK_SH)
             if ok:
                 self.state = how
-            return ok
         finally:
             now = time.monotonic()
             self.since = now
-            self.waited_s += now - t0
+            waited = now - t0
+            self.waited_s += waited
+            _count(waited, 0.0)
+        return waited if ok else None
 
     @contextlib.contextmanager
     def alone(self):
@@ -280,7 +262,7 @@ class MemoryShare:
         """Holds the memory lock as ``how`` ("shared" or "exclusive"); gives up after
         ``within_s`` seconds of waiting (returns False, holding nothing) so that a worker never
         outwaits its client's deadline."""
-        return self.lock.acquire_within(how, within_s)
+        return self.lock.acquire(how, within_s) is not None
 
     def release(self):
         self.lock.acquire(None)

@@ -591,10 +591,11 @@ class ForkServer:
             return full
         msg = {"request": req, "settings": s, "ref": {mode: ref}, "bound": self._bound(s)}
         alone = bool(s.get("alone"))
+        limit_s = float(s.get("timeout_s", 60))
         memory = None  # how this evaluation holds the device's memory (MemoryShare)
         if self.memory is not None:
             how = "exclusive" if alone else "shared"
-            memory = how if self.memory.hold(how, float(s.get("timeout_s", 60))) else None
+            memory = how if self.memory.hold(how, limit_s) else None
             marks("memory_wait")
         try:
             spare, self.spare = self.spare, None
@@ -634,7 +635,7 @@ class ForkServer:
                 full.update(reply)  # a reply from the child's last-resort handler lacks most fields
             verdict = None
             if spare is not None:
-                verdict = self.judge.finish(float(s.get("timeout_s", 60)))
+                verdict = self.judge.finish(limit_s)
                 if verdict is None:
                     self.judge = None  # stopped: the next candidate starts another
                 marks("judge")
@@ -644,7 +645,7 @@ class ForkServer:
                 self.memory.release()
         if self.memory is not None:
             if alone and memory != "exclusive":
-                why = f"the device's memory was not to itself within {float(s.get('timeout_s', 60)):g} s"
+                why = f"the device's memory was not to itself within {limit_s:g} s"
                 full["note"] = f"{full['note']}; {why}" if full.get("note") else why
             elif not alone and ran_out_of_memory(full) and self.memory.others():
                 # Beside another worker's evaluation: the shortage may be theirs. The client asks
