@@ -124,7 +124,7 @@ caf::result<bool> join(self_ptr self, const GateArgs& args, const std::string& n
 }
 
 // The learner node's learner and selector, its own, registered once.
-caf::result<bool> register_learner(self_ptr self, const GateArgs& args, const caf::actor& supervisor,
+caf::result<bool> register_learner(self_ptr self, const GateArgs& args, const join_listener& supervisor,
                                    const caf::actor& l, const caf::actor& sel) {
   auto lg = log::get("gate");
   auto found = role_peer(self, args.learner_node, "learner");
@@ -143,7 +143,7 @@ caf::result<bool> register_learner(self_ptr self, const GateArgs& args, const ca
 
 // A joined node's sampler: its own actor, registered once, named sampler-NODE-i, rendering the
 // prompts as the head does.
-caf::result<bool> register_sampler(self_ptr self, const GateArgs& args, const caf::actor& supervisor,
+caf::result<bool> register_sampler(self_ptr self, const GateArgs& args, const join_listener& supervisor,
                                    const caf::actor& s, const std::string& id, const std::string& digest) {
   auto sender = self->current_sender();
   if (!trusted(self) || !sender) return refuse(self, "(not joined)", "samplers come from peers that have joined");
@@ -186,7 +186,7 @@ caf::result<bool> register_monitor(self_ptr self, const GateArgs& args, const ca
 }
 
 gate_actor::behavior_type gate_behavior(self_ptr self, GateArgs args, dispatcher_actor dispatcher,
-                                        caf::actor supervisor, monitor_actor monitor) {
+                                        join_listener supervisor, monitor_actor monitor) {
   auto lg = log::get("gate");
   self->state.monitor = monitor;
   self->set_down_handler([=](caf::down_msg& dm) { member_gone(self, args, dm); });
@@ -286,7 +286,7 @@ gate_actor::behavior_type gate_behavior(self_ptr self, GateArgs args, dispatcher
 
 }  // namespace
 
-gate_actor spawn_gate(caf::actor_system& sys, GateArgs args, dispatcher_actor dispatcher, caf::actor supervisor,
+gate_actor spawn_gate(caf::actor_system& sys, GateArgs args, dispatcher_actor dispatcher, join_listener supervisor,
                       monitor_actor monitor) {
   return sys.spawn(gate_behavior, std::move(args), std::move(dispatcher), std::move(supervisor), std::move(monitor));
 }

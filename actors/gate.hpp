@@ -60,7 +60,7 @@ struct GateArgs {
 
 // `monitor` answers (stats_atom) with the merged snapshot; may be invalid (then a monitor node's
 // registers later).
-gate_actor spawn_gate(caf::actor_system& sys, GateArgs args, dispatcher_actor dispatcher, caf::actor supervisor,
+gate_actor spawn_gate(caf::actor_system& sys, GateArgs args, dispatcher_actor dispatcher, join_listener supervisor,
                       monitor_actor monitor);
 
 }  // namespace kernelrl

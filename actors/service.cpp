@@ -18,9 +18,6 @@ namespace kernelrl {
 
 namespace {
 
-using listen_atom = caf::atom_constant<caf::atom("listen")>;  // caller -> front: bind, answer the port
-using linger_atom = caf::atom_constant<caf::atom("linger")>;  // front -> itself: close a refused connection
-
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // JSON text; bytes that are not UTF-8 (a client's, cut reasons) become U+FFFD instead of throwing.
@@ -35,7 +32,7 @@ std::string error_body(int status, const std::string& why) {
 
 struct recorder_state {
   std::shared_ptr<Store> store;
-  caf::actor front;
+  service_front_actor front;
   uint64_t recorded = 0, failed = 0;
   static inline const char* name = "service-recorder";
 };
@@ -45,7 +42,7 @@ service_recorder_actor::behavior_type recorder_behavior(service_recorder_actor::
   self->state.store = std::move(store);
   auto lg = log::get("serve");
   return {
-      [=](register_atom, caf::actor& front) { self->state.front = std::move(front); },
+      [=](register_atom, caf::actor& front) { self->state.front = caf::actor_cast<service_front_actor>(front); },
       [=](record_atom, ScoredRollout& s) {
         auto& st = self->state;
         const std::string id = s.rollout.sample_id;
@@ -72,8 +69,7 @@ service_recorder_actor::behavior_type recorder_behavior(service_recorder_actor::
           status = 500;
           body = error_body(500, "the verdict was stored but cannot be read back: " + st.store->last_error());
         }
-        if (st.front)  // (the front is a broker, not typed: sent anonymously, it needs no sender)
-          caf::anon_send(st.front, record_atom::value, id, status, std::move(body), verdict, speedup);
+        if (st.front) self->send(st.front, record_atom::value, id, status, std::move(body), verdict, speedup);
       },
       [=](record_atom, Telemetry& t) { self->state.store->record_telemetry(run_id, t); },
       [=](finish_atom, std::string& summary) { return self->state.store->finish_run(run_id, "finished", summary); },
@@ -117,7 +113,7 @@ struct front_state {
   static inline const char* name = "service";
 };
 
-using front_ptr = caf::stateful_actor<front_state, caf::io::broker>*;
+using front_ptr = service_front_actor::stateful_broker_pointer<front_state>;
 
 // The connection `hdl` if it is still the one numbered `serial`, else null (closed, perhaps reused).
 Connection* same(front_ptr self, caf::io::connection_handle hdl, uint64_t serial) {
@@ -359,8 +355,7 @@ void process(front_ptr self, const ServiceArgs& args, dispatcher_actor dispatche
   }
 }
 
-caf::behavior front_actor(front_ptr self, ServiceArgs args, dispatcher_actor dispatcher,
-                          service_recorder_actor recorder) {
+service_front_actor::behavior_type front_behavior(front_ptr self, ServiceArgs args, dispatcher_actor dispatcher) {
   auto lg = log::get("serve");
   self->state.next_group = args.first_group;
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -460,6 +455,9 @@ caf::behavior front_actor(front_ptr self, ServiceArgs args, dispatcher_actor dis
       [=](register_atom, sampler_atom, caf::actor&, std::string& id) {
         lg->warn("sampler {} joined, but a service samples nothing: ignored", id);
       },
+      [=](register_atom, learner_atom, caf::actor&, caf::actor&, std::string& node) {
+        lg->warn("the learner of node {} joined, but a service learns nothing: ignored", node);
+      },
       [=](tick_atom) {  // close connections idle with nothing pending
         auto& st = self->state;
         const double t = now_s();
@@ -505,8 +503,8 @@ Service spawn_service_front(caf::actor_system& sys, ServiceArgs args, dispatcher
                             service_recorder_actor recorder, std::string& err) {
   Service s;
   s.recorder = recorder;
-  auto front = sys.middleman().spawn_broker(front_actor, args, dispatcher, recorder);
-  anon_send(recorder, register_atom::value, front);  // before any request can be answered
+  service_front_actor front = sys.middleman().spawn_broker(front_behavior, args, dispatcher);
+  anon_send(recorder, register_atom::value, caf::actor_cast<caf::actor>(front));  // before any request is answered
   caf::scoped_actor self{sys};
   self->request(front, std::chrono::seconds(10), listen_atom::value)
       .receive([&](uint16_t port) { s.port = port; },

@@ -1,5 +1,5 @@
 // service: `launch serve`, the evaluator as an HTTP/JSON service for other RL frameworks. Two actors:
-//   front    a CAF broker on a TCP port: parses HTTP/1.1 (core/http_server.hpp), validates each
+//   front    a typed CAF broker on a TCP port: parses HTTP/1.1 (core/http_server.hpp), validates each
 //            request, turns `POST /v1/evaluate {"task", "action"}` into a Rollout for the dispatcher
 //            (the same queue, evaluators, local or joined from other nodes, and reward as a run) and
 //            answers with the stored record once it is in. A bad request is answered 4xx with its
@@ -8,10 +8,8 @@
 //   recorder the store's one writer: every verdict is kept (RUN_DIR/store.sqlite) whether or not its
 //            client is still connected, and the answer is the record as `launch export` prints it.
 // Endpoints: POST /v1/evaluate, GET /v1/tasks, GET /v1/health, GET /v1/stats.
-// Messages in (front):    (record_atom, sample_id, status, body) from the recorder;
-//                         (register_atom, actor, id) from the gate (evaluators of joined nodes);
-//                         (stats_atom) -> Telemetry
-// Messages in (recorder): its typed interface, messages/interfaces.hpp service_recorder_actor
+// Messages in: their typed interfaces, messages/interfaces.hpp service_front_actor (the network's
+// events, the recorder's verdicts, the gate's joined peers) and service_recorder_actor.
 #pragma once
 
 #include "core/http_server.hpp"
@@ -42,7 +40,7 @@ struct ServiceArgs {
 };
 
 struct Service {
-  caf::actor front;
+  service_front_actor front;
   service_recorder_actor recorder;
   uint16_t port = 0;
 };

@@ -91,7 +91,7 @@ void service_settings(const Config& cfg, const ServeArgs& a, const TaskSet& task
 // an error instead of listening to nothing); on a signal, stops taking requests and gives those in
 // flight up to --drain-s to be answered (a second signal ends the wait); records the summary.
 // Returns the exit code.
-int serve_until_stopped(caf::actor_system& sys, const ServeArgs& a, const caf::actor& front,
+int serve_until_stopped(caf::actor_system& sys, const ServeArgs& a, const service_front_actor& front,
                         const service_recorder_actor& recorder, std::vector<caf::actor>& all) {
   auto lg = log::get("serve");
   int code = 0;
@@ -223,7 +223,7 @@ int cmd_serve(const ServeArgs& a) {
         lg->error("{}", err);
         code = 1;
       } else {
-        all.push_back(service.front);
+        all.push_back(caf::actor_cast<caf::actor>(service.front));
         if (cluster) {
           const auto& head = head_node(*cfg);
           GateArgs ga;

@@ -1,17 +1,17 @@
 // The actors' typed interfaces: what each accepts and answers, declared in one place beside the
-// messages, so a message a receiver cannot handle does not compile (CAF typed actors). Converted
-// so far: evaluator, reward, checkpoint_selector, dispatcher, sampler, learner, monitor, gate and
-// supervisor, and `launch serve`'s recorder (the shared parts, telemetry_source, final_snapshot
-// and the recorders, declared once); `launch serve`'s front, a CAF broker, still takes dynamically
-// typed messages, its protocol written in its header. A typed handle in a message or crossing nodes travels as caf::actor
-// (the gate's register messages, the supervisor's plan, the learner's sync: as_actors) and is
-// cast back on arrival (as_typed).
+// messages, so a message a receiver cannot handle does not compile (CAF typed actors): every
+// actor's, `launch serve`'s front (a typed CAF broker) included; the parts several share
+// (telemetry_source, final_snapshot, the recorders, join_listener) declared once. A typed handle in
+// a message or crossing nodes travels as caf::actor (the gate's register messages, the
+// supervisor's plan, the learner's sync: as_actors) and is cast back on arrival (as_typed).
 #pragma once
 
 #include "messages/messages.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/actor_cast.hpp>
+#include <caf/io/connection_handle.hpp>
+#include <caf/io/system_messages.hpp>
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
 
@@ -78,8 +78,8 @@ using selector_actor =
 // monitor (actors/monitor.hpp): its own timer (the next tick); one more telemetry source (as
 // caf::actor, a sampler that joined through the gate) and its id; the latest merged snapshot; a
 // last round of answers and the final line, answered once written. Its sources (supervisor,
-// dispatcher, sampler, learner, ...) are held as telemetry_source (the supervisor, not typed yet,
-// cast to it).
+// dispatcher, sampler, learner, ...) are held as telemetry_source; one that joined through the
+// gate is cast to it on arrival.
 using monitor_actor =
     telemetry_source::extend<caf::reacts_to<tick_atom>,
                              caf::reacts_to<register_atom, caf::actor, std::string>>::extend_with<final_snapshot>;
@@ -113,27 +113,44 @@ using score_recorder = caf::typed_actor<caf::reacts_to<record_atom, ScoredRollou
 using telemetry_recorder = caf::typed_actor<caf::reacts_to<record_atom, Telemetry>>;
 
 // `launch serve`'s recorder (actors/service.hpp), the store's one writer: scored samples (each
-// answered to the front) and telemetry to record; the front to answer (a CAF broker, not typed);
+// answered to the front) and telemetry to record; the front to answer (as caf::actor, cast to
+// service_front_actor);
 // the service's summary at its end, answered once the run is closed in the store.
 using service_recorder_actor =
-    score_recorder::extend<caf::reacts_to<record_atom, Telemetry>, caf::reacts_to<register_atom, caf::actor>,
-                           caf::replies_to<finish_atom, std::string>::with<bool>>;
+    score_recorder::extend<caf::reacts_to<register_atom, caf::actor>,
+                           caf::replies_to<finish_atom, std::string>::with<bool>>::extend_with<telemetry_recorder>;
+
+// What the gate tells of the peers that joined: the supervisor, or under `launch serve` the
+// service's front. An evaluator (actor, id "node/device"); a sampler (sampler_atom, actor, id); the
+// learner node's learner and selector (learner_atom, learner, selector, node). Each handle as
+// caf::actor (it came from another node).
+using join_listener =
+    caf::typed_actor<caf::reacts_to<register_atom, caf::actor, std::string>,
+                     caf::reacts_to<register_atom, sampler_atom, caf::actor, std::string>,
+                     caf::reacts_to<register_atom, learner_atom, caf::actor, caf::actor, std::string>>;
 
 // supervisor (actors/supervisor.hpp): the run's plan (its samplers and evaluators, as caf::actor),
-// answered with the run's summary (JSON) when it ends; scored samples and telemetry to record;
-// through the gate, a sampler (sampler_atom, actor, id), the learner node's learner and selector
-// (learner_atom, learner, selector, node) and an evaluator (actor, id) that joined; an interrupt
-// and why; its own deadlines (tick_atom: the learner's, the n-th sampler's, the listed evaluator
-// nodes', the n-th evaluator's); telemetry. The gate holds it as caf::actor (in `launch serve` the
-// service stands where the supervisor does).
+// answered with the run's summary (JSON) when it ends; scored samples and telemetry to record; the
+// peers that joined, through the gate; an interrupt and why; its own deadlines (tick_atom: the
+// learner's, the n-th sampler's, the listed evaluator nodes', the n-th evaluator's); telemetry.
 using supervisor_actor = score_recorder::extend<
-    caf::reacts_to<record_atom, Telemetry>,
     caf::replies_to<plan_atom, std::vector<caf::actor>, std::vector<caf::actor>>::with<std::string>,
-    caf::reacts_to<register_atom, sampler_atom, caf::actor, std::string>,
-    caf::reacts_to<register_atom, learner_atom, caf::actor, caf::actor, std::string>,
-    caf::reacts_to<register_atom, caf::actor, std::string>, caf::reacts_to<interrupt_atom, std::string>,
-    caf::reacts_to<tick_atom, learner_atom>, caf::reacts_to<tick_atom, sampler_atom, uint64_t>,
-    caf::reacts_to<tick_atom, plan_atom>, caf::reacts_to<tick_atom, uint64_t>>::extend_with<telemetry_source>;
+    caf::reacts_to<interrupt_atom, std::string>, caf::reacts_to<tick_atom, learner_atom>,
+    caf::reacts_to<tick_atom, sampler_atom, uint64_t>, caf::reacts_to<tick_atom, plan_atom>,
+    caf::reacts_to<tick_atom, uint64_t>>::extend_with<telemetry_source, telemetry_recorder, join_listener>;
+
+// `launch serve`'s front (actors/service.hpp), a CAF broker on the service's TCP port: the
+// network's events (a connection, its bytes, its close; the listening socket's close); bind and
+// answer the port (listen_atom); close a refused connection once its answer is read (linger_atom,
+// its handle and serial); stop taking requests (finish_atom); a stored verdict to answer (from the
+// recorder: sample id, HTTP status, body, verdict, speedup); its own timer; telemetry; and, where
+// the supervisor stands in a run, the peers that joined through the gate.
+using service_front_actor = join_listener::extend<
+    caf::reacts_to<caf::io::new_connection_msg>, caf::reacts_to<caf::io::new_data_msg>,
+    caf::reacts_to<caf::io::connection_closed_msg>, caf::reacts_to<caf::io::acceptor_closed_msg>,
+    caf::replies_to<listen_atom>::with<uint16_t>, caf::reacts_to<linger_atom, caf::io::connection_handle, uint64_t>,
+    caf::reacts_to<finish_atom>, caf::reacts_to<record_atom, std::string, int, std::string, std::string, double>,
+    caf::reacts_to<tick_atom>>::extend_with<telemetry_source>;
 
 // Typed handles as they travel in messages (caf::actor), and back on arrival.
 template <class Handle>

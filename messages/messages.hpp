@@ -392,6 +392,10 @@ using learner_atom = caf::atom_constant<caf::atom("learner")>;
 // (register_atom, monitor_atom, monitor) -> bool (the gate registers every telemetry source with
 // it and forwards `launch monitor HOST:PORT` and the run's final snapshot to it).
 using monitor_atom = caf::atom_constant<caf::atom("monitor")>;
+// `launch serve`'s front, to itself or from its caller: (listen_atom) -> port (bind and answer the
+// port); (linger_atom, connection, serial) (close a refused connection once its answer is read).
+using listen_atom = caf::atom_constant<caf::atom("listen")>;
+using linger_atom = caf::atom_constant<caf::atom("linger")>;
 
 // The text of an error for people: the message a peer or an actor put in it (e.g. the gate's
 // "refused by the head: ..."), else CAF's rendering of it.

@@ -134,7 +134,7 @@ std::optional<RunActors> spawn_run(caf::actor_system& sys, const Config& cfg, Ru
     ga.recorder = caf::actor_cast<caf::actor>(run.supervisor);  // it travels to the monitor node untyped
     for (auto& w : watched) ga.sources.emplace_back(caf::actor_cast<caf::actor>(w), "head");  // they travel untyped
   }
-  run.gate = spawn_gate(sys, ga, run.dispatcher, caf::actor_cast<caf::actor>(run.supervisor), run.monitor);
+  run.gate = spawn_gate(sys, ga, run.dispatcher, run.supervisor, run.monitor);
   auto bound = publish_gate(run.gate, head.port, head.host);
   if (!bound) {
     lg->error("cannot listen on {}:{}: {}", head.host, head.port, sys.render(bound.error()));

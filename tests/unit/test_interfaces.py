@@ -5,20 +5,26 @@ static assertion). Each program is checked with the product's compiler and C++ s
 CXX_FLAGS, given by tests/CMakeLists.txt; CAF and msgpack from the system's include path), syntax
 only."""
 
+import concurrent.futures
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-HEAD = """#include "messages/interfaces.hpp"
+PRE = """#include "messages/interfaces.hpp"
 #include <caf/all.hpp>
+"""
+
+HEAD = """#include "pre.hpp"
 using namespace kernelrl;
 void f(caf::event_based_actor* self, reward_actor reward, selector_actor selector, evaluator_actor evaluator,
        dispatcher_actor dispatcher, rollout_sink sink, sampler_actor sampler, learner_actor learner,
-       monitor_actor monitor, gate_actor gate, supervisor_actor supervisor, service_recorder_actor service) {
+       monitor_actor monitor, gate_actor gate, supervisor_actor supervisor, service_recorder_actor service,
+       service_front_actor front) {
 """
 
 RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
@@ -73,6 +79,14 @@ RIGHT = """  self->send(reward, score_atom::value, Rollout{}, EvalResult{});
   scores = service;  // under `launch serve`, its recorder
   self->send(service, register_atom::value, caf::actor{});
   self->request(service, caf::infinite, finish_atom::value, std::string("{}")).then([](bool) {});
+  self->request(front, caf::infinite, listen_atom::value).then([](uint16_t) {});
+  self->send(front, record_atom::value, std::string("t#1.0"), 200, std::string("{}"), std::string("ok"), 1.5);
+  self->send(front, finish_atom::value);
+  self->send(front, linger_atom::value, caf::io::connection_handle{}, uint64_t(7));
+  sources.push_back(front);
+  join_listener joined = supervisor;  // where the gate tells of joined peers: the supervisor, or the front
+  joined = front;
+  self->send(joined, register_atom::value, learner_atom::value, caf::actor{}, caf::actor{}, std::string("b"));
   final_snapshot last = monitor;
   last = gate;
   self->request(last, caf::infinite, finish_atom::value).then([](bool) {});
@@ -117,31 +131,62 @@ WRONG = {
     "a verdict sent to the supervisor unscored": "  self->send(supervisor, record_atom::value, EvalResult{});\n}\n",
     "an interrupt without why": "  self->send(supervisor, interrupt_atom::value);\n}\n",
     "the service's end without its summary": "  self->send(service, finish_atom::value);\n}\n",
+    "a verdict to the front without its speedup": "  self->send(front, record_atom::value, std::string(\"t#1.0\"), 200, "
+                                                   "std::string(\"{}\"), std::string(\"ok\"));\n}\n",
+    "a typed recorder registered with the gate's listener": "  join_listener j = front;\n"
+                                                            "  self->send(j, register_atom::value, service);\n}\n",
     "a verdict read as a rollout": "  self->request(evaluator, caf::infinite, eval_atom::value, EvalRequest{})"
                                    ".then([](Rollout&) {});\n}\n",
 }
 
 
-def compile_snippet(body):
-    cxx = os.environ.get("CXX", "c++")
-    flags = shlex.split(os.environ.get("CXX_FLAGS", f"-std=c++20 -I{ROOT}"))
-    with tempfile.NamedTemporaryFile("w", suffix=".cpp", delete=False) as f:
-        f.write(HEAD + body)
-    try:
-        return subprocess.run([cxx, *flags, "-fsyntax-only", f.name], capture_output=True, text=True, timeout=300)
-    finally:
-        os.unlink(f.name)
+class Compiler:
+    """The product's compiler (CXX, CXX_FLAGS) on snippets after HEAD, syntax only; the headers
+    every snippet includes (PRE) compiled once into a precompiled header beside them, which the
+    compiler takes in their place (where it cannot, it reads the headers: the same verdicts)."""
+
+    def __init__(self):
+        self.cxx = os.environ.get("CXX", "c++")
+        self.flags = shlex.split(os.environ.get("CXX_FLAGS", f"-std=c++20 -I{ROOT}"))
+        self.dir = tempfile.mkdtemp(prefix="kernelrl-interfaces-")
+        pre = os.path.join(self.dir, "pre.hpp")
+        with open(pre, "w") as f:
+            f.write(PRE)
+        self.pch = subprocess.run([self.cxx, *self.flags, "-x", "c++-header", pre, "-o", pre + ".gch"],
+                                  capture_output=True, text=True, timeout=300)
+
+    def __call__(self, body):
+        fd, path = tempfile.mkstemp(suffix=".cpp", dir=self.dir)
+        with os.fdopen(fd, "w") as f:
+            f.write(HEAD + body)
+        try:
+            return subprocess.run([self.cxx, f"-I{self.dir}", *self.flags, "-fsyntax-only", path],
+                                  capture_output=True, text=True, timeout=300)
+        finally:
+            os.unlink(path)
+
+    def close(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class TypedInterfacesTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.compile = Compiler()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.compile.close()
+
     def test_messages_the_interfaces_list_compile(self):
-        p = compile_snippet(RIGHT)
+        p = self.compile(RIGHT)
         self.assertEqual(p.returncode, 0, p.stderr[-3000:])
 
     def test_messages_they_do_not_list_are_refused_by_the_compiler(self):
-        for what, body in WRONG.items():
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            results = dict(zip(WRONG, pool.map(self.compile, WRONG.values())))
+        for what, p in results.items():
             with self.subTest(what):
-                p = compile_snippet(body)
                 self.assertNotEqual(p.returncode, 0, f"{what}: compiled")
                 self.assertRegex(p.stderr, r"static.assert(ion)? failed", f"{what}: failed for another reason")
 
