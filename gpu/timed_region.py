@@ -180,6 +180,7 @@ def ordering_check(h, task, seed, n, run_candidate, timer, corr):
 
 
 SIDE_WORK_CALLS = 3
+SIDE_WORK_RECHECK_CALLS = 12
 SIDE_WORK_MIN_MS = 0.05
 SIDE_WORK_FRACTION = 0.1
 
@@ -189,13 +190,16 @@ def side_stream_check(h, task, seed, run_candidate, timer):
     unfinished output. Two checks on calls of the candidate's forward:
     - its output read (an exact digest of every bit) once the caller's stream is done, and
       again once the whole device is done: any difference means it was still being written;
-    - how long the device stays busy after the caller's stream is done (an event after
-      forward on the current stream; the host waits for it, synchronizes the device, records
-      another): when even the shortest of SIDE_WORK_CALLS calls exceeds the host's wake-up
-      after a wait as long (Timer's busy tail) by max(SIDE_WORK_MIN_MS, SIDE_WORK_FRACTION of
-      the forward's own time), work was left running on another stream. This one sees what
-      the first cannot: hidden work that fills the GPU keeps a kernel that reads the output
-      from starting until the work is nearly done."""
+    - how long the device stays busy after the caller's stream is done (side_work): when even
+      the shortest of SIDE_WORK_CALLS calls exceeds the host's wake-up after a wait as long
+      (Timer's busy tail) by max(SIDE_WORK_MIN_MS, SIDE_WORK_FRACTION of the forward's own
+      time), work was left running on another stream. This one sees what the first cannot:
+      hidden work that fills the GPU keeps a kernel that reads the output from starting until
+      the work is nearly done. A first measurement over the limit is taken again, over
+      SIDE_WORK_RECHECK_CALLS calls against the host's wake-up measured anew, and the second
+      one stands: hidden work is there in every call, a host that woke late for a moment is
+      not (seen on the lent H100: an honest 0.66 ms forward's three calls 0.079 ms over a
+      0.066 ms limit, with an idle CUDA process beside it)."""
     with h._harness_step("generating inputs"):
         inputs = h._inputs(task, seed * 1000 + 555)
     out = run_candidate(inputs, sync=False)
@@ -208,8 +212,26 @@ def side_stream_check(h, task, seed, run_candidate, timer):
     if early != late:
         raise Verdict("hacked", "the candidate's output was still being written on another CUDA stream "
                                 "after forward returned (work hidden from the caller's stream)")
+    hidden, own_ms, limit = side_work(h, inputs, run_candidate, timer, SIDE_WORK_CALLS)
+    if hidden <= limit:
+        return
+    first = hidden
+    hidden, own_ms, limit = side_work(h, inputs, run_candidate, timer, SIDE_WORK_RECHECK_CALLS)
+    if hidden > limit:
+        raise Verdict("hacked", f"the candidate left work running on another CUDA stream after forward "
+                                f"returned: the device stayed busy {hidden:.3f} ms after the caller's "
+                                f"stream was done, in each of {SIDE_WORK_RECHECK_CALLS} calls (its own "
+                                f"stream's work took {own_ms:.3f} ms; {first:.3f} ms in each of the first "
+                                f"{SIDE_WORK_CALLS})")
+
+
+def side_work(h, inputs, run_candidate, timer, calls):
+    """How long the device stayed busy after the caller's stream was done, beyond the host's
+    wake-up, in the shortest of `calls` calls of forward (an event after forward on the
+    current stream; the host waits for it, synchronizes the device, records another). Returns
+    (that excess, the forward's own median time, the excess allowed), in ms."""
     own, tails = [], []
-    for _ in range(SIDE_WORK_CALLS):
+    for _ in range(calls):
         start, end, after = (_Event(enable_timing=True) for _ in range(3))
         _cuda_sync(h.device)
         start.record(timer.stream)
@@ -224,8 +246,4 @@ def side_stream_check(h, task, seed, run_candidate, timer):
         del out
     own_ms = statistics.median(own)
     hidden = min(tails) - timer.busy_tail(own_ms)
-    if hidden > max(SIDE_WORK_MIN_MS, SIDE_WORK_FRACTION * own_ms):
-        raise Verdict("hacked", f"the candidate left work running on another CUDA stream after forward "
-                                f"returned: the device stayed busy {hidden:.3f} ms after the caller's "
-                                f"stream was done, in each of {SIDE_WORK_CALLS} calls (its own stream's "
-                                f"work took {own_ms:.3f} ms)")
+    return hidden, own_ms, max(SIDE_WORK_MIN_MS, SIDE_WORK_FRACTION * own_ms)
