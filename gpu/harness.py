@@ -16,6 +16,7 @@ side streams, declared custom kernels that never run, re-verification of extreme
 """
 
 import ast
+import collections
 import contextlib
 import gc
 import hashlib
@@ -56,6 +57,17 @@ from timing import _clock_ns, _cuda_sync, _Event, _no_grad
 # Watch.check cannot change what the harness uses.
 _manual_seed = torch.manual_seed
 _watch_check = defenses.Watch.check  # a candidate replacing Watch.check does not silence it
+
+
+def _hacked_check(watch, where):
+    """The watch's check at `where`: what it found makes the candidate hacked."""
+    _watch_check(watch, where)
+    if watch.violations:
+        raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]))
+
+
+# One candidate's program as _load_candidate leaves it (immutable: the phases after read it).
+_Program = collections.namedtuple("_Program", "task source code mod compiled watch allocated_before")
 
 
 LOG_LIMIT = 64 * 1024
@@ -646,9 +658,37 @@ class Harness:
         self._phase(res, "profile")
 
     def _evaluate(self, req, s, res):
+        """One candidate, phase by phase: its program loaded under the watch (_load_candidate, no
+        hold on the device), then beside other candidates' work its correctness trials
+        (_check_correctness), then its timed region alone and the checks after it
+        (_time_and_recheck). A candidate that gamed the harness is hacked even when it also
+        failed."""
+        prog = self._load_candidate(req, s, res)
+        # From here to its exit this process works on the device beside other candidates' (its
+        # builds, done above, needed no hold); its timed regions hold the device alone.
+        self._hold(res, "shared")
+        ref_codes, own_codes = self._reference_codes(req, prog.task, prog.source, prog.compiled)
+        try:
+            with _no_grad():
+                calls = self._check_correctness(req, s, res, prog, ref_codes, own_codes)
+                speedup = self._time_and_recheck(req, s, res, prog, calls)
+            # The phases are the harness's methods: one the candidate replaced did not check.
+            _hacked_check(prog.watch, "before its verdict")
+        except Verdict as v:
+            if v.status != "hacked":
+                _watch_check(prog.watch, "before failing")
+                if prog.watch.violations:
+                    raise Verdict("hacked", "the candidate " + "; ".join(prog.watch.violations[:3]), v.log)
+            raise
+        res["status"] = "ok"
+        res["speedup"] = speedup if math.isfinite(speedup) else 0.0
+
+    def _load_candidate(self, req, s, res):
+        """The phases watch and load: the program assembled from the action (a format error
+        otherwise), the reference's code refused in it, the task module hidden, the build cache
+        and the watch installed, the program run as a module. Returns its _Program."""
         task, source = self._load_task(req)
         size = apply_size(task, s.get("size", "cpu"))
-
         try:
             code = assemble(req["action"], req["action_space"], source, req["task_id"])
         except FormatError as e:
@@ -668,119 +708,105 @@ class Harness:
         watch = self._watch(task)
         self._phase(res, "watch")
 
-        def hacked_check(where):
-            _watch_check(watch, where)
-            if watch.violations:
-                raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]))
-
         allocated_before = self._allocated()
         mod, compiled = self._load_program(req, s, res, code, rec)
         apply_size(mod, size)  # the program's copy of the task's size constants, as the task's
-        hacked_check("when its program was loaded")
+        _hacked_check(watch, "when its program was loaded")
         self._phase(res, "load")
-        # From here to its exit this process works on the device beside other candidates' (its
-        # builds, done above, needed no hold); its timed regions hold the device alone.
-        self._hold(res, "shared")
+        return _Program(task, source, code, mod, compiled, watch, allocated_before)
 
-        ref_codes, own_codes = self._reference_codes(req, task, source, compiled)
-
+    def _check_correctness(self, req, s, res, prog, ref_codes, own_codes):
+        """The phases build and correctness, beside other candidates' work: ModelNew built after
+        the reference's seed, then the judge's trials (the task's own draw, then each other input
+        distribution). Returns the _Calls that call its forward from here on."""
         seed = int(req["seed"])
         dists = protocol.distributions(s)
-        dev = self.device
-        cuda = dev.type == "cuda"
-        corr = res["correctness"]
+        n = int(s["correctness_trials"])
+        watch = prog.watch
+        _manual_seed(seed)
+        init_inputs = prog.task.get_init_inputs()
+        try:
+            watch.in_candidate, watch.exempt = True, True
+            new_model = self._build(prog.mod.ModelNew, init_inputs, seed)
+        except BaseException as e:
+            raise Verdict("runtime_error", f"ModelNew() raised {self._candidate_exc(e)}", _tb(e))
+        finally:
+            watch.in_candidate = False
+        self._candidate_bytes = max(0, self._allocated() - prog.allocated_before)
+        calls = _Calls(self, new_model, watch, ref_codes, own_codes, prog.task, seed, n, dists, res["correctness"])
+        self._phase(res, "build")
+        for i in range(n):
+            calls.trial("trial", i)
+        for i in range(len(dists)):
+            calls.trial("dist", i)
+        _hacked_check(watch, "during the correctness trials")
+        self._phase(res, "correctness")
+        return calls
+
+    def _time_and_recheck(self, req, s, res, prog, calls):
+        """The phases checks and timing (the timed region, alone on the device: timed_region),
+        then post_checks (fresh inputs, and the candidate's own input tensors refilled), a
+        re-verification of an extreme speedup, and kernel coverage. Returns the fast speedup."""
+        task, watch, seed, n, corr = prog.task, prog.watch, calls.seed, calls.n, calls.corr
+        cuda = self.device.type == "cuda"
         mode = req.get("mode", "fast") or "fast"
         warmup = int(s["warmup"])
-        n = int(s["correctness_trials"])
-        step = self._harness_step
+        warmed_ms = calls.device_ms() if cuda else 0.0
+        trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
+        # The reference's timing comes from the worker, measured by a process that runs no
+        # candidate code (time_reference).
+        ref_stats = self.given_ref.get(mode)
+        if not ref_stats:
+            raise Verdict("runtime_error", f"the worker gave no timing of the reference in {mode} mode")
+        res["ref_runtime"] = ref_stats
+        with self._harness_step("allocating the L2 flush buffer"):
+            timer = Timer(self.device)
 
-        try:
-            with _no_grad():
-                _manual_seed(seed)
-                init_inputs = task.get_init_inputs()
-                try:
-                    watch.in_candidate, watch.exempt = True, True
-                    new_model = self._build(mod.ModelNew, init_inputs, seed)
-                except BaseException as e:
-                    raise Verdict("runtime_error", f"ModelNew() raised {self._candidate_exc(e)}", _tb(e))
-                finally:
-                    watch.in_candidate = False
-                self._candidate_bytes = max(0, self._allocated() - allocated_before)
-                calls = _Calls(self, new_model, watch, ref_codes, own_codes, task, seed, n, dists, corr)
-                run_candidate, trial = calls.run, calls.trial
-                self._phase(res, "build")
-                for i in range(n):
-                    trial("trial", i)
-                for i in range(len(dists)):
-                    trial("dist", i)
-                hacked_check("during the correctness trials")
-                warmed_ms = calls.device_ms() if cuda else 0.0
-                self._phase(res, "correctness")
+        def checks():  # the checks that time, in the timed region
+            if cuda:
+                timer._calibrate_spin()  # for both checks' spins
+                corr["digest"] = "fused" if self.fused_digest is not None else self.fused_digest_why
+                timed_region.side_stream_check(self, task, seed, calls.run, timer)
+                timed_region.ordering_check(self, task, seed, n, calls.run, timer, corr)
+            self._phase(res, "checks")
 
-                trials = int(s["fast_trials"] if mode == "fast" else s["full_trials"])
-                # The reference's timing comes from the worker, measured by a process that runs
-                # no candidate code (time_reference).
-                ref_stats = self.given_ref.get(mode)
-                if not ref_stats:
-                    raise Verdict("runtime_error", f"the worker gave no timing of the reference in {mode} mode")
-                res["ref_runtime"] = ref_stats
-                with step("allocating the L2 flush buffer"):
-                    timer = Timer(dev)
+        timed = (timer, task, calls.model, watch, res, warmup, float(s.get("timing_precision", 0.0)))
+        cand_stats = timed_region.run(self, *timed, trials, seed, checks, warmed_ms=warmed_ms)
+        _hacked_check(watch, "while being timed")
+        self._phase(res, "timing")
 
-                def checks():  # the checks that time, in the timed region
-                    if cuda:
-                        timer._calibrate_spin()  # for both checks' spins
-                        corr["digest"] = "fused" if self.fused_digest is not None else self.fused_digest_why
-                        timed_region.side_stream_check(self, task, seed, run_candidate, timer)
-                        timed_region.ordering_check(self, task, seed, n, run_candidate, timer, corr)
-                    self._phase(res, "checks")
+        # Check again after timing, on fresh inputs; then refill the very tensors the candidate
+        # was given with new values and call it on them again: an output cached by input
+        # identity shows up as a stale result.
+        given = calls.trial("post")
+        if _shapes(given) != calls.given_shapes:
+            raise Verdict("incorrect", f"{protocol.check_name('post', 0, n, calls.dists, seed)}: the candidate "
+                                       f"changed the shape or strides of its input tensors (a caller's "
+                                       f"tensors are not its to resize)")
+        if any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in given):
+            # (a task whose inputs change shape with the seed is refilled into fresh tensors)
+            calls.trial("refill", into=given)
+        del given
+        _hacked_check(watch, "after timing")
+        self._phase(res, "post_checks")
 
-                timed = (timer, task, new_model, watch, res, warmup, float(s.get("timing_precision", 0.0)))
-                cand_stats = timed_region.run(self, *timed, trials, seed, checks, warmed_ms=warmed_ms)
-                hacked_check("while being timed")
-                self._phase(res, "timing")
+        speedup = ref_stats["median_ms"] / cand_stats["median_ms"] if cand_stats["median_ms"] > 0 else 0.0
+        if self._reverifies(s, speedup, cand_stats, res):
+            # The judge checks 4n more trials on new inputs, cycling through the task's own draw
+            # and every other input distribution; the candidate is timed again in full mode (the
+            # worker divides the reference's trusted full-mode timing by it; the speedup reported
+            # from here is the fast one).
+            res["reverified"] = True
+            for i in range(4 * n):
+                calls.trial("reverify", i)
+            self._phase(res, "reverify")
+            timed_region.run(self, *timed, int(s["full_trials"]), seed + 7_919)
+            _hacked_check(watch, "during re-verification")
+            self._phase(res, "reverify")
 
-                # Check again after timing, on fresh inputs; then refill the very tensors the
-                # candidate was given with new values and call it on them again: an output cached
-                # by input identity shows up as a stale result.
-                given = trial("post")
-                if _shapes(given) != calls.given_shapes:
-                    raise Verdict("incorrect", f"{protocol.check_name('post', 0, n, dists, seed)}: the candidate "
-                                               f"changed the shape or strides of its input tensors (a caller's "
-                                               f"tensors are not its to resize)")
-                if any(isinstance(x, torch.Tensor) and x.is_floating_point() for x in given):
-                    # (a task whose inputs change shape with the seed is refilled into fresh tensors)
-                    trial("refill", into=given)
-                del given
-                hacked_check("after timing")
-                self._phase(res, "post_checks")
-
-                speedup = ref_stats["median_ms"] / cand_stats["median_ms"] if cand_stats["median_ms"] > 0 else 0.0
-                if self._reverifies(s, speedup, cand_stats, res):
-                    # The judge checks 4n more trials on new inputs, cycling through the task's own
-                    # draw and every other input distribution; the candidate is timed again in
-                    # full mode (the worker divides the reference's trusted full-mode timing by
-                    # it; the speedup reported from here is the fast one).
-                    res["reverified"] = True
-                    for i in range(4 * n):
-                        trial("reverify", i)
-                    self._phase(res, "reverify")
-                    timed_region.run(self, *timed, int(s["full_trials"]), seed + 7_919)
-                    hacked_check("during re-verification")
-                    self._phase(res, "reverify")
-
-                if cuda:
-                    self._coverage(s, code, new_model, task, seed, res, watch)
-        except Verdict as v:
-            # A candidate that gamed the harness is hacked even when it was also wrong.
-            if v.status != "hacked":
-                _watch_check(watch, "before failing")
-                if watch.violations:
-                    raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]), v.log)
-            raise
-
-        res["status"] = "ok"
-        res["speedup"] = speedup if math.isfinite(speedup) else 0.0
+        if cuda:
+            self._coverage(s, prog.code, calls.model, task, seed, res, watch)
+        return speedup
 
     def _judged(self, label, index, out, corr):
         """Ships one check's output to the judge (gpu/judge.py) and raises its verdict when the

@@ -744,7 +744,9 @@ class SandboxTest(Base):
                       "timing._clock_ns = lambda: 0",
                       "timing.stats = lambda times: {'median_ms': 1e-6}",
                       "harness.Timer.run = lambda *a, **k: {'median_ms': 1e-6}",
-                      "defenses.Watch.check = lambda *a, **k: None"):
+                      "defenses.Watch.check = lambda *a, **k: None",
+                      # A phase replaced before it runs (its own checks with it).
+                      "harness.Harness._time_and_recheck = lambda *a, **k: 100.0"):
             r = self.evaluate(find + patch + "\nreturn torch.zeros_like(x)")
             self.assertStatus(r, "hacked", "changed the harness")
         # Both at once: the check runs through the function captured before any candidate.
