@@ -23,13 +23,8 @@
 // A cluster's run starts once every node listed with evaluators (evaluator_nodes) has registered
 // one, or join_wait_s after the plan came, naming the nodes still missing: a run does not begin
 // on the first node's evaluators while the others are still starting.
-// Its interface (messages/interfaces.hpp supervisor_actor):
-// Messages in:  (plan_atom, vector<actor> samplers, vector<actor> evaluators) -> std::string summary JSON;
-//               (record_atom, ScoredRollout); (record_atom, Telemetry) (kept in the store);
-//               (register_atom, actor, id) (a remote evaluator joined); (register_atom,
-//               sampler_atom, actor, id) (a remote sampler joined); (register_atom, learner_atom,
-//               actor learner, actor selector, node) (the learner node's); (stats_atom) -> Telemetry;
-//               down messages of the samplers and evaluators it watches
+// Its interface is messages/interfaces.hpp supervisor_actor (the plan, scored samples and
+// telemetry to record, the peers that joined, stats); it also watches its samplers and evaluators.
 #pragma once
 
 #include "experiment/experiment.hpp"

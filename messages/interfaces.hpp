@@ -114,8 +114,8 @@ using telemetry_recorder = caf::typed_actor<caf::reacts_to<record_atom, Telemetr
 
 // `launch serve`'s recorder (actors/service.hpp), the store's one writer: scored samples (each
 // answered to the front) and telemetry to record; the front to answer (as caf::actor, cast to
-// service_front_actor);
-// the service's summary at its end, answered once the run is closed in the store.
+// service_front_actor); the service's summary at its end, answered once the run is closed in the
+// store.
 using service_recorder_actor =
     score_recorder::extend<caf::reacts_to<register_atom, caf::actor>,
                            caf::replies_to<finish_atom, std::string>::with<bool>>::extend_with<telemetry_recorder>;

@@ -152,8 +152,8 @@ class Compiler:
         pre = os.path.join(self.dir, "pre.hpp")
         with open(pre, "w") as f:
             f.write(PRE)
-        self.pch = subprocess.run([self.cxx, *self.flags, "-x", "c++-header", pre, "-o", pre + ".gch"],
-                                  capture_output=True, text=True, timeout=300)
+        subprocess.run([self.cxx, *self.flags, "-x", "c++-header", pre, "-o", pre + ".gch"],
+                       capture_output=True, text=True, timeout=300)
 
     def __call__(self, body):
         fd, path = tempfile.mkstemp(suffix=".cpp", dir=self.dir)

@@ -379,6 +379,11 @@ TEST_CASE("the checkpoint selector keeps step 0, the newest and the best, and an
 }
 
 namespace {
+// The supervisor as the fakes see it: an untyped handle, as a peer on another node holds it.
+caf::actor untyped_supervisor(caf::actor_system& sys, SupervisorArgs args) {
+  return caf::actor_cast<caf::actor>(spawn_supervisor(sys, std::move(args)));
+}
+
 // Sampler, evaluators and reward in one: answers a SamplePlan by recording scored samples at the
 // supervisor. Its samples claim the version it was told to claim: `lie_once` makes the first
 // group of step 1 claim version 0 (a sampler that did not really switch weights).
@@ -430,7 +435,7 @@ struct ScriptedRun {
   nlohmann::json run(bool lie) {
     auto learner = scripted_learner(s, tmp, engine, 300);
     sa.learner = learner;
-    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
+    auto sup = untyped_supervisor(*s.sys, sa);
     auto pipe = s.sys->spawn(fake_pipeline, sup, lie);
     caf::scoped_actor self{*s.sys};
     nlohmann::json j;
@@ -505,7 +510,7 @@ TEST_CASE("an eval run whose sampler of every task goes away ends with an error,
   System s;
   TempDir tmp;
   SupervisorArgs sa = eval_of_two_tasks(tmp);
-  auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
+  auto sup = untyped_supervisor(*s.sys, sa);
   // The first sampler takes the plan of every task, answers, and dies before any sample arrives;
   // the second sampler and the evaluator idle.
   auto dying = s.sys->spawn([](caf::event_based_actor* self) -> caf::behavior {
@@ -539,7 +544,7 @@ TEST_CASE("a cluster run with no sampler of its own waits for one to join, or en
   auto idle = [](caf::event_based_actor*) -> caf::behavior { return {[](stats_atom) { return uint64_t(0); }}; };
   caf::scoped_actor self{*s.sys};
   SECTION("nobody joins") {
-    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
+    auto sup = untyped_supervisor(*s.sys, sa);
     auto evaluator = s.sys->spawn(idle);
     nlohmann::json j;
     self->request(sup, std::chrono::seconds(20), plan_atom::value, std::vector<caf::actor>{},
@@ -553,7 +558,7 @@ TEST_CASE("a cluster run with no sampler of its own waits for one to join, or en
   }
   SECTION("a sampler joins (through the gate) and samples every task") {
     sa.join_wait_s = 30;
-    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
+    auto sup = untyped_supervisor(*s.sys, sa);
     auto evaluator = s.sys->spawn(idle);
     // It answers the plan and stores both tasks' samples, as the dispatcher and reward would.
     auto joiner = s.sys->spawn([sup](caf::event_based_actor* self) -> caf::behavior {
@@ -608,7 +613,7 @@ TEST_CASE("a cluster run starts once every listed evaluator node has joined or j
   };
   SECTION("both join: the run starts with the last") {
     sa.join_wait_s = 30;
-    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
+    auto sup = untyped_supervisor(*s.sys, sa);
     auto local = s.sys->spawn(idle), gen = s.sys->spawn(idle), spare = s.sys->spawn(idle);
     auto sampler = sampler_of(sup);
     auto h = self->request(sup, std::chrono::seconds(20), plan_atom::value, std::vector<caf::actor>{sampler},
@@ -629,7 +634,7 @@ TEST_CASE("a cluster run starts once every listed evaluator node has joined or j
   }
   SECTION("one never joins: the run starts join_wait_s after the plan, with the evaluators it has") {
     sa.join_wait_s = 0.4;
-    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*s.sys, sa));  // (handled as the fakes see it)
+    auto sup = untyped_supervisor(*s.sys, sa);
     auto local = s.sys->spawn(idle), gen = s.sys->spawn(idle);
     auto sampler = sampler_of(sup);
     const auto t0 = std::chrono::steady_clock::now();
@@ -660,7 +665,7 @@ TEST_CASE("a learning run whose learner is on another node starts once it joins 
     return j;
   };
   SECTION("it joins after the plan: the run waits, then learns every step") {
-    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*r.s.sys, r.sa));  // (handled as the fakes see it)
+    auto sup = untyped_supervisor(*r.s.sys, r.sa);
     auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
     auto learner = scripted_learner(r.s, r.tmp, r.engine, 300);
     auto j = run(sup, pipe, [&] {
@@ -677,7 +682,7 @@ TEST_CASE("a learning run whose learner is on another node starts once it joins 
   }
   SECTION("it never joins: the run ends after join_wait_s, saying how to start it") {
     r.sa.join_wait_s = 0.3;
-    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*r.s.sys, r.sa));  // (handled as the fakes see it)
+    auto sup = untyped_supervisor(*r.s.sys, r.sa);
     auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
     auto j = run(sup, pipe, [] {});
     INFO(j.dump());
@@ -689,7 +694,7 @@ TEST_CASE("a learning run whose learner is on another node starts once it joins 
   }
   SECTION("it dies mid-run: the run ends naming its last checkpoint and --resume") {
     r.sa.experiment.steps = 100000;
-    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*r.s.sys, r.sa));  // (handled as the fakes see it)
+    auto sup = untyped_supervisor(*r.s.sys, r.sa);
     auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
     auto learner = scripted_learner(r.s, r.tmp, r.engine, 300);
     auto j = run(sup, pipe, [&] {
@@ -712,7 +717,7 @@ TEST_CASE("a learning run whose learner is on another node starts once it joins 
     r.sa.learner_node.clear();
     auto learner = scripted_learner(r.s, r.tmp, r.engine, 300);
     r.sa.learner = learner;
-    auto sup = caf::actor_cast<caf::actor>(spawn_supervisor(*r.s.sys, r.sa));  // (handled as the fakes see it)
+    auto sup = untyped_supervisor(*r.s.sys, r.sa);
     auto pipe = r.s.sys->spawn(fake_pipeline, sup, false);
     auto other = r.s.sys->spawn(fake_pipeline, sup, false);  // would answer nothing a learner is asked
     self->send(sup, register_atom::value, learner_atom::value, other, caf::actor{}, std::string("trainer"));
