@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -968,12 +969,17 @@ class NeighbourTest(Base):
             self.skipTest("candidates share the user's uid and no control group counts their processes")
         self.assertStatus(self.evaluate(GOOD), "ok")  # this worker's next process is started now
         before = self.tasks_on_machine()
+        # The bomb's worker takes its device lock in a folder of its own: the neighbours' timed
+        # regions need not wait the 100 s it sleeps holding the CPU shared (what is tested is
+        # processes, not the lock).
+        locks = tempfile.mkdtemp(prefix="kernelrl-bomb-locks-")
+        self.addCleanup(shutil.rmtree, locks, True)
         script = ("import json, os, sys\nsys.path.insert(0, %r)\nfrom worker import ForkServer\n"
-                  "s = ForkServer('cpu', 1, %r, tmp_root=%r)\n"
+                  "s = ForkServer('cpu', 1, %r, tmp_root=%r, lock_dir=%r)\n"
                   "r = s.evaluate({'sample_id': 'bomb', 'task_id': '06_swish', 'task_path': %r, 'action': %r,"
                   " 'action_space': 'forward_body', 'mode': 'fast', 'seed': 1}, json.loads(sys.argv[1]))\n"
                   "print(r['status'])\ns.close()\n") % (
-                      os.path.join(ROOT, "gpu"), self.cache, self.tmp_root, SWISH, self.BOMB)
+                      os.path.join(ROOT, "gpu"), self.cache, self.tmp_root, locks, SWISH, self.BOMB)
         bomb = subprocess.Popen([sys.executable, "-c", script, json.dumps({**SETTINGS, "timeout_s": 120})],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
