@@ -59,11 +59,12 @@ _manual_seed = torch.manual_seed
 _watch_check = defenses.Watch.check  # a candidate replacing Watch.check does not silence it
 
 
-def _hacked_check(watch, where):
-    """The watch's check at `where`: what it found makes the candidate hacked."""
+def _hacked_check(watch, where, log=""):
+    """The watch's check at `where`: what it found makes the candidate hacked (with `log`, the
+    log of the verdict it replaces)."""
     _watch_check(watch, where)
     if watch.violations:
-        raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]))
+        raise Verdict("hacked", "the candidate " + "; ".join(watch.violations[:3]), log)
 
 
 # One candidate's program as _load_candidate leaves it (immutable: the phases after read it).
@@ -676,9 +677,7 @@ class Harness:
             _hacked_check(prog.watch, "before its verdict")
         except Verdict as v:
             if v.status != "hacked":
-                _watch_check(prog.watch, "before failing")
-                if prog.watch.violations:
-                    raise Verdict("hacked", "the candidate " + "; ".join(prog.watch.violations[:3]), v.log)
+                _hacked_check(prog.watch, "before failing", v.log)
             raise
         res["status"] = "ok"
         res["speedup"] = speedup if math.isfinite(speedup) else 0.0
