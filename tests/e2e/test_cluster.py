@@ -73,7 +73,11 @@ roles = ["supervisor", "sampler", "monitor"]
 def write_config(d, port):
     path = os.path.join(d, "cluster.toml")
     with open(path, "w") as f:
-        f.write(cluster_head(d, port, peer_timeout_s=3.0) + f"""
+        # A node is taken as gone after 10 s of silence. The tests here kill nodes (their connections
+        # close at once) and never stop one; with 3 s, a node stalled a few seconds beside another
+        # test (CI runs two at once on two cores) would be dropped and stop for good, which fits the
+        # CI run where node b never evaluated. MembershipTest covers silence.
+        f.write(cluster_head(d, port, peer_timeout_s=10.0) + f"""
 [[node]]
 name = "a"
 roles = ["evaluator"]
@@ -121,13 +125,19 @@ def start_launch(cfg, log, *args, env=None):
                             start_new_session=True)
 
 
-def wait_for(cond, timeout, what):
+def wait_for(cond, timeout, what, logs=None):
+    """Polls cond until it holds; a timeout names what it waited for and shows the tail of each log in
+    logs (name -> open file), so a failure in CI says what the processes were doing."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if cond():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    tails = ""
+    for name, f in (logs or {}).items():  # read through a file of its own: f shares its offset with the child
+        with open(f.name, errors="replace") as g:
+            tails += f"\n--- {name}.log (last 40 lines) ---\n" + "".join(g.readlines()[-40:])
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}{tails}")
 
 
 class ClusterTest(unittest.TestCase):
@@ -163,7 +173,7 @@ class ClusterTest(unittest.TestCase):
                 procs.append(head)
                 a = start("a", "--node", "a")
                 procs.append(a)
-                wait_for(lambda: recorded(store) >= 8, 240, "8 samples recorded with node a")
+                wait_for(lambda: recorded(store) >= 8, 240, "8 samples recorded with node a", logs)
 
                 # A stranger with the wrong secret: refused, exit 2, the run goes on.
                 bad_env = dict(os.environ, KERNELRL_CLUSTER_SECRET="wrong-" + "x" * 20)
@@ -180,7 +190,7 @@ class ClusterTest(unittest.TestCase):
                 b = start("b", "--node", "b")
                 procs.append(b)
                 wait_for(lambda: recorded(store, "evaluator_id = 'b/cpu-0'") >= 3, 240,
-                         "node b, which joined mid-run, to evaluate 3 samples")
+                         "node b, which joined mid-run, to evaluate 3 samples", logs)
 
                 # Node a dies like a machine: its whole process group, SIGKILL.
                 os.killpg(a.pid, signal.SIGKILL)
