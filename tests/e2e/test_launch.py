@@ -662,12 +662,15 @@ class StopAndRunDirTest(unittest.TestCase):
     a run is not started again."""
 
     def slow_replay(self, d):
-        # Candidates that each take a few seconds: the run is surely mid-way when the signal comes.
+        # Candidates that each take a few seconds (a sleep in their first call only: one in every call
+        # made each a 30 s timeout, and the test waited 40 s for the first verdict): the run is surely
+        # mid-way when the signal comes.
         path = os.path.join(d, "slow.jsonl")
         with open(path, "w") as f:
             for i in range(12):
-                f.write(json.dumps({"task_id": "06_swish", "completion": f"import time\ntime.sleep(2)  # {i}\n"
-                                                                         "return torch.nn.functional.silu(x)"}) + "\n")
+                body = (f"import time\nglobal _slept\nif '_slept' not in globals():\n    _slept = True\n"
+                        f"    time.sleep(3)  # {i}\nreturn torch.nn.functional.silu(x)")
+                f.write(json.dumps({"task_id": "06_swish", "completion": body}) + "\n")
         cfg = write_config(d, path, timeout_s=30)
         with open(cfg) as f:
             text = f.read().replace(f'dir = "{TASKS}"', f'dir = "{TASKS}"\nids = ["06_swish"]')
