@@ -25,11 +25,11 @@ import types
 
 T0 = time.monotonic()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "gpu"))
+sys.path.insert(0, ROOT)  # for the gpu package
 
 import torch  # noqa: E402
 
-from scaffold import assemble  # noqa: E402
+from gpu.scaffold import assemble  # noqa: E402
 
 CORRECTNESS_TRIALS, WARMUP = 5, 3
 TOL = {torch.float32: 1e-4, torch.float64: 1e-4}  # fp16/bf16: 1e-2, as the evaluator

@@ -35,7 +35,7 @@ WORK = {
               "    torch.cuda.synchronize()\n"
               "    del x\n"
               "    torch.cuda.empty_cache()\n"),
-    "devshare": ("import os, devshare\n"
+    "devshare": ("import os\nfrom gpu import devshare\n"
                  "for _ in range({reps}):\n"
                  "    s = devshare.Shared.create(256 << 20, {dev})\n"
                  "    fd = s.export()\n"
@@ -50,7 +50,7 @@ WORK = {
 
 def child(what, dev, reps):
     body = WORK[what].format(reps=reps, dev=dev)
-    return START.format(gpu=os.path.join(ROOT, "gpu"), dev=dev) + ("" if what == "context" else WARM) + body + \
+    return START.format(gpu=ROOT, dev=dev) + ("" if what == "context" else WARM) + body + \
         "print(time.monotonic() - t)\n"
 
 

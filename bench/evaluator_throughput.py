@@ -365,9 +365,8 @@ def phase_breakdown(args, cands, action_space="forward_body", size=None, tag="ph
     precision = args.timing_precision
     if precision is None:  # (kernelbench_parity's default: the config's, 0.005 in core/config.hpp)
         precision = 0.005
-    sys.path.insert(0, os.path.abspath(gpu_dir) if gpu_dir else os.path.join(ROOT, "gpu"))
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    from worker import ForkServer
+    ForkServer = gpu_package(gpu_dir).ForkServer
     if size is None:
         size = "gpu" if args.device.startswith("cuda") else "cpu"
     settings = {"correctness_trials": 5, "warmup": 2, "fast_trials": 5, "full_trials": 50,
@@ -462,13 +461,32 @@ def inline_variants(work, k):
     return paths
 
 
+def gpu_package(gpu_dir):
+    """The worker module of this tree's gpu package, or of the gpu/ folder gpu_dir (another tree's,
+    for a comparison: a package, imported as `gpu` from there, or an older tree's flat modules)."""
+    import importlib
+    import importlib.util
+    if not gpu_dir:
+        sys.path.insert(0, ROOT)
+        return importlib.import_module("gpu.worker")
+    gpu_dir = os.path.abspath(gpu_dir)
+    if not os.path.exists(os.path.join(gpu_dir, "__init__.py")):  # before gpu/ was a package
+        sys.path.insert(0, gpu_dir)
+        return importlib.import_module("worker")
+    spec = importlib.util.spec_from_file_location("gpu", os.path.join(gpu_dir, "__init__.py"),
+                                                  submodule_search_locations=[gpu_dir])
+    sys.modules["gpu"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["gpu"])
+    return importlib.import_module("gpu.worker")
+
+
 def build_process(variant_file, ext_dir):
     """A fresh Python process that builds a variant's kernels (the code before its forward body)
     with torch's own load_inline, as a plain program would."""
-    script = ("import sys, types; sys.path.insert(0, %r)\nfrom scaffold import FORWARD_MARKER\n"
+    script = ("import sys, types; sys.path.insert(0, %r)\nfrom gpu.scaffold import FORWARD_MARKER\n"
               "code = open(sys.argv[1]).read().split(FORWARD_MARKER)[0]\n"
               "exec(compile(code, 'build', 'exec'), types.ModuleType('m').__dict__)\n"
-              % os.path.join(ROOT, "gpu"))
+              % ROOT)
     return subprocess.Popen([PY, "-c", script, variant_file], env=dict(os.environ, TORCH_EXTENSIONS_DIR=ext_dir))
 
 

@@ -39,13 +39,13 @@ import time
 
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "gpu"))
+sys.path.insert(0, ROOT)  # for the gpu package
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import torch  # noqa: E402
 
-import harness  # noqa: E402
-import sandbox  # noqa: E402
+from gpu import harness  # noqa: E402
+from gpu import sandbox  # noqa: E402
 from baseline_eval import time_events  # noqa: E402  (the common harness's protocol)
 from kb_import import import_kernelbench, problem_file  # noqa: E402
 

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-import fused_check
+from . import fused_check
 
 # Captured at import, before any candidate runs: a candidate that rebinds torch.isclose or
 # torch.isfinite cannot change what the comparison uses.

@@ -38,20 +38,20 @@ try:  # the profiler imports dynamo lazily, and dynamo wraps torch.manual_seed: 
 except Exception:  # pragma: no cover - a torch without dynamo
     pass
 
-import bounded
-import checks
-import defenses
-import devlock
-import fused_check
-import protocol
-import sandbox
-import timed_region
-from checks import _PLAIN_TENSORS, _flatten, _shapes
-from scaffold import FormatError, assemble, embedded_task_lines, extract_code, FORWARD_MARKER
-from timing import Timer, stats
-from verdict import Verdict
+from . import bounded
+from . import checks
+from . import defenses
+from . import devlock
+from . import fused_check
+from . import protocol
+from . import sandbox
+from . import timed_region
+from .checks import _PLAIN_TENSORS, _flatten, _shapes
+from .scaffold import FormatError, assemble, embedded_task_lines, extract_code, FORWARD_MARKER
+from .timing import Timer, stats
+from .verdict import Verdict
 # The clock and CUDA functions timing.py captured at import (one capture, which the watch guards).
-from timing import _clock_ns, _cuda_sync, _Event, _no_grad
+from .timing import _clock_ns, _cuda_sync, _Event, _no_grad
 
 # Captured before any candidate runs: a candidate that rebinds torch.manual_seed or
 # Watch.check cannot change what the harness uses.
@@ -459,7 +459,7 @@ class Harness:
         except Exception as e:  # FormatError included: the timing stage reports these properly
             res["error"] = f"not prepared: {e}"
             return res
-        import compile_cache  # the worker imported it already (ForkServer), else here
+        from . import compile_cache  # the worker imported it already (ForkServer), else here
         rec = compile_cache.install(self.cache_root, _builder())
         mod = types.ModuleType("kernelrl_candidate")
         captured = bounded.BoundedText()  # the first and last 4 KB of what import prints
@@ -585,10 +585,10 @@ class Harness:
         watch = defenses.Watch()
         watch.freeze("the task's module", task)
         watch.freeze("the task's Model", task.Model)
-        for name in (__name__, "checks", "fused_check", "timing", "timed_region", "verdict", "defenses", "judge",
+        for name in ("harness", "checks", "fused_check", "timing", "timed_region", "verdict", "defenses", "judge",
                      "protocol", "sandbox", "compile_cache", "scaffold"):
-            if name in sys.modules:
-                watch.freeze(f"the harness module {name}", sys.modules[name])
+            if f"{__package__}.{name}" in sys.modules:
+                watch.freeze(f"the harness module {name}", sys.modules[f"{__package__}.{name}"])
         for cls in (Harness, _Calls, Timer, defenses.Watch, defenses.ReferenceGuard, protocol.Link,
                     fused_check.Digest):
             watch.freeze(f"the harness class {cls.__name__}", cls)
@@ -702,7 +702,7 @@ class Harness:
         # Hide the task module from the candidate; install the build cache and the watch.
         for name in [n for n in sys.modules if n.startswith("kernelrl_task_")]:
             del sys.modules[name]
-        import compile_cache  # the worker imported it already (ForkServer), else here
+        from . import compile_cache  # the worker imported it already (ForkServer), else here
         rec = compile_cache.install(self.cache_root, _builder())
         watch = self._watch(task)
         self._phase(res, "watch")

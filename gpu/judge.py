@@ -56,10 +56,10 @@ import tempfile
 import time
 import traceback
 
-from protocol import (LABELS, TIMING_SEED, LinkError, _framed, _memory, _recv_exact, device_half_bytes,
+from .protocol import (LABELS, TIMING_SEED, LinkError, _framed, _memory, _recv_exact, device_half_bytes,
                       _recv_exact_into, _staging, check_name, device_pieces, distribution_of, distributions,
                       recv_frame, seed_of, send_frame, trial_name)
-from verdict import Verdict
+from .verdict import Verdict
 
 class _Failed(Exception):
     """The session's verdict is decided (status, why): later checks are refused with it."""
@@ -91,7 +91,7 @@ class Judge:
         """Judges one candidate over its link until it ends the session, closes the link, or
         the worker says on ``ctl`` that the candidate's process replied; returns the verdict
         (see worker.py _decide)."""
-        import harness as H
+        from . import harness as H
         self.req, self.s, self.sock = req, s, sock
         self.seed, self.n = int(req["seed"]), int(s["correctness_trials"])
         self.settings_key = json.dumps(s, sort_keys=True, default=str)
@@ -183,7 +183,7 @@ class Judge:
         elif self.s.get("output_link", "device") != "device":
             why = f"output_link = {self.s.get('output_link')!r}"
         else:
-            import devshare
+            from . import devshare
             import torch
             try:
                 index = self.h.device.index if self.h.device.index is not None else torch.cuda.current_device()
@@ -221,7 +221,7 @@ class Judge:
         if self.fused is None:
             if not load:
                 return None, ""
-            import fused_check
+            from . import fused_check
             self.fused = fused_check.load(self.h.device)
         return self.fused
 
@@ -239,7 +239,7 @@ class Judge:
 
     # ---- one check ---------------------------------------------------------------------------
     def _check(self, frame):
-        import checks as C
+        from . import checks as C
         label, index = frame.get("label"), frame.get("index")
         if frame.get("op") != "check" or label not in LABELS:
             raise _Failed("hacked", f"the candidate's process sent the judge an unknown request {str(frame)[:200]!r}")
@@ -374,7 +374,7 @@ class Judge:
                                     "(the ordering check)")
         trial_seed = self._in_protocol(label, index, "asked the judge to prepare a check")
         self.pending = None  # (a check prepared and never sent: its candidate raised)
-        import harness as H
+        from . import harness as H
         try:
             self._load()
         except _Failed as f:
@@ -457,8 +457,8 @@ class Judge:
         are finite (NaN or Inf means the inputs are outside what the reference computes: a log of
         a negative, an overflow). Remembered per task, size, seed and check; the output is kept
         (computed again if need be) only when `keep`."""
-        import harness as H
-        import checks as C
+        from . import harness as H
+        from . import checks as C
         dist = distribution_of(label, index, self.dists)
         trial_seed = seed_of(label, index, self.seed, self.n, len(self.dists))
         key = self._inputs_key(trial_seed, dist)
@@ -519,7 +519,7 @@ class Judge:
         |reference|: the atol the reference itself would need); None for each where that cannot
         run (a Model with fixed dtypes inside, the device's memory)."""
         import copy
-        import checks as C
+        from . import checks as C
         import torch
         h = self.h
         try:
@@ -569,7 +569,7 @@ class Judge:
         buffer, each piece where the candidate's process put it once it says it is in), feeding
         one OutputCheck per tensor. A failure here (the judge's own memory) still takes every
         piece, so the link stays framed."""
-        import checks as C
+        from . import checks as C
         import torch
         h = self.h
         fused, _ = self._comparison()
@@ -646,8 +646,8 @@ class Judge:
     def _load(self):
         """The task, loaded at the session's first check (its reference Model is built when a
         reference output is not remembered: _reference_model)."""
-        import harness as H
-        import checks as C
+        from . import harness as H
+        from . import checks as C
         if self.task is not None:
             return
         h = self.h
@@ -678,7 +678,7 @@ class Judge:
     def _reference_model(self):
         """The reference Model, built (from the request's seed, as the candidate's ModelNew) the
         first time this session needs to run it."""
-        import harness as H
+        from . import harness as H
         if self.model is None:
             try:
                 H._manual_seed(self.seed)
@@ -699,7 +699,7 @@ class Judge:
     def _run_reference(self, trial_seed, dist=None):
         """The reference's output on a check's inputs (what it raises, raised), remembered for
         the task's later candidates (ReferenceCache: the judge only reads it)."""
-        import harness as H
+        from . import harness as H
         h = self.h
         key = self._output_key(trial_seed, dist)
         out = self.outputs.get(key)
@@ -726,7 +726,7 @@ class Judge:
         return out
 
     def _reference(self, trial_seed, dist=None):
-        import harness as H
+        from . import harness as H
         try:
             return self._run_reference(trial_seed, dist)
         except _Failed:
@@ -759,7 +759,7 @@ class Judge:
         """(whether the task's inputs hold floating-point tensors, whether the ordering check
         applies), from its inputs as the candidate's process makes them; remembered per task,
         size and seed (three input draws, each as large as the task's inputs)."""
-        import checks as C
+        from . import checks as C
         key = (self._task_key(), self.s.get("size", "cpu"), self.seed)
         if key not in self.facts:
             h = self.h
@@ -814,7 +814,7 @@ class ReferenceCache:
 
     def put(self, key, out):
         """Keeps `out` (a tensor, or a tuple or list of them) when it fits the budget."""
-        import checks as C
+        from . import checks as C
         try:
             tensors = C._flatten(out)
         except TypeError:
@@ -859,7 +859,7 @@ def _serve(ctl, harness):
     """The judge process's loop: a link descriptor and a request per session, a verdict back."""
     judge = Judge(harness)
     setup = ""
-    import harness as H
+    from . import harness as H
     lock = H.device_lock()
     starting = lock.starting if lock is not None else contextlib.nullcontext  # a shared hold, or none
     try:
@@ -868,7 +868,7 @@ def _serve(ctl, harness):
         with starting():
             harness._setup_device()
             if harness.device.type == "cuda":  # the probe's cubin, loaded off every candidate's path
-                import fused_check
+                from . import fused_check
                 judge.fused = fused_check.load(harness.device)
     except Exception as e:  # noqa: BLE001 - said in every reply: sessions meet it again
         setup = f"the judge's device set-up failed: {type(e).__name__}: {e}"
@@ -921,7 +921,7 @@ class JudgeProcess:
     initialised), confined like a candidate's process, warm between candidates."""
 
     def __init__(self, *, harness, conf, env, tmp_root):
-        import sandbox
+        from . import sandbox
         self.sandbox = sandbox
         self.tmpdir = tempfile.mkdtemp(prefix="judge-", dir=tmp_root)
         self.ctl, child = socket.socketpair()

@@ -182,7 +182,7 @@ class Link:
             if size <= 0 or not fds:
                 self.why_bytes = str(answer.get("why", "the judge gave no device buffer"))
                 return
-            import devshare
+            from . import devshare
             try:
                 self.shared = devshare.Shared.attach(fds[0], size, device.index)
             except devshare.DevShareError as e:

@@ -27,10 +27,10 @@ import traceback
 
 import msgpack
 
-import bounded
-import cgroups
-import devlock
-import seccomp
+from . import bounded
+from . import cgroups
+from . import devlock
+from . import seccomp
 
 _libc = ctypes.CDLL("libc.so.6", use_errno=True)
 _PR_SET_PDEATHSIG = 1

@@ -11,12 +11,12 @@ import statistics
 
 import torch
 
-import protocol
-from checks import _shapes, digest
-from timing import Timer, stats
+from . import protocol
+from .checks import _shapes, digest
+from .timing import Timer, stats
 # The clock and CUDA functions timing.py captured at import (one capture, which the watch guards).
-from timing import _cuda_sync, _Event
-from verdict import ShapeChanged, Verdict
+from .timing import _cuda_sync, _Event
+from .verdict import ShapeChanged, Verdict
 
 
 # Trials of each arm of the fresh-values probe, and how much slower the fresh arm must be than

@@ -46,8 +46,14 @@ import zmq
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+if __name__ == "__main__" and not __package__:
+    # Started as a program (`python gpu/worker.py`, as the evaluator starts it): the modules beside
+    # it are the gpu package's, imported by their package names only (never also as top-level
+    # modules of this folder, which would make second copies that the watch does not freeze).
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+    sys.path.insert(0, os.path.dirname(HERE))
+    import gpu  # noqa: E402,F401
+    __package__ = "gpu"
 
 
 # Device memory a replied candidate's process may still hold (its allocator's bookkeeping) for
@@ -107,12 +113,12 @@ class ForkServer:
     def __init__(self, device="cpu", threads=1, cache_root=None, tmp_root=None, isolate_net=True, hide=(),
                  lock_dir=None, shared_dir=None):
         import torch  # noqa: F401  (imported once here, inherited by every child)
-        import sandbox
-        from harness import Harness
+        from . import sandbox
+        from .harness import Harness
         # cpp_extension asks torch.cuda.is_available() when imported; with the NVML-based check
         # that creates no CUDA context, so children inherit the import instead of paying for it.
         if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1":
-            import compile_cache  # noqa: F401
+            from . import compile_cache  # noqa: F401
         if torch.cuda.is_initialized():
             raise RuntimeError("the worker initialised CUDA before forking candidates (its children "
                                "could not use the GPU); is PYTORCH_NVML_BASED_CUDA_CHECK=1 honoured?")
@@ -129,7 +135,10 @@ class ForkServer:
         # (other runs' folders wherever they are), this worker's scratch folder (locks, socket)
         # or the run's folders (hide).
         home = os.path.expanduser("~")
-        keep = ([sys.prefix, sys.base_prefix, HERE, self.cache_root] + [p for p in sys.path if p and os.path.isdir(p)]
+        # (Of the source tree only gpu/: the folder above it is on sys.path for the package, and
+        # may hold other runs' folders.)
+        keep = ([sys.prefix, sys.base_prefix, HERE, self.cache_root]
+                + [p for p in sys.path if p and os.path.isdir(p) and os.path.abspath(p) != os.path.dirname(HERE)]
                 + toolchain_paths())
         hidden = [home, "/root", self.tmp_root] + beyond_the_system() + list(hide) + ([shared_dir] if shared_dir else [])
         self.conf = sandbox.Confinement(enabled=isolate_net, hide=hidden,
@@ -138,7 +147,7 @@ class ForkServer:
         self.spare = None
         self.judge = None  # the trusted judge's process (gpu/judge.py), started at the first evaluation
         self.bandwidth = None  # the device's measured bandwidth and cache (Harness.measure_bandwidth)
-        from shared_timings import SharedTimings
+        from .shared_timings import SharedTimings
         self.shared = SharedTimings(shared_dir)  # the references' timings, shared with the launch's other workers
         self.exit_hold = False  # the device's lock held shared while a replied candidate exits (_defer_exit)
         self.exiting = []  # (pid, tmpdir) killed after their reply, not yet reaped (by self.reaper)
@@ -152,7 +161,7 @@ class ForkServer:
         self._probe()
         # The device's share with this machine's other workers (gpu/devlock.py): its identity, so
         # workers that number GPUs differently find the same lock.
-        import devlock
+        from . import devlock
         self.lock_path, self.gate_path = devlock.paths(self.info.get("uuid") or "cpu", lock_dir)
         self.lock_fd = devlock.open_file(self.lock_path)
         os.close(devlock.open_file(self.gate_path))  # (created by the worker: candidates open it by path)
@@ -189,7 +198,7 @@ class ForkServer:
                 torch.empty(1, device=d)
                 cap = torch.cuda.get_device_capability(d)
                 uuid = str(getattr(torch.cuda.get_device_properties(d), "uuid", "") or "")
-                import fused_check
+                from . import fused_check
                 cubins = {p: list(fused_check.cubin(p, f"{cap[0]}{cap[1]}")) for p in fused_check.programs()}
                 return {"status": "ok", "device": torch.cuda.get_device_name(d), "cubins": cubins,
                         "capability": f"{cap[0]}.{cap[1]}", "cuda_init_s": time.monotonic() - t0,
@@ -224,7 +233,7 @@ class ForkServer:
             # The judge's one-pass comparison and the side-stream check's digest, compiled by the
             # probe (NVRTC initialises the CUDA driver, which a process that forks CUDA users
             # must not): the judge and every candidate's process inherit them and only load them.
-            import fused_check
+            from . import fused_check
             for program in fused_check.programs():
                 binary, why = (reply.get("cubins") or {}).get(program) or (None, "the probe did not compile it")
                 fused_check.keep_cubin(program, self.info["capability"], binary or None, why)
@@ -233,7 +242,7 @@ class ForkServer:
         return {"ok": True, "pid": os.getpid(), "torch_version": self.torch.__version__, **self.info}
 
     def _limits(self, req, s, compile_stage):
-        from scaffold import declares_build
+        from .scaffold import declares_build
         limit = float(s.get("timeout_s", 60))
         builds = declares_build(req.get("action", ""))
         if compile_stage:
@@ -259,7 +268,7 @@ class ForkServer:
 
     def _judge_process(self, env):
         """The worker's judge (gpu/judge.py), started again if it is gone."""
-        import judge
+        from . import judge
         if self.judge is not None and not self.judge.alive():
             self.judge.stop()
             self.judge = None
@@ -324,7 +333,7 @@ class ForkServer:
         """A confined candidate's request (the only one there is: build a kernel library).
         The key is computed here from the sources received; the build runs in a confined process
         that can write only its staging folder; the entry is installed with its library's hash."""
-        import compile_cache
+        from . import compile_cache
         if req.get("op") != "build":
             return {"ok": False, "error": f"unknown request {req.get('op')!r}"}
         kind, name, payload = req.get("kind"), req.get("name"), req.get("payload")
@@ -472,7 +481,7 @@ class ForkServer:
         reply["ref_runtime"] = ref
         reply["speedup"] = speedup if math.isfinite(speedup) else 0.0
         threshold = float(s.get("reverify_speedup", 10.0))
-        from harness import bound_ms
+        from .harness import bound_ms
         try:
             out_bytes = int(reply.get("output_bytes", 0))
         except (TypeError, ValueError):
@@ -569,7 +578,7 @@ class ForkServer:
         mem = int(s.get("memory_limit_mb", 0))
         key = (tuple(sorted(env.items())), mem, cpu)
         req = self._with_task_source(req)
-        from harness import empty_result, format_failure
+        from .harness import empty_result, format_failure
         # An action that does not assemble or compile is answered here: no reference timing, no
         # candidate's process (the same verdict and message its process would give).
         fmt = format_failure(req)
@@ -739,7 +748,7 @@ def main():
     ap.add_argument("--hide", action="append", default=[],
                     help="a folder candidates must not see (the run folder, the store); repeatable")
     args = ap.parse_args()
-    import sandbox
+    from . import sandbox
     sandbox.die_with_parent()
 
     server = ForkServer(args.device, args.threads, args.cache or None, isolate_net=not args.no_netns,

@@ -32,9 +32,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "gpu"))
+sys.path.insert(0, ROOT)  # for the gpu package
 
-from worker import ForkServer  # noqa: E402
+from gpu.worker import ForkServer  # noqa: E402
 
 SETTINGS = {"correctness_trials": 5, "warmup": 3, "fast_trials": 20, "full_trials": 50,
             "atol_fp32": 1e-4, "rtol_fp32": 1e-4, "atol_half": 1e-2, "rtol_half": 1e-2,
@@ -232,8 +232,8 @@ def compare_suite(device, rows, cases=120):
     difference must be identical; the excess, relative difference and sums equal to rounding.
     Then each way's time over a 1 GB float32 output in 256 MB pieces (a quarter of the device link's largest)."""
     import torch
-    import checks as H
-    import fused_check
+    from gpu import checks as H
+    from gpu import fused_check
     fused = loaded("compare", "fused_check", fused_check.load(device), rows)
     if fused is None:
         return 1
@@ -350,8 +350,8 @@ def digest_suite(device, rows):
     multiple of 4; across the weights' chunks and the kernel's pieces of 2^30 elements), and a
     digest that moves with one flipped bit. Then each way's time over 1 GB."""
     import torch
-    import checks as H
-    import fused_check
+    from gpu import checks as H
+    from gpu import fused_check
     fused = loaded("digest", "fused_check.Digest", fused_check.load_digest(device), rows)
     if fused is None:
         return 1

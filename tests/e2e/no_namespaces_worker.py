@@ -17,12 +17,12 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "gpu"))
+sys.path.insert(0, ROOT)  # for the gpu package
 
 
 
 def readable_env():
-    import sandbox  # its mount helper and flags (importing it changes nothing)
+    from gpu import sandbox  # its mount helper and flags (importing it changes nothing)
     keep = [p for p in ("/root/.cache", "/root/.pyenv", "/root/.local") if os.path.isdir(p)]
     try:
         if sandbox._libc.unshare(sandbox._CLONE_NEWNS) != 0:
@@ -41,7 +41,7 @@ def main():
     job = json.load(sys.stdin)
     if "--readable-env" in sys.argv:
         readable_env()
-    import seccomp
+    from gpu import seccomp
     filtered = seccomp.install()
     if not filtered.startswith("filter"):
         print(json.dumps({"start_error": f"no seccomp filter: {filtered}"}))
@@ -57,7 +57,7 @@ def main():
 
 
 def run(job, top, scratch):
-    from worker import ForkServer
+    from gpu.worker import ForkServer
     try:
         server = ForkServer("cpu", 1, os.path.join(top, "cache"), tmp_root=scratch)
     except Exception as e:  # noqa: BLE001 - reported to the test

@@ -15,10 +15,10 @@ import time
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "gpu"))
+sys.path.insert(0, ROOT)  # for the gpu package
 
-from worker import ForkServer  # noqa: E402
-import sandbox  # noqa: E402
+from gpu.worker import ForkServer  # noqa: E402
+from gpu import sandbox  # noqa: E402
 
 SWISH = os.path.join(ROOT, "tasks", "bundled", "06_swish.py")
 MATMUL = os.path.join(ROOT, "tasks", "bundled", "03_matmul_rowsum.py")
@@ -90,7 +90,7 @@ class StatusTest(Base):
         self.assertStatus(self.evaluate("return (x"), "format_error", "was never closed")
 
     def test_format_and_syntax_errors_are_answered_without_a_process(self):
-        import harness
+        from gpu import harness
         # A task this worker has not timed yet: a format error must not time its reference.
         task = os.path.join(self.tmp.name, "06_swish_copy.py")
         with open(SWISH) as f, open(task, "w") as g:
@@ -194,7 +194,7 @@ class IsolationTest(Base):
         self.assertTrue(spare.alive())
 
     def test_a_process_warming_up_holds_timing_back_then_serves_its_request(self):
-        import devlock
+        from gpu import devlock
         with tempfile.TemporaryDirectory() as d:
             lock, gate = devlock.paths("test", d)
             spare = sandbox.Spare(handler=lambda m: {"status": "ok", "got": m}, warm=lambda: time.sleep(1.5),
@@ -213,7 +213,7 @@ class IsolationTest(Base):
 
     def test_timing_waits_until_the_previous_candidate_has_exited(self):
         import fcntl
-        import devlock
+        from gpu import devlock
         self.assertStatus(self.evaluate(GOOD), "ok")
         fd = devlock.open_file(self.server.lock_path)
         try:
@@ -281,7 +281,7 @@ class HackTest(Base):
                   "frames": ("        f = sys._getframe(1)\n"
                              "        while 'ref_model' not in f.f_locals:\n            f = f.f_back\n"
                              "        return f.f_locals['ref_model'].forward(x)\n"),
-                  "outputs": ("        import checks\n"
+                  "outputs": ("        from gpu import checks\n"
                               "        outs = [o for o in gc.get_objects() if isinstance(o, checks.OutputCheck)]\n"
                               "        return outs[0].flat.reshape(x.shape)\n")}
         for how, body in bodies.items():
@@ -553,8 +553,8 @@ class CheckTest(unittest.TestCase):
     """The harness's comparison and digests in chunks agree with whole-tensor torch."""
 
     def setUp(self):
-        import checks
-        import harness
+        from gpu import checks
+        from gpu import harness
         self.h, self.c = harness, checks
         self.saved = checks.CHUNK
         checks.CHUNK = 1000  # many chunks, a ragged last one
@@ -659,7 +659,7 @@ class CheckTest(unittest.TestCase):
         # digest (NVRTC alone: no GPU is needed to compile); the judge and candidates' processes
         # load the copies. The GPU suite's compare cases check their figures against PyTorch's
         # operations, bit for bit.
-        import fused_check
+        from gpu import fused_check
         self.assertEqual(fused_check.DIGEST_CHUNK, self.saved)  # the weights restart where digest()'s do
         self.assertEqual(fused_check.DIGEST_PIECE % fused_check.DIGEST_CHUNK, 0)
         self.assertEqual(sorted(fused_check.programs()), ["check", "digest"])
@@ -688,9 +688,11 @@ class SandboxTest(Base):
         with open(os.path.join(cls.private.name, "store.sqlite"), "w") as f:
             f.write(cls.SECRET)
         # A cluster secret kept where candidates can see the folder (not /tmp: theirs is private),
-        # readable by all: hidden as a file (issue 54).
+        # readable by all: hidden as a file (issue 54). The folder is one on the worker's sys.path
+        # (as a PYTHONPATH entry would be), which candidates see read-only.
         os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)  # (a GPU machine given launch by path has none)
         cls.keys = tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "build"))
+        sys.path.append(cls.keys.name)
         cls.secret_file = os.path.join(cls.keys.name, "cluster.secret")
         with open(cls.secret_file, "w") as f:
             f.write(cls.SECRET + "-file")
@@ -717,6 +719,7 @@ class SandboxTest(Base):
     def tearDownClass(cls):
         super().tearDownClass()
         cls.private.cleanup()
+        sys.path.remove(cls.keys.name)
         cls.keys.cleanup()
         if cls.other_run is not None:
             cls.other_run.cleanup()
@@ -737,8 +740,8 @@ class SandboxTest(Base):
 
     def test_patching_the_judge_from_inside_is_hacked(self):
         # The judge's live modules, as a candidate finds them.
-        find = ("import sys\nharness, checks, timing, defenses = sys.modules['harness'], sys.modules['checks'], "
-                "sys.modules['timing'], sys.modules['defenses']\n")
+        find = ("import sys\nharness, checks, timing, defenses = sys.modules['gpu.harness'], sys.modules['gpu.checks'], "
+                "sys.modules['gpu.timing'], sys.modules['gpu.defenses']\n")
         for patch in ("checks.compare = lambda *a, **k: None",
                       "checks._tolerance = lambda *a, **k: (1e9, 1e9)",
                       "harness._clock_ns = lambda: 0",
@@ -776,7 +779,7 @@ class SandboxTest(Base):
 
     def test_a_candidate_speaking_to_the_judge_out_of_protocol_is_hacked(self):
         # It finds its link to the judge and asks for a check the protocol has no place for.
-        body = ("import sandbox, judge, socket\n"
+        body = ("import socket\nfrom gpu import sandbox, judge\n"
                 "s = socket.socket(fileno=sandbox.JUDGE_LINK)\n"
                 "judge.send_frame(s, {'op': 'check', 'label': 'trial', 'index': 99, 'tensors': []})\n"
                 "judge.recv_frame(s)\ns.detach()\n"
@@ -787,7 +790,7 @@ class SandboxTest(Base):
     def test_preparing_a_check_outside_the_protocol_is_hacked(self):
         # It asks the judge to compute the reference ahead of the ordering check, which runs in
         # a timed region, where the judge must not work beside it.
-        body = ("import sandbox, judge, socket\n"
+        body = ("import socket\nfrom gpu import sandbox, judge\n"
                 "s = socket.socket(fileno=sandbox.JUDGE_LINK)\n"
                 "judge.send_frame(s, {'op': 'prepare', 'label': 'ordering', 'index': 0})\n"
                 "s.detach()\n"
@@ -797,7 +800,7 @@ class SandboxTest(Base):
 
     def test_a_device_check_without_the_judges_buffer_is_hacked(self):
         # It claims its outputs are in a device buffer the judge never gave it.
-        body = ("import sandbox, judge, socket\n"
+        body = ("import socket\nfrom gpu import sandbox, judge\n"
                 "s = socket.socket(fileno=sandbox.JUDGE_LINK)\n"
                 "judge.send_frame(s, {'op': 'check', 'label': 'trial', 'index': 0, 'via': 'device',\n"
                 "                     'tensors': [{'dtype': 'torch.float32', 'shape': list(x.shape)}]})\n"
@@ -810,7 +813,7 @@ class SandboxTest(Base):
     def test_outputs_go_as_bytes_where_the_judge_has_no_device_buffer(self):
         # On a CPU the judge answers a request for a device buffer with why not; the candidate's
         # outputs then cross as bytes and are judged as ever.
-        body = ("import sandbox, judge, socket\n"
+        body = ("import socket\nfrom gpu import sandbox, judge\n"
                 "s = socket.socket(fileno=sandbox.JUDGE_LINK)\n"
                 "judge.send_frame(s, {'op': 'share'})\n"
                 "a = judge.recv_frame(s)\ns.detach()\n"
@@ -834,7 +837,7 @@ class SandboxTest(Base):
             self.assertEqual(self.honest()["ref_runtime"], before)
 
     def test_the_build_cache_is_read_only_to_candidates_and_verified_on_read(self):
-        body = ("import os, harness\nroot = harness.Harness.__init__.__defaults__ or ()\n"
+        body = ("import os\nfrom gpu import harness\nroot = harness.Harness.__init__.__defaults__ or ()\n"
                 f"for d in [{self.cache!r}, os.path.join({self.cache!r}, 'poison')]:\n"
                 "    try:\n        os.makedirs(d, exist_ok=True)\n"
                 "        open(os.path.join(d, 'x.built'), 'w').write('hostile')\n"
@@ -847,7 +850,7 @@ class SandboxTest(Base):
         self.assertStatus(first, "ok")
         # An entry altered after its build (here by the test, standing in for any writer) is
         # rejected on read and built again.
-        import compile_cache
+        from gpu import compile_cache
         entries = [os.path.join(self.cache, e) for e in os.listdir(self.cache) if len(e) == 32]
         libs = [compile_cache.verified_library(e) for e in entries]
         self.assertTrue(all(libs), "every entry matches its manifest")
@@ -974,12 +977,12 @@ class NeighbourTest(Base):
         # processes, not the lock).
         locks = tempfile.mkdtemp(prefix="kernelrl-bomb-locks-")
         self.addCleanup(shutil.rmtree, locks, True)
-        script = ("import json, os, sys\nsys.path.insert(0, %r)\nfrom worker import ForkServer\n"
+        script = ("import json, os, sys\nsys.path.insert(0, %r)\nfrom gpu.worker import ForkServer\n"
                   "s = ForkServer('cpu', 1, %r, tmp_root=%r, lock_dir=%r)\n"
                   "r = s.evaluate({'sample_id': 'bomb', 'task_id': '06_swish', 'task_path': %r, 'action': %r,"
                   " 'action_space': 'forward_body', 'mode': 'fast', 'seed': 1}, json.loads(sys.argv[1]))\n"
                   "print(r['status'])\ns.close()\n") % (
-                      os.path.join(ROOT, "gpu"), self.cache, self.tmp_root, locks, SWISH, self.BOMB)
+                      ROOT, self.cache, self.tmp_root, locks, SWISH, self.BOMB)
         bomb = subprocess.Popen([sys.executable, "-c", script, json.dumps({**SETTINGS, "timeout_s": 120})],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -1049,14 +1052,14 @@ class JudgeLinkTest(Base):
 
     @classmethod
     def setUpClass(cls):
-        import protocol
+        from gpu import protocol
         cls.saved = protocol.LINK_CHUNK_BYTES
         protocol.LINK_CHUNK_BYTES = 1000  # inherited by the judge's and the candidates' processes
         super().setUpClass()
 
     @classmethod
     def tearDownClass(cls):
-        import protocol
+        from gpu import protocol
         super().tearDownClass()
         protocol.LINK_CHUNK_BYTES = cls.saved
 
@@ -1146,7 +1149,7 @@ class DeviceLockTest(unittest.TestCase):
     that comes to share after a timed region began waiting waits behind it (the turnstile)."""
 
     def setUp(self):
-        import devlock
+        from gpu import devlock
         self.devlock = devlock
         self.tmp = tempfile.TemporaryDirectory()
         self.paths = devlock.paths("test", self.tmp.name)
@@ -1157,7 +1160,7 @@ class DeviceLockTest(unittest.TestCase):
     def lock(self):
         return self.devlock.DeviceLock(*(self.devlock.open_file(p) for p in self.paths))
 
-    HOLD = ("import sys, time\nsys.path.insert(0, sys.argv[1])\nimport devlock\n"
+    HOLD = ("import sys, time\nsys.path.insert(0, sys.argv[1])\nfrom gpu import devlock\n"
             "how, at, for_s, lock, gate = sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5], sys.argv[6]\n"
             "time.sleep(max(0.0, at - time.monotonic()))\n"
             "devlock.DeviceLock(devlock.open_file(lock), devlock.open_file(gate)).acquire(how)\n"
@@ -1165,7 +1168,7 @@ class DeviceLockTest(unittest.TestCase):
 
     def hold(self, how, at, for_s):
         """A process that holds the device as `how` from monotonic time `at` for for_s seconds."""
-        return subprocess.Popen([sys.executable, "-c", self.HOLD, os.path.join(ROOT, "gpu"), how, str(at), str(for_s),
+        return subprocess.Popen([sys.executable, "-c", self.HOLD, ROOT, how, str(at), str(for_s),
                                  *self.paths])
 
     def test_a_timed_region_waits_for_shared_holds_and_new_sharers_wait_behind_it(self):
@@ -1220,7 +1223,7 @@ class DeviceLockTest(unittest.TestCase):
 SHARE_DRIVER = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
-from worker import ForkServer
+from gpu.worker import ForkServer
 task, cache, tmp, lock_dir, ready, n_workers, n, settings, shared = sys.argv[2:11]
 server = ForkServer("cpu", 1, cache, tmp_root=tmp, lock_dir=lock_dir, shared_dir=shared)
 open(os.path.join(ready, str(os.getpid())), "w").close()
@@ -1256,7 +1259,7 @@ class DeviceShareTest(unittest.TestCase):
                 tmp = os.path.join(d, f"scratch{w}")
                 os.makedirs(tmp)
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-c", SHARE_DRIVER, os.path.join(ROOT, "gpu"), SWISH, os.path.join(d, "cache"),
+                    [sys.executable, "-c", SHARE_DRIVER, ROOT, SWISH, os.path.join(d, "cache"),
                      tmp, d, ready, str(self.WORKERS), str(self.EACH), json.dumps(SETTINGS), shared],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             results = []
@@ -1290,7 +1293,7 @@ class DeviceLinkSizeTest(unittest.TestCase):
     its word cannot move (gpu/protocol.py device_half_bytes)."""
 
     def test_a_half_holds_the_outputs_within_bounds(self):
-        import protocol as P
+        from gpu import protocol as P
         h200, small_card = 150_000 << 20, 16 << 30
         lo, hi = P.DEVICE_HALF_MIN_BYTES, P.DEVICE_HALF_MAX_BYTES
         self.assertEqual(P.device_half_bytes(100 << 20, h200), 100 << 20, "an output that fits: one piece")
@@ -1310,7 +1313,7 @@ class DeviceWaitTest(unittest.TestCase):
     alone by another process for longer than the time limit leaves a correct candidate ok."""
 
     def test_a_candidate_waiting_for_the_device_longer_than_its_limit_is_not_timed_out(self):
-        import devlock
+        from gpu import devlock
         with tempfile.TemporaryDirectory() as d:
             scratch = os.path.join(d, "scratch")
             os.makedirs(scratch)
@@ -1319,7 +1322,7 @@ class DeviceWaitTest(unittest.TestCase):
                 req = {"sample_id": "w#0", "task_id": "06_swish", "task_path": SWISH, "action": GOOD,
                        "action_space": "forward_body", "mode": "fast", "seed": 42}
                 self.assertEqual(server.evaluate(req, SETTINGS)["status"], "ok")  # the reference timed
-                hold = subprocess.Popen([sys.executable, "-c", DeviceLockTest.HOLD, os.path.join(ROOT, "gpu"),
+                hold = subprocess.Popen([sys.executable, "-c", DeviceLockTest.HOLD, ROOT,
                                          "exclusive", "0", "4.0", *devlock.paths("cpu", d)])
                 time.sleep(0.5)  # (it holds the device now)
                 r = server.evaluate(dict(req, sample_id="w#1"), {**SETTINGS, "timeout_s": 2.5})

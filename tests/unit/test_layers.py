@@ -86,8 +86,9 @@ class LayersTest(unittest.TestCase):
 
 
 def gpu_imports(folder):
-    """{module: {sibling modules it imports, at the top or inside a function}} for folder/*.py."""
-    mods = {n[:-3] for n in os.listdir(folder) if n.endswith(".py")}
+    """{module: {sibling modules it imports, at the top or inside a function}} for folder/*.py, the
+    package's own relative imports (`from . import m`, `from .m import x`) and top-level ones alike."""
+    mods = {n[:-3] for n in os.listdir(folder) if n.endswith(".py") and n != "__init__.py"}
     graph = {}
     for m in sorted(mods):
         with open(os.path.join(folder, m + ".py")) as f:
@@ -98,6 +99,8 @@ def gpu_imports(folder):
                 deps.update(a.name.split(".")[0] for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 deps.add(node.module.split(".")[0])
+            elif isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
         graph[m] = sorted((deps & mods) - {m})
     return graph
 
@@ -126,8 +129,8 @@ class GpuImportsTest(unittest.TestCase):
 
     def test_the_check_finds_a_cycle_through_a_function_level_import(self):
         with tempfile.TemporaryDirectory() as d:
-            for name, text in {"a.py": "import b\n", "b.py": "def f():\n    from c import x\n",
-                               "c.py": "import os\n\ndef g():\n    import a as A\n", "d.py": "import a\n"}.items():
+            for name, text in {"a.py": "import b\n", "b.py": "def f():\n    from .c import x\n",
+                               "c.py": "import os\n\ndef g():\n    from . import a as A\n", "d.py": "import a\n"}.items():
                 with open(os.path.join(d, name), "w") as f:
                     f.write(text)
             self.assertEqual(import_cycles(gpu_imports(d)), [["a", "b", "c", "a"]])

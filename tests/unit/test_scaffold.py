@@ -6,9 +6,9 @@ import sys
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "gpu"))
+sys.path.insert(0, ROOT)  # for the gpu package
 
-from scaffold import FORWARD_MARKER, FormatError, assemble, extract_code  # noqa: E402
+from gpu.scaffold import FORWARD_MARKER, FormatError, assemble, extract_code  # noqa: E402
 
 TASK = open(os.path.join(ROOT, "tasks", "bundled", "05_layernorm_manual.py")).read()
 TASK_ID = "05_layernorm_manual"

@@ -10,10 +10,10 @@ import unittest
 from unittest import mock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "gpu"))
+sys.path.insert(0, ROOT)  # for the gpu package
 
-import timed_region  # noqa: E402
-from verdict import Verdict  # noqa: E402
+from gpu import timed_region  # noqa: E402
+from gpu.verdict import Verdict  # noqa: E402
 
 
 class Device:

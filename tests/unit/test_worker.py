@@ -9,10 +9,10 @@ import time
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "gpu"))
+sys.path.insert(0, ROOT)  # for the gpu package
 
-import devlock  # noqa: E402
-from worker import device_view, ran_out_of_memory  # noqa: E402
+from gpu import devlock  # noqa: E402
+from gpu.worker import device_view, ran_out_of_memory  # noqa: E402
 
 
 class DeviceViewTest(unittest.TestCase):
@@ -49,7 +49,7 @@ class OutOfMemoryTest(unittest.TestCase):
     def test_pytorchs_failed_nvml_report_is_an_allocation_failure(self):
         # What PyTorch 2.11's caching allocator raises, out of memory, where NVML cannot start
         # (seen on the lent H100 with four evaluators on the GPU): not a runtime error of the code.
-        import harness
+        from gpu import harness
         e = RuntimeError('NVML_SUCCESS == DriverAPI::get()->nvmlInit_v2_() INTERNAL ASSERT FAILED at '
                          '"/pytorch/c10/cuda/CUDACachingAllocator.cpp":1135, please report a bug to PyTorch.')
         self.assertTrue(harness._is_oom(e))
