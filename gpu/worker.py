@@ -50,7 +50,8 @@ if __name__ == "__main__" and not __package__:
     # Started as a program (`python gpu/worker.py`, as the evaluator starts it): the modules beside
     # it are the gpu package's, imported by their package names only (never also as top-level
     # modules of this folder, which would make second copies that the watch does not freeze).
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+    # (Python put the script's folder there resolved; HERE may name it through a symlink.)
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.realpath(HERE)]
     sys.path.insert(0, os.path.dirname(HERE))
     import gpu  # noqa: E402,F401
     __package__ = "gpu"
@@ -138,7 +139,8 @@ class ForkServer:
         # (Of the source tree only gpu/: the folder above it is on sys.path for the package, and
         # may hold other runs' folders.)
         keep = ([sys.prefix, sys.base_prefix, HERE, self.cache_root]
-                + [p for p in sys.path if p and os.path.isdir(p) and os.path.abspath(p) != os.path.dirname(HERE)]
+                + [p for p in sys.path
+                   if p and os.path.isdir(p) and os.path.realpath(p) != os.path.realpath(os.path.dirname(HERE))]
                 + toolchain_paths())
         hidden = [home, "/root", self.tmp_root] + beyond_the_system() + list(hide) + ([shared_dir] if shared_dir else [])
         self.conf = sandbox.Confinement(enabled=isolate_net, hide=hidden,

@@ -693,6 +693,7 @@ class SandboxTest(Base):
         os.makedirs(os.path.join(ROOT, "build"), exist_ok=True)  # (a GPU machine given launch by path has none)
         cls.keys = tempfile.TemporaryDirectory(dir=os.path.join(ROOT, "build"))
         sys.path.append(cls.keys.name)
+        cls.addClassCleanup(sys.path.remove, cls.keys.name)  # (also when the set-up below fails)
         cls.secret_file = os.path.join(cls.keys.name, "cluster.secret")
         with open(cls.secret_file, "w") as f:
             f.write(cls.SECRET + "-file")
@@ -719,7 +720,6 @@ class SandboxTest(Base):
     def tearDownClass(cls):
         super().tearDownClass()
         cls.private.cleanup()
-        sys.path.remove(cls.keys.name)
         cls.keys.cleanup()
         if cls.other_run is not None:
             cls.other_run.cleanup()
