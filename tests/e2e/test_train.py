@@ -489,7 +489,10 @@ class TrainRunTest(PolicyServerCase):
             with open(log) as f:
                 loads = [json.loads(line)["body"] for line in f if "load_lora_adapter" in line and "unload" not in line]
             loads = [b for b in loads if os.sep + "sampler-%d" % i + os.sep in b["lora_path"]]
-            self.assertEqual([b["lora_name"] for b in loads][:STEPS + 1], ["kernelrl-v%d" % v for v in range(STEPS + 1)])
+            # (A load sent again, after a slow first answer on a busy machine, is the same version:
+            # each counts once.)
+            names = [b["lora_name"] for j, b in enumerate(loads) if j == 0 or b["lora_name"] != loads[j - 1]["lora_name"]]
+            self.assertEqual(names[:STEPS + 1], ["kernelrl-v%d" % v for v in range(STEPS + 1)])
 
     def test_a_sampler_whose_server_dies_has_its_groups_sampled_by_the_other(self):
         # The second server exits at its second completion request (step 1), unanswered: that
@@ -502,8 +505,11 @@ class TrainRunTest(PolicyServerCase):
             path = config(self.tmp, self.url, self.model, "dies")
             with open(path) as f:
                 text = f.read()
+            # (No retries, so the dead server's sampler fails at once; its requests end when the
+            # server exits, so no short timeout is needed: with 10 s, a first adapter load that
+            # took longer on a busy machine failed the run in CI.)
             text = text.replace('url = "%s"' % self.url, 'urls = ["%s", "http://127.0.0.1:%s"]\nmax_failures = 2\n'
-                                'max_retries = 0\ntimeout_s = 10' % (self.url, port2))
+                                'max_retries = 0\ntimeout_s = 120' % (self.url, port2))
             with open(path, "w") as f:
                 f.write(text)
             run_dir = os.path.join(self.tmp, "dies")
