@@ -690,6 +690,7 @@ void read_learner(TableReader& r, Config& c, const toml::table& root) {
   r.number("adv_eps", l.adv_eps, 0, 1);
   r.number("turn_gamma", l.turn_gamma, 0, 1);
   r.number("turn_progress", l.turn_progress, 0, 100);
+  r.one_of("learn_turns", l.learn_turns, {"all", "last"});
   r.integer("steps", l.steps, 1, 1 << 24);
   r.integer("batch_size", l.batch_size, 1, 1 << 20);
   r.integer("group_size", l.group_size, 2, 1 << 20);

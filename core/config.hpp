@@ -206,6 +206,9 @@ struct LearnerConfig {
   double turn_progress = 0.0;             // multi-turn: a later turn learns from its return +
                                           // turn_progress * (r_t - r_{t-1}), its progress over the
                                           // turn before (SCoRe); earlier turns' returns carry raw rewards
+  std::string learn_turns = "all";        // multi-turn: every turn's group goes to the learner ("all"), or
+                                          // the last turn's only ("last"; earlier turns are sampled,
+                                          // evaluated, stored and counted, not learned from)
   uint32_t steps = 10;                    // train: optimizer steps (policy versions) of the run
   uint32_t batch_size = 8;                // tasks per step
   uint32_t group_size = 8;                // samples per task per step (a GRPO group)

@@ -32,6 +32,7 @@ ExperimentArgs experiment_args(const Config& cfg, const std::vector<std::string>
   ex.feedback_chars = cfg.experiment.feedback_chars;
   ex.turn_gamma = cfg.learner.turn_gamma;
   ex.turn_progress = cfg.learner.turn_progress;
+  ex.learn_last_turn = cfg.learner.learn_turns == "last";
   if (ex.turns > 1) {
     ex.settings["turns"] = std::to_string(ex.turns);
     ex.settings["turn_prompt_tokens"] = std::to_string(cfg.experiment.turn_prompt_tokens);

@@ -54,7 +54,8 @@ struct ExperimentArgs {
   uint32_t turns = 1;
   uint32_t feedback_chars = 2000;
   double turn_gamma = 1.0;
-  double turn_progress = 0.0;  // a later turn's bonus for its progress over the turn before
+  double turn_progress = 0.0;    // a later turn's bonus for its progress over the turn before
+  bool learn_last_turn = false;  // only the last turn's groups go to the learner
   // What makes two runs' budgets comparable (K, temperature, max_tokens, eval mode, checkpoint),
   // written with the run's compute into RUN_DIR/compute.json.
   std::map<std::string, std::string> settings;

@@ -139,7 +139,8 @@ void Training::plan_step(uint32_t s, Actions& out) {
     plan.task_ids.push_back(task);
     plan.group_ids.push_back(gid);
   }
-  out.push_back(act::LearnStep{s, t.groups});
+  // The learner waits for the groups it learns from: with learn_turns = "last", a task's last turn's only.
+  out.push_back(act::LearnStep{s, multi_turn() && args_.learn_last_turn ? uint64_t(args_.batch_size) : t.groups});
   if (!reused.empty())
     log::get("supervisor")->info("step {}: {} groups evaluated before the restart are reused", s, reused.size());
   for (auto& g : reused) accept_group(s, g, out);
@@ -154,9 +155,10 @@ void Training::plan_step(uint32_t s, Actions& out) {
 }
 
 // A complete group within the staleness bound: counted in its step and handed to the learner
-// (each sample learning from learned[i] instead of its reward when given: a turn's return).
+// (each sample learning from learned[i] instead of its reward when given: a turn's return), or
+// counted only (learn false: an earlier turn under [learner] learn_turns = "last").
 void Training::accept_group(uint32_t s, std::vector<ScoredRollout>& samples, Actions& out,
-                            const std::vector<double>* learned) {
+                            const std::vector<double>* learned, bool learn) {
   auto& t = steps_[s];
   for (size_t i = 0; i < samples.size(); ++i) {
     auto& x = samples[i];
@@ -164,7 +166,7 @@ void Training::accept_group(uint32_t s, std::vector<ScoredRollout>& samples, Act
     ++t.status_counts[to_string(x.result.status)];
     t.version = std::max(t.version, x.rollout.policy_version);
     if (learned) x.reward = (*learned)[i];
-    out.push_back(act::Learn{std::move(x), i + 1 == samples.size()});
+    if (learn) out.push_back(act::Learn{std::move(x), i + 1 == samples.size()});
   }
   if (++t.accepted < t.groups) return;
   t.stats = stats_of(t.tasks, t.status_counts, s);
@@ -201,7 +203,7 @@ void Training::accept_episodes(uint32_t s, std::vector<std::vector<ScoredRollout
     auto g = turn_returns(r, args_.turn_gamma, args_.turn_progress);
     for (size_t t = 0; t < T; ++t) learned[t][e] = g[t];
   }
-  for (size_t t = 0; t < T; ++t) accept_group(s, turns[t], out, &learned[t]);
+  for (size_t t = 0; t < T; ++t) accept_group(s, turns[t], out, &learned[t], t + 1 == T || !args_.learn_last_turn);
 }
 
 // No more learning (the last step, or early stopping): the newest version is evaluated on the

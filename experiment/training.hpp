@@ -70,7 +70,7 @@ class Training : public Experiment {
   void plan_more(Actions& out);
   void plan_step(uint32_t s, Actions& out);
   void accept_group(uint32_t s, std::vector<ScoredRollout>& samples, Actions& out,
-                    const std::vector<double>* learned = nullptr);
+                    const std::vector<double>* learned = nullptr, bool learn = true);
   void accept_episodes(uint32_t s, std::vector<std::vector<ScoredRollout>>& turns, Actions& out);
   void next_turn(uint64_t gid, Group& g, Actions& out);
   bool multi_turn() const { return args_.turns > 1; }

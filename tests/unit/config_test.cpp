@@ -616,4 +616,10 @@ TEST_CASE("multi-turn settings: turns needs a model sampler, and neither sdpo no
   auto gamma = errors_of(base + "[learner]\nturn_gamma = 1.5\n", s.cfg());
   REQUIRE(gamma.size() == 1);
   CHECK(gamma[0].find("learner.turn_gamma") != std::string::npos);
+  auto last = parse_config(base + "[learner]\nlearn_turns = \"last\"\n", s.cfg());
+  REQUIRE(std::holds_alternative<Config>(last));
+  CHECK(std::get<Config>(last).learner.learn_turns == "last");
+  auto first = errors_of(base + "[learner]\nlearn_turns = \"first\"\n", s.cfg());
+  REQUIRE(first.size() == 1);
+  CHECK(first[0].find("learner.learn_turns") != std::string::npos);
 }

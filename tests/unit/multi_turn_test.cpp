@@ -198,8 +198,9 @@ TEST_CASE("the progress bonus: a later turn earns alpha times its gain over the 
   CHECK(turn_returns({0, 2}, 0.0, 1.0)[1] > turn_returns({2, 2}, 0.0, 1.0)[1]);
 }
 
-TEST_CASE("train with turns: later turns follow each group's feedback; the learner gets every turn with returns",
-          "[turns][experiment]") {
+namespace {
+// One train step of two tasks, groups of two, episodes of three turns, returns discounted by 0.5.
+ExperimentArgs three_turn_training() {
   ExperimentArgs a;
   a.run_id = "r";
   a.run_dir = "/runs/r";
@@ -210,6 +211,13 @@ TEST_CASE("train with turns: later turns follow each group's feedback; the learn
   a.group_size = 2;
   a.turns = 3;
   a.turn_gamma = 0.5;
+  return a;
+}
+}  // namespace
+
+TEST_CASE("train with turns: later turns follow each group's feedback; the learner gets every turn with returns",
+          "[turns][experiment]") {
+  ExperimentArgs a = three_turn_training();
   auto e = make_experiment(a);
   auto first = e->start(0, {}, {});
   auto steps = of<act::LearnStep>(first);
@@ -266,6 +274,51 @@ TEST_CASE("train with turns: later turns follow each group's feedback; the learn
     const double r3 = 3, r2 = 2 + 0.5 * r3, r1 = (r.sample_index == 0 ? 0.0 : 1.0) + 0.5 * r2;
     CHECK(l.sample.reward == Approx(r.turn == 3 ? r3 : r.turn == 2 ? r2 : r1));
   }
+}
+
+TEST_CASE("learn_turns = last: every turn is sampled and counted, only the last turn's groups are learned from",
+          "[turns][experiment]") {
+  ExperimentArgs a = three_turn_training();
+  a.turn_progress = 1.0;
+  a.learn_last_turn = true;
+  auto e = make_experiment(a);
+  auto first = e->start(0, {}, {});
+  auto steps = of<act::LearnStep>(first);
+  REQUIRE(steps.size() == 1);
+  CHECK(steps[0].groups == 2);  // the learner waits for the two tasks' last turns only
+  auto verdict = [](const std::string&, uint32_t turn, uint32_t j) {
+    if (j == 0 && turn == 1) return Verdict{EvalStatus::format_error, 0.0};
+    return Verdict{EvalStatus::ok, double(turn)};
+  };
+  std::vector<SamplePlan> queue = {of<act::Sample>(first).at(0).plan};
+  std::vector<act::Learn> learned;
+  std::vector<act::StepDone> done;
+  uint64_t sampled = 0;
+  while (!queue.empty()) {
+    SamplePlan p = queue.front();
+    queue.erase(queue.begin());
+    e->planned(uint64_t(p.task_ids.size()) * p.n);
+    for (auto& s : draw(p, verdict)) {
+      ++sampled;
+      auto out = e->sampled(s);
+      for (auto& x : of<act::Sample>(out)) queue.push_back(x.plan);
+      for (auto& x : of<act::Learn>(out)) learned.push_back(x);
+      for (auto& x : of<act::StepDone>(out)) done.push_back(x);
+    }
+  }
+  CHECK(sampled == 12);
+  REQUIRE(learned.size() == 4);
+  int ends = 0;
+  for (auto& l : learned) {
+    CHECK(l.sample.rollout.turn == 3);
+    // The last turn's return: its reward 3 and its progress over turn 2's 2.
+    CHECK(l.sample.reward == Approx(3 + 1.0 * (3 - 2)));
+    ends += l.last;
+  }
+  CHECK(ends == 2);           // each learned group ends once
+  REQUIRE(done.size() == 1);  // the step's row counts every turn
+  CHECK(done[0].stats.samples == 12);
+  CHECK(done[0].stats.status_counts.at("format_error") == 2);
 }
 
 TEST_CASE("eval with turns: K episodes a task, each later turn planned once the turn before is in", "[turns]") {
