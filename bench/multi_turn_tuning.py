@@ -10,9 +10,13 @@ but slow first answer is faster.
 --set SECTION.KEY=VALUE changes the train run's config (and the evaluations' where it applies),
 e.g. --set learner.turn_gamma=0 --set learner.turn_progress=1.
 
-  scripts/python bench/multi_turn_tuning.py [--seeds 0,1,2] [--steps 8] [--set ...] [--json FILE]
+--keep DIR keeps the runs (DIR/before-SEED, train-SEED, after-SEED) for `launch analyze` and
+`launch export`, e.g. the train run's per-step figures.
+
+  scripts/python bench/multi_turn_tuning.py [--seeds 0,1,2] [--steps 8] [--set ...] [--json FILE] [--keep DIR]
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -77,11 +81,18 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--set", action="append", default=[], help="SECTION.KEY=VALUE (TOML value), repeatable")
     ap.add_argument("--json", default="")
+    ap.add_argument("--keep", default="", help="a folder to keep the runs in (default: a temporary one, removed)")
     args = ap.parse_args()
     if any(s.startswith("learner.steps=") for s in args.set):
         ap.error("give the steps with --steps (the evaluation after reads that checkpoint)")
     report = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "set": args.set, "seeds": {}}
-    with tempfile.TemporaryDirectory(prefix="kernelrl-turn-tuning-") as tmp:
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        taken = [n for n in os.listdir(args.keep) if n.split("-")[0] in ("before", "train", "after")]
+        if taken:
+            ap.error(f"--keep {args.keep} already holds runs ({', '.join(sorted(taken)[:3])}...): give an empty folder")
+    with (contextlib.nullcontext(args.keep) if args.keep else
+          tempfile.TemporaryDirectory(prefix="kernelrl-turn-tuning-")) as tmp:
         for seed in [int(s) for s in args.seeds.split(",")]:
             def run(name, mode, adapter=""):
                 cfg = os.path.join(tmp, f"{name}-{seed}.toml")
