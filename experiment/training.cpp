@@ -139,8 +139,7 @@ void Training::plan_step(uint32_t s, Actions& out) {
     plan.task_ids.push_back(task);
     plan.group_ids.push_back(gid);
   }
-  // The learner waits for the groups it learns from: with learn_turns = "last", a task's last turn's only.
-  out.push_back(act::LearnStep{s, multi_turn() && args_.learn_last_turn ? uint64_t(args_.batch_size) : t.groups});
+  out.push_back(act::LearnStep{s, uint64_t(args_.batch_size) * learned_turns()});  // the groups it learns from
   if (!reused.empty())
     log::get("supervisor")->info("step {}: {} groups evaluated before the restart are reused", s, reused.size());
   for (auto& g : reused) accept_group(s, g, out);
@@ -203,7 +202,7 @@ void Training::accept_episodes(uint32_t s, std::vector<std::vector<ScoredRollout
     auto g = turn_returns(r, args_.turn_gamma, args_.turn_progress);
     for (size_t t = 0; t < T; ++t) learned[t][e] = g[t];
   }
-  for (size_t t = 0; t < T; ++t) accept_group(s, turns[t], out, &learned[t], t + 1 == T || !args_.learn_last_turn);
+  for (size_t t = 0; t < T; ++t) accept_group(s, turns[t], out, &learned[t], t + learned_turns() >= T);
 }
 
 // No more learning (the last step, or early stopping): the newest version is evaluated on the

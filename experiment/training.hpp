@@ -74,6 +74,9 @@ class Training : public Experiment {
   void accept_episodes(uint32_t s, std::vector<std::vector<ScoredRollout>>& turns, Actions& out);
   void next_turn(uint64_t gid, Group& g, Actions& out);
   bool multi_turn() const { return args_.turns > 1; }
+  // Turns of an episode the learner learns from, the last ones: all, or the last under
+  // [learner] learn_turns = "last".
+  uint32_t learned_turns() const { return multi_turn() && args_.learn_last_turn ? 1 : args_.turns; }
   void end_learning(Actions& out);
   Actions record(const ScoredRollout& s);
 
