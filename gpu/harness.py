@@ -248,13 +248,15 @@ def syntax_message(e: SyntaxError) -> str:
     return f"the program does not parse: {e.msg} (line {e.lineno})"
 
 
-def format_failure(req):
-    """(assembled code, error) when the request's action is a format error before anything of it
-    runs: it does not assemble into a program (scaffold.FormatError) or the program does not compile,
-    with the very message the harness gives (Harness._evaluate). None where the action is not one, or
-    where the answer could differ from the harness's (the task's own source missing or broken, a
-    static reference use the harness reports first, a compiler failure other than a syntax error):
-    those go to a candidate's process as usual. Parsing and compiling run no code of the action."""
+def early_verdict(req):
+    """(status, assembled code, error) when the request's action is judged before anything of it runs,
+    with the very verdict and message the harness gives (Harness._evaluate, in its order): a format
+    error where it does not assemble into a program (scaffold.FormatError); hacked where the part the
+    policy wrote uses the reference (defenses.static_reference_use); a format error where the
+    program does not compile. None where the action is none of these, or where the answer could
+    differ from the harness's (the task's own source missing or broken, a compiler failure other
+    than a syntax error): those go to a candidate's process as usual. Parsing and compiling run no
+    code of the action."""
     source = req.get("task_source")
     if not isinstance(source, str):
         return None
@@ -265,24 +267,24 @@ def format_failure(req):
     try:
         code = assemble(req["action"], req["action_space"], source, req["task_id"])
     except FormatError as e:
-        return "", str(e)
+        return "format_error", "", str(e)
     except Exception:  # noqa: BLE001 - the harness's own failure, reported by the harness
         return None
+    try:
+        why = defenses.static_reference_use(policy_code(req["action"], req["action_space"]), req["action_space"])
+    except Exception:  # noqa: BLE001 - the harness's own failure, reported by the harness
+        return None
+    if why:
+        return "hacked", code, f"the candidate {why}"
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             compile(code, "<candidate>", "exec", dont_inherit=True)
         return None
     except SyntaxError as e:
-        error = syntax_message(e)
+        return "format_error", code, syntax_message(e)
     except Exception:  # noqa: BLE001 - ValueError (a NUL byte), RecursionError, MemoryError
         return None
-    try:
-        if defenses.static_reference_use(policy_code(req["action"], req["action_space"]), req["action_space"]):
-            return None  # the harness says hacked first
-    except Exception:  # noqa: BLE001
-        return None
-    return code, error
 
 
 def policy_code(action: str, action_space: str) -> str:

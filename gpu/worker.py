@@ -580,13 +580,14 @@ class ForkServer:
         mem = int(s.get("memory_limit_mb", 0))
         key = (tuple(sorted(env.items())), mem, cpu)
         req = self._with_task_source(req)
-        from .harness import empty_result, format_failure
-        # An action that does not assemble or compile is answered here: no reference timing, no
-        # candidate's process (the same verdict and message its process would give).
-        fmt = format_failure(req)
-        if fmt is not None:
+        from .harness import early_verdict, empty_result
+        # An action that does not assemble or compile, or that uses the reference, is answered
+        # here: no reference timing, no candidate's process (the same verdict and message its
+        # process would give).
+        early = early_verdict(req)
+        if early is not None:
             full = empty_result(self.info["device"])
-            full.update(status="format_error", error=fmt[1], assembled_code=fmt[0])
+            full.update(status=early[0], assembled_code=early[1], error=early[2])
             full["wall_s"] = time.monotonic() - t0
             full["phases"] = {"format_check": full["wall_s"]}
             full["worker_phases"] = {"format_check": full["wall_s"]}

@@ -159,8 +159,9 @@ progress = false
         self.assertEqual([s["step"] for s in a["steps"]], [0])
         self.assertAlmostEqual(a["steps"][0]["fast_1"], a["fast_1"], places=12)
         hacked = np.array([s["status"] == "hacked" for s in self.samples])
-        # What the action that runs the reference got, should it not be hacked (seen once in CI, on a
-        # machine running three other tests: no record survived to say why).
+        # What the action that runs the reference got, should it not be hacked. Seen once in CI, on a
+        # machine running three other tests, when its verdict came from a candidate's process under
+        # a 20 s limit; the worker now answers it before any process (harness.early_verdict).
         gamed = [{k: s.get(k) for k in ("status", "error", "wall_s")} for s in self.samples
                  if s["completion"] == "return Model()(x)"]
         self.assertEqual(hacked.sum(), 1, gamed)

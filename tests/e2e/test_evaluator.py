@@ -89,34 +89,37 @@ class StatusTest(Base):
                           "format_error", "does not parse")
         self.assertStatus(self.evaluate("return (x"), "format_error", "was never closed")
 
-    def test_format_and_syntax_errors_are_answered_without_a_process(self):
+    def test_format_errors_and_reference_use_are_answered_without_a_process(self):
         from gpu import harness
-        # A task this worker has not timed yet: a format error must not time its reference.
+        # A task this worker has not timed yet: these actions must not time its reference.
         task = os.path.join(self.tmp.name, "06_swish_copy.py")
         with open(SWISH) as f, open(task, "w") as g:
             g.write(f.read())
-        actions = [("", "forward_body"), ("This computes swish with a sigmoid.", "forward_body"),
-                   ("return (x", "forward_body"), ("nonlocal y\nreturn x", "forward_body"),
-                   ("y = [(yield) for _ in x]\nreturn x", "forward_body"),
-                   ("class Model:\n    pass\n", "full_program"),
-                   # the harness reports the reference's use first (hacked), so the worker leaves it
-                   ("nonlocal y\nreturn Model.forward(self, x)", "forward_body")]
+        actions = [("", "forward_body", "format_error"),
+                   ("This computes swish with a sigmoid.", "forward_body", "format_error"),
+                   ("return (x", "forward_body", "format_error"),
+                   ("nonlocal y\nreturn x", "forward_body", "format_error"),
+                   ("y = [(yield) for _ in x]\nreturn x", "forward_body", "format_error"),
+                   ("class Model:\n    pass\n", "full_program", "format_error"),
+                   ("return Model()(x)", "forward_body", "hacked"),
+                   # the harness reports the reference's use before the compiler's error
+                   ("nonlocal y\nreturn Model.forward(self, x)", "forward_body", "hacked")]
         spare = self.server.spare
-        quick = [self.evaluate(a, task=task, space=sp) for a, sp in actions[:-1]]
-        for r in quick:
-            self.assertEqual(r["status"], "format_error", r["error"])
+        quick = [self.evaluate(a, task=task, space=sp) for a, sp, _ in actions]
+        for r, (_, _, status) in zip(quick, actions):
+            self.assertEqual(r["status"], status, r["error"])
             self.assertEqual(list(r["worker_phases"]), ["format_check"])
         self.assertIs(self.server.spare, spare)  # no candidate's process used
         self.assertFalse([k for k in self.server.harness.ref_cache if k.startswith(task + "|")])
-        quick.append(self.evaluate(actions[-1][0], task=task))
-        self.assertEqual(quick[-1]["status"], "hacked", quick[-1]["error"])
-        # The same verdicts and messages as the candidate's process gives them.
-        check, harness.format_failure = harness.format_failure, lambda req: None
+        # The same verdicts, messages and programs as the candidate's process gives them.
+        check, harness.early_verdict = harness.early_verdict, lambda req: None
         try:
-            slow = [self.evaluate(a, task=task, space=sp) for a, sp in actions]
+            slow = [self.evaluate(a, task=task, space=sp) for a, sp, _ in actions]
         finally:
-            harness.format_failure = check
-        self.assertEqual([(r["status"], r["error"]) for r in quick], [(r["status"], r["error"]) for r in slow])
+            harness.early_verdict = check
+        self.assertEqual([(r["status"], r["error"], r["assembled_code"]) for r in quick],
+                         [(r["status"], r["error"], r["assembled_code"]) for r in slow])
+        self.assertNotIn("format_check", slow[0].get("worker_phases", {}))
         self.assertIn("nonlocal", quick[3]["error"])
 
     def test_an_exception_is_a_runtime_error_naming_the_line(self):
