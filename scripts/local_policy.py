@@ -19,7 +19,10 @@
    judges each; the sampler renders each second turn's prompt (the task, the attempt, the
    evaluator's feedback on it, the refine instruction) exactly as in every run. Each is paired
    with the task's best correct body (fast, else alternative, else the reference's): 280 turn-2
-   demonstrations, one per task and kind.
+   demonstrations, one per task and kind. With --turn2 mixed (policies/local-turns, the policy
+   of the multi-turn tests), each prompt after a first attempt that can be bettered (a format
+   error, a wrong, slow or reference body) is paired a second time, with that attempt repeated
+   unchanged: a second turn that answers the feedback about half the time, which RL can raise.
 4. A byte-level BPE tokenizer (the Qwen2 pre-tokenizer) trained on the prompts of both turns and
    the corpus.
 5. The base model: a random Qwen2 with that vocabulary (transformers), pretrained (every weight,
@@ -149,7 +152,19 @@ def second_answer(kinds):
     return fenced(kinds.get("fast") or kinds.get("alternative") or kinds["baseline"])
 
 
-def turn2_demos(launch, tmp, prompts, demos, seed):
+def second_answers(kinds, first_kind, first_text, mode):
+    """The demonstrated second turns after a first attempt of `first_kind` (its text `first_text`): with mode "best",
+    the task's best correct body whatever came first; with mode "mixed", that answer and, after any first attempt
+    that can be bettered (a format error, a wrong, slow or reference body), a second one that repeats the first
+    attempt unchanged. The policy so learns to answer the feedback half the time and to ignore it the other half: a
+    second turn with room for RL to learn which (policies/local-turns)."""
+    best = second_answer(kinds)
+    if mode == "best" or first_kind == "other" or first_text == best:
+        return [best]
+    return [best, first_text]
+
+
+def turn2_demos(launch, tmp, prompts, demos, seed, mode="best"):
     """(turn-2 prompt, answer) pairs, the prompts rendered by the system itself: a 2-turn eval run (`launch` on a
     config, [experiment] turns = 2) whose sampler is a scripted OpenAI-compatible server on loopback. It answers each
     task's first turns with the task's first attempts (one per kind) and every later turn with a lone ``` (not
@@ -220,12 +235,12 @@ def turn2_demos(launch, tmp, prompts, demos, seed):
         kind = next(k for k, text in attempts[t] if text == parent["completion"])
         verdicts.setdefault(kind, {}).setdefault(parent["status"], 0)
         verdicts[kind][parent["status"]] += 1
-        pairs.append({"task_id": t, "first": kind, "prompt": s["prompt"],
-                      "completion": second_answer(by_task[t])})
+        for answer in second_answers(by_task[t], kind, parent["completion"], mode):
+            pairs.append({"task_id": t, "first": kind, "prompt": s["prompt"], "completion": answer})
     want = len(attempts) * len(FIRST_ATTEMPTS)
-    if len(pairs) != want or any(sum(v.values()) != len(attempts) for v in verdicts.values()):
+    if len({x["prompt"] for x in pairs}) != want or any(sum(v.values()) != len(attempts) for v in verdicts.values()):
         raise SystemExit("the 2-turn run gave %d second turns (%s), expected %d, one per task and kind" %
-                         (len(pairs), verdicts, want))
+                         (len({x["prompt"] for x in pairs}), verdicts, want))
     return pairs, verdicts
 
 
@@ -356,6 +371,9 @@ def main():
                     help="full-parameter steps after the SFT, --polish-turn2-share of each batch turn-2 pairs (0: none)")
     ap.add_argument("--polish-turn2-share", type=float, default=0.85)
     ap.add_argument("--polish-lr", type=float, default=5e-4)
+    ap.add_argument("--turn2", choices=["best", "mixed"], default="best",
+                    help="the second turns taught: the task's best body after every first attempt (best), or that "
+                    "and a repeat of the first attempt, one each, after any attempt that can be bettered (mixed)")
     a = ap.parse_args()
 
     demos = build_corpus(os.path.join(ROOT, "tasks", "bundled"), os.path.join(ROOT, "tasks", "replay"))
@@ -384,7 +402,7 @@ def main():
             prompts[x["task_id"]] = x["prompt"]
         # Second turns: each task's first attempts of every kind, the evaluator's feedback on each, rendered by the
         # sampler; a correct body after each.
-        later, verdicts = turn2_demos(a.launch, tmp, prompts, demos, a.seed)
+        later, verdicts = turn2_demos(a.launch, tmp, prompts, demos, a.seed, a.turn2)
         say("turn-2 demonstrations: %d after first attempts judged %s" % (len(later), "; ".join(
             "%s %s" % (k, ", ".join("%s %d" % sv for sv in sorted(v.items()))) for k, v in verdicts.items())))
         first = [(prompts[d["task_id"]], d["completion"]) for d in demos]
