@@ -20,9 +20,9 @@
    evaluator's feedback on it, the refine instruction) exactly as in every run. Each is paired
    with the task's best correct body (fast, else alternative, else the reference's): 280 turn-2
    demonstrations, one per task and kind. With --turn2 mixed (policies/local-turns, the policy
-   of the multi-turn tests), each prompt after a first attempt that can be bettered (a format
+   of the multi-turn study, bench/multi_turn_tuning.py), each prompt after a first attempt that can be bettered (a format
    error, a wrong, slow or reference body) is paired a second time, with that attempt repeated
-   unchanged: a second turn that answers the feedback about half the time, which RL can raise.
+   unchanged: a second turn that answers the feedback only part of the time, which RL can raise.
 4. A byte-level BPE tokenizer (the Qwen2 pre-tokenizer) trained on the prompts of both turns and
    the corpus.
 5. The base model: a random Qwen2 with that vocabulary (transformers), pretrained (every weight,
@@ -238,9 +238,10 @@ def turn2_demos(launch, tmp, prompts, demos, seed, mode="best"):
         for answer in second_answers(by_task[t], kind, parent["completion"], mode):
             pairs.append({"task_id": t, "first": kind, "prompt": s["prompt"], "completion": answer})
     want = len(attempts) * len(FIRST_ATTEMPTS)
-    if len({x["prompt"] for x in pairs}) != want or any(sum(v.values()) != len(attempts) for v in verdicts.values()):
+    got = len({x["prompt"] for x in pairs})  # second-turn prompts (mixed: some taught two answers)
+    if got != want or any(sum(v.values()) != len(attempts) for v in verdicts.values()):
         raise SystemExit("the 2-turn run gave %d second turns (%s), expected %d, one per task and kind" %
-                         (len({x["prompt"] for x in pairs}), verdicts, want))
+                         (got, verdicts, want))
     return pairs, verdicts
 
 
