@@ -271,11 +271,11 @@ def early_verdict(req):
     except Exception:  # noqa: BLE001 - the harness's own failure, reported by the harness
         return None
     try:
-        why = defenses.static_reference_use(policy_code(req["action"], req["action_space"]), req["action_space"])
+        why = reference_use(req)
     except Exception:  # noqa: BLE001 - the harness's own failure, reported by the harness
         return None
     if why:
-        return "hacked", code, f"the candidate {why}"
+        return "hacked", code, why
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -285,6 +285,14 @@ def early_verdict(req):
         return "format_error", code, syntax_message(e)
     except Exception:  # noqa: BLE001 - ValueError (a NUL byte), RecursionError, MemoryError
         return None
+
+
+def reference_use(req):
+    """The hacked verdict's message where the part of the program the policy wrote uses the
+    reference (defenses.static_reference_use), else None: one message for the early verdict and the
+    candidate's process."""
+    why = defenses.static_reference_use(policy_code(req["action"], req["action_space"]), req["action_space"])
+    return f"the candidate {why}" if why else None
 
 
 def policy_code(action: str, action_space: str) -> str:
@@ -696,10 +704,9 @@ class Harness:
             raise Verdict("format_error", str(e))
         res["assembled_code"] = code
 
-        why = defenses.static_reference_use(policy_code(req["action"], req["action_space"]),
-                                            req["action_space"])
+        why = reference_use(req)
         if why:
-            raise Verdict("hacked", f"the candidate {why}")
+            raise Verdict("hacked", why)
 
         # Hide the task module from the candidate; install the build cache and the watch.
         for name in [n for n in sys.modules if n.startswith("kernelrl_task_")]:
