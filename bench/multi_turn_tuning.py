@@ -6,7 +6,8 @@ step), then the last checkpoint's 2-turn evaluation. Printed per turn, before an
 errors, the second turn's repairs (of the samples after a format error, how many are none),
 correct, fast_1 (over every sample, as `launch analyze`'s table by turn counts it), the best so far,
 the mean reward, the distinct completions a task, and how often a second turn after a correct
-but slow first answer is faster.
+but slow first answer is faster; the same over the train run's own samples, its first and last
+quarter of steps (train_first, train_last).
 --set SECTION.KEY=VALUE changes the train run's config (and the evaluations' where it applies),
 e.g. --set learner.turn_gamma=0 --set learner.turn_progress=1.
 
@@ -109,12 +110,17 @@ def main():
                 out = subprocess.run([LAUNCH, "export", d, "--jsonl"], capture_output=True, text=True, check=True)
                 return d, [json.loads(line) for line in out.stdout.splitlines()], wall
             _, before, w0 = run("before", "eval")
-            train, _, w1 = run("train", "train")
+            train, trained, w1 = run("train", "train")
             _, after, w2 = run("after", "eval", os.path.join(train, "checkpoints", f"step-{args.steps}"))
             row = {"before": figures(before), "after": figures(after), "wall_s": [w0, w1, w2]}
+            # The train run's own samples, its first and last quarter of steps (on-policy; each
+            # step's tasks differ, so these are over the tasks the steps drew).
+            quarter = max(1, args.steps // 4)
+            row["train_first"] = figures([x for x in trained if x["step"] < quarter])
+            row["train_last"] = figures([x for x in trained if x["step"] >= args.steps - quarter])
             report["seeds"][seed] = row
-            for when in ("before", "after"):
-                print(f"seed {seed} {when:6}: " + " | ".join(
+            for when in ("before", "after", "train_first", "train_last"):
+                print(f"seed {seed} {when:11}: " + " | ".join(
                     f"turn {t}: format errors {x['format_errors']}/{x['samples']}"
                     + (f", repaired {x['repaired']}/{x['after_format_error']}" if t > 1 else "")
                     + f", correct {x['correct']}, fast_1 {x['fast_1']:.3f}, best so far {x['best_fast_1']:.3f}, "
