@@ -20,9 +20,10 @@
    evaluator's feedback on it, the refine instruction) exactly as in every run. Each is paired
    with the task's best correct body (fast, else alternative, else the reference's): 280 turn-2
    demonstrations, one per task and kind. With --turn2 mixed (policies/local-turns, the policy
-   of the multi-turn study, bench/multi_turn_tuning.py), each prompt after a first attempt that can be bettered (a format
-   error, a wrong, slow or reference body) is paired a second time, with that attempt repeated
-   unchanged: a second turn that answers the feedback only part of the time, which RL can raise.
+   of the multi-turn study, bench/multi_turn_tuning.py), each prompt after a first attempt that
+   can be bettered (a format error, a wrong, slow or reference body) is paired a second time,
+   with that attempt repeated unchanged: a second turn that answers the feedback only part of
+   the time, which RL can raise.
 4. A byte-level BPE tokenizer (the Qwen2 pre-tokenizer) trained on the prompts of both turns and
    the corpus.
 5. The base model: a random Qwen2 with that vocabulary (transformers), pretrained (every weight,
