@@ -303,7 +303,10 @@ class Subscriber(threading.Thread):
 class MembershipTest(unittest.TestCase):
     def test_join_monitor_publish_strangers_and_a_silent_node(self):
         import msgpack
-        n = 600
+        # The run must outlast the monitors and probes below (about 10 s on an idle machine, in which
+        # two evaluators at 40 ms a sample do about 500): at 600 samples a loaded machine saw the head
+        # finish, and stop listening, before the last probe.
+        n = 1500
         with tempfile.TemporaryDirectory() as d:
             port, pub_port = free_port(), free_port()
             cfg = write_synthetic_config(d, port, pub_port, n, latency_ms=40)
