@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Multi-turn RL on the embedded policy, on CPU (issue 56, item 1): does training lift the second
-turn? For each seed: the base policy's 2-turn evaluation on the train split (28 tasks x 4
-episodes), a 2-turn TRLOO train run (tests/e2e/test_local.py's recipe, 8 tasks x 8 episodes a
-step), then the last checkpoint's 2-turn evaluation. Printed per turn, before and after: format
+turn? For each seed: the base policy's 2-turn evaluation, a 2-turn train run, then the last
+checkpoint's 2-turn evaluation, all on tests/e2e/test_local.py's TURNS_CONFIG (the test's recipe:
+policies/local-turns, GRPO on the last turn, turn_progress 2, failure_reward -1, its 8 tasks, all 8 in
+every step x 8 episodes, 16 episodes a task in the evaluations). Printed per turn, before and after: format
 errors, the second turn's repairs (of the samples after a format error, how many are none),
 correct, fast_1 (over every sample, as `launch analyze`'s table by turn counts it), the best so far,
 the mean reward, the distinct completions a task, and how often a second turn after a correct
@@ -27,7 +28,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
-from test_local import TURNS_CONFIG, turn_counts  # noqa: E402  (the recipe and counts the test uses)
+from test_local import TURNS_CONFIG, turn_counts, turns_values  # noqa: E402  (the test's recipe and counts)
 
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 
@@ -98,9 +99,7 @@ def main():
             def run(name, mode, adapter=""):
                 cfg = os.path.join(tmp, f"{name}-{seed}.toml")
                 with open(cfg, "w") as f:
-                    f.write(with_settings(TURNS_CONFIG % {
-                        "root": ROOT, "adapter": f'adapter = "{adapter}"' if adapter else "", "seed": seed,
-                        "steps": args.steps, "mode": mode}, args.set))
+                    f.write(with_settings(TURNS_CONFIG % turns_values(seed, args.steps, mode, adapter), args.set))
                 d = os.path.join(tmp, f"{name}-{seed}")
                 t0 = time.monotonic()
                 p = subprocess.run([LAUNCH, cfg, "--run-dir", d], capture_output=True, text=True)

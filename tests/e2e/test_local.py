@@ -8,11 +8,12 @@ fast_1 of every step; the progress line shows the step, the samples, fast_1, rew
 The whole config is checked too: three arms, best_of_n and ttt compared, both starting from rl's
 best checkpoint at the same budget.
 
-Multi-turn with the same policy: a 2-turn train run ([experiment] turns = 2, TRLOO) on the train split,
-then a 2-turn evaluation of its last checkpoint, each started as `launch CONFIG`. After training, the
-second turns must repair the first turns' format errors: fewer format errors at turn 2 than at turn 1,
-and most turn-2 samples whose parent was a format error are none (`launch analyze --json`, checked
-against an independent count over `launch export`).
+Multi-turn RL that learns what the second turn is for (issue 56): `policies/local-turns` evaluated
+over 2 turns, trained by the recipe of docs/EXPERIMENTS.md ("A penalty for broken code": GRPO on the
+last turn, a progress bonus, -1 for a format error), and its last checkpoint evaluated the same way,
+each started as `launch CONFIG`. Over training, the second turns must repair more of the first turns'
+format errors and be faster more often (`launch analyze --json`, checked against an independent count
+over `launch export`).
 """
 import json
 import os
@@ -90,13 +91,22 @@ class LocalTest(unittest.TestCase):
         self.assertGreater(end["correct_rate"], start["correct_rate"] + 0.05, (start, end))
 
 
-TURNS_STEPS = 4
-# Bars for the trained policy's 2-turn evaluation (112 samples a turn). Seen on 2026-11-26 with the committed
-# policies/local at seeds 0, 1, 2: turn-1 format errors 49, 42, 44, turn-2 12, 12, 17 (a gap of 0.24 to 0.34);
-# of the turn-2 samples after a format error 82-86% are none (40/49, 36/42, 39/44).
-FEWER = 0.1      # turn 2's format-error rate must be below turn 1's by more than this
-REPAIRED = 0.6   # share of turn-2 samples after a format error that are none
-TURNS_SEED = int(os.environ.get("KERNELRL_TURNS_SEED", "0"))  # the seed of the run (to try others by hand)
+# The tasks whose second turns the base policy repairs least: of the 28 train tasks, the 8 with the
+# lowest share of format errors repaired in five 2-turn evaluations of policies/local-turns (seeds 0-4,
+# 2026-12-07, pooled: 30_bias_gelu_scale 0/17 ... 05_layernorm_manual 7/17, against 0.64 over all
+# tasks), chosen before any of the runs the bars below come from. Every step trains on all eight.
+TURNS_TASKS = ["30_bias_gelu_scale", "13_group_norm", "22_avg_pool2d", "23_max_pool1d", "27_huber_loss",
+               "18_matvec", "08_softplus_manual", "05_layernorm_manual"]
+TURNS_STEPS = 8
+TURNS_EPISODES = 16  # a task, in each evaluation (8 tasks x 16 episodes x 2 turns)
+TURNS_SEED = int(os.environ.get("KERNELRL_TURNS_SEED", "7"))  # the seed of the runs (to try others by hand)
+# Bars on what training lifts at turn 2, as the test counts it (docs/EXPERIMENTS.md, "Eight tasks, all in every
+# step"). Seen at seeds 7, 8, 9 and 7 again (2026-12-07): repairs +0.21, +0.15, +0.18, +0.10 (0.43-0.54 before,
+# 0.61-0.72 after); fast_1 +0.19, +0.21, +0.14, +0.12 (0.125-0.164 before). A normal fit to these lifts puts
+# the bars 2.8 and 3.1 standard deviations below their means: about one run in 300 fails by chance.
+REPAIRED_LIFT = 0.03  # the share of turn-2 samples after a format error that are none
+FAST_1_LIFT = 0.03    # turn 2's fast_1 (correct and faster than the task's reference)
+
 TURNS_CONFIG = """
 [cluster]
 name = "local-turns"
@@ -109,9 +119,9 @@ cpu_slots = 2
 gpus = []
 [tasks]
 dir = "%(root)s/tasks/bundled"
-split = "train"
+ids = %(ids)s
 [policy]
-model = "%(root)s/policies/local"
+model = "%(root)s/policies/local-turns"
 dtype = "f32"
 device = "cpu"
 %(adapter)s
@@ -120,7 +130,7 @@ backend = "libtorch"
 temperature = 1.0
 max_tokens = 96
 batch_prompts = 8
-samples_per_task = 4
+samples_per_task = %(episodes)d
 seed = %(seed)d
 [evaluator]
 action_space = "forward_body"
@@ -133,8 +143,11 @@ torch_threads = 1
 [reward]
 shape = "speedup"
 max_speedup = 10.0
+failure_reward = -1.0
 [learner]
-algorithm = "trloo"
+algorithm = "grpo"
+learn_turns = "last"
+turn_progress = 2.0
 steps = %(steps)d
 batch_size = 8
 group_size = 8
@@ -154,12 +167,10 @@ progress = false
 """
 
 
-def turns_config(tmp, name, mode, adapter=""):
-    path = os.path.join(tmp, name + ".toml")
-    with open(path, "w") as f:
-        f.write(TURNS_CONFIG % {"root": ROOT, "adapter": 'adapter = "%s"' % adapter if adapter else "",
-                                "seed": TURNS_SEED, "steps": TURNS_STEPS, "mode": mode})
-    return path
+def turns_values(seed=TURNS_SEED, steps=TURNS_STEPS, mode="train", adapter=""):
+    """TURNS_CONFIG's placeholders."""
+    return {"root": ROOT, "ids": json.dumps(TURNS_TASKS), "episodes": TURNS_EPISODES, "seed": seed,
+            "steps": steps, "mode": mode, "adapter": 'adapter = "%s"' % adapter if adapter else ""}
 
 
 def turn_counts(samples):
@@ -176,47 +187,78 @@ def turn_counts(samples):
     return out
 
 
+def repaired(samples):
+    """Of the turn-2 samples whose parent was a format error (each sample's parent among samples): (none, all)."""
+    c = turn_counts(samples).get(2, {"format_fixed": 0, "after_format_error": 0})
+    return c["format_fixed"], c["after_format_error"]
+
+
+def reference_ms(samples):
+    """Each task's reference time in the run the samples come from (a launch times it once)."""
+    return {s["task_id"]: s["ref_runtime_ms"] for s in samples if s["ref_runtime_ms"] > 0}
+
+
+def fast_1_against(samples, ref_ms):
+    """Turn 2's fast_1, each correct body's time set against ref_ms[task] instead of its own run's reference."""
+    two = [s for s in samples if s["turn"] == 2]
+    return sum(s["status"] == "ok" and ref_ms[s["task_id"]] > s["runtime_ms"] for s in two) / len(two)
+
+
 class LocalMultiTurnTest(unittest.TestCase):
-    def test_after_training_second_turns_repair_format_errors(self):
+    def test_training_lifts_the_second_turns_repairs_and_fast_1(self):
         tmp = tempfile.mkdtemp(prefix="kernelrl-local-turns-")
-        train = os.path.join(tmp, "train")
-        p = subprocess.run([LAUNCH, turns_config(tmp, "train", "train"), "--run-dir", train], capture_output=True,
-                           text=True, timeout=900)
-        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+
+        def launch(name, mode, adapter=""):
+            cfg = os.path.join(tmp, name + ".toml")
+            with open(cfg, "w") as f:
+                f.write(TURNS_CONFIG % turns_values(mode=mode, adapter=adapter))
+            run_dir = os.path.join(tmp, name)
+            p = subprocess.run([LAUNCH, cfg, "--run-dir", run_dir], capture_output=True, text=True, timeout=900)
+            self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+            out = subprocess.run([LAUNCH, "export", run_dir, "--jsonl"], capture_output=True, text=True, check=True)
+            samples = [json.loads(line) for line in out.stdout.splitlines()]
+            # `launch analyze`'s table by turn against an independent count over the export.
+            a = json.loads(subprocess.run([LAUNCH, "analyze", run_dir, "--json"], capture_output=True, text=True,
+                                          check=True).stdout)
+            mine = turn_counts(samples)
+            self.assertEqual([t["turn"] for t in a["turns"]], [1, 2])
+            for t in a["turns"]:
+                for key, value in mine[t["turn"]].items():
+                    self.assertEqual(t[key], value, (name, t["turn"], key))
+            self.assertEqual(mine[2]["after_format_error"], mine[1]["format_errors"])
+            turn2 = [x for x in samples if x["turn"] == 2]
+            self.assertAlmostEqual(a["turns"][1]["fast_1"], sum(x["status"] == "ok" and x["speedup"] > 1
+                                                                  for x in turn2) / len(turn2))
+            return run_dir, samples
+
+        _, before = launch("before", "eval")
+        train, trained = launch("train", "train")
         last = os.path.join(train, "checkpoints", "step-%d" % TURNS_STEPS)
         self.assertTrue(os.path.isdir(last), os.listdir(os.path.join(train, "checkpoints")))
-        # The trained policy, 4 episodes of 2 turns on each of the 28 train tasks.
-        after = os.path.join(tmp, "after")
-        p = subprocess.run([LAUNCH, turns_config(tmp, "after", "eval", adapter=last), "--run-dir", after],
-                           capture_output=True, text=True, timeout=900)
-        self.assertEqual(p.returncode, 0, p.stderr[-3000:])
+        _, after = launch("after", "eval", adapter=last)
+        for run in (before, after):
+            self.assertEqual(len(run), len(TURNS_TASKS) * TURNS_EPISODES * 2)
+        self.assertEqual(len(trained), TURNS_STEPS * 8 * 8 * 2)
 
-        def export(run_dir):
-            out = subprocess.run([LAUNCH, "export", run_dir, "--jsonl"], capture_output=True, text=True, check=True)
-            return [json.loads(line) for line in out.stdout.splitlines()]
-        samples = export(after)
-        self.assertEqual(len(samples), 28 * 4 * 2)
-        a = json.loads(subprocess.run([LAUNCH, "analyze", after, "--json"], capture_output=True, text=True,
-                                      check=True).stdout)
-        mine = turn_counts(samples)
-        self.assertEqual([t["turn"] for t in a["turns"]], [1, 2])
-        for t in a["turns"]:
-            for key, value in mine[t["turn"]].items():
-                self.assertEqual(t[key], value, (t["turn"], key))
-        one, two = a["turns"]
-        # Before training, for the record: the train run's step 0 (sampled by the policy as built).
-        before = turn_counts([s for s in export(train) if s["step"] == 0])
-        figures = "after training: %s; step 0 (before training): %s" % (
-            {t["turn"]: {k: t[k] for k in mine[1]} for t in a["turns"]}, before)
+        # Repairs: the base policy's samples (its evaluation and the train run's first half of steps)
+        # against the trained ones' (the second half and the last checkpoint's evaluation). Whether
+        # a second turn parses does not depend on the machine's timings.
+        half = TURNS_STEPS // 2
+        early = [a + b for a, b in zip(repaired(before), repaired([x for x in trained if x["step"] < half]))]
+        late = [a + b for a, b in zip(repaired(after), repaired([x for x in trained if x["step"] >= half]))]
+        # fast_1: the two evaluations, each task's correct bodies timed against one reference time for
+        # both (the geometric mean of the two launches' own): a launch times a task's reference once,
+        # and on this machine that time moves by up to 8x between launches, far more than a body's.
+        own = reference_ms(before), reference_ms(after)
+        shared = {t: (own[0][t] * own[1][t]) ** 0.5 if t in own[0] and t in own[1] else own[0].get(t) or own[1][t]
+                  for t in set(own[0]) | set(own[1])}
+        fast = fast_1_against(before, shared), fast_1_against(after, shared)
+        figures = "turn 2: repaired %d/%d -> %d/%d; fast_1 (one reference) %.3f -> %.3f; evaluations: %s -> %s" % (
+            early[0], early[1], late[0], late[1], fast[0], fast[1], turn_counts(before)[2], turn_counts(after)[2])
         print(figures)
-        rate1 = one["format_errors"] / one["samples"]
-        rate2 = two["format_errors"] / two["samples"]
-        self.assertGreater(one["format_errors"], 10, figures)  # enough first-turn format errors to repair
-        self.assertEqual(two["after_format_error"], one["format_errors"])
-        # The second turns make fewer format errors than the first ...
-        self.assertLess(rate2, rate1 - FEWER, figures)
-        # ... and repair most of the first turns' ones.
-        self.assertGreater(two["format_fixed"] / two["after_format_error"], REPAIRED, figures)
+        self.assertGreater(early[1], 50, figures)  # enough first-turn format errors to repair
+        self.assertGreater(late[0] / late[1], early[0] / early[1] + REPAIRED_LIFT, figures)
+        self.assertGreater(fast[1], fast[0] + FAST_1_LIFT, figures)
 
 
 if __name__ == "__main__":
