@@ -8,7 +8,8 @@ errors, the second turn's repairs (of the samples after a format error, how many
 correct, fast_1 (over every sample, as `launch analyze`'s table by turn counts it), the best so far,
 the mean reward, the distinct completions a task, and how often a second turn after a correct
 but slow first answer is faster; the same over the train run's own samples, its first and last
-quarter of steps (train_first, train_last).
+quarter of steps (train_first, train_last); and turn 2's repairs and fast_1 as the test counts
+and asserts them (test_local.second_turn_lifts).
 --set SECTION.KEY=VALUE changes the train run's config (and the evaluations' where it applies),
 e.g. --set learner.turn_gamma=0 --set learner.turn_progress=1.
 
@@ -28,7 +29,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
-from test_local import TURNS_CONFIG, turn_counts, turns_values  # noqa: E402  (the test's recipe and counts)
+from test_local import TURNS_CONFIG, second_turn_lifts, turn_counts, turns_values  # noqa: E402  (the test's)
 
 LAUNCH = os.environ.get("KERNELRL_LAUNCH", os.path.join(ROOT, "build", "launch"))
 
@@ -112,11 +113,13 @@ def main():
             train, trained, w1 = run("train", "train")
             _, after, w2 = run("after", "eval", os.path.join(train, "checkpoints", f"step-{args.steps}"))
             row = {"before": figures(before), "after": figures(after), "wall_s": [w0, w1, w2]}
-            # The train run's own samples, its first and last quarter of steps (on-policy; each
-            # step's tasks differ, so these are over the tasks the steps drew).
+            # The train run's own samples, its first and last quarter of steps (on-policy; with the
+            # test's tasks every step draws all eight, with --set tasks.split=... the steps' tasks differ).
             quarter = max(1, args.steps // 4)
             row["train_first"] = figures([x for x in trained if x["step"] < quarter])
             row["train_last"] = figures([x for x in trained if x["step"] >= args.steps - quarter])
+            early, late, fast = second_turn_lifts(before, trained, after, args.steps)
+            row["as_the_test_counts"] = {"repaired_early": early, "repaired_late": late, "fast_1_one_reference": fast}
             report["seeds"][seed] = row
             for when in ("before", "after", "train_first", "train_last"):
                 print(f"seed {seed} {when:11}: " + " | ".join(
@@ -126,6 +129,8 @@ def main():
                     f"mean reward {x['mean_reward']:.2f}, {x['distinct_a_task']:.2f} distinct a task"
                     + (f", faster after a slow correct one {x['faster_after_slow_correct']}/{x['after_slow_correct']}"
                        if "after_slow_correct" in x else "") for t, x in row[when].items()), flush=True)
+            print(f"seed {seed} as the test counts: turn 2 repaired {early[0]}/{early[1]} -> {late[0]}/{late[1]}, "
+                  f"fast_1 against one reference {fast[0]:.3f} -> {fast[1]:.3f}", flush=True)
             print(f"seed {seed}: {w0:.0f} s + {w1:.0f} s + {w2:.0f} s", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -205,6 +205,21 @@ def fast_1_against(samples, ref_ms):
     return sum(s["status"] == "ok" and ref_ms[s["task_id"]] > s["runtime_ms"] for s in two) / len(two)
 
 
+def second_turn_lifts(before, trained, after, steps=TURNS_STEPS):
+    """What the test asserts, from the three runs' exports: turn 2's repairs as (none, after a format error),
+    early (the base policy's evaluation and the train run's first half of steps) and late (the second half
+    and the last checkpoint's evaluation), and turn 2's fast_1 in the two evaluations against one reference
+    time a task for both (the geometric mean of the two launches' own, or the one there is)."""
+    half = steps // 2
+    # Summed run by run: sample ids repeat across runs, and a parent is looked up within its own run.
+    early = [a + b for a, b in zip(repaired(before), repaired([x for x in trained if x["step"] < half]))]
+    late = [a + b for a, b in zip(repaired(after), repaired([x for x in trained if x["step"] >= half]))]
+    own = reference_ms(before), reference_ms(after)
+    shared = {t: (own[0][t] * own[1][t]) ** 0.5 if t in own[0] and t in own[1] else own[0].get(t) or own[1][t]
+              for t in set(own[0]) | set(own[1])}
+    return early, late, (fast_1_against(before, shared), fast_1_against(after, shared))
+
+
 class LocalMultiTurnTest(unittest.TestCase):
     def test_training_lifts_the_second_turns_repairs_and_fast_1(self):
         tmp = tempfile.mkdtemp(prefix="kernelrl-local-turns-")
@@ -241,19 +256,11 @@ class LocalMultiTurnTest(unittest.TestCase):
             self.assertEqual(len(run), len(TURNS_TASKS) * TURNS_EPISODES * 2)
         self.assertEqual(len(trained), TURNS_STEPS * 8 * 8 * 2)
 
-        # Repairs: the base policy's samples (its evaluation and the train run's first half of steps)
-        # against the trained ones' (the second half and the last checkpoint's evaluation). Whether
-        # a second turn parses does not depend on the machine's timings.
-        half = TURNS_STEPS // 2
-        early = [a + b for a, b in zip(repaired(before), repaired([x for x in trained if x["step"] < half]))]
-        late = [a + b for a, b in zip(repaired(after), repaired([x for x in trained if x["step"] >= half]))]
-        # fast_1: the two evaluations, each task's correct bodies timed against one reference time for
-        # both (the geometric mean of the two launches' own): a launch times a task's reference once,
-        # and on this machine that time moves by up to 8x between launches, far more than a body's.
-        own = reference_ms(before), reference_ms(after)
-        shared = {t: (own[0][t] * own[1][t]) ** 0.5 if t in own[0] and t in own[1] else own[0].get(t) or own[1][t]
-                  for t in set(own[0]) | set(own[1])}
-        fast = fast_1_against(before, shared), fast_1_against(after, shared)
+        # Repairs pool the evaluations with the train run's halves: whether a second turn parses does
+        # not depend on the machine's timings. fast_1 sets both evaluations against one reference time a
+        # task: a launch times a task's reference once, and on this machine that time moves by up to 8x
+        # between launches, far more than a body's.
+        early, late, fast = second_turn_lifts(before, trained, after)
         figures = "turn 2: repaired %d/%d -> %d/%d; fast_1 (one reference) %.3f -> %.3f; evaluations: %s -> %s" % (
             early[0], early[1], late[0], late[1], fast[0], fast[1], turn_counts(before)[2], turn_counts(after)[2])
         print(figures)
